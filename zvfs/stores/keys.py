@@ -1,0 +1,27 @@
+"""Key validation shared by every store and by the fs layer.
+
+A key becomes a path, so a key that could escape the mount (``..``), alias
+another key (empty segment, ``.``) or cut a C string (NUL) is refused here, once.
+"""
+
+from __future__ import annotations
+
+
+def bad_segment(key: str) -> str | None:
+    """Return why ``key`` cannot be a POSIX path, or None if it can."""
+    if not key:
+        return "empty key"
+    if "\x00" in key:
+        return "contains NUL"
+    if key.startswith("/"):
+        return "absolute key"
+    for seg in key.split("/"):
+        if seg == "":
+            return "empty segment"
+        if seg in (".", ".."):
+            return f"segment {seg!r}"
+    return None
+
+
+def is_safe_key(key: str) -> bool:
+    return bad_segment(key) is None
