@@ -41,6 +41,8 @@ class FileNode(Node):
 
     #: True when the bytes can never change while mounted, so the kernel page cache may keep them
     immutable: bool = True
+    #: True when the size is only a hint (live files): the kernel then reads until EOF
+    direct_io: bool = False
 
     @property
     def mode(self) -> int:

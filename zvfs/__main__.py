@@ -1,0 +1,5 @@
+import sys
+
+from zvfs.cli import main
+
+sys.exit(main())

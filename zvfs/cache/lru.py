@@ -1,0 +1,135 @@
+"""A byte-bounded, optionally expiring LRU whose loads are single-flight.
+
+One mechanism serves decoded chunks (bounded by bytes, never expiring),
+listings and metadata (bounded by count, expiring after the metadata TTL).
+Single-flight: while a key is loading, later callers wait for that load
+instead of starting their own, so two readers of one chunk cause one fetch
+and one decode. A failed load is not cached; every waiter sees its error.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+
+def _default_size(value: Any) -> int:
+    nbytes = getattr(value, "nbytes", None)
+    if nbytes is not None:
+        return int(nbytes)
+    try:
+        return len(value)
+    except TypeError:
+        return 1
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0
+    misses: int = 0
+    waits: int = 0  # callers that joined an in-flight load
+    evictions: int = 0
+    load_errors: int = 0
+
+
+@dataclass
+class _Flight:
+    done: trio.Event = field(default_factory=trio.Event)
+    value: Any = None
+    error: BaseException | None = None
+
+
+class Cache:
+    """LRU keyed by any hashable; ``max_bytes`` bounds the sum of sizes.
+
+    ``ttl`` is seconds an entry stays valid (None: forever, 0: never cached).
+    ``sizeof`` measures an entry; by default ``.nbytes`` or ``len()``.
+    """
+
+    def __init__(
+        self,
+        max_bytes: int,
+        ttl: float | None = None,
+        sizeof: Callable[[Any], int] = _default_size,
+    ) -> None:
+        self.max_bytes = max_bytes
+        self.ttl = ttl
+        self._sizeof = sizeof
+        self._entries: OrderedDict[Hashable, tuple[Any, int, float]] = OrderedDict()
+        self._flights: dict[Hashable, _Flight] = {}
+        self.current_bytes = 0
+        self.stats = CacheStats()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def peek(self, key: Hashable) -> Any | None:
+        """The cached value or None, without loading (counts as a hit when found)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        value, _, stamp = entry
+        if self.ttl is not None and time.monotonic() - stamp > self.ttl:
+            self._drop(key)
+            return None
+        self._entries.move_to_end(key)
+        self.stats.hits += 1
+        return value
+
+    def contains(self, key: Hashable) -> bool:
+        return key in self._entries or key in self._flights
+
+    async def get(self, key: Hashable, load: Callable[[], Awaitable[Any]]) -> Any:
+        """The value for ``key``; on a miss, ``await load()`` once for all concurrent callers."""
+        value = self.peek(key)
+        if value is not None:
+            return value
+        flight = self._flights.get(key)
+        if flight is not None:
+            self.stats.waits += 1
+            await flight.done.wait()
+            if flight.error is not None:
+                raise flight.error
+            return flight.value
+        self.stats.misses += 1
+        flight = _Flight()
+        self._flights[key] = flight
+        try:
+            flight.value = await load()
+        except BaseException as exc:
+            flight.error = exc
+            self.stats.load_errors += 1
+            raise
+        finally:
+            del self._flights[key]
+            flight.done.set()
+        self.put(key, flight.value)
+        return flight.value
+
+    def put(self, key: Hashable, value: Any) -> None:
+        if self.ttl == 0 or value is None:
+            return
+        size = self._sizeof(value)
+        if size > self.max_bytes:
+            return
+        if key in self._entries:
+            self._drop(key)
+        self._entries[key] = (value, size, time.monotonic())
+        self.current_bytes += size
+        while self.current_bytes > self.max_bytes and self._entries:
+            old = next(iter(self._entries))
+            self._drop(old)
+            self.stats.evictions += 1
+
+    def invalidate(self, key: Hashable) -> None:
+        if key in self._entries:
+            self._drop(key)
+
+    def _drop(self, key: Hashable) -> None:
+        _, size, _ = self._entries.pop(key)
+        self.current_bytes -= size

@@ -1,0 +1,151 @@
+"""Serving one mount in this process: FUSE session, trio loop, signals, readiness.
+
+The CLI's daemon mode starts this module in a child process and waits on a
+pipe for the word that the mount answers; ``-f`` runs it in place (systemd
+``Type=notify`` gets ``READY=1`` at the same moment).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+from typing import Any
+
+import pyfuse3
+import trio
+
+from zvfs.fs import ZvfsOperations
+from zvfs.stats import counters
+from zvfs.stores.base import Store
+from zvfs.stores.counting import CountingStore
+from zvfs.views.context import MountContext
+from zvfs.views.root import build_root
+from zvfs.workers import run_blocking, set_worker_limit
+
+log = logging.getLogger("zvfs")
+
+READ_AHEAD_KB = 4096
+MAX_BACKGROUND = 64
+
+
+def fuse_options(description: str, allow_other: bool) -> set[str]:
+    """Mount options. max_read is not among them: pyfuse3's init cannot match it, and the
+    kernel's own limit (max_pages, negotiated from libfuse's 1 MiB buffer) already gives
+    1 MiB reads once tune_kernel has raised the read-ahead."""
+    fsname = "zvfs:" + description.replace("\\", "\\\\").replace(",", "\\,")
+    opts = set(pyfuse3.default_options)
+    opts |= {f"fsname={fsname}", "subtype=zvfs", "ro", "noatime"}
+    if allow_other:
+        opts.add("allow_other")
+    return opts
+
+
+def sd_notify(message: str) -> None:
+    """Tell systemd (Type=notify) about our state; a no-op outside systemd."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.connect(addr)
+            s.sendall(message.encode())
+    except OSError as exc:
+        log.warning("could not notify systemd: %s", exc)
+
+
+def mount_device(mountpoint: str) -> str | None:
+    """'major:minor' of the mount at ``mountpoint``, read from mountinfo (no FUSE request)."""
+    real = os.path.realpath(mountpoint)
+    found = None
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) > 4 and parts[4].encode().decode("unicode_escape") == real:
+                found = parts[2]
+    return found
+
+
+def tune_kernel(mountpoint: str) -> None:
+    """Raise read-ahead and max_background through sysfs: pyfuse3 cannot pass them as options."""
+    dev = mount_device(mountpoint)
+    if dev is None:
+        return
+    minor = dev.split(":")[1]
+    conn_dir = "/sys/fs/fuse/connections"
+    if os.geteuid() == 0 and os.path.isdir(conn_dir) and not os.listdir(conn_dir):
+        # fusectl is where max_background lives; systemd mounts it, bare containers may not
+        subprocess.run(["mount", "-t", "fusectl", "fusectl", conn_dir], capture_output=True)
+    for path, value in (
+        (f"/sys/class/bdi/{dev}/read_ahead_kb", READ_AHEAD_KB),
+        (f"/sys/fs/fuse/connections/{minor}/max_background", MAX_BACKGROUND),
+        (f"/sys/fs/fuse/connections/{minor}/congestion_threshold", MAX_BACKGROUND * 3 // 4),
+    ):
+        try:
+            with open(path, "w") as f:
+                f.write(str(value))
+        except OSError as exc:
+            log.debug("could not set %s: %s", path, exc)
+
+
+def build_context(store: Store, opts: dict[str, Any]) -> MountContext:
+    return MountContext(
+        store=CountingStore(store, counters),
+        metadata_ttl=opts["metadata_ttl"],
+        cache_size=opts["cache_size"],
+        decoded=opts["decoded"],
+    )
+
+
+async def _announce_ready(mountpoint: str, ready_fd: int | None) -> None:
+    # stat goes through FUSE, so it proves the loop answers; it must leave the trio thread
+    await run_blocking(os.stat, mountpoint)
+    await run_blocking(tune_kernel, mountpoint)
+    log.info("mounted %s", mountpoint)
+    if ready_fd is not None:
+        os.write(ready_fd, b"OK\n")
+        os.close(ready_fd)
+    sd_notify("READY=1\nSTATUS=mounted")
+
+
+async def _watch_signals() -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async for signum in signals:
+            log.info("got %s, unmounting", signal.Signals(signum).name)
+            sd_notify("STOPPING=1")
+            pyfuse3.terminate()
+            return
+
+
+async def _serve(mountpoint: str, ready_fd: int | None) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_watch_signals)
+        nursery.start_soon(_announce_ready, mountpoint, ready_fd)
+        await pyfuse3.main(min_tasks=8, max_tasks=256)
+        nursery.cancel_scope.cancel()
+
+
+def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
+          ready_fd: int | None = None) -> None:
+    """Mount and serve until unmounted or signalled. Raises OSError if the mount fails."""
+    set_worker_limit(opts["threads"])
+    ctx = build_context(store, opts)
+    from zvfs.views.decoded import attach_decoded_views
+
+    root = build_root(ctx)
+    attach_decoded_views(ctx, root)
+    ops = ZvfsOperations(root, ttl=opts["metadata_ttl"])
+    pyfuse3.init(ops, mountpoint, fuse_options(description, opts["allow_other"]))
+    unmounted = False
+    try:
+        trio.run(_serve, mountpoint, ready_fd)
+        unmounted = True
+    finally:
+        # after a clean terminate() we unmount; after a crash too, so no dead mount stays behind
+        pyfuse3.close(unmount=True)
+        store.close()
+        log.info("unmounted %s%s", mountpoint, "" if unmounted else " after an error")

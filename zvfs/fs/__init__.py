@@ -1,0 +1,5 @@
+"""The FUSE layer: inodes and handles over the node tree of zvfs.views.node."""
+
+from zvfs.fs.operations import ZvfsOperations
+
+__all__ = ["ZvfsOperations"]

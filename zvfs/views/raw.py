@@ -1,0 +1,96 @@
+"""The raw tree: store key ``a/b`` is the file ``MOUNTPOINT/a/b``.
+
+Directories come from the store's one-level listings (cached with the
+metadata TTL, single-flight). Names that cannot be POSIX path segments are
+skipped with one log line; when a key and a prefix share a name, the
+directory wins (also logged once), as in the Zarr file-system store.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections.abc import Sequence
+
+from zvfs.stores.base import KeyInfo, KeyNotFound, Listing, StoreError
+from zvfs.stores.keys import bad_segment
+from zvfs.views.context import MountContext
+from zvfs.views.node import DirNode, FileNode, Node, NodeError
+from zvfs.workers import run_blocking
+
+log = logging.getLogger("zvfs")
+
+
+class RawFile(FileNode):
+    """One store key; reads are ranged gets."""
+
+    def __init__(self, ctx: MountContext, key: str, info: KeyInfo) -> None:
+        self.ctx = ctx
+        self.key = key
+        self._size = info.size
+        self.mtime = info.mtime
+        self.immutable = ctx.immutable
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    async def read(self, offset: int, length: int) -> bytes:
+        if offset >= self._size or length <= 0:
+            return b""
+        length = min(length, self._size - offset)
+        try:
+            return await run_blocking(self.ctx.store.get_range, self.key, offset, length)
+        except KeyNotFound as exc:
+            raise NodeError(errno.ENOENT, f"{self.key}: vanished from the store") from exc
+        except StoreError as exc:
+            raise NodeError(errno.EIO, f"{self.key}: {exc}") from exc
+
+
+class RawDir(DirNode):
+    """The store prefix ``prefix`` ('' for the root, else ending in '/')."""
+
+    def __init__(self, ctx: MountContext, prefix: str = "") -> None:
+        self.ctx = ctx
+        self.prefix = prefix
+        self.mtime = ctx.mount_time
+
+    async def _listing(self) -> Listing:
+        async def load() -> Listing:
+            try:
+                return await run_blocking(self.ctx.store.list_dir, self.prefix)
+            except StoreError as exc:
+                raise NodeError(errno.EIO, f"listing {self.prefix or '/'}: {exc}") from exc
+
+        return await self.ctx.listings.get(self.prefix, load)
+
+    def _usable(self, name: str, listing: Listing) -> bool:
+        why = bad_segment(name)
+        if why is not None:
+            self.ctx.warn_once(
+                "bad:" + self.prefix + name,
+                f"skipping store key {self.prefix + name!r}: cannot be a POSIX path ({why})",
+            )
+            return False
+        if name in listing.keys and name in listing.prefixes:
+            self.ctx.warn_once(
+                "clash:" + self.prefix + name,
+                f"store key {self.prefix + name!r} is also a prefix; showing the directory",
+            )
+        return True
+
+    def _child(self, name: str, listing: Listing) -> Node:
+        if name in listing.prefixes:
+            return RawDir(self.ctx, self.prefix + name + "/")
+        return RawFile(self.ctx, self.prefix + name, listing.keys[name])
+
+    async def lookup(self, name: str) -> Node | None:
+        listing = await self._listing()
+        if (name in listing.prefixes or name in listing.keys) and self._usable(name, listing):
+            return self._child(name, listing)
+        return None
+
+    async def children(self) -> Sequence[tuple[str, Node]]:
+        listing = await self._listing()
+        names = sorted(set(listing.keys) | listing.prefixes)
+        return [(n, self._child(n, listing)) for n in names if self._usable(n, listing)]
