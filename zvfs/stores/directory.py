@@ -1,0 +1,201 @@
+"""A store backed by a local directory: key ``a/b/c`` is the file ``root/a/b/c``.
+
+Nothing escapes the base directory: every key is checked with
+:func:`zvfs.stores.keys.bad_segment` before it becomes a path, and the resolved
+path must stay below the (resolved) root. A symlink whose target is inside the
+root is followed; one pointing outside is treated as absent and logged once.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+from collections.abc import Iterator
+
+from zvfs.stores._util import LogOnce, check_key, check_prefix, safe_name
+from zvfs.stores.base import KeyInfo, KeyNotFound, Listing, SourceError, Store, StoreError
+
+log = logging.getLogger(__name__)
+
+# O_NONBLOCK so that opening a FIFO planted in the tree cannot hang a worker thread;
+# O_NOFOLLOW so that a last component swapped for a symlink after we resolved it is refused.
+_OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW
+
+# errors that mean "this key is not a regular file here"
+_ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EISDIR, errno.ENAMETOOLONG)
+
+
+class DirectoryStore(Store):
+    """Read-only store over a directory tree (the Zarr file-system store layout)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        shown = os.path.abspath(os.fspath(root))
+        if not os.path.exists(shown):
+            raise SourceError(f"source directory {shown} does not exist")
+        if not os.path.isdir(shown):
+            raise SourceError(f"source {shown} is not a directory")
+        if not os.access(shown, os.R_OK | os.X_OK):
+            raise SourceError(f"source directory {shown} is not readable (permission denied)")
+        self.root = os.path.realpath(shown)
+        self._root_sep = self.root if self.root.endswith("/") else self.root + "/"
+        self.description = shown
+        self._escapes = LogOnce(log)
+
+    # -- path resolution -------------------------------------------------------------------
+
+    def _inside(self, real: str) -> bool:
+        return real == self.root or real.startswith(self._root_sep)
+
+    def _resolve(self, rel: str) -> str | None:
+        """Real path of ``rel`` below the root, or None if a symlink leads outside it."""
+        path = os.path.join(self.root, rel) if rel else self.root
+        real = os.path.realpath(path)
+        if not self._inside(real):
+            self._escapes.warning(
+                rel, "%s: %r resolves to %s, outside the source; treated as absent",
+                self.description, rel, real,
+            )
+            return None
+        return real
+
+    def _open(self, key: str) -> tuple[int, os.stat_result]:
+        """Open ``key`` as a regular file; the caller closes the fd."""
+        check_key(key)
+        real = self._resolve(key)
+        if real is None:
+            raise KeyNotFound(key)
+        try:
+            fd = os.open(real, _OPEN_FLAGS)
+        except OSError as e:
+            if e.errno in _ABSENT:
+                raise KeyNotFound(key) from None
+            raise StoreError(f"{key}: cannot open: {e.strerror}") from e
+        try:
+            st = os.fstat(fd)
+        except OSError as e:
+            os.close(fd)
+            raise StoreError(f"{key}: cannot stat: {e.strerror}") from e
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise KeyNotFound(key)
+        return fd, st
+
+    # -- Store API ---------------------------------------------------------------------------
+
+    def get(self, key: str) -> bytes:
+        fd, st = self._open(key)
+        try:
+            return _pread_all(fd, 0, max(st.st_size, 0), key, until_eof=True)
+        finally:
+            os.close(fd)
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        if start < 0 or length < 0:
+            raise StoreError(f"{key}: bad range start={start} length={length}")
+        fd, _st = self._open(key)
+        try:
+            return _pread_all(fd, start, length, key)
+        finally:
+            os.close(fd)
+
+    def info(self, key: str) -> KeyInfo:
+        check_key(key)
+        real = self._resolve(key)
+        if real is None:
+            raise KeyNotFound(key)
+        try:
+            st = os.stat(real)
+        except OSError as e:
+            if e.errno in _ABSENT:
+                raise KeyNotFound(key) from None
+            raise StoreError(f"{key}: cannot stat: {e.strerror}") from e
+        if not stat.S_ISREG(st.st_mode):
+            raise KeyNotFound(key)
+        return KeyInfo(st.st_size, st.st_mtime)
+
+    def list_dir(self, prefix: str) -> Listing:
+        check_prefix(prefix)
+        real = self._resolve(prefix[:-1])
+        if real is None:
+            return Listing()
+        return self._scan(prefix, real)[0]
+
+    def list_prefix(self, prefix: str) -> Iterator[str]:
+        """Every key below ``prefix``; a symlink back to an ancestor is not walked twice."""
+        check_prefix(prefix)
+        real = self._resolve(prefix[:-1])
+        if real is None:
+            return
+        yield from self._walk(prefix, real, frozenset())
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _walk(self, prefix: str, real: str, ancestors: frozenset[tuple[int, int]]) -> Iterator[str]:
+        try:
+            st = os.stat(real)
+        except OSError:
+            return
+        ident = (st.st_dev, st.st_ino)
+        if ident in ancestors:
+            return
+        listing, dirs = self._scan(prefix, real)
+        inner = ancestors | {ident}
+        names = sorted(set(listing.keys) | listing.prefixes)
+        for name in names:
+            if name in listing.keys:
+                yield prefix + name
+            if name in dirs:
+                yield from self._walk(prefix + name + "/", dirs[name], inner)
+
+    def _scan(self, prefix: str, real: str) -> tuple[Listing, dict[str, str]]:
+        """One directory level: the listing and the real path of every subdirectory."""
+        listing = Listing()
+        dirs: dict[str, str] = {}
+        try:
+            it = os.scandir(real)
+        except OSError as e:
+            if e.errno in _ABSENT:
+                return listing, dirs
+            raise StoreError(f"{prefix or '/'}: cannot list: {e.strerror}") from e
+        with it:
+            for entry in it:
+                name = entry.name
+                if not safe_name(name):
+                    continue
+                try:
+                    if entry.is_symlink():
+                        target = self._resolve(prefix + name)
+                        if target is None:
+                            continue
+                        st = os.stat(target)
+                    else:
+                        target = entry.path
+                        st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue  # vanished or dangling: absent
+                if stat.S_ISREG(st.st_mode):
+                    listing.keys[name] = KeyInfo(st.st_size, st.st_mtime)
+                elif stat.S_ISDIR(st.st_mode):
+                    listing.prefixes.add(name)
+                    dirs[name] = target
+        return listing, dirs
+
+
+def _pread_all(fd: int, start: int, length: int, key: str, *, until_eof: bool = False) -> bytes:
+    """Read ``length`` bytes at ``start`` (fewer at EOF); with until_eof, read past a grown file."""
+    parts: list[bytes] = []
+    pos, left = start, length
+    try:
+        while left > 0 or until_eof:
+            want = left if left > 0 else 1 << 20
+            chunk = os.pread(fd, min(want, 1 << 26), pos)
+            if not chunk:
+                break
+            parts.append(chunk)
+            pos += len(chunk)
+            left -= len(chunk)
+    except OSError as e:
+        raise StoreError(f"{key}: read failed: {e.strerror}") from e
+    return parts[0] if len(parts) == 1 else b"".join(parts)

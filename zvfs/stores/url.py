@@ -1,0 +1,190 @@
+"""Turn a SOURCE argument into a :class:`SourceSpec`, and a spec into an open :class:`Store`.
+
+Accepted forms (see DESIGN.md):
+
+* a directory path, or a ``.zip`` path (any regular file that is a zip archive);
+* ``s3://bucket[/prefix]``;
+* NCZarr URLs: ``file:///path#mode=zarr,file``, ``file:///path.zip#mode=nczarr,zip``,
+  ``https://s3.<region>.amazonaws.com/bucket/prefix`` (path style),
+  ``https://bucket.s3.<region>.amazonaws.com/prefix`` (virtual-host style),
+  ``https://s3.amazonaws.com/bucket/prefix``, and any other ``http(s)://host/bucket/prefix``
+  with ``s3`` in its mode list (an S3-compatible endpoint).
+
+Fragment keys ``aws.profile=`` and ``aws.region=`` set the profile and region.
+Precedence: explicit flags, then the fragment, then the URL's hostname, then
+the standard AWS chain (environment, config files).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import zipfile
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import unquote, urlsplit
+
+from zvfs.stores.base import SourceError, Store
+
+Kind = Literal["directory", "zip", "s3"]
+
+ACCEPTED_FORMS = (
+    "a directory path, a .zip file, s3://bucket[/prefix], "
+    "file:///path#mode=zarr,file, file:///path.zip#mode=nczarr,zip, "
+    "https://s3.<region>.amazonaws.com/bucket/prefix, "
+    "https://bucket.s3.<region>.amazonaws.com/prefix, "
+    "or http(s)://host[:port]/bucket/prefix#mode=zarr,s3 for an S3-compatible endpoint"
+)
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+# s3.amazonaws.com, s3.<region>.amazonaws.com, s3-<region>.amazonaws.com,
+# s3.dualstack.<region>.amazonaws.com (and .amazonaws.com.cn); optional "<bucket>." in front.
+_AWS_HOST = re.compile(
+    r"^(?:(?P<bucket>.+)\.)?s3(?:[.-](?:dualstack\.)?(?P<region>[a-z0-9-]+))?"
+    r"\.amazonaws\.com(?:\.cn)?$"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSpec:
+    """Where the data lives and how to reach it; building one does no network I/O."""
+
+    kind: Kind
+    path: str | None = None  # absolute path, for directory and zip
+    bucket: str | None = None
+    prefix: str = ""  # S3 key prefix, no leading '/', '' or ending in '/'
+    endpoint_url: str | None = None
+    region: str | None = None
+    profile: str | None = None
+    no_sign_request: bool = False
+
+    def describe(self) -> str:
+        """Short name for fsname= and log lines: '/abs/path' or 's3://bucket/prefix'."""
+        if self.kind == "s3":
+            tail = self.prefix.rstrip("/")
+            return f"s3://{self.bucket}/{tail}" if tail else f"s3://{self.bucket}"
+        return str(self.path)
+
+
+def parse_source(
+    source: str,
+    *,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    profile: str | None = None,
+    no_sign_request: bool = False,
+) -> SourceSpec:
+    """Parse SOURCE; local paths are checked (exists, directory or zip), S3 is not contacted."""
+    if not source:
+        raise SourceError(f"empty source; expected {ACCEPTED_FORMS}")
+    m = _SCHEME.match(source)
+    if m is None:
+        return _local(source, modes=set())
+    scheme = m.group(1).lower()
+    body, _, fragment = source.partition("#")
+    frag = _fragment(fragment)
+    modes = {x.strip().lower() for x in frag.get("mode", "").split(",") if x.strip()}
+    s3 = {
+        "endpoint_url": endpoint_url,
+        "region": region or frag.get("aws.region") or None,
+        "profile": profile or frag.get("aws.profile") or None,
+        "no_sign_request": no_sign_request,
+    }
+    if scheme == "file":
+        u = urlsplit(body)
+        if u.netloc not in ("", "localhost"):
+            raise SourceError(f"file URL {source!r} names host {u.netloc!r}; only local files work")
+        return _local(unquote(u.path), modes=modes)
+    if scheme == "s3":
+        rest = body[len("s3://"):]
+        bucket, _, prefix = rest.partition("/")
+        if not bucket:
+            raise SourceError(f"S3 URL {source!r} has no bucket; expected s3://bucket[/prefix]")
+        return _s3(bucket, prefix, **s3)
+    if scheme in ("http", "https"):
+        u = urlsplit(body)
+        host = (u.hostname or "").lower()
+        path = unquote(u.path).lstrip("/")
+        hm = _AWS_HOST.match(host)
+        if hm and not hm.group("bucket"):
+            bucket, _, prefix = path.partition("/")
+        elif hm:
+            bucket, prefix = hm.group("bucket"), path
+        elif "s3" in modes:
+            bucket, _, prefix = path.partition("/")
+            if not s3["endpoint_url"]:
+                s3["endpoint_url"] = f"{u.scheme}://{u.netloc}"
+        else:
+            raise SourceError(
+                f"{source!r} is not an Amazon S3 URL; for an S3-compatible server add "
+                f"'#mode=zarr,s3'. Accepted: {ACCEPTED_FORMS}"
+            )
+        if not bucket:
+            raise SourceError(f"S3 URL {source!r} has no bucket name")
+        if hm and hm.group("region") and not s3["region"]:
+            s3["region"] = hm.group("region")
+        return _s3(bucket, prefix, **s3)
+    raise SourceError(f"unsupported source {source!r} (scheme {scheme}://); expected {ACCEPTED_FORMS}")
+
+
+def open_store(spec: SourceSpec) -> Store:
+    """Open the store a spec names; raises SourceError if it cannot be opened at all."""
+    store: Store
+    if spec.kind == "directory":
+        from zvfs.stores.directory import DirectoryStore
+
+        store = DirectoryStore(str(spec.path))
+    elif spec.kind == "zip":
+        from zvfs.stores.zip import ZipStore
+
+        store = ZipStore(str(spec.path))
+    elif spec.kind == "s3":
+        from zvfs.stores.s3 import S3Store  # boto3 is imported only for S3 sources
+
+        store = S3Store(
+            str(spec.bucket), spec.prefix, endpoint_url=spec.endpoint_url, region=spec.region,
+            profile=spec.profile, no_sign_request=spec.no_sign_request,
+        )
+    else:  # pragma: no cover - Kind is closed
+        raise SourceError(f"unknown source kind {spec.kind!r}")
+    store.description = spec.describe()
+    return store
+
+
+def _fragment(fragment: str) -> dict[str, str]:
+    """NCZarr fragment: '&'-separated key=value pairs; a bare key has the value ''."""
+    out: dict[str, str] = {}
+    for part in fragment.split("&"):
+        if part:
+            k, _, v = part.partition("=")
+            out[unquote(k).strip().lower()] = unquote(v).strip()
+    return out
+
+
+def _s3(bucket: str, prefix: str, **kw: object) -> SourceSpec:
+    prefix = prefix.lstrip("/")
+    if prefix and not prefix.endswith("/"):
+        prefix += "/"
+    return SourceSpec("s3", bucket=bucket, prefix=prefix, **kw)  # type: ignore[arg-type]
+
+
+def _local(raw: str, *, modes: set[str]) -> SourceSpec:
+    """A local path: a directory, or a zip file (by its name, by mode=zip, or by its content)."""
+    path = os.path.abspath(os.path.expanduser(raw))
+    want_zip = "zip" in modes
+    want_dir = "file" in modes and not want_zip
+    looks_zip = path.lower().endswith(".zip")
+    if not os.path.exists(path):
+        what = "zip file" if (want_zip or looks_zip) and not want_dir else "directory"
+        raise SourceError(f"source {what} {path} does not exist")
+    if os.path.isdir(path):
+        if want_zip:
+            raise SourceError(f"mode=zip was given but {path} is a directory, not a zip file")
+        return SourceSpec("directory", path=path)
+    if not os.path.isfile(path):
+        raise SourceError(f"source {path} is neither a directory nor a regular file")
+    if want_dir:
+        raise SourceError(f"mode=file was given but {path} is a file, not a directory")
+    if want_zip or looks_zip or zipfile.is_zipfile(path):
+        return SourceSpec("zip", path=path)
+    raise SourceError(f"source {path} is a regular file but not a zip archive; expected {ACCEPTED_FORMS}")
