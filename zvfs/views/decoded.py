@@ -1,15 +1,134 @@
-"""Fills ``.zvfs/`` with the decoded views that exist.
+"""Fills ``.zvfs/`` with the decoded views.
 
-Each view family registers here; the fs layer and the CLI only call
+The hierarchy is discovered lazily, on the first lookup under ``arrays/`` or
+``v2/``, in one worker hop, and kept for the metadata TTL. Each view family
+turns it into nodes; the fs layer and the CLI only call
 :func:`attach_decoded_views`.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from zvfs import formats
+from zvfs.formats.meta import ArrayMeta
+from zvfs.views.arrays import DecodedArray, array_files
 from zvfs.views.context import MountContext
+from zvfs.views.node import DirNode, Node, StaticDir
 from zvfs.views.root import MountRoot
+from zvfs.views.v2mirror import mirror_array_dir, mirror_group_files
+from zvfs.workers import run_blocking
+
+log = logging.getLogger("zvfs")
+
+
+@dataclass
+class Decoded:
+    """One discovery's worth of decoded arrays and groups."""
+
+    groups: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> attributes
+    arrays: dict[str, DecodedArray] = field(default_factory=dict)
+
+
+class LazyDir(DirNode):
+    """A directory built on first use by ``build`` and rebuilt after the metadata TTL."""
+
+    def __init__(self, ctx: MountContext, tag: str, build: Callable[[], Awaitable[DirNode]]) -> None:
+        self.ctx = ctx
+        self.tag = tag
+        self.build = build
+        self.mtime = ctx.mount_time
+
+    async def _target(self) -> DirNode:
+        return await self.ctx.listings.get(("lazy", self.tag), self.build)
+
+    async def lookup(self, name: str) -> Node | None:
+        return await (await self._target()).lookup(name)
+
+    async def children(self) -> Sequence[tuple[str, Node]]:
+        return await (await self._target()).children()
+
+
+def _discover(ctx: MountContext) -> Decoded:
+    """Worker-thread side: walk the metadata (never the chunks) and wrap each array."""
+    hierarchy = formats.discover(ctx.store)
+    out = Decoded()
+    for path, attrs in hierarchy.groups.items():
+        out.groups[path] = dict(attrs)
+    for path, meta in hierarchy.arrays.items():
+        if meta.error:
+            log.error("array %s: %s", path or "/", meta.error)
+        out.arrays[path] = DecodedArray(ctx, meta, _opener(ctx, meta))
+    return out
+
+
+def _opener(ctx: MountContext, meta: ArrayMeta) -> Callable[[], Any]:
+    return lambda: formats.open_array(ctx.store, meta.path, meta)
+
+
+async def decoded(ctx: MountContext) -> Decoded:
+    return await ctx.listings.get(("decoded",), lambda: run_blocking(_discover, ctx))
+
+
+def _place(root: StaticDir, path: str, mtime: float) -> StaticDir:
+    """The directory for ``path`` below ``root``, creating intermediate ones."""
+    node = root
+    for part in [p for p in path.split("/") if p]:
+        child = node.entries.get(part)
+        if not isinstance(child, StaticDir):
+            child = StaticDir(mtime=mtime)
+            node.entries[part] = child
+        node = child
+    return node
+
+
+def _set_dir(root: StaticDir, path: str, node: DirNode) -> None:
+    parts = [p for p in path.split("/") if p]
+    parent = _place(root, "/".join(parts[:-1]), root.mtime)
+    parent.entries[parts[-1]] = node
+
+
+async def build_arrays_dir(ctx: MountContext) -> DirNode:
+    d = await decoded(ctx)
+    root = StaticDir(mtime=ctx.mount_time)
+    for path, array in sorted(d.arrays.items()):
+        _place(root, path, ctx.mount_time).entries.update(array_files(array))
+    return root
+
+
+async def build_v2_dir(ctx: MountContext) -> DirNode:
+    d = await decoded(ctx)
+    mtime = ctx.mount_time
+    root = StaticDir(mtime=mtime)
+    for path, attrs in sorted(d.groups.items()):
+        _place(root, path, mtime).entries.update(mirror_group_files(attrs, mtime))
+    for path, array in sorted(d.arrays.items()):
+        if not array.readable or array.meta.error:
+            continue
+        if path:
+            _set_dir(root, path, mirror_array_dir(array))
+        else:  # a root array: the mirror's root is that array
+            root_files = {k: v for k, v in root.entries.items() if k not in (".zgroup", ".zattrs")}
+            return mirror_array_dir(array, root_files)
+    return root
 
 
 def attach_decoded_views(ctx: MountContext, root: MountRoot) -> None:
     if root.control is None:
         return
+    entries = root.control.entries
+    entries["arrays"] = LazyDir(ctx, "arrays", lambda: build_arrays_dir(ctx))
+    entries["v2"] = LazyDir(ctx, "v2", lambda: build_v2_dir(ctx))
+    try:
+        from zvfs.views.vectors import build_vectors_dir
+    except ImportError:
+        return
+    entries["vectors"] = LazyDir(ctx, "vectors", lambda: _vectors_or_empty(ctx, build_vectors_dir))
+
+
+async def _vectors_or_empty(ctx: MountContext, build: Callable[..., Awaitable[DirNode | None]]) -> DirNode:
+    node = await build(ctx.store, ctx)
+    return node if node is not None else StaticDir(mtime=ctx.mount_time)

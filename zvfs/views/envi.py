@@ -1,0 +1,43 @@
+"""``data.hdr``: an ENVI header next to data.raw, so GDAL, ENVI and IDL open the raw file.
+
+GDAL's ENVI driver finds ``data.hdr`` for ``data.raw`` by replacing the extension.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from zvfs.formats.meta import ArrayMeta
+
+#: numpy kind+itemsize -> ENVI "data type" code
+ENVI_TYPES = {
+    ("u", 1): 1, ("b", 1): 1, ("i", 1): 1, ("i", 2): 2, ("i", 4): 3, ("f", 4): 4, ("f", 8): 5,
+    ("c", 8): 6, ("c", 16): 9, ("u", 2): 12, ("u", 4): 13, ("i", 8): 14, ("u", 8): 15,
+}
+
+
+def envi_supported(meta: ArrayMeta) -> bool:
+    return 1 <= meta.ndim <= 3 and (meta.dtype.kind, meta.dtype.itemsize) in ENVI_TYPES
+
+
+def envi_header(meta: ArrayMeta) -> bytes:
+    """Band-sequential header: (bands, lines, samples) is the C-order shape, padded with 1s."""
+    dims = (1,) * (3 - meta.ndim) + tuple(meta.shape)
+    bands, lines, samples = dims
+    big = meta.dtype.byteorder == ">" or (meta.dtype.byteorder == "=" and np.little_endian is False)
+    lines_out = [
+        "ENVI",
+        "description = {zvfs decoded array " + (meta.path or "/") + "}",
+        f"samples = {samples}",
+        f"lines = {lines}",
+        f"bands = {bands}",
+        "header offset = 0",
+        "file type = ENVI Standard",
+        f"data type = {ENVI_TYPES[(meta.dtype.kind, meta.dtype.itemsize)]}",
+        "interleave = bsq",
+        f"byte order = {1 if big else 0}",
+    ]
+    if meta.dimension_names and meta.ndim == 3 and meta.dimension_names[0]:
+        lines_out.append("band names = {" + ", ".join(
+            f"{meta.dimension_names[0]} {i}" for i in range(bands)) + "}")
+    return ("\n".join(lines_out) + "\n").encode()

@@ -1,0 +1,61 @@
+"""Byte-range arithmetic over a C-order array, shared by every decoded view.
+
+A read of bytes [offset, offset+length) of an array laid out in C order maps
+to an element range, which splits into at most 2·ndim-1 boxes whose C-order
+concatenation is exactly that range. Only the chunks those boxes touch are
+decoded, so a small read never decodes whole planes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+Box = tuple[tuple[int, ...], tuple[int, ...]]  # (lo, hi), hi exclusive
+
+
+def range_boxes(shape: tuple[int, ...], start: int, stop: int) -> Iterator[Box]:
+    """Boxes covering flat C-order element indices [start, stop), in order."""
+    if start >= stop:
+        return
+    if not shape:
+        yield (), ()
+        return
+    if len(shape) == 1:
+        yield (start,), (stop,)
+        return
+    inner = math.prod(shape[1:])
+    rest = shape[1:]
+    first, last = start // inner, (stop - 1) // inner
+    if first == last:
+        for lo, hi in range_boxes(rest, start - first * inner, stop - first * inner):
+            yield (first, *lo), (first + 1, *hi)
+        return
+    if start % inner:
+        for lo, hi in range_boxes(rest, start % inner, inner):
+            yield (first, *lo), (first + 1, *hi)
+        first += 1
+    full_end = last if stop % inner else last + 1
+    if full_end > first:
+        yield (first, *(0 for _ in rest)), (full_end, *rest)
+    if stop % inner:
+        for lo, hi in range_boxes(rest, 0, stop % inner):
+            yield (last, *lo), (last + 1, *hi)
+
+
+def chunks_in_box(box: Box, chunks: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+    """Chunk grid indices that intersect ``box``, in C order."""
+    lo, hi = box
+    ranges = [range(a // c, (b - 1) // c + 1) for a, b, c in zip(lo, hi, chunks, strict=True)]
+    if any(len(r) == 0 for r in ranges):
+        return
+    yield from _product(ranges)
+
+
+def _product(ranges: list[range]) -> Iterator[tuple[int, ...]]:
+    if not ranges:
+        yield ()
+        return
+    for i in ranges[0]:
+        for rest in _product(ranges[1:]):
+            yield (i, *rest)

@@ -1,0 +1,48 @@
+"""``data.npy``: data.raw behind an NPY header, so ``np.load(p, mmap_mode="r")`` works."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from zvfs.formats.meta import ArrayMeta
+from zvfs.views.arrays import DecodedArray
+from zvfs.views.node import FileNode
+
+NPY_ALIGN = 64
+
+
+def npy_header(meta: ArrayMeta) -> bytes:
+    """NPY format 1.0 header (2.0 when too long), padded so data starts 64-byte aligned."""
+    descr = np.lib.format.dtype_to_descr(meta.dtype)
+    text = repr({"descr": descr, "fortran_order": False, "shape": tuple(meta.shape)})
+    for version, fmt in (((1, 0), "<H"), ((2, 0), "<I")):
+        prefix = 6 + 2 + struct.calcsize(fmt)
+        pad = -(prefix + len(text) + 1) % NPY_ALIGN
+        body = text + " " * pad + "\n"
+        if len(body) < 1 << (8 * struct.calcsize(fmt)):
+            return b"\x93NUMPY" + bytes(version) + struct.pack(fmt, len(body)) + body.encode("latin1")
+    raise ValueError("NPY header too long")
+
+
+class NpyFile(FileNode):
+    def __init__(self, array: DecodedArray) -> None:
+        self.array = array
+        self.header = npy_header(array.meta)
+        self.mtime = array.ctx.mount_time
+
+    @property
+    def size(self) -> int:
+        return len(self.header) + self.array.meta.nbytes
+
+    async def read(self, offset: int, length: int) -> bytes:
+        hlen = len(self.header)
+        out = b""
+        if offset < hlen:
+            out = self.header[offset : offset + length]
+            length -= len(out)
+            offset = hlen
+        if length > 0:
+            out += await self.array.read_bytes(offset - hlen, length)
+        return out
