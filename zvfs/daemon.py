@@ -121,8 +121,9 @@ async def _watch_signals() -> None:
             return
 
 
-async def _serve(mountpoint: str, ready_fd: int | None) -> None:
+async def _serve(ctx: MountContext, mountpoint: str, ready_fd: int | None) -> None:
     async with trio.open_nursery() as nursery:
+        ctx.nursery = nursery
         nursery.start_soon(_watch_signals)
         nursery.start_soon(_announce_ready, mountpoint, ready_fd)
         await pyfuse3.main(min_tasks=8, max_tasks=256)
@@ -142,7 +143,7 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
     pyfuse3.init(ops, mountpoint, fuse_options(description, opts["allow_other"]))
     unmounted = False
     try:
-        trio.run(_serve, mountpoint, ready_fd)
+        trio.run(_serve, ctx, mountpoint, ready_fd)
         unmounted = True
     finally:
         # after a clean terminate() we unmount; after a crash too, so no dead mount stays behind

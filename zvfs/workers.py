@@ -7,7 +7,7 @@ is bounded by one limiter that the CLI sizes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import trio
@@ -35,3 +35,32 @@ async def run_blocking(fn: Callable[..., T], *args: object) -> T:
     if _limiter is None:
         _limiter = trio.CapacityLimiter(_limit)
     return await trio.to_thread.run_sync(fn, *args, limiter=_limiter)
+
+
+K = TypeVar("K")
+
+
+async def gather(keys: list[K], fn: Callable[[K], Awaitable[T]]) -> dict[K, T]:
+    """``{k: await fn(k)}`` for all keys concurrently; the first error is re-raised as itself.
+
+    Errors are collected rather than left to the nursery so callers see the plain
+    exception (e.g. NodeError) on every trio version, not an exception group.
+    """
+    out: dict[K, T] = {}
+    if len(keys) == 1:
+        out[keys[0]] = await fn(keys[0])
+        return out
+    errors: list[BaseException] = []
+
+    async def one(k: K) -> None:
+        try:
+            out[k] = await fn(k)
+        except Exception as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        for k in keys:
+            nursery.start_soon(one, k)
+    if errors:
+        raise errors[0]
+    return out

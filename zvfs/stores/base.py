@@ -56,6 +56,9 @@ class Store(ABC):
 
     #: short human name of the source, used in fsname= and log lines
     description: str = ""
+    #: preferred read unit in bytes for raw files: 0 reads exactly what is asked (local
+    #: files); remote or compressed stores set a block size so one request serves many reads
+    block_size: int = 0
 
     @abstractmethod
     def get(self, key: str) -> bytes:

@@ -15,6 +15,7 @@ class CountingStore(Store):
         self.inner = inner
         self.counters = counters
         self.description = inner.description
+        self.block_size = inner.block_size
 
     def get(self, key: str) -> bytes:
         self.counters.add("store_requests")

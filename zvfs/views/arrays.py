@@ -22,7 +22,7 @@ from zvfs.formats.meta import ArrayMeta
 from zvfs.views.context import MountContext
 from zvfs.views.layout import chunks_in_box, range_boxes
 from zvfs.views.node import BytesFile, DirNode, FileNode, Node, NodeError
-from zvfs.workers import run_blocking
+from zvfs.workers import gather, run_blocking
 
 log = logging.getLogger("zvfs")
 
@@ -78,26 +78,9 @@ class DecodedArray:
 
         return await self.ctx.chunks.get((self.serial, idx), load)
 
-    async def chunks(self, indices: Sequence[tuple[int, ...]]) -> dict[tuple[int, ...], np.ndarray]:
+    async def chunks(self, indices: list[tuple[int, ...]]) -> dict[tuple[int, ...], np.ndarray]:
         """Several chunks at once: fetched and decoded concurrently."""
-        out: dict[tuple[int, ...], np.ndarray] = {}
-        if len(indices) == 1:
-            out[indices[0]] = await self.chunk(indices[0])
-            return out
-        errors: list[BaseException] = []
-
-        async def one(i: tuple[int, ...]) -> None:
-            try:
-                out[i] = await self.chunk(i)
-            except NodeError as exc:
-                errors.append(exc)
-
-        async with trio.open_nursery() as nursery:
-            for i in indices:
-                nursery.start_soon(one, i)
-        if errors:
-            raise errors[0]
-        return out
+        return await gather(indices, self.chunk)
 
     async def read_elements(self, start: int, stop: int) -> bytes:
         """C-order elements [start, stop) of the whole array, in the declared byte order."""

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+
+import trio
 
 from zvfs.cache import Cache
 from zvfs.stats import Counters, counters
@@ -29,6 +32,10 @@ class MountContext:
     listings: Cache = field(init=False)
     chunks: Cache = field(init=False)
     _logged: set[str] = field(default_factory=set, init=False)
+    #: set by the daemon while serving; background prefetches run in it
+    nursery: trio.Nursery | None = field(default=None, init=False)
+    #: cache keys loaded ahead of any reader, to count prefetch hits
+    prefetched: set[object] = field(default_factory=set, init=False)
 
     def __post_init__(self) -> None:
         # listings are small; bound them by entry count via sizeof=1
@@ -39,6 +46,20 @@ class MountContext:
     def immutable(self) -> bool:
         """True when the store is declared immutable (``metadata_ttl=indefinite``)."""
         return self.metadata_ttl is None
+
+    def background(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
+        """Run ``fn(*args)`` in the background, swallowing its errors (a prefetch that fails
+        is retried by the read that needs it, which then reports the error)."""
+        if self.nursery is None:
+            return
+
+        async def quiet() -> None:
+            try:
+                await fn(*args)
+            except Exception as exc:  # noqa: BLE001
+                log.debug("prefetch failed: %s", exc)
+
+        self.nursery.start_soon(quiet)
 
     def warn_once(self, tag: str, message: str) -> None:
         """Log ``message`` the first time ``tag`` is seen, so a bad key is one line, not one per lookup."""
