@@ -22,6 +22,7 @@ from zvfs.formats.meta import ArrayMeta
 from zvfs.views.context import MountContext
 from zvfs.views.layout import chunks_in_box, range_boxes
 from zvfs.views.node import BytesFile, DirNode, FileNode, Node, NodeError
+from zvfs.views.readahead import ReadAhead
 from zvfs.workers import gather, run_blocking
 
 log = logging.getLogger("zvfs")
@@ -40,6 +41,7 @@ class DecodedArray:
         self._opener = opener
         self._reader: Any = None
         self._open_lock = trio.Lock()
+        self._ahead = ReadAhead(ceiling=max(meta.chunk_nbytes, min(64 << 20, ctx.cache_size // 4)))
 
     @property
     def readable(self) -> bool:
@@ -76,7 +78,22 @@ class DecodedArray:
             except Exception as exc:  # corrupt chunk, unknown codec, store error: this read only
                 raise NodeError(errno.EIO, f"{self.meta.path or '/'} chunk {idx}: {exc}") from exc
 
-        return await self.ctx.chunks.get((self.serial, idx), load)
+        key = (self.serial, idx)
+        if key in self.ctx.prefetched:
+            self.ctx.prefetched.discard(key)
+            self.ctx.counters.add("prefetch_hits")
+        return await self.ctx.chunks.get(key, load)
+
+    def _prefetch(self, start: int, stop: int) -> None:
+        """Decode ahead the chunks under bytes [start, stop) of the C-order array."""
+        item = self.meta.dtype.itemsize
+        boxes = range_boxes(self.meta.shape, start // item, -(-stop // item))
+        for idx in dict.fromkeys(i for b in boxes for i in chunks_in_box(b, self.meta.chunks)):
+            key = (self.serial, idx)
+            if not self.ctx.chunks.contains(key):
+                self.ctx.prefetched.add(key)
+                self.ctx.counters.add("prefetch_requests")
+                self.ctx.background(self.chunk, idx)
 
     async def chunks(self, indices: list[tuple[int, ...]]) -> dict[tuple[int, ...], np.ndarray]:
         """Several chunks at once: fetched and decoded concurrently."""
@@ -107,6 +124,9 @@ class DecodedArray:
         if offset >= total or length <= 0:
             return b""
         end = min(total, offset + length)
+        ahead = self._ahead.advise(offset, end, total)
+        if ahead is not None:
+            self._prefetch(*ahead)
         item = self.meta.dtype.itemsize
         first, last = offset // item, -(-end // item)
         data = await self.read_elements(first, last)
