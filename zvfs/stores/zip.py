@@ -20,6 +20,7 @@ import struct
 import threading
 import time
 import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -81,7 +82,7 @@ class ZipStore(Store):
             raise SourceError(f"cannot read the zip directory of {self.path}: {e}") from e
         skipped: list[str] = []
         for zi in infos:
-            name = zi.filename
+            name = _member_name(zi)
             if name.endswith("/"):  # directory entry: an (empty) prefix
                 d = name.rstrip("/")
                 if d and bad_segment(d) is None:
@@ -248,6 +249,36 @@ class _RegionFile(io.RawIOBase):
         data = self.read(len(b))
         b[: len(data)] = data
         return len(data)
+
+
+def _member_name(zi: zipfile.ZipInfo) -> str:
+    """The member's name as UTF-8 text.
+
+    Info-ZIP's ``zip`` on Linux stores UTF-8 names without setting the UTF-8 flag,
+    so zipfile decodes them as cp437; undo that when the bytes are valid UTF-8.
+    An Info-ZIP Unicode Path extra field (0x7075), when present and current, wins.
+    """
+    name = zi.filename
+    if zi.flag_bits & 0x800:
+        return name
+    extra = zi.extra
+    i = 0
+    while i + 4 <= len(extra):
+        tag, size = struct.unpack_from("<HH", extra, i)
+        body = extra[i + 4:i + 4 + size]
+        if tag == 0x7075 and len(body) > 5 and body[0] == 1:
+            (crc,) = struct.unpack_from("<I", body, 1)
+            try:
+                raw = zi.orig_filename.encode("cp437")
+                if zlib.crc32(raw) == crc:
+                    return body[5:].decode("utf-8")
+            except (UnicodeError, ValueError):
+                pass
+        i += 4 + size
+    try:
+        return name.encode("cp437").decode("utf-8")
+    except UnicodeError:
+        return name
 
 
 def _zip_mtime(date_time: tuple[int, int, int, int, int, int], fallback: float) -> float:

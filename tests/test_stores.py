@@ -1,0 +1,613 @@
+"""Stores against real backends: a directory, zip files (zipfile, `zip`, zarr-python) and moto's S3 server.
+
+Every backend holds the same sample tree and must answer get/get_range/info/
+list_dir/list_prefix identically. Tools (the `zip` command, moto) are required:
+a missing tool fails the test, it never skips.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from moto_server import DUMMY_ENV, MotoServer, put_many, s3_client, upload_tree  # noqa: E402
+
+from zvfs.stores.base import KeyInfo, KeyNotFound, SourceError, Store, StoreError  # noqa: E402
+from zvfs.stores.directory import DirectoryStore  # noqa: E402
+from zvfs.stores.s3 import S3Store  # noqa: E402
+from zvfs.stores.url import SourceSpec, open_store, parse_source  # noqa: E402
+from zvfs.stores.zip import ZipStore  # noqa: E402
+
+BUCKET = "zvfs-test"
+PREFIX = "some/prefix/"
+
+
+def _sample() -> dict[str, bytes]:
+    big = b"".join(i.to_bytes(4, "little") for i in range(300_000))  # 1.2 MB, compressible
+    return {
+        "zarr.json": b'{"zarr_format": 3, "node_type": "group"}',
+        ".zattrs": b"{}",
+        "empty": b"",
+        "a/zarr.json": b'{"zarr_format": 3, "node_type": "array"}' * 20,
+        "a/c/0/0": bytes(range(256)) * 40,
+        "a/c/0/1": b"x" * 5000,
+        "a/c/1/0": os.urandom(3000),
+        "a/big": big,
+        "g/h/deep/leaf.bin": b"leaf" * 1000,
+        "name with space": b"spaces are fine",
+        "ünïcode/ä": b"unicode names",
+    }
+
+
+SAMPLE = _sample()
+
+
+def _expected_dirs(keys: dict[str, bytes]) -> dict[str, tuple[dict[str, int], set[str]]]:
+    out: dict[str, tuple[dict[str, int], set[str]]] = {"": ({}, set())}
+    for key, value in keys.items():
+        parts = key.split("/")
+        for i in range(len(parts)):
+            pre = "/".join(parts[:i]) + "/" if i else ""
+            out.setdefault(pre, ({}, set()))
+            if i == len(parts) - 1:
+                out[pre][0][parts[i]] = len(value)
+            else:
+                out[pre][1].add(parts[i])
+    return out
+
+
+def _write_tree(root: Path, keys: dict[str, bytes]) -> None:
+    for key, value in keys.items():
+        p = root / key
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(value)
+
+
+def _need(tool: str) -> str:
+    path = shutil.which(tool)
+    assert path, f"the `{tool}` command is required for this test (install it; tests never skip)"
+    return path
+
+
+# -- fixtures ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tree") / "data"
+    root.mkdir()
+    _write_tree(root, SAMPLE)
+    return root
+
+
+@pytest.fixture(scope="module")
+def zips(tree: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("zips")
+    made: dict[str, Path] = {}
+    for name, kw in {
+        "py_deflate": {"compression": zipfile.ZIP_DEFLATED},
+        "py_stored": {"compression": zipfile.ZIP_STORED},
+        "py_bzip2": {"compression": zipfile.ZIP_BZIP2},
+        "py_lzma": {"compression": zipfile.ZIP_LZMA},
+    }.items():
+        p = out / f"{name}.zip"
+        with zipfile.ZipFile(p, "w", **kw) as zf:
+            for key in SAMPLE:
+                zf.write(tree / key, key)
+        made[name] = p
+    p = out / "py_zip64.zip"
+    with zipfile.ZipFile(p, "w", zipfile.ZIP_DEFLATED) as zf:
+        for key, value in SAMPLE.items():
+            zi = zipfile.ZipInfo(key, date_time=time.localtime()[:6])
+            zi.compress_type = zipfile.ZIP_DEFLATED
+            with zf.open(zi, "w", force_zip64=True) as f:
+                f.write(value)
+    made["py_zip64"] = p
+    zip_cmd = _need("zip")
+    for name, flags in {"zip_cmd": ["-r"], "zip_cmd0": ["-0", "-r"]}.items():
+        p = out / f"{name}.zip"
+        subprocess.run([zip_cmd, "-q", *flags, str(p), "."], cwd=tree, check=True)
+        made[name] = p
+    return made
+
+
+@pytest.fixture(scope="module")
+def moto() -> Iterator[MotoServer]:
+    with MotoServer() as srv, pytest.MonkeyPatch.context() as mp:
+        for k, v in srv.env.items():
+            mp.setenv(k, v)
+        for k in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+            mp.delenv(k, raising=False)
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def s3_bucket(moto: MotoServer, tree: Path) -> Any:
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket=BUCKET)
+    upload_tree(client, BUCKET, PREFIX, tree)
+    # siblings that must stay invisible through the prefix
+    client.put_object(Bucket=BUCKET, Key="some/other", Body=b"outside")
+    client.put_object(Bucket=BUCKET, Key="some/prefixed-not-below", Body=b"outside")
+    client.put_object(Bucket=BUCKET, Key=PREFIX + "g/", Body=b"")  # a "folder" marker object
+    return client
+
+
+BACKENDS = ["dir", "py_deflate", "py_stored", "py_bzip2", "py_lzma", "py_zip64", "zip_cmd",
+            "zip_cmd0", "s3"]
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tree: Path) -> Iterator[Store]:
+    name = request.param
+    st: Store
+    if name == "dir":
+        st = DirectoryStore(tree)
+    elif name == "s3":
+        moto = request.getfixturevalue("moto")
+        request.getfixturevalue("s3_bucket")
+        st = S3Store(BUCKET, PREFIX, endpoint_url=moto.endpoint)
+    else:
+        st = ZipStore(request.getfixturevalue("zips")[name])
+    yield st
+    st.close()
+
+
+# -- the same answers from every backend ---------------------------------------------------
+
+
+def test_get_and_info(store: Store) -> None:
+    for key, value in SAMPLE.items():
+        assert store.get(key) == value, key
+        info = store.info(key)
+        assert isinstance(info, KeyInfo)
+        assert info.size == len(value), key
+        assert info.mtime > 1e9
+        assert store.exists(key)
+
+
+def test_get_range(store: Store) -> None:
+    big = SAMPLE["a/big"]
+    for start, length in [(0, 10), (5, 1), (1000, 70000), (len(big) - 3, 10), (len(big), 5),
+                          (len(big) + 100, 5), (0, len(big) + 10), (123_456, 0), (1 << 20, 4096)]:
+        assert store.get_range("a/big", start, length) == big[start:start + length], (start, length)
+    assert store.get_range("empty", 0, 10) == b""
+    assert store.get_range("a/c/0/1", 4990, 100) == b"x" * 10
+
+
+def test_missing_and_unsafe_keys(store: Store) -> None:
+    for key in ["nope", "a/nope", "a", "a/c", "a/c/0", "g/h/deep/leaf.bin/x"]:
+        with pytest.raises(KeyNotFound):
+            store.get(key)
+        with pytest.raises(KeyNotFound):
+            store.info(key)
+        with pytest.raises(KeyNotFound):
+            store.get_range(key, 0, 4)
+        assert not store.exists(key)
+    for key in ["../x", "a/../zarr.json", "/zarr.json", "a//zarr.json", "./zarr.json", "a/\x00", ""]:
+        with pytest.raises(KeyNotFound):
+            store.get(key)
+        with pytest.raises(KeyNotFound):
+            store.info(key)
+
+
+def test_list_dir(store: Store) -> None:
+    for prefix, (keys, prefixes) in _expected_dirs(SAMPLE).items():
+        listing = store.list_dir(prefix)
+        assert {k: v.size for k, v in listing.keys.items()} == keys, prefix
+        assert listing.prefixes == prefixes, prefix
+    assert store.list_dir("nope/").keys == {}
+    assert store.list_dir("nope/").prefixes == set()
+    with pytest.raises(KeyNotFound):
+        store.list_dir("../")
+
+
+def test_list_prefix(store: Store) -> None:
+    assert sorted(store.list_prefix("")) == sorted(SAMPLE)
+    assert sorted(store.list_prefix("a/")) == sorted(k for k in SAMPLE if k.startswith("a/"))
+    assert sorted(store.list_prefix("g/h/")) == ["g/h/deep/leaf.bin"]
+    assert list(store.list_prefix("nope/")) == []
+
+
+def test_parallel_reads(store: Store) -> None:
+    """One store serves many threads (one fd / one boto3 client)."""
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            for key, value in SAMPLE.items():
+                s = (i * 37) % (len(value) or 1)
+                assert store.get_range(key, s, 777) == value[s:s + 777]
+        except BaseException as e:  # noqa: BLE001 - report in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+# -- directory store ---------------------------------------------------------------------
+
+
+def test_directory_mtime_is_st_mtime(tree: Path) -> None:
+    st = DirectoryStore(tree)
+    assert st.info("a/big").mtime == os.stat(tree / "a/big").st_mtime
+    assert st.list_dir("a/").keys["big"].mtime == os.stat(tree / "a/big").st_mtime
+
+
+def test_directory_symlinks(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"secret")
+    root = tmp_path / "root"
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "real").write_bytes(b"real")
+    os.symlink(outside / "secret", root / "escape")  # absolute link out
+    os.symlink("../outside/secret", root / "sub" / "escape_rel")  # relative link out
+    os.symlink(outside, root / "escape_dir")  # directory link out
+    os.symlink("sub/real", root / "inside")  # file link in
+    os.symlink("sub", root / "inside_dir")  # directory link in
+    os.symlink("..", root / "sub" / "loop")  # link to an ancestor
+    os.symlink("missing", root / "dangling")
+    os.mkfifo(root / "fifo")
+    st = DirectoryStore(root)
+    caplog.set_level("WARNING", logger="zvfs.stores.directory")
+
+    for key in ["escape", "sub/escape_rel", "escape_dir/secret", "dangling", "fifo", "sub/loop"]:
+        with pytest.raises(KeyNotFound):
+            st.get(key)
+        with pytest.raises(KeyNotFound):
+            st.info(key)
+    assert st.get("inside") == b"real"
+    assert st.get("inside_dir/real") == b"real"
+    assert st.get("sub/loop/sub/real") == b"real"
+    top = st.list_dir("")
+    assert set(top.keys) == {"inside"}
+    assert top.prefixes == {"sub", "inside_dir"}
+    assert st.list_dir("escape_dir/").keys == {}
+    assert set(st.list_dir("sub/").keys) == {"real"}
+    assert st.list_dir("sub/").prefixes == {"loop"}
+    keys = list(st.list_prefix(""))  # must terminate despite sub/loop -> root
+    assert "sub/real" in keys and "inside" in keys
+    assert not any("secret" in k or "escape" in k for k in keys)
+    # logged once per key, not once per access
+    escape_logs = [r for r in caplog.records if "'escape'" in r.getMessage()]
+    assert len(escape_logs) == 1, escape_logs
+    assert "outside the source" in escape_logs[0].getMessage()
+
+
+def test_directory_source_errors(tmp_path: Path) -> None:
+    with pytest.raises(SourceError, match=f"source directory {tmp_path}/missing does not exist"):
+        DirectoryStore(tmp_path / "missing")
+    (tmp_path / "f").write_bytes(b"x")
+    with pytest.raises(SourceError, match="not a directory"):
+        DirectoryStore(tmp_path / "f")
+
+
+# -- zip store -----------------------------------------------------------------------------
+
+
+def test_zip_cmd_has_directory_entries_and_deflate(zips: dict[str, Path]) -> None:
+    with zipfile.ZipFile(zips["zip_cmd"]) as zf:
+        infos = zf.infolist()
+    assert any(i.filename.endswith("/") for i in infos)
+    assert any(i.compress_type == zipfile.ZIP_DEFLATED for i in infos)
+    with zipfile.ZipFile(zips["zip_cmd0"]) as zf:
+        assert all(i.compress_type == zipfile.ZIP_STORED for i in zf.infolist())
+
+
+def test_zip_mtime_from_date_time(zips: dict[str, Path], tree: Path) -> None:
+    st = ZipStore(zips["zip_cmd"])
+    # DOS time: local time, 2-second resolution
+    assert abs(st.info("a/big").mtime - os.stat(tree / "a/big").st_mtime) <= 2
+    with zipfile.ZipFile(zips["zip_cmd"]) as zf:
+        dt = zf.getinfo("a/big").date_time
+    assert st.info("a/big").mtime == time.mktime((*dt, 0, 0, -1))
+    st.close()
+
+
+def test_zip_written_by_zarr_python(tmp_path: Path) -> None:
+    import numpy as np
+    import zarr
+
+    path = tmp_path / "z.zip"
+    zs = zarr.storage.ZipStore(path, mode="w")
+    root = zarr.open_group(zs, mode="w")
+    arr = root.create_array("temp", shape=(40, 30), chunks=(16, 16), dtype="f4")
+    arr[:] = np.arange(1200, dtype="f4").reshape(40, 30)
+    root.attrs["title"] = "t"
+    zs.close()
+
+    with zipfile.ZipFile(path) as zf:
+        infos = {i.filename: i for i in zf.infolist()}
+        raw = {name: zf.read(name) for name in infos}
+    # the case we must handle: no file-type bits in the mode
+    assert all((i.external_attr >> 16) & 0o170000 == 0 for i in infos.values())
+    st = ZipStore(path)
+    assert sorted(st.list_prefix("")) == sorted(raw)
+    for name, data in raw.items():
+        assert st.get(name) == data
+        assert st.info(name).size == len(data)
+    assert "zarr.json" in st.list_dir("").keys
+    assert st.list_dir("").prefixes == {"temp"}
+    assert st.list_dir("temp/").prefixes == {"c"}
+    assert set(st.list_dir("temp/c/").prefixes) == {"0", "1", "2"}
+    # zarr-python reads back what our store serves
+    z2 = zarr.open_array(zarr.storage.ZipStore(path, mode="r"), path="temp")
+    assert np.array_equal(z2[:], np.arange(1200, dtype="f4").reshape(40, 30))
+    st.close()
+
+
+def test_zip64_many_entries(tmp_path: Path) -> None:
+    """More than 65535 entries forces the zip64 end-of-central-directory record."""
+    path = tmp_path / "many.zip"
+    n = 65_600
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
+        for i in range(n):
+            zf.writestr(f"c/{i}", str(i))
+        zf.writestr("zarr.json", b"{}")
+    with open(path, "rb") as f:
+        f.seek(-200, os.SEEK_END)
+        assert b"PK\x06\x06" in f.read()  # zip64 end of central directory
+    st = ZipStore(path)
+    assert len(st.list_dir("c/").keys) == n
+    assert st.get("c/65599") == b"65599"
+    assert st.get_range("c/12345", 1, 3) == b"234"
+    assert st.get("zarr.json") == b"{}"
+    st.close()
+
+
+def test_zip_truncated_or_garbage_is_source_error(zips: dict[str, Path], tmp_path: Path) -> None:
+    data = zips["py_deflate"].read_bytes()
+    for cut in (len(data) // 2, len(data) - 10, 30):
+        p = tmp_path / f"cut{cut}.zip"
+        p.write_bytes(data[:cut])
+        with pytest.raises(SourceError, match=r"cut\d+\.zip.*(truncated|corrupt)"):
+            ZipStore(p)
+    p = tmp_path / "garbage.zip"
+    p.write_bytes(os.urandom(5000))
+    with pytest.raises(SourceError, match="not a valid zip"):
+        ZipStore(p)
+    with pytest.raises(SourceError, match="does not exist"):
+        ZipStore(tmp_path / "missing.zip")
+
+
+def test_zip_corrupt_member_is_store_error_naming_key(tmp_path: Path) -> None:
+    path = tmp_path / "c.zip"
+    good = b"good data " * 1000
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("bad", b"compressible " * 5000)
+        zf.writestr("ok", good)
+    with zipfile.ZipFile(path) as zf:
+        zi = zf.getinfo("bad")
+    raw = bytearray(path.read_bytes())
+    start = zi.header_offset + 30 + len(b"bad")
+    for i in range(start + 5, start + 40):
+        raw[i] ^= 0x5A
+    path.write_bytes(bytes(raw))
+    st = ZipStore(path)
+    with pytest.raises(StoreError, match="bad") as exc:
+        st.get("bad")
+    assert not isinstance(exc.value, KeyNotFound)
+    assert st.get("ok") == good
+    assert st.info("bad").size == len(b"compressible " * 5000)
+    st.close()
+
+
+def test_zip_member_with_bad_local_header(tmp_path: Path) -> None:
+    path = tmp_path / "h.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("first", b"1111")
+        zf.writestr("second", b"2222")
+    raw = bytearray(path.read_bytes())
+    raw[0:4] = b"XXXX"  # break the local header of "first"
+    path.write_bytes(bytes(raw))
+    st = ZipStore(path)
+    with pytest.raises(StoreError, match="first"):
+        st.get("first")
+    assert st.get("second") == b"2222"
+    st.close()
+
+
+# -- S3 store ------------------------------------------------------------------------------
+
+
+def test_s3_prefix_is_stripped_and_siblings_invisible(moto: MotoServer, s3_bucket: Any) -> None:
+    st = S3Store(BUCKET, "some/prefix", endpoint_url=moto.endpoint)
+    assert st.description == "s3://zvfs-test/some/prefix"
+    assert "other" not in st.list_dir("").keys
+    with pytest.raises(KeyNotFound):
+        st.get("../other")
+    root = S3Store(BUCKET, "", endpoint_url=moto.endpoint)
+    assert root.list_dir("").prefixes == {"some"}
+    assert root.list_dir("some/").keys.keys() == {"other", "prefixed-not-below"}
+    assert root.get(PREFIX + "a/big") == SAMPLE["a/big"]
+    assert abs(st.info("a/big").mtime - time.time()) < 600
+
+
+def test_s3_paginated_listing(moto: MotoServer) -> None:
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket="zvfs-many")
+    n = 1205
+    put_many(client, "zvfs-many", {f"p/many/k{i:05d}": b"%d" % i for i in range(n)}
+             | {f"p/many/sub{i:04d}/x": b"" for i in range(1010)})
+    st = S3Store("zvfs-many", "p", endpoint_url=moto.endpoint)
+    listing = st.list_dir("many/")
+    assert len(listing.keys) == n
+    assert listing.keys["k01204"].size == len(b"1204")
+    assert len(listing.prefixes) == 1010
+    keys = list(st.list_prefix("many/"))
+    assert len(keys) == n + 1010
+    assert st.get("many/k00042") == b"42"
+
+
+def test_s3_missing_bucket(moto: MotoServer) -> None:
+    with pytest.raises(SourceError, match=rf"S3 bucket 'no-such-bucket' does not exist \(at endpoint {moto.endpoint}\)"):
+        S3Store("no-such-bucket", "", endpoint_url=moto.endpoint)
+
+
+def test_s3_bad_credentials() -> None:
+    with MotoServer(extra_env={"INITIAL_NO_AUTH_ACTION_COUNT": "0"}) as srv, \
+            pytest.MonkeyPatch.context() as mp:
+        for k, v in srv.env.items():
+            mp.setenv(k, v)
+        mp.setenv("AWS_ACCESS_KEY_ID", "AKIAWRONGWRONGWRONG0")
+        with pytest.raises(SourceError, match="credentials were refused") as exc:
+            S3Store(BUCKET, "", endpoint_url=srv.endpoint)
+        msg = str(exc.value)
+        assert "--profile" in msg and "AWS_ACCESS_KEY_ID" in msg and "--no-sign-request" in msg
+
+
+def test_s3_no_credentials(moto: MotoServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(SourceError, match="no AWS credentials.*--no-sign-request"):
+        S3Store(BUCKET, "", endpoint_url=moto.endpoint)
+
+
+def test_s3_no_sign_request_on_open_bucket(moto: MotoServer, s3_bucket: Any,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
+        monkeypatch.delenv(k, raising=False)
+    s3_bucket.put_object(Bucket=BUCKET, Key="public/zarr.json", Body=b"{}", ACL="public-read")
+    st = S3Store(BUCKET, "public", endpoint_url=moto.endpoint, no_sign_request=True)
+    assert st.get("zarr.json") == b"{}"
+    assert st.list_dir("").keys.keys() == {"zarr.json"}
+
+
+def test_s3_unknown_profile(moto: MotoServer) -> None:
+    with pytest.raises(SourceError, match="profile 'nope'"):
+        S3Store(BUCKET, "", endpoint_url=moto.endpoint, profile="nope")
+
+
+def test_s3_unreachable_endpoint() -> None:
+    from moto_server import free_port
+
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in DUMMY_ENV.items():
+            mp.setenv(k, v)
+        with pytest.raises(SourceError, match="cannot reach the S3 endpoint"):
+            S3Store(BUCKET, "", endpoint_url=f"http://127.0.0.1:{free_port()}")
+
+
+def test_s3_errors_after_open_name_the_key(moto: MotoServer) -> None:
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket="zvfs-vanish")
+    client.put_object(Bucket="zvfs-vanish", Key="k", Body=b"v")
+    st = S3Store("zvfs-vanish", "", endpoint_url=moto.endpoint, max_attempts=1)
+    client.delete_object(Bucket="zvfs-vanish", Key="k")
+    client.delete_bucket(Bucket="zvfs-vanish")
+    with pytest.raises(StoreError, match="^k: S3 error") as exc:
+        st.get("k")
+    assert not isinstance(exc.value, KeyNotFound)
+
+
+# -- URL parsing -------------------------------------------------------------------------
+
+
+def test_parse_local_forms(tree: Path, zips: dict[str, Path], tmp_path: Path) -> None:
+    assert parse_source(str(tree)) == SourceSpec("directory", path=str(tree))
+    assert parse_source(str(tree)).describe() == str(tree)
+    z = str(zips["py_deflate"])
+    assert parse_source(z) == SourceSpec("zip", path=z)
+    assert parse_source(f"file://{tree}#mode=zarr,file") == SourceSpec("directory", path=str(tree))
+    assert parse_source(f"file://{z}#mode=nczarr,zip") == SourceSpec("zip", path=z)
+    assert parse_source(f"file://{z}") == SourceSpec("zip", path=z)
+    # a zip by content, whatever its name
+    renamed = tmp_path / "store.data"
+    shutil.copy(z, renamed)
+    assert parse_source(str(renamed)).kind == "zip"
+    (tmp_path / "plain.txt").write_text("hello")
+    with pytest.raises(SourceError, match="not a zip archive"):
+        parse_source(str(tmp_path / "plain.txt"))
+    with pytest.raises(SourceError, match=f"source directory {tmp_path}/nope does not exist"):
+        parse_source(str(tmp_path / "nope"))
+    with pytest.raises(SourceError, match="does not exist"):
+        parse_source(f"file://{tmp_path}/nope.zip#mode=nczarr,zip")
+    with pytest.raises(SourceError, match="is a directory"):
+        parse_source(f"file://{tree}#mode=nczarr,zip")
+    rel = os.path.relpath(tree)
+    assert parse_source(rel).path == str(tree)
+
+
+@pytest.mark.parametrize(
+    ("url", "bucket", "prefix", "region"),
+    [
+        ("s3://bkt", "bkt", "", None),
+        ("s3://bkt/", "bkt", "", None),
+        ("s3://bkt/a/b", "bkt", "a/b/", None),
+        ("s3://bkt/a/b/", "bkt", "a/b/", None),
+        ("https://s3.us-west-2.amazonaws.com/bkt/x/y.zarr", "bkt", "x/y.zarr/", "us-west-2"),
+        ("https://s3.amazonaws.com/bkt/x", "bkt", "x/", None),
+        ("https://bkt.s3.eu-central-1.amazonaws.com/x/y", "bkt", "x/y/", "eu-central-1"),
+        ("https://my.dotted.bkt.s3.amazonaws.com/x", "my.dotted.bkt", "x/", None),
+        ("https://s3-ap-south-1.amazonaws.com/bkt", "bkt", "", "ap-south-1"),
+        ("https://s3.us-east-1.amazonaws.com/bkt/k#mode=nczarr,s3", "bkt", "k/", "us-east-1"),
+        ("https://s3.us-east-1.amazonaws.com/bkt/k#mode=zarr,s3&aws.region=us-east-2",
+         "bkt", "k/", "us-east-2"),
+    ],
+)
+def test_parse_s3_forms(url: str, bucket: str, prefix: str, region: str | None) -> None:
+    spec = parse_source(url)
+    assert (spec.kind, spec.bucket, spec.prefix, spec.region) == ("s3", bucket, prefix, region)
+    assert spec.endpoint_url is None
+    assert spec.describe() == f"s3://{bucket}/{prefix.rstrip('/')}".rstrip("/")
+
+
+def test_parse_precedence_and_fragment_keys() -> None:
+    url = "https://s3.us-west-2.amazonaws.com/bkt/p#mode=nczarr,s3&aws.profile=frag&aws.region=eu-west-1"
+    spec = parse_source(url)
+    assert (spec.profile, spec.region) == ("frag", "eu-west-1")
+    spec = parse_source(url, profile="flag", region="ap-east-1", endpoint_url="http://h:1",
+                        no_sign_request=True)
+    assert (spec.profile, spec.region, spec.endpoint_url, spec.no_sign_request) == (
+        "flag", "ap-east-1", "http://h:1", True)
+    spec = parse_source("s3://bkt/p#aws.profile=frag")
+    assert (spec.bucket, spec.prefix, spec.profile) == ("bkt", "p/", "frag")
+    spec = parse_source("s3://bkt/p", region="r1", profile="pp")
+    assert (spec.region, spec.profile) == ("r1", "pp")
+
+
+def test_parse_s3_compatible_endpoint() -> None:
+    spec = parse_source("http://127.0.0.1:9000/bkt/a/b#mode=zarr,s3")
+    assert (spec.kind, spec.bucket, spec.prefix, spec.endpoint_url) == (
+        "s3", "bkt", "a/b/", "http://127.0.0.1:9000")
+    with pytest.raises(SourceError, match="mode=zarr,s3"):
+        parse_source("https://example.com/bkt/a")
+
+
+@pytest.mark.parametrize("bad", ["ftp://host/x", "gs://bkt/x", "s3://", "https://s3.amazonaws.com/",
+                                 "file://otherhost/x", ""])
+def test_parse_errors(bad: str) -> None:
+    with pytest.raises(SourceError) as exc:
+        parse_source(bad)
+    if bad.startswith(("ftp", "gs")):
+        assert "s3://bucket" in str(exc.value) and "file:///path#mode=zarr,file" in str(exc.value)
+
+
+def test_open_store_all_kinds(tree: Path, zips: dict[str, Path], moto: MotoServer,
+                              s3_bucket: Any) -> None:
+    for source in [str(tree), str(zips["zip_cmd"]), f"file://{zips['py_stored']}#mode=nczarr,zip",
+                   f"s3://{BUCKET}/{PREFIX}", f"{moto.endpoint}/{BUCKET}/{PREFIX}#mode=zarr,s3"]:
+        spec = parse_source(source, endpoint_url=moto.endpoint if source.startswith("s3") else None)
+        st = open_store(spec)
+        assert st.description == spec.describe()
+        assert st.get("a/c/0/0") == SAMPLE["a/c/0/0"], source
+        st.close()
+    with pytest.raises(SourceError, match="does not exist"):
+        open_store(parse_source("s3://no-such-bucket-x/p", endpoint_url=moto.endpoint))
