@@ -59,6 +59,7 @@ class S3Store(Store):
         max_pool: int = 32,
         max_attempts: int = 5,
         retry_mode: str = "standard",
+        block_size: int = 4 << 20,
     ) -> None:
         if not bucket:
             raise SourceError("S3 source needs a bucket name: s3://bucket[/prefix]")
@@ -68,6 +69,7 @@ class S3Store(Store):
         self.bucket = bucket
         self.prefix = prefix
         self.no_sign_request = no_sign_request
+        self.block_size = block_size  # one GET serves many FUSE reads of the raw view
         self.description = f"s3://{bucket}/{prefix.rstrip('/')}" if prefix else f"s3://{bucket}"
         try:
             session = boto3.session.Session(profile_name=profile)

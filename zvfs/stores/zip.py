@@ -32,6 +32,11 @@ log = logging.getLogger(__name__)
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., name length, extra length
 _LOCAL_MAGIC = b"PK\x03\x04"
+# compressed members at least this big keep parked decompressors for sequential reads
+_POOL_MIN_SIZE = 4 << 20
+#: block size the raw view uses when the archive has compressed members (decoded blocks
+#: are cached, so re-reads do not decompress again); 0 for all-stored archives: pread is cheap
+COMPRESSED_BLOCK_SIZE = 1 << 20
 
 
 @dataclass(slots=True)
@@ -68,6 +73,9 @@ class ZipStore(Store):
             raise
         self._closed = False
         self._lock = threading.Lock()
+        self._streams = _StreamPool()
+        if any(m.info.compress_type != zipfile.ZIP_STORED for m in self._members.values()):
+            self.block_size = COMPRESSED_BLOCK_SIZE
 
     def _read_central_directory(self, fallback_mtime: float) -> None:
         """Parse the central directory once (through a private file object) and build the tree."""
@@ -154,6 +162,7 @@ class ZipStore(Store):
         with self._lock:
             if not self._closed:
                 self._closed = True
+                self._streams.clear()
                 os.close(self._fd)
 
     # -- internals ---------------------------------------------------------------------------
@@ -200,18 +209,62 @@ class ZipStore(Store):
             if len(data) != length:
                 raise StoreError(f"{key}: zip member data is truncated")
             return data
+        pooled = zi.file_size >= _POOL_MIN_SIZE and start + length < zi.file_size
+        reader = self._streams.take(key, start) if pooled else None
         try:
-            with zipfile.ZipExtFile(_RegionFile(self._fd, off, zi.compress_size), "rb", zi) as f:
-                if start:
-                    f.seek(start)
-                data = f.read(length)
+            if reader is None:
+                reader = zipfile.ZipExtFile(_RegionFile(self._fd, off, zi.compress_size), "rb", zi)
+            skip = start - reader.tell()
+            while skip > 0:  # read forward in bounded steps (seek would buffer up to 16 MiB)
+                n = len(reader.read(min(skip, 1 << 20)))
+                if n == 0:
+                    break
+                skip -= n
+            data = reader.read(length)
         except NotImplementedError as e:
             raise StoreError(f"{key}: unsupported zip compression: {e}") from e
         except Exception as e:  # zlib.error, BadZipFile (CRC), EOFError, lzma/bz2 errors, OSError
             raise StoreError(f"{key}: corrupt zip member: {e}") from e
         if len(data) != length:
             raise StoreError(f"{key}: zip member decompressed to fewer bytes than declared")
+        if pooled:
+            self._streams.give(key, reader)
         return data
+
+
+class _StreamPool:
+    """A few idle decompressing readers, parked where their last read ended.
+
+    Sequential reads of a big compressed member (cp, the raw view's read-ahead)
+    continue from the nearest parked reader at or before the wanted offset
+    instead of decompressing from the start each time. Each reader holds only
+    a decompressor state and a small buffer.
+    """
+
+    def __init__(self, limit: int = 8) -> None:
+        self._limit = limit
+        self._idle: list[tuple[str, zipfile.ZipExtFile]] = []  # oldest first
+        self._lock = threading.Lock()
+
+    def take(self, key: str, start: int) -> zipfile.ZipExtFile | None:
+        with self._lock:
+            best = -1
+            for i, (k, r) in enumerate(self._idle):
+                if k == key and r.tell() <= start and (best < 0 or r.tell() > self._idle[best][1].tell()):
+                    best = i
+            return self._idle.pop(best)[1] if best >= 0 else None
+
+    def give(self, key: str, reader: zipfile.ZipExtFile) -> None:
+        with self._lock:
+            self._idle.append((key, reader))
+            if len(self._idle) > self._limit:
+                self._idle.pop(0)[1].close()
+
+    def clear(self) -> None:
+        with self._lock:
+            for _, r in self._idle:
+                r.close()
+            self._idle.clear()
 
 
 class _RegionFile(io.RawIOBase):
