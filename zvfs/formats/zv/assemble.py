@@ -1,0 +1,209 @@
+"""Level-wide results built from per-chunk decodes: what the views serve.
+
+Row numbering is shared by everything here: chunks in sorted coordinate order,
+rows in stored order within a chunk (``Level.offsets``). Links, objects, faces,
+edges and skeleton parents are all expressed in those row numbers, so they index
+``vertices.npy`` directly. Blocking.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .blobs import chunk_name
+from .errors import ZVError
+from .level import Chunk, Level
+
+
+def level_vertices(level: Level) -> np.ndarray:
+    """(N, D) every vertex of the level in the store's dtype."""
+    parts = [level.vertices(c) for c in level.chunks()]
+    _check_counts(level, parts)
+    return np.concatenate(parts) if parts else np.empty((0, level.ndim), level.dtype)
+
+
+def _check_counts(level: Level, parts: list[np.ndarray]) -> None:
+    for c, p in zip(level.chunks(), parts, strict=False):
+        if len(p) != level.vertex_count(c):
+            raise ZVError(level.key(f"vertices/{chunk_name(c)}"),
+                          f"decoded {len(p)} vertices, the fragment index says {level.vertex_count(c)}")
+
+
+def vertex_count(level: Level) -> int:
+    return sum(level.vertex_count(c) for c in level.chunks())
+
+
+def level_vertex_attribute(level: Level, name: str) -> np.ndarray:
+    info = level.vertex_attribute_info(name)
+    parts = [level.vertex_attribute(name, c) for c in level.chunks()]
+    if not parts:
+        return np.empty((0, *info.row_shape), info.dtype)
+    return np.concatenate(parts)
+
+
+@dataclass(slots=True)
+class Links:
+    """Level-wide link records of one delta, as row numbers, plus where each came from."""
+
+    rows: np.ndarray  # (M, L) int64, -1 where an endpoint's chunk has no vertices
+    cells: list[tuple[str, Chunk, int]]  # (part, source chunk, record count) in row order
+
+
+def _target_offsets(level: Level, delta: str) -> dict[Chunk, int] | None:
+    """Row offsets of the level that endpoints k>0 of ``delta`` live in."""
+    if delta == "0":
+        return level.offsets()
+    name = str(int(level.name) + int(delta))
+    if name not in level.group.level_names:
+        return None
+    return level.group.level(name).offsets()
+
+
+def _rows(ends: np.ndarray, vi: np.ndarray, offsets: dict[Chunk, int] | None) -> np.ndarray:
+    out = np.full(vi.shape, -1, np.int64)
+    if offsets is None or vi.size == 0:
+        return out
+    flat = ends.reshape(-1, ends.shape[-1])
+    uniq, inv = np.unique(flat, axis=0, return_inverse=True)
+    base = np.array([offsets.get(tuple(int(x) for x in u), -1) for u in uniq], np.int64)[np.asarray(inv).reshape(-1)]
+    base = base.reshape(vi.shape)
+    return np.where(base >= 0, base + vi, -1)
+
+
+def level_links(level: Level, delta: str = "0") -> Links:
+    """Every link record of ``links/<delta>`` (and 0.7 cross-chunk records), written order restored."""
+    fam = level.link_family(delta)
+    own = level.offsets()
+    other = _target_offsets(level, delta)
+    parts: list[np.ndarray] = []
+    cells: list[tuple[str, Chunk, int]] = []
+    for part, chunk in level.link_parts(delta):
+        ends, vi = level.link_cell(delta, part, chunk)
+        if len(vi) == 0:
+            continue
+        rows = _rows(ends, vi, other)
+        if delta != "0":
+            rows[:, 0] = _rows(ends[:, :1], vi[:, :1], own)[:, 0]
+        parts.append(rows)
+        cells.append((part, chunk, len(vi)))
+    rows = np.concatenate(parts) if parts else np.empty((0, fam.width), np.int64)
+    if delta == "0" and level.encoding == "draco":
+        # Draco keeps each chunk's intra-chunk faces inside its own bitstream
+        extra = []
+        own = level.offsets()
+        for c in level.chunks():
+            f = level.draco_faces(c)
+            if len(f):
+                extra.append(f + own[c])
+                cells.append(("draco", c, len(f)))
+        if extra:
+            rows = np.concatenate([rows, *extra]) if len(rows) else np.concatenate(extra)
+    return Links(rows, cells)
+
+
+def level_link_attribute(level: Level, name: str, delta: str, links: Links) -> np.ndarray:
+    """Attribute rows aligned with ``links.rows``."""
+    info = level.link_attribute_info(name, delta)
+    parts = []
+    for part, chunk, n in links.cells:
+        if part == "draco":
+            parts.append(np.full((n, *info.row_shape), np.nan if info.dtype.kind == "f" else 0, info.dtype))
+        else:
+            parts.append(level.link_attribute_cell(name, delta, part, chunk, n))
+    return np.concatenate(parts) if parts else np.empty((0, *info.row_shape), info.dtype)
+
+
+def fragment_starts(level: Level) -> np.ndarray:
+    """Level-wide row where each non-empty vertex fragment starts (implicit chains break there)."""
+    out = []
+    offsets = level.offsets()
+    for c in level.chunks():
+        fi = level.fragments(c)
+        if fi is None:
+            out.append(offsets[c])
+            continue
+        for f in range(fi.count):
+            rows = fi.rows(f)
+            if len(rows):
+                out.append(offsets[c] + int(rows[0]))
+    return np.asarray(sorted(set(out)), np.int64)
+
+
+def skeleton_parents(level: Level) -> np.ndarray:
+    """parent[i] for every vertex (-1 at roots): implicit chains, then explicit (child, parent) links."""
+    n = vertex_count(level)
+    parent = np.arange(-1, n - 1, dtype=np.int64)
+    starts = fragment_starts(level)
+    if len(starts):
+        parent[starts] = -1
+    if "0" in level.link_deltas():
+        links = level_links(level, "0").rows
+        if links.shape[1] == 2 and len(links):
+            ok = (links[:, 0] >= 0) & (links[:, 0] < n)
+            parent[links[ok, 0]] = links[ok, 1]
+    return parent
+
+
+def graph_edges(level: Level) -> np.ndarray:
+    """(M, 2) edges for PLY: explicit links, or implicit chains for skeletons and polylines."""
+    conv = level.group.links_convention
+    if conv == "implicit_sequential_with_branches":
+        parent = skeleton_parents(level)
+        child = np.flatnonzero(parent >= 0)
+        return np.stack([child, parent[child]], axis=1).astype(np.int64)
+    if conv == "implicit_sequential":
+        if level.group.geometry == "point_cloud":
+            return np.empty((0, 2), np.int64)
+        edges = []
+        offsets = level.offsets()
+        for oid, blocks in level.manifests().items():
+            rows = level.object_rows(blocks, offsets, oid)
+            if len(rows) > 1:
+                edges.append(np.stack([rows[:-1], rows[1:]], axis=1))
+        return np.concatenate(edges).astype(np.int64) if edges else np.empty((0, 2), np.int64)
+    if "0" not in level.link_deltas():
+        return np.empty((0, 2), np.int64)
+    rows = level_links(level, "0").rows
+    if rows.shape[1] != 2:
+        return np.empty((0, 2), np.int64)
+    return rows[(rows >= 0).all(axis=1)]
+
+
+def mesh_faces(level: Level) -> np.ndarray:
+    """(F, L) faces for meshes (link width >= 3), written winding."""
+    if "0" not in level.link_deltas() and level.encoding != "draco":
+        return np.empty((0, 3), np.int64)
+    rows = level_links(level, "0").rows
+    if rows.ndim != 2 or rows.shape[1] < 3:
+        return np.empty((0, 3), np.int64)
+    return rows[(rows >= 0).all(axis=1)]
+
+
+def object_vertices(level: Level, oid: int, blocks: list | None = None) -> np.ndarray:
+    """One object's vertices in manifest order (reads only the chunks it touches)."""
+    if blocks is None:
+        blocks = level.manifests().get(oid)
+        if blocks is None:
+            raise ZVError(level.key("object_index"), f"no object {oid}")
+    offsets = level.offsets()
+    rows = level.object_rows(blocks, offsets, oid)
+    cache: dict[Chunk, np.ndarray] = {}
+    out = np.empty((len(rows), level.ndim), level.dtype)
+    starts = {c: o for c, o in offsets.items()}
+    pos = 0
+    for b in blocks:
+        if b.chunk not in cache:
+            cache[b.chunk] = level.vertices(b.chunk)
+        verts = cache[b.chunk]
+        fi = level.fragments(b.chunk)
+        for f in b.fragments:
+            local = fi.rows(int(f)) if fi is not None else np.arange(len(verts))
+            if len(local) and local.max() >= len(verts):
+                raise ZVError(level.key(f"vertices/{chunk_name(b.chunk)}"),
+                              f"object {oid} points past the end of the chunk ({len(verts)} vertices)")
+            out[pos : pos + len(local)] = verts[local]
+            pos += len(local)
+    del starts
+    return out
