@@ -1,7 +1,7 @@
 """The abstract key/value store of the Zarr file-system store spec.
 
 A store knows keys and bytes, never Zarr. Every method is *blocking*: callers
-on the trio thread must go through :mod:`zvfs.stores.aio`, which hops to a
+on the trio thread must go through :func:`zvfs.workers.run_blocking`, which hops to a
 worker thread once per call.
 """
 
