@@ -1,0 +1,1 @@
+"""Helpers for scripts/bench: the side-by-side benchmark of zvfs and its peers."""

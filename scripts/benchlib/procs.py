@@ -1,0 +1,171 @@
+"""Every process and mount the benchmark starts, and their cleanup.
+
+Processes are ended by the PID we got from Popen, never by name. Mounts are
+undone with ``fusermount3 -u`` (lazy as a last resort). Cleanup runs from
+try/finally in the callers, from atexit, and on SIGTERM/SIGINT/SIGHUP.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+_procs: dict[int, subprocess.Popen] = {}
+_mounts: list[str] = []
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def start(cmd: list[str], *, log_path: Path | None = None, env: dict | None = None,
+          cwd: str | None = None) -> subprocess.Popen:
+    """Start ``cmd`` in its own process group and remember its PID."""
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    try:
+        p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             env=env, cwd=cwd, start_new_session=True)
+    finally:
+        if log_path:
+            out.close()
+    _procs[p.pid] = p
+    return p
+
+
+def stop(p: subprocess.Popen, timeout: float = 10.0) -> None:
+    """End a process we started: SIGTERM to its PID, then SIGKILL after ``timeout``."""
+    try:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    p.kill()
+                p.wait(5)
+    finally:
+        _procs.pop(p.pid, None)
+
+
+def mounted_paths() -> set[str]:
+    out = set()
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            parts = line.split()
+            out.add(parts[4].replace("\\040", " "))
+    return out
+
+
+def is_mounted(path: str | Path) -> bool:
+    return os.path.realpath(path) in mounted_paths()
+
+
+def wait_mounted(path: str | Path, proc: subprocess.Popen | None, timeout: float) -> None:
+    path = os.path.realpath(path)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path in mounted_paths():
+            return
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"mount process exited with {proc.returncode} before {path} was mounted")
+        time.sleep(0.02)
+    raise RuntimeError(f"{path} not mounted after {timeout:.0f}s")
+
+
+def register_mount(path: str | Path) -> None:
+    _mounts.append(os.path.realpath(path))
+
+
+def unmount(path: str | Path, timeout: float = 20.0) -> None:
+    """Unmount with fusermount3 -u, retrying while busy; lazy unmount as a last resort."""
+    path = os.path.realpath(path)
+    deadline = time.monotonic() + timeout
+    while is_mounted(path):
+        r = subprocess.run(["fusermount3", "-u", path], capture_output=True)
+        if r.returncode == 0 or not is_mounted(path):
+            break
+        if time.monotonic() > deadline:
+            subprocess.run(["fusermount3", "-u", "-z", path], capture_output=True)
+            break
+        time.sleep(0.2)
+    if path in _mounts:
+        _mounts.remove(path)
+
+
+def cleanup() -> None:
+    for m in list(reversed(_mounts)):
+        with contextlib.suppress(Exception):
+            unmount(m, timeout=5)
+    for p in list(_procs.values()):
+        with contextlib.suppress(Exception):
+            stop(p, timeout=5)
+
+
+def _on_signal(signum, _frame):
+    cleanup()
+    sys.exit(128 + signum)
+
+
+def install_handlers() -> None:
+    atexit.register(cleanup)
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, _on_signal)
+
+
+def drop_caches() -> None:
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    except OSError as e:  # not root: the numbers are then not cold; say so once
+        global _warned
+        if not _warned:
+            log(f"cannot drop the page cache ({e}); cold runs are not cold")
+            _warned = True
+
+
+_warned = False
+
+
+def peak_rss_kib(pid: int) -> int | None:
+    """VmHWM of ``pid`` (and its children, summed) in KiB, or None if unreadable."""
+    total = 0
+    found = False
+    for p in [pid, *children(pid)]:
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        total += int(line.split()[1])
+                        found = True
+        except OSError:
+            pass
+    return total if found else None
+
+
+def children(pid: int) -> list[int]:
+    """All descendants of ``pid`` (via /proc/PID/task/*/children)."""
+    out: list[int] = []
+    stack = [pid]
+    while stack:
+        p = stack.pop()
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                with open(f"/proc/{p}/task/{t}/children") as f:
+                    kids = [int(x) for x in f.read().split()]
+            except OSError:
+                continue
+            out.extend(kids)
+            stack.extend(kids)
+    return out

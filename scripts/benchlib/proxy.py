@@ -1,0 +1,93 @@
+"""A TCP proxy on 127.0.0.1 that adds a fixed latency to every request.
+
+This kernel has no netem, so S3's round trip is simulated here: on each
+connection, when the client starts a new request (client bytes arrive after
+the server has answered, or the connection is new), the proxy waits ``delay``
+seconds before forwarding them. Bytes in the server->client direction pass
+straight through. Each request therefore pays the delay exactly once, however
+many packets it spans, and keep-alive connections are handled.
+
+Run: python proxy.py LISTEN_PORT TARGET_PORT [DELAY_MS]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+
+BUF = 1 << 20
+
+
+class _Conn:
+    __slots__ = ("new_request",)
+
+    def __init__(self) -> None:
+        self.new_request = True
+
+
+async def _client_to_server(reader, writer, state: _Conn, delay: float) -> None:
+    try:
+        while True:
+            data = await reader.read(BUF)
+            if not data:
+                break
+            if state.new_request:
+                state.new_request = False
+                await asyncio.sleep(delay)
+            writer.write(data)
+            await writer.drain()
+    finally:
+        with contextlib.suppress(Exception):
+            writer.write_eof()
+
+
+async def _server_to_client(reader, writer, state: _Conn) -> None:
+    try:
+        while True:
+            data = await reader.read(BUF)
+            if not data:
+                break
+            state.new_request = True
+            writer.write(data)
+            await writer.drain()
+    finally:
+        with contextlib.suppress(Exception):
+            writer.close()
+
+
+async def _handle(creader, cwriter, target_port: int, delay: float) -> None:
+    try:
+        sreader, swriter = await asyncio.open_connection("127.0.0.1", target_port)
+    except OSError:
+        cwriter.close()
+        return
+    state = _Conn()
+    tasks = [
+        asyncio.create_task(_client_to_server(creader, swriter, state, delay)),
+        asyncio.create_task(_server_to_client(sreader, cwriter, state)),
+    ]
+    with contextlib.suppress(Exception):
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for w in (swriter, cwriter):
+        with contextlib.suppress(Exception):
+            w.close()
+
+
+async def serve(listen_port: int, target_port: int, delay: float) -> None:
+    server = await asyncio.start_server(
+        lambda r, w: _handle(r, w, target_port, delay), "127.0.0.1", listen_port,
+        reuse_address=True, backlog=512)
+    async with server:
+        await server.serve_forever()
+
+
+def main(argv: list[str]) -> None:
+    listen_port, target_port = int(argv[0]), int(argv[1])
+    delay = float(argv[2]) / 1000 if len(argv) > 2 else 0.020
+    asyncio.run(serve(listen_port, target_port, delay))
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main(sys.argv[1:])

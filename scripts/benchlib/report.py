@@ -1,0 +1,219 @@
+"""The markdown report: summary table (zvfs against the best peer per row), every
+system's numbers, the issue's targets, and the machine description."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import statistics
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+ANALYSIS_MARK = "<!-- analysis: everything below this line is kept when scripts/bench rewrites the page -->"
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    label: str
+    unit: str
+    higher_is_better: bool
+
+
+class Results:
+    def __init__(self, rows: list[Row]) -> None:
+        self.rows = rows
+        self.values: dict[str, dict[str, list[float]]] = {r.id: {} for r in rows}
+        self.errors: dict[str, dict[str, str]] = {r.id: {} for r in rows}
+        self.order: dict[str, list[str]] = {r.id: [] for r in rows}
+
+    def _touch(self, row: str, system: str) -> None:
+        if system not in self.order[row]:
+            self.order[row].append(system)
+
+    def add(self, row: str, system: str, value: float | None) -> None:
+        self._touch(row, system)
+        if value is not None:
+            self.values[row].setdefault(system, []).append(float(value))
+
+    def fail(self, row: str, system: str, msg: str) -> None:
+        self._touch(row, system)
+        self.errors[row].setdefault(system, msg)
+
+    def median(self, row: str, system: str) -> float | None:
+        v = self.values[row].get(system)
+        return statistics.median(v) if v else None
+
+    def best_peer(self, row: Row) -> tuple[str, float] | None:
+        cands = [(s, self.median(row.id, s)) for s in self.order[row.id] if s != "zvfs"]
+        cands = [(s, v) for s, v in cands if v is not None]
+        if not cands:
+            return None
+        pick = max if row.higher_is_better else min
+        return pick(cands, key=lambda sv: sv[1])
+
+    def ratio(self, row: Row) -> float | None:
+        z = self.median(row.id, "zvfs")
+        b = self.best_peer(row)
+        if z is None or b is None or b[1] == 0:
+            return None
+        return z / b[1]
+
+    def to_json(self) -> dict:
+        return {r.id: {"label": r.label, "unit": r.unit, "higher_is_better": r.higher_is_better,
+                       "runs": self.values[r.id], "median": {s: self.median(r.id, s)
+                                                             for s in self.values[r.id]},
+                       "errors": self.errors[r.id], "ratio": self.ratio(r)} for r in self.rows}
+
+
+def fmt(v: float | None) -> str:
+    if v is None:
+        return "—"
+    if v >= 100:
+        return f"{v:.0f}"
+    if v >= 10:
+        return f"{v:.1f}"
+    if v >= 1:
+        return f"{v:.2f}"
+    return f"{v:.3f}"
+
+
+def summary_table(res: Results) -> str:
+    lines = ["| workload | unit | better | zvfs | best peer | peer value | zvfs / best peer |",
+             "|---|---|---|---|---|---|---|"]
+    for r in res.rows:
+        z = res.median(r.id, "zvfs")
+        zs = fmt(z) if z is not None else ("error" if "zvfs" in res.errors[r.id] else "—")
+        b = res.best_peer(r)
+        ratio = res.ratio(r)
+        lines.append(f"| {r.label} | {r.unit} | {'higher' if r.higher_is_better else 'lower'} | "
+                     f"{zs} | {b[0] if b else '—'} | {fmt(b[1]) if b else '—'} | "
+                     f"{(fmt(ratio) + '×') if ratio is not None else '—'} |")
+    return "\n".join(lines)
+
+
+def detail_table(res: Results) -> str:
+    lines = ["| workload | system | median | unit | runs | note |", "|---|---|---|---|---|---|"]
+    for r in res.rows:
+        for s in res.order[r.id]:
+            runs = ", ".join(fmt(v) for v in res.values[r.id].get(s, []))
+            err = res.errors[r.id].get(s, "").replace("|", "/").replace("\n", " ")[:160]
+            lines.append(f"| {r.label} | {s} | {fmt(res.median(r.id, s))} | {r.unit} | {runs} | {err} |")
+    return "\n".join(lines)
+
+
+def targets_table(res: Results, cache_size_mib: float | None, stream_mib: float | None) -> str:
+    """The issue's targets, checked against this run."""
+    def med(row, sys_):
+        return res.median(row, sys_) if row in res.values else None
+
+    def best_of(row, names, higher=True):
+        vals = [v for s in getattr(res, "order", {}).get(row, []) if any(s.startswith(n) for n in names)
+                if (v := med(row, s)) is not None]
+        if not vals:
+            return None
+        return max(vals) if higher else min(vals)
+
+    out = ["| target | measured | verdict |", "|---|---|---|"]
+
+    def add(name: str, measured: float | None, goal: float, higher: bool, unit: str = "×") -> None:
+        if measured is None:
+            out.append(f"| {name} | — | not measured |")
+            return
+        ok = measured >= goal if higher else measured <= goal
+        if ok:
+            verdict = "met"
+        elif higher:
+            verdict = f"missed: reached {measured / goal:.0%} of the target"
+        else:
+            verdict = f"missed: {measured / goal:.2f}× the allowed value"
+        out.append(f"| {name} | {fmt(measured)}{unit} | {verdict} |")
+
+    def rel(row, names, higher=True):
+        z = med(row, "zvfs")
+        b = best_of(row, names, higher)
+        return None if z is None or b is None or b == 0 else z / b
+
+    s3peers = ["rclone", "s3fs"]
+    add("S3 cold read, 1 reader: ≥ 2× best of rclone/s3fs", rel("s3_read1", s3peers), 2, True)
+    add("S3 cold read, 4 readers: ≥ 2× best of rclone/s3fs", rel("s3_read4", s3peers), 2, True)
+    labels = {r.id: r.label for r in res.rows}
+    for rid in ("s3_find_small", "s3_ls_small", "s3_find_large", "s3_ls_large"):
+        label = labels.get(rid, rid)
+        add(f"{label}: ≤ 0.5× best peer's time", rel(rid, s3peers, False), 0.5, False)
+    for rid in ("zip_read1", "zip_read4"):
+        label = labels.get(rid, rid)
+        add(f"{label}: ≥ 1.5× ratarmount", rel(rid, ["ratarmount"]), 1.5, True)
+        add(f"{label}: ≥ 1× fuse-zip", rel(rid, ["fuse-zip"]), 1.0, True)
+    add("decoded data.raw, directory store: ≥ 1× zarr-python [:]", rel("dec_dir", ["zarr-python"]), 1, True)
+    zs3, zdir = med("dec_s3", "zvfs"), med("dec_dir", "zvfs")
+    add("decoded read from S3 (20 ms): ≥ 0.8× the same read from the directory store",
+        zs3 / zdir if zs3 and zdir else None, 0.8, True)
+    warm = med("warm", "zvfs")
+    add("warm re-read of data.raw: ≥ 3 GB/s", warm * (1 << 20) / 1e9 if warm else None, 3, True,
+        " GB/s")
+    rss = med("rss_stream", "zvfs")
+    if cache_size_mib is not None:
+        add(f"daemon peak RSS streaming {fmt(stream_mib)} MiB decoded: ≤ cache size "
+            f"({cache_size_mib:.0f} MiB) + 150 MiB", rss, cache_size_mib + 150, False, " MiB")
+    return "\n".join(out)
+
+
+def _cmd(argv: list[str]) -> str:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout.strip()
+    except Exception:  # noqa: BLE001
+        return "?"
+
+
+def machine(versions: dict[str, str]) -> str:
+    mem = "?"
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    mem = f"{int(line.split()[1]) / 2**20:.1f} GiB"
+    except OSError:
+        pass
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            m = re.search(r"model name\s*:\s*(.*)", f.read())
+            cpu = m.group(1) if m else "?"
+    except OSError:
+        pass
+    osname = "?"
+    try:
+        m = re.search(r'PRETTY_NAME="?([^"\n]*)', Path("/etc/os-release").read_text())
+        osname = m.group(1) if m else "?"
+    except OSError:
+        pass
+    repo = Path(__file__).resolve().parents[2]
+    commit = _cmd(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"]) or "?"
+    if _cmd(["git", "-C", str(repo), "status", "--porcelain", "--", "zvfs"]):
+        commit += " (with uncommitted changes under zvfs/)"
+    lines = [
+        f"- CPU: {os.cpu_count()} × {cpu} (nproc {_cmd(['nproc'])})",
+        f"- memory: {mem}",
+        f"- kernel: {platform.release()} ({osname})",
+        f"- python: {platform.python_version()}",
+        f"- zvfs commit: {commit}",
+    ]
+    lines += [f"- {k}: {v}" for k, v in sorted(versions.items())]
+    return "\n".join(lines)
+
+
+def write(path: Path, body: str) -> None:
+    """Write ``body``, keeping any analysis written below ANALYSIS_MARK in the old page."""
+    tail = ""
+    if path.exists():
+        old = path.read_text()
+        if ANALYSIS_MARK in old:
+            tail = old[old.index(ANALYSIS_MARK):]
+    if not tail:
+        tail = (ANALYSIS_MARK + "\n\n## Analysis\n\n"
+                "(Where a target is missed: by how much, what limits it, what would close the gap.)\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(body.rstrip() + "\n\n" + tail)

@@ -1,0 +1,113 @@
+"""moto's S3 server on 127.0.0.1, the latency proxy in front of it, and the upload."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from . import procs
+from .procs import log
+
+BUCKET = "zvfs-bench"
+CREDS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "benchsecret",
+         "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, proc, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+
+
+class S3Env:
+    """A running moto server and latency proxy; ``url`` is the proxy (what clients use)."""
+
+    def __init__(self, work: Path, latency_ms: float) -> None:
+        self.work = work
+        self.latency_ms = latency_ms
+        self.moto_port = free_port()
+        self.proxy_port = free_port()
+        self.moto = None
+        self.proxy = None
+
+    @property
+    def direct_url(self) -> str:
+        return f"http://127.0.0.1:{self.moto_port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.proxy_port}"
+
+    def env(self) -> dict[str, str]:
+        e = dict(os.environ)
+        e.update(CREDS)
+        # plain http on 127.0.0.1: a CA bundle only trips rclone ("unsupported transport")
+        for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_CA_BUNDLE"):
+            e.pop(k, None)
+        return e
+
+    def start(self) -> None:
+        logs = self.work / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        self.moto = procs.start([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
+                                 "-p", str(self.moto_port)], log_path=logs / "moto.log",
+                                env=self.env())
+        _wait_port(self.moto_port, self.moto)
+        proxy_py = Path(__file__).with_name("proxy.py")
+        self.proxy = procs.start([sys.executable, str(proxy_py), str(self.proxy_port),
+                                  str(self.moto_port), str(self.latency_ms)],
+                                 log_path=logs / "proxy.log")
+        _wait_port(self.proxy_port, self.proxy)
+        log(f"moto on :{self.moto_port} (pid {self.moto.pid}), "
+            f"+{self.latency_ms:g} ms proxy on :{self.proxy_port} (pid {self.proxy.pid})")
+
+    def stop(self) -> None:
+        for p in (self.proxy, self.moto):
+            if p is not None:
+                procs.stop(p)
+
+    def client(self, direct: bool = True):
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3", endpoint_url=self.direct_url if direct else self.url, region_name="us-east-1",
+            aws_access_key_id=CREDS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=CREDS["AWS_SECRET_ACCESS_KEY"],
+            config=Config(max_pool_connections=32, s3={"addressing_style": "path"}))
+
+    def upload(self, corpus, stores) -> None:
+        """Upload each store to s3://BUCKET/<store>/ straight to moto (not through the proxy)."""
+        s3 = self.client()
+        s3.create_bucket(Bucket=BUCKET)
+        jobs = []
+        for name in stores:
+            base = corpus.store(name)
+            for rel, _size in corpus.files(name):
+                jobs.append((f"{name}/{rel}", base / rel))
+        t0 = time.monotonic()
+
+        def put(job):
+            key, path = job
+            s3.put_object(Bucket=BUCKET, Key=key, Body=path.read_bytes())
+
+        with ThreadPoolExecutor(16) as ex:
+            list(ex.map(put, jobs))
+        log(f"uploaded {len(jobs)} objects to s3://{BUCKET} in {time.monotonic() - t0:.1f}s")

@@ -1,0 +1,171 @@
+"""One measurement each: every function mounts fresh (when it mounts), drops the page cache
+before the cold part, and returns a number (or raises)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import procs
+from .corpus import BIG_ARRAY, Corpus
+from .systems import Mounted, Mounter, System, kill_mount
+
+READER = str(Path(__file__).with_name("reader.py"))
+MiB = 1 << 20
+
+
+class WorkloadError(RuntimeError):
+    pass
+
+
+def _run_child(argv: list[str], timeout: float, mounted: Mounted | None = None,
+               env: dict | None = None, capture: bool = True) -> subprocess.CompletedProcess:
+    """Run a workload process; on timeout end the daemon first so blocked reads return."""
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    procs._procs[p.pid] = p
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        if mounted is not None:
+            kill_mount(mounted)
+        p.kill()
+        p.communicate(timeout=30)
+        raise WorkloadError(f"{os.path.basename(argv[0])} timed out after {timeout:.0f}s") from None
+    finally:
+        procs._procs.pop(p.pid, None)
+    return subprocess.CompletedProcess(argv, p.returncode, out, err)
+
+
+def _reader(args: list[str], timeout: float, mounted: Mounted | None = None,
+            env: dict | None = None) -> dict:
+    r = _run_child([sys.executable, READER, *args], timeout, mounted, env)
+    if r.returncode != 0:
+        raise WorkloadError(f"reader exited {r.returncode}: {r.stderr.strip()[-300:]}")
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    if res.get("errors"):
+        raise WorkloadError(f"{res.get('nerrors', len(res['errors']))} read errors, "
+                            f"first: {res['errors'][0]}")
+    return res
+
+
+class Bench:
+    def __init__(self, work: Path, corpus: Corpus, mounter: Mounter, timeout: float) -> None:
+        self.work = work
+        self.corpus = corpus
+        self.m = mounter
+        self.timeout = timeout
+        self.lists: dict[str, Path] = {}
+
+    def _listfile(self, mnt: Path, store: str) -> Path:
+        files = self.corpus.files(store)
+        lf = self.work / "scratch" / f"list-{os.getpid()}-{mnt.name}"
+        lf.parent.mkdir(parents=True, exist_ok=True)
+        lf.write_text("".join(f"{mnt / rel}\t{size}\n" for rel, size in files))
+        return lf
+
+    def read_all(self, system: System, store: str, nreaders: int) -> tuple[float, int | None]:
+        """Cold read of every file of ``store``: (MiB/s, daemon peak RSS in KiB)."""
+        with self.m.mount(system, store) as mt:
+            lf = self._listfile(mt.path, store)
+            try:
+                procs.drop_caches()
+                res = _reader(["files", str(lf), str(nreaders)], self.timeout, mt)
+            finally:
+                lf.unlink(missing_ok=True)
+            rss = procs.peak_rss_kib(mt.pid)
+        return res["bytes"] / MiB / res["seconds"][0], rss
+
+    def walk(self, system: System, store: str, cmd: str) -> float:
+        """Cold ``find`` or ``ls -lR`` of a fresh mount: seconds."""
+        files = [rel for rel, _ in self.corpus.files(store)]
+        if cmd == "ls":  # ls without -a leaves out dot files (.zarray, .zgroup, ...)
+            files = [f for f in files if not any(part.startswith(".") for part in f.split("/"))]
+        expect = len(files)
+        with self.m.mount(system, store) as mt:
+            argv = ["find", str(mt.path)] if cmd == "find" else ["ls", "-lR", str(mt.path)]
+            procs.drop_caches()
+            t0 = time.perf_counter()
+            r = _run_child(argv, self.timeout, mt)
+            dt = time.perf_counter() - t0
+            if r.returncode != 0:
+                raise WorkloadError(f"{cmd} exited {r.returncode}: {r.stderr.strip()[-300:]}")
+            # sanity: every chunk key shows up (find: one line per entry; ls -lR: '-r' lines)
+            if cmd == "find":
+                seen = r.stdout.count("\n") - 1
+            else:
+                seen = sum(1 for ln in r.stdout.splitlines() if ln.startswith("-"))
+            if seen < expect:
+                raise WorkloadError(f"{cmd} saw {seen} entries, the store has {expect} files")
+        return dt
+
+    def decoded(self, system: System, store: str = "big") -> tuple[float, float, int | None]:
+        """zvfs: cold then warm ``cat .zvfs/arrays/<arr>/data.raw``: (cold MiB/s, warm MiB/s, RSS)."""
+        with self.m.mount(system, store) as mt:
+            raw = find_data_raw(mt.path, BIG_ARRAY)
+            size = os.stat(raw).st_size
+            if size != self.corpus.big_nbytes:
+                raise WorkloadError(f"{raw} is {size} bytes, expected {self.corpus.big_nbytes}")
+            procs.drop_caches()
+            cold = self._cat(raw, mt)
+            warm = self._cat(raw, mt)
+            rss = procs.peak_rss_kib(mt.pid)
+        return size / MiB / cold, size / MiB / warm, rss
+
+    def _cat(self, path: Path, mt: Mounted | None) -> float:
+        t0 = time.perf_counter()
+        r = _run_child(["cat", str(path)], self.timeout, mt, capture=False)
+        dt = time.perf_counter() - t0
+        if r.returncode != 0:
+            raise WorkloadError(f"cat {path} exited {r.returncode}: {r.stderr.strip()[-300:]}")
+        return dt
+
+    def stream_rss(self, system: System, total_bytes: int) -> tuple[int | None, int]:
+        """Stream data.raw repeatedly (page cache dropped each pass) until ``total_bytes``:
+        (daemon VmHWM KiB, bytes streamed)."""
+        with self.m.mount(system, "big") as mt:
+            raw = find_data_raw(mt.path, BIG_ARRAY)
+            size = os.stat(raw).st_size
+            done = 0
+            while done < total_bytes:
+                procs.drop_caches()
+                self._cat(raw, mt)
+                done += size
+            return procs.peak_rss_kib(mt.pid), done
+
+    def in_process(self, lib: str, backend: str, s3env=None) -> tuple[float, float]:
+        """zarr-python or tensorstore reading the whole big array in-process:
+        (cold MiB/s, warm MiB/s) - warm is a second read in the same process."""
+        store = self.corpus.store("big")
+        if lib == "zarr":
+            args = ["zarr", str(store), BIG_ARRAY, "2"]
+        else:
+            if backend == "dir":
+                kv = {"driver": "file", "path": f"{store}/{BIG_ARRAY}/"}
+            else:
+                from .s3 import BUCKET
+                kv = {"driver": "s3", "bucket": BUCKET, "path": f"big/{BIG_ARRAY}/",
+                      "endpoint": s3env.url, "aws_region": "us-east-1"}
+            args = ["tensorstore", json.dumps({"driver": "zarr3", "kvstore": kv}), "2"]
+        procs.drop_caches()
+        res = _reader(args, self.timeout, None, env=s3env.env() if s3env else None)
+        if res["bytes"] != self.corpus.big_nbytes:
+            raise WorkloadError(f"{lib} read {res['bytes']} bytes, expected {self.corpus.big_nbytes}")
+        cold, warm = res["seconds"][:2]
+        return res["bytes"] / MiB / cold, res["bytes"] / MiB / warm
+
+
+def find_data_raw(mnt: Path, array: str) -> Path:
+    """The decoded file of ``array`` under MNT/.zvfs/arrays, whatever the nesting."""
+    base = mnt / ".zvfs" / "arrays"
+    direct = base / array / "data.raw"
+    if direct.exists():
+        return direct
+    for dirpath, _dirs, files in os.walk(base):
+        if "data.raw" in files and Path(dirpath).name == array:
+            return Path(dirpath) / "data.raw"
+    raise WorkloadError(f"no data.raw for {array} under {base}")
