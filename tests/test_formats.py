@@ -1,0 +1,398 @@
+"""Formats and codecs, in process: every corpus array against its writer's reference.
+
+The corpus (tests/fixtures/zarr, made by scripts/make_fixtures) holds stores written
+by zarr-python 3, zarr-python 2.18, netCDF's ncgen and by hand (v1), each with
+reference values computed by the library that wrote it. Assembling every array
+from ``read_chunk`` must reproduce those references byte for byte.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from zvfs import formats
+from zvfs.codecs import CodecError, UnknownCodecError, build_pipeline
+from zvfs.formats import ArrayMeta, FormatError, discover, open_array
+from zvfs.formats._common import fill_scalar
+from zvfs.stores.base import KeyInfo, Listing, Store
+from zvfs.stores.directory import DirectoryStore
+
+CORPUS = Path(__file__).resolve().parent / "fixtures" / "zarr"
+MANIFEST = json.loads((CORPUS / "manifest.json").read_text())
+
+
+class RecordingStore(Store):
+    """Delegates to a real store and records every call (to prove what is *not* read)."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.calls: list[tuple[str, str, Any]] = []
+
+    def get(self, key: str) -> bytes:
+        self.calls.append(("get", key, None))
+        return self.inner.get(key)
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        self.calls.append(("get_range", key, (start, length)))
+        return self.inner.get_range(key, start, length)
+
+    def info(self, key: str) -> KeyInfo:
+        self.calls.append(("info", key, None))
+        return self.inner.info(key)
+
+    def list_dir(self, prefix: str) -> Listing:
+        self.calls.append(("list_dir", prefix, None))
+        return self.inner.list_dir(prefix)
+
+
+@cache
+def store_of(name: str) -> DirectoryStore:
+    return DirectoryStore(CORPUS / name)
+
+
+@cache
+def hierarchy_of(name: str) -> formats.Hierarchy:
+    return discover(store_of(name))
+
+
+def cases(kind: str) -> list[Any]:
+    out = []
+    for sname, store in sorted(MANIFEST["stores"].items()):
+        for path, info in sorted(store["arrays"].items()):
+            if kind == "ref" and "ref" in info and "error" not in info:
+                out.append(pytest.param(sname, path, info, id=f"{sname}:{path or '/'}"))
+            elif kind == "vlen" and "ref_json" in info:
+                out.append(pytest.param(sname, path, info, id=f"{sname}:{path}"))
+            elif kind == "bad" and "error" in info:
+                out.append(pytest.param(sname, path, info, id=f"{sname}:{path}"))
+    return out
+
+
+# --------------------------------------------------------------------------- the corpus
+
+
+def test_corpus_is_complete() -> None:
+    """Every writer and the feature list of the issue are present in the corpus."""
+    stores = MANIFEST["stores"]
+    formats_seen = {a.get("format") for s in stores.values() for a in s["arrays"].values()}
+    assert {"zarr_v1", "zarr_v2", "zarr_v3", "nczarr"} <= formats_seen
+    writers = " ".join(s["writer"] for s in stores.values())
+    assert "zarr-python 3" in writers and "zarr-python 2.18" in writers and "netcdf" in writers
+    total = sum(f.stat().st_size for f in CORPUS.rglob("*") if f.is_file())
+    assert total < 5_000_000
+
+
+@pytest.mark.parametrize(("sname", "path", "info"), cases("ref"))
+def test_array_matches_reference(sname: str, path: str, info: dict[str, Any]) -> None:
+    meta = hierarchy_of(sname).arrays[path]
+    assert meta.error is None, meta.error
+    assert meta.format == info["format"]
+    assert list(meta.shape) == info["shape"]
+    assert meta.dtype.str == info["dtype"]
+    if "chunks" in info:
+        assert list(meta.chunks) == info["chunks"]
+    if info.get("dimension_names"):
+        assert list(meta.dimension_names or ()) == info["dimension_names"]
+    ref = np.load(CORPUS / info["ref"], allow_pickle=False)
+    arr = open_array(store_of(sname), path, meta)
+    out = np.empty(meta.shape, dtype=meta.dtype)
+    for idx in meta.chunk_indices():
+        chunk = arr.read_chunk(idx)
+        assert chunk.shape == meta.chunks and chunk.dtype == meta.dtype and chunk.flags.c_contiguous
+        region = meta.chunk_slices(idx)
+        out[region] = chunk[tuple(slice(0, s.stop - s.start) for s in region)]
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    assert out.tobytes() == ref.tobytes()
+    assert meta.nbytes == ref.nbytes
+    json.loads(meta.json_bytes())  # strict JSON
+
+
+@pytest.mark.parametrize("sname", sorted(MANIFEST["stores"]))
+def test_discover_finds_every_array_and_group(sname: str) -> None:
+    h = hierarchy_of(sname)
+    expected = MANIFEST["stores"][sname]
+    assert set(h.arrays) == set(expected["arrays"])
+    assert set(h.groups) == set(expected["groups"])
+    assert not h.errors
+
+
+@pytest.mark.parametrize("sname", sorted(MANIFEST["stores"]))
+def test_discover_never_lists_array_directories(sname: str) -> None:
+    rec = RecordingStore(store_of(sname))
+    h = discover(rec)
+    listed = [k for op, k, _ in rec.calls if op == "list_dir"]
+    for prefix in listed:
+        for path in h.arrays:
+            assert not (prefix + "/").startswith(path + "/") or prefix == "" and path == "", (prefix, path)
+    if MANIFEST["stores"][sname].get("consolidated"):
+        assert h.consolidated and listed == [""]
+
+
+def test_open_array_without_discovery() -> None:
+    for sname, store in MANIFEST["stores"].items():
+        for path, info in store["arrays"].items():
+            if "ref" in info and "error" not in info:
+                arr = open_array(store_of(sname), path)
+                assert arr.meta == hierarchy_of(sname).arrays[path] or arr.meta.format == info["format"]
+    with pytest.raises(FormatError):
+        open_array(store_of("zarr3_v3.zarr"), "no/such/array")
+
+
+# --------------------------------------------------------------------------- vlen
+
+
+@pytest.mark.parametrize(("sname", "path", "info"), cases("vlen"))
+def test_vlen_meta_only_but_readable(sname: str, path: str, info: dict[str, Any]) -> None:
+    meta = hierarchy_of(sname).arrays[path]
+    assert meta.error is None and meta.vlen == info["vlen"] and not meta.has_data
+    assert meta.nbytes == 0
+    doc = json.loads(meta.json_bytes())
+    assert doc["vlen"] == info["vlen"] and doc["dtype"] == info["vlen"]
+    ref_doc = json.loads((CORPUS / info["ref_json"]).read_text())
+    ref = [base64.b64decode(v["base64"]) if isinstance(v, dict) else v for v in ref_doc["values"]]
+    arr = open_array(store_of(sname), path, meta)
+    got = arr.read_all()
+    assert got.dtype == object and got.reshape(-1).tolist() == ref
+
+
+# --------------------------------------------------------------------------- specifics
+
+
+def test_sharded_read_uses_ranged_reads_only() -> None:
+    for path in ("shards/end", "shards/start_big_endian", "shards/nested", "shards/missing"):
+        rec = RecordingStore(store_of("zarr3_v3.zarr"))
+        meta = hierarchy_of("zarr3_v3.zarr").arrays[path]
+        arr = open_array(rec, path, meta)
+        for idx in meta.chunk_indices():
+            arr.read_chunk(idx)
+        assert not [c for c in rec.calls if c[0] == "get"], path
+        assert [c for c in rec.calls if c[0] == "get_range"], path
+
+
+def test_shard_index_is_cached() -> None:
+    rec = RecordingStore(store_of("zarr3_v3.zarr"))
+    meta = hierarchy_of("zarr3_v3.zarr").arrays["shards/end"]
+    arr = open_array(rec, "shards/end", meta)
+    arr.read_chunk((0, 0))
+    arr.read_chunk((0, 1))
+    ranged = [c for c in rec.calls if c[0] == "get_range"]
+    assert len(ranged) == 3  # one index, two inner chunks
+
+
+def test_sharded_meta_reports_inner_chunks_and_missing() -> None:
+    h = hierarchy_of("zarr3_v3.zarr")
+    m = h.arrays["shards/nested"]
+    assert m.chunks == (2, 2) and m.shard_shape == (8, 8) and m.grid_shape == (5, 5)
+    miss = h.arrays["shards/missing"]
+    arr = open_array(store_of("zarr3_v3.zarr"), "shards/missing", miss)
+    assert arr.chunk_exists((0, 0)) and not arr.chunk_exists((0, 2)) and not arr.chunk_exists((5, 5))
+    assert arr.chunk_key((5, 5)) == "shards/missing/c/2/2"
+    assert (arr.read_chunk((5, 5)) == 7.5).all()
+
+
+def test_chunk_keys_per_encoding() -> None:
+    h = hierarchy_of("zarr3_v3.zarr")
+    s = store_of("zarr3_v3.zarr")
+    keys = {p: open_array(s, p, h.arrays[p]).chunk_key((1, 2)) for p in h.arrays if p.startswith("keys/")}
+    assert keys == {
+        "keys/default_slash": "keys/default_slash/c/1/2",
+        "keys/default_dot": "keys/default_dot/c.1.2",
+        "keys/v2_dot": "keys/v2_dot/1.2",
+        "keys/v2_slash": "keys/v2_slash/1/2",
+    }
+    assert open_array(s, "scalar0d").chunk_key(()) == "scalar0d/c"
+    v1 = hierarchy_of("v1.zarr").arrays["float64"]
+    arr = open_array(store_of("v1.zarr"), "float64", v1)
+    assert arr.chunk_key((1, 0)) == "float64/__zdata__/1.0.blosc" and not arr.chunk_exists((1, 0))
+
+
+def test_nczarr_scalar_dims_and_attributes() -> None:
+    h = hierarchy_of("nczarr.file")
+    s = h.arrays["scalar_var"]
+    assert s.shape == () and s.chunks == () and s.format == "nczarr"
+    assert s.attributes == {"long_name": "a netCDF scalar"}
+    t = h.arrays["temp"]
+    assert t.dimension_names == ("t", "y", "x") and t.attributes == {"units": "K"}
+    assert not any(k.lower().startswith("_nczarr") for m in h.arrays.values() for k in m.attributes)
+    assert not any(k.lower().startswith("_nczarr") for g in h.groups.values() for k in g)
+    assert h.group_meta[""].format == "nczarr" and h.groups[""]["title"] == "zvfs nczarr corpus"
+    pure = hierarchy_of("nczarr_purezarr.file")
+    assert pure.arrays["temp"].dimension_names == ("t", "y", "x")
+    assert "_ARRAY_DIMENSIONS" not in pure.arrays["temp"].attributes
+
+
+def test_meta_json_content() -> None:
+    h = hierarchy_of("zarr3_v3.zarr")
+    doc = json.loads(h.arrays["fills/nan"].json_bytes())
+    assert doc["fill_value"] == "NaN" and doc["dtype"] == "<f4" and doc["error"] is None
+    assert doc["shape"] == [6, 5] and doc["chunks"] == [3, 2] and doc["chunk_grid"] == [2, 3]
+    named = json.loads(h.arrays["dims_named"].json_bytes())
+    assert named["dimension_names"] == ["y", "x"] and named["attributes"]["units"] == "m"
+    be = json.loads(h.arrays["dtypes_be/float64"].json_bytes())
+    assert be["dtype"] == ">f8" and be["codecs"][0]["name"] == "bytes"
+    assert h.arrays["fills/hex_nan"].fill_value is not None and math.isnan(h.arrays["fills/hex_nan"].fill_value)
+    v2 = hierarchy_of("zarr2_v2.zarr").arrays["xarray_like"]
+    assert v2.dimension_names == ("lat", "lon") and v2.attributes == {"units": "K"}
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(("sname", "path", "info"), cases("bad"))
+def test_bad_input_is_an_error_not_a_crash(sname: str, path: str, info: dict[str, Any]) -> None:
+    h = hierarchy_of(sname)
+    meta = h.arrays[path]
+    arr = open_array(store_of(sname), path, meta)
+    if info["error"] == "meta":
+        assert meta.error and path in meta.error
+        doc = json.loads(meta.json_bytes())
+        assert doc["error"] == meta.error
+        with pytest.raises(FormatError):
+            arr.read_chunk((0,) * max(meta.ndim, 1))
+        # open_array on its own gives the same verdict
+        assert open_array(store_of(sname), path).meta.error
+    else:
+        assert meta.error is None
+        for idx in info["bad_chunks"]:
+            with pytest.raises(FormatError) as exc:
+                arr.read_chunk(tuple(idx))
+            assert path in str(exc.value)
+        ref = np.load(CORPUS / info["ref"]) if "ref" in info else None
+        for idx in info.get("good_chunks", []):
+            chunk = arr.read_chunk(tuple(idx))
+            region = meta.chunk_slices(tuple(idx))
+            assert ref is not None and (chunk == ref[region]).all()
+    # the healthy neighbour keeps working
+    good = open_array(store_of(sname), "good", h.arrays["good"]).read_all()
+    assert (good == np.load(CORPUS / MANIFEST["stores"][sname]["arrays"]["good"]["ref"])).all()
+
+
+class DictStore(Store):
+    """A tiny in-memory store for hand-made damage."""
+
+    def __init__(self, data: dict[str, bytes]) -> None:
+        self.data = data
+
+    def get(self, key: str) -> bytes:
+        from zvfs.stores.base import KeyNotFound
+
+        if key not in self.data:
+            raise KeyNotFound(key)
+        return self.data[key]
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        return self.get(key)[start : start + length]
+
+    def info(self, key: str) -> KeyInfo:
+        return KeyInfo(len(self.get(key)), 0.0)
+
+    def list_dir(self, prefix: str) -> Listing:
+        out = Listing()
+        for k in self.data:
+            if k.startswith(prefix):
+                head, sep, _ = k[len(prefix) :].partition("/")
+                if sep:
+                    out.prefixes.add(head)
+                else:
+                    out.keys[head] = KeyInfo(len(self.data[k]), 0.0)
+        return out
+
+
+def _v3(**over: Any) -> bytes:
+    doc = {
+        "zarr_format": 3, "node_type": "array", "shape": [4], "data_type": "float32",
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [2]}},
+        "chunk_key_encoding": {"name": "default"}, "fill_value": 0,
+        "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+    }  # fmt: skip
+    doc.update(over)
+    return json.dumps(doc).encode()
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        _v3(shape=[2**62, 2**62], chunk_grid={"name": "regular", "configuration": {"chunk_shape": [1, 1]}}),
+        _v3(shape=[-1]),
+        _v3(data_type="float128"),
+        _v3(chunk_grid={"name": "rectilinear"}),
+        _v3(fill_value="0x7fc0"),
+        _v3(codecs=[{"name": "gzip"}]),
+        _v3(codecs=[{"name": "bytes"}]),  # multi-byte type without endian
+        _v3(storage_transformers=[{"name": "x"}]),
+        b'{"zarr_format": 3, "node_type": "array", "shape": [4], "data_t',
+        b"[]",
+    ],
+)
+def test_malformed_v3_metadata(doc: bytes) -> None:
+    store = DictStore({"a/zarr.json": doc, "a/c/0": b"\0" * 8})
+    h = discover(store)
+    assert h.arrays["a"].error and "a/zarr.json" in h.arrays["a"].error
+    with pytest.raises(FormatError):
+        open_array(store, "a").read_chunk((0,))
+
+
+def test_truncated_and_corrupt_chunks_v3() -> None:
+    codecs = [{"name": "bytes", "configuration": {"endian": "big"}}, {"name": "crc32c"}]
+    good = np.array([1.5, 2.5], dtype=">f4").tobytes()
+    import crc32c
+
+    ok = good + crc32c.crc32c(good).to_bytes(4, "little")
+    store = DictStore({"a/zarr.json": _v3(codecs=codecs), "a/c/0": ok, "a/c/1": bytes([ok[0] ^ 1]) + ok[1:]})
+    arr = open_array(store, "a")
+    assert arr.meta.dtype.str == ">f4"
+    assert arr.read_chunk((0,)).tolist() == [1.5, 2.5]
+    with pytest.raises(FormatError, match="a/c/1"):
+        arr.read_chunk((1,))
+    with pytest.raises(FormatError):
+        arr.read_chunk((2,))  # outside the grid
+
+
+def test_fill_value_forms() -> None:
+    f4, f8 = np.dtype("<f4"), np.dtype("<f8")
+    assert np.isnan(fill_scalar("NaN", f4, "k"))
+    assert fill_scalar("Infinity", f8, "k") == np.inf and fill_scalar("-Infinity", f8, "k") == -np.inf
+    payload = fill_scalar("0x7fc00001", f4, "k")
+    assert np.isnan(payload) and np.array(payload, f4).tobytes() == bytes.fromhex("0100c07f")
+    assert fill_scalar("0x3ff0000000000000", f8, "k") == 1.0
+    assert fill_scalar(["NaN", 1.0], np.dtype("<c8"), "k").imag == 1.0
+    assert fill_scalar("YWI=", np.dtype("S2"), "k") == b"ab"
+    assert fill_scalar(None, f8, "k") is None
+    for bad in ("nope", "0x12", True):
+        with pytest.raises(FormatError):
+            fill_scalar(bad, f8, "k")
+    with pytest.raises(FormatError):
+        fill_scalar(300, np.dtype("u1"), "k")
+
+
+def test_chunk_grid_helpers_and_overflow() -> None:
+    m = ArrayMeta(path="x", format="zarr_v2", shape=(10, 7), chunks=(4, 3), dtype=np.dtype("<i2"))
+    m.validate()
+    assert m.error is None and m.grid_shape == (3, 3) and m.nchunks == 9 and m.nbytes == 140
+    assert m.chunk_slices((2, 2)) == (slice(8, 10), slice(6, 7))
+    assert m.chunk_region_shape((2, 2)) == (2, 1)
+    z = ArrayMeta(path="", format="zarr_v3", shape=(), chunks=(), dtype=np.dtype("u1"))
+    assert z.grid_shape == () and list(z.chunk_indices()) == [()] and z.nbytes == 1
+    huge = ArrayMeta(path="h", format="zarr_v2", shape=(2**40, 2**40, 2**40), chunks=(1, 1, 1),
+                     dtype=np.dtype("<f8"))  # fmt: skip
+    huge.validate()
+    assert huge.error and "2**62" in huge.error
+    assert json.loads(huge.json_bytes())["nbytes"] is None
+
+
+def test_codec_registry_errors() -> None:
+    with pytest.raises(UnknownCodecError):
+        build_pipeline([{"name": "nope"}], (2,), np.dtype("u1"))
+    with pytest.raises(UnknownCodecError):
+        build_pipeline([{"name": "gzip"}, {"name": "bytes"}], (2,), np.dtype("u1"))
+    p = build_pipeline([{"name": "bytes"}, {"name": "blosc"}], (4,), np.dtype("u1"))
+    with pytest.raises(CodecError):
+        p.decode(b"\x02\x01\x01\x01" + b"\xff" * 12)  # header claims more bytes than present

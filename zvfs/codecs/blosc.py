@@ -1,0 +1,41 @@
+"""Blosc frame decoding with a header check first.
+
+The C decompressor trusts the frame header; a corrupt header could make it read
+past the buffer or allocate gigabytes. Checking the 16-byte header in Python
+first turns such input into a CodecError instead.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from numcodecs import blosc as _nc_blosc
+
+from .errors import CodecError
+
+HEADER = struct.Struct("<BBBBIII")
+
+
+def frame_sizes(data: bytes | memoryview) -> tuple[int, int]:
+    """(decompressed size, compressed size) from a blosc frame header; raises CodecError."""
+    if len(data) < HEADER.size:
+        raise CodecError(f"blosc frame too short ({len(data)} bytes)")
+    version, _vlz, _flags, typesize, nbytes, blocksize, cbytes = HEADER.unpack_from(data)
+    if version not in (1, 2) or typesize == 0:
+        raise CodecError(f"not a blosc frame (version {version}, typesize {typesize})")
+    if cbytes < HEADER.size or cbytes > len(data):
+        raise CodecError(f"blosc frame claims {cbytes} bytes but has {len(data)}")
+    if nbytes and blocksize == 0:
+        raise CodecError("blosc frame has zero block size")
+    return nbytes, cbytes
+
+
+def decompress(data: bytes | memoryview, max_nbytes: int | None = None) -> bytes:
+    """Decompress one blosc (v1 format) frame, validating the header first."""
+    nbytes, cbytes = frame_sizes(data)
+    if max_nbytes is not None and nbytes > max_nbytes:
+        raise CodecError(f"blosc frame decompresses to {nbytes} bytes, expected <= {max_nbytes}")
+    try:
+        return bytes(_nc_blosc.decompress(bytes(data[:cbytes])))
+    except Exception as exc:  # numcodecs raises RuntimeError on bad frames
+        raise CodecError(f"blosc: {exc}") from exc

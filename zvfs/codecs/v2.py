@@ -1,0 +1,92 @@
+"""Zarr v2 (and v1) chunk decoding: one compressor plus a filter chain.
+
+The ids are numcodecs ids, so the numcodecs registry is the decoder registry;
+zvfs only adds a header check for blosc and a size check on the result.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numcodecs
+import numpy as np
+
+from . import blosc as _blosc
+from .errors import CodecError, UnknownCodecError
+
+#: object codecs: their presence makes a v2 array variable-length
+VLEN_FILTER_IDS = {
+    "vlen-utf8": "vlen-utf8",
+    "vlen-bytes": "vlen-bytes",
+    "vlen-array": "vlen-array",
+    "json2": "json",
+    "msgpack2": "msgpack",
+    "pickle": "pickle",
+}
+
+
+def get_codec(config: dict[str, Any]) -> Any:
+    """numcodecs codec for a v2 compressor/filter config; UnknownCodecError if unknown."""
+    if not isinstance(config, dict) or not isinstance(config.get("id"), str):
+        raise UnknownCodecError(f"malformed codec configuration {config!r}")
+    try:
+        return numcodecs.get_codec(dict(config))
+    except Exception as exc:  # ValueError for unknown ids, TypeError for bad options
+        raise UnknownCodecError(f"unsupported codec {config.get('id')!r}: {exc}") from exc
+
+
+class V2Pipeline:
+    """Decoder for one v2 array: compressor first, then filters in reverse."""
+
+    def __init__(self, compressor: dict[str, Any] | None, filters: list[dict[str, Any]] | None):
+        self.compressor_config = compressor
+        self.compressor = get_codec(compressor) if compressor is not None else None
+        self.filters = [get_codec(f) for f in (filters or [])]
+        self._blosc = compressor is not None and compressor.get("id") == "blosc"
+
+    def decode(
+        self, data: bytes | memoryview, shape: tuple[int, ...], dtype: np.dtype, order: str = "C"
+    ) -> np.ndarray:
+        """Encoded chunk bytes → C-ordered array of ``shape`` and ``dtype``."""
+        expected = math.prod(shape)
+        try:
+            if self.compressor is None:
+                chunk: Any = data
+            elif self._blosc:
+                chunk = _blosc.decompress(data)
+            else:
+                chunk = self.compressor.decode(bytes(data))
+            for f in reversed(self.filters):
+                chunk = f.decode(chunk)
+        except CodecError:
+            raise
+        except Exception as exc:
+            raise CodecError(f"decode failed: {exc}") from exc
+        if dtype.kind == "O":
+            arr = np.asarray(chunk, dtype=object).reshape(-1)
+            if arr.size != expected:
+                raise CodecError(f"decoded {arr.size} items, expected {expected}")
+        else:
+            arr = numcodecs.compat.ensure_ndarray(chunk).reshape(-1, order="A")
+            if arr.dtype != dtype:
+                if arr.nbytes != expected * dtype.itemsize:
+                    raise CodecError(
+                        f"decoded {arr.nbytes} bytes, expected {expected * dtype.itemsize}"
+                    )
+                arr = arr.view(dtype)
+            elif arr.size != expected:
+                raise CodecError(f"decoded {arr.size} items, expected {expected}")
+        return np.require(arr.reshape(shape, order=order), requirements="C")
+
+
+def decode_blosc_chunk(
+    data: bytes | memoryview, shape: tuple[int, ...], dtype: np.dtype, order: str = "C"
+) -> np.ndarray:
+    """A Zarr v1 chunk: one blosc frame of raw elements in ``order``."""
+    expected = math.prod(shape) * dtype.itemsize
+    raw = _blosc.decompress(data, max_nbytes=expected)
+    if len(raw) != expected:
+        raise CodecError(f"decoded {len(raw)} bytes, expected {expected}")
+    arr = np.frombuffer(raw, dtype=dtype).reshape(shape, order=order)
+    return np.require(arr, requirements="C")

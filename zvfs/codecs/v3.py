@@ -1,0 +1,333 @@
+"""Zarr v3 codec pipelines: array→array, one array→bytes, then bytes→bytes codecs.
+
+``REGISTRY`` maps a v3 codec name to a factory; :func:`build_pipeline` checks a
+whole ``codecs`` list once (so an unknown codec is reported when metadata is
+read, not at the first chunk) and returns a :class:`Pipeline` whose
+``decode(bytes)`` yields the chunk as a C-ordered ndarray.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import struct
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import crc32c as _crc32c
+import numpy as np
+from numcodecs.zstd import Zstd
+
+from . import blosc as _blosc
+from .errors import CodecError, UnknownCodecError
+from .v2 import get_codec as _numcodecs_codec
+from .vlen import decode_vlen
+
+#: numcodecs ids that zarr-python 3 wraps as array→array codecs ("numcodecs.<id>")
+_NUMCODECS_FILTERS = {"delta", "fixedscaleoffset", "quantize", "bitround", "astype", "packbits"}
+
+
+class Codec:
+    """Base: ``kind`` is 'aa' (array→array), 'ab' (array→bytes) or 'bb' (bytes→bytes)."""
+
+    kind = "bb"
+    name = ""
+
+    def __init__(self, config: dict[str, Any]):
+        self.config = config
+
+    # array→array codecs transform the shape/dtype the next codec sees
+    def encoded_spec(
+        self, shape: tuple[int, ...], dtype: np.dtype
+    ) -> tuple[tuple[int, ...], np.dtype]:
+        return shape, dtype
+
+    # array→bytes: the dtype decoded arrays come out in (byte order from the codec)
+    def decoded_dtype(self, dtype: np.dtype) -> np.dtype:
+        return dtype
+
+    #: fixed number of bytes a bytes→bytes codec adds (None if data-dependent)
+    overhead: int | None = None
+
+
+# -- array → bytes -------------------------------------------------------------
+
+
+class BytesCodec(Codec):
+    kind = "ab"
+    name = "bytes"
+
+    def __init__(self, config: dict[str, Any]):
+        super().__init__(config)
+        endian = config.get("endian")
+        if endian not in (None, "little", "big"):
+            raise UnknownCodecError(f"bytes codec: unknown endian {endian!r}")
+        self.endian = endian
+
+    def decoded_dtype(self, dtype: np.dtype) -> np.dtype:
+        if dtype.kind == "O":
+            raise UnknownCodecError("bytes codec cannot hold a variable-length data type")
+        if self.endian is None:
+            if dtype.itemsize > 1 and dtype.kind not in "SV" and dtype.fields is None:
+                raise UnknownCodecError(f"bytes codec needs 'endian' for {dtype}")
+            return dtype
+        return dtype.newbyteorder("<" if self.endian == "little" else ">")
+
+    def decode(
+        self, data: bytes | memoryview, shape: tuple[int, ...], dtype: np.dtype
+    ) -> np.ndarray:
+        expected = math.prod(shape) * dtype.itemsize
+        if len(data) != expected:
+            raise CodecError(f"bytes codec: got {len(data)} bytes, expected {expected}")
+        return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+class VlenCodec(Codec):
+    kind = "ab"
+
+    def __init__(self, config: dict[str, Any], utf8: bool):
+        super().__init__(config)
+        self.utf8 = utf8
+        self.name = "vlen-utf8" if utf8 else "vlen-bytes"
+
+    def decoded_dtype(self, dtype: np.dtype) -> np.dtype:
+        if dtype.kind != "O":
+            raise UnknownCodecError(f"{self.name} codec needs a variable-length data type")
+        return dtype
+
+    def decode(
+        self, data: bytes | memoryview, shape: tuple[int, ...], dtype: np.dtype
+    ) -> np.ndarray:
+        return decode_vlen(data, math.prod(shape), self.utf8).reshape(shape)
+
+
+# -- array → array -------------------------------------------------------------
+
+
+class TransposeCodec(Codec):
+    kind = "aa"
+    name = "transpose"
+
+    def __init__(self, config: dict[str, Any]):
+        super().__init__(config)
+        self.order = config.get("order")
+
+    def _perm(self, ndim: int) -> tuple[int, ...]:
+        order = self.order
+        if order == "C":
+            return tuple(range(ndim))
+        if order == "F":
+            return tuple(reversed(range(ndim)))
+        if (
+            not isinstance(order, list)
+            or sorted(order) != list(range(ndim))
+            or not all(isinstance(i, int) for i in order)
+        ):
+            raise UnknownCodecError(f"transpose: bad order {order!r} for {ndim} dimensions")
+        return tuple(order)
+
+    def encoded_spec(self, shape, dtype):
+        perm = self._perm(len(shape))
+        return tuple(shape[i] for i in perm), dtype
+
+    def decode(self, arr: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        perm = self._perm(len(shape))
+        return arr.transpose(np.argsort(perm))
+
+
+class NumcodecsFilter(Codec):
+    """zarr-python 3's "numcodecs.<id>" array→array wrappers (delta, fixedscaleoffset, ...)."""
+
+    kind = "aa"
+
+    def __init__(self, config: dict[str, Any], codec_id: str):
+        super().__init__(config)
+        self.name = "numcodecs." + codec_id
+        self.codec = _numcodecs_codec({"id": codec_id, **config})
+
+    def decode(self, arr: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        out = np.asarray(self.codec.decode(arr))
+        if out.dtype != dtype:
+            out = out.astype(dtype) if out.dtype.itemsize != dtype.itemsize else out.view(dtype)
+        return out.reshape(shape)
+
+
+# -- bytes → bytes -------------------------------------------------------------
+
+
+class GzipCodec(Codec):
+    name = "gzip"
+
+    def decode(self, data: bytes | memoryview) -> bytes:
+        try:
+            return gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise CodecError(f"gzip: {exc}") from exc
+
+
+class ZstdCodec(Codec):
+    name = "zstd"
+
+    def __init__(self, config: dict[str, Any]):
+        super().__init__(config)
+        self._zstd = Zstd()
+
+    def decode(self, data: bytes | memoryview) -> bytes:
+        try:
+            return bytes(self._zstd.decode(bytes(data)))
+        except Exception as exc:
+            raise CodecError(f"zstd: {exc}") from exc
+
+
+class BloscCodec(Codec):
+    name = "blosc"
+
+    def decode(self, data: bytes | memoryview) -> bytes:
+        return _blosc.decompress(data)
+
+
+class Crc32cCodec(Codec):
+    name = "crc32c"
+    overhead = 4
+
+    def decode(self, data: bytes | memoryview) -> bytes:
+        if len(data) < 4:
+            raise CodecError("crc32c: data shorter than its checksum")
+        body = bytes(data[:-4])
+        (stored,) = struct.unpack("<I", bytes(data[-4:]))
+        if _crc32c.crc32c(body) != stored:
+            raise CodecError("crc32c checksum mismatch")
+        return body
+
+
+class NumcodecsCompressor(Codec):
+    """zarr-python 3's "numcodecs.<id>" bytes→bytes wrappers (lz4, bz2, lzma, zlib, ...)."""
+
+    def __init__(self, config: dict[str, Any], codec_id: str):
+        super().__init__(config)
+        self.name = "numcodecs." + codec_id
+        self.codec = _numcodecs_codec({"id": codec_id, **config})
+
+    def decode(self, data: bytes | memoryview) -> bytes:
+        try:
+            return bytes(memoryview(self.codec.decode(bytes(data))).cast("B"))
+        except Exception as exc:
+            raise CodecError(f"{self.name}: {exc}") from exc
+
+
+def _sharding(config: dict[str, Any]) -> Codec:
+    from .sharding import ShardingCodec  # sharding builds pipelines itself
+
+    return ShardingCodec(config)
+
+
+REGISTRY: dict[str, Callable[[dict[str, Any]], Codec]] = {
+    "bytes": BytesCodec,
+    "endian": BytesCodec,  # name used by early v3 drafts
+    "vlen-utf8": lambda c: VlenCodec(c, True),
+    "vlen-bytes": lambda c: VlenCodec(c, False),
+    "transpose": TransposeCodec,
+    "gzip": GzipCodec,
+    "zstd": ZstdCodec,
+    "blosc": BloscCodec,
+    "crc32c": Crc32cCodec,
+    "sharding_indexed": _sharding,
+}
+
+
+def make_codec(spec: Any) -> Codec:
+    """One codec from its JSON form ({"name", "configuration"} or a bare name)."""
+    if isinstance(spec, str):
+        name, config = spec, {}
+    elif isinstance(spec, dict) and isinstance(spec.get("name"), str):
+        name, config = spec["name"], spec.get("configuration") or {}
+    else:
+        raise UnknownCodecError(f"malformed codec entry {spec!r}")
+    if not isinstance(config, dict):
+        raise UnknownCodecError(f"codec {name!r}: configuration is not an object")
+    if name in REGISTRY:
+        return REGISTRY[name](config)
+    if name.startswith("numcodecs."):
+        codec_id = name.split(".", 1)[1]
+        if codec_id in _NUMCODECS_FILTERS:
+            return NumcodecsFilter(config, codec_id)
+        return NumcodecsCompressor(config, codec_id)
+    raise UnknownCodecError(f"unsupported codec {name!r}")
+
+
+class Pipeline:
+    """A validated v3 codec chain for chunks of ``shape`` and logical ``dtype``.
+
+    ``dtype`` is the dtype decoded chunks come out in: the logical data type
+    with the byte order the bytes codec declares.
+    """
+
+    def __init__(
+        self, codecs: Any, shape: tuple[int, ...], dtype: np.dtype, fill_value: Any = None
+    ):
+        if not isinstance(codecs, list) or not codecs:
+            raise UnknownCodecError("codecs must be a non-empty list")
+        parsed = [make_codec(c) for c in codecs]
+        kinds = [c.kind for c in parsed]
+        if kinds.count("ab") != 1:
+            raise UnknownCodecError("codecs need exactly one array→bytes codec (e.g. bytes)")
+        ab = kinds.index("ab")
+        if any(k != "aa" for k in kinds[:ab]) or any(k != "bb" for k in kinds[ab + 1 :]):
+            raise UnknownCodecError(
+                "codecs are out of order (array→array, array→bytes, bytes→bytes)"
+            )
+        self.shape = tuple(shape)
+        self.aa = parsed[:ab]
+        self.ab = parsed[ab]
+        self.bb = parsed[ab + 1 :]
+        # shapes/dtypes each array→array codec sees on its encoded side
+        self._aa_specs: list[tuple[tuple[int, ...], np.dtype]] = []
+        spec_shape, spec_dtype = self.shape, dtype
+        for codec in self.aa:
+            self._aa_specs.append((spec_shape, spec_dtype))
+            spec_shape, spec_dtype = codec.encoded_spec(spec_shape, spec_dtype)
+        self._ab_shape = spec_shape
+        if hasattr(self.ab, "bind"):
+            self.ab.bind(spec_shape, spec_dtype, fill_value)
+        self._ab_dtype = self.ab.decoded_dtype(spec_dtype)
+        # the byte order declared by the bytes codec is the one chunks are served in
+        self.dtype = self._ab_dtype
+
+    @property
+    def sharding(self) -> Any:
+        """The sharding codec if inner chunks can be read with ranged reads, else None."""
+        if self.ab.name == "sharding_indexed" and not self.aa and not self.bb:
+            return self.ab
+        return None
+
+    def decode_bytes(self, data: bytes | memoryview) -> bytes | memoryview:
+        """Undo the bytes→bytes codecs only."""
+        for codec in reversed(self.bb):
+            data = codec.decode(data)
+        return data
+
+    def decode(self, data: bytes | memoryview) -> np.ndarray:
+        """Encoded chunk → C-ordered ndarray of ``self.shape`` and ``self.dtype``."""
+        try:
+            arr = self.ab.decode(self.decode_bytes(data), self._ab_shape, self._ab_dtype)
+            for codec, (shape, _dt) in zip(
+                reversed(self.aa), reversed(self._aa_specs), strict=True
+            ):
+                arr = codec.decode(arr, shape, self.dtype)
+        except CodecError:
+            raise
+        except Exception as exc:  # numpy reshape/view errors on corrupt data
+            raise CodecError(f"decode failed: {exc}") from exc
+        if arr.shape != self.shape:
+            raise CodecError(f"decoded shape {arr.shape}, expected {self.shape}")
+        if arr.dtype != self.dtype and arr.dtype.kind != "O":
+            arr = arr.astype(self.dtype)
+        return np.require(arr, requirements="C")
+
+
+def build_pipeline(
+    codecs: Any, shape: tuple[int, ...], dtype: np.dtype, fill_value: Any = None
+) -> Pipeline:
+    """Validate ``codecs`` for chunks of ``shape``/``dtype``; raises UnknownCodecError."""
+    return Pipeline(codecs, tuple(shape), dtype, fill_value)

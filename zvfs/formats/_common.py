@@ -1,0 +1,155 @@
+"""Helpers shared by the format modules: JSON loading, key joining, fill values."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import struct
+from typing import Any
+
+import numpy as np
+
+from ..stores.base import KeyNotFound, Store, StoreError
+from .meta import FormatError
+
+
+def join(path: str, name: str) -> str:
+    """Key of ``name`` inside array/group ``path`` ('' is the root)."""
+    return f"{path}/{name}" if path else name
+
+
+def parse_json(raw: bytes, key: str) -> Any:
+    """Parse a metadata document; FormatError naming ``key`` if it is not JSON."""
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise FormatError(f"{key}: malformed JSON ({exc})") from exc
+
+
+def load_json(store: Store, key: str, missing_ok: bool = False) -> Any:
+    """Fetch and parse ``key``; None if missing and ``missing_ok``."""
+    try:
+        raw = store.get(key)
+    except KeyNotFound:
+        if missing_ok:
+            return None
+        raise
+    except StoreError as exc:
+        raise FormatError(f"{key}: {exc}") from exc
+    return parse_json(raw, key)
+
+
+def load_object(store: Store, key: str, missing_ok: bool = False) -> dict[str, Any] | None:
+    """Like load_json but the document must be a JSON object."""
+    doc = load_json(store, key, missing_ok)
+    if doc is None and missing_ok:
+        return None
+    if not isinstance(doc, dict):
+        raise FormatError(f"{key}: expected a JSON object")
+    return doc
+
+
+def int_tuple(value: Any, what: str, key: str) -> tuple[int, ...]:
+    """A list of non-negative ints (shape, chunks) or FormatError."""
+    if not isinstance(value, list | tuple) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+    ):
+        raise FormatError(f"{key}: {what} must be a list of non-negative integers, got {value!r}")
+    return tuple(value)
+
+
+_SPECIAL_FLOATS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def float_value(value: Any, itemsize: int, key: str) -> float:
+    """A JSON float fill: number, "NaN", "Infinity", "-Infinity" or a "0x..." bit pattern."""
+    if isinstance(value, bool):
+        raise FormatError(f"{key}: bad float fill_value {value!r}")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        if value in _SPECIAL_FLOATS:
+            return _SPECIAL_FLOATS[value]
+        if value.startswith("0x"):
+            fmt = {2: ">e", 4: ">f", 8: ">d"}.get(itemsize)
+            digits = value[2:]
+            if fmt is None or len(digits) != 2 * itemsize:
+                raise FormatError(f"{key}: bad hex fill_value {value!r} for {itemsize}-byte float")
+            try:
+                return float(struct.unpack(fmt, bytes.fromhex(digits))[0])
+            except ValueError as exc:
+                raise FormatError(f"{key}: bad hex fill_value {value!r}") from exc
+    raise FormatError(f"{key}: bad float fill_value {value!r}")
+
+
+def fill_scalar(value: Any, dtype: np.dtype, key: str) -> Any:
+    """Decode a JSON fill value (Zarr v2/v3 conventions) into a numpy scalar of ``dtype``.
+
+    Floats keep their exact bit pattern when given in hex (NaN payloads matter for
+    byte-exact output), so the result is built through the bytes where needed.
+    """
+    if value is None:
+        return None
+    kind = dtype.kind
+    try:
+        if kind == "O":
+            return value
+        if kind == "b":
+            return np.array(bool(value), dtype=dtype)[()]
+        if kind in "iu":
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise FormatError(f"{key}: bad integer fill_value {value!r}")
+            info = np.iinfo(dtype)
+            if not info.min <= value <= info.max:
+                raise FormatError(f"{key}: fill_value {value} out of range for {dtype}")
+            return np.array(value, dtype=dtype)[()]
+        if kind == "f":
+            if isinstance(value, str) and value.startswith("0x"):
+                raw = bytes.fromhex(value[2:])
+                if len(raw) != dtype.itemsize:
+                    raise FormatError(f"{key}: bad hex fill_value {value!r} for {dtype}")
+                return np.frombuffer(raw, dtype=dtype.newbyteorder(">"))[0].astype(dtype)
+            return np.array(float_value(value, dtype.itemsize, key), dtype=dtype)[()]
+        if kind == "c":
+            if isinstance(value, list | tuple) and len(value) == 2:
+                half = dtype.itemsize // 2
+                re, im = (float_value(v, half, key) for v in value)
+                return np.array(complex(re, im), dtype=dtype)[()]
+            return np.array(complex(float_value(value, dtype.itemsize // 2, key)), dtype=dtype)[()]
+        if kind in "Mm":
+            if isinstance(value, str) and value == "NaT":
+                return np.array("NaT", dtype=dtype)[()]
+            return np.array(int(value), dtype="i8").view(dtype.newbyteorder("="))[()].astype(dtype)
+        if kind == "U":
+            if not isinstance(value, str):
+                raise FormatError(f"{key}: bad string fill_value {value!r}")
+            return np.array(value, dtype=dtype)[()]
+        if kind in "SV":
+            if isinstance(value, int) and value == 0:
+                raw = b""
+            elif isinstance(value, list) and all(isinstance(v, int) for v in value):
+                raw = bytes(value)
+            elif isinstance(value, str):
+                raw = base64.b64decode(value.encode("ascii"), validate=True)
+            else:
+                raise FormatError(f"{key}: bad bytes fill_value {value!r}")
+            if kind == "S":
+                return np.array(raw, dtype=dtype)[()]
+            raw = raw.ljust(dtype.itemsize, b"\0")[: dtype.itemsize]
+            return np.frombuffer(raw, dtype=dtype)[0]
+    except FormatError:
+        raise
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise FormatError(f"{key}: bad fill_value {value!r} for {dtype}: {exc}") from exc
+    raise FormatError(f"{key}: unsupported dtype {dtype} for fill_value")
+
+
+def split_dimension_names(attrs: dict[str, Any], ndim: int) -> tuple[str | None, ...] | None:
+    """Pop the xarray convention ``_ARRAY_DIMENSIONS`` from ``attrs``; names if they fit ndim."""
+    dims = attrs.pop("_ARRAY_DIMENSIONS", None)
+    if isinstance(dims, list) and len(dims) == ndim and ndim > 0:
+        return tuple(d if isinstance(d, str) else None for d in dims)
+    return None

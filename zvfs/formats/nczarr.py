@@ -1,0 +1,80 @@
+"""NCZarr (netCDF-C's Zarr dialect) on top of Zarr v2.
+
+netCDF writes plain v2 plus ``_nczarr_*`` keys (upper case in 4.9.0, lower case
+later) in .zgroup/.zarray/.zattrs. What changes for a reader: dimension names
+come from ``_nczarr_array.dimrefs`` (or ``_ARRAY_DIMENSIONS``), a netCDF scalar
+is stored as shape [1] and flagged ``storage: scalar`` (shown here as shape ()),
+and the ``_nczarr_*`` keys are bookkeeping, not user attributes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .meta import ArrayMeta
+from .zarr_v2 import Reader as V2Reader
+from .zarr_v2 import parse_array as parse_v2_array
+
+
+def nczarr_keys(doc: Any) -> dict[str, Any]:
+    """The ``_nczarr_*`` entries of a metadata document, keyed lower case."""
+    if not isinstance(doc, dict):
+        return {}
+    return {
+        k.lower(): v
+        for k, v in doc.items()
+        if isinstance(k, str) and k.lower().startswith("_nczarr")
+    }
+
+
+def is_nczarr(*docs: Any) -> bool:
+    return any(nczarr_keys(d) for d in docs)
+
+
+def strip_nczarr(attrs: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in attrs.items() if not k.lower().startswith("_nczarr")}
+
+
+def parse_array(path: str, zarray: Any, zattrs: Any, key: str | None = None) -> ArrayMeta:
+    """A v2 parse, then the NCZarr adjustments (scalar, dimension names, attributes)."""
+    info = (
+        nczarr_keys(zarray).get("_nczarr_array") or nczarr_keys(zattrs).get("_nczarr_array") or {}
+    )
+    meta = parse_v2_array(path, zarray, zattrs, key, fmt="nczarr")
+    meta.attributes = strip_nczarr(meta.attributes)
+    if not isinstance(info, dict):
+        return meta
+    dimrefs = info.get("dimrefs", info.get("dimension_references"))
+    scalar = info.get("storage") == "scalar" or info.get("scalar") is True
+    if meta.error is None and scalar and meta.shape == (1,):
+        meta.shape, meta.chunks = (), ()
+        meta.dimension_names = None
+        meta.source = {**meta.source, "scalar": True}
+    elif isinstance(dimrefs, list) and len(dimrefs) == len(meta.shape) and dimrefs:
+        meta.dimension_names = tuple(
+            str(d).rstrip("/").rsplit("/", 1)[-1] if isinstance(d, str) else None for d in dimrefs
+        )
+    return meta
+
+
+class Reader(V2Reader):
+    """v2 reads; a scalar's single stored chunk (0,) is served as the 0-d chunk ()."""
+
+    def __init__(self, store, meta: ArrayMeta):
+        super().__init__(store, meta)
+        self.scalar = bool(meta.source.get("scalar"))
+
+    def stored_index(self, idx: tuple[int, ...]) -> tuple[int, ...]:
+        return (0,) if self.scalar else idx
+
+    @property
+    def stored_chunks(self) -> tuple[int, ...]:
+        return (1,) if self.scalar else self.meta.chunks
+
+    def read(self, idx: tuple[int, ...]) -> np.ndarray | None:
+        out = super().read(idx)
+        if out is not None and self.scalar:
+            out = out.reshape(())
+        return out

@@ -1,0 +1,133 @@
+"""Zarr v2: ``.zarray``/``.zgroup``/``.zattrs``/``.zmetadata`` → ArrayMeta, and chunk reads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..codecs import VLEN_FILTER_IDS, CodecError, UnknownCodecError, V2Pipeline
+from ..stores.base import KeyNotFound, Store, StoreError
+from ._common import fill_scalar, int_tuple, join, split_dimension_names
+from .meta import ArrayMeta, FormatError
+
+ZARRAY, ZGROUP, ZATTRS, ZMETADATA = ".zarray", ".zgroup", ".zattrs", ".zmetadata"
+
+
+def parse_dtype(value: Any, key: str) -> np.dtype:
+    """A v2 dtype: typestr ('<f8') or structured descr list."""
+
+    def to_descr(v: Any) -> Any:
+        if isinstance(v, list):
+            return [tuple(to_descr(x) for x in field) for field in v]
+        return v
+
+    try:
+        if isinstance(value, str):
+            return np.dtype(value)
+        if isinstance(value, list):
+            return np.dtype(
+                [tuple(to_descr(x) if isinstance(x, list) else x for x in f) for f in value]
+            )
+    except (TypeError, ValueError) as exc:
+        raise FormatError(f"{key}: unsupported dtype {value!r} ({exc})") from exc
+    raise FormatError(f"{key}: unsupported dtype {value!r}")
+
+
+def parse_array(
+    path: str,
+    zarray: Any,
+    zattrs: Any,
+    key: str | None = None,
+    fmt: str = "zarr_v2",
+) -> ArrayMeta:
+    """Map a .zarray document (+ .zattrs) onto ArrayMeta; problems land in ``error``."""
+    key = key or join(path, ZARRAY)
+    meta = ArrayMeta(path=path, format=fmt, metadata_key=key, source={"zarray": zarray})
+    try:
+        _fill_meta(meta, zarray, zattrs, key)
+    except (FormatError, UnknownCodecError) as exc:
+        meta.error = str(exc) if str(exc).startswith(key) else f"{key}: {exc}"
+    meta.validate()
+    return meta
+
+
+def _fill_meta(meta: ArrayMeta, zarray: Any, zattrs: Any, key: str) -> None:
+    if not isinstance(zarray, dict):
+        raise FormatError(f"{key}: expected a JSON object")
+    if isinstance(zattrs, dict):
+        meta.attributes = dict(zattrs)
+    fmt = zarray.get("zarr_format", 2)
+    if fmt != 2:
+        raise FormatError(f"{key}: zarr_format {fmt!r} is not 2")
+    for field in ("shape", "chunks", "dtype"):
+        if field not in zarray:
+            raise FormatError(f"{key}: missing {field!r}")
+    meta.shape = int_tuple(zarray["shape"], "shape", key)
+    meta.chunks = int_tuple(zarray["chunks"], "chunks", key)
+    meta.dimension_names = split_dimension_names(meta.attributes, len(meta.shape))
+    meta.dtype = parse_dtype(zarray["dtype"], key)
+    order = zarray.get("order", "C")
+    if order not in ("C", "F"):
+        raise FormatError(f"{key}: order must be 'C' or 'F', got {order!r}")
+    meta.order = order
+    sep = zarray.get("dimension_separator") or "."
+    if sep not in (".", "/"):
+        raise FormatError(f"{key}: dimension_separator must be '.' or '/', got {sep!r}")
+    meta.chunk_key_encoding = {"name": "v2", "separator": sep}
+    compressor = zarray.get("compressor")
+    filters = zarray.get("filters") or []
+    if not isinstance(filters, list):
+        raise FormatError(f"{key}: filters must be a list or null")
+    meta.codecs = [*filters, *([compressor] if compressor is not None else [])]
+    if meta.dtype.kind == "O":
+        first = filters[0].get("id") if filters and isinstance(filters[0], dict) else None
+        if first not in VLEN_FILTER_IDS:
+            raise FormatError(f"{key}: object dtype without an object codec filter")
+        meta.vlen = VLEN_FILTER_IDS[first]
+    meta.fill_value = fill_scalar(zarray.get("fill_value"), meta.dtype, key)
+    V2Pipeline(compressor, filters)  # fail now, not at the first chunk, on unknown codecs
+
+
+def chunk_key(meta: ArrayMeta, idx: tuple[int, ...]) -> str:
+    """Store key of chunk ``idx`` ('0' for a 0-d array)."""
+    sep = meta.chunk_key_encoding.get("separator", ".")
+    name = sep.join(str(i) for i in idx) if idx else "0"
+    return join(meta.path, name)
+
+
+class Reader:
+    """Fetch + decode v2 chunks of one array (thread-safe: no mutable state)."""
+
+    def __init__(self, store: Store, meta: ArrayMeta):
+        self.store = store
+        self.meta = meta
+        zarray = meta.source["zarray"]
+        self.pipeline = V2Pipeline(zarray.get("compressor"), zarray.get("filters"))
+
+    def chunk_key(self, idx: tuple[int, ...]) -> str:
+        return chunk_key(self.meta, idx)
+
+    def stored_index(self, idx: tuple[int, ...]) -> tuple[int, ...]:
+        return idx
+
+    def exists(self, idx: tuple[int, ...]) -> bool:
+        return self.store.exists(self.chunk_key(self.stored_index(idx)))
+
+    def read(self, idx: tuple[int, ...]) -> np.ndarray | None:
+        """Decoded chunk of the full stored chunk shape, or None if it was never written."""
+        key = self.chunk_key(self.stored_index(idx))
+        try:
+            data = self.store.get(key)
+        except KeyNotFound:
+            return None
+        except StoreError as exc:
+            raise FormatError(f"{key}: {exc}") from exc
+        try:
+            return self.pipeline.decode(data, self.stored_chunks, self.meta.dtype, self.meta.order)
+        except CodecError as exc:
+            raise FormatError(f"{key}: {exc}") from exc
+
+    @property
+    def stored_chunks(self) -> tuple[int, ...]:
+        return self.meta.chunks

@@ -1,0 +1,253 @@
+"""Zarr v3: ``zarr.json`` → ArrayMeta, chunk keys, and chunk reads through sharding.
+
+For sharded arrays the decoded chunk unit is the innermost chunk. A read fetches
+the shard index with a ranged read (cached), then only the bytes of the inner
+chunk it needs, level by level for nested shards.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from ..codecs import CodecError, Pipeline, ShardingCodec, UnknownCodecError, build_pipeline
+from ..stores.base import KeyNotFound, Store, StoreError
+from ._common import fill_scalar, int_tuple, join
+from .meta import ArrayMeta, FormatError
+
+ZARR_JSON = "zarr.json"
+
+_SIMPLE_TYPES = {
+    "bool": "?",
+    "int8": "i1",
+    "int16": "i2",
+    "int32": "i4",
+    "int64": "i8",
+    "uint8": "u1",
+    "uint16": "u2",
+    "uint32": "u4",
+    "uint64": "u8",
+    "float16": "f2",
+    "float32": "f4",
+    "float64": "f8",
+    "complex64": "c8",
+    "complex128": "c16",
+}
+_VLEN_TYPES = {"string": "vlen-utf8", "variable_length_bytes": "vlen-bytes", "bytes": "vlen-bytes"}
+
+
+def parse_data_type(value: Any, key: str) -> tuple[np.dtype, str | None]:
+    """(logical numpy dtype in native order, vlen kind or None) for a v3 data_type."""
+    if isinstance(value, str):
+        if value in _SIMPLE_TYPES:
+            return np.dtype(_SIMPLE_TYPES[value]), None
+        if value in _VLEN_TYPES:
+            return np.dtype(object), _VLEN_TYPES[value]
+        if value.startswith("r") and value[1:].isdigit() and int(value[1:]) % 8 == 0:
+            return np.dtype(f"V{int(value[1:]) // 8}"), None
+        raise FormatError(f"{key}: unsupported data_type {value!r}")
+    if isinstance(value, dict) and isinstance(value.get("name"), str):
+        name, conf = value["name"], value.get("configuration") or {}
+        try:
+            if name == "fixed_length_utf32":
+                return np.dtype(f"U{int(conf['length_bytes']) // 4}"), None
+            if name == "null_terminated_bytes":
+                return np.dtype(f"S{int(conf['length_bytes'])}"), None
+            if name == "raw_bytes":
+                return np.dtype(f"V{int(conf['length_bytes'])}"), None
+            if name in ("numpy.datetime64", "numpy.timedelta64"):
+                code = "M8" if name == "numpy.datetime64" else "m8"
+                scale = int(conf.get("scale_factor", 1))
+                return np.dtype(f"{code}[{scale if scale != 1 else ''}{conf['unit']}]"), None
+            if name == "structured":
+                fields = [(f[0], parse_data_type(f[1], key)[0]) for f in conf["fields"]]
+                return np.dtype(fields), None
+            if name in _VLEN_TYPES:
+                return np.dtype(object), _VLEN_TYPES[name]
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise FormatError(f"{key}: bad data_type {value!r} ({exc})") from exc
+    raise FormatError(f"{key}: unsupported data_type {value!r}")
+
+
+def parse_array(path: str, doc: Any, key: str | None = None) -> ArrayMeta:
+    """Map an array's zarr.json onto ArrayMeta; problems land in ``error``."""
+    key = key or join(path, ZARR_JSON)
+    meta = ArrayMeta(path=path, format="zarr_v3", metadata_key=key, source={"doc": doc})
+    try:
+        _fill_meta(meta, doc, key)
+    except (FormatError, UnknownCodecError) as exc:
+        meta.error = str(exc) if str(exc).startswith(key) else f"{key}: {exc}"
+    meta.validate()
+    return meta
+
+
+def _fill_meta(meta: ArrayMeta, doc: Any, key: str) -> None:
+    if not isinstance(doc, dict):
+        raise FormatError(f"{key}: expected a JSON object")
+    if doc.get("zarr_format") != 3 or doc.get("node_type") != "array":
+        raise FormatError(f"{key}: not a Zarr v3 array")
+    attrs = doc.get("attributes") or {}
+    meta.attributes = dict(attrs) if isinstance(attrs, dict) else {}
+    for field in ("shape", "data_type", "chunk_grid", "chunk_key_encoding", "codecs"):
+        if field not in doc:
+            raise FormatError(f"{key}: missing {field!r}")
+    meta.shape = int_tuple(doc["shape"], "shape", key)
+    names = doc.get("dimension_names")
+    if (
+        isinstance(names, list)
+        and len(names) == len(meta.shape)
+        and any(n is not None for n in names)
+    ):
+        meta.dimension_names = tuple(n if isinstance(n, str) else None for n in names)
+    logical, meta.vlen = parse_data_type(doc["data_type"], key)
+    grid = doc["chunk_grid"]
+    if not isinstance(grid, dict) or grid.get("name") != "regular":
+        raise FormatError(f"{key}: unsupported chunk_grid {grid!r}")
+    outer = int_tuple((grid.get("configuration") or {}).get("chunk_shape"), "chunk_shape", key)
+    if len(outer) != len(meta.shape) or any(c == 0 for c in outer):
+        raise FormatError(f"{key}: chunk_shape {list(outer)} does not fit shape {list(meta.shape)}")
+    meta.chunk_key_encoding = parse_key_encoding(doc["chunk_key_encoding"], key)
+    if doc.get("storage_transformers"):
+        raise FormatError(f"{key}: storage_transformers are not supported")
+    meta.codecs = doc["codecs"] if isinstance(doc["codecs"], list) else []
+    fill = fill_scalar(doc.get("fill_value"), logical, key)
+    pipeline = build_pipeline(doc["codecs"], outer, logical, fill)
+    levels, leaf = sharding_levels(pipeline)
+    meta.dtype = pipeline.dtype
+    meta.fill_value = fill if fill is None or meta.vlen else np.array(fill, dtype=meta.dtype)[()]
+    meta.chunks = leaf.shape
+    meta.shard_shape = outer if levels else None
+
+
+def parse_key_encoding(value: Any, key: str) -> dict[str, Any]:
+    """{'name': 'default'|'v2', 'separator': '/'|'.'} with the spec defaults filled in."""
+    if isinstance(value, dict):
+        name, conf = value.get("name"), value.get("configuration") or {}
+    else:
+        name, conf = value, {}
+    if name not in ("default", "v2"):
+        raise FormatError(f"{key}: unsupported chunk_key_encoding {value!r}")
+    sep = conf.get("separator", "/" if name == "default" else ".")
+    if sep not in ("/", "."):
+        raise FormatError(f"{key}: bad chunk key separator {sep!r}")
+    return {"name": name, "separator": sep}
+
+
+def sharding_levels(pipeline: Pipeline) -> tuple[list[ShardingCodec], Pipeline]:
+    """Shard levels readable by ranged reads (outermost first) and the leaf pipeline."""
+    levels: list[ShardingCodec] = []
+    while pipeline.sharding is not None:
+        levels.append(pipeline.sharding)
+        assert pipeline.sharding.inner is not None
+        pipeline = pipeline.sharding.inner
+    return levels, pipeline
+
+
+def chunk_key(meta: ArrayMeta, grid_idx: tuple[int, ...]) -> str:
+    """Store key of the stored chunk (shard) at ``grid_idx`` of the outer grid."""
+    enc = meta.chunk_key_encoding
+    sep = enc.get("separator", "/")
+    if enc.get("name") == "v2":
+        name = sep.join(str(i) for i in grid_idx) if grid_idx else "0"
+    else:
+        name = sep.join(["c", *(str(i) for i in grid_idx)])
+    return join(meta.path, name)
+
+
+class Reader:
+    """Fetch + decode v3 chunks of one array; thread-safe (the index cache is locked)."""
+
+    INDEX_CACHE = 512
+
+    def __init__(self, store: Store, meta: ArrayMeta):
+        self.store = store
+        self.meta = meta
+        doc = meta.source["doc"]
+        outer = tuple(doc["chunk_grid"]["configuration"]["chunk_shape"])
+        logical, _ = parse_data_type(doc["data_type"], meta.metadata_key)
+        fill = fill_scalar(doc.get("fill_value"), logical, meta.metadata_key)
+        self.pipeline = build_pipeline(doc["codecs"], outer, logical, fill)
+        self.levels, self.leaf = sharding_levels(self.pipeline)
+        self.outer = outer
+        self._lock = threading.Lock()
+        self._indexes: OrderedDict[tuple[str, int, int], np.ndarray] = OrderedDict()
+
+    def _position(self, idx: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(outer grid index, element offset inside that stored chunk) of unit chunk ``idx``."""
+        pos = [i * c for i, c in zip(idx, self.leaf.shape, strict=True)]
+        grid = tuple(p // o for p, o in zip(pos, self.outer, strict=True))
+        rel = tuple(p - g * o for p, g, o in zip(pos, grid, self.outer, strict=True))
+        return grid, rel
+
+    def chunk_key(self, idx: tuple[int, ...]) -> str:
+        """Key of the stored object (chunk or shard) that holds unit chunk ``idx``."""
+        return chunk_key(self.meta, self._position(idx)[0])
+
+    def _index(
+        self, key: str, level: int, codec: ShardingCodec, start: int, length: int | None
+    ) -> np.ndarray:
+        cache_key = (key, level, start)
+        with self._lock:
+            hit = self._indexes.get(cache_key)
+            if hit is not None:
+                self._indexes.move_to_end(cache_key)
+                return hit
+        istart, ilen = codec.index_range(length)
+        raw = self.store.get_range(key, start + istart, ilen)
+        if len(raw) != ilen:
+            raise CodecError(f"shard index truncated ({len(raw)} of {ilen} bytes)")
+        index = codec.decode_index(raw)
+        with self._lock:
+            self._indexes[cache_key] = index
+            while len(self._indexes) > self.INDEX_CACHE:
+                self._indexes.popitem(last=False)
+        return index
+
+    def _locate(self, idx: tuple[int, ...]) -> tuple[str, int, int | None] | None:
+        """(key, start, length) of the encoded unit chunk; None if it was never written."""
+        grid, rel = self._position(idx)
+        key = chunk_key(self.meta, grid)
+        start, length = 0, None
+        if not self.levels:
+            return key, 0, None
+        if self.levels[0].index_location == "end":
+            length = self.store.info(key).size
+        for level, codec in enumerate(self.levels):
+            index = self._index(key, level, codec, start, length)
+            local = codec.inner_index(rel)
+            where = codec.locate(index, local, length)
+            if where is None:
+                return None
+            off, n = where
+            start, length = start + off, n
+            rel = tuple(r - i * c for r, i, c in zip(rel, local, codec.chunk_shape, strict=True))
+        return key, start, length
+
+    def exists(self, idx: tuple[int, ...]) -> bool:
+        try:
+            return self._locate(idx) is not None
+        except KeyNotFound:
+            return False
+
+    def read(self, idx: tuple[int, ...]) -> np.ndarray | None:
+        """Decoded unit chunk (full chunk shape), or None if it was never written."""
+        key = self.chunk_key(idx)
+        try:
+            where = self._locate(idx)
+            if where is None:
+                return None
+            key, start, length = where
+            if length is None:
+                data = self.store.get(key)
+            else:
+                data = self.store.get_range(key, start, length)
+                if len(data) != length:
+                    raise CodecError(f"inner chunk truncated ({len(data)} of {length} bytes)")
+            return self.leaf.decode(data)
+        except KeyNotFound:
+            return None
+        except (CodecError, StoreError) as exc:
+            raise FormatError(f"{key}: {exc}") from exc
