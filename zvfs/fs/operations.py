@@ -157,7 +157,10 @@ class ZvfsOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         entries = await self._call(f"readdir {self._paths[inode]}", node.children())
         fh = next(self._next_fh)
-        snapshot = []
+        parent = self._parent.get(inode, ROOT)
+        # '.' and '..' come first, as on every POSIX file system; the kernel takes no
+        # lookup reference for them (fuse_direntplus_link skips them), so neither do we
+        snapshot = [(".", inode, node), ("..", parent, self._nodes.get(parent, node))]
         for name, child in entries:
             ino = self._remember(inode, name, child, count=False)
             snapshot.append((name, ino, child))
@@ -172,6 +175,8 @@ class ZvfsOperations(pyfuse3.Operations):
             name, ino, node = entries[i]
             if not pyfuse3.readdir_reply(token, os.fsencode(name), self._attrs(ino, node), i + 1):
                 return
+            if name in (".", ".."):
+                continue
             self._lookups[ino] = self._lookups.get(ino, 0) + 1
             self._nodes.setdefault(ino, node)  # it may have been forgotten since opendir
 

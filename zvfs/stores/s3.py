@@ -19,9 +19,9 @@ import botocore.exceptions as bce
 from botocore import UNSIGNED
 from botocore.config import Config
 
-from zvfs.stores._util import check_key, check_prefix, safe_name
+from zvfs.stores._util import LogOnce, check_key, check_prefix, safe_name
 from zvfs.stores.base import KeyInfo, KeyNotFound, Listing, SourceError, Store, StoreError
-from zvfs.stores.keys import is_safe_key
+from zvfs.stores.keys import bad_segment, is_safe_key
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,7 @@ class S3Store(Store):
         self.no_sign_request = no_sign_request
         self.block_size = block_size  # one GET serves many FUSE reads of the raw view
         self.description = f"s3://{bucket}/{prefix.rstrip('/')}" if prefix else f"s3://{bucket}"
+        self._skipped = LogOnce(log)
         try:
             session = boto3.session.Session(profile_name=profile)
         except bce.ProfileNotFound:
@@ -181,13 +182,21 @@ class S3Store(Store):
         for page in self._pages(prefix, Prefix=full, Delimiter="/"):
             for obj in page.get("Contents", ()):
                 name = obj["Key"][len(full):]
-                if safe_name(name):  # '' is a folder marker object: skip it
+                if safe_name(name):
                     listing.keys[name] = KeyInfo(int(obj["Size"]), obj["LastModified"].timestamp())
+                elif name:  # '' is a folder marker object ("dir/"): normal, not worth a line
+                    self._skip(prefix + name)
             for cp in page.get("CommonPrefixes", ()):
                 name = cp["Prefix"][len(full):-1]
                 if safe_name(name):
                     listing.prefixes.add(name)
+                else:
+                    self._skip(prefix + name)
         return listing
+
+    def _skip(self, key: str) -> None:
+        why = bad_segment(key) or "not a path segment"
+        self._skipped.warning(key, "skipping store key %r: cannot be a POSIX path (%s)", key, why)
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
         """Every key below ``prefix`` in one flat paginated listing (no per-level requests)."""
