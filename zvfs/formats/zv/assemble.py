@@ -191,13 +191,12 @@ def object_vertices(level: Level, oid: int, blocks: list | None = None) -> np.nd
     rows = level.object_rows(blocks, offsets, oid)
     cache: dict[Chunk, np.ndarray] = {}
     out = np.empty((len(rows), level.ndim), level.dtype)
-    starts = {c: o for c, o in offsets.items()}
     pos = 0
     for b in blocks:
         if b.chunk not in cache:
             cache[b.chunk] = level.vertices(b.chunk)
         verts = cache[b.chunk]
-        fi = level.fragments(b.chunk)
+        fi = None if level.encoding == "draco" else level.fragments(b.chunk)
         for f in b.fragments:
             local = fi.rows(int(f)) if fi is not None else np.arange(len(verts))
             if len(local) and local.max() >= len(verts):
@@ -205,5 +204,4 @@ def object_vertices(level: Level, oid: int, blocks: list | None = None) -> np.nd
                               f"object {oid} points past the end of the chunk ({len(verts)} vertices)")
             out[pos : pos + len(local)] = verts[local]
             pos += len(local)
-    del starts
     return out

@@ -522,10 +522,13 @@ class Level:
             if b.chunk not in offsets:
                 raise ZVError(self.key("object_index/manifests"),
                               f"object {oid} names chunk {chunk_name(b.chunk)} which has no vertices")
-            fi = self.fragments(b.chunk)
+            # a Draco cell is one span: its fragment index counts vertices Draco may have dropped
+            fi = None if self.encoding == "draco" else self.fragments(b.chunk)
             n = self.vertex_count(b.chunk)
             for f in b.fragments:
-                if fi is None:
+                if fi is None and self.encoding == "draco":
+                    rows = np.arange(n, dtype=np.int64)
+                elif fi is None:
                     if int(f) != 0:
                         raise ZVError(self.key("object_index/manifests"),
                                       f"object {oid}: fragment {int(f)} in chunk {chunk_name(b.chunk)} without a fragment index")

@@ -1,0 +1,402 @@
+"""One level of a ZV group as a directory: vertices.npy, attributes, links, objects, level.ply, ...
+
+The level directory is built in one worker hop: it lists chunks and reads the
+fragment indexes for the row counts (never the vertices), and, for geometry
+that has them, decodes the link cells so PLY/TRK sizes are exact. Subdirectories
+(links, objects, chunks/<i.j.k>, ...) are built on first access, one hop each.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import numpy as np
+
+from zvfs.formats import zv
+from zvfs.formats.zv import Level, ZVGroup
+from zvfs.views.node import Node, StaticDir
+from zvfs.views.vectors import encoders as enc
+from zvfs.views.vectors.nodes import BuiltDir, BuiltFile, Env, ErrorFile, MemFile, RowsFile
+
+LINE_GEOMETRIES = ("streamline", "polyline", "line", "lines")
+TREE_CONVENTION = "implicit_sequential_with_branches"
+
+
+def level_dir(env: Env, key: Hashable, group: ZVGroup, name: str) -> BuiltDir:
+    what = f"{group.path + '/' if group.path else ''}{name}"
+    return BuiltDir(env, key, what, lambda: LevelTree(env, key, group, name).entries())
+
+
+def _npy_file(env: Env, arr: np.ndarray) -> MemFile:
+    return MemFile(enc.npy_bytes(arr), env)
+
+
+class LevelTree:
+    """Blocking builder of one level's entries (runs in a worker thread)."""
+
+    def __init__(self, env: Env, key: Hashable, group: ZVGroup, name: str) -> None:
+        self.env = env
+        self.key = key
+        self.group = group
+        self.level: Level = group.level(name)
+        self.what = self.level.path
+        self.errors: dict[str, str] = {}
+
+    def _try(self, part: str, fn: Callable[[], Any]) -> Any:
+        """Run one part of the build; remember its error so meta.json and the file can say it."""
+        try:
+            return fn()
+        except zv.ZVError as exc:
+            self.errors[part] = str(exc)
+            self.env.fail(f"{self.what}/{part}", exc)
+            return exc
+
+    # -- the level directory ----------------------------------------------------------------
+
+    def entries(self) -> dict[str, Node]:
+        L = self.level
+        env = self.env
+        out: dict[str, Node] = {}
+        chunks = self._try("vertices.npy", L.chunks)
+        counts = self._try("vertices.npy", lambda: [L.vertex_count(c) for c in chunks]) \
+            if not isinstance(chunks, Exception) else chunks
+        ok = not isinstance(counts, Exception)
+        n = sum(counts) if ok else 0
+        D = L.ndim
+        if ok:
+            out["vertices.npy"] = RowsFile(
+                env, (self.key, "vertices"), f"{self.what}/vertices", enc.npy_header(L.dtype, (n, D)),
+                counts, L.dtype.itemsize * D, lambda i: L.vertices(chunks[i]).astype(L.dtype, copy=False).tobytes())
+        else:
+            out["vertices.npy"] = ErrorFile(env, f"{self.what}/vertices.npy", counts)
+
+        infos = {}
+        for name in L.vertex_attribute_names():
+            info = self._try(f"vertex_attributes/{name}.npy", lambda name=name: L.vertex_attribute_info(name))
+            if not isinstance(info, Exception):
+                infos[name] = info
+        va: dict[str, Node] = {}
+        for name, info in infos.items():
+            if not ok:
+                va[f"{name}.npy"] = ErrorFile(env, f"{self.what}/vertex_attributes/{name}.npy", counts)
+                continue
+            va[f"{name}.npy"] = RowsFile(
+                env, (self.key, "va", name), f"{self.what}/vertex_attributes/{name}",
+                enc.npy_header(info.dtype, (n, *info.row_shape)), counts,
+                info.dtype.itemsize * info.ncols,
+                lambda i, name=name: np.ascontiguousarray(L.vertex_attribute(name, chunks[i])).tobytes())
+        if va:
+            out["vertex_attributes"] = StaticDir(va, mtime=env.mtime)
+
+        deltas = self._try("links", L.link_deltas) or []
+        if isinstance(deltas, Exception):
+            deltas = []
+        if deltas:
+            out["links"] = BuiltDir(env, (self.key, "links"), f"{self.what}/links", lambda: self._links(deltas))
+            if any(L.link_attribute_names(d) for d in deltas):
+                out["link_attributes"] = BuiltDir(env, (self.key, "link_attributes"),
+                                                  f"{self.what}/link_attributes", lambda: self._link_attrs(deltas))
+        if "object_index" in L.members:
+            out["objects"] = BuiltDir(env, (self.key, "objects"), f"{self.what}/objects", self._objects)
+        if L.object_attribute_names():
+            out["object_attributes"] = BuiltDir(env, (self.key, "oa"), f"{self.what}/object_attributes",
+                                                self._object_attrs)
+        if "groups" in L.members:
+            out["groups"] = BuiltDir(env, (self.key, "groups"), f"{self.what}/groups", self._groups)
+        if ok:
+            out["chunks"] = BuiltDir(env, (self.key, "chunks"), f"{self.what}/chunks",
+                                     lambda: self._chunks(chunks, infos))
+            self._level_ply(out, chunks, counts, infos)
+            self._trk(out)
+        out["meta.json"] = MemFile(self._meta(n if ok else None, chunks, infos, deltas), env)
+        return out
+
+    # -- geometry files ----------------------------------------------------------------------
+
+    def _connectivity(self) -> tuple[np.ndarray, np.ndarray]:
+        """(faces, edges) for the level: faces for meshes, edges for graphs, skeletons, lines."""
+        L = self.level
+        geom = self.group.geometry
+        empty_f, empty_e = np.empty((0, 3), np.int64), np.empty((0, 2), np.int64)
+        if geom == "point_cloud":
+            return empty_f, empty_e
+        if geom == "mesh":
+            return zv.mesh_faces(L), empty_e
+        return empty_f, zv.graph_edges(L)
+
+    def _level_ply(self, out: dict[str, Node], chunks: list, counts: list[int], infos: dict) -> None:
+        L = self.level
+        conn = self._try("level.ply", self._connectivity)
+        if isinstance(conn, Exception):
+            out["level.ply"] = ErrorFile(self.env, f"{self.what}/level.ply", conn)
+            return
+        faces, edges = conn
+        n = sum(counts)
+        if L.encoding == "draco":
+            infos = {}  # Draco drops unused vertices, so attribute rows need not line up
+        specs = [(name, i.dtype, i.ncols) for name, i in infos.items()]
+        cols = enc.vertex_columns(L.ndim, L.dtype, specs)
+        width = faces.shape[1] if len(faces) else 3
+        comment = f"zvfs {self.group.geometry} level {L.name}"
+        size = enc.ply_size(n, cols, len(faces), width, len(edges), comment)
+
+        def build() -> bytes:
+            pos = zv.level_vertices(L)
+            attrs = [(name, zv.level_vertex_attribute(L, name)) for name in infos]
+            return enc.ply_bytes(pos, attrs, faces, edges, comment)
+
+        out["level.ply"] = BuiltFile(self.env, (self.key, "level.ply"), f"{self.what}/level.ply", size, build)
+
+    def _trk(self, out: dict[str, Node]) -> None:
+        L = self.level
+        if self.group.geometry not in LINE_GEOMETRIES:
+            return
+
+        def rows() -> list[np.ndarray]:
+            offsets = L.offsets()
+            return [L.object_rows(b, offsets, oid) for oid, b in sorted(L.manifests().items())]
+
+        objs = self._try("streamlines.trk", rows)
+        if isinstance(objs, Exception):
+            out["streamlines.trk"] = ErrorFile(self.env, f"{self.what}/streamlines.trk", objs)
+            return
+        size = enc.trk_size([len(r) for r in objs])
+
+        def build() -> bytes:
+            pos = zv.level_vertices(L)
+            return enc.trk_bytes([pos[r] for r in objs])
+
+        out["streamlines.trk"] = BuiltFile(self.env, (self.key, "trk"), f"{self.what}/streamlines.trk", size, build)
+
+    # -- links ---------------------------------------------------------------------------------
+
+    def _links(self, deltas: list[str]) -> dict[str, Node]:
+        out: dict[str, Node] = {}
+        for d in deltas:
+            res = self._try(f"links/{d}.npy", lambda d=d: zv.level_links(self.level, d))
+            if isinstance(res, Exception):
+                out[f"{d}.npy"] = ErrorFile(self.env, f"{self.what}/links/{d}.npy", res)
+            else:
+                out[f"{d}.npy"] = _npy_file(self.env, res.rows)
+        return out
+
+    def _link_attrs(self, deltas: list[str]) -> dict[str, Node]:
+        out: dict[str, Node] = {}
+        L = self.level
+        for d in deltas:
+            names = L.link_attribute_names(d)
+            if not names:
+                continue
+            links = self._try(f"links/{d}.npy", lambda d=d: zv.level_links(L, d))
+            target: dict[str, Node] = out if d == "0" else {}
+            for name in names:
+                what = f"{self.what}/link_attributes/{name}.npy"
+                if isinstance(links, Exception):
+                    target[f"{name}.npy"] = ErrorFile(self.env, what, links)
+                    continue
+                arr = self._try(f"link_attributes/{name}",
+                                lambda d=d, name=name, links=links: zv.level_link_attribute(L, name, d, links))
+                target[f"{name}.npy"] = ErrorFile(self.env, what, arr) if isinstance(arr, Exception) \
+                    else _npy_file(self.env, arr)
+            if d != "0" and target:
+                out[d] = StaticDir(target, mtime=self.env.mtime)
+        return out
+
+    # -- objects, object attributes, groups --------------------------------------------------------
+
+    def _objects(self) -> dict[str, Node]:
+        L = self.level
+        env = self.env
+        manifests = L.manifests()
+        offsets = L.offsets()
+        geom = self.group.geometry
+        tree = self.group.links_convention == TREE_CONVENTION
+        out: dict[str, Node] = {}
+        parents: list[np.ndarray] = []  # computed once, on the first SWC build
+        faces = zv.mesh_faces(L) if geom == "mesh" else None
+        attr_names = set(L.vertex_attribute_names())
+        for oid, blocks in sorted(manifests.items()):
+            rows = L.object_rows(blocks, offsets, oid)
+            n = len(rows)
+            base = f"{self.what}/objects/{oid}"
+            out[f"{oid}.npy"] = BuiltFile(
+                env, (self.key, "obj", oid), base + ".npy", enc.npy_size(L.dtype, (n, L.ndim)),
+                lambda oid=oid, blocks=blocks: enc.npy_bytes(zv.object_vertices(L, oid, blocks)))
+            if tree:
+                out[f"{oid}.swc"] = BuiltFile(
+                    env, (self.key, "swc", oid), base + ".swc", enc.swc_size(oid, n, L.dtype),
+                    lambda oid=oid, blocks=blocks, rows=rows: self._swc(oid, blocks, rows, parents, attr_names))
+            if faces is not None:
+                inside = np.zeros(sum(L.vertex_count(c) for c in L.chunks()), bool)
+                inside[rows] = True
+                mine = faces[inside[faces].all(axis=1)] if len(faces) else faces
+                local = np.full(len(inside), -1, np.int64)
+                local[rows] = np.arange(n)
+                ofaces = local[mine]
+                width = ofaces.shape[1] if len(ofaces) else 3
+                comment = f"zvfs mesh object {oid}"
+                size = enc.ply_size(n, enc.vertex_columns(L.ndim, L.dtype, []), len(ofaces), width, 0, comment)
+                out[f"{oid}.ply"] = BuiltFile(
+                    env, (self.key, "oply", oid), base + ".ply", size,
+                    lambda oid=oid, blocks=blocks, ofaces=ofaces, comment=comment: enc.ply_bytes(
+                        zv.object_vertices(L, oid, blocks), [], ofaces, np.empty((0, 2), np.int64), comment))
+        return out
+
+    def _object_rows_attr(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """One vertex attribute at level rows ``rows``, decoding only the chunks they touch."""
+        L = self.level
+        offsets = L.offsets()
+        chunks = L.chunks()
+        starts = np.array([offsets[c] for c in chunks], np.int64)
+        which = np.searchsorted(starts, rows, side="right") - 1
+        out = None
+        for ci in np.unique(which):
+            vals = L.vertex_attribute(name, chunks[ci])
+            if out is None:
+                out = np.empty((len(rows), *vals.shape[1:]), vals.dtype)
+            sel = which == ci
+            out[sel] = vals[rows[sel] - starts[ci]]
+        return out if out is not None else np.empty(0)
+
+    def _swc(self, oid: int, blocks: list, rows: np.ndarray, parents: list[np.ndarray],
+             attr_names: set[str]) -> bytes:
+        L = self.level
+        if not parents:
+            parents.append(zv.skeleton_parents(L))
+        pos = zv.object_vertices(L, oid, blocks)
+        local = {int(r): i for i, r in enumerate(rows.tolist())}
+        par = np.array([local.get(int(p), -1) for p in parents[0][rows]], np.int64)
+        radius = self._object_rows_attr("radius", rows).reshape(len(rows), -1)[:, 0] \
+            if "radius" in attr_names and len(rows) else None
+        types = None
+        for tname in ("swc_type", "type"):
+            if tname in attr_names and len(rows):
+                types = self._object_rows_attr(tname, rows).reshape(len(rows), -1)[:, 0]
+                break
+        order = enc.tree_order(par)
+        new_of = np.empty(len(order), np.int64)
+        new_of[order] = np.arange(len(order))
+        par_new = np.where(par[order] >= 0, new_of[np.maximum(par[order], 0)], -1)
+        return enc.swc_bytes(oid, pos[order], par_new,
+                             radius[order] if radius is not None else None,
+                             types[order] if types is not None else None)
+
+    def _object_attrs(self) -> dict[str, Node]:
+        out: dict[str, Node] = {}
+        for name in self.level.object_attribute_names():
+            arr = self._try(f"object_attributes/{name}.npy", lambda name=name: self.level.object_attribute(name))
+            out[f"{name}.npy"] = ErrorFile(self.env, f"{self.what}/object_attributes/{name}.npy", arr) \
+                if isinstance(arr, Exception) else _npy_file(self.env, arr)
+        return out
+
+    def _groups(self) -> dict[str, Node]:
+        return {f"{gid}.npy": _npy_file(self.env, members) for gid, members in self.level.groups().items()}
+
+    # -- chunks/<i.j.k>/ --------------------------------------------------------------------------------
+
+    def _chunks(self, chunks: list, infos: dict) -> dict[str, Node]:
+        out: dict[str, Node] = {}
+        for c in chunks:
+            name = zv.chunk_name(c)
+            out[name] = BuiltDir(self.env, (self.key, "chunk", c), f"{self.what}/chunks/{name}",
+                                 lambda c=c: self._chunk(c, infos))
+        return out
+
+    def _chunk(self, c: tuple[int, ...], infos: dict) -> dict[str, Node]:
+        L = self.level
+        env = self.env
+        out: dict[str, Node] = {"vertices.npy": _npy_file(env, L.vertices(c))}
+        if infos and L.encoding != "draco":
+            out["vertex_attributes"] = StaticDir(
+                {f"{n}.npy": _npy_file(env, L.vertex_attribute(n, c)) for n in infos}, mtime=env.mtime)
+        fi = L.fragments(c)
+        if fi is not None:
+            out["fragments.json"] = MemFile(json.dumps(
+                [fi.rows(f).tolist() for f in range(fi.count)]).encode() + b"\n", env)
+        links: dict[str, Node] = {}
+        for d in L.link_deltas():
+            parts = []
+            for part, src in L.link_parts(d):
+                if src != c and part != "cross":
+                    continue
+                ends, vi = L.link_cell(d, part, src)
+                if part == "cross":  # 0.7 cross-chunk records: keep those whose endpoint 0 is here
+                    keep = (ends[:, 0, :] == np.asarray(c)).all(axis=1)
+                    ends, vi = ends[keep], vi[keep]
+                if len(vi):
+                    parts.append((ends, vi))
+            if parts:
+                ends = np.concatenate([p[0] for p in parts])
+                vi = np.concatenate([p[1] for p in parts])
+                # one row per record: for each endpoint, its chunk coordinates then its local index
+                rec = np.concatenate([ends, vi[:, :, None]], axis=2).reshape(len(vi), -1)
+                links[f"{d}.npy"] = _npy_file(env, rec)
+        if links:
+            out["links"] = StaticDir(links, mtime=env.mtime)
+        return out
+
+    # -- meta.json --------------------------------------------------------------------------------------
+
+    def _meta(self, n: int | None, chunks: Any, infos: dict, deltas: list[str]) -> bytes:
+        L = self.level
+        g = self.group
+        meta: dict[str, Any] = {
+            "format": "zarr_vectors",
+            "layout": g.layout,
+            "zv_version": g.zv_version,
+            "geometry_type": g.geometry,
+            "geometry_types": g.geometry_types,
+            "links_convention": g.links_convention,
+            "level": L.name,
+            "level_attributes": L.meta,
+            "vertex_count": n,
+            "chunk_count": None if isinstance(chunks, Exception) else len(chunks),
+            "dtype": L.dtype.str,
+            "ndim": L.ndim,
+            "axes": [a.get("name") for a in g.space_axes] or None,
+            "units": [a.get("unit") for a in g.space_axes] or None,
+            "chunk_shape": g.zv.get("chunk_shape"),
+            "bounds": g.zv.get("bounds"),
+            "vertex_encoding": L.encoding,
+            "vertex_attributes": {
+                name: {"dtype": i.dtype.str, "shape": [n, *i.row_shape] if n is not None else None,
+                       **({"categories": i.categories} if i.categories is not None else {}),
+                       **({"channel_names": i.channel_names} if i.channel_names else {})}
+                for name, i in infos.items()
+            },
+            "link_deltas": deltas,
+            "link_widths": {},
+            "link_attributes": {},
+            "object_count": None,
+            "object_attributes": L.object_attribute_names(),
+            "group_count": None,
+        }
+        for d in deltas:
+            fam = self._try(f"links/{d}.npy", lambda d=d: L.link_family(d))
+            if not isinstance(fam, Exception):
+                meta["link_widths"][d] = fam.width
+            meta["link_attributes"][d] = L.link_attribute_names(d)
+        ids = self._try("objects", L.object_ids)
+        if not isinstance(ids, Exception):
+            meta["object_count"] = len(ids)
+        if "groups" in L.members:
+            meta["group_count"] = L.attrs("groups").get("num_groups")
+        if L.encoding == "draco":
+            meta["draco"] = {"decoder": "DracoPy", "available": zv.draco_available()}
+            if not zv.draco_available():
+                meta["draco"]["error"] = "DracoPy is not installed: pip install 'zvfs[draco]'"
+            meta["draco"]["note"] = ("Draco keeps only vertices used by intra-chunk faces and "
+                                     "quantizes positions; counts come from decoding")
+        if self.errors:
+            meta["errors"] = self.errors
+        return (json.dumps(meta, indent=1, default=_json_default) + "\n").encode()
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)

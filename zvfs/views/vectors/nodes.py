@@ -1,0 +1,220 @@
+"""Generic nodes for the vectors view: lazily built directories and files.
+
+Everything blocking runs through :func:`zvfs.workers.run_blocking` (one worker
+hop per directory build, per file build or per chunk); results land in the
+mount's shared byte-bounded cache, so built files count against the same
+memory budget as decoded chunks and are rebuilt if evicted.
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import logging
+import stat
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+from zvfs.cache import Cache
+from zvfs.formats.zv import ZVError
+from zvfs.views.node import DirNode, FileNode, Node, NodeError
+from zvfs.workers import run_blocking
+
+log = logging.getLogger("zvfs")
+
+
+class Env:
+    """What every vectors node shares: the cache, mtime, and a log-once set."""
+
+    def __init__(self, cache: Cache, mtime: float, immutable: bool) -> None:
+        self.cache = cache
+        self.mtime = mtime
+        self.immutable = immutable
+        self._logged: set[str] = set()
+
+    def fail(self, what: str, exc: BaseException) -> NodeError:
+        """Log one line naming the key and return the EIO to raise."""
+        msg = f"vectors: {what}: {exc}"
+        if msg not in self._logged:
+            self._logged.add(msg)
+            log.warning("%s", msg)
+        return NodeError(errno.EIO, msg)
+
+    async def blocking(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` in a worker; decoder errors become EIO naming the key."""
+        try:
+            return await run_blocking(fn, *args)
+        except NodeError:
+            raise
+        except (ZVError, ValueError, KeyError, IndexError, OSError) as exc:
+            raise self.fail(what, exc) from exc
+
+    async def cached(self, key: Hashable, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        return await self.cache.get(key, lambda: self.blocking(what, fn, *args))
+
+
+def _entries_size(entries: dict[str, Node]) -> int:
+    return 256 * len(entries) + sum(n.size for n in entries.values() if isinstance(n, MemFile))
+
+
+class _Entries(dict):
+    """A built directory's entries; sized for the cache by the bytes its files hold."""
+
+    @property
+    def nbytes(self) -> int:
+        return _entries_size(self)
+
+
+class BuiltDir(DirNode):
+    """A directory whose entries come from one blocking build, cached (rebuilt if evicted)."""
+
+    def __init__(self, env: Env, key: Hashable, what: str, build: Callable[[], dict[str, Node]]) -> None:
+        self.env = env
+        self.key = key
+        self.what = what
+        self._build = build
+        self.mtime = env.mtime
+
+    async def entries(self) -> dict[str, Node]:
+        return await self.env.cached(self.key, self.what, lambda: _Entries(self._build()))
+
+    async def lookup(self, name: str) -> Node | None:
+        return (await self.entries()).get(name)
+
+    async def children(self) -> Sequence[tuple[str, Node]]:
+        return [(n, c) for n, c in sorted((await self.entries()).items()) if not c.hidden]
+
+
+class ErrorDir(DirNode):
+    """A directory that cannot be read at all (unknown zv_version, unreadable root)."""
+
+    def __init__(self, env: Env, what: str, exc: BaseException) -> None:
+        self.env = env
+        self.what = what
+        self.exc = exc
+        self.mtime = env.mtime
+
+    async def lookup(self, name: str) -> Node | None:
+        raise self.env.fail(self.what, self.exc)
+
+    async def children(self) -> Sequence[tuple[str, Node]]:
+        raise self.env.fail(self.what, self.exc)
+
+
+class MemFile(FileNode):
+    """Small content built together with its directory (held by the cached entries)."""
+
+    def __init__(self, data: bytes, env: Env) -> None:
+        self._data = data
+        self.mtime = env.mtime
+        self.immutable = env.immutable
+
+    @property
+    def size(self) -> int:
+        return len(self._data)
+
+    async def read(self, offset: int, length: int) -> bytes:
+        return self._data[offset : offset + length]
+
+
+class BuiltFile(FileNode):
+    """A file whose size is known up front and whose bytes come from one blocking build."""
+
+    def __init__(self, env: Env, key: Hashable, what: str, size: int, build: Callable[[], bytes]) -> None:
+        self.env = env
+        self.key = key
+        self.what = what
+        self._size = size
+        self._build = build
+        self.mtime = env.mtime
+        self.immutable = env.immutable
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def _checked(self) -> bytes:
+        data = self._build()
+        if len(data) != self._size:
+            raise ZVError(self.what, f"built {len(data)} bytes, expected {self._size}")
+        return data
+
+    async def read(self, offset: int, length: int) -> bytes:
+        if offset >= self._size or length <= 0:
+            return b""
+        data = await self.env.cached(self.key, self.what, self._checked)
+        return data[offset : offset + length]
+
+
+class ErrorFile(FileNode):
+    """Stands in for a file whose size could not be computed: reads fail with EIO."""
+
+    def __init__(self, env: Env, what: str, exc: BaseException) -> None:
+        self.env = env
+        self.what = what
+        self.exc = exc
+        self.mtime = env.mtime
+
+    @property
+    def mode(self) -> int:
+        return stat.S_IFREG | 0o444
+
+    @property
+    def size(self) -> int:
+        return 0
+
+    async def read(self, offset: int, length: int) -> bytes:
+        raise self.env.fail(self.what, self.exc)
+
+
+class RowsFile(FileNode):
+    """A header followed by rows that come chunk by chunk (vertices.npy, attribute .npy).
+
+    ``counts[i]`` rows of ``row_bytes`` each come from ``load(i)`` (blocking, one
+    worker hop and one cache entry per chunk), so a read decodes only the
+    chunks its byte range touches.
+    """
+
+    def __init__(self, env: Env, key: Hashable, what: str, header: bytes, counts: Sequence[int],
+                 row_bytes: int, load: Callable[[int], bytes]) -> None:
+        self.env = env
+        self.key = key
+        self.what = what
+        self.header = header
+        self.row_bytes = row_bytes
+        self.starts = [0]
+        for c in counts:
+            self.starts.append(self.starts[-1] + int(c) * row_bytes)
+        self._load = load
+        self.mtime = env.mtime
+        self.immutable = env.immutable
+
+    @property
+    def size(self) -> int:
+        return len(self.header) + self.starts[-1]
+
+    def _checked(self, i: int) -> bytes:
+        data = self._load(i)
+        want = self.starts[i + 1] - self.starts[i]
+        if len(data) != want:
+            raise ZVError(self.what, f"chunk {i} decoded to {len(data)} bytes, expected {want}")
+        return data
+
+    async def read(self, offset: int, length: int) -> bytes:
+        end = min(self.size, offset + length)
+        if offset >= end:
+            return b""
+        out = []
+        h = len(self.header)
+        if offset < h:
+            out.append(self.header[offset : min(h, end)])
+        lo, hi = max(offset - h, 0), end - h
+        if hi > lo:
+            i = bisect.bisect_right(self.starts, lo) - 1
+            while i < len(self.starts) - 1 and self.starts[i] < hi:
+                s = self.starts[i]
+                if self.starts[i + 1] > s:
+                    data = await self.env.cached((self.key, i), self.what, self._checked, i)
+                    out.append(data[max(lo - s, 0) : hi - s])
+                i += 1
+        return b"".join(out)
