@@ -1,0 +1,435 @@
+"""Shared fixtures: real FUSE mounts, a real S3 server (moto), real Zarr stores.
+
+Nothing here is mocked. A test that needs FUSE, moto or a command-line tool
+fails when it is missing; it never skips. Everything started here is stopped
+by PID, and everything mounted is unmounted, also when a test fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+
+MOUNT_TIMEOUT = 90  # seconds a `zvfs mount` may take before the test fails
+
+
+# --------------------------------------------------------------------------- tools
+
+
+def tool(name: str) -> str:
+    """Absolute path of a command-line tool; fails the test (never skips) when missing.
+
+    Console scripts of this interpreter (zvfs, mount.zvfs, gsutil) come first, so the
+    tests drive the zvfs that is installed from this checkout.
+    """
+    scripts = Path(sysconfig.get_path("scripts"))
+    for candidate in (scripts / name, Path(sys.executable).parent / name):
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which(name)
+    if found is None:
+        pytest.fail(f"required tool {name!r} is not installed; run scripts/setup", pytrace=False)
+    return found
+
+
+def zvfs_cmd() -> list[str]:
+    return [tool("zvfs")]
+
+
+def run(cmd, *, check: bool = False, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    """subprocess.run with text output captured and a timeout."""
+    kw.setdefault("capture_output", True)
+    kw.setdefault("text", True)
+    res = subprocess.run([str(c) for c in cmd], timeout=timeout, **kw)
+    if check and res.returncode != 0:
+        raise AssertionError(
+            f"command failed ({res.returncode}): {' '.join(map(str, cmd))}\n"
+            f"stdout: {res.stdout}\nstderr: {res.stderr}"
+        )
+    return res
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """FUSE must be usable; stop the whole run loudly when it is not (never skip)."""
+    problems = []
+    if not os.path.exists("/dev/fuse"):
+        problems.append("/dev/fuse does not exist (load the fuse module / give the container the device)")
+    if shutil.which("fusermount3") is None:
+        problems.append("fusermount3 is not installed (Debian package fuse3; run scripts/setup)")
+    if problems:
+        pytest.exit("zvfs tests need a working FUSE:\n  " + "\n  ".join(problems), returncode=3)
+
+
+# --------------------------------------------------------------------------- mounts
+
+
+def _unescape_mount_field(s: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), s)
+
+
+def mount_entry(path: os.PathLike | str) -> dict | None:
+    """The /proc/self/mountinfo entry mounted at ``path`` (the last one), or None."""
+    target = os.path.abspath(path)
+    found = None
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            pre, _, post = line.rstrip("\n").partition(" - ")
+            fields = pre.split(" ")
+            mp = _unescape_mount_field(fields[4])
+            if mp != target:
+                continue
+            fstype, source, superopts = (post.split(" ") + ["", "", ""])[:3]
+            found = {
+                "mountpoint": mp,
+                "options": fields[5],
+                "fstype": fstype,
+                "source": _unescape_mount_field(source),
+                "super_options": superopts,
+            }
+    return found
+
+
+def is_mounted(path: os.PathLike | str) -> bool:
+    return mount_entry(path) is not None
+
+
+def wait_until(pred, timeout: float, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(interval)
+    return pred()
+
+
+def daemon_pids(mountpoint: os.PathLike | str) -> list[int]:
+    """PIDs of zvfs processes whose command line names ``mountpoint``."""
+    target = os.path.abspath(mountpoint)
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        args = [a.decode(errors="replace") for a in argv if a]
+        if not any("zvfs" in a for a in args[:3]):
+            continue
+        if any(a == target or a == str(mountpoint) or a.rstrip("/") == target for a in args):
+            pids.append(int(d.name))
+    return pids
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return False
+
+
+def force_unmount(mountpoint: os.PathLike | str) -> None:
+    """Unmount whatever is at ``mountpoint`` and stop its zvfs daemon (by PID)."""
+    mp = os.path.abspath(mountpoint)
+    pids = daemon_pids(mp)
+    if is_mounted(mp):
+        subprocess.run(["fusermount3", "-u", mp], capture_output=True, timeout=30)
+        if not wait_until(lambda: not is_mounted(mp), 5):
+            subprocess.run(["fusermount3", "-uz", mp], capture_output=True, timeout=30)
+        if is_mounted(mp):  # not ours via fusermount (e.g. root mount without helper record)
+            subprocess.run(["umount", "-l", mp], capture_output=True, timeout=30)
+    for pid in pids:
+        if not wait_until(lambda p=pid: not _pid_alive(p), 10):
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    break
+                if wait_until(lambda p=pid: not _pid_alive(p), 5):
+                    break
+
+
+@dataclass
+class Mounted:
+    """A live zvfs mount made by the ``mount`` fixture."""
+
+    path: Path
+    source: str
+    log: Path
+    result: subprocess.CompletedProcess
+
+    def log_text(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __truediv__(self, other: str) -> Path:
+        return self.path / other
+
+
+@dataclass
+class Mounter:
+    """Runs `zvfs mount` and remembers every mountpoint so it can always clean up."""
+
+    base: Path
+    mountpoints: list[Path] = field(default_factory=list)
+    counter: int = 0
+
+    def new_mountpoint(self, name: str = "mnt") -> Path:
+        self.counter += 1
+        mp = self.base / f"{name}{self.counter}"
+        mp.mkdir(parents=True)
+        return mp
+
+    def __call__(
+        self,
+        source: os.PathLike | str,
+        *args: str,
+        mountpoint: os.PathLike | str | None = None,
+        check: bool = True,
+        log_level: str | None = "info",
+        env: dict | None = None,
+        timeout: float = MOUNT_TIMEOUT,
+    ) -> Mounted:
+        mp = Path(mountpoint) if mountpoint is not None else self.new_mountpoint()
+        self.mountpoints.append(mp)
+        log = self.base / f"{mp.name}.log"
+        cmd = [*zvfs_cmd(), "mount", str(source), str(mp), "--log-file", str(log)]
+        if log_level:
+            cmd += ["--log-level", log_level]
+        cmd += list(args)
+        res = run(cmd, timeout=timeout, env=env)
+        m = Mounted(path=mp, source=str(source), log=log, result=res)
+        if check:
+            assert res.returncode == 0, (
+                f"zvfs mount failed ({res.returncode}): {' '.join(cmd)}\n"
+                f"stderr: {res.stderr}\nlog:\n{m.log_text()[-4000:]}"
+            )
+            assert is_mounted(mp), f"zvfs mount returned 0 but {mp} is not mounted"
+        return m
+
+    def cleanup(self) -> None:
+        for mp in reversed(self.mountpoints):
+            force_unmount(mp)
+        self.mountpoints.clear()
+
+
+@pytest.fixture
+def mount(tmp_path_factory) -> Iterator[Mounter]:
+    """Factory: ``m = mount(SOURCE, *options)`` mounts for real; always unmounted at teardown."""
+    mounter = Mounter(tmp_path_factory.mktemp("mounts"))
+    try:
+        yield mounter
+    finally:
+        mounter.cleanup()
+
+
+@pytest.fixture(scope="session")
+def session_mount(tmp_path_factory) -> Iterator[Mounter]:
+    """Like ``mount`` but mounts live for the whole session (read-only checks share them)."""
+    mounter = Mounter(tmp_path_factory.mktemp("session-mounts"))
+    try:
+        yield mounter
+    finally:
+        mounter.cleanup()
+
+
+# --------------------------------------------------------------------------- S3 (moto)
+
+
+@pytest.fixture(scope="session")
+def moto():
+    """A real moto S3 server on 127.0.0.1 (free port), stopped by PID at session end.
+
+    ``moto.endpoint``, ``moto.env`` (dummy credentials, no ~/.aws), ``moto.pid``.
+    """
+    from moto_server import MotoServer
+
+    server = MotoServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def s3_client(endpoint: str):
+    from moto_server import s3_client as _client
+
+    return _client(endpoint)
+
+
+@pytest.fixture(scope="session")
+def s3_env(moto) -> dict:
+    """Environment for a zvfs daemon talking to moto through the standard credential chain."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(moto.env)
+    return env
+
+
+def upload_tree(client, src: Path, bucket: str, prefix: str) -> list[str]:
+    """Upload every file below ``src`` as ``prefix/relative/path``."""
+    from moto_server import upload_tree as _upload
+
+    return _upload(client, bucket, prefix.rstrip("/") + "/" if prefix else "", src)
+
+
+def put_many(client, bucket: str, items: dict[str, bytes]) -> None:
+    from moto_server import put_many as _put_many
+
+    _put_many(client, bucket, items)
+
+
+# --------------------------------------------------------------------------- Zarr stores
+
+SPECIAL_FILES = {
+    "notes with spaces.txt": b"a file whose name has spaces\n",
+    "dir with space/inner file.txt": b"nested, spaced\n",
+    "na\u00efve-\u00fcnicode.txt": "unicode name \u00e9\n".encode(),
+    "empty.bin": b"",
+    "deep/a/b/c/d/leaf.txt": b"deeply nested key\n",
+}
+
+
+def build_zarr_store(root: Path) -> Path:
+    """Write a small Zarr hierarchy with zarr-python 3 into the directory ``root``.
+
+    Groups, v3 arrays (compressed, uncompressed, nested chunk keys), a v2 group, a
+    large (>1 MiB) chunk, a partly written array, and plain files with awkward names.
+    """
+    import zarr
+
+    rng = np.random.default_rng(1234)
+    root.mkdir(parents=True, exist_ok=True)
+    store = zarr.storage.LocalStore(str(root))
+    g = zarr.open_group(store, mode="w", zarr_format=3, attributes={"title": "zvfs sample"})
+    t = g.create_array("temperature", shape=(40, 30), chunks=(16, 16), dtype="float32",
+                       dimension_names=["y", "x"])
+    t[:] = rng.standard_normal((40, 30)).astype("float32")
+    sub = g.create_group("sub").create_group("grp")
+    c = sub.create_array("counts", shape=(100,), chunks=(30,), dtype="int16", compressors=None)
+    c[:] = np.arange(100, dtype="int16")
+    big = g.create_array("big", shape=(2, 600_000), chunks=(1, 600_000), dtype="uint8",
+                         compressors=None)
+    big[:] = rng.integers(0, 255, size=(2, 600_000), dtype="uint8")
+    sparse = g.create_array("sparse", shape=(10, 10), chunks=(5, 5), dtype="int32", fill_value=-1)
+    sparse[0:5, 0:5] = 7  # only one chunk written
+    spaced = g.create_array("array with space", shape=(4,), chunks=(2,), dtype="float64")
+    spaced[:] = [1.5, 2.5, 3.5, 4.5]
+    legacy = zarr.open_group(zarr.storage.LocalStore(str(root / "legacy")), mode="w", zarr_format=2)
+    v2 = legacy.create_array("v2arr", shape=(12, 12), chunks=(5, 5), dtype="<u2",
+                             chunk_key_encoding={"name": "v2", "separator": "."})
+    v2[:] = np.arange(144, dtype="<u2").reshape(12, 12)
+    for rel, data in SPECIAL_FILES.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    return root
+
+
+def store_files(root: Path) -> dict[str, Path]:
+    """Relative key -> path for every regular file under ``root``."""
+    out = {}
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            p = Path(dirpath) / f
+            out[p.relative_to(root).as_posix()] = p
+    return out
+
+
+def zip_with_zarr(src: Path, dest: Path) -> Path:
+    """Copy every key of the directory store ``src`` into a zarr-python ZipStore at ``dest``."""
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.storage import ZipStore
+
+    async def copy() -> None:
+        store = ZipStore(str(dest), mode="w")
+        await store._open()
+        proto = default_buffer_prototype()
+        for key, path in sorted(store_files(src).items()):
+            await store.set(key, proto.buffer.from_bytes(path.read_bytes()))
+        store.close()
+
+    asyncio.run(copy())
+    return dest
+
+
+def zip_with_cmd(src: Path, dest: Path, *flags: str) -> Path:
+    """`cd src && zip -r [flags] dest .` (deflated members and directory entries)."""
+    run([tool("zip"), "-q", "-r", *flags, str(dest), "."], cwd=src, check=True)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def zarr_dir(tmp_path_factory) -> Path:
+    """The sample directory store (the reference every backend is compared with)."""
+    return build_zarr_store(tmp_path_factory.mktemp("stores") / "sample.zarr")
+
+
+@pytest.fixture(scope="session")
+def zarr_zip_zarrpy(zarr_dir, tmp_path_factory) -> Path:
+    p = zip_with_zarr(zarr_dir, tmp_path_factory.mktemp("zips") / "sample-zarrpy.zip")
+    # ZipStore writes no file-type bits in the mode field; the fixture must keep that property
+    with zipfile.ZipFile(p) as zf:
+        assert all((zi.external_attr >> 16) & 0o170000 == 0 for zi in zf.infolist())
+    return p
+
+
+@pytest.fixture(scope="session")
+def zarr_zip_cmd(zarr_dir, tmp_path_factory) -> Path:
+    return zip_with_cmd(zarr_dir, tmp_path_factory.mktemp("zips") / "sample-cmd.zip")
+
+
+@pytest.fixture(scope="session")
+def zarr_zip64(zarr_dir, tmp_path_factory) -> Path:
+    return zip_with_cmd(zarr_dir, tmp_path_factory.mktemp("zips") / "sample-zip64.zip", "-fz")
+
+
+S3_BUCKET = "zarr-sample"
+S3_PREFIX = "stores/sample.zarr"
+
+
+@pytest.fixture(scope="session")
+def zarr_s3(moto, zarr_dir) -> str:
+    """The sample store uploaded to moto; returns its s3:// URL."""
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket=S3_BUCKET)
+    upload_tree(client, zarr_dir, S3_BUCKET, S3_PREFIX)
+    return f"s3://{S3_BUCKET}/{S3_PREFIX}"
+
+
+S3_PUBLIC_BUCKET = "zarr-public"
+
+
+@pytest.fixture(scope="session")
+def zarr_s3_public(moto, zarr_dir) -> str:
+    """The sample store in a bucket whose objects are public-read, for --no-sign-request."""
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket=S3_PUBLIC_BUCKET)
+    for key, path in sorted(store_files(zarr_dir).items()):
+        client.put_object(Bucket=S3_PUBLIC_BUCKET, Key=f"{S3_PREFIX}/{key}",
+                          Body=path.read_bytes(), ACL="public-read")
+    return f"s3://{S3_PUBLIC_BUCKET}/{S3_PREFIX}"

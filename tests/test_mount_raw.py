@@ -1,0 +1,568 @@
+"""The raw tree, mounted for real from every backend, against the source directory.
+
+Backends: the sample directory store itself, a zip of it written by zarr-python's
+ZipStore (stored members, no file-type bits), one written by `zip -r` (deflated,
+with directory entries), one by `zip -r -fz` (zip64), and an S3 copy in moto.
+"""
+
+from __future__ import annotations
+
+import calendar
+import errno
+import os
+import stat
+import subprocess
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import (
+    S3_BUCKET,
+    S3_PREFIX,
+    Mounted,
+    mount_entry,
+    put_many,
+    run,
+    s3_client,
+    store_files,
+    tool,
+    wait_until,
+)
+
+BACKENDS = ["dir", "zip-zarrpy", "zip-cmd", "zip64", "s3"]
+
+
+@dataclass
+class Backend:
+    name: str
+    source: str
+    ref: Path  # the directory store the mount must equal
+    mnt: Mounted
+    endpoint: str | None = None  # S3 only
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def backend(request, session_mount, zarr_dir) -> Backend:
+    """One live mount per backend, shared by the read-only checks below."""
+    name = request.param
+    env = None
+    endpoint = None
+    extra: list[str] = []
+    if name == "dir":
+        source = str(zarr_dir)
+    elif name == "zip-zarrpy":
+        source = str(request.getfixturevalue("zarr_zip_zarrpy"))
+    elif name == "zip-cmd":
+        source = str(request.getfixturevalue("zarr_zip_cmd"))
+    elif name == "zip64":
+        source = str(request.getfixturevalue("zarr_zip64"))
+    else:
+        source = request.getfixturevalue("zarr_s3")
+        moto = request.getfixturevalue("moto")
+        env = request.getfixturevalue("s3_env")
+        endpoint = moto.endpoint
+        extra = ["--endpoint-url", endpoint]
+    m = session_mount(source, *extra, env=env)
+    return Backend(name=name, source=source, ref=zarr_dir, mnt=m, endpoint=endpoint)
+
+
+def walk(root: Path) -> tuple[set[str], dict[str, int]]:
+    """(directories, {file: size}) below ``root``, relative, without following links."""
+    dirs: set[str] = set()
+    files: dict[str, int] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = Path(dirpath).relative_to(root)
+        for d in dirnames:
+            dirs.add((rel / d).as_posix())
+        for f in filenames:
+            files[(rel / f).as_posix()] = os.lstat(Path(dirpath) / f).st_size
+    return dirs, files
+
+
+def assert_same_tree(ref: Path, other: Path) -> None:
+    res = run(["diff", "-r", ref, other])
+    assert res.returncode == 0 and res.stdout == "", f"diff -r {ref} {other}:\n{res.stdout}{res.stderr}"
+    ref_dirs, ref_files = walk(ref)
+    dirs, files = walk(other)
+    assert dirs == ref_dirs
+    assert files == ref_files
+
+
+# --------------------------------------------------------------------------- content
+
+
+def test_walk_gives_same_paths_sizes_bytes(backend: Backend) -> None:
+    ref_dirs, ref_files = walk(backend.ref)
+    dirs, files = walk(backend.mnt.path)
+    assert dirs == ref_dirs
+    assert files == ref_files
+    for rel in ref_files:
+        p = backend.mnt.path / rel
+        st = os.stat(p)
+        assert stat.S_ISREG(st.st_mode), rel
+        assert p.read_bytes() == (backend.ref / rel).read_bytes(), rel
+    for rel in ref_dirs:
+        assert stat.S_ISDIR(os.stat(backend.mnt.path / rel).st_mode), rel
+
+
+def test_ranged_reads_of_a_large_file(backend: Backend) -> None:
+    """pread at odd offsets across the 1 MiB max_read boundary returns the exact bytes."""
+    rel = "big/c/1/0"
+    want = (backend.ref / rel).read_bytes()
+    assert len(want) == 600_000
+    rng = np.random.default_rng(7)
+    fd = os.open(backend.mnt.path / rel, os.O_RDONLY)
+    try:
+        for _ in range(30):
+            off = int(rng.integers(0, len(want) + 10))
+            n = int(rng.integers(0, 300_000))
+            assert os.pread(fd, n, off) == want[off : off + n], (off, n)
+        assert os.pread(fd, 10, len(want)) == b""
+        assert os.pread(fd, 2 << 20, 0) == want
+    finally:
+        os.close(fd)
+
+
+def test_diff_r_is_empty(backend: Backend) -> None:
+    res = run(["diff", "-r", backend.ref, backend.mnt.path])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout == ""
+    res = run(["diff", "-r", backend.mnt.path, backend.ref])
+    assert res.returncode == 0 and res.stdout == "", res.stdout + res.stderr
+
+
+def test_cp_r_copies_faithfully(backend: Backend, tmp_path: Path) -> None:
+    dest = tmp_path / "copy"
+    run([tool("cp"), "-r", backend.mnt.path, dest], check=True)
+    assert_same_tree(backend.ref, dest)
+    assert not (dest / ".zvfs").exists()
+
+
+def test_rsync_a_copies_faithfully(backend: Backend, tmp_path: Path) -> None:
+    dest = tmp_path / "rsync"
+    run([tool("rsync"), "-a", f"{backend.mnt.path}/", f"{dest}/"], check=True)
+    assert_same_tree(backend.ref, dest)
+    assert not (dest / ".zvfs").exists()
+    # rsync -a keeps mtimes: the copy carries the store's times
+    for rel in store_files(dest):
+        assert int(os.stat(dest / rel).st_mtime) == int(os.stat(backend.mnt.path / rel).st_mtime)
+
+
+def test_gsutil_rsync_copies_faithfully(backend: Backend, tmp_path: Path) -> None:
+    boto_cfg = tmp_path / "boto.cfg"
+    boto_cfg.write_text("")
+    dest = tmp_path / "gsutil"
+    dest.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BOTO", "GOOGLE", "CLOUDSDK"))}
+    env.update(BOTO_CONFIG=str(boto_cfg), HOME=str(tmp_path), NO_PROXY="*", no_proxy="*")
+    res = run([tool("gsutil"), "-q", "rsync", "-r", backend.mnt.path, dest], env=env, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert_same_tree(backend.ref, dest)
+    assert not (dest / ".zvfs").exists()
+
+
+# --------------------------------------------------------------------------- .zvfs
+
+
+def test_dot_zvfs_hidden_but_opens(backend: Backend) -> None:
+    mnt = backend.mnt.path
+    assert ".zvfs" not in os.listdir(mnt)
+    res = run(["ls", "-a", mnt], check=True)
+    assert ".zvfs" not in res.stdout.split("\n")
+    assert stat.S_ISDIR(os.stat(mnt / ".zvfs").st_mode)
+    res = run(["ls", mnt / ".zvfs"])
+    assert res.returncode == 0, res.stderr
+    os.listdir(mnt / ".zvfs")
+    # and it is not copied by find either
+    res = run(["find", mnt], check=True)
+    assert "/.zvfs" not in res.stdout
+
+
+def test_ls_a_lists_dot_and_dotdot(backend: Backend) -> None:
+    """readdir returns '.' and '..' like every POSIX file system (ls -a, some old tools)."""
+    names = run(["ls", "-a", backend.mnt.path / "sub"], check=True).stdout.split("\n")
+    assert "." in names and ".." in names, names
+
+
+# --------------------------------------------------------------------------- read-only
+
+
+def test_writes_fail_with_erofs(backend: Backend) -> None:
+    mnt = backend.mnt.path
+    existing = mnt / "notes with spaces.txt"
+    before = existing.read_bytes()
+
+    def erofs(fn, *args):
+        with pytest.raises(OSError) as ei:
+            fn(*args)
+        assert ei.value.errno == errno.EROFS, (fn, args, ei.value)
+
+    erofs(lambda: open(mnt / "new-file", "w"))
+    erofs(lambda: open(existing, "w"))
+    erofs(lambda: open(existing, "a"))
+    erofs(lambda: open(existing, "r+b"))
+    erofs(os.mkdir, mnt / "newdir")
+    erofs(os.mkdir, mnt / "sub" / "newdir")
+    erofs(os.unlink, existing)
+    erofs(os.rmdir, mnt / "deep" / "a" / "b" / "c" / "d")
+    erofs(os.rename, existing, mnt / "renamed")
+    erofs(os.chmod, existing, 0o777)
+    erofs(os.symlink, "x", mnt / "link")
+    erofs(os.truncate, existing, 0)
+    erofs(os.utime, existing, (0, 0))
+    for cmd in (["touch", mnt / "touched"], ["mkdir", mnt / "made"],
+                ["sh", "-c", f"echo hello > '{existing}'"], ["touch", existing]):
+        res = run(cmd)
+        assert res.returncode != 0, cmd
+        assert "Read-only file system" in res.stderr, (cmd, res.stderr)
+    assert existing.read_bytes() == before
+    assert not (mnt / "touched").exists() and not (mnt / "made").exists()
+
+
+# --------------------------------------------------------------------------- attributes
+
+
+def _store_mtimes(backend: Backend) -> dict[str, list[float]]:
+    """Acceptable mtimes per key, as the store reports them."""
+    files = store_files(backend.ref)
+    if backend.name == "dir":
+        return {k: [os.stat(p).st_mtime] for k, p in files.items()}
+    if backend.name == "s3":
+        client = s3_client(backend.endpoint)
+        out = {}
+        for k in files:
+            head = client.head_object(Bucket=S3_BUCKET, Key=f"{S3_PREFIX}/{k}")
+            out[k] = [head["LastModified"].timestamp()]
+        return out
+    # zip: the DOS date/time (local time) or the exact Unix time of the 'UT' extra field
+    out = {}
+    with zipfile.ZipFile(backend.source) as zf:
+        for zi in zf.infolist():
+            if zi.is_dir():
+                continue
+            name = zi.filename[2:] if zi.filename.startswith("./") else zi.filename
+            if not zi.flag_bits & 0x800:  # Info-ZIP writes UTF-8 names without the flag
+                try:
+                    name = name.encode("cp437").decode("utf-8")
+                except UnicodeError:
+                    pass
+            cands = [time.mktime((*zi.date_time, 0, 0, -1)), calendar.timegm((*zi.date_time, 0, 0, 0))]
+            extra = zi.extra
+            while len(extra) >= 4:
+                tag, size = int.from_bytes(extra[:2], "little"), int.from_bytes(extra[2:4], "little")
+                body = extra[4 : 4 + size]
+                if tag == 0x5455 and len(body) >= 5 and body[0] & 1:
+                    cands.append(float(int.from_bytes(body[1:5], "little")))
+                extra = extra[4 + size :]
+            out[name] = cands
+    return out
+
+
+def test_mtime_is_the_stores(backend: Backend) -> None:
+    want = _store_mtimes(backend)
+    assert set(want) == set(store_files(backend.ref))
+    tol = 1.0 if backend.name == "s3" else (2.0 if backend.name.startswith("zip") else 0.001)
+    for key, cands in want.items():
+        got = os.stat(backend.mnt.path / key).st_mtime
+        assert any(abs(got - c) <= tol for c in cands), (key, got, cands)
+
+
+def test_inodes_are_stable(backend: Backend) -> None:
+    mnt = backend.mnt.path
+    paths = [mnt / k for k in sorted(store_files(backend.ref))]
+    paths += [mnt / "sub", mnt / "sub" / "grp", mnt / "deep" / "a", mnt / ".zvfs"]
+    first = {p: os.stat(p).st_ino for p in paths}
+    assert len(set(first.values())) == len(first), "two paths share an inode"
+    os.listdir(mnt)
+    for p in paths:
+        assert os.stat(p).st_ino == first[p], p
+        assert os.lstat(p).st_ino == first[p], p
+    # inode numbers seen through readdir agree with stat
+    with os.scandir(mnt / "sub" / "grp" / "counts" / "c") as it:
+        for entry in it:
+            assert entry.inode() == os.stat(entry.path).st_ino, entry.path
+    # after the kernel forgets the inodes (drop caches when we may), numbers do not change
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("2\n")
+    except OSError:
+        pass
+    for p in paths:
+        assert os.stat(p).st_ino == first[p], p
+
+
+def test_proc_mounts_names_zvfs(backend: Backend) -> None:
+    entry = mount_entry(backend.mnt.path)
+    assert entry is not None
+    assert entry["fstype"] == "fuse.zvfs", entry
+    assert entry["source"].startswith("zvfs:"), entry
+    assert "ro" in entry["options"].split(","), entry
+
+
+def test_stat_sizes_without_reading(backend: Backend) -> None:
+    """st_size, st_nlink, st_blocks and modes are sane for files and directories."""
+    for rel, path in store_files(backend.ref).items():
+        st = os.stat(backend.mnt.path / rel)
+        assert st.st_size == os.stat(path).st_size
+        assert st.st_mode & 0o777 == 0o444
+        assert st.st_blocks * 512 >= st.st_size
+    st = os.stat(backend.mnt.path / "sub")
+    assert stat.S_ISDIR(st.st_mode) and st.st_mode & 0o555 == 0o555
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def test_source_forms(zarr_dir, zarr_zip_cmd, zarr_s3, zarr_s3_public, moto, s3_env, mount) -> None:
+    """The NCZarr URL forms and -o key=value mount the same tree."""
+    forms = [
+        (f"file://{zarr_dir}#mode=zarr,file", [], None),
+        (f"file://{zarr_zip_cmd}#mode=nczarr,zip", [], None),
+        (f"https://s3.us-east-1.amazonaws.com/{S3_BUCKET}/{S3_PREFIX}", ["--endpoint-url", moto.endpoint], s3_env),
+        (f"https://{S3_BUCKET}.s3.us-east-1.amazonaws.com/{S3_PREFIX}#aws.region=us-east-1",
+         ["--endpoint-url", moto.endpoint], s3_env),
+        (f"s3://{S3_BUCKET}/{S3_PREFIX}", ["-o", f"endpoint_url={moto.endpoint},metadata_ttl=30,region=us-east-1"], s3_env),
+        (zarr_s3_public, ["-o", f"endpoint_url={moto.endpoint}", "-o", "no_sign_request"], None),
+        (zarr_s3_public, ["--endpoint-url", moto.endpoint, "--no-sign-request"], None),
+    ]
+    for source, args, env in forms:
+        m = mount(source, *args, env=env)
+        res = run(["diff", "-r", zarr_dir, m.path])
+        assert res.returncode == 0 and res.stdout == "", (source, res.stdout, res.stderr)
+        run([tool("zvfs"), "unmount", m.path], check=True)
+        assert wait_until(lambda p=m.path: mount_entry(p) is None, 10)
+
+
+def test_s3_bucket_root_and_prefix_without_slash(zarr_s3, zarr_dir, moto, s3_env, mount) -> None:
+    m = mount(f"s3://{S3_BUCKET}", "--endpoint-url", moto.endpoint, env=s3_env)
+    assert os.listdir(m.path) == ["stores"]
+    assert run(["diff", "-r", zarr_dir, m.path / S3_PREFIX]).returncode == 0
+    m2 = mount(f"s3://{S3_BUCKET}/{S3_PREFIX}/", "--endpoint-url", moto.endpoint, env=s3_env)
+    assert run(["diff", "-r", zarr_dir, m2.path]).returncode == 0
+
+
+# --------------------------------------------------------------------------- scale
+
+
+def test_s3_more_than_1000_keys_in_one_directory(moto, s3_env, mount) -> None:
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket="many-keys")
+    items = {f"store/c/{i:05d}": f"chunk {i}\n".encode() for i in range(2500)}
+    items["store/zarr.json"] = b"{}"
+    items["store/d/zz"] = b"after"
+    put_many(client, "many-keys", items)
+    m = mount("s3://many-keys/store", "--endpoint-url", moto.endpoint, env=s3_env)
+    names = os.listdir(m.path / "c")
+    assert len(names) == 2500
+    assert sorted(names) == [f"{i:05d}" for i in range(2500)]
+    assert sorted(os.listdir(m.path)) == ["c", "d", "zarr.json"]
+    for i in (0, 999, 1000, 1001, 2499):
+        assert (m.path / "c" / f"{i:05d}").read_bytes() == f"chunk {i}\n".encode()
+    res = run(["sh", "-c", f"ls '{m.path}/c' | wc -l"], check=True)
+    assert res.stdout.strip() == "2500"
+
+
+def test_directory_store_with_10000_keys(tmp_path, mount) -> None:
+    import zarr
+
+    root = tmp_path / "ten-thousand.zarr"
+    a = zarr.create_array(zarr.storage.LocalStore(str(root)), shape=(10_000,), chunks=(1,),
+                          dtype="uint8", fill_value=0, compressors=None)
+    a[:] = (np.arange(10_000) % 250 + 1).astype("uint8")
+    src_count = sum(len(f) for _, _, f in os.walk(root))
+    assert src_count == 10_001
+    m = mount(root)
+    res = run(["sh", "-c", f"find '{m.path}' -type f | wc -l"], check=True, timeout=300)
+    assert int(res.stdout.strip()) == src_count
+    assert len(os.listdir(m.path / "c")) == 10_000
+    assert (m.path / "c" / "9999").read_bytes() == bytes([9999 % 250 + 1])
+    res = run(["diff", "-r", root, m.path], timeout=300)
+    assert res.returncode == 0 and res.stdout == ""
+
+
+# --------------------------------------------------------------------------- odd keys
+
+
+BAD_S3_KEYS = ["a//b", "a/../b", "a/./c", "/leading", "e/..", "f/./g/h"]
+
+
+def test_s3_invalid_keys_are_skipped_and_logged(moto, s3_env, mount) -> None:
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket="odd-keys")
+    good = {"good/file.txt": b"good\n", "x": b"plain key x\n", "x/y": b"under x\n", "top.txt": b"top\n"}
+    for k, v in good.items():
+        client.put_object(Bucket="odd-keys", Key=k, Body=v)
+    for k in BAD_S3_KEYS:
+        client.put_object(Bucket="odd-keys", Key=k, Body=b"bad " + k.encode())
+    client.put_object(Bucket="odd-keys", Key="marker/", Body=b"")  # console-style folder marker
+    stored = {o["Key"] for o in client.list_objects_v2(Bucket="odd-keys")["Contents"]}
+    assert set(BAD_S3_KEYS) <= stored, f"moto did not keep the keys literally: {sorted(stored)}"
+
+    m = mount("s3://odd-keys", "--endpoint-url", moto.endpoint, env=s3_env, log_level=None)
+    dirs, files = walk(m.path)
+    assert set(files) == {"good/file.txt", "x/y", "top.txt"}, files
+    assert dirs <= {"good", "x", "a", "e", "f", "f/g", "marker"}, dirs
+    # key-vs-prefix collision: the directory wins
+    assert stat.S_ISDIR(os.stat(m.path / "x").st_mode)
+    assert (m.path / "x" / "y").read_bytes() == b"under x\n"
+    assert os.listdir(m.path / "marker") == []
+    for bad in ("..", ".", ""):
+        for parent in ("a", "e", "f"):
+            if (m.path / parent).is_dir():
+                assert bad not in os.listdir(m.path / parent)
+    # the daemon keeps working
+    assert (m.path / "good" / "file.txt").read_bytes() == b"good\n"
+    assert (m.path / "top.txt").read_bytes() == b"top\n"
+    # skipped keys are logged (at the default level), one line each, naming the key (in full,
+    # or up to the segment that makes it unusable)
+    log = m.log_text()
+    for key, cut in (("a//b", "a/"), ("a/../b", "a/.."), ("a/./c", "a/."), ("e/..", "e/.."),
+                     ("f/./g/h", "f/."), ("/leading", "")):
+        forms = {key, cut, cut + "/"}
+        lines = [ln for ln in log.splitlines() if any(f"'{f}'" in ln or f'"{f}"' in ln for f in forms)]
+        assert len(lines) == 1, f"expected one log line naming {key!r}, got {lines}\nlog:\n{log}"
+    x_lines = [ln for ln in log.splitlines() if "'x'" in ln]
+    os.listdir(m.path)
+    os.stat(m.path / "x")
+    assert len(x_lines) == 1, log
+    assert len([ln for ln in m.log_text().splitlines() if "'x'" in ln]) == 1
+
+
+def test_zip_invalid_names_and_collisions(tmp_path, mount) -> None:
+    z = tmp_path / "odd.zip"
+    with zipfile.ZipFile(z, "w") as zf:
+        for name in ["ok.txt", "a/../evil.txt", "b//c.txt", "/abs.txt", "d/./e.txt", "x", "x/y"]:
+            zf.writestr(name, f"content of {name}\n")
+    m = mount(z, log_level=None)
+    dirs, files = walk(m.path)
+    assert set(files) == {"ok.txt", "x/y"}, files
+    assert dirs <= {"a", "b", "d", "x"}, dirs
+    assert stat.S_ISDIR(os.stat(m.path / "x").st_mode)
+    assert (m.path / "x" / "y").read_bytes() == b"content of x/y\n"
+    assert (m.path / "ok.txt").read_bytes() == b"content of ok.txt\n"
+    for name in ("evil.txt", "abs.txt", "c.txt", "e.txt"):
+        assert name not in files
+    log = m.log_text()
+    assert "a/.." in log, log
+    assert "'x'" in log, log
+
+
+# --------------------------------------------------------------------------- lifecycle
+
+
+def test_zvfs_unmount_unmounts_and_daemon_exits(zarr_dir, mount) -> None:
+    from conftest import daemon_pids
+
+    m = mount(zarr_dir)
+    pids = daemon_pids(m.path)
+    assert pids, "no zvfs daemon process found for the mount"
+    res = run([tool("zvfs"), "unmount", m.path])
+    assert res.returncode == 0, res.stderr
+    assert mount_entry(m.path) is None
+    from conftest import _pid_alive
+
+    assert wait_until(lambda: not any(_pid_alive(p) for p in pids), 15), "daemon still running"
+    res = run([tool("zvfs"), "unmount", m.path])
+    assert res.returncode != 0 and "not mounted" in res.stderr
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_signal_to_foreground_mount_unmounts_cleanly(sig, zarr_dir, tmp_path) -> None:
+    import signal
+
+    mnt = tmp_path / "fg"
+    mnt.mkdir()
+    log = tmp_path / "fg.log"
+    proc = subprocess.Popen([tool("zvfs"), "mount", "-f", zarr_dir, mnt, "--log-file", log],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: mount_entry(mnt) is not None or proc.poll() is not None, 60)
+        assert proc.poll() is None, proc.communicate()
+        assert wait_until(lambda: "zarr.json" in os.listdir(mnt), 30)
+        proc.send_signal(getattr(signal, sig))
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, (proc.returncode, err)
+        assert mount_entry(mnt) is None
+        assert os.listdir(mnt) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        if mount_entry(mnt) is not None:
+            subprocess.run(["fusermount3", "-uz", str(mnt)], capture_output=True)
+
+
+def test_sigterm_to_daemon_unmounts_cleanly(zarr_dir, mount) -> None:
+    import signal
+
+    from conftest import _pid_alive, daemon_pids
+
+    m = mount(zarr_dir)
+    pids = daemon_pids(m.path)
+    assert len(pids) == 1, pids
+    os.kill(pids[0], signal.SIGTERM)
+    assert wait_until(lambda: not _pid_alive(pids[0]), 20), "daemon did not exit on SIGTERM"
+    assert mount_entry(m.path) is None
+
+
+# --------------------------------------------------------------------------- mount(8)
+
+
+def _mount8_env() -> dict:
+    return {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+
+
+def test_mount8_with_fstab_line(zarr_dir, tmp_path) -> None:
+    helper = Path("/sbin/mount.zvfs")
+    assert helper.exists() and os.access(helper, os.X_OK), "/sbin/mount.zvfs missing: run scripts/setup as root"
+    mnt = tmp_path / "fstab-mnt"
+    mnt.mkdir()
+    log = tmp_path / "mount8.log"
+    fstab = tmp_path / "fstab"
+    fstab.write_text(
+        "# test fstab\n"
+        f"{zarr_dir} {mnt} zvfs ro,_netdev,noauto,metadata_ttl=30,log_file={log},log_level=info 0 0\n"
+    )
+    try:
+        res = run(["mount", "-T", fstab, mnt], env=_mount8_env(), timeout=120)
+        assert res.returncode == 0, res.stderr
+        entry = mount_entry(mnt)
+        assert entry is not None and entry["fstype"] == "fuse.zvfs", entry
+        res = run(["diff", "-r", zarr_dir, mnt])
+        assert res.returncode == 0 and res.stdout == "", res.stdout
+        assert ".zvfs" not in os.listdir(mnt)
+        res = run(["umount", mnt])
+        assert res.returncode == 0, res.stderr
+        assert wait_until(lambda: mount_entry(mnt) is None, 10)
+    finally:
+        from conftest import force_unmount
+
+        force_unmount(mnt)
+
+
+def test_mount8_s3_with_options(zarr_s3_public, zarr_dir, moto, tmp_path) -> None:
+    """mount -t zvfs with S3 options in -o (endpoint_url, no_sign_request): no credentials at all."""
+    mnt = tmp_path / "mount8-s3"
+    mnt.mkdir()
+    fstab = tmp_path / "fstab"
+    fstab.write_text(f"{zarr_s3_public} {mnt} zvfs endpoint_url={moto.endpoint},no_sign_request,region=us-east-1 0 0\n")
+    try:
+        res = run(["mount", "-T", fstab, mnt], env=_mount8_env(), timeout=120)
+        assert res.returncode == 0, res.stderr
+        res = run(["diff", "-r", zarr_dir, mnt])
+        assert res.returncode == 0 and res.stdout == "", res.stdout
+        res = run(["umount", mnt])
+        assert res.returncode == 0, res.stderr
+        # the same with mount -t and -o on the command line
+        res = run(["mount", "-t", "zvfs", zarr_s3_public, mnt, "-o",
+                   f"endpoint_url={moto.endpoint},no_sign_request"], env=_mount8_env(), timeout=120)
+        assert res.returncode == 0, res.stderr
+        assert mount_entry(mnt)["fstype"] == "fuse.zvfs"
+        assert run(["diff", "-r", zarr_dir, mnt]).returncode == 0
+        assert run(["umount", mnt]).returncode == 0
+    finally:
+        from conftest import force_unmount
+
+        force_unmount(mnt)
