@@ -185,6 +185,7 @@ def test_shard_index_is_cached() -> None:
     arr.read_chunk((0, 1))
     ranged = [c for c in rec.calls if c[0] == "get_range"]
     assert len(ranged) == 3  # one index, two inner chunks
+    assert len([c for c in rec.calls if c[0] == "info"]) == 1  # the shard size, once
 
 
 def test_sharded_meta_reports_inner_chunks_and_missing() -> None:

@@ -173,7 +173,10 @@ class Reader:
         self.levels, self.leaf = sharding_levels(self.pipeline)
         self.outer = outer
         self._lock = threading.Lock()
-        self._indexes: OrderedDict[tuple[str, int, int], np.ndarray] = OrderedDict()
+        # (key, level, start) -> (decoded index, byte length of that shard or None)
+        self._indexes: OrderedDict[tuple[str, int, int], tuple[np.ndarray, int | None]] = (
+            OrderedDict()
+        )
 
     def _position(self, idx: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(outer grid index, element offset inside that stored chunk) of unit chunk ``idx``."""
@@ -188,23 +191,27 @@ class Reader:
 
     def _index(
         self, key: str, level: int, codec: ShardingCodec, start: int, length: int | None
-    ) -> np.ndarray:
+    ) -> tuple[np.ndarray, int | None]:
+        """Decoded index of the shard at ``start`` (and its length), cached: one ranged
+        read (plus one size lookup for an index at the end) per shard, not per chunk."""
         cache_key = (key, level, start)
         with self._lock:
             hit = self._indexes.get(cache_key)
             if hit is not None:
                 self._indexes.move_to_end(cache_key)
                 return hit
+        if length is None and codec.index_location == "end":
+            length = self.store.info(key).size
         istart, ilen = codec.index_range(length)
         raw = self.store.get_range(key, start + istart, ilen)
         if len(raw) != ilen:
             raise CodecError(f"shard index truncated ({len(raw)} of {ilen} bytes)")
         index = codec.decode_index(raw)
         with self._lock:
-            self._indexes[cache_key] = index
+            self._indexes[cache_key] = (index, length)
             while len(self._indexes) > self.INDEX_CACHE:
                 self._indexes.popitem(last=False)
-        return index
+        return index, length
 
     def _locate(self, idx: tuple[int, ...]) -> tuple[str, int, int | None] | None:
         """(key, start, length) of the encoded unit chunk; None if it was never written."""
@@ -213,10 +220,8 @@ class Reader:
         start, length = 0, None
         if not self.levels:
             return key, 0, None
-        if self.levels[0].index_location == "end":
-            length = self.store.info(key).size
         for level, codec in enumerate(self.levels):
-            index = self._index(key, level, codec, start, length)
+            index, length = self._index(key, level, codec, start, length)
             local = codec.inner_index(rel)
             where = codec.locate(index, local, length)
             if where is None:
