@@ -59,6 +59,9 @@ class Store(ABC):
     #: preferred read unit in bytes for raw files: 0 reads exactly what is asked (local
     #: files); remote or compressed stores set a block size so one request serves many reads
     block_size: int = 0
+    #: True when one flat listing of many keys is much cheaper than a listing per
+    #: directory (S3: 1,000 keys per request whatever the nesting)
+    flat_listing: bool = False
 
     @abstractmethod
     def get(self, key: str) -> bytes:
@@ -83,6 +86,14 @@ class Store(ABC):
             yield prefix + name
         for name in sorted(listing.prefixes):
             yield from self.list_prefix(prefix + name + "/")
+
+    def list_tree(self, prefix: str) -> Iterator[tuple[str, KeyInfo]]:
+        """Every key below ``prefix`` with its info, unfiltered. Default walks list_dir."""
+        listing = self.list_dir(prefix)
+        for name in sorted(listing.keys):
+            yield prefix + name, listing.keys[name]
+        for name in sorted(listing.prefixes):
+            yield from self.list_tree(prefix + name + "/")
 
     def exists(self, key: str) -> bool:
         try:

@@ -16,6 +16,7 @@ class CountingStore(Store):
         self.counters = counters
         self.description = inner.description
         self.block_size = inner.block_size
+        self.flat_listing = inner.flat_listing
 
     def get(self, key: str) -> bytes:
         self.counters.add("store_requests")
@@ -40,6 +41,10 @@ class CountingStore(Store):
     def list_prefix(self, prefix: str) -> Iterator[str]:
         self.counters.add("store_list_requests")
         return self.inner.list_prefix(prefix)
+
+    def list_tree(self, prefix: str) -> Iterator[tuple[str, KeyInfo]]:
+        self.counters.add("store_list_requests")
+        return self.inner.list_tree(prefix)
 
     def close(self) -> None:
         self.inner.close()

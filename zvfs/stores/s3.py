@@ -72,6 +72,7 @@ class S3Store(Store):
         self.block_size = block_size  # one GET serves many FUSE reads of the raw view
         self.description = f"s3://{bucket}/{prefix.rstrip('/')}" if prefix else f"s3://{bucket}"
         self._skipped = LogOnce(log)
+        self.flat_listing = True
         try:
             session = boto3.session.Session(profile_name=profile)
         except bce.ProfileNotFound:
@@ -209,6 +210,15 @@ class S3Store(Store):
                 key = obj["Key"][skip:]
                 if not key.endswith("/") and is_safe_key(key):
                     yield key
+
+    def list_tree(self, prefix: str) -> Iterator[tuple[str, KeyInfo]]:
+        """Every key below ``prefix`` with size and mtime, from one flat paginated listing."""
+        if prefix:
+            check_prefix(prefix)
+        skip = len(self.prefix)
+        for page in self._pages(prefix, Prefix=self.prefix + prefix):
+            for obj in page.get("Contents", ()):
+                yield obj["Key"][skip:], KeyInfo(int(obj["Size"]), obj["LastModified"].timestamp())
 
     def close(self) -> None:
         self._client.close()

@@ -12,6 +12,7 @@ import errno
 import logging
 from collections.abc import Sequence
 
+from zvfs.cache.tree import build_tree_index
 from zvfs.stores.base import KeyInfo, KeyNotFound, Listing, StoreError
 from zvfs.stores.keys import bad_segment
 from zvfs.views.context import MountContext
@@ -20,6 +21,9 @@ from zvfs.views.readahead import ReadAhead
 from zvfs.workers import gather, run_blocking
 
 log = logging.getLogger("zvfs")
+
+#: stores (with cheap flat listings) of up to this many keys are listed in one pass
+TREE_INDEX_LIMIT = 200_000
 
 
 class RawFile(FileNode):
@@ -94,12 +98,24 @@ class RawDir(DirNode):
         self.mtime = ctx.mount_time
 
     async def _listing(self) -> Listing:
+        store = self.ctx.store
+
         async def load() -> Listing:
             try:
-                return await run_blocking(self.ctx.store.list_dir, self.prefix)
+                return await run_blocking(store.list_dir, self.prefix)
             except StoreError as exc:
                 raise NodeError(errno.EIO, f"listing {self.prefix or '/'}: {exc}") from exc
 
+        async def load_tree() -> dict[str, Listing] | bool:
+            try:
+                return await run_blocking(build_tree_index, store, TREE_INDEX_LIMIT) or False
+            except StoreError as exc:
+                raise NodeError(errno.EIO, f"listing /: {exc}") from exc
+
+        if store.flat_listing:
+            tree = await self.ctx.listings.get(("tree",), load_tree)
+            if tree is not False:
+                return tree.get(self.prefix) or Listing()
         return await self.ctx.listings.get(self.prefix, load)
 
     def _usable(self, name: str, listing: Listing) -> bool:
