@@ -218,9 +218,14 @@ class LevelTree:
         faces = zv.mesh_faces(L) if geom == "mesh" else None
         attr_names = set(L.vertex_attribute_names())
         for oid, blocks in sorted(manifests.items()):
-            rows = L.object_rows(blocks, offsets, oid)
-            n = len(rows)
             base = f"{self.what}/objects/{oid}"
+            rows = self._try(f"objects/{oid}", lambda oid=oid, blocks=blocks: L.object_rows(blocks, offsets, oid))
+            if isinstance(rows, Exception):  # one bad manifest fails that object's files only
+                for ext in (".npy", ".swc" if tree else "", ".ply" if faces is not None else ""):
+                    if ext:
+                        out[f"{oid}{ext}"] = ErrorFile(env, base + ext, rows)
+                continue
+            n = len(rows)
             out[f"{oid}.npy"] = BuiltFile(
                 env, (self.key, "obj", oid), base + ".npy", enc.npy_size(L.dtype, (n, L.ndim)),
                 lambda oid=oid, blocks=blocks: enc.npy_bytes(zv.object_vertices(L, oid, blocks)))
