@@ -131,7 +131,10 @@ def test_discover_never_lists_array_directories(sname: str) -> None:
     listed = [k for op, k, _ in rec.calls if op == "list_dir"]
     for prefix in listed:
         for path in h.arrays:
-            assert not (prefix + "/").startswith(path + "/") or prefix == "" and path == "", (prefix, path)
+            assert not (prefix + "/").startswith(path + "/") or prefix == "" and path == "", (
+                prefix,
+                path,
+            )
     if MANIFEST["stores"][sname].get("consolidated"):
         assert h.consolidated and listed == [""]
 
@@ -141,7 +144,10 @@ def test_open_array_without_discovery() -> None:
         for path, info in store["arrays"].items():
             if "ref" in info and "error" not in info:
                 arr = open_array(store_of(sname), path)
-                assert arr.meta == hierarchy_of(sname).arrays[path] or arr.meta.format == info["format"]
+                assert (
+                    arr.meta == hierarchy_of(sname).arrays[path]
+                    or arr.meta.format == info["format"]
+                )
     with pytest.raises(FormatError):
         open_array(store_of("zarr3_v3.zarr"), "no/such/array")
 
@@ -194,7 +200,9 @@ def test_sharded_meta_reports_inner_chunks_and_missing() -> None:
     assert m.chunks == (2, 2) and m.shard_shape == (8, 8) and m.grid_shape == (5, 5)
     miss = h.arrays["shards/missing"]
     arr = open_array(store_of("zarr3_v3.zarr"), "shards/missing", miss)
-    assert arr.chunk_exists((0, 0)) and not arr.chunk_exists((0, 2)) and not arr.chunk_exists((5, 5))
+    assert (
+        arr.chunk_exists((0, 0)) and not arr.chunk_exists((0, 2)) and not arr.chunk_exists((5, 5))
+    )
     assert arr.chunk_key((5, 5)) == "shards/missing/c/2/2"
     assert (arr.read_chunk((5, 5)) == 7.5).all()
 
@@ -202,7 +210,11 @@ def test_sharded_meta_reports_inner_chunks_and_missing() -> None:
 def test_chunk_keys_per_encoding() -> None:
     h = hierarchy_of("zarr3_v3.zarr")
     s = store_of("zarr3_v3.zarr")
-    keys = {p: open_array(s, p, h.arrays[p]).chunk_key((1, 2)) for p in h.arrays if p.startswith("keys/")}
+    keys = {
+        p: open_array(s, p, h.arrays[p]).chunk_key((1, 2))
+        for p in h.arrays
+        if p.startswith("keys/")
+    }
     assert keys == {
         "keys/default_slash": "keys/default_slash/c/1/2",
         "keys/default_dot": "keys/default_dot/c.1.2",
@@ -239,7 +251,9 @@ def test_meta_json_content() -> None:
     assert named["dimension_names"] == ["y", "x"] and named["attributes"]["units"] == "m"
     be = json.loads(h.arrays["dtypes_be/float64"].json_bytes())
     assert be["dtype"] == ">f8" and be["codecs"][0]["name"] == "bytes"
-    assert h.arrays["fills/hex_nan"].fill_value is not None and math.isnan(h.arrays["fills/hex_nan"].fill_value)
+    assert h.arrays["fills/hex_nan"].fill_value is not None and math.isnan(
+        h.arrays["fills/hex_nan"].fill_value
+    )
     v2 = hierarchy_of("zarr2_v2.zarr").arrays["xarray_like"]
     assert v2.dimension_names == ("lat", "lon") and v2.attributes == {"units": "K"}
 
@@ -321,7 +335,10 @@ def _v3(**over: Any) -> bytes:
 @pytest.mark.parametrize(
     "doc",
     [
-        _v3(shape=[2**62, 2**62], chunk_grid={"name": "regular", "configuration": {"chunk_shape": [1, 1]}}),
+        _v3(
+            shape=[2**62, 2**62],
+            chunk_grid={"name": "regular", "configuration": {"chunk_shape": [1, 1]}},
+        ),
         _v3(shape=[-1]),
         _v3(data_type="float128"),
         _v3(chunk_grid={"name": "rectilinear"}),
@@ -341,13 +358,27 @@ def test_malformed_v3_metadata(doc: bytes) -> None:
         open_array(store, "a").read_chunk((0,))
 
 
+def test_non_finite_attributes_become_strict_json() -> None:
+    doc = _v3().replace(
+        b'"fill_value": 0', b'"fill_value": 0, "attributes": {"a": NaN, "b": [Infinity]}'
+    )
+    store = DictStore({"zarr.json": b'{"zarr_format": 3, "node_type": "group", "attributes": {"g": NaN}}',
+                       "a/zarr.json": doc})  # fmt: skip
+    h = discover(store)
+    assert h.arrays["a"].attributes == {"a": "NaN", "b": ["Infinity"]}
+    assert h.groups[""] == {"g": "NaN"}
+    json.dumps(h.arrays["a"].to_json(), allow_nan=False)
+
+
 def test_truncated_and_corrupt_chunks_v3() -> None:
     codecs = [{"name": "bytes", "configuration": {"endian": "big"}}, {"name": "crc32c"}]
     good = np.array([1.5, 2.5], dtype=">f4").tobytes()
     import crc32c
 
     ok = good + crc32c.crc32c(good).to_bytes(4, "little")
-    store = DictStore({"a/zarr.json": _v3(codecs=codecs), "a/c/0": ok, "a/c/1": bytes([ok[0] ^ 1]) + ok[1:]})
+    store = DictStore(
+        {"a/zarr.json": _v3(codecs=codecs), "a/c/0": ok, "a/c/1": bytes([ok[0] ^ 1]) + ok[1:]}
+    )
     arr = open_array(store, "a")
     assert arr.meta.dtype.str == ">f4"
     assert arr.read_chunk((0,)).tolist() == [1.5, 2.5]
@@ -360,7 +391,9 @@ def test_truncated_and_corrupt_chunks_v3() -> None:
 def test_fill_value_forms() -> None:
     f4, f8 = np.dtype("<f4"), np.dtype("<f8")
     assert np.isnan(fill_scalar("NaN", f4, "k"))
-    assert fill_scalar("Infinity", f8, "k") == np.inf and fill_scalar("-Infinity", f8, "k") == -np.inf
+    assert (
+        fill_scalar("Infinity", f8, "k") == np.inf and fill_scalar("-Infinity", f8, "k") == -np.inf
+    )
     payload = fill_scalar("0x7fc00001", f4, "k")
     assert np.isnan(payload) and np.array(payload, f4).tobytes() == bytes.fromhex("0100c07f")
     assert fill_scalar("0x3ff0000000000000", f8, "k") == 1.0

@@ -23,7 +23,7 @@ from ..codecs import CodecError, UnknownCodecError
 from ..stores.base import KeyNotFound, Store, StoreError
 from . import nczarr, zarr_v1, zarr_v2, zarr_v3
 from ._common import join, load_json, parse_json
-from .meta import ArrayMeta, FormatError
+from .meta import ArrayMeta, FormatError, strict_json
 
 __all__ = [
     "ArrayMeta",
@@ -72,6 +72,7 @@ class Hierarchy:
     consolidated: bool = False
 
     def add(self, node: ArrayMeta | GroupMeta) -> None:
+        node.attributes = strict_json(node.attributes)
         if isinstance(node, ArrayMeta):
             self.arrays[node.path] = node
         else:
@@ -378,6 +379,8 @@ def _walk(store: Store, h: Hierarchy, root: Any) -> None:
             listings += 1
         next_bare = 0 if node is not None else bare + 1
         for name in sorted(listing.prefixes):
+            if node is None and name.startswith("."):
+                continue  # .git, .cache, ... next to stores: not worth probing
             queue.append((join(path, name), None, next_bare))
 
 

@@ -151,8 +151,8 @@ class ArrayMeta:
             "fill_value": json_scalar(self.fill_value),
             "order": self.order,
             "dimension_names": list(self.dimension_names) if self.dimension_names else None,
-            "attributes": _strict_json(self.attributes),
-            "codecs": _strict_json(self.codecs),
+            "attributes": strict_json(self.attributes),
+            "codecs": strict_json(self.codecs),
             "chunk_key_encoding": self.chunk_key_encoding,
             "vlen": self.vlen,
             "nbytes": self.nbytes if self.error is None else None,
@@ -166,7 +166,12 @@ class ArrayMeta:
         return (json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n").encode()
 
     def validate(self) -> None:
-        """Fill ``error`` if shape/chunks are inconsistent or absurd (never raises)."""
+        """Fill ``error`` if shape/chunks are inconsistent or absurd (never raises).
+
+        Also makes ``attributes`` strict JSON (NaN → "NaN"), so every view can
+        serialise them with ``allow_nan=False``.
+        """
+        self.attributes = strict_json(self.attributes)
         if self.error is not None:
             return
         problem = shape_problem(self.shape, self.chunks, self.dtype, self.vlen)
@@ -231,12 +236,12 @@ def json_scalar(value: Any) -> Any:
     return value
 
 
-def _strict_json(obj: Any) -> Any:
+def strict_json(obj: Any) -> Any:
     """Copy of attributes/codecs where non-finite floats become Zarr-style strings."""
     if isinstance(obj, dict):
-        return {str(k): _strict_json(v) for k, v in obj.items()}
+        return {str(k): strict_json(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return [_strict_json(v) for v in obj]
+        return [strict_json(v) for v in obj]
     if isinstance(obj, float) and not math.isfinite(obj):
         return json_scalar(obj)
     return obj
