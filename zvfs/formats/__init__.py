@@ -138,7 +138,13 @@ class ZarrArray:
         data, a store failure, or an array whose metadata is unusable.
         """
         idx = self._check(idx)
-        out = self._reader.read(idx)
+        try:
+            out = self._reader.read(idx)
+        except FormatError:
+            raise
+        except (CodecError, StoreError, ValueError, TypeError, IndexError, OverflowError) as exc:
+            # readers wrap what they expect; this keeps any surprise to one failed read
+            raise FormatError(f"{self._reader.chunk_key(idx)}: {exc}") from exc
         if out is None:
             return self.fill_chunk()
         if out.shape != self.meta.chunks:
