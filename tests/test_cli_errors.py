@@ -1,0 +1,223 @@
+"""`zvfs mount` error paths: a clear message on stderr, a non-zero exit, nothing left mounted.
+
+Refused credentials: moto accepts any credentials unless its IAM authentication
+is on. We start a second moto server, create a bucket with a copy of the
+sample store while authentication is still off, then switch it on with moto's
+``POST /moto-api/reset-auth`` (body ``0``: no more unauthenticated actions, the
+same setting as ``INITIAL_NO_AUTH_ACTION_COUNT=0``). From then on moto answers
+every request whose access key it does not know with 403 InvalidAccessKeyId,
+as AWS does, so zvfs meets a real refusal over HTTP. (Anonymous requests are
+not tested there: moto's auth mode answers an unsigned request with a 500.)
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import (
+    S3_BUCKET,
+    S3_PREFIX,
+    Mounted,
+    daemon_pids,
+    mount_entry,
+    run,
+    s3_client,
+    tool,
+    upload_tree,
+    zvfs_cmd,
+)
+
+FAST = 60  # an error must come back within this many seconds (no endless retries)
+
+
+def zvfs_mount(*args, env=None, timeout=FAST + 30):
+    t0 = time.monotonic()
+    res = run([*zvfs_cmd(), "mount", *map(str, args)], env=env, timeout=timeout)
+    res.elapsed = time.monotonic() - t0
+    return res
+
+
+def assert_fails(res, *patterns: str) -> None:
+    assert res.returncode != 0, f"expected failure, got 0; stderr: {res.stderr}"
+    err = res.stderr.strip()
+    assert err, "no message on stderr"
+    assert "Traceback" not in err, f"a traceback instead of a message:\n{err}"
+    assert len(err.splitlines()) <= 3, f"message is not short:\n{err}"
+    for pat in patterns:
+        assert re.search(pat, err, re.I), f"{pat!r} not in stderr: {err}"
+    assert res.elapsed < FAST, f"took {res.elapsed:.1f}s to fail"
+
+
+def assert_nothing_mounted(mnt: Path) -> None:
+    assert mount_entry(mnt) is None, f"{mnt} is mounted after a failed mount"
+    time.sleep(0.2)
+    assert daemon_pids(mnt) == [], "a zvfs process is still running after a failed mount"
+
+
+@pytest.fixture
+def mnt(tmp_path) -> Path:
+    p = tmp_path / "mnt"
+    p.mkdir()
+    return p
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def test_missing_directory_source(tmp_path, mnt) -> None:
+    src = tmp_path / "no-such-store.zarr"
+    res = zvfs_mount(src, mnt)
+    assert_fails(res, re.escape(str(src)), r"(does not exist|no such|not found)")
+    assert_nothing_mounted(mnt)
+
+
+def test_missing_zip_source(tmp_path, mnt) -> None:
+    src = tmp_path / "no-such.zip"
+    res = zvfs_mount(src, mnt)
+    assert_fails(res, re.escape(str(src)), r"(does not exist|no such|not found)")
+    assert_nothing_mounted(mnt)
+
+
+def test_missing_file_url_source(tmp_path, mnt) -> None:
+    src = tmp_path / "gone.zarr"
+    res = zvfs_mount(f"file://{src}#mode=zarr,file", mnt)
+    assert_fails(res, re.escape(str(src)), r"(does not exist|no such|not found)")
+    assert_nothing_mounted(mnt)
+
+
+def test_not_a_zip(tmp_path, mnt) -> None:
+    src = tmp_path / "fake.zip"
+    src.write_bytes(b"this is not a zip file\n" * 10)
+    res = zvfs_mount(src, mnt)
+    assert_fails(res, re.escape(str(src)), r"zip")
+    assert_nothing_mounted(mnt)
+
+
+def test_missing_bucket(moto, s3_env, mnt) -> None:
+    res = zvfs_mount("s3://no-such-bucket-zvfs/prefix", mnt, "--endpoint-url", moto.endpoint, env=s3_env)
+    assert_fails(res, r"no-such-bucket-zvfs", r"(does not exist|no such bucket|not found)")
+    assert_nothing_mounted(mnt)
+
+
+def test_unreachable_endpoint(s3_env, mnt) -> None:
+    """Nothing listens on the port: a clear failure, not a hang."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    res = zvfs_mount("s3://bucket/prefix", mnt, "--endpoint-url", f"http://127.0.0.1:{port}", env=s3_env)
+    assert_fails(res, rf"(127\.0\.0\.1:{port}|connect|endpoint)")
+    assert_nothing_mounted(mnt)
+
+
+@pytest.fixture(scope="module")
+def auth_moto(zarr_dir):
+    """A second moto server whose authentication is on (see the module docstring)."""
+    from moto_server import MotoServer
+
+    server = MotoServer().start()
+    try:
+        client = s3_client(server.endpoint)
+        client.create_bucket(Bucket=S3_BUCKET)
+        upload_tree(client, zarr_dir, S3_BUCKET, S3_PREFIX)
+        req = urllib.request.Request(server.endpoint + "/moto-api/reset-auth", data=b"0", method="POST",
+                                     headers={"Content-Type": "text/plain"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.status == 200
+        # prove that the server now refuses our dummy credentials
+        from botocore.exceptions import ClientError
+
+        with pytest.raises(ClientError) as ei:
+            client.list_objects_v2(Bucket=S3_BUCKET, Prefix=S3_PREFIX)
+        assert ei.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+        yield server
+    finally:
+        server.stop()
+
+
+def test_refused_credentials(auth_moto, s3_env, mnt) -> None:
+    res = zvfs_mount(f"s3://{S3_BUCKET}/{S3_PREFIX}", mnt, "--endpoint-url", auth_moto.endpoint, env=s3_env)
+    assert_fails(res, S3_BUCKET,
+                 r"(credential|access denied|forbidden|403|InvalidAccessKeyId|not authori[sz]ed)")
+    assert_nothing_mounted(mnt)
+
+
+# --------------------------------------------------------------------------- mountpoints
+
+
+def test_missing_mountpoint(zarr_dir, tmp_path) -> None:
+    mp = tmp_path / "no-such-dir"
+    res = zvfs_mount(zarr_dir, mp)
+    assert_fails(res, re.escape(str(mp)), r"(does not exist|no such|not found)")
+    assert not mp.exists()
+
+
+def test_mountpoint_is_a_file(zarr_dir, tmp_path) -> None:
+    mp = tmp_path / "a-file"
+    mp.write_text("x")
+    res = zvfs_mount(zarr_dir, mp)
+    assert_fails(res, re.escape(str(mp)), r"not a directory")
+
+
+def test_already_mounted(zarr_dir, mount) -> None:
+    first: Mounted = mount(zarr_dir)
+    pids = daemon_pids(first.path)
+    res = zvfs_mount(zarr_dir, first.path)
+    assert_fails(res, re.escape(str(first.path)), r"already mounted")
+    # the first mount is untouched and still answers
+    assert daemon_pids(first.path) == pids
+    assert (first.path / "zarr.json").read_bytes() == (zarr_dir / "zarr.json").read_bytes()
+    # also when the first mount is of another kind (not ours)
+    res = zvfs_mount(zarr_dir, "/proc")
+    assert_fails(res, r"/proc", r"already mounted")
+
+
+def test_foreground_errors_too(tmp_path, mnt) -> None:
+    """-f reports the same message and exit status, without daemonizing."""
+    src = tmp_path / "missing"
+    res = zvfs_mount("-f", src, mnt)
+    assert_fails(res, re.escape(str(src)), r"(does not exist|no such|not found)")
+    assert_nothing_mounted(mnt)
+
+
+# --------------------------------------------------------------------------- options
+
+
+def test_unknown_option(zarr_dir, mnt) -> None:
+    res = zvfs_mount(zarr_dir, mnt, "-o", "no_such_option=1")
+    assert_fails(res, r"no_such_option")
+    assert_nothing_mounted(mnt)
+
+
+@pytest.mark.parametrize("args,pattern", [
+    (["--cache-size", "lots"], r"cache"),
+    (["--metadata-ttl", "-5"], r"ttl"),
+    (["--decoded", "sideways"], r"decoded"),
+    (["--log-level", "chatty"], r"log"),
+])
+def test_bad_option_values(zarr_dir, mnt, args, pattern) -> None:
+    res = zvfs_mount(zarr_dir, mnt, *args)
+    assert res.returncode != 0
+    assert re.search(pattern, res.stderr, re.I), res.stderr
+    assert_nothing_mounted(mnt)
+
+
+def test_unmount_errors(tmp_path, mnt) -> None:
+    res = run([tool("zvfs"), "unmount", mnt])
+    assert res.returncode != 0 and "not mounted" in res.stderr, res.stderr
+    res = run([tool("zvfs"), "unmount", tmp_path / "nope"])
+    assert res.returncode != 0 and str(tmp_path / "nope") in res.stderr, res.stderr
+
+
+def test_mount_helper_errors(tmp_path, mnt) -> None:
+    """mount.zvfs (as mount(8) calls it) reports the same errors."""
+    src = tmp_path / "missing.zarr"
+    res = run([tool("mount.zvfs"), src, mnt, "-o", "ro"])
+    assert res.returncode != 0
+    assert str(src) in res.stderr, res.stderr
+    assert_nothing_mounted(mnt)
