@@ -542,3 +542,29 @@ def test_lehmer_unpermute_restores_written_order() -> None:
             stored[np.arange(width)] = written[perm]  # the writer places input[perm[i]] at slot i
             gather = unpermute_gather(np.array([code]), width, "k")[0]
             np.testing.assert_array_equal(stored[gather], written)
+
+
+def test_cross_level_links_equal_reference() -> None:
+    """links/<delta>.npy of a pyramid: endpoint 0 is a row of this level, the others rows of
+    level + delta, as zarr-vectors 0.9.2's read_link_arrays places them."""
+    name = "v09/points_pyramid"
+    for lv, le in MANIFEST[name]["levels"].items():
+        for delta, fname in le["links"].items():
+            got = load_npy(store_dir(name), f"{lv}/links/{delta}.npy")
+            np.testing.assert_array_equal(got, ref(name, fname))
+    old = load_npy(store_dir("v07/points_pyramid"), "0/links/+1.npy")
+    np.testing.assert_array_equal(old, ref(name, MANIFEST[name]["levels"]["0"]["links"]["+1"]))
+
+
+@pytest.mark.parametrize("name", ["v07/mesh", "v09/mesh", "v09/mesh_draco"])
+def test_mesh_object_ply(name: str) -> None:
+    from plyfile import PlyData
+
+    d = store_dir(name)
+    objs = [n for n in listing(d, "0/objects") if n.endswith(".ply")]
+    assert objs == ["0.ply"]
+    ply = PlyData.read(io.BytesIO(read_file(d, "0/objects/0.ply")))
+    pos = np.stack([ply["vertex"][a] for a in "xyz"], axis=1)
+    np.testing.assert_array_equal(pos, load_npy(d, "0/objects/0.npy"))
+    faces = np.stack(ply["face"]["vertex_indices"])
+    assert len(faces) == 8 and faces.max() < len(pos)

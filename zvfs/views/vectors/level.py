@@ -378,6 +378,9 @@ class LevelTree:
             "object_attributes": L.object_attribute_names(),
             "group_count": None,
         }
+        if any(d != "0" for d in deltas):
+            meta["cross_level_links"] = ("links/<delta>.npy: endpoint 0 is a row of this level's "
+                                         "vertices.npy, the others rows of level <level + delta>")
         for d in deltas:
             fam = self._try(f"links/{d}.npy", lambda d=d: L.link_family(d))
             if not isinstance(fam, Exception):
