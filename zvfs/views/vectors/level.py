@@ -16,9 +16,9 @@ import numpy as np
 
 from zvfs.formats import zv
 from zvfs.formats.zv import Level, ZVGroup
-from zvfs.views.node import Node, StaticDir
+from zvfs.views.node import Node
 from zvfs.views.vectors import encoders as enc
-from zvfs.views.vectors.nodes import BuiltDir, BuiltFile, Env, ErrorFile, MemFile, RowsFile
+from zvfs.views.vectors.nodes import BuiltDir, BuiltFile, Env, ErrorFile, MemFile, RowsFile, VDir
 
 LINE_GEOMETRIES = ("streamline", "polyline", "line", "lines")
 TREE_CONVENTION = "implicit_sequential_with_branches"
@@ -88,7 +88,7 @@ class LevelTree:
                 info.dtype.itemsize * info.ncols,
                 lambda i, name=name: np.ascontiguousarray(L.vertex_attribute(name, chunks[i])).tobytes())
         if va:
-            out["vertex_attributes"] = StaticDir(va, mtime=env.mtime)
+            out["vertex_attributes"] = VDir(va, mtime=env.mtime)
 
         deltas = self._try("links", L.link_deltas) or []
         if isinstance(deltas, Exception):
@@ -201,7 +201,7 @@ class LevelTree:
                 target[f"{name}.npy"] = ErrorFile(self.env, what, arr) if isinstance(arr, Exception) \
                     else _npy_file(self.env, arr)
             if d != "0" and target:
-                out[d] = StaticDir(target, mtime=self.env.mtime)
+                out[d] = VDir(target, mtime=self.env.mtime)
         return out
 
     # -- objects, object attributes, groups --------------------------------------------------------
@@ -314,7 +314,7 @@ class LevelTree:
         env = self.env
         out: dict[str, Node] = {"vertices.npy": _npy_file(env, L.vertices(c))}
         if infos and L.encoding != "draco":
-            out["vertex_attributes"] = StaticDir(
+            out["vertex_attributes"] = VDir(
                 {f"{n}.npy": _npy_file(env, L.vertex_attribute(n, c)) for n in infos}, mtime=env.mtime)
         fi = L.fragments(c)
         if fi is not None:
@@ -339,7 +339,7 @@ class LevelTree:
                 rec = np.concatenate([ends, vi[:, :, None]], axis=2).reshape(len(vi), -1)
                 links[f"{d}.npy"] = _npy_file(env, rec)
         if links:
-            out["links"] = StaticDir(links, mtime=env.mtime)
+            out["links"] = VDir(links, mtime=env.mtime)
         return out
 
     # -- meta.json --------------------------------------------------------------------------------------

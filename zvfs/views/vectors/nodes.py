@@ -17,7 +17,7 @@ from typing import Any
 
 from zvfs.cache import Cache
 from zvfs.formats.zv import ZVError
-from zvfs.views.node import DirNode, FileNode, Node, NodeError
+from zvfs.views.node import DirNode, FileNode, Node, NodeError, StaticDir
 from zvfs.workers import run_blocking
 
 log = logging.getLogger("zvfs")
@@ -79,10 +79,24 @@ class BuiltDir(DirNode):
         return await self.env.cached(self.key, self.what, lambda: _Entries(self._build()))
 
     async def lookup(self, name: str) -> Node | None:
-        return (await self.entries()).get(name)
+        return _checked_entry((await self.entries()).get(name))
 
     async def children(self) -> Sequence[tuple[str, Node]]:
         return [(n, c) for n, c in sorted((await self.entries()).items()) if not c.hidden]
+
+
+def _checked_entry(node: Node | None) -> Node | None:
+    """A broken file fails its lookup with EIO (so open, stat and cat all report it)."""
+    if isinstance(node, ErrorFile):
+        raise node.env.fail(node.what, node.exc)
+    return node
+
+
+class VDir(StaticDir):
+    """A fixed directory whose broken files fail their lookup with EIO."""
+
+    async def lookup(self, name: str) -> Node | None:
+        return _checked_entry(self.entries.get(name))
 
 
 class ErrorDir(DirNode):
@@ -147,7 +161,13 @@ class BuiltFile(FileNode):
 
 
 class ErrorFile(FileNode):
-    """Stands in for a file whose size could not be computed: reads fail with EIO."""
+    """Stands in for a file whose size could not be computed.
+
+    It is left out of listings, and looking it up fails with EIO naming the key,
+    so no tool ever sees it as an empty file; reads fail the same way.
+    """
+
+    hidden = True
 
     def __init__(self, env: Env, what: str, exc: BaseException) -> None:
         self.env = env
