@@ -217,9 +217,14 @@ class LevelTree:
         parents: list[np.ndarray] = []  # computed once, on the first SWC build
         faces = zv.mesh_faces(L) if geom == "mesh" else None
         attr_names = set(L.vertex_attribute_names())
+        all_rows: dict[int, Any] = {
+            oid: self._try(f"objects/{oid}", lambda oid=oid, blocks=blocks: L.object_rows(blocks, offsets, oid))
+            for oid, blocks in sorted(manifests.items())
+        }
+        per_object_faces = self._faces_by_object(faces, all_rows) if faces is not None else {}
         for oid, blocks in sorted(manifests.items()):
             base = f"{self.what}/objects/{oid}"
-            rows = self._try(f"objects/{oid}", lambda oid=oid, blocks=blocks: L.object_rows(blocks, offsets, oid))
+            rows = all_rows[oid]
             if isinstance(rows, Exception):  # one bad manifest fails that object's files only
                 for ext in (".npy", ".swc" if tree else "", ".ply" if faces is not None else ""):
                     if ext:
@@ -234,12 +239,7 @@ class LevelTree:
                     env, (self.key, "swc", oid), base + ".swc", enc.swc_size(oid, n, L.dtype),
                     lambda oid=oid, blocks=blocks, rows=rows: self._swc(oid, blocks, rows, parents, attr_names))
             if faces is not None:
-                inside = np.zeros(sum(L.vertex_count(c) for c in L.chunks()), bool)
-                inside[rows] = True
-                mine = faces[inside[faces].all(axis=1)] if len(faces) else faces
-                local = np.full(len(inside), -1, np.int64)
-                local[rows] = np.arange(n)
-                ofaces = local[mine]
+                ofaces = per_object_faces.get(oid, np.empty((0, 3), np.int64))
                 width = ofaces.shape[1] if len(ofaces) else 3
                 comment = f"zvfs mesh object {oid}"
                 size = enc.ply_size(n, enc.vertex_columns(L.ndim, L.dtype, []), len(ofaces), width, 0, comment)
@@ -247,6 +247,24 @@ class LevelTree:
                     env, (self.key, "oply", oid), base + ".ply", size,
                     lambda oid=oid, blocks=blocks, ofaces=ofaces, comment=comment: enc.ply_bytes(
                         zv.object_vertices(L, oid, blocks), [], ofaces, np.empty((0, 2), np.int64), comment))
+        return out
+
+    def _faces_by_object(self, faces: np.ndarray, all_rows: dict[int, Any]) -> dict[int, np.ndarray]:
+        """Each object's faces (all corners among its vertices) in its own local numbering."""
+        n = zv.vertex_count(self.level)
+        owner = np.full(n, -1, np.int64)
+        local = np.full(n, -1, np.int64)
+        for oid, rows in all_rows.items():
+            if not isinstance(rows, Exception) and len(rows):
+                owner[rows] = oid
+                local[rows] = np.arange(len(rows))
+        if not len(faces):
+            return {}
+        fo = owner[faces]
+        keep = (fo >= 0).all(axis=1) & (fo == fo[:, :1]).all(axis=1)
+        out: dict[int, np.ndarray] = {}
+        for oid in np.unique(fo[keep, 0]):
+            out[int(oid)] = local[faces[keep & (fo[:, 0] == oid)]]
         return out
 
     def _object_rows_attr(self, name: str, rows: np.ndarray) -> np.ndarray:
