@@ -287,13 +287,25 @@ class Level:
         self._counts[chunk] = n
         return n
 
+    def vertex_counts(self, chunks: list[Chunk] | None = None, workers: int = 8) -> list[int]:
+        """Row counts of many chunks; the small index reads overlap (S3 latency), in order."""
+        chunks = self.chunks() if chunks is None else chunks
+        todo = [c for c in chunks if c not in self._counts]
+        if len(todo) > 4 and workers > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(max_workers=min(workers, len(todo))) as pool:
+                for c, n in zip(todo, pool.map(self.vertex_count, todo), strict=True):
+                    self._counts[c] = n
+        return [self.vertex_count(c) for c in chunks]
+
     def offsets(self) -> dict[Chunk, int]:
         """First row of every chunk in the level-wide concatenation."""
         out: dict[Chunk, int] = {}
         run = 0
-        for c in self.chunks():
+        for c, n in zip(self.chunks(), self.vertex_counts(), strict=True):
             out[c] = run
-            run += self.vertex_count(c)
+            run += n
         return out
 
     def vertices(self, chunk: Chunk) -> np.ndarray:

@@ -60,7 +60,7 @@ class LevelTree:
         env = self.env
         out: dict[str, Node] = {}
         chunks = self._try("vertices.npy", L.chunks)
-        counts = self._try("vertices.npy", lambda: [L.vertex_count(c) for c in chunks]) \
+        counts = self._try("vertices.npy", lambda: L.vertex_counts(chunks)) \
             if not isinstance(chunks, Exception) else chunks
         ok = not isinstance(counts, Exception)
         n = sum(counts) if ok else 0
