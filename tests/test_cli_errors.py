@@ -221,3 +221,20 @@ def test_mount_helper_errors(tmp_path, mnt) -> None:
     assert res.returncode != 0
     assert str(src) in res.stderr, res.stderr
     assert_nothing_mounted(mnt)
+
+
+def test_truncated_zip(zarr_zip_cmd, tmp_path, mnt) -> None:
+    src = tmp_path / "truncated.zip"
+    data = zarr_zip_cmd.read_bytes()
+    src.write_bytes(data[: len(data) // 2])  # the central directory is gone
+    res = zvfs_mount(src, mnt)
+    assert_fails(res, re.escape(str(src)), r"zip")
+    assert_nothing_mounted(mnt)
+
+
+def test_empty_source_file(tmp_path, mnt) -> None:
+    src = tmp_path / "empty.zip"
+    src.write_bytes(b"")
+    res = zvfs_mount(src, mnt)
+    assert_fails(res, re.escape(str(src)))
+    assert_nothing_mounted(mnt)

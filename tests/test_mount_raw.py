@@ -566,3 +566,120 @@ def test_mount8_s3_with_options(zarr_s3_public, zarr_dir, moto, tmp_path) -> Non
         from conftest import force_unmount
 
         force_unmount(mnt)
+
+
+# --------------------------------------------------------------------------- options
+
+
+def test_concurrent_reads_are_exact(backend: Backend) -> None:
+    """Many threads reading different files and ranges at once get exact bytes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    files = sorted(store_files(backend.ref))
+    jobs = [(rel, off) for rel in files for off in (0, 7, 100_000)] * 3
+
+    def check(job):
+        rel, off = job
+        with open(backend.mnt.path / rel, "rb") as f:
+            f.seek(off)
+            got = f.read(250_000)
+        want = (backend.ref / rel).read_bytes()[off : off + 250_000]
+        return rel, off, got == want
+
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        bad = [(rel, off) for rel, off, ok in pool.map(check, jobs) if not ok]
+    assert not bad, bad
+
+
+def test_fsname_names_the_source(backend: Backend) -> None:
+    entry = mount_entry(backend.mnt.path)
+    want = S3_BUCKET if backend.name == "s3" else Path(backend.source).name
+    assert entry["source"].startswith("zvfs:") and want in entry["source"], entry
+
+
+@pytest.mark.parametrize("mode", ["visible", "off", "hidden"])
+def test_decoded_option(mode, zarr_dir, mount) -> None:
+    m = mount(zarr_dir, "--decoded", mode)
+    listed = ".zvfs" in os.listdir(m.path)
+    assert listed == (mode == "visible")
+    if mode == "off":
+        assert not os.path.exists(m.path / ".zvfs")
+    else:
+        assert os.path.isdir(m.path / ".zvfs")
+    # the same through -o
+    m2 = mount(zarr_dir, "-o", f"decoded={mode}")
+    assert (".zvfs" in os.listdir(m2.path)) == (mode == "visible")
+
+
+def test_allow_other_option(zarr_dir, mount) -> None:
+    m = mount(zarr_dir, "--allow-other")
+    entry = mount_entry(m.path)
+    assert "allow_other" in entry["super_options"].split(","), entry
+    m2 = mount(zarr_dir)
+    assert "allow_other" not in mount_entry(m2.path)["super_options"].split(",")
+
+
+def test_log_level_and_file(zarr_dir, mount) -> None:
+    m = mount(zarr_dir, log_level="debug")
+    os.listdir(m.path)
+    (m.path / "zarr.json").read_bytes()
+    assert "mounted" in m.log_text(), m.log_text()  # at least the INFO line that it is mounted
+    m2 = mount(zarr_dir, log_level="error")
+    os.listdir(m2.path)
+    (m2.path / "zarr.json").read_bytes()
+    assert not [ln for ln in m2.log_text().splitlines() if " INFO " in ln or " DEBUG " in ln]
+
+
+@pytest.mark.parametrize("kind", ["dir", "s3"])
+def test_metadata_ttl_expiry_shows_new_keys(kind, tmp_path, moto, s3_env, mount) -> None:
+    """With a short --metadata-ttl, a key added to the store appears once the TTL has passed."""
+    if kind == "dir":
+        src = tmp_path / "live"
+        src.mkdir()
+        (src / "first").write_bytes(b"1")
+        m = mount(src, "--metadata-ttl", "1")
+        add = lambda name: (src / name).write_bytes(b"2")  # noqa: E731
+    else:
+        client = s3_client(moto.endpoint)
+        client.create_bucket(Bucket="live-ttl")
+        client.put_object(Bucket="live-ttl", Key="first", Body=b"1")
+        m = mount("s3://live-ttl", "--metadata-ttl", "1", "--endpoint-url", moto.endpoint, env=s3_env)
+        add = lambda name: client.put_object(Bucket="live-ttl", Key=name, Body=b"2")  # noqa: E731
+    assert os.listdir(m.path) == ["first"]
+    add("second")
+    assert wait_until(lambda: sorted(os.listdir(m.path)) == ["first", "second"], 10, interval=0.5)
+    assert (m.path / "second").read_bytes() == b"2"
+
+
+def test_metadata_ttl_indefinite(zarr_dir, mount) -> None:
+    m = mount(zarr_dir, "--metadata-ttl", "indefinite")
+    assert run(["diff", "-r", zarr_dir, m.path]).returncode == 0
+    m2 = mount(zarr_dir, "-o", "metadata_ttl=indefinite,cache_size=64M")
+    assert run(["diff", "-r", zarr_dir, m2.path]).returncode == 0
+
+
+def test_directory_store_does_not_follow_symlinks_out(tmp_path, mount) -> None:
+    src = tmp_path / "linked.zarr"
+    src.mkdir()
+    (src / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group"}')
+    secret = tmp_path / "outside-secret.txt"
+    secret.write_bytes(b"must not be visible through the mount\n")
+    (src / "escape-file").symlink_to(secret)
+    (src / "escape-dir").symlink_to(tmp_path)
+    (src / "abs-etc").symlink_to("/etc")
+    (src / "relative-up").symlink_to("../outside-secret.txt")
+    m = mount(src)
+    _dirs, files = walk(m.path)
+    for rel in files:
+        assert (m.path / rel).read_bytes() != secret.read_bytes(), rel
+    for name in ("escape-file", "relative-up"):
+        p = m.path / name
+        if p.exists():
+            with pytest.raises(OSError):
+                p.read_bytes()
+    for name in ("escape-dir", "abs-etc"):
+        p = m.path / name
+        if p.exists():
+            assert not (p / "passwd").exists()
+            assert not (p / "outside-secret.txt").exists()
+    assert (m.path / "zarr.json").read_bytes() == (src / "zarr.json").read_bytes()

@@ -31,6 +31,20 @@ log = logging.getLogger("zvfs")
 _serial = itertools.count()
 
 
+def _drop_repeated_errors(record: logging.LogRecord) -> bool:
+    """Logger filter: a NodeError flagged ``already_logged`` was logged once; drop the repeat.
+
+    The fs layer logs every failed operation; a bad chunk read again (the kernel
+    retries a failed page read, data.raw and chunks/ share chunks) must still
+    give one log line that names its key.
+    """
+    args = record.args if isinstance(record.args, tuple) else ()
+    return not any(getattr(a, "already_logged", False) for a in args)
+
+
+log.addFilter(_drop_repeated_errors)
+
+
 class DecodedArray:
     """The shared reader of one array: decoded chunks through the cache, one worker hop each."""
 
@@ -42,11 +56,21 @@ class DecodedArray:
         self._reader: Any = None
         self._open_lock = trio.Lock()
         self._ahead = ReadAhead(ceiling=max(meta.chunk_nbytes, min(64 << 20, ctx.cache_size // 4)))
+        #: chunk index -> (message, retry after this monotonic time) of chunks that failed
+        self._failed: dict[tuple[int, ...], tuple[str, float]] = {}
+        #: failures (chunk index, or None for the array) whose error was logged already
+        self._reported: set[tuple[int, ...] | None] = set()
+        self._failure_ttl = ctx.metadata_ttl
 
     @property
     def readable(self) -> bool:
-        """Data files exist when the element size is fixed and the shape is known."""
-        return self.meta.vlen is None and not getattr(self.meta, "shape_unknown", False)
+        """Data files exist when the metadata is usable, the element size fixed and the shape known.
+
+        An array whose metadata cannot be used (malformed, unknown codec, absurd
+        shape) shows meta.json only, with the error in it.
+        """
+        meta = self.meta
+        return meta.error is None and meta.vlen is None and not getattr(meta, "shape_unknown", False)
 
     async def _open(self) -> Any:
         if self._reader is None:
@@ -58,16 +82,26 @@ class DecodedArray:
     def _decode(self, reader: Any, idx: tuple[int, ...]) -> np.ndarray:
         """Worker-thread side: fetch and decode one chunk, as a C-contiguous array."""
         t0 = time.perf_counter()
-        chunk = np.ascontiguousarray(reader.read_chunk(idx))
+        chunk = reader.read_chunk(idx)
+        if not chunk.flags.c_contiguous:  # not np.ascontiguousarray: it turns 0-d into 1-d
+            chunk = chunk.copy(order="C")
         self.ctx.counters.add("decode_seconds", time.perf_counter() - t0)
         self.ctx.counters.add("chunks_decoded")
         self.ctx.counters.add("bytes_decoded", chunk.nbytes)
         return chunk
 
-    async def chunk(self, idx: tuple[int, ...]) -> np.ndarray:
-        """Decoded chunk ``idx`` (full chunk shape); raises NodeError(EIO) naming the array."""
+    async def chunk(self, idx: tuple[int, ...], report: bool = True) -> np.ndarray:
+        """Decoded chunk ``idx`` (full chunk shape); raises NodeError(EIO) naming the key.
+
+        A chunk that failed stays failed for the metadata TTL: later reads fail at
+        once, and only the first reader's error is logged (one line per bad key).
+        ``report=False`` (prefetches) never uses up that one line.
+        """
         if self.meta.error is not None:
-            raise NodeError(errno.EIO, f"{self.meta.path or '/'}: {self.meta.error}")
+            raise self._failure(None, f"{self.meta.path or '/'}: {self.meta.error}", report)
+        failed = self._failed.get(idx)
+        if failed is not None and (self._failure_ttl is None or time.monotonic() < failed[1]):
+            raise self._failure(idx, failed[0], report)
 
         async def load() -> np.ndarray:
             try:
@@ -82,7 +116,35 @@ class DecodedArray:
         if key in self.ctx.prefetched:
             self.ctx.prefetched.discard(key)
             self.ctx.counters.add("prefetch_hits")
-        return await self.ctx.chunks.get(key, load)
+        try:
+            return await self.ctx.chunks.get(key, load)
+        except NodeError as exc:
+            if exc.errno != errno.EIO:
+                raise
+            if idx not in self._failed:
+                deadline = time.monotonic() + (self._failure_ttl or 0.0)
+                self._failed[idx] = (str(exc), deadline)
+                self._reported.discard(idx)
+            raise self._failure(idx, self._failed[idx][0], report) from None
+
+    async def chunk_as(self, idx: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """Chunk ``idx`` converted to ``dtype`` (e.g. another byte order), cached as well."""
+        if dtype == self.meta.dtype and dtype.byteorder == self.meta.dtype.byteorder:
+            return await self.chunk(idx)
+
+        async def convert() -> np.ndarray:
+            return (await self.chunk(idx)).astype(dtype)
+
+        return await self.ctx.chunks.get((self.serial, idx, dtype.str), convert)
+
+    def _failure(self, idx: tuple[int, ...] | None, message: str, report: bool) -> NodeError:
+        """The EIO for a failed chunk (``None``: the whole array); logged only the first time."""
+        err = NodeError(errno.EIO, message)
+        if report and idx not in self._reported:
+            self._reported.add(idx)
+        else:
+            err.already_logged = True  # type: ignore[attr-defined]
+        return err
 
     def _prefetch(self, start: int, stop: int) -> None:
         """Decode ahead the chunks under bytes [start, stop) of the C-order array."""
@@ -93,7 +155,7 @@ class DecodedArray:
             if not self.ctx.chunks.contains(key):
                 self.ctx.prefetched.add(key)
                 self.ctx.counters.add("prefetch_requests")
-                self.ctx.background(self.chunk, idx)
+                self.ctx.background(self.chunk, idx, False)
 
     async def chunks(self, indices: list[tuple[int, ...]]) -> dict[tuple[int, ...], np.ndarray]:
         """Several chunks at once: fetched and decoded concurrently."""
@@ -169,8 +231,17 @@ class ChunkFile(FileNode):
         chunk = await self.array.chunk(self.idx)
         region = self.array.meta.chunk_region_shape(self.idx)
         view = chunk[tuple(slice(0, s) for s in region)]
-        data = view.tobytes() if not view.flags.c_contiguous else memoryview(view).cast("B")
-        return bytes(data[offset : offset + length])
+        return bytes(byte_view(view)[offset : offset + length])
+
+
+def byte_view(a: np.ndarray) -> memoryview:
+    """The C-order bytes of ``a`` without a copy when it is contiguous.
+
+    Through a uint8 view, not ``memoryview(a)``: datetime64/timedelta64 arrays
+    have no buffer interface.
+    """
+    flat = np.ascontiguousarray(a).reshape(-1)  # 1-d, so 0-d arrays work too
+    return memoryview(flat.view(np.uint8))
 
 
 def chunk_name(idx: tuple[int, ...]) -> str:

@@ -19,7 +19,7 @@ from zvfs.views.arrays import DecodedArray, array_files
 from zvfs.views.context import MountContext
 from zvfs.views.node import DirNode, Node, StaticDir
 from zvfs.views.root import MountRoot
-from zvfs.views.v2mirror import mirror_array_dir, mirror_group_files
+from zvfs.views.v2mirror import consistent_dimensions, mirror_array_dir, mirror_group_files
 from zvfs.workers import run_blocking
 
 log = logging.getLogger("zvfs")
@@ -59,8 +59,10 @@ def _discover(ctx: MountContext) -> Decoded:
     for path, attrs in hierarchy.groups.items():
         out.groups[path] = dict(attrs)
     for path, meta in hierarchy.arrays.items():
-        if meta.error:
-            log.error("array %s: %s", path or "/", meta.error)
+        if meta.error:  # the one log line for this array: it names the metadata key
+            where = meta.metadata_key or path or "/"
+            msg = meta.error if where in meta.error else f"{where}: {meta.error}"
+            log.error("array %s: %s", path or "/", msg)
         out.arrays[path] = DecodedArray(ctx, meta, _opener(ctx, meta))
     return out
 
@@ -105,15 +107,25 @@ async def build_v2_dir(ctx: MountContext) -> DirNode:
     root = StaticDir(mtime=mtime)
     for path, attrs in sorted(d.groups.items()):
         _place(root, path, mtime).entries.update(mirror_group_files(attrs, mtime))
-    for path, array in sorted(d.arrays.items()):
-        if not array.readable or array.meta.error:
-            continue
+    arrays = {p: a for p, a in d.arrays.items() if a.readable and not a.meta.error}
+    dims = consistent_dimensions({p: a.meta for p, a in arrays.items()})
+    for path, array in sorted(arrays.items()):
         if path:
-            _set_dir(root, path, mirror_array_dir(array))
+            _set_dir(root, path, mirror_array_dir(array, dims=dims[path]))
         else:  # a root array: the mirror's root is that array
             root_files = {k: v for k, v in root.entries.items() if k not in (".zgroup", ".zattrs")}
-            return mirror_array_dir(array, root_files)
+            return mirror_array_dir(array, root_files, dims[path])
+    _groups_everywhere(root, mtime)
     return root
+
+
+def _groups_everywhere(node: StaticDir, mtime: float) -> None:
+    """Give every directory of the mirror that is not an array a .zgroup (v2 needs one)."""
+    if ".zgroup" not in node.entries:
+        node.entries.update(mirror_group_files({}, mtime))
+    for child in node.entries.values():
+        if isinstance(child, StaticDir):
+            _groups_everywhere(child, mtime)
 
 
 def attach_decoded_views(ctx: MountContext, root: MountRoot) -> None:
