@@ -181,15 +181,19 @@ def mesh_faces(level: Level) -> np.ndarray:
     return rows[(rows >= 0).all(axis=1)]
 
 
-def object_vertices(level: Level, oid: int, blocks: list | None = None) -> np.ndarray:
-    """One object's vertices in manifest order (reads only the chunks it touches)."""
+def object_vertices(level: Level, oid: int, blocks: list | None = None,
+                    cache: dict[Chunk, np.ndarray] | None = None) -> np.ndarray:
+    """One object's vertices in manifest order (reads only the chunks it touches).
+
+    ``cache`` (chunk -> vertices) lets a caller building many objects decode each chunk once.
+    """
     if blocks is None:
         blocks = level.manifests().get(oid)
         if blocks is None:
             raise ZVError(level.key("object_index"), f"no object {oid}")
     offsets = level.offsets()
     rows = level.object_rows(blocks, offsets, oid)
-    cache: dict[Chunk, np.ndarray] = {}
+    cache = {} if cache is None else cache
     out = np.empty((len(rows), level.ndim), level.dtype)
     pos = 0
     for b in blocks:

@@ -39,6 +39,8 @@ from .errors import MissingDependency, ZVError
 
 Chunk = tuple[int, ...]
 SUPPORTED = ("0.7", "0.9")
+#: fragment indexes kept per level (they are small: a header, a bitmap, a few ranges)
+FRAGMENT_CACHE = 8192
 
 
 def layout_of(version: Any, key: str) -> str:
@@ -181,6 +183,7 @@ class Level:
         self._chunks: list[Chunk] | None = None
         self._counts: dict[Chunk, int] = {}
         self._draco_cache: dict[Chunk, tuple[np.ndarray, np.ndarray]] = {}
+        self._fragments: dict[tuple[str, Chunk], FragmentIndex | None] = {}
 
     # -- nodes ------------------------------------------------------------------------------
 
@@ -255,6 +258,17 @@ class Level:
         return self._chunks
 
     def fragments(self, chunk: Chunk, kind: str = "vertex") -> FragmentIndex | None:
+        """A chunk's fragment index (kept: objects touching the chunk all need it)."""
+        hit = self._fragments.get((kind, chunk), False)
+        if hit is not False:
+            return hit  # type: ignore[return-value]
+        fi = self._read_fragments(chunk, kind)
+        if len(self._fragments) >= FRAGMENT_CACHE:
+            self._fragments.pop(next(iter(self._fragments)))
+        self._fragments[(kind, chunk)] = fi
+        return fi
+
+    def _read_fragments(self, chunk: Chunk, kind: str) -> FragmentIndex | None:
         rel = f"{kind}_fragments"
         if not self.has(rel) and not self.children(rel):
             return None

@@ -79,9 +79,39 @@ def ply_header(n_vertices: int, columns: list[tuple[str, str]], n_faces: int, fa
 
 def ply_size(n_vertices: int, columns: list[tuple[str, str]], n_faces: int, face_width: int,
              n_edges: int, comment: str) -> int:
-    row = sum(np.dtype(_PLY_NP[t]).itemsize for _, t in columns)
+    row = ply_row_bytes(columns)
     return (len(ply_header(n_vertices, columns, n_faces, face_width, n_edges, comment))
             + n_vertices * row + n_faces * (1 + 4 * face_width) + n_edges * 8)
+
+
+def ply_vertex_records(positions: np.ndarray, attrs: Sequence[np.ndarray],
+                       columns: list[tuple[str, str]]) -> bytes:
+    """The binary vertex rows for ``columns`` (positions first, then attribute channels)."""
+    n, ndim = positions.shape
+    rec = np.empty(n, dtype=[(c, _PLY_NP[t]) for c, t in columns])
+    for i in range(ndim):
+        rec[columns[i][0]] = positions[:, i]
+    k = ndim
+    for a in attrs:
+        flat = a.reshape(n, -1)
+        for j in range(flat.shape[1]):
+            rec[columns[k][0]] = flat[:, j]
+            k += 1
+    return rec.tobytes()
+
+
+def ply_face_bytes(faces: np.ndarray) -> bytes:
+    if not len(faces):
+        return b""
+    width = faces.shape[1]
+    f = np.empty(len(faces), dtype=[("n", "u1"), ("v", "<i4", (width,))])
+    f["n"] = width
+    f["v"] = faces
+    return f.tobytes()
+
+
+def ply_edge_bytes(edges: np.ndarray) -> bytes:
+    return np.ascontiguousarray(edges, dtype="<i4").tobytes() if len(edges) else b""
 
 
 def ply_bytes(positions: np.ndarray, attrs: Sequence[tuple[str, np.ndarray]], faces: np.ndarray,
@@ -90,25 +120,17 @@ def ply_bytes(positions: np.ndarray, attrs: Sequence[tuple[str, np.ndarray]], fa
     n, ndim = positions.shape
     specs = [(name, a.dtype, 1 if a.ndim == 1 else int(np.prod(a.shape[1:]))) for name, a in attrs]
     columns = vertex_columns(ndim, positions.dtype, specs)
-    rec = np.empty(n, dtype=[(c, _PLY_NP[t]) for c, t in columns])
-    for i in range(ndim):
-        rec[columns[i][0]] = positions[:, i]
-    k = ndim
-    for _name, a in attrs:
-        flat = a.reshape(n, -1)
-        for j in range(flat.shape[1]):
-            rec[columns[k][0]] = flat[:, j]
-            k += 1
     width = faces.shape[1] if faces.ndim == 2 and len(faces) else 3
-    out = [ply_header(n, columns, len(faces), width, len(edges), comment), rec.tobytes()]
-    if len(faces):
-        f = np.empty(len(faces), dtype=[("n", "u1"), ("v", "<i4", (width,))])
-        f["n"] = width
-        f["v"] = faces
-        out.append(f.tobytes())
-    if len(edges):
-        out.append(np.ascontiguousarray(edges, dtype="<i4").tobytes())
-    return b"".join(out)
+    return b"".join([
+        ply_header(n, columns, len(faces), width, len(edges), comment),
+        ply_vertex_records(positions, [a for _, a in attrs], columns),
+        ply_face_bytes(faces),
+        ply_edge_bytes(edges),
+    ])
+
+
+def ply_row_bytes(columns: list[tuple[str, str]]) -> int:
+    return sum(np.dtype(_PLY_NP[t]).itemsize for _, t in columns)
 
 
 # --- TrackVis .trk ------------------------------------------------------------------------------
@@ -147,9 +169,9 @@ def trk_size(lengths: Sequence[int]) -> int:
     return TRK_HEADER_SIZE + sum(4 + 12 * int(n) for n in lengths)
 
 
-def trk_bytes(streamlines: Sequence[np.ndarray]) -> bytes:
+def trk_records(streamlines: Sequence[np.ndarray]) -> bytes:
     """One record per streamline: int32 count, then float32 xyz (2-D data gets z = 0)."""
-    out = [trk_header(len(streamlines))]
+    out = []
     for s in streamlines:
         pts = np.zeros((len(s), 3), "<f4")
         d = min(3, s.shape[1] if s.ndim == 2 else 0)
@@ -157,6 +179,10 @@ def trk_bytes(streamlines: Sequence[np.ndarray]) -> bytes:
         out.append(struct.pack("<i", len(s)))
         out.append(pts.tobytes())
     return b"".join(out)
+
+
+def trk_bytes(streamlines: Sequence[np.ndarray]) -> bytes:
+    return trk_header(len(streamlines)) + trk_records(streamlines)
 
 
 # --- SWC ---------------------------------------------------------------------------------------

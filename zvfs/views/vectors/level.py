@@ -18,9 +18,21 @@ from zvfs.formats import zv
 from zvfs.formats.zv import Level, ZVGroup
 from zvfs.views.node import Node
 from zvfs.views.vectors import encoders as enc
-from zvfs.views.vectors.nodes import BuiltDir, BuiltFile, Env, ErrorFile, MemFile, RowsFile, VDir
+from zvfs.views.vectors.nodes import (
+    BuiltDir,
+    BuiltFile,
+    Env,
+    ErrorFile,
+    MemFile,
+    SegmentedFile,
+    VDir,
+    rows_file,
+)
 
 LINE_GEOMETRIES = ("streamline", "polyline", "line", "lines")
+#: faces or edges per level.ply part, and bytes per streamlines.trk part
+PART_ROWS = 1 << 16
+PART_BYTES = 1 << 20
 TREE_CONVENTION = "implicit_sequential_with_branches"
 
 
@@ -66,7 +78,7 @@ class LevelTree:
         n = sum(counts) if ok else 0
         D = L.ndim
         if ok:
-            out["vertices.npy"] = RowsFile(
+            out["vertices.npy"] = rows_file(
                 env, (self.key, "vertices"), f"{self.what}/vertices", enc.npy_header(L.dtype, (n, D)),
                 counts, L.dtype.itemsize * D, lambda i: L.vertices(chunks[i]).astype(L.dtype, copy=False).tobytes())
         else:
@@ -82,7 +94,7 @@ class LevelTree:
             if not ok:
                 va[f"{name}.npy"] = ErrorFile(env, f"{self.what}/vertex_attributes/{name}.npy", counts)
                 continue
-            va[f"{name}.npy"] = RowsFile(
+            va[f"{name}.npy"] = rows_file(
                 env, (self.key, "va", name), f"{self.what}/vertex_attributes/{name}",
                 enc.npy_header(info.dtype, (n, *info.row_shape)), counts,
                 info.dtype.itemsize * info.ncols,
@@ -127,6 +139,7 @@ class LevelTree:
         return empty_f, zv.graph_edges(L)
 
     def _level_ply(self, out: dict[str, Node], chunks: list, counts: list[int], infos: dict) -> None:
+        """level.ply streamed in parts: header, each chunk's vertex rows, faces, edges."""
         L = self.level
         conn = self._try("level.ply", self._connectivity)
         if isinstance(conn, Exception):
@@ -136,39 +149,61 @@ class LevelTree:
         n = sum(counts)
         if L.encoding == "draco":
             infos = {}  # Draco drops unused vertices, so attribute rows need not line up
-        specs = [(name, i.dtype, i.ncols) for name, i in infos.items()]
-        cols = enc.vertex_columns(L.ndim, L.dtype, specs)
+        names = list(infos)
+        cols = enc.vertex_columns(L.ndim, L.dtype, [(k, i.dtype, i.ncols) for k, i in infos.items()])
         width = faces.shape[1] if len(faces) else 3
         comment = f"zvfs {self.group.geometry} level {L.name}"
-        size = enc.ply_size(n, cols, len(faces), width, len(edges), comment)
+        header = enc.ply_header(n, cols, len(faces), width, len(edges), comment)
+        row = enc.ply_row_bytes(cols)
+        fsteps = range(0, len(faces), PART_ROWS)
+        esteps = range(0, len(edges), PART_ROWS)
+        sizes = [len(header), *(c * row for c in counts),
+                 *(len(faces[s : s + PART_ROWS]) * (1 + 4 * width) for s in fsteps),
+                 *(len(edges[s : s + PART_ROWS]) * 8 for s in esteps)]
+        nc, nf = len(chunks), len(fsteps)
 
-        def build() -> bytes:
-            pos = zv.level_vertices(L)
-            attrs = [(name, zv.level_vertex_attribute(L, name)) for name in infos]
-            return enc.ply_bytes(pos, attrs, faces, edges, comment)
+        def load(i: int) -> bytes:
+            if 1 <= i <= nc:
+                c = chunks[i - 1]
+                return enc.ply_vertex_records(L.vertices(c), [L.vertex_attribute(k, c) for k in names], cols)
+            if i <= nc + nf:
+                s = fsteps[i - 1 - nc]
+                return enc.ply_face_bytes(faces[s : s + PART_ROWS])
+            s = esteps[i - 1 - nc - nf]
+            return enc.ply_edge_bytes(edges[s : s + PART_ROWS])
 
-        out["level.ply"] = BuiltFile(self.env, (self.key, "level.ply"), f"{self.what}/level.ply", size, build)
+        out["level.ply"] = SegmentedFile(self.env, (self.key, "level.ply"), f"{self.what}/level.ply",
+                                         sizes, load, literal={0: header})
 
     def _trk(self, out: dict[str, Node]) -> None:
+        """streamlines.trk streamed in batches of whole streamlines (one per object)."""
         L = self.level
         if self.group.geometry not in LINE_GEOMETRIES:
             return
 
-        def rows() -> list[np.ndarray]:
+        def plan() -> list[tuple[int, list, int]]:
             offsets = L.offsets()
-            return [L.object_rows(b, offsets, oid) for oid, b in sorted(L.manifests().items())]
+            return [(oid, b, len(L.object_rows(b, offsets, oid))) for oid, b in sorted(L.manifests().items())]
 
-        objs = self._try("streamlines.trk", rows)
+        objs = self._try("streamlines.trk", plan)
         if isinstance(objs, Exception):
             out["streamlines.trk"] = ErrorFile(self.env, f"{self.what}/streamlines.trk", objs)
             return
-        size = enc.trk_size([len(r) for r in objs])
+        batches: list[list[tuple[int, list, int]]] = [[]]
+        sizes = [enc.TRK_HEADER_SIZE, 0]
+        for o in objs:
+            if sizes[-1] >= PART_BYTES:
+                batches.append([])
+                sizes.append(0)
+            batches[-1].append(o)
+            sizes[-1] += 4 + 12 * o[2]
 
-        def build() -> bytes:
-            pos = zv.level_vertices(L)
-            return enc.trk_bytes([pos[r] for r in objs])
+        def load(i: int) -> bytes:
+            cache: dict = {}
+            return enc.trk_records([zv.object_vertices(L, oid, b, cache) for oid, b, _n in batches[i - 1]])
 
-        out["streamlines.trk"] = BuiltFile(self.env, (self.key, "trk"), f"{self.what}/streamlines.trk", size, build)
+        out["streamlines.trk"] = SegmentedFile(self.env, (self.key, "trk"), f"{self.what}/streamlines.trk",
+                                               sizes, load, literal={0: enc.trk_header(len(objs))})
 
     # -- links ---------------------------------------------------------------------------------
 

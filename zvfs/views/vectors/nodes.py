@@ -187,59 +187,66 @@ class ErrorFile(FileNode):
         raise self.env.fail(self.what, self.exc)
 
 
-class RowsFile(FileNode):
-    """A header followed by rows that come chunk by chunk (vertices.npy, attribute .npy).
+class SegmentedFile(FileNode):
+    """A file made of consecutive segments of known size, each built on its own.
 
-    ``counts[i]`` rows of ``row_bytes`` each come from ``load(i)`` (blocking, one
-    worker hop and one cache entry per chunk), so a read decodes only the
-    chunks its byte range touches.
+    ``load(i)`` (blocking: one worker hop and one cache entry per segment) gives
+    segment ``i``; a read builds only the segments its byte range touches, and
+    builds them concurrently. ``literal`` segments (headers) need no hop.
+    Large outputs (vertices.npy, level.ply, streamlines.trk) stream this way
+    instead of being built whole.
     """
 
-    def __init__(self, env: Env, key: Hashable, what: str, header: bytes, counts: Sequence[int],
-                 row_bytes: int, load: Callable[[int], bytes]) -> None:
+    def __init__(self, env: Env, key: Hashable, what: str, sizes: Sequence[int],
+                 load: Callable[[int], bytes], literal: dict[int, bytes] | None = None) -> None:
         self.env = env
         self.key = key
         self.what = what
-        self.header = header
-        self.row_bytes = row_bytes
         self.starts = [0]
-        for c in counts:
-            self.starts.append(self.starts[-1] + int(c) * row_bytes)
+        for n in sizes:
+            self.starts.append(self.starts[-1] + int(n))
         self._load = load
+        self._literal = dict(literal or {})
         self.mtime = env.mtime
         self.immutable = env.immutable
 
     @property
     def size(self) -> int:
-        return len(self.header) + self.starts[-1]
+        return self.starts[-1]
 
     def _checked(self, i: int) -> bytes:
         data = self._load(i)
         want = self.starts[i + 1] - self.starts[i]
         if len(data) != want:
-            raise ZVError(self.what, f"chunk {i} decoded to {len(data)} bytes, expected {want}")
+            raise ZVError(self.what, f"part {i} built to {len(data)} bytes, expected {want}")
         return data
 
+    async def _segment(self, i: int) -> bytes:
+        lit = self._literal.get(i)
+        if lit is not None:
+            return lit
+        return await self.env.cached((self.key, i), self.what, self._checked, i)
+
     async def read(self, offset: int, length: int) -> bytes:
-        end = min(self.size, offset + length)
-        if offset >= end:
+        lo, hi = offset, min(self.size, offset + length)
+        if lo >= hi:
             return b""
+        wanted = []
+        i = bisect.bisect_right(self.starts, lo) - 1
+        while i < len(self.starts) - 1 and self.starts[i] < hi:
+            if self.starts[i + 1] > self.starts[i]:
+                wanted.append(i)
+            i += 1
+        got = await gather(wanted, self._segment)
         out = []
-        h = len(self.header)
-        if offset < h:
-            out.append(self.header[offset : min(h, end)])
-        lo, hi = max(offset - h, 0), end - h
-        if hi > lo:
-            first = bisect.bisect_right(self.starts, lo) - 1
-            wanted = []
-            i = first
-            while i < len(self.starts) - 1 and self.starts[i] < hi:
-                if self.starts[i + 1] > self.starts[i]:
-                    wanted.append(i)
-                i += 1
-            # the chunks of one read decode concurrently, one worker hop each
-            got = await gather(wanted, lambda i: self.env.cached((self.key, i), self.what, self._checked, i))
-            for i in wanted:
-                s = self.starts[i]
-                out.append(got[i][max(lo - s, 0) : hi - s])
+        for i in wanted:
+            s = self.starts[i]
+            out.append(got[i][max(lo - s, 0) : hi - s])
         return b"".join(out)
+
+
+def rows_file(env: Env, key: Hashable, what: str, header: bytes, counts: Sequence[int],
+              row_bytes: int, load: Callable[[int], bytes]) -> SegmentedFile:
+    """A header, then ``counts[i]`` rows of ``row_bytes`` from ``load(i)`` per chunk (npy files)."""
+    return SegmentedFile(env, key, what, [len(header), *(int(c) * row_bytes for c in counts)],
+                         lambda i: load(i - 1), literal={0: header})
