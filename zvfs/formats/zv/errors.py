@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-try:  # share the formats layer's base class when it is there, so callers catch one type
-    from zvfs.formats.meta import FormatError as _Base
-except ImportError:  # pragma: no cover - the formats base is being written concurrently
-    _Base = Exception  # type: ignore[misc,assignment]
+from zvfs.formats.meta import FormatError
 
 
-class ZVError(_Base):  # type: ignore[valid-type,misc]
-    """A ZV blob or metadata document is malformed; ``key`` names the store key."""
+class ZVError(FormatError):
+    """A ZV blob or metadata document is malformed; ``key`` names the store key.
+
+    A subclass of the formats layer's FormatError, so callers that handle Zarr
+    decode errors handle these too.
+    """
 
     def __init__(self, key: str, message: str) -> None:
         super().__init__(f"{key}: {message}")
