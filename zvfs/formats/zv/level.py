@@ -263,9 +263,10 @@ class Level:
         if hit is not False:
             return hit  # type: ignore[return-value]
         fi = self._read_fragments(chunk, kind)
-        if len(self._fragments) >= FRAGMENT_CACHE:
-            self._fragments.pop(next(iter(self._fragments)))
-        self._fragments[(kind, chunk)] = fi
+        with self._lock:  # worker threads share a level while sizing it
+            if len(self._fragments) >= FRAGMENT_CACHE:
+                self._fragments.pop(next(iter(self._fragments)), None)
+            self._fragments[(kind, chunk)] = fi
         return fi
 
     def _read_fragments(self, chunk: Chunk, kind: str) -> FragmentIndex | None:
@@ -345,9 +346,10 @@ class Level:
         hit = self._draco_cache.get(chunk)
         if hit is None:
             hit = decode_draco(raw, key)
-            if len(self._draco_cache) >= 16:
-                self._draco_cache.pop(next(iter(self._draco_cache)))
-            self._draco_cache[chunk] = hit
+            with self._lock:
+                if len(self._draco_cache) >= 16:
+                    self._draco_cache.pop(next(iter(self._draco_cache)), None)
+                self._draco_cache[chunk] = hit
         return hit
 
     # -- attributes ---------------------------------------------------------------------------
