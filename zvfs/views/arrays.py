@@ -56,10 +56,10 @@ class DecodedArray:
         self._reader: Any = None
         self._open_lock = trio.Lock()
         self._ahead = ReadAhead(ceiling=max(meta.chunk_nbytes, min(64 << 20, ctx.cache_size // 4)))
-        #: chunk index -> (message, retry after this monotonic time) of chunks that failed
-        self._failed: dict[tuple[int, ...], tuple[str, float]] = {}
-        #: failures (chunk index, or None for the array) whose error was logged already
-        self._reported: set[tuple[int, ...] | None] = set()
+        #: chunk index -> (message, cause, retry after this monotonic time) of chunks that failed
+        self._failed: dict[tuple[int, ...], tuple[str, str, float]] = {}
+        #: causes (messages naming a key) logged already
+        self._reported: set[str] = set()
         self._failure_ttl = ctx.metadata_ttl
 
     @property
@@ -90,18 +90,18 @@ class DecodedArray:
         self.ctx.counters.add("bytes_decoded", chunk.nbytes)
         return chunk
 
-    async def chunk(self, idx: tuple[int, ...], report: bool = True) -> np.ndarray:
+    async def chunk(self, idx: tuple[int, ...]) -> np.ndarray:
         """Decoded chunk ``idx`` (full chunk shape); raises NodeError(EIO) naming the key.
 
         A chunk that failed stays failed for the metadata TTL: later reads fail at
-        once, and only the first reader's error is logged (one line per bad key).
-        ``report=False`` (prefetches) never uses up that one line.
+        once without fetching again. File reads pass the error through
+        :meth:`reported`, so each bad key is logged once.
         """
         if self.meta.error is not None:
-            raise self._failure(None, f"{self.meta.path or '/'}: {self.meta.error}", report)
+            raise self._failure(f"{self.meta.path or '/'}: {self.meta.error}", self.meta.error)
         failed = self._failed.get(idx)
-        if failed is not None and (self._failure_ttl is None or time.monotonic() < failed[1]):
-            raise self._failure(idx, failed[0], report)
+        if failed is not None and (self._failure_ttl is None or time.monotonic() < failed[2]):
+            raise self._failure(failed[0], failed[1])
 
         async def load() -> np.ndarray:
             try:
@@ -110,7 +110,9 @@ class DecodedArray:
             except NodeError:
                 raise
             except Exception as exc:  # corrupt chunk, unknown codec, store error: this read only
-                raise NodeError(errno.EIO, f"{self.meta.path or '/'} chunk {idx}: {exc}") from exc
+                err = NodeError(errno.EIO, f"{self.meta.path or '/'} chunk {idx}: {exc}")
+                err.cause = str(exc)  # type: ignore[attr-defined]  # names the key
+                raise err from exc
 
         key = (self.serial, idx)
         if key in self.ctx.prefetched:
@@ -121,11 +123,30 @@ class DecodedArray:
         except NodeError as exc:
             if exc.errno != errno.EIO:
                 raise
+            cause = getattr(exc, "cause", str(exc))
             if idx not in self._failed:
-                deadline = time.monotonic() + (self._failure_ttl or 0.0)
-                self._failed[idx] = (str(exc), deadline)
-                self._reported.discard(idx)
-            raise self._failure(idx, self._failed[idx][0], report) from None
+                self._failed[idx] = (str(exc), cause, time.monotonic() + (self._failure_ttl or 0.0))
+            raise self._failure(str(exc), cause) from None
+
+    @staticmethod
+    def _failure(message: str, cause: str) -> NodeError:
+        err = NodeError(errno.EIO, message)
+        err.cause = cause  # type: ignore[attr-defined]
+        return err
+
+    def reported(self, exc: NodeError) -> NodeError:
+        """``exc`` as it goes to the fs layer: flagged ``already_logged`` if its cause was logged.
+
+        The cause names the key (one shard's inner chunks share it), so a bad key
+        gives one log line however often, and through however many files, it is read.
+        """
+        cause = getattr(exc, "cause", None)
+        if cause is not None:
+            if cause in self._reported:
+                exc.already_logged = True  # type: ignore[attr-defined]
+            else:
+                self._reported.add(cause)
+        return exc
 
     async def chunk_as(self, idx: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """Chunk ``idx`` converted to ``dtype`` (e.g. another byte order), cached as well."""
@@ -137,15 +158,6 @@ class DecodedArray:
 
         return await self.ctx.chunks.get((self.serial, idx, dtype.str), convert)
 
-    def _failure(self, idx: tuple[int, ...] | None, message: str, report: bool) -> NodeError:
-        """The EIO for a failed chunk (``None``: the whole array); logged only the first time."""
-        err = NodeError(errno.EIO, message)
-        if report and idx not in self._reported:
-            self._reported.add(idx)
-        else:
-            err.already_logged = True  # type: ignore[attr-defined]
-        return err
-
     def _prefetch(self, start: int, stop: int) -> None:
         """Decode ahead the chunks under bytes [start, stop) of the C-order array."""
         item = self.meta.dtype.itemsize
@@ -155,7 +167,7 @@ class DecodedArray:
             if not self.ctx.chunks.contains(key):
                 self.ctx.prefetched.add(key)
                 self.ctx.counters.add("prefetch_requests")
-                self.ctx.background(self.chunk, idx, False)
+                self.ctx.background(self.chunk, idx)
 
     async def chunks(self, indices: list[tuple[int, ...]]) -> dict[tuple[int, ...], np.ndarray]:
         """Several chunks at once: fetched and decoded concurrently."""
@@ -208,7 +220,10 @@ class RawDataFile(FileNode):
         return self.array.meta.nbytes
 
     async def read(self, offset: int, length: int) -> bytes:
-        return await self.array.read_bytes(offset, length)
+        try:
+            return await self.array.read_bytes(offset, length)
+        except NodeError as exc:
+            raise self.array.reported(exc) from None
 
 
 class ChunkFile(FileNode):
@@ -228,7 +243,10 @@ class ChunkFile(FileNode):
         return n * meta.dtype.itemsize
 
     async def read(self, offset: int, length: int) -> bytes:
-        chunk = await self.array.chunk(self.idx)
+        try:
+            chunk = await self.array.chunk(self.idx)
+        except NodeError as exc:
+            raise self.array.reported(exc) from None
         region = self.array.meta.chunk_region_shape(self.idx)
         view = chunk[tuple(slice(0, s) for s in region)]
         return bytes(byte_view(view)[offset : offset + length])

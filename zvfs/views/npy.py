@@ -8,7 +8,7 @@ import numpy as np
 
 from zvfs.formats.meta import ArrayMeta
 from zvfs.views.arrays import DecodedArray
-from zvfs.views.node import FileNode
+from zvfs.views.node import FileNode, NodeError
 
 NPY_ALIGN = 64
 
@@ -44,5 +44,8 @@ class NpyFile(FileNode):
             length -= len(out)
             offset = hlen
         if length > 0:
-            out += await self.array.read_bytes(offset - hlen, length)
+            try:
+                out += await self.array.read_bytes(offset - hlen, length)
+            except NodeError as exc:
+                raise self.array.reported(exc) from None
         return out

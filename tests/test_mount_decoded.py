@@ -1,0 +1,765 @@
+"""Decoded views (issue 3) through real mounts of every backend, against the reference library.
+
+The corpus is one directory tree holding
+  * every store of the committed reference corpus (tests/fixtures/zarr, manifest.json),
+    whose reference is the ``.npy`` the writing library produced, and
+  * ``gen/``, written here with zarr-python 3 (v2 and v3; blosc, zstd, gzip; sharding
+    with the index at the end and at the start; big-endian; F order; edge and missing
+    chunks; 0-d; bool; complex), whose reference is zarr-python reading that directory.
+
+That tree is mounted once per backend for the whole session: the directory itself, a
+zip written by zarr-python's ZipStore, one written by the ``zip`` command, and an S3
+copy in moto. For every array and every backend, data.npy, data.raw (random reads)
+and every file under chunks/ must equal the reference byte for byte; sizes must come
+from metadata alone; netCDF's ncdump and GDAL read the uncompressed v2 mirror; and bad
+input fails one read cleanly, with one log line, while the rest keeps working.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import re
+import shutil
+import stat
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import (
+    Mounted,
+    daemon_pids,
+    is_mounted,
+    run,
+    s3_client,
+    tool,
+    upload_tree,
+    zip_with_cmd,
+    zip_with_zarr,
+)
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "zarr"
+MANIFEST = FIXTURES / "manifest.json"
+BACKENDS = ["dir", "zip-zarrpy", "zip-cmd", "s3"]
+BUCKET = "zvfs-decoded"
+
+
+# --------------------------------------------------------------------------- the corpus
+
+
+@dataclass(frozen=True)
+class Case:
+    """One array of the corpus: where it is below the corpus root, and how to get its reference."""
+
+    path: str  # below the corpus root (= below MNT/.zvfs/arrays and MNT/.zvfs/v2)
+    store: str  # top directory of the corpus
+    ref_npy: str | None = None  # committed reference (fixtures)
+    chunks: tuple[int, ...] | None = None  # expected decoded chunk unit (None: from meta.json)
+    vlen: bool = False
+
+
+def _fixture_cases() -> list[Case]:
+    if not MANIFEST.is_file():
+        return []
+    manifest = json.loads(MANIFEST.read_text())
+    cases = []
+    for store, sdoc in sorted(manifest["stores"].items()):
+        if store.startswith("bad"):
+            continue  # bad input has its own tests below
+        for apath, adoc in sorted(sdoc["arrays"].items()):
+            if adoc.get("error"):
+                continue
+            path = f"{store}/{apath}" if apath else store
+            if "ref" in adoc:
+                cases.append(Case(path, store, adoc["ref"], tuple(adoc["chunks"])))
+            elif "ref_json" in adoc:
+                cases.append(Case(path, store, vlen=True))
+    return cases
+
+
+def _gen_specs() -> dict[str, dict]:
+    """``gen/`` arrays: path -> how zarr-python writes it (declared = dtype the views must serve)."""
+    from zarr.codecs import BloscCodec, BytesCodec, GzipCodec, ShardingCodec, ZstdCodec
+
+    blosc = BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")
+    s = {
+        # v3
+        "v3/blosc_f4": dict(fmt=3, shape=(37, 23), chunks=(8, 5), dtype="<f4",
+                            compressors=[blosc], dimension_names=["y", "x"]),
+        "v3/zstd_be_i4": dict(fmt=3, shape=(31, 17), chunks=(10, 6), dtype=">i4",
+                              serializer=BytesCodec(endian="big"), compressors=[ZstdCodec(level=3)]),
+        "v3/gzip_missing_f8": dict(fmt=3, shape=(20, 20), chunks=(6, 6), dtype="<f8",
+                                   compressors=[GzipCodec(level=5)], fill_value=-9999.5,
+                                   write=[(slice(0, 6), slice(0, 6)), (slice(12, 20), slice(7, 13))]),
+        "v3/shard_end_i2": dict(fmt=3, shape=(47, 33), chunks=(5, 5), shards=(20, 15), dtype="<i2",
+                                compressors=[BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle")]),
+        "v3/shard_start_u2": dict(fmt=3, shape=(30, 25), chunks=(8, 10), dtype="<u2", fill_value=7,
+                                  serializer=ShardingCodec(chunk_shape=(4, 5), codecs=[
+                                      BytesCodec(endian="little"), ZstdCodec(level=1)],
+                                      index_location="start"),
+                                  compressors=None,
+                                  write=[(slice(0, 8), slice(0, 10)), (slice(9, 14), slice(12, 25))]),
+        "v3/shard_start_be_f8": dict(fmt=3, shape=(13, 11), chunks=(6, 6), dtype=">f8",
+                                     serializer=ShardingCodec(chunk_shape=(3, 2), codecs=[
+                                         BytesCodec(endian="big"), GzipCodec(level=1)],
+                                         index_location="start"),
+                                     compressors=None),
+        "v3/bool": dict(fmt=3, shape=(9, 7), chunks=(4, 4), dtype="|b1"),
+        "v3/complex64": dict(fmt=3, shape=(6, 5), chunks=(4, 2), dtype="<c8", compressors=[blosc]),
+        "v3/u1_3d": dict(fmt=3, shape=(5, 6, 7), chunks=(2, 4, 3), dtype="|u1"),
+        "v3/scalar": dict(fmt=3, shape=(), chunks=(), dtype="<f8"),
+        # v2
+        "v2/blosc_F_be_f8": dict(fmt=2, shape=(19, 13), chunks=(7, 5), dtype=">f8", order="F",
+                                 compressors="blosc"),
+        "v2/zstd_be_i8": dict(fmt=2, shape=(15, 11), chunks=(4, 4), dtype=">i8", compressors="zstd"),
+        "v2/gzip_missing_u2": dict(fmt=2, shape=(16, 9), chunks=(5, 4), dtype="<u2", fill_value=3,
+                                   compressors="gzip", write=[(slice(5, 10), slice(0, 4))]),
+        "v2/F_3d_i4": dict(fmt=2, shape=(6, 5, 4), chunks=(4, 2, 3), dtype="<i4", order="F",
+                           compressors="zstd"),
+        "v2/bool": dict(fmt=2, shape=(9, 7), chunks=(4, 4), dtype="|b1", compressors="blosc"),
+        "v2/complex128_be": dict(fmt=2, shape=(7, 3), chunks=(3, 2), dtype=">c16", compressors="gzip"),
+        "v2/scalar_be_i2": dict(fmt=2, shape=(), chunks=(), dtype=">i2"),
+        # netCDF-friendly groups (only types netCDF-C has): v3 compressed + sharded, and v2
+        "nc/temp": dict(fmt=3, shape=(12, 10), chunks=(3, 5), shards=(6, 10), dtype="<f4",
+                        compressors=[blosc], dimension_names=["lat", "lon"]),
+        "nc/count": dict(fmt=3, shape=(12,), chunks=(5,), dtype="<i4", compressors=[ZstdCodec(level=1)],
+                         dimension_names=["lat"]),
+        "nc/noname": dict(fmt=3, shape=(5, 7), chunks=(2, 3), dtype="<f8", compressors=[GzipCodec()]),
+        "nc/be_start": dict(fmt=3, shape=(4, 12), chunks=(4, 6), dtype=">u2",
+                            serializer=ShardingCodec(chunk_shape=(2, 3), codecs=[
+                                BytesCodec(endian="big"), ZstdCodec(level=1)], index_location="start"),
+                            compressors=None, dimension_names=["t", "lat"]),
+        "nc2/a": dict(fmt=2, shape=(9, 8), chunks=(4, 3), dtype=">f8", order="F", compressors="blosc",
+                      dimension_names=["row", "col"]),
+        "nc2/b": dict(fmt=2, shape=(9,), chunks=(4,), dtype="<i2", compressors="zlib", fill_value=-1,
+                      dimension_names=["row"], write=[(slice(0, 4),)]),
+    }
+    return s
+
+
+def _sample(dtype: np.dtype, shape: tuple[int, ...], seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    n = math.prod(shape)
+    if dtype.kind == "b":
+        a = rng.integers(0, 2, n).astype(bool)
+    elif dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        a = rng.integers(max(info.min, -30000), min(info.max, 60000), n, endpoint=True).astype(dtype)
+    elif dtype.kind == "c":
+        a = (rng.standard_normal(n) * 100 + 1j * rng.standard_normal(n) * 100).astype(dtype)
+    else:
+        a = (rng.standard_normal(n) * 100).astype(dtype)
+    return a.reshape(shape)
+
+
+def _v2_compressor(name: str):
+    import numcodecs
+
+    return {
+        "blosc": numcodecs.Blosc(cname="zstd", clevel=3, shuffle=numcodecs.Blosc.BITSHUFFLE),
+        "zstd": numcodecs.Zstd(level=3),
+        "gzip": numcodecs.GZip(level=4),
+        "zlib": numcodecs.Zlib(level=4),
+    }[name]
+
+
+def build_gen_corpus(root: Path) -> dict[str, tuple[np.ndarray, np.dtype]]:
+    """Write ``gen/`` with zarr-python 3; return path -> (zarr-python's read of it, declared dtype)."""
+    import zarr
+
+    store = zarr.storage.LocalStore(str(root))
+    zarr.open_group(store, mode="w", zarr_format=3, attributes={"title": "zvfs decoded corpus"})
+    specs = _gen_specs()
+    groups = sorted({p.rsplit("/", 1)[0] for p in specs})
+    for g in groups:
+        fmt = specs[next(p for p in specs if p.startswith(g + "/"))]["fmt"]
+        zarr.open_group(store, path=g, mode="w", zarr_format=fmt, attributes={"group": g})
+    for seed, (path, spec) in enumerate(sorted(specs.items())):
+        spec = dict(spec)
+        fmt = spec.pop("fmt")
+        declared = np.dtype(spec.pop("dtype"))
+        write = spec.pop("write", None)
+        comp = spec.get("compressors")
+        if fmt == 2 and isinstance(comp, str):
+            spec["compressors"] = _v2_compressor(comp)
+        if fmt == 2 and "dimension_names" in spec:  # v2 spells them as xarray does
+            spec["attributes"] = {"_ARRAY_DIMENSIONS": spec.pop("dimension_names")}
+        kw = dict(shape=spec.pop("shape"), chunks=spec.pop("chunks"), zarr_format=fmt, **spec)
+        dt = declared if fmt == 2 else declared.newbyteorder("=")
+        arr = zarr.create_array(store, name=path, dtype=dt, **kw)
+        data = _sample(declared, arr.shape, seed)
+        if write is None:
+            arr[...] = data
+        else:
+            for region in write:
+                arr[region] = data[region]
+    refs = {}
+    for path in specs:
+        arr = zarr.open_array(store, path=path, mode="r")
+        ref = np.asarray(arr[...])
+        refs[path] = (ref, np.dtype(specs[path]["dtype"]))
+    return refs
+
+
+FIXTURE_CASES = _fixture_cases()
+GEN_CASES = [Case(f"gen/{p}", "gen") for p in sorted(_gen_specs())]
+CASES = FIXTURE_CASES + GEN_CASES
+
+
+@dataclass
+class Corpus:
+    root: Path
+    refs: dict[str, np.ndarray]  # case path -> reference in the declared dtype and byte order
+
+    def ref(self, case: Case) -> np.ndarray:
+        return self.refs[case.path]
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> Corpus:
+    root = tmp_path_factory.mktemp("decoded") / "corpus"
+    root.mkdir()
+    refs: dict[str, np.ndarray] = {}
+    for store in sorted({c.store for c in FIXTURE_CASES}):
+        shutil.copytree(FIXTURES / store, root / store)
+    for c in FIXTURE_CASES:
+        if c.ref_npy:
+            refs[c.path] = np.load(FIXTURES / c.ref_npy)
+    for path, (ref, declared) in build_gen_corpus(root / "gen").items():
+        assert ref.dtype == declared or ref.dtype == declared.newbyteorder("="), (path, ref.dtype)
+        refs[f"gen/{path}"] = ref.astype(declared)
+    return Corpus(root, refs)
+
+
+@dataclass
+class Backend:
+    name: str
+    mnt: Mounted
+
+    @property
+    def arrays(self) -> Path:
+        return self.mnt.path / ".zvfs" / "arrays"
+
+    @property
+    def v2(self) -> Path:
+        return self.mnt.path / ".zvfs" / "v2"
+
+
+def _source(name: str, corpus: Corpus, request) -> tuple[str, list[str], dict | None]:
+    """(SOURCE, extra mount flags, env) of the corpus for one backend."""
+    if name == "dir":
+        return str(corpus.root), [], None
+    zips = corpus.root.parent
+    if name == "zip-zarrpy":
+        dest = zips / "corpus-zarrpy.zip"
+        if not dest.exists():
+            zip_with_zarr(corpus.root, dest)
+        return str(dest), [], None
+    if name == "zip-cmd":
+        dest = zips / "corpus-cmd.zip"
+        if not dest.exists():
+            zip_with_cmd(corpus.root, dest)
+        return str(dest), [], None
+    moto = request.getfixturevalue("moto")
+    env = request.getfixturevalue("s3_env")
+    client = s3_client(moto.endpoint)
+    existing = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
+    if BUCKET not in existing:
+        client.create_bucket(Bucket=BUCKET)
+        upload_tree(client, corpus.root, BUCKET, "corpus")
+    return f"s3://{BUCKET}/corpus", ["--endpoint-url", moto.endpoint], env
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def backend(request, corpus, session_mount) -> Backend:
+    """The corpus mounted through one backend, once per session."""
+    source, extra, env = _source(request.param, corpus, request)
+    m = session_mount(source, *extra, env=env)
+    return Backend(request.param, m)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def read_range(path: Path, offset: int, length: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(length)
+
+
+def chunk_region(idx: tuple[int, ...], chunks: list[int]) -> tuple[slice, ...]:
+    return tuple(slice(i * c, (i + 1) * c) for i, c in zip(idx, chunks, strict=True))
+
+
+def stats(mnt: Mounted) -> dict:
+    return json.loads((mnt.path / ".zvfs" / "stats.json").read_text())
+
+
+def fill_matches(meta_fill, ref: np.ndarray) -> None:
+    """meta.json's fill value is a Zarr-style JSON scalar of the array's type."""
+    if meta_fill is None:
+        return
+    if ref.dtype.kind == "f":
+        assert meta_fill in ("NaN", "Infinity", "-Infinity") or isinstance(meta_fill, int | float)
+    elif ref.dtype.kind == "c":
+        assert isinstance(meta_fill, list) and len(meta_fill) == 2
+    elif ref.dtype.kind == "b":
+        assert isinstance(meta_fill, bool)
+    elif ref.dtype.kind in "iu":
+        assert isinstance(meta_fill, int) and not isinstance(meta_fill, bool)
+
+
+# --------------------------------------------------------------------------- 1. arrays/
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.path)
+def test_array_views(backend: Backend, corpus: Corpus, case: Case) -> None:
+    """meta.json, data.npy, data.raw at random ranges, and every chunks/ file equal the reference."""
+    base = backend.arrays / case.path
+    meta = json.loads((base / "meta.json").read_text())
+    assert meta["error"] is None, meta["error"]
+    if case.vlen:
+        assert meta["vlen"], meta
+        assert not (base / "data.raw").exists()
+        return
+    ref = corpus.ref(case)
+    expected = ref.tobytes()
+    assert meta["shape"] == list(ref.shape)
+    assert meta["dtype"] == ref.dtype.str
+    if case.chunks is not None:
+        assert tuple(meta["chunks"]) == case.chunks
+    fill_matches(meta["fill_value"], ref)
+    assert meta["nbytes"] == len(expected)
+
+    # data.npy, memory-mapped, as a user would
+    a = np.load(base / "data.npy", mmap_mode="r")
+    assert a.dtype.str == ref.dtype.str and a.shape == ref.shape
+    assert a.tobytes() == expected
+    del a
+
+    # data.raw: its size, the whole file, and seeded random ranges with plain open().read()
+    raw = base / "data.raw"
+    assert raw.stat().st_size == len(expected)
+    rng = random.Random(case.path)
+    n = len(expected)
+    ranges = [(0, n), (max(0, n - 3), 10), (n, 5)]
+    for _ in range(6):
+        off = rng.randrange(0, max(1, n))
+        ranges.append((off, rng.randint(1, max(1, min(n, 3 * ref.dtype.itemsize * 17)))))
+    for off, length in ranges:
+        assert read_range(raw, off, length) == expected[off : off + length], (off, length)
+
+    # chunks/: one file per decoded chunk, clipped at the edges
+    chunks = meta["chunks"]
+    names = sorted(os.listdir(base / "chunks"))
+    grid = [-(-s // c) for s, c in zip(ref.shape, chunks, strict=True)]
+    assert len(names) == math.prod(grid)
+    for name in names:
+        idx = tuple(int(x) for x in name.split(".")) if ref.ndim else ()
+        want = np.ascontiguousarray(ref[chunk_region(idx, chunks)]).tobytes()
+        assert (base / "chunks" / name).read_bytes() == want, name
+
+
+def test_root_level_stores(corpus: Corpus, session_mount) -> None:
+    """Stores mounted at their own root: a root array, v2 .zmetadata and v3 consolidated metadata."""
+    for case in CASES:
+        if "/" in case.path or case.vlen:
+            continue
+        # a root array (the whole store is one array): arrays/ holds its files directly
+        m = session_mount(corpus.root / case.store)
+        ref = corpus.ref(case)
+        assert np.load(m.path / ".zvfs/arrays/data.npy").tobytes() == ref.tobytes()
+        assert json.loads((m.path / ".zvfs/v2/.zarray").read_text())["shape"] == list(ref.shape)
+    for store in ("zarr2_v2.zarr", "zarr3_consolidated.zarr"):
+        cases = [c for c in FIXTURE_CASES if c.store == store and not c.vlen]
+        if not cases:
+            continue
+        m = session_mount(corpus.root / store)
+        for case in cases:
+            rel = case.path[len(store) + 1 :]
+            got = np.load(m.path / ".zvfs/arrays" / rel / "data.npy", mmap_mode="r")
+            assert got.tobytes() == corpus.ref(case).tobytes(), rel
+
+
+def _walk_files(top: Path) -> list[tuple[Path, int]]:
+    out = []
+    for dirpath, _dirs, files in os.walk(top):
+        for f in files:
+            p = Path(dirpath) / f
+            st = os.lstat(p)
+            assert stat.S_ISREG(st.st_mode)
+            out.append((p, st.st_size))
+    return out
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_sizes_decode_nothing(name: str, corpus: Corpus, mount, request) -> None:
+    """`ls -l` and stat() of every decoded file take sizes from metadata: no chunk is decoded."""
+    source, extra, env = _source(name, corpus, request)
+    m = mount(source, *extra, env=env)
+    assert stats(m).get("chunks_decoded", 0) == 0
+    ls = run([tool("ls"), "-lR", m.path / ".zvfs/arrays", m.path / ".zvfs/v2"], check=True)
+    assert "data.npy" in ls.stdout
+    sizes = dict(_walk_files(m.path / ".zvfs/arrays"))
+    v2 = _walk_files(m.path / ".zvfs/v2")
+    assert v2
+    for case in CASES:
+        if case.vlen:
+            continue
+        ref = corpus.ref(case)
+        base = m.path / ".zvfs/arrays" / case.path
+        assert sizes[base / "data.raw"] == ref.nbytes
+        assert sizes[base / "data.npy"] > ref.nbytes
+        meta = json.loads((base / "meta.json").read_text())
+        chunks = meta["chunks"]
+        for name_ in os.listdir(base / "chunks"):
+            idx = tuple(int(x) for x in name_.split(".")) if ref.ndim else ()
+            assert sizes[base / "chunks" / name_] == ref[chunk_region(idx, chunks)].nbytes
+    s = stats(m)
+    assert s.get("chunks_decoded", 0) == 0, s
+
+
+# --------------------------------------------------------------------------- 2. legacy readers
+
+
+def parse_ncdump(text: str) -> dict[str, list[str]]:
+    """``{group/var: [value tokens]}`` from ncdump's data sections ('_' is the fill value)."""
+    out: dict[str, list[str]] = {}
+    groups: list[str] = []
+    in_data = False
+    current: str | None = None
+    buf: list[str] = []
+    for line in text.splitlines():
+        s = line.strip()
+        m = re.match(r"^group: (\S+) \{$", s)
+        if m:
+            groups.append(m.group(1))
+            in_data = False
+            continue
+        if s.startswith("} // group"):
+            groups.pop()
+            in_data = False
+            continue
+        if s == "data:":
+            in_data = True
+            continue
+        if not in_data or not s:
+            continue
+        if current is None:
+            m = re.match(r"^(\S+) =\s*(.*)$", s)
+            if not m:
+                continue
+            current = "/".join([*groups, m.group(1)])
+            s = m.group(2)
+        buf.append(s)
+        if s.endswith(";"):
+            joined = " ".join(buf)[:-1]
+            out[current] = [t.strip() for t in joined.split(",") if t.strip()]
+            current, buf = None, []
+    return out
+
+
+def ncdump_values(tokens: list[str], ref: np.ndarray, fill) -> None:
+    """ncdump's printed values equal the reference (floats printed with full precision)."""
+    flat = ref.reshape(-1)
+    assert len(tokens) == flat.size, (len(tokens), flat.size)
+    for i, (tok, want) in enumerate(zip(tokens, flat, strict=True)):
+        if tok == "_":  # netCDF prints _FillValue as '_'
+            assert fill is not None and (want == fill or (np.isnan(want) and np.isnan(fill))), (i, want)
+            continue
+        if ref.dtype.kind == "f":
+            got = {"NaN": np.nan, "nan": np.nan, "Infinity": np.inf, "-Infinity": -np.inf}.get(tok)
+            got = ref.dtype.type(float(tok) if got is None else got)
+            assert got == want or (np.isnan(got) and np.isnan(want)), (i, tok, want)
+        else:
+            assert int(tok) == int(want), (i, tok, want)
+
+
+NC_TYPES = set("iuf")
+
+
+def _group_cases(group: str) -> list[Case]:
+    return [c for c in CASES if c.path.startswith(group + "/") and not c.vlen]
+
+
+#: groups whose every array has a netCDF type: v3, compressed, sharded, v2, NCZarr, v1
+NC_GROUPS = ["gen/nc", "gen/nc2"] + [
+    g for g in ("zarr3_v3.zarr/codecs", "zarr3_v3.zarr/shards", "zarr3_v3.zarr/keys",
+                "zarr2_v2.zarr/compressors", "zarr3_v2.zarr/compressors", "v1.zarr",
+                "nczarr.file")
+    if _group_cases(g)
+]
+
+
+def ncdump(mnt: Path, group: str) -> str:
+    url = f"file://{mnt}/.zvfs/v2/{group}#mode=zarr,file"
+    res = run([tool("ncdump"), "-p", "9,17", url], timeout=120)
+    assert res.returncode == 0, f"ncdump {url} failed: {res.stderr}"
+    return res.stdout
+
+
+@pytest.mark.parametrize("group", NC_GROUPS)
+def test_ncdump_through_v2_mirror(backend: Backend, corpus: Corpus, group: str) -> None:
+    """netCDF-C's pure-Zarr reader prints the reference values through .zvfs/v2."""
+    if backend.name != "dir" and not group.startswith("gen/"):
+        group_ok = group in ("zarr3_v3.zarr/shards",)
+        if not group_ok:
+            return  # fixtures' groups through the other backends: one is enough (runtime)
+    values = parse_ncdump(ncdump(backend.mnt.path, group))
+    checked = 0
+    for case in _group_cases(group):
+        ref = corpus.ref(case)
+        if ref.dtype.kind not in NC_TYPES:
+            continue
+        var = case.path[len(group) + 1 :]
+        assert var in values, (var, sorted(values))
+        fill = json.loads((backend.arrays / case.path / "meta.json").read_text())["fill_value"]
+        if isinstance(fill, str):
+            fill = float(fill)
+        ncdump_values(values[var], ref, fill)
+        checked += 1
+    assert checked
+
+
+def gdal_checksum(target: str) -> int:
+    res = run([tool("gdalinfo"), "-checksum", target], timeout=120)
+    assert res.returncode == 0, f"gdalinfo {target}: {res.stderr}"
+    sums = re.findall(r"Checksum=(\d+)", res.stdout)
+    assert len(sums) == 1, res.stdout
+    return int(sums[0])
+
+
+#: ENVI data types GDAL 3.6's ENVI driver opens (not 14/15, 64-bit integers: it refuses them)
+ENVI_CODES = {"u1": 1, "b1": 1, "i2": 2, "i4": 3, "f4": 4, "f8": 5, "c8": 6, "c16": 9,
+              "u2": 12, "u4": 13}
+
+
+def _envi_code(dt: np.dtype) -> int | None:
+    return ENVI_CODES.get(f"{dt.kind}{dt.itemsize}")
+
+
+_reference_sums: dict[str, int] = {}
+
+
+def reference_checksum(ref: np.ndarray, tmp: Path, key: str) -> int:
+    """gdalinfo's checksum of ``ref`` written by numpy as an ENVI raw file (our own header)."""
+    if key not in _reference_sums:
+        tmp.mkdir(parents=True, exist_ok=True)
+        raw = tmp / "ref.raw"
+        ref.astype(ref.dtype.newbyteorder("<")).tofile(raw)
+        lines, samples = ref.shape
+        (tmp / "ref.hdr").write_text(
+            f"ENVI\nsamples = {samples}\nlines = {lines}\nbands = 1\nheader offset = 0\n"
+            f"file type = ENVI Standard\ndata type = {_envi_code(ref.dtype)}\ninterleave = bsq\n"
+            "byte order = 0\n"
+        )
+        _reference_sums[key] = gdal_checksum(str(raw))
+    return _reference_sums[key]
+
+
+GDAL_CASES = [c for c in CASES if not c.vlen]
+
+
+def _gdal_ok(ref: np.ndarray) -> bool:
+    return ref.ndim == 2 and _envi_code(ref.dtype) is not None
+
+
+@pytest.mark.parametrize("case", GDAL_CASES, ids=lambda c: c.path)
+def test_gdal_checksum(backend: Backend, corpus: Corpus, case: Case, tmp_path_factory) -> None:
+    """GDAL's Zarr driver through .zvfs/v2, and its ENVI driver on data.raw + data.hdr,
+    give the checksum of the same data written with numpy as ENVI."""
+    if backend.name != "dir" and case.store != "gen":
+        return  # the fixtures through one backend, our corpus through all (runtime)
+    ref = corpus.ref(case)
+    if not _gdal_ok(ref):
+        return
+    want = reference_checksum(ref, tmp_path_factory.mktemp("envi"), case.path)
+    group, _, name = case.path.rpartition("/")
+    mirror = f'ZARR:"{backend.v2 / group}":/{name}'
+    assert gdal_checksum(mirror) == want, mirror
+    raw = backend.arrays / case.path / "data.raw"
+    assert (raw.parent / "data.hdr").is_file()
+    assert gdal_checksum(str(raw)) == want, raw
+
+
+# --------------------------------------------------------------------------- 4. done when
+
+
+def test_done_when_sharded_blosc_on_moto(moto, s3_env, mount, tmp_path) -> None:
+    """Issue 3's "done when": a v3 sharded blosc array in a moto bucket, read three ways."""
+    import zarr
+    from zarr.codecs import BloscCodec
+
+    src = tmp_path / "x-store"
+    store = zarr.storage.LocalStore(str(src))
+    zarr.open_group(store, mode="w", zarr_format=3)
+    x = zarr.create_array(store, name="x", shape=(150, 130), chunks=(10, 13), shards=(50, 65),
+                          dtype="float32", compressors=[BloscCodec(cname="zstd", shuffle="shuffle")],
+                          dimension_names=["y", "x"])
+    data = _sample(np.dtype("<f4"), (150, 130), 99)
+    x[:] = data
+    ref = np.asarray(zarr.open_array(store, path="x", mode="r")[...])
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket="zvfs-done-when")
+    upload_tree(client, src, "zvfs-done-when", "store")
+    m = mount("s3://zvfs-done-when/store", "--endpoint-url", moto.endpoint, env=s3_env)
+
+    # 1. numpy in a fresh process
+    npy = m.path / ".zvfs/arrays/x/data.npy"
+    res = run([tool("python3"), "-c", f'import numpy as np; print(repr(np.load("{npy}").sum()))'],
+              check=True)
+    assert res.stdout.strip() == repr(ref.sum()), (res.stdout, ref.sum())
+    # 2. ncdump through the v2 mirror
+    values = parse_ncdump(ncdump(m.path, ""))
+    ncdump_values(values["x"], ref, 0.0)
+    # 3. gdalinfo -checksum through the v2 mirror (and data.raw + data.hdr)
+    want = reference_checksum(ref, tmp_path / "envi", "done-when x")
+    assert gdal_checksum(f'ZARR:"{m.path / ".zvfs/v2"}":/x') == want
+    assert gdal_checksum(str(m.path / ".zvfs/v2/x")) == want
+    assert gdal_checksum(str(m.path / ".zvfs/arrays/x/data.raw")) == want
+
+
+# --------------------------------------------------------------------------- 3. bad input
+
+
+def build_bad_store(root: Path) -> dict[str, str]:
+    """A v2/v3 store with one good array and broken ones; returns name -> key that is broken."""
+    import numcodecs
+    import zarr
+
+    store = zarr.storage.LocalStore(str(root))
+    zarr.open_group(store, mode="w", zarr_format=3)
+    good = zarr.create_array(store, name="good", shape=(8, 8), chunks=(4, 4), dtype="<i4")
+    good[:] = np.arange(64, dtype="<i4").reshape(8, 8)
+    v2 = zarr.open_group(store, path="v2", mode="w", zarr_format=2)
+    c = v2.create_array("corrupt", shape=(8, 8), chunks=(4, 4), dtype="<f8",
+                        compressors=numcodecs.Blosc(cname="lz4"))
+    c[:] = np.arange(64, dtype="<f8").reshape(8, 8)
+    t = v2.create_array("truncated", shape=(8,), chunks=(4,), dtype="<i2")
+    t[:] = 1
+    u = v2.create_array("unknown", shape=(8,), chunks=(4,), dtype="<i2")
+    u[:] = 2
+    t3 = zarr.create_array(store, name="truncated3", shape=(8,), chunks=(4,), dtype="<i2")
+    t3[:] = 3
+    u3 = zarr.create_array(store, name="unknown3", shape=(8,), chunks=(4,), dtype="<i2")
+    u3[:] = 4
+    o = zarr.create_array(store, name="overflow", shape=(8,), chunks=(4,), dtype="<i8")
+    o[:] = 5
+    cs = zarr.create_array(store, name="corrupt_shard", shape=(8, 8), chunks=(2, 2), shards=(4, 4),
+                           dtype="<u2")
+    cs[:] = 6
+    garbage = np.random.default_rng(7)
+    # garbage bytes in one blosc chunk
+    key = root / "v2/corrupt/0.1"
+    key.write_bytes(garbage.bytes(key.stat().st_size))
+    # garbage in a whole shard (its index included)
+    shard = root / "corrupt_shard/c/1/0"
+    shard.write_bytes(garbage.bytes(shard.stat().st_size))
+    # truncated metadata
+    for rel in ("v2/truncated/.zarray", "truncated3/zarr.json"):
+        p = root / rel
+        p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2])
+    # unknown codecs
+    doc = json.loads((root / "v2/unknown/.zarray").read_text())
+    doc["compressor"] = {"id": "no-such-codec-v2"}
+    (root / "v2/unknown/.zarray").write_text(json.dumps(doc))
+    doc = json.loads((root / "unknown3/zarr.json").read_text())
+    doc["codecs"].append({"name": "no-such-codec-v3", "configuration": {}})
+    (root / "unknown3/zarr.json").write_text(json.dumps(doc))
+    # an absurd shape: the product overflows 64 bits
+    doc = json.loads((root / "overflow/zarr.json").read_text())
+    doc["shape"] = [2**40, 2**40, 2**40]
+    doc["chunk_grid"]["configuration"]["chunk_shape"] = [4, 4, 4]
+    (root / "overflow/zarr.json").write_text(json.dumps(doc))
+    return {
+        "v2/corrupt": "v2/corrupt/0.1",
+        "corrupt_shard": "corrupt_shard/c/1/0",
+        "v2/truncated": "v2/truncated/.zarray",
+        "truncated3": "truncated3/zarr.json",
+        "v2/unknown": "v2/unknown/.zarray",
+        "unknown3": "unknown3/zarr.json",
+        "overflow": "overflow/zarr.json",
+    }
+
+
+@pytest.fixture(scope="session")
+def bad_store(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    root = tmp_path_factory.mktemp("bad") / "bad.zarr"
+    return root, build_bad_store(root)
+
+
+def _lines_naming(log: str, key: str) -> list[str]:
+    return [ln for ln in log.splitlines() if key in ln]
+
+
+@pytest.mark.parametrize("name", ["dir", "s3"])
+def test_bad_input(name: str, bad_store, mount, request) -> None:
+    root, broken = bad_store
+    if name == "dir":
+        m = mount(root)
+    else:
+        moto = request.getfixturevalue("moto")
+        env = request.getfixturevalue("s3_env")
+        client = s3_client(moto.endpoint)
+        client.create_bucket(Bucket="zvfs-bad")
+        upload_tree(client, root, "zvfs-bad", "bad")
+        m = mount("s3://zvfs-bad/bad", "--endpoint-url", moto.endpoint, env=env)
+    arrays = m.path / ".zvfs/arrays"
+    pids = daemon_pids(m.path)
+    assert pids
+
+    # metadata errors: in meta.json, no data files, left out of the v2 mirror
+    for path in ("v2/truncated", "truncated3", "v2/unknown", "unknown3", "overflow"):
+        meta = json.loads((arrays / path / "meta.json").read_text())
+        assert meta["error"], (path, meta)
+        assert broken[path].split("/")[-1] in meta["error"] or path in meta["error"], meta["error"]
+        data = arrays / path / "data.raw"
+        if data.exists():
+            with pytest.raises(OSError) as ei:
+                data.read_bytes()
+            assert ei.value.errno == 5
+    # read errors: that chunk fails with EIO (again and again, through every view of it);
+    # the array's other chunks still read
+    for path, bad_chunks, good_chunk in (("v2/corrupt", ["0.1"], "0.0"),
+                                         ("corrupt_shard", ["2.0", "3.1", "2.1"], "0.0")):
+        for _ in range(2):
+            for target in [arrays / path / "chunks" / c for c in bad_chunks] + [
+                arrays / path / "data.raw",
+                arrays / path / "data.npy",
+                m.path / ".zvfs/v2" / path / bad_chunks[0],
+            ]:
+                with pytest.raises(OSError) as ei:
+                    target.read_bytes()
+                assert ei.value.errno == 5, target
+        assert (arrays / path / "chunks" / good_chunk).read_bytes()
+        assert (m.path / ".zvfs/v2" / path / good_chunk).read_bytes()
+    # the good array and the mirror still work; the daemon is still up
+    good = np.load(arrays / "good/data.npy")
+    assert good.tolist() == np.arange(64).reshape(8, 8).tolist()
+    assert (m.path / ".zvfs/v2/good/.zarray").is_file()
+    assert not (m.path / ".zvfs/v2/overflow").exists()
+    assert is_mounted(m.path) and all(os.path.exists(f"/proc/{p}") for p in pids)
+
+    # one log line per broken key, naming it, however often it was read
+    log = m.log_text()
+    for key in broken.values():
+        lines = _lines_naming(log, key)
+        assert len(lines) == 1, (key, lines, log[-3000:])
+
+
+def test_npy_header_sizes() -> None:
+    """The NPY header keeps data 64-byte aligned, so mmap'ed loads see aligned data."""
+    from zvfs.formats.meta import ArrayMeta
+    from zvfs.views.npy import npy_header
+
+    for shape in [(), (3,), (2**40, 3), tuple(range(1, 30))]:
+        h = npy_header(ArrayMeta(path="x", format="zarr_v3", shape=shape, chunks=shape,
+                                 dtype=np.dtype(">f8")))
+        assert len(h) % 64 == 0
+        assert h[:6] == b"\x93NUMPY"
+        hl = struct.unpack("<H", h[8:10])[0] if h[6] == 1 else struct.unpack("<I", h[8:12])[0]
+        assert len(h) == hl + (10 if h[6] == 1 else 12)
