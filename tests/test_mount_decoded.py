@@ -133,6 +133,11 @@ def _gen_specs() -> dict[str, dict]:
                             serializer=ShardingCodec(chunk_shape=(2, 3), codecs=[
                                 BytesCodec(endian="big"), ZstdCodec(level=1)], index_location="start"),
                             compressors=None, dimension_names=["t", "lat"]),
+        # one dimension name, two sizes (v3 allows it): the mirror must keep every value
+        "nc3/p": dict(fmt=3, shape=(3,), chunks=(2,), dtype="<i2", dimension_names=["n"]),
+        "nc3/r": dict(fmt=3, shape=(5,), chunks=(2,), dtype="<i2", dimension_names=["n"]),
+        "nc3/sub/q": dict(fmt=3, shape=(5, 3), chunks=(2, 2), dtype="<f8", dimension_names=["n", "m"],
+                          compressors=[ZstdCodec(level=1)]),
         "nc2/a": dict(fmt=2, shape=(9, 8), chunks=(4, 3), dtype=">f8", order="F", compressors="blosc",
                       dimension_names=["row", "col"]),
         "nc2/b": dict(fmt=2, shape=(9,), chunks=(4,), dtype="<i2", compressors="zlib", fill_value=-1,
@@ -177,7 +182,7 @@ def build_gen_corpus(root: Path) -> dict[str, tuple[np.ndarray, np.dtype]]:
     groups = sorted({p.rsplit("/", 1)[0] for p in specs})
     for g in groups:
         fmt = specs[next(p for p in specs if p.startswith(g + "/"))]["fmt"]
-        zarr.open_group(store, path=g, mode="w", zarr_format=fmt, attributes={"group": g})
+        zarr.open_group(store, path=g, mode="a", zarr_format=fmt, attributes={"group": g})
     for seed, (path, spec) in enumerate(sorted(specs.items())):
         spec = dict(spec)
         fmt = spec.pop("fmt")
@@ -201,7 +206,7 @@ def build_gen_corpus(root: Path) -> dict[str, tuple[np.ndarray, np.dtype]]:
     for path in specs:
         arr = zarr.open_array(store, path=path, mode="r")
         ref = np.asarray(arr[...])
-        refs[path] = (ref, np.dtype(specs[path]["dtype"]))
+        refs[path] = (ref, np.dtype(specs[path]["dtype"]), arr.metadata.fill_value)
     return refs
 
 
@@ -214,6 +219,7 @@ CASES = FIXTURE_CASES + GEN_CASES
 class Corpus:
     root: Path
     refs: dict[str, np.ndarray]  # case path -> reference in the declared dtype and byte order
+    fills: dict[str, object]  # case path -> fill value as zarr-python reads it (gen/ only)
 
     def ref(self, case: Case) -> np.ndarray:
         return self.refs[case.path]
@@ -229,10 +235,12 @@ def corpus(tmp_path_factory) -> Corpus:
     for c in FIXTURE_CASES:
         if c.ref_npy:
             refs[c.path] = np.load(FIXTURES / c.ref_npy)
-    for path, (ref, declared) in build_gen_corpus(root / "gen").items():
+    fills: dict[str, object] = {}
+    for path, (ref, declared, fill) in build_gen_corpus(root / "gen").items():
         assert ref.dtype == declared or ref.dtype == declared.newbyteorder("="), (path, ref.dtype)
         refs[f"gen/{path}"] = ref.astype(declared)
-    return Corpus(root, refs)
+        fills[f"gen/{path}"] = fill
+    return Corpus(root, refs, fills)
 
 
 @dataclass
@@ -299,8 +307,25 @@ def stats(mnt: Mounted) -> dict:
     return json.loads((mnt.path / ".zvfs" / "stats.json").read_text())
 
 
-def fill_matches(meta_fill, ref: np.ndarray) -> None:
-    """meta.json's fill value is a Zarr-style JSON scalar of the array's type."""
+def json_fill(value, dtype: np.dtype):
+    """A Zarr-style JSON fill value ("NaN", [re, im], ...) as a numpy scalar of ``dtype``."""
+    special = {"NaN": np.nan, "Infinity": np.inf, "-Infinity": -np.inf}
+    if dtype.kind == "c":
+        re_, im = (special.get(v, v) for v in value)
+        return dtype.type(complex(re_, im))
+    return dtype.type(special.get(value, value))
+
+
+def same_value(a, b) -> bool:
+    return bool(a == b) or bool(np.isnan(a) and np.isnan(b)) if np.asarray(a).dtype.kind in "fc" \
+        else bool(a == b)
+
+
+def fill_matches(meta_fill, ref: np.ndarray, want=None) -> None:
+    """meta.json's fill value is a Zarr-style JSON scalar of the array's type (and == ``want``)."""
+    if want is not None:
+        assert meta_fill is not None
+        assert same_value(json_fill(meta_fill, ref.dtype), ref.dtype.type(want)), (meta_fill, want)
     if meta_fill is None:
         return
     if ref.dtype.kind == "f":
@@ -332,7 +357,7 @@ def test_array_views(backend: Backend, corpus: Corpus, case: Case) -> None:
     assert meta["dtype"] == ref.dtype.str
     if case.chunks is not None:
         assert tuple(meta["chunks"]) == case.chunks
-    fill_matches(meta["fill_value"], ref)
+    fill_matches(meta["fill_value"], ref, corpus.fills.get(case.path))
     assert meta["nbytes"] == len(expected)
 
     # data.npy, memory-mapped, as a user would
@@ -362,6 +387,36 @@ def test_array_views(backend: Backend, corpus: Corpus, case: Case) -> None:
         idx = tuple(int(x) for x in name.split(".")) if ref.ndim else ()
         want = np.ascontiguousarray(ref[chunk_region(idx, chunks)]).tobytes()
         assert (base / "chunks" / name).read_bytes() == want, name
+
+    # data.hdr: an ENVI header describing data.raw, for numeric 1-3-d arrays ENVI has a type for
+    hdr = base / "data.hdr"
+    code = ENVI_ALL.get(f"{ref.dtype.kind}{ref.dtype.itemsize}")
+    if 1 <= ref.ndim <= 3 and code is not None:
+        fields = dict(
+            (k.strip(), v.strip()) for k, _, v in
+            (ln.partition("=") for ln in hdr.read_text().splitlines()[1:]) if _
+        )
+        bands, lines, samples = (1,) * (3 - ref.ndim) + ref.shape
+        assert (int(fields["samples"]), int(fields["lines"]), int(fields["bands"])) == (
+            samples, lines, bands)
+        assert int(fields["data type"]) == code and fields["interleave"] == "bsq"
+        assert int(fields["byte order"]) == (1 if ref.dtype.byteorder == ">" else 0)
+        assert int(fields["header offset"]) == 0
+    else:
+        assert not hdr.exists()
+
+    # the v2 mirror, read back by zarr-python: the same values, little-endian, 0-d as [1]
+    mirror = _zarr_open_mirror(backend.v2, case.path)
+    got = mirror[...]
+    le = ref.dtype.newbyteorder("<") if ref.dtype.byteorder == ">" else ref.dtype
+    assert mirror.metadata.zarr_format == 2 and mirror.shape == (ref.shape or (1,))
+    assert np.asarray(got).astype(le).tobytes() == ref.astype(le).tobytes()
+
+
+def _zarr_open_mirror(v2: Path, path: str):
+    import zarr
+
+    return zarr.open_array(zarr.storage.LocalStore(str(v2), read_only=True), path=path, mode="r")
 
 
 def test_root_level_stores(corpus: Corpus, session_mount) -> None:
@@ -487,7 +542,7 @@ def _group_cases(group: str) -> list[Case]:
 
 
 #: groups whose every array has a netCDF type: v3, compressed, sharded, v2, NCZarr, v1
-NC_GROUPS = ["gen/nc", "gen/nc2"] + [
+NC_GROUPS = ["gen/nc", "gen/nc2", "gen/nc3"] + [
     g for g in ("zarr3_v3.zarr/codecs", "zarr3_v3.zarr/shards", "zarr3_v3.zarr/keys",
                 "zarr2_v2.zarr/compressors", "zarr3_v2.zarr/compressors", "v1.zarr",
                 "nczarr.file")
@@ -536,6 +591,10 @@ def gdal_checksum(target: str) -> int:
 #: ENVI data types GDAL 3.6's ENVI driver opens (not 14/15, 64-bit integers: it refuses them)
 ENVI_CODES = {"u1": 1, "b1": 1, "i2": 2, "i4": 3, "f4": 4, "f8": 5, "c8": 6, "c16": 9,
               "u2": 12, "u4": 13}
+
+
+#: every ENVI data type (what data.hdr may use)
+ENVI_ALL = {**ENVI_CODES, "i8": 14, "u8": 15}
 
 
 def _envi_code(dt: np.dtype) -> int | None:
@@ -749,6 +808,43 @@ def test_bad_input(name: str, bad_store, mount, request) -> None:
     for key in broken.values():
         lines = _lines_naming(log, key)
         assert len(lines) == 1, (key, lines, log[-3000:])
+
+
+def test_bad_fixtures(mount, tmp_path) -> None:
+    """The committed bad store (tests/fixtures/zarr/bad.zarr) as its manifest describes it."""
+    if not MANIFEST.is_file():
+        pytest.fail("tests/fixtures/zarr/manifest.json is missing (scripts/make_fixtures)")
+    manifest = json.loads(MANIFEST.read_text())
+    bad = {k: v for k, v in manifest["stores"].items() if k.startswith("bad")}
+    assert bad
+    for store, sdoc in bad.items():
+        src = tmp_path / store
+        shutil.copytree(FIXTURES / store, src)
+        m = mount(src)
+        arrays = m.path / ".zvfs/arrays"
+        for apath, adoc in sdoc["arrays"].items():
+            meta = json.loads((arrays / apath / "meta.json").read_text())
+            if adoc.get("error") == "meta":
+                assert meta["error"], (apath, meta)
+                assert not (arrays / apath / "data.raw").exists()
+                continue
+            ref = np.load(FIXTURES / adoc["ref"]) if "ref" in adoc else None
+            chunks = meta["chunks"]
+            for idx in adoc.get("bad_chunks", []):
+                with pytest.raises(OSError) as ei:
+                    (arrays / apath / "chunks" / ".".join(map(str, idx))).read_bytes()
+                assert ei.value.errno == 5, (apath, idx)
+            if adoc.get("error") == "read":
+                with pytest.raises(OSError) as ei:
+                    (arrays / apath / "data.raw").read_bytes()
+                assert ei.value.errno == 5, apath
+            for idx in adoc.get("good_chunks", []):
+                got = (arrays / apath / "chunks" / ".".join(map(str, idx))).read_bytes()
+                assert ref is not None
+                assert got == np.ascontiguousarray(ref[chunk_region(tuple(idx), chunks)]).tobytes()
+            if not adoc.get("error"):
+                assert (arrays / apath / "data.raw").read_bytes() == ref.tobytes()
+        assert is_mounted(m.path)
 
 
 def test_npy_header_sizes() -> None:

@@ -9,9 +9,10 @@ import numpy as np
 
 from zvfs.formats.meta import ArrayMeta
 
-#: numpy kind+itemsize -> ENVI "data type" code
+#: numpy kind+itemsize -> ENVI "data type" code. No int8: ENVI has no signed byte, and
+#: type 1 would show negative values as 128..255, so int8 arrays get no header.
 ENVI_TYPES = {
-    ("u", 1): 1, ("b", 1): 1, ("i", 1): 1, ("i", 2): 2, ("i", 4): 3, ("f", 4): 4, ("f", 8): 5,
+    ("u", 1): 1, ("b", 1): 1, ("i", 2): 2, ("i", 4): 3, ("f", 4): 4, ("f", 8): 5,
     ("c", 8): 6, ("c", 16): 9, ("u", 2): 12, ("u", 4): 13, ("i", 8): 14, ("u", 8): 15,
 }
 
