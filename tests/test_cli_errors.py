@@ -238,3 +238,32 @@ def test_empty_source_file(tmp_path, mnt) -> None:
     res = zvfs_mount(src, mnt)
     assert_fails(res, re.escape(str(src)))
     assert_nothing_mounted(mnt)
+
+
+def test_unusual_mountpoint_names(zarr_dir, tmp_path, mount) -> None:
+    """Spaces and non-ASCII in the mountpoint: mount, 'already mounted', unmount all work."""
+    for name in ("mnt with space", "mnt-\u00fc\u00f1\u00ee", "tab\there"):
+        mp = tmp_path / name
+        mp.mkdir()
+        m = mount(zarr_dir, mountpoint=mp)
+        assert (m.path / "zarr.json").exists()
+        res = zvfs_mount(zarr_dir, mp)
+        assert_fails(res, r"already mounted")
+        res = run([tool("zvfs"), "unmount", mp])
+        assert res.returncode == 0, res.stderr
+        assert mount_entry(mp) is None
+
+
+def test_relative_paths(zarr_dir, tmp_path, mount) -> None:
+    """SOURCE and MOUNTPOINT relative to the working directory (the daemon runs elsewhere)."""
+    import shutil as _shutil
+
+    _shutil.copytree(zarr_dir, tmp_path / "src.zarr")
+    (tmp_path / "rel-mnt").mkdir()
+    res = run([tool("zvfs"), "mount", "src.zarr", "rel-mnt"], cwd=tmp_path, timeout=FAST + 30)
+    mount.mountpoints.append(tmp_path / "rel-mnt")  # cleaned up by the fixture whatever happens
+    assert res.returncode == 0, res.stderr
+    assert run(["diff", "-r", zarr_dir, tmp_path / "rel-mnt"]).returncode == 0
+    res = run([tool("zvfs"), "unmount", "rel-mnt"], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert mount_entry(tmp_path / "rel-mnt") is None
