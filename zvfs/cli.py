@@ -127,33 +127,26 @@ def _mount_foreground(args: argparse.Namespace, opts: dict[str, Any]) -> int:
     return 0
 
 
-def _child_argv(args: argparse.Namespace, mountpoint: str) -> list[str]:
-    """The same mount as a command line with absolute paths (the child runs in /)."""
+def _child_argv(args: argparse.Namespace, opts: dict[str, Any], mountpoint: str) -> list[str]:
+    """The same mount as a command line of resolved options and absolute paths (the child runs in /)."""
     source = args.source
     if "://" not in source and os.path.exists(source):
         source = os.path.abspath(source)
     out = ["mount", source, mountpoint]
-    for value in args.o:
-        out += ["-o", value]
     for opt in zopts.OPTIONS:
-        value = getattr(args, opt.name, None)
-        if value is None:
+        value = opts[opt.name]
+        if value == opt.default:
             continue
         flag = "--" + opt.name.replace("_", "-")
-        if opt.parse is None:
-            out.append(flag)
-        else:
-            if opt.name == "log_file":
-                value = os.path.abspath(value)
-            out += [flag, str(value)]
+        out += [flag] if opt.parse is None else [flag, zopts.format_value(opt, value)]
     return out
 
 
-def _mount_daemon(args: argparse.Namespace) -> int:
+def _mount_daemon(args: argparse.Namespace, opts: dict[str, Any]) -> int:
     # cheap checks first, so the common mistakes answer at once
     mountpoint = check_mountpoint(args.mountpoint)
     read_fd, write_fd = os.pipe()
-    child_argv = [sys.executable, "-m", "zvfs", *_child_argv(args, mountpoint), "--ready-fd", str(write_fd)]
+    child_argv = [sys.executable, "-m", "zvfs", *_child_argv(args, opts, mountpoint), "--ready-fd", str(write_fd)]
     with open(os.devnull, "rb") as devnull_in, open(os.devnull, "wb") as devnull_out:
         proc = subprocess.Popen(child_argv, stdin=devnull_in, stdout=devnull_out, stderr=devnull_out,
                                 pass_fds=(write_fd,), start_new_session=True, cwd="/")
@@ -214,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(exc))
         if args.foreground or args.ready_fd is not None:
             return _mount_foreground(args, opts)
-        return _mount_daemon(args)
+        return _mount_daemon(args, opts)
     except CliError as exc:
         print(f"zvfs: error: {exc}", file=sys.stderr)
         return EXIT_FAIL

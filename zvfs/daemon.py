@@ -17,6 +17,7 @@ from typing import Any
 import pyfuse3
 import trio
 
+from zvfs.cache.disk import DiskCachedStore
 from zvfs.fs import ZvfsOperations
 from zvfs.stats import counters
 from zvfs.stores.base import Store
@@ -93,8 +94,20 @@ def tune_kernel(mountpoint: str) -> None:
 
 
 def build_context(store: Store, opts: dict[str, Any]) -> MountContext:
+    """Stack the store wrappers: counting sits next to the real store, so stats.json counts
+    only real requests; the optional disk tier sits above it."""
+    layered: Store = CountingStore(store, counters)
+    if opts["cache_dir"]:
+        layered = DiskCachedStore(
+            layered,
+            opts["cache_dir"],
+            max_bytes=opts["cache_max_size"],
+            min_free_bytes=opts["cache_min_free"],
+            persistent=opts["metadata_ttl"] is None,
+            counters=counters,
+        )
     return MountContext(
-        store=CountingStore(store, counters),
+        store=layered,
         metadata_ttl=opts["metadata_ttl"],
         cache_size=opts["cache_size"],
         decoded=opts["decoded"],

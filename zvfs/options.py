@@ -8,6 +8,7 @@ Every option has a long flag (``--cache-size 1G``) and the same name as a
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +36,18 @@ def parse_ttl(text: str) -> float | None:
     return value
 
 
+def parse_path(text: str) -> str:
+    """A local path, made absolute (the daemon runs in /)."""
+    return os.path.abspath(os.path.expanduser(text))
+
+
+def format_value(opt: Option, value: Any) -> str:
+    """The inverse of ``opt.parse``, so resolved options can be passed on as flags."""
+    if opt.parse is parse_ttl and value is None:
+        return "indefinite"
+    return str(value)
+
+
 def _choice(*allowed: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in allowed:
@@ -60,9 +73,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("metadata_ttl", parse_ttl, 60.0, "seconds to cache listings and attributes, or 'indefinite' for data that never changes"),
     Option("cache_size", parse_size, 512 << 20, "memory bound for decoded chunks (e.g. 512M, 2G)"),
     Option("decoded", _choice("hidden", "visible", "off"), "hidden", "the .zvfs/ decoded views: hidden from the root listing, visible, or off"),
+    Option("cache_dir", parse_path, None, "keep fetched objects on disk here too (a disk tier under the memory cache); off by default"),
+    Option("cache_max_size", parse_size, 10 << 30, "bound for --cache-dir (e.g. 10G)"),
+    Option("cache_min_free", parse_size, 1 << 30, "free space --cache-dir always leaves on its disk"),
     Option("threads", int, 16, "worker threads for store I/O and decoding"),
     Option("allow_other", None, False, "let other users access the mount (needs user_allow_other in /etc/fuse.conf for non-root)"),
-    Option("log_file", str, None, "write the log here (default: stderr; syslog when daemonized)"),
+    Option("log_file", parse_path, None, "write the log here (default: stderr; syslog when daemonized)"),
     Option("log_level", _choice("debug", "info", "warning", "error"), "warning", "log level"),
 )
 
