@@ -12,6 +12,7 @@ not tested there: moto's auth mode answers an unsigned request with a 500.)
 
 from __future__ import annotations
 
+import os
 import re
 import time
 import urllib.request
@@ -260,10 +261,50 @@ def test_relative_paths(zarr_dir, tmp_path, mount) -> None:
 
     _shutil.copytree(zarr_dir, tmp_path / "src.zarr")
     (tmp_path / "rel-mnt").mkdir()
-    res = run([tool("zvfs"), "mount", "src.zarr", "rel-mnt"], cwd=tmp_path, timeout=FAST + 30)
+    res = run([tool("zvfs"), "mount", "src.zarr", "rel-mnt", "--log-file", "rel.log", "--log-level", "info"],
+              cwd=tmp_path, timeout=FAST + 30)
     mount.mountpoints.append(tmp_path / "rel-mnt")  # cleaned up by the fixture whatever happens
     assert res.returncode == 0, res.stderr
+    assert (tmp_path / "rel.log").exists(), "a relative --log-file is not relative to the caller's cwd"
     assert run(["diff", "-r", zarr_dir, tmp_path / "rel-mnt"]).returncode == 0
     res = run([tool("zvfs"), "unmount", "rel-mnt"], cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert mount_entry(tmp_path / "rel-mnt") is None
+
+
+def test_unmount_busy_then_lazy(zarr_dir, mount) -> None:
+    m = mount(zarr_dir)
+    f = open(m.path / "zarr.json", "rb")  # noqa: SIM115 - kept open on purpose
+    try:
+        res = run([tool("zvfs"), "unmount", m.path])
+        assert res.returncode != 0
+        assert "busy" in res.stderr.lower(), res.stderr
+        assert mount_entry(m.path) is not None
+        res = run([tool("zvfs"), "unmount", "-z", m.path])
+        assert res.returncode == 0, res.stderr
+        assert mount_entry(m.path) is None
+        assert f.read()  # the open file still reads after a lazy unmount
+    finally:
+        f.close()
+
+
+def test_unmount_after_daemon_was_killed(zarr_dir, mount) -> None:
+    """A daemon killed with SIGKILL leaves a dead mount; zvfs unmount still cleans it up."""
+    import signal
+
+    from conftest import _pid_alive, wait_until
+
+    m = mount(zarr_dir)
+    pids = daemon_pids(m.path)
+    assert len(pids) == 1, pids
+    os.kill(pids[0], signal.SIGKILL)
+    assert wait_until(lambda: not _pid_alive(pids[0]), 10)
+    with pytest.raises(OSError):
+        os.listdir(m.path)  # ENOTCONN: transport endpoint is not connected
+    res = zvfs_mount(zarr_dir, m.path)
+    assert_fails(res, r"already mounted")
+    res = run([tool("zvfs"), "unmount", m.path])
+    assert res.returncode == 0, res.stderr
+    assert mount_entry(m.path) is None
+    m2 = mount(zarr_dir, mountpoint=m.path)  # and the mountpoint is usable again
+    assert (m2.path / "zarr.json").exists()
