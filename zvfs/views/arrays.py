@@ -45,6 +45,15 @@ def _drop_repeated_errors(record: logging.LogRecord) -> bool:
 log.addFilter(_drop_repeated_errors)
 
 
+def reported_causes(ctx: MountContext) -> set[str]:
+    """The mount's set of read-error causes that were logged already."""
+    causes = getattr(ctx, "_zvfs_reported_causes", None)
+    if causes is None:
+        causes = set()
+        ctx._zvfs_reported_causes = causes  # type: ignore[attr-defined]
+    return causes
+
+
 class DecodedArray:
     """The shared reader of one array: decoded chunks through the cache, one worker hop each."""
 
@@ -58,8 +67,9 @@ class DecodedArray:
         self._ahead = ReadAhead(ceiling=max(meta.chunk_nbytes, min(64 << 20, ctx.cache_size // 4)))
         #: chunk index -> (message, cause, retry after this monotonic time) of chunks that failed
         self._failed: dict[tuple[int, ...], tuple[str, str, float]] = {}
-        #: causes (messages naming a key) logged already
-        self._reported: set[str] = set()
+        #: causes (messages naming a key) logged already: one set per mount, so a
+        #: rediscovery (after the metadata TTL) does not log the same key again
+        self._reported: set[str] = reported_causes(ctx)
         self._failure_ttl = ctx.metadata_ttl
 
     @property

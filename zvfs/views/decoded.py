@@ -58,11 +58,13 @@ def _discover(ctx: MountContext) -> Decoded:
     out = Decoded()
     for path, attrs in hierarchy.groups.items():
         out.groups[path] = dict(attrs)
+    for prefix, error in hierarchy.errors.items():
+        ctx.warn_once(f"discover-error {prefix}", f"discovery below {prefix or '/'}: {error}")
     for path, meta in hierarchy.arrays.items():
-        if meta.error:  # the one log line for this array: it names the metadata key
+        if meta.error:  # one log line per array and mount (not per rediscovery): it names the key
             where = meta.metadata_key or path or "/"
             msg = meta.error if where in meta.error else f"{where}: {meta.error}"
-            log.error("array %s: %s", path or "/", msg)
+            ctx.warn_once(f"array-error {path} {msg}", f"array {path or '/'}: {msg}")
         out.arrays[path] = DecodedArray(ctx, meta, _opener(ctx, meta))
     return out
 
