@@ -124,3 +124,8 @@ def versions() -> dict[str, str]:
         except Exception:  # noqa: BLE001
             pass
     return out
+
+
+def pip_install(reqs: list[str]) -> None:
+    log(f"pip install {' '.join(reqs)}")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *reqs], check=False)

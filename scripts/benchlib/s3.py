@@ -12,7 +12,13 @@ from pathlib import Path
 from . import procs
 from .procs import log
 
-BUCKET = "zvfs-bench"
+BUCKET_PREFIX = "zvfs-bench-"
+
+
+def bucket(store: str) -> str:
+    """One bucket per store: moto's LIST scans every key of a bucket, real S3's does not."""
+    return BUCKET_PREFIX + store
+
 CREDS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "benchsecret",
          "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1"}
 
@@ -94,20 +100,46 @@ class S3Env:
             config=Config(max_pool_connections=32, s3={"addressing_style": "path"}))
 
     def upload(self, corpus, stores) -> None:
-        """Upload each store to s3://BUCKET/<store>/ straight to moto (not through the proxy)."""
+        """Upload each store to the root of its bucket, straight to moto (not through the proxy)."""
         s3 = self.client()
-        s3.create_bucket(Bucket=BUCKET)
         jobs = []
         for name in stores:
+            s3.create_bucket(Bucket=bucket(name))
             base = corpus.store(name)
             for rel, _size in corpus.files(name):
-                jobs.append((f"{name}/{rel}", base / rel))
+                jobs.append((bucket(name), rel, base / rel))
         t0 = time.monotonic()
 
         def put(job):
-            key, path = job
-            s3.put_object(Bucket=BUCKET, Key=key, Body=path.read_bytes())
+            bkt, key, path = job
+            s3.put_object(Bucket=bkt, Key=key, Body=path.read_bytes())
 
         with ThreadPoolExecutor(16) as ex:
             list(ex.map(put, jobs))
-        log(f"uploaded {len(jobs)} objects to s3://{BUCKET} in {time.monotonic() - t0:.1f}s")
+        log(f"uploaded {len(jobs)} objects to s3://{BUCKET_PREFIX}* in {time.monotonic() - t0:.1f}s")
+
+    def calibrate(self, corpus) -> dict[str, float]:
+        """moto's own service time, straight and through the proxy: the floor under every
+        S3 number (medians of a few requests, in milliseconds)."""
+        import statistics
+
+        out: dict[str, float] = {}
+        files = corpus.files("big")
+        chunk = max(files, key=lambda f: f[1])[0]
+        for direct in (True, False):
+            c = self.client(direct=direct)
+            via = "direct" if direct else "proxy"
+            for label, fn in (
+                    ("GET of the largest chunk object", lambda c=c: c.get_object(
+                        Bucket=bucket("big"), Key=chunk)["Body"].read()),
+                    (f"LIST one level of the {corpus.params.n_large:,}-key bucket",
+                     lambda c=c: c.list_objects_v2(
+                        Bucket=bucket("keys-large"), Prefix="a/0/", Delimiter="/")),
+                    ("HEAD", lambda c=c: c.head_object(Bucket=bucket("big"), Key=chunk))):
+                times = []
+                for _ in range(5):
+                    t0 = time.perf_counter()
+                    fn()
+                    times.append((time.perf_counter() - t0) * 1000)
+                out[f"{label} ({via})"] = statistics.median(times)
+        return out

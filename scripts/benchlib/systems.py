@@ -10,6 +10,8 @@ import contextlib
 import itertools
 import os
 import shutil
+import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,7 +19,7 @@ from pathlib import Path
 
 from . import procs
 from .corpus import Corpus
-from .s3 import BUCKET, CREDS, S3Env
+from .s3 import CREDS, S3Env, bucket
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,6 +56,8 @@ class Mounter:
         self.zvfs_args = zvfs_args
         self.mount_timeout = mount_timeout
         self._n = itertools.count()
+        self.profile_dir: Path | None = None  # --profile: py-spy flame graphs of zvfs
+        self.tag = ""  # the workload being measured, names the profile
         (work / "mnt").mkdir(parents=True, exist_ok=True)
         (work / "logs").mkdir(parents=True, exist_ok=True)
         self.s3fs_passwd = work / "s3fs.passwd"
@@ -82,7 +86,7 @@ class Mounter:
         c = self.corpus
         if system.kind == "zvfs":
             if system.backend == "s3":
-                src = [f"s3://{BUCKET}/{store}", "--endpoint-url", self.s3.url]
+                src = [f"s3://{bucket(store)}", "--endpoint-url", self.s3.url]
             elif system.backend == "zip":
                 src = [str(c.zip(store))]
             else:
@@ -90,11 +94,11 @@ class Mounter:
             return [sys.executable, "-m", "zvfs", "mount", "-f", src[0], str(mnt), *src[1:],
                     *self.zvfs_args, *system.extra]
         if system.kind == "rclone":
-            return ["rclone", "mount", f"bench:{BUCKET}/{store}", str(mnt), "--read-only",
+            return ["rclone", "mount", f"bench:{bucket(store)}", str(mnt), "--read-only",
                     "--vfs-cache-mode", system.mode, "--cache-dir", str(scratch),
                     "--use-server-modtime", *system.extra]
         if system.kind == "s3fs":
-            return ["s3fs", f"{BUCKET}:/{store}", str(mnt), "-f", "-o",
+            return ["s3fs", bucket(store), str(mnt), "-f", "-o",
                     f"url={self.s3.url},use_path_request_style,passwd_file={self.s3fs_passwd},"
                     "ro,endpoint=us-east-1", *system.extra]
         if system.kind == "ratarmount":
@@ -117,13 +121,25 @@ class Mounter:
         with open(log_path, "a") as f:
             f.write(f"\n=== mount {n} {store}\n")
         argv = self.argv(system, store, mnt, scratch)
-        proc = None
+        proc = spy = None
         try:
             procs.register_mount(mnt)
             proc = procs.start(argv, log_path=log_path, env=self._env(system), cwd=str(self.work))
             procs.wait_mounted(mnt, proc, self.mount_timeout)
+            if self.profile_dir is not None and system.is_zvfs:
+                self.profile_dir.mkdir(parents=True, exist_ok=True)
+                out = self.profile_dir / f"{n:04d}-{self.tag or store}-{system.backend}.svg"
+                spy = procs.start(["py-spy", "record", "--pid", str(proc.pid), "--rate", "200",
+                                   "--nonblocking", "--output", str(out)],
+                                  log_path=self.work / "logs" / "py-spy.log")
             yield Mounted(mnt, proc)
         finally:
+            if spy is not None:  # SIGINT makes py-spy write its flame graph
+                with contextlib.suppress(ProcessLookupError):
+                    spy.send_signal(signal.SIGINT)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    spy.wait(30)
+                procs.stop(spy)
             procs.unmount(mnt)
             if proc is not None:
                 procs.stop(proc)

@@ -147,8 +147,8 @@ class Bench:
             if backend == "dir":
                 kv = {"driver": "file", "path": f"{store}/{BIG_ARRAY}/"}
             else:
-                from .s3 import BUCKET
-                kv = {"driver": "s3", "bucket": BUCKET, "path": f"big/{BIG_ARRAY}/",
+                from .s3 import bucket
+                kv = {"driver": "s3", "bucket": bucket("big"), "path": f"{BIG_ARRAY}/",
                       "endpoint": s3env.url, "aws_region": "us-east-1"}
             args = ["tensorstore", json.dumps({"driver": "zarr3", "kvstore": kv}), "2"]
         procs.drop_caches()
