@@ -308,3 +308,11 @@ def test_unmount_after_daemon_was_killed(zarr_dir, mount) -> None:
     assert mount_entry(m.path) is None
     m2 = mount(zarr_dir, mountpoint=m.path)  # and the mountpoint is usable again
     assert (m2.path / "zarr.json").exists()
+
+
+def test_missing_profile(moto, s3_env, mnt) -> None:
+    env = dict(s3_env)
+    res = zvfs_mount(f"s3://{S3_BUCKET}/{S3_PREFIX}", mnt, "--profile", "no-such-profile-zvfs",
+                     "--endpoint-url", moto.endpoint, env=env)
+    assert_fails(res, r"no-such-profile-zvfs", r"profile")
+    assert_nothing_mounted(mnt)

@@ -149,6 +149,10 @@ def test_rsync_a_copies_faithfully(backend: Backend, tmp_path: Path) -> None:
     # rsync -a keeps mtimes: the copy carries the store's times
     for rel in store_files(dest):
         assert int(os.stat(dest / rel).st_mtime) == int(os.stat(backend.mnt.path / rel).st_mtime)
+    # a second rsync finds nothing to do: sizes and times are stable
+    res = run([tool("rsync"), "-a", "--itemize-changes", f"{backend.mnt.path}/", f"{dest}/"], check=True)
+    changed = [ln for ln in res.stdout.splitlines() if not ln.startswith(".d")]
+    assert not changed, res.stdout
 
 
 def test_gsutil_rsync_copies_faithfully(backend: Backend, tmp_path: Path) -> None:
@@ -683,3 +687,19 @@ def test_directory_store_does_not_follow_symlinks_out(tmp_path, mount) -> None:
             assert not (p / "passwd").exists()
             assert not (p / "outside-secret.txt").exists()
     assert (m.path / "zarr.json").read_bytes() == (src / "zarr.json").read_bytes()
+
+
+def test_s3_profile_from_config_files(zarr_s3, zarr_dir, moto, s3_env, tmp_path, mount) -> None:
+    """--profile and the NCZarr fragment aws.profile= pick credentials from the AWS files."""
+    creds = tmp_path / "credentials"
+    creds.write_text("[zvfstest]\naws_access_key_id = profilekey\naws_secret_access_key = profilesecret\n")
+    config = tmp_path / "config"
+    config.write_text("[profile zvfstest]\nregion = us-east-1\n")
+    env = {k: v for k, v in s3_env.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                                        "AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN")}
+    env.update(AWS_SHARED_CREDENTIALS_FILE=str(creds), AWS_CONFIG_FILE=str(config))
+    m = mount(zarr_s3, "--profile", "zvfstest", "--endpoint-url", moto.endpoint, env=env)
+    assert run(["diff", "-r", zarr_dir, m.path]).returncode == 0
+    url = f"https://s3.us-east-1.amazonaws.com/{S3_BUCKET}/{S3_PREFIX}#mode=zarr,s3&aws.profile=zvfstest"
+    m2 = mount(url, "--endpoint-url", moto.endpoint, env=env)
+    assert run(["diff", "-r", zarr_dir, m2.path]).returncode == 0
