@@ -25,6 +25,7 @@ EXPECTED = {
     "s3_ls_large": ("S3 +20 ms: ls -lR,", True),
     "zip_read1": ("zip: cold read of every file", True),
     "zip_read4": ("zip: cold read of every file", True),
+    "zip_read_keys": ("zip: cold read of every file", True),
     "zip_ls_large": ("zip: ls -lR,", True),
     "dec_dir": ("decoded: cold read of the whole array, directory store", True),
     "dec_s3": ("decoded: cold read of the whole array, S3", True),

@@ -68,8 +68,9 @@ class Bench:
         lf.write_text("".join(f"{mnt / rel}\t{size}\n" for rel, size in files))
         return lf
 
-    def read_all(self, system: System, store: str, nreaders: int) -> tuple[float, int | None]:
-        """Cold read of every file of ``store``: (MiB/s, daemon peak RSS in KiB)."""
+    def read_all(self, system: System, store: str, nreaders: int,
+                 per_file: bool = False) -> tuple[float, int | None]:
+        """Cold read of every file of ``store``: (MiB/s or files/s, daemon peak RSS in KiB)."""
         with self.m.mount(system, store) as mt:
             lf = self._listfile(mt.path, store)
             try:
@@ -78,6 +79,8 @@ class Bench:
             finally:
                 lf.unlink(missing_ok=True)
             rss = procs.peak_rss_kib(mt.pid)
+        if per_file:
+            return len(self.corpus.files(store)) / res["seconds"][0], rss
         return res["bytes"] / MiB / res["seconds"][0], rss
 
     def walk(self, system: System, store: str, cmd: str) -> float:
