@@ -171,6 +171,7 @@ class Level:
         self.new = group.layout == "0.9"
         self.ndim = group.ndim
         self._docs: dict[str, dict[str, Any] | None] = {}
+        self._children: dict[str, list[str]] = {}
         self._arrays: dict[str, cells.Array] = {}
         self._lock = threading.Lock()
         doc = self.doc("") or {}
@@ -210,9 +211,13 @@ class Level:
         return self.doc(rel) is not None
 
     def children(self, rel: str) -> list[str]:
-        """Sub-node names below ``rel`` (listing, not metadata)."""
-        _keys, prefixes = _ls(self.store, self.key(rel))
-        return sorted(prefixes - {"c"})
+        """Sub-node names below ``rel`` (listing, not metadata; kept, like the zarr.json docs)."""
+        hit = self._children.get(rel)
+        if hit is None:
+            _keys, prefixes = _ls(self.store, self.key(rel))
+            hit = sorted(prefixes - {"c"})
+            self._children[rel] = hit
+        return list(hit)
 
     # -- cells ------------------------------------------------------------------------------
 

@@ -34,6 +34,8 @@ LINE_GEOMETRIES = ("streamline", "polyline", "line", "lines")
 PART_ROWS = 1 << 16
 PART_BYTES = 1 << 20
 TREE_CONVENTION = "implicit_sequential_with_branches"
+#: levels with at most this many objects have every manifest checked when sized
+OBJECT_CHECK_LIMIT = 100_000
 
 
 def level_dir(env: Env, key: Hashable, group: ZVGroup, name: str) -> BuiltDir:
@@ -90,7 +92,10 @@ class LevelTree:
             if not isinstance(info, Exception):
                 infos[name] = info
         va: dict[str, Node] = {}
-        for name, info in infos.items():
+        # Draco drops the vertices no intra-chunk face uses and keeps no index back to the
+        # written rows, so attribute rows (one per written vertex) cannot line up with
+        # vertices.npy: they are described in meta.json but not served
+        for name, info in infos.items() if L.encoding != "draco" else ():
             if not ok:
                 va[f"{name}.npy"] = ErrorFile(env, f"{self.what}/vertex_attributes/{name}.npy", counts)
                 continue
@@ -122,8 +127,26 @@ class LevelTree:
                                      lambda: self._chunks(chunks, infos))
             self._level_ply(out, chunks, counts, infos)
             self._trk(out)
+        if ok and "object_index" in L.members:
+            self._check_objects()
         out["meta.json"] = MemFile(self._meta(n if ok else None, chunks, infos, deltas), env)
         return out
+
+    def _check_objects(self) -> None:
+        """Resolve every manifest against the fragment indexes, so meta.json lists bad objects.
+
+        This reads no vertices (the fragment indexes were read for the sizes); levels
+        with more than OBJECT_CHECK_LIMIT objects are left to fail on access.
+        """
+        L = self.level
+        manifests = self._try("objects", L.manifests)
+        if isinstance(manifests, Exception) or len(manifests) > OBJECT_CHECK_LIMIT:
+            return
+        offsets = self._try("objects", L.offsets)
+        if isinstance(offsets, Exception):
+            return
+        for oid, blocks in sorted(manifests.items()):
+            self._try(f"objects/{oid}", lambda oid=oid, blocks=blocks: L.object_rows(blocks, offsets, oid))
 
     # -- geometry files ----------------------------------------------------------------------
 
@@ -365,10 +388,19 @@ class LevelTree:
     def _chunk(self, c: tuple[int, ...], infos: dict) -> dict[str, Node]:
         L = self.level
         env = self.env
-        out: dict[str, Node] = {"vertices.npy": _npy_file(env, L.vertices(c))}
+        base = f"{self.what}/chunks/{zv.chunk_name(c)}"
+        # sized from the fragment index (or metadata), so listing a chunk decodes no vertices
+        n = L.vertex_count(c)
+        out: dict[str, Node] = {"vertices.npy": BuiltFile(
+            env, (self.key, "cv", c), f"{base}/vertices.npy", enc.npy_size(L.dtype, (n, L.ndim)),
+            lambda: enc.npy_bytes(L.vertices(c).astype(L.dtype, copy=False)))}
         if infos and L.encoding != "draco":
-            out["vertex_attributes"] = VDir(
-                {f"{n}.npy": _npy_file(env, L.vertex_attribute(n, c)) for n in infos}, mtime=env.mtime)
+            out["vertex_attributes"] = VDir({
+                f"{name}.npy": BuiltFile(
+                    env, (self.key, "cva", c, name), f"{base}/vertex_attributes/{name}.npy",
+                    enc.npy_size(info.dtype, (n, *info.row_shape)),
+                    lambda name=name: enc.npy_bytes(L.vertex_attribute(name, c)))
+                for name, info in infos.items()}, mtime=env.mtime)
         fi = L.fragments(c)
         if fi is not None:
             out["fragments.json"] = MemFile(json.dumps(
@@ -419,7 +451,8 @@ class LevelTree:
             "bounds": g.zv.get("bounds"),
             "vertex_encoding": L.encoding,
             "vertex_attributes": {
-                name: {"dtype": i.dtype.str, "shape": [n, *i.row_shape] if n is not None else None,
+                name: {"dtype": i.dtype.str,
+                       "shape": [n, *i.row_shape] if n is not None and L.encoding != "draco" else None,
                        **({"categories": i.categories} if i.categories is not None else {}),
                        **({"channel_names": i.channel_names} if i.channel_names else {})}
                 for name, i in infos.items()
@@ -450,6 +483,10 @@ class LevelTree:
                 meta["draco"]["error"] = "DracoPy is not installed: pip install 'zvfs[draco]'"
             meta["draco"]["note"] = ("Draco keeps only vertices used by intra-chunk faces and "
                                      "quantizes positions; counts come from decoding")
+            if infos:
+                meta["draco"]["vertex_attributes"] = (
+                    "written one row per input vertex; Draco keeps no map back to those rows, "
+                    "so they cannot line up with vertices.npy and are not served")
         if self.errors:
             meta["errors"] = self.errors
         return (json.dumps(meta, indent=1, default=_json_default) + "\n").encode()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import errno
+import json
 import logging
 import stat
 from collections.abc import Callable, Hashable, Sequence
@@ -100,7 +101,11 @@ class VDir(StaticDir):
 
 
 class ErrorDir(DirNode):
-    """A directory that cannot be read at all (unknown zv_version, unreadable root)."""
+    """A directory that cannot be read at all (unknown zv_version, unreadable root).
+
+    Listing it and looking anything up fail with EIO naming the key, except
+    ``meta.json``, which opens by path and holds the error.
+    """
 
     def __init__(self, env: Env, what: str, exc: BaseException) -> None:
         self.env = env
@@ -109,6 +114,9 @@ class ErrorDir(DirNode):
         self.mtime = env.mtime
 
     async def lookup(self, name: str) -> Node | None:
+        if name == "meta.json":  # opens by path and says why the rest fails
+            doc = {"format": "zarr_vectors", "error": f"{self.what}: {self.exc}"}
+            return MemFile((json.dumps(doc, indent=1) + "\n").encode(), self.env)
         raise self.env.fail(self.what, self.exc)
 
     async def children(self) -> Sequence[tuple[str, Node]]:

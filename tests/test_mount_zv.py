@@ -1,0 +1,714 @@
+"""Zarr Vectors views (issue 4) through real mounts of every backend, against zarr-vectors.
+
+The stores in tests/fixtures/zv/ were written by zarr-vectors 0.2.0 (0.7 layout) and
+0.9.2 (0.9 layout); the ``.ref/*.npy`` next to them are what those packages' own readers
+(read_points, read_polylines, read_mesh, read_graph and the object readers) returned
+(scripts/make_zv_fixtures). Here those stores are put in one tree, which is mounted once
+per backend for the session: the directory itself, a zip made by the ``zip`` command, a
+zip made by zarr-python's ZipStore, and an S3 copy in moto. Every decoded file under
+MOUNTPOINT/.zvfs/vectors/ must equal the reference; PLY, TrackVis and SWC must load with
+plyfile, nibabel and a plain parser; ``ls -l`` must decode no vertices; and bad input
+must fail cleanly, with a log line naming the key, while the daemon keeps serving.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import (
+    Mounted,
+    daemon_pids,
+    is_mounted,
+    s3_client,
+    upload_tree,
+    zip_with_cmd,
+    zip_with_zarr,
+)
+
+FIX = Path(__file__).resolve().parent / "fixtures" / "zv"
+MANIFEST = json.loads((FIX / "manifest.json").read_text())["stores"]
+STORES = sorted(MANIFEST)
+BACKENDS = ["dir", "zip-cmd", "zip-zarrpy", "s3"]
+BUCKET = "zvfs-zv"
+GROUP = json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}})
+GEOMETRY = {"points": "point_cloud", "streamline": "streamline", "polyline": "polyline",
+            "mesh": "mesh", "graph": "graph", "skeleton": "skeleton"}
+EIO = 5
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def store_dir(name: str) -> Path:
+    tag = name.split("/")[0]
+    return FIX / tag / MANIFEST[name]["store"]
+
+
+def store_rel(name: str) -> str:
+    """Where a fixture store sits in the corpus (= below MNT/.zvfs/vectors)."""
+    return f"{name.split('/')[0]}/{MANIFEST[name]['store']}"
+
+
+def ref(name: str, fname: str) -> np.ndarray:
+    tag = name.split("/")[0]
+    return np.load(FIX / tag / MANIFEST[name]["ref"] / fname)
+
+
+def load(p: Path) -> np.ndarray:
+    """np.load straight from the mount, checking that stat's size is the file's length."""
+    size = os.stat(p).st_size
+    data = p.read_bytes()
+    assert len(data) == size, p
+    return np.load(p, allow_pickle=False)
+
+
+def level_cases(pred=lambda e, le: True, draco: bool = False) -> list[tuple[str, str]]:
+    return [(n, lv) for n, e in sorted(MANIFEST.items()) for lv, le in sorted(e["levels"].items())
+            if (draco or e.get("encoding") != "draco") and pred(e, le)]
+
+
+def canon_faces(faces: np.ndarray) -> set[tuple[int, ...]]:
+    """Faces as rotation-normalized tuples: same set = same faces with the same winding."""
+    out = set()
+    for f in np.asarray(faces).tolist():
+        i = f.index(min(f))
+        out.add(tuple(f[i:] + f[:i]))
+    return out
+
+
+def edge_set(edges: np.ndarray) -> list[tuple[int, int]]:
+    return sorted(map(tuple, np.asarray(edges).reshape(-1, 2).tolist()))
+
+
+def coord_edges(pos: np.ndarray, edges: np.ndarray) -> list:
+    out = []
+    for a, b in np.asarray(edges).reshape(-1, 2).tolist():
+        out.append((tuple(np.round(pos[a].astype(float), 4)), tuple(np.round(pos[b].astype(float), 4))))
+    return sorted(out)
+
+
+def parse_swc(text: str) -> tuple[np.ndarray, list[tuple[int, int]], np.ndarray]:
+    """A plain SWC reader: (positions, (child, parent) edges as 0-based rows, radius)."""
+    rows = [ln.split() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    assert all(len(r) == 7 for r in rows)
+    index = {int(r[0]): k for k, r in enumerate(rows)}
+    pos = np.array([[float(v) for v in r[2:5]] for r in rows])
+    radius = np.array([float(r[5]) for r in rows])
+    edges = [(index[int(r[0])], index[int(r[6])]) for r in rows if int(r[6]) != -1]
+    assert all(p < c for c, p in edges)  # parents come first
+    return pos, edges, radius
+
+
+def ply_read(p: Path):
+    from plyfile import PlyData
+
+    with open(p, "rb") as f:
+        return PlyData.read(f)
+
+
+def ply_positions(ply) -> np.ndarray:
+    return np.stack([ply["vertex"][a] for a in "xyz"], axis=1)
+
+
+def chunk_key(name: str) -> tuple[int, ...]:
+    return tuple(int(c) for c in name.split("."))
+
+
+def make_corpus(root: Path, names: list[str] = STORES) -> Path:
+    """One tree holding the fixture stores: corpus/<v07|v09>/<store>.zarr, with group docs."""
+    root.mkdir(parents=True)
+    (root / "zarr.json").write_text(GROUP)
+    for name in names:
+        dst = root / store_rel(name)
+        if not (dst.parent / "zarr.json").exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            (dst.parent / "zarr.json").write_text(GROUP)
+        shutil.copytree(store_dir(name), dst)
+    return root
+
+
+def walk_sizes(top: Path) -> dict[str, int]:
+    """`ls -lR`: relative path -> st_size of every file below ``top`` (stat only, no reads)."""
+    out = {}
+    for dirpath, _dirs, files in os.walk(top, onerror=lambda e: (_ for _ in ()).throw(e)):
+        for f in files:
+            p = Path(dirpath) / f
+            out[p.relative_to(top).as_posix()] = os.stat(p).st_size
+    return out
+
+
+def log_lines(m: Mounted, needle: str) -> list[str]:
+    return [ln for ln in m.log_text().splitlines() if needle in ln]
+
+
+def s3_mount(mount, request, src: Path, bucket: str, prefix: str, *args: str) -> Mounted:
+    moto = request.getfixturevalue("moto")
+    env = request.getfixturevalue("s3_env")
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket=bucket)
+    upload_tree(client, src, bucket, prefix)
+    return mount(f"s3://{bucket}/{prefix}", "--endpoint-url", moto.endpoint, *args, env=env)
+
+
+def mount_backend(mount, request, backend: str, src: Path, work: Path, tag: str) -> Mounted:
+    """Mount the directory ``src`` through ``backend`` (zips and S3 copies made here)."""
+    if backend == "dir":
+        return mount(src)
+    if backend == "zip-cmd":
+        return mount(zip_with_cmd(src, work / f"{tag}-cmd.zip"))
+    if backend == "zip-zarrpy":
+        return mount(zip_with_zarr(src, work / f"{tag}-zarrpy.zip"))
+    assert backend == "s3"
+    return s3_mount(mount, request, src, f"{BUCKET}-{tag}", f"corpus/{tag}")
+
+
+# --------------------------------------------------------------------------- session mounts
+
+
+@pytest.fixture(scope="session")
+def zv_corpus(tmp_path_factory) -> Path:
+    return make_corpus(tmp_path_factory.mktemp("zv") / "corpus")
+
+
+@pytest.fixture(scope="session")
+def zv_mounts(session_mount, zv_corpus, tmp_path_factory, request):
+    """backend -> the corpus mounted through it (each mounted once per session, on first use)."""
+    cache: dict[str, Mounted] = {}
+    work = tmp_path_factory.mktemp("zv-sources")
+
+    def get(backend: str) -> Mounted:
+        if backend not in cache:
+            cache[backend] = mount_backend(session_mount, request, backend, zv_corpus, work, "all")
+        return cache[backend]
+
+    return get
+
+
+@pytest.fixture(params=BACKENDS)
+def vec(request, zv_mounts) -> Path:
+    """MNT/.zvfs/vectors of the corpus mounted through one backend."""
+    return zv_mounts(request.param).path / ".zvfs" / "vectors"
+
+
+# --------------------------------------------------------------------------- Done when (issue 4)
+
+
+def test_done_when_streamlines_trk_from_moto(mount, request) -> None:
+    """A 0.9.2 streamline store in a moto bucket: nibabel loads streamlines.trk from the mount
+    and gets the streamlines read_polylines returned."""
+    import nibabel as nib
+
+    name = "v09/streamlines"
+    m = s3_mount(mount, request, store_dir(name), f"{BUCKET}-done", "streamlines.zarr")
+    trk = nib.streamlines.load(str(m.path / ".zvfs/vectors/0/streamlines.trk"))
+    want = MANIFEST[name]["levels"]["0"]["polylines"]
+    assert len(trk.streamlines) == len(want) == 3
+    for i, oid in enumerate(sorted(want, key=int)):
+        np.testing.assert_array_equal(np.asarray(trk.streamlines[i], np.float32), ref(name, want[oid]))
+
+
+def test_done_when_mesh_ply_from_moto(mount, request) -> None:
+    """A 0.9.2 mesh store in a moto bucket: plyfile reads level.ply with the mesh's vertices
+    and faces (as read_mesh returned them, winding kept)."""
+    name = "v09/mesh"
+    m = s3_mount(mount, request, store_dir(name), f"{BUCKET}-done", "mesh.zarr")
+    ply = ply_read(m.path / ".zvfs/vectors/0/level.ply")
+    np.testing.assert_array_equal(ply_positions(ply), ref(name, "L0_vertices.npy"))
+    faces = np.stack(ply["face"]["vertex_indices"])
+    want = ref(name, "L0_faces.npy")
+    assert len(faces) == len(want)
+    assert canon_faces(faces) == canon_faces(want)
+
+
+@pytest.mark.parametrize("zipper", ["zip-cmd", "zip-zarrpy"])
+def test_done_when_points_020_in_zip(zipper: str, mount, tmp_path: Path) -> None:
+    """A 0.2.0 point store in a zip: np.load(vertices.npy) equals the point positions."""
+    name = "v07/points"
+    make = zip_with_cmd if zipper == "zip-cmd" else zip_with_zarr
+    m = mount(make(store_dir(name), tmp_path / "points.zip"))
+    got = np.load(m.path / ".zvfs/vectors/0/vertices.npy")
+    want = ref(name, "L0_positions.npy")
+    assert got.dtype == want.dtype and got.shape == want.shape == (14, 3)
+    np.testing.assert_array_equal(got, want)
+    mm = np.load(m.path / ".zvfs/vectors/0/vertices.npy", mmap_mode="r")
+    np.testing.assert_array_equal(mm, want)
+
+
+# --------------------------------------------------------------------------- every store × backend
+
+
+def test_tree_lists_every_store(vec: Path) -> None:
+    assert sorted(os.listdir(vec)) == ["v07", "v09"]
+    for name in STORES:
+        levels = sorted(os.listdir(vec / store_rel(name)), key=int)
+        assert levels == sorted(MANIFEST[name]["levels"], key=int), name
+
+
+@pytest.mark.parametrize("name,lv", level_cases(lambda e, le: "positions" in le or "vertices" in le))
+def test_vertices_equal_reference(vec: Path, name: str, lv: str) -> None:
+    le = MANIFEST[name]["levels"][lv]
+    want = ref(name, le.get("positions") or le["vertices"])
+    got = load(vec / store_rel(name) / lv / "vertices.npy")
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("name", [n for n in STORES if MANIFEST[n]["kind"] in ("streamline", "polyline")])
+def test_line_vertices_are_the_polylines(vec: Path, name: str) -> None:
+    """Line stores have no level-wide reference: vertices.npy holds exactly the polylines' points."""
+    got = load(vec / store_rel(name) / "0" / "vertices.npy")
+    want = np.concatenate([ref(name, f) for f in MANIFEST[name]["levels"]["0"]["polylines"].values()])
+    assert sorted(map(tuple, got.tolist())) == sorted(map(tuple, want.tolist()))
+
+
+@pytest.mark.parametrize("name,lv", level_cases(lambda e, le: bool(le.get("vertex_attributes"))))
+def test_vertex_attributes_equal_reference(vec: Path, name: str, lv: str) -> None:
+    d = vec / store_rel(name) / lv
+    meta = json.loads((d / "meta.json").read_text())
+    for attr, fname in MANIFEST[name]["levels"][lv]["vertex_attributes"].items():
+        want = ref(name, fname)
+        got = load(d / "vertex_attributes" / f"{attr}.npy")
+        cats = meta["vertex_attributes"][attr].get("categories")
+        if cats is not None:  # categorical: codes in the file, categories in meta.json
+            assert got.dtype.kind in "ui"
+            got = np.asarray(cats)[got]
+        assert got.shape == want.shape, attr
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("name,lv", level_cases(lambda e, le: bool(le.get("objects") or le.get("polylines"))))
+def test_objects_equal_reference(vec: Path, name: str, lv: str) -> None:
+    le = MANIFEST[name]["levels"][lv]
+    d = vec / store_rel(name) / lv / "objects"
+    listed = os.listdir(d)
+    for oid, fname in le.get("objects", {}).items():
+        assert f"{oid}.npy" in listed
+        np.testing.assert_array_equal(load(d / f"{oid}.npy"), ref(name, fname))
+    for oid, fname in le.get("polylines", {}).items():
+        np.testing.assert_array_equal(load(d / f"{oid}.npy"), ref(name, fname))
+
+
+@pytest.mark.parametrize("name,lv", level_cases(lambda e, le: bool(le.get("object_attributes") or le.get("groups"))))
+def test_object_attributes_and_groups(vec: Path, name: str, lv: str) -> None:
+    le = MANIFEST[name]["levels"][lv]
+    d = vec / store_rel(name) / lv
+    for attr, fname in le.get("object_attributes", {}).items():
+        np.testing.assert_array_equal(load(d / "object_attributes" / f"{attr}.npy"), ref(name, fname))
+    groups = le.get("groups", {})
+    if groups:
+        assert sorted(os.listdir(d / "groups")) == sorted(f"{g}.npy" for g in groups)
+    for gid, fname in groups.items():
+        got = load(d / "groups" / f"{gid}.npy")
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got, ref(name, fname))
+
+
+@pytest.mark.parametrize("name", [n for n in STORES if MANIFEST[n]["kind"] == "graph"])
+def test_graph_links_and_weights(vec: Path, name: str) -> None:
+    d = vec / store_rel(name) / "0"
+    links = load(d / "links" / "0.npy")
+    assert links.dtype == np.int64 and links.shape[1] == 2
+    assert edge_set(links) == edge_set(ref(name, "L0_edges.npy"))
+    w = load(d / "link_attributes" / "weight.npy")
+    assert len(w) == len(links)
+    # the written weights were edge_index + 0.5, per input edge: check them by endpoint coordinates
+    pos = load(d / "vertices.npy")
+    inp_pos, inp_edges = ref(name, "input_positions.npy"), ref(name, "input_edges.npy")
+    key = {coord_edges(inp_pos, inp_edges[i : i + 1])[0]: i + 0.5 for i in range(len(inp_edges))}
+    seen = 0
+    for row, weight in zip(links, w, strict=True):
+        if np.isnan(weight):  # 0.2.0 writes no attributes for cross-chunk edges
+            assert name.startswith("v07")
+            continue
+        assert key[coord_edges(pos, row[None])[0]] == weight
+        seen += 1
+    assert seen >= 1
+
+
+@pytest.mark.parametrize("name", [n for n in STORES if MANIFEST[n]["kind"] == "mesh" and
+                                  MANIFEST[n].get("encoding") != "draco"])
+def test_mesh_links_are_faces_with_winding(vec: Path, name: str) -> None:
+    faces = load(vec / store_rel(name) / "0" / "links" / "0.npy")
+    assert faces.dtype == np.int64 and faces.shape[1] == 3
+    assert canon_faces(faces) == canon_faces(ref(name, "L0_faces.npy"))
+
+
+@pytest.mark.parametrize("name", ["v07/points_pyramid", "v09/points_pyramid"])
+def test_cross_level_links(vec: Path, name: str) -> None:
+    """links/<delta>.npy of a pyramid equals zarr-vectors 0.9.2's read_link_arrays (the 0.2.0
+    store was written from the same input, so the same reference applies)."""
+    want_levels = MANIFEST["v09/points_pyramid"]["levels"]
+    for lv, le in want_levels.items():
+        for delta, fname in le["links"].items():
+            p = vec / store_rel(name) / lv / "links" / f"{delta}.npy"
+            if name.startswith("v07") and not p.exists():  # 0.2.0 stores only the downward links
+                assert delta.startswith("-")
+                continue
+            np.testing.assert_array_equal(load(p), ref("v09/points_pyramid", fname))
+
+
+@pytest.mark.parametrize("name,lv", level_cases())
+def test_chunks_concatenate_to_the_level(vec: Path, name: str, lv: str) -> None:
+    """chunks/<i.j.k>/vertices.npy (and attributes) in chunk order make vertices.npy; negative
+    coordinates keep their sign in the names."""
+    d = vec / store_rel(name) / lv
+    names = sorted(os.listdir(d / "chunks"), key=chunk_key)
+    assert names
+    verts = load(d / "vertices.npy")
+    parts = [load(d / "chunks" / c / "vertices.npy") for c in names]
+    np.testing.assert_array_equal(np.concatenate(parts), verts)
+    le = MANIFEST[name]["levels"][lv]
+    want_v = le.get("positions") or le.get("vertices")
+    if want_v:
+        np.testing.assert_array_equal(np.concatenate(parts), ref(name, want_v))
+    for attr in le.get("vertex_attributes", {}):
+        whole = load(d / "vertex_attributes" / f"{attr}.npy")
+        per = [load(d / "chunks" / c / "vertex_attributes" / f"{attr}.npy") for c in names]
+        np.testing.assert_array_equal(np.concatenate(per), whole)
+    if name in ("v07/points", "v09/points", "v09/mesh"):
+        assert any(n.startswith("-") or ".-" in n for n in names)
+
+
+@pytest.mark.parametrize("name", [n for n in STORES if MANIFEST[n].get("encoding") != "draco"])
+def test_level_ply_loads_with_plyfile(vec: Path, name: str) -> None:
+    kind = MANIFEST[name]["kind"]
+    for lv, le in MANIFEST[name]["levels"].items():
+        d = vec / store_rel(name) / lv
+        ply = ply_read(d / "level.ply")
+        pos = ply_positions(ply)
+        np.testing.assert_array_equal(pos, load(d / "vertices.npy"))
+        want_v = le.get("positions") or le.get("vertices")
+        if want_v:
+            np.testing.assert_array_equal(pos, ref(name, want_v))
+        props = {p.name for p in ply["vertex"].properties}
+        for attr in le.get("vertex_attributes", {}):
+            a = load(d / "vertex_attributes" / f"{attr}.npy")
+            if a.ndim == 1:
+                np.testing.assert_array_equal(ply["vertex"][attr], a)
+            else:
+                for j in range(a.shape[1]):
+                    assert f"{attr}_{j}" in props
+                    np.testing.assert_array_equal(ply["vertex"][f"{attr}_{j}"], a[:, j])
+        elements = {e.name for e in ply.elements}
+        if kind == "mesh":
+            faces = np.stack(ply["face"]["vertex_indices"])
+            assert canon_faces(faces) == canon_faces(ref(name, "L0_faces.npy"))
+        if kind in ("graph", "skeleton"):
+            edges = np.stack([ply["edge"]["vertex1"], ply["edge"]["vertex2"]], axis=1)
+            if kind == "graph":
+                assert edge_set(edges) == edge_set(ref(name, "L0_edges.npy"))
+            else:  # 0.2.0's read_graph adds an edge the writer never stored: compare with the input
+                want = coord_edges(ref(name, "input_positions.npy"), ref(name, "input_edges.npy"))
+                assert coord_edges(pos, edges) == want
+        if kind == "points":
+            assert "face" not in elements or len(ply["face"]) == 0
+
+
+def test_draco_mesh_within_quantization(vec: Path) -> None:
+    """The reference for a Draco mesh is the mesh that was written (0.9.2's read_mesh fails on
+    it), within the quantization error; Draco keeps only vertices intra-chunk faces use."""
+    name = "v09/mesh_draco"
+    d = vec / store_rel(name) / "0"
+    ply = ply_read(d / "level.ply")
+    pos = ply_positions(ply)
+    np.testing.assert_array_equal(pos, load(d / "vertices.npy"))
+    faces = np.stack(ply["face"]["vertex_indices"])
+    verts_in, faces_in = ref(name, "input_vertices.npy"), ref(name, "input_faces.npy")
+    tol = 10.0 / (2**11) * 2  # extent / 2^quantization_bits, twice for safety
+
+    def tri(p: np.ndarray, f: np.ndarray) -> list[np.ndarray]:
+        out = []
+        for row in f.tolist():
+            i = row.index(min(row, key=lambda k: tuple(p[k])))
+            out.append(p[row[i:] + row[:i]])
+        return sorted(out, key=lambda t: tuple(t.ravel().round(2)))
+
+    got, want = tri(pos, faces), tri(verts_in, faces_in)
+    assert len(got) == len(want) == 8
+    for a, b in zip(got, want, strict=True):
+        assert np.abs(a - b).max() <= tol
+    meta = json.loads((d / "meta.json").read_text())
+    assert meta["vertex_encoding"] == "draco" and meta["draco"]["available"] is True
+
+
+@pytest.mark.parametrize("name", [n for n in STORES if MANIFEST[n]["kind"] == "mesh"])
+def test_mesh_object_ply(vec: Path, name: str) -> None:
+    d = vec / store_rel(name) / "0" / "objects"
+    assert sorted(n for n in os.listdir(d) if n.endswith(".ply")) == ["0.ply"]
+    ply = ply_read(d / "0.ply")
+    pos = ply_positions(ply)
+    np.testing.assert_array_equal(pos, load(d / "0.npy"))
+    faces = np.stack(ply["face"]["vertex_indices"])
+    assert len(faces) == 8 and faces.max() < len(pos)
+
+
+@pytest.mark.parametrize("name", [n for n in STORES if MANIFEST[n]["kind"] in ("streamline", "polyline")])
+def test_streamlines_trk_loads_with_nibabel(vec: Path, name: str) -> None:
+    import nibabel as nib
+
+    p = vec / store_rel(name) / "0" / "streamlines.trk"
+    assert os.stat(p).st_size == len(p.read_bytes())
+    trk = nib.streamlines.load(str(p))
+    want = MANIFEST[name]["levels"]["0"]["polylines"]
+    assert len(trk.streamlines) == len(want)
+    for i, oid in enumerate(sorted(want, key=int)):
+        np.testing.assert_array_equal(np.asarray(trk.streamlines[i], np.float32), ref(name, want[oid]))
+
+
+@pytest.mark.parametrize("name", [n for n in STORES if MANIFEST[n]["kind"] == "skeleton"])
+def test_swc_per_skeleton_object(vec: Path, name: str) -> None:
+    d = vec / store_rel(name) / "0" / "objects"
+    want = coord_edges(ref(name, "input_positions.npy"), ref(name, "input_edges.npy"))
+    got_all: list = []
+    swcs = sorted(n for n in os.listdir(d) if n.endswith(".swc"))
+    assert swcs == ["0.swc", "1.swc"]
+    for fn in swcs:
+        p = d / fn
+        text = p.read_text()
+        assert len(text.encode()) == os.stat(p).st_size
+        pos, edges, radius = parse_swc(text)
+        obj = load(d / f"{fn[:-4]}.npy")
+        np.testing.assert_array_equal(obj, ref(name, MANIFEST[name]["levels"]["0"]["objects"][fn[:-4]]))
+        assert sorted(map(tuple, pos.round(4).tolist())) == sorted(map(tuple, obj.astype(float).round(4).tolist()))
+        got_all += coord_edges(pos, np.array(edges).reshape(-1, 2))
+        assert np.all(radius >= 1.0)  # the radius attribute (1..2) is carried over
+    assert sorted(got_all) == want
+
+
+@pytest.mark.parametrize("name,lv", level_cases(draco=True))
+def test_meta_json(vec: Path, name: str, lv: str) -> None:
+    e = MANIFEST[name]
+    le = e["levels"][lv]
+    meta = json.loads((vec / store_rel(name) / lv / "meta.json").read_text())
+    assert meta["format"] == "zarr_vectors"
+    assert meta["geometry_type"] == GEOMETRY[e["kind"]]
+    assert meta["layout"] == ("0.7" if name.startswith("v07") else "0.9")
+    assert meta["zv_version"] == ("0.7.0" if name.startswith("v07") else "0.9.2")
+    assert meta["level"] == lv and meta["ndim"] == 3 and meta["axes"] == ["x", "y", "z"]
+    assert "errors" not in meta
+    want_v = le.get("positions") or le.get("vertices")
+    if want_v and e.get("encoding") != "draco":
+        assert meta["vertex_count"] == len(ref(name, want_v))
+        assert meta["dtype"] == ref(name, want_v).dtype.str
+    if le.get("polylines"):
+        assert meta["vertex_count"] == sum(len(ref(name, f)) for f in le["polylines"].values())
+    if le.get("objects"):
+        assert meta["object_count"] == len(le["objects"])
+    if le.get("groups"):
+        assert meta["group_count"] == len(le["groups"])
+    assert set(le.get("vertex_attributes", {})) <= set(meta["vertex_attributes"])
+    listed = os.listdir(vec / store_rel(name) / lv)
+    if e.get("encoding") == "draco":  # attribute rows cannot line up with Draco's vertices
+        assert "vertex_attributes" not in listed
+        assert "not served" in meta["draco"]["vertex_attributes"]
+    elif meta["vertex_attributes"]:
+        assert sorted(meta["vertex_attributes"]) == sorted(
+            n[:-4] for n in os.listdir(vec / store_rel(name) / lv / "vertex_attributes"))
+    assert sorted(meta["object_attributes"]) == sorted(le.get("object_attributes", {}))
+    if e["kind"] == "mesh":
+        assert meta["link_widths"]["0"] == 3
+    if e["kind"] in ("graph", "skeleton"):
+        assert meta["link_widths"]["0"] == 2
+    assert meta["chunk_count"] == len(os.listdir(vec / store_rel(name) / lv / "chunks"))
+
+
+def test_every_file_size_is_its_length(vec: Path) -> None:
+    """Every file of the vectors tree: the size stat reports is exactly what a read returns."""
+    sizes = walk_sizes(vec)
+    assert len(sizes) > 300
+    for rel, size in sizes.items():
+        assert len((vec / rel).read_bytes()) == size, rel
+
+
+# --------------------------------------------------------------------------- ls -l decodes nothing
+
+
+def _break_vertex_cells(store: Path) -> int:
+    """Truncate every vertices cell of a store by one byte (0.7: the child array's data;
+    0.9: the vlen frame's payload); returns how many were broken."""
+    n = 0
+    for lvl in store.iterdir():
+        vdir = lvl / "vertices"
+        if not vdir.is_dir():
+            continue
+        doc = json.loads((vdir / "zarr.json").read_text())
+        if doc.get("codecs") and [c["name"] for c in doc["codecs"]] == ["vlen-bytes"]:
+            for cell in (vdir / "c").rglob("*"):
+                if cell.is_file():
+                    raw = cell.read_bytes()
+                    count, length = struct.unpack("<II", raw[:8])
+                    assert count == 1
+                    cell.write_bytes(struct.pack("<II", 1, length - 1) + raw[8 : 8 + length - 1])
+                    n += 1
+        else:
+            for data in vdir.glob("*/c/0"):
+                data.write_bytes(data.read_bytes()[:-1])
+                n += 1
+    return n
+
+
+@pytest.mark.parametrize("backend", ["dir", "s3"])
+def test_ls_l_decodes_no_vertices(backend: str, mount, request, tmp_path: Path) -> None:
+    """Every vertex cell of the corpus is broken; `ls -lR` of the vectors tree still gives every
+    file the size it has over the intact stores and logs nothing, so no listing or stat decoded
+    a vertex. Reading vertices.npy afterwards does fail, so the breakage is real."""
+    names = [n for n in STORES if MANIFEST[n].get("encoding") != "draco"
+             and n != "v09/points_sharded_blosc"]  # Draco sizes need the bitstream; a shard is vertices only
+    good = make_corpus(tmp_path / "good", names)
+    bad = make_corpus(tmp_path / "bad", names)
+    assert sum(_break_vertex_cells(bad / store_rel(n)) for n in names) > 40
+    mg = mount(good)
+    mb = mount_backend(mount, request, backend, bad, tmp_path, "novertex")
+    t0 = time.monotonic()
+    want = walk_sizes(mg.path / ".zvfs" / "vectors")
+    got = walk_sizes(mb.path / ".zvfs" / "vectors")
+    assert time.monotonic() - t0 < 30
+    assert got == want
+    assert not log_lines(mb, "WARNING") and not log_lines(mb, "ERROR"), mb.log_text()[-3000:]
+    stats = json.loads((mb.path / ".zvfs" / "stats.json").read_text())
+    before = stats["store_bytes"]
+    assert set(walk_sizes(mb.path / ".zvfs" / "vectors")) == set(want)  # again: nothing new fetched
+    assert json.loads((mb.path / ".zvfs" / "stats.json").read_text())["store_bytes"] == before
+    with pytest.raises(OSError) as ei:
+        (mb.path / ".zvfs/vectors/v09/points.zarr/0/vertices.npy").read_bytes()
+    assert ei.value.errno == EIO
+    assert log_lines(mb, "v09/points.zarr/0/vertices/")
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.fixture(scope="module")
+def bad_corpus(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """Broken copies of fixture stores next to an intact one: (root, case -> key named in the log)."""
+    root = tmp_path_factory.mktemp("zv-bad") / "bad"
+    root.mkdir()
+    (root / "zarr.json").write_text(GROUP)
+    keys = {}
+
+    def copy(case: str, name: str) -> Path:
+        dst = root / f"{case}.zarr"
+        shutil.copytree(store_dir(name), dst)
+        return dst
+
+    copy("good", "v09/points")
+    # a wrong fragment magic in chunk (0,0,0) (grid cell 1/1/1: origin -1)
+    d = copy("magic", "v09/points")
+    cell = d / "0/vertex_fragments/c/1/1/1"
+    raw = bytearray(cell.read_bytes())
+    raw[8:12] = b"XXXX"
+    cell.write_bytes(bytes(raw))
+    keys["magic"] = "magic.zarr/0/vertex_fragments/0.0.0"
+    # object 0's manifest asks for fragments 0..4999 of its first chunk, which has one
+    # (0.9 manifests: one zstd-compressed vlen-bytes cell holding every object's manifest)
+    from numcodecs import Zstd
+
+    d = copy("manifest", "v09/points")
+    cell = d / "0/object_index/manifests/c/0"
+    body = Zstd().decode(cell.read_bytes())
+    count, off, items = struct.unpack("<I", body[:4])[0], 4, []
+    for _ in range(count):
+        ln = struct.unpack("<I", body[off : off + 4])[0]
+        items.append(bytes(body[off + 4 : off + 4 + ln]))
+        off += 4 + ln
+    coords = items[0][4 : 4 + 24]  # the first block's chunk coordinates
+    items[0] = struct.pack("<I", 1) + coords + b"\x01" + struct.pack("<qq", 0, 5000)
+    body = struct.pack("<I", count) + b"".join(struct.pack("<I", len(b)) + b for b in items)
+    cell.write_bytes(Zstd().encode(body))
+    keys["manifest"] = "manifest.zarr/0/object_index/manifests"
+    # a truncated vertex blob in chunk (0,0,0), both layouts
+    d = copy("trunc09", "v09/points")
+    cell = d / "0/vertices/c/1/1/1"
+    payload = cell.read_bytes()[8:]
+    cell.write_bytes(struct.pack("<II", 1, len(payload) - 2) + payload[:-2])
+    keys["trunc09"] = "trunc09.zarr/0/vertices/0.0.0"
+    d = copy("trunc07", "v07/points")
+    cell = d / "0/vertices/0.0.0/c/0"
+    cell.write_bytes(cell.read_bytes()[:-2])
+    keys["trunc07"] = "trunc07.zarr/0/vertices/0.0.0"
+    # an unknown zv_version
+    d = copy("version", "v09/streamlines")
+    doc = json.loads((d / "zarr.json").read_text())
+    doc["attributes"]["zarr_vectors"]["zv_version"] = "7.0.0"
+    (d / "zarr.json").write_text(json.dumps(doc))
+    keys["version"] = "version.zarr/zarr.json"
+    return root, keys
+
+
+def _eio(p: Path) -> None:
+    with pytest.raises(OSError) as ei:
+        p.read_bytes()
+    assert ei.value.errno == EIO, p
+
+
+@pytest.mark.parametrize("backend", ["dir", "zip-cmd", "s3"])
+def test_bad_input_fails_cleanly(backend: str, bad_corpus, mount, request, tmp_path: Path) -> None:
+    root, keys = bad_corpus
+    m = mount_backend(mount, request, backend, root, tmp_path, f"bad-{backend}")
+    vec = m.path / ".zvfs" / "vectors"
+    pids = daemon_pids(m.path)
+    assert pids
+    assert sorted(os.listdir(vec)) == sorted(f"{c}.zarr" for c in [*keys, "good"])
+    pts = ref("v09/points", "L0_positions.npy")
+
+    for _ in range(2):  # the same errors again: still clean, still one log line
+        # wrong fragment magic: the level cannot be sized, vertices.npy fails its lookup
+        lv = vec / "magic.zarr/0"
+        meta = json.loads((lv / "meta.json").read_text())
+        assert any(keys["magic"] in v and "magic" in v for v in meta["errors"].values()), meta
+        with pytest.raises(OSError) as ei:
+            os.stat(lv / "vertices.npy")
+        assert ei.value.errno == EIO
+        _eio(lv / "vertices.npy")
+        assert "vertices.npy" not in os.listdir(lv)
+        np.testing.assert_array_equal(load(lv / "object_attributes/score.npy"),
+                                      ref("v09/points", "L0_object_attr_score.npy"))
+        np.testing.assert_array_equal(load(lv / "groups/0.npy"), ref("v09/points", "L0_group_0.npy"))
+
+        # manifest past the end of a chunk: that object fails, the others and the level read
+        lv = vec / "manifest.zarr/0"
+        meta = json.loads((lv / "meta.json").read_text())
+        assert any(keys["manifest"] in v and "object 0" in v for v in meta["errors"].values()), meta
+        _eio(lv / "objects/0.npy")
+        for oid in ("1", "2", "3"):
+            np.testing.assert_array_equal(load(lv / f"objects/{oid}.npy"), ref("v09/points", f"L0_object_{oid}.npy"))
+        np.testing.assert_array_equal(load(lv / "vertices.npy"), pts)
+
+        # truncated vertex blob: every view of that chunk fails, the other chunks read
+        for case, name in (("trunc09", "v09/points"), ("trunc07", "v07/points")):
+            lv = vec / f"{case}.zarr/0"
+            for p in (lv / "vertices.npy", lv / "chunks/0.0.0/vertices.npy", lv / "level.ply"):
+                _eio(p)
+            assert json.loads((lv / "meta.json").read_text())["vertex_count"] == 14
+            others = [c for c in os.listdir(lv / "chunks") if c != "0.0.0"]
+            assert others
+            for c in others:
+                assert load(lv / "chunks" / c / "vertices.npy").shape[1] == 3
+            np.testing.assert_array_equal(load(lv / "vertex_attributes/intensity.npy"),
+                                          ref(name, "L0_attr_intensity.npy"))
+
+        # unknown zv_version: the group fails with EIO; its meta.json says why
+        g = vec / "version.zarr"
+        with pytest.raises(OSError) as ei:
+            os.listdir(g)
+        assert ei.value.errno == EIO
+        with pytest.raises(OSError) as ei:
+            os.stat(g / "0")
+        assert ei.value.errno in (EIO, 2)
+        meta = json.loads((g / "meta.json").read_text())
+        assert "7.0.0" in meta["error"] and "zarr.json" in meta["error"]
+
+    # the intact store, the raw tree and the daemon are fine
+    np.testing.assert_array_equal(load(vec / "good.zarr/0/vertices.npy"), pts)
+    assert (m.path / "good.zarr/zarr.json").is_file()
+    assert is_mounted(m.path) and all(os.path.exists(f"/proc/{p}") for p in pids)
+    for case, key in keys.items():
+        lines = log_lines(m, key)
+        assert lines, (case, key, m.log_text()[-3000:])
