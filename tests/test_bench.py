@@ -30,6 +30,8 @@ EXPECTED = {
     "dec_dir": ("decoded: cold read of the whole array, directory store", True),
     "dec_s3": ("decoded: cold read of the whole array, S3", True),
     "warm": ("decoded: warm re-read", True),
+    "req_read1": ("S3 requests: cold read", True),
+    "req_ls_large": ("S3 requests: ls -lR", True),
     "rss_s3": ("daemon peak RSS after the S3 cold read", True),
     "rss_zip": ("daemon peak RSS after the zip cold read", True),
     "rss_stream": ("zvfs daemon peak RSS streaming", False),

@@ -7,7 +7,11 @@ seconds before forwarding them. Bytes in the server->client direction pass
 straight through. Each request therefore pays the delay exactly once, however
 many packets it spans, and keep-alive connections are handled.
 
-Run: python proxy.py LISTEN_PORT TARGET_PORT [DELAY_MS]
+It counts the requests and the bytes it forwarded; a connection to STATS_PORT
+gets "REQUESTS BYTES_DOWN BYTES_UP\n" back, so the bench can tell how many
+requests each system made for a workload.
+
+Run: python proxy.py LISTEN_PORT TARGET_PORT [DELAY_MS [STATS_PORT]]
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import contextlib
 import sys
 
 BUF = 1 << 20
+COUNTS = {"requests": 0, "down": 0, "up": 0}
 
 
 class _Conn:
@@ -32,8 +37,10 @@ async def _client_to_server(reader, writer, state: _Conn, delay: float) -> None:
             data = await reader.read(BUF)
             if not data:
                 break
+            COUNTS["up"] += len(data)
             if state.new_request:
                 state.new_request = False
+                COUNTS["requests"] += 1
                 await asyncio.sleep(delay)
             writer.write(data)
             await writer.drain()
@@ -49,6 +56,7 @@ async def _server_to_client(reader, writer, state: _Conn) -> None:
             if not data:
                 break
             state.new_request = True
+            COUNTS["down"] += len(data)
             writer.write(data)
             await writer.drain()
     finally:
@@ -74,10 +82,19 @@ async def _handle(creader, cwriter, target_port: int, delay: float) -> None:
             w.close()
 
 
-async def serve(listen_port: int, target_port: int, delay: float) -> None:
+async def _stats(_reader, writer) -> None:
+    writer.write(f"{COUNTS['requests']} {COUNTS['down']} {COUNTS['up']}\n".encode())
+    with contextlib.suppress(Exception):
+        await writer.drain()
+    writer.close()
+
+
+async def serve(listen_port: int, target_port: int, delay: float, stats_port: int = 0) -> None:
     server = await asyncio.start_server(
         lambda r, w: _handle(r, w, target_port, delay), "127.0.0.1", listen_port,
         reuse_address=True, backlog=512)
+    if stats_port:
+        await asyncio.start_server(_stats, "127.0.0.1", stats_port, reuse_address=True)
     async with server:
         await server.serve_forever()
 
@@ -85,7 +102,8 @@ async def serve(listen_port: int, target_port: int, delay: float) -> None:
 def main(argv: list[str]) -> None:
     listen_port, target_port = int(argv[0]), int(argv[1])
     delay = float(argv[2]) / 1000 if len(argv) > 2 else 0.020
-    asyncio.run(serve(listen_port, target_port, delay))
+    stats_port = int(argv[3]) if len(argv) > 3 else 0
+    asyncio.run(serve(listen_port, target_port, delay, stats_port))
 
 
 if __name__ == "__main__":

@@ -68,9 +68,11 @@ class Results:
                        "errors": self.errors[r.id], "ratio": self.ratio(r)} for r in self.rows}
 
 
-def fmt(v: float | None) -> str:
+def fmt(v: float | None, unit: str = "") -> str:
     if v is None:
         return "—"
+    if unit in ("requests", "files/s"):
+        return f"{v:.0f}"
     if v >= 100:
         return f"{v:.0f}"
     if v >= 10:
@@ -85,11 +87,11 @@ def summary_table(res: Results) -> str:
              "|---|---|---|---|---|---|---|"]
     for r in res.rows:
         z = res.median(r.id, "zvfs")
-        zs = fmt(z) if z is not None else ("error" if "zvfs" in res.errors[r.id] else "—")
+        zs = fmt(z, r.unit) if z is not None else ("error" if "zvfs" in res.errors[r.id] else "—")
         b = res.best_peer(r)
         ratio = res.ratio(r)
         lines.append(f"| {r.label} | {r.unit} | {'higher' if r.higher_is_better else 'lower'} | "
-                     f"{zs} | {b[0] if b else '—'} | {fmt(b[1]) if b else '—'} | "
+                     f"{zs} | {b[0] if b else '—'} | {fmt(b[1], r.unit) if b else '—'} | "
                      f"{(fmt(ratio) + '×') if ratio is not None else '—'} |")
     return "\n".join(lines)
 
@@ -98,9 +100,9 @@ def detail_table(res: Results) -> str:
     lines = ["| workload | system | median | unit | runs | note |", "|---|---|---|---|---|---|"]
     for r in res.rows:
         for s in res.order[r.id]:
-            runs = ", ".join(fmt(v) for v in res.values[r.id].get(s, []))
+            runs = ", ".join(fmt(v, r.unit) for v in res.values[r.id].get(s, []))
             err = res.errors[r.id].get(s, "").replace("|", "/").replace("\n", " ")[:160]
-            lines.append(f"| {r.label} | {s} | {fmt(res.median(r.id, s))} | {r.unit} | {runs} | {err} |")
+            lines.append(f"| {r.label} | {s} | {fmt(res.median(r.id, s), r.unit)} | {r.unit} | {runs} | {err} |")
     return "\n".join(lines)
 
 

@@ -50,6 +50,7 @@ class S3Env:
         self.latency_ms = latency_ms
         self.moto_port = free_port()
         self.proxy_port = free_port()
+        self.stats_port = free_port()
         self.moto = None
         self.proxy = None
 
@@ -78,11 +79,25 @@ class S3Env:
         _wait_port(self.moto_port, self.moto)
         proxy_py = Path(__file__).with_name("proxy.py")
         self.proxy = procs.start([sys.executable, str(proxy_py), str(self.proxy_port),
-                                  str(self.moto_port), str(self.latency_ms)],
+                                  str(self.moto_port), str(self.latency_ms),
+                                  str(self.stats_port)],
                                  log_path=logs / "proxy.log")
         _wait_port(self.proxy_port, self.proxy)
+        _wait_port(self.stats_port, self.proxy)
         log(f"moto on :{self.moto_port} (pid {self.moto.pid}), "
             f"+{self.latency_ms:g} ms proxy on :{self.proxy_port} (pid {self.proxy.pid})")
+
+    def counters(self) -> tuple[int, int]:
+        """(requests, bytes sent to clients) through the proxy so far."""
+        with socket.create_connection(("127.0.0.1", self.stats_port), timeout=5) as c:
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = c.recv(100)
+                if not chunk:
+                    break
+                data += chunk
+        req, down, _up = (int(x) for x in data.split())
+        return req, down
 
     def stop(self) -> None:
         for p in (self.proxy, self.moto):
