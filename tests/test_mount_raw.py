@@ -29,6 +29,7 @@ from conftest import (
     s3_client,
     store_files,
     tool,
+    upload_tree,
     wait_until,
 )
 
@@ -703,3 +704,32 @@ def test_s3_profile_from_config_files(zarr_s3, zarr_dir, moto, s3_env, tmp_path,
     url = f"https://s3.us-east-1.amazonaws.com/{S3_BUCKET}/{S3_PREFIX}#mode=zarr,s3&aws.profile=zvfstest"
     m2 = mount(url, "--endpoint-url", moto.endpoint, env=env)
     assert run(["diff", "-r", zarr_dir, m2.path]).returncode == 0
+
+
+def test_s3_server_gone_fails_reads_not_daemon(zarr_dir, s3_env, mount) -> None:
+    """When the S3 server disappears, reads fail with EIO (quickly) and the daemon stays up."""
+    from conftest import _pid_alive, daemon_pids
+    from moto_server import MotoServer
+
+    server = MotoServer().start()
+    try:
+        client = s3_client(server.endpoint)
+        client.create_bucket(Bucket="vanishing")
+        upload_tree(client, zarr_dir, "vanishing", "s")
+        env = {**s3_env, **server.env}
+        m = mount("s3://vanishing/s", "--endpoint-url", server.endpoint, env=env)
+        assert (m.path / "zarr.json").read_bytes() == (zarr_dir / "zarr.json").read_bytes()
+        pids = daemon_pids(m.path)
+    finally:
+        server.stop()
+    t0 = time.monotonic()
+    with pytest.raises(OSError) as ei:
+        (m.path / "temperature" / "zarr.json").read_bytes()
+    assert ei.value.errno in (errno.EIO, errno.ENOENT), ei.value
+    took = time.monotonic() - t0
+    assert took < 60, f"a read against a dead server took {took:.0f}s to fail"
+    assert all(_pid_alive(p) for p in pids), "the daemon died"
+    assert os.stat(m.path).st_ino  # the root still answers
+    assert m.log_text().strip(), "nothing was logged about the failed reads"
+    res = run([tool("zvfs"), "unmount", m.path])
+    assert res.returncode == 0, res.stderr
