@@ -733,3 +733,26 @@ def test_s3_server_gone_fails_reads_not_daemon(zarr_dir, s3_env, mount) -> None:
     assert m.log_text().strip(), "nothing was logged about the failed reads"
     res = run([tool("zvfs"), "unmount", m.path])
     assert res.returncode == 0, res.stderr
+
+
+def test_mount_helper_flags(zarr_dir, tmp_path) -> None:
+    """mount.zvfs takes the flags mount(8) passes: -s -n -v, and -f (fake: mount nothing)."""
+    from conftest import force_unmount
+
+    helper = "/sbin/mount.zvfs"
+    assert os.access(helper, os.X_OK), "/sbin/mount.zvfs missing: run scripts/setup as root"
+    mnt = tmp_path / "helper-mnt"
+    mnt.mkdir()
+    try:
+        res = run([helper, zarr_dir, mnt, "-f", "-o", "ro"], timeout=60)
+        assert res.returncode == 0, res.stderr
+        assert mount_entry(mnt) is None, "mount -f (fake) mounted something"
+        res = run(["mount", "-f", "-t", "zvfs", zarr_dir, mnt], timeout=60)
+        assert res.returncode == 0 and mount_entry(mnt) is None, res.stderr
+        res = run([helper, zarr_dir, mnt, "-s", "-n", "-v", "-o", "rw,noatime,metadata_ttl=5"], timeout=120)
+        assert res.returncode == 0, res.stderr
+        entry = mount_entry(mnt)
+        assert entry is not None and "ro" in entry["options"].split(","), entry
+        assert run(["diff", "-r", zarr_dir, mnt]).returncode == 0
+    finally:
+        force_unmount(mnt)
