@@ -348,9 +348,6 @@ def test_cross_level_links(vec: Path, name: str) -> None:
     for lv, le in want_levels.items():
         for delta, fname in le["links"].items():
             p = vec / store_rel(name) / lv / "links" / f"{delta}.npy"
-            if name.startswith("v07") and not p.exists():  # 0.2.0 stores only the downward links
-                assert delta.startswith("-")
-                continue
             np.testing.assert_array_equal(load(p), ref("v09/points_pyramid", fname))
 
 
@@ -561,9 +558,12 @@ def test_ls_l_decodes_no_vertices(backend: str, mount, request, tmp_path: Path) 
     a vertex. Reading vertices.npy afterwards does fail, so the breakage is real."""
     names = [n for n in STORES if MANIFEST[n].get("encoding") != "draco"
              and n != "v09/points_sharded_blosc"]  # Draco sizes need the bitstream; a shard is vertices only
+    if backend == "s3":  # every kind and both layouts, fewer uploads to moto
+        names = ["v07/points_pyramid", "v07/skeleton", "v07/mesh", "v09/points", "v09/streamlines",
+                 "v09/graph", "v09/mesh"]
     good = make_corpus(tmp_path / "good", names)
     bad = make_corpus(tmp_path / "bad", names)
-    assert sum(_break_vertex_cells(bad / store_rel(n)) for n in names) > 40
+    assert sum(_break_vertex_cells(bad / store_rel(n)) for n in names) > 20
     mg = mount(good)
     mb = mount_backend(mount, request, backend, bad, tmp_path, "novertex")
     t0 = time.monotonic()
@@ -648,7 +648,7 @@ def _eio(p: Path) -> None:
     assert ei.value.errno == EIO, p
 
 
-@pytest.mark.parametrize("backend", ["dir", "zip-cmd", "s3"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_bad_input_fails_cleanly(backend: str, bad_corpus, mount, request, tmp_path: Path) -> None:
     root, keys = bad_corpus
     m = mount_backend(mount, request, backend, root, tmp_path, f"bad-{backend}")
