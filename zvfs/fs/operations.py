@@ -52,6 +52,7 @@ class ZvfsOperations(pyfuse3.Operations):
         self._next_ino = itertools.count(ROOT + 1)
         self._dir_handles: dict[int, list[tuple[str, int, Node]]] = {}
         self._next_fh = itertools.count(1)
+        self._reported: set[str] = set()
         self._uid = os.getuid()
         self._gid = os.getgid()
 
@@ -107,12 +108,21 @@ class ZvfsOperations(pyfuse3.Operations):
         except pyfuse3.FUSEError:
             raise
         except NodeError as exc:
-            if exc.errno != errno.ENOENT:
+            if exc.errno != errno.ENOENT and self._first_report(exc.key):
                 log.error("%s: %s", what, exc)
             raise pyfuse3.FUSEError(exc.errno) from None
         except Exception as exc:  # noqa: BLE001 - one bad file must not take the daemon down
             log.error("%s: %s: %s", what, type(exc).__name__, exc)
             raise pyfuse3.FUSEError(errno.EIO) from None
+
+    def _first_report(self, key: str | None) -> bool:
+        """True unless an error about ``key`` was logged already (errors without a key always log)."""
+        if key is None:
+            return True
+        if key in self._reported:
+            return False
+        self._reported.add(key)
+        return True
 
     # -- lookups -------------------------------------------------------------
 

@@ -31,29 +31,6 @@ log = logging.getLogger("zvfs")
 _serial = itertools.count()
 
 
-def _drop_repeated_errors(record: logging.LogRecord) -> bool:
-    """Logger filter: a NodeError flagged ``already_logged`` was logged once; drop the repeat.
-
-    The fs layer logs every failed operation; a bad chunk read again (the kernel
-    retries a failed page read, data.raw and chunks/ share chunks) must still
-    give one log line that names its key.
-    """
-    args = record.args if isinstance(record.args, tuple) else ()
-    return not any(getattr(a, "already_logged", False) for a in args)
-
-
-log.addFilter(_drop_repeated_errors)
-
-
-def reported_causes(ctx: MountContext) -> set[str]:
-    """The mount's set of read-error causes that were logged already."""
-    causes = getattr(ctx, "_zvfs_reported_causes", None)
-    if causes is None:
-        causes = set()
-        ctx._zvfs_reported_causes = causes  # type: ignore[attr-defined]
-    return causes
-
-
 class DecodedArray:
     """The shared reader of one array: decoded chunks through the cache, one worker hop each."""
 
@@ -67,9 +44,6 @@ class DecodedArray:
         self._ahead = ReadAhead(ceiling=max(meta.chunk_nbytes, min(64 << 20, ctx.cache_size // 4)))
         #: chunk index -> (message, cause, retry after this monotonic time) of chunks that failed
         self._failed: dict[tuple[int, ...], tuple[str, str, float]] = {}
-        #: causes (messages naming a key) logged already: one set per mount, so a
-        #: rediscovery (after the metadata TTL) does not log the same key again
-        self._reported: set[str] = reported_causes(ctx)
         self._failure_ttl = ctx.metadata_ttl
 
     @property
@@ -104,8 +78,8 @@ class DecodedArray:
         """Decoded chunk ``idx`` (full chunk shape); raises NodeError(EIO) naming the key.
 
         A chunk that failed stays failed for the metadata TTL: later reads fail at
-        once without fetching again. File reads pass the error through
-        :meth:`reported`, so each bad key is logged once.
+        once without fetching again. The error's ``key`` names the bad store key,
+        so the fs layer logs it once.
         """
         if self.meta.error is not None:
             raise self._failure(f"{self.meta.path or '/'}: {self.meta.error}", self.meta.error)
@@ -120,9 +94,7 @@ class DecodedArray:
             except NodeError:
                 raise
             except Exception as exc:  # corrupt chunk, unknown codec, store error: this read only
-                err = NodeError(errno.EIO, f"{self.meta.path or '/'} chunk {idx}: {exc}")
-                err.cause = str(exc)  # type: ignore[attr-defined]  # names the key
-                raise err from exc
+                raise NodeError(errno.EIO, f"{self.meta.path or '/'} chunk {idx}: {exc}", key=str(exc)) from exc
 
         key = (self.serial, idx)
         if key in self.ctx.prefetched:
@@ -133,30 +105,14 @@ class DecodedArray:
         except NodeError as exc:
             if exc.errno != errno.EIO:
                 raise
-            cause = getattr(exc, "cause", str(exc))
+            cause = exc.key or str(exc)
             if idx not in self._failed:
                 self._failed[idx] = (str(exc), cause, time.monotonic() + (self._failure_ttl or 0.0))
             raise self._failure(str(exc), cause) from None
 
     @staticmethod
     def _failure(message: str, cause: str) -> NodeError:
-        err = NodeError(errno.EIO, message)
-        err.cause = cause  # type: ignore[attr-defined]
-        return err
-
-    def reported(self, exc: NodeError) -> NodeError:
-        """``exc`` as it goes to the fs layer: flagged ``already_logged`` if its cause was logged.
-
-        The cause names the key (one shard's inner chunks share it), so a bad key
-        gives one log line however often, and through however many files, it is read.
-        """
-        cause = getattr(exc, "cause", None)
-        if cause is not None:
-            if cause in self._reported:
-                exc.already_logged = True  # type: ignore[attr-defined]
-            else:
-                self._reported.add(cause)
-        return exc
+        return NodeError(errno.EIO, message, key=cause)
 
     async def chunk_as(self, idx: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """Chunk ``idx`` converted to ``dtype`` (e.g. another byte order), cached as well."""
@@ -230,10 +186,7 @@ class RawDataFile(FileNode):
         return self.array.meta.nbytes
 
     async def read(self, offset: int, length: int) -> bytes:
-        try:
-            return await self.array.read_bytes(offset, length)
-        except NodeError as exc:
-            raise self.array.reported(exc) from None
+        return await self.array.read_bytes(offset, length)
 
 
 class ChunkFile(FileNode):
@@ -253,10 +206,7 @@ class ChunkFile(FileNode):
         return n * meta.dtype.itemsize
 
     async def read(self, offset: int, length: int) -> bytes:
-        try:
-            chunk = await self.array.chunk(self.idx)
-        except NodeError as exc:
-            raise self.array.reported(exc) from None
+        chunk = await self.array.chunk(self.idx)
         region = self.array.meta.chunk_region_shape(self.idx)
         view = chunk[tuple(slice(0, s) for s in region)]
         return bytes(byte_view(view)[offset : offset + length])

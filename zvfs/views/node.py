@@ -17,11 +17,17 @@ from collections.abc import Sequence
 
 
 class NodeError(Exception):
-    """Fails one FUSE operation with ``errno``; ``message`` goes to the log (one line)."""
+    """Fails one FUSE operation with ``errno``; ``message`` goes to the log (one line).
 
-    def __init__(self, errno_: int, message: str = "") -> None:
+    ``key`` names what failed (a store key, or a message naming it): the fs layer
+    logs one line per key per mount, however often and through however many
+    files the same bad key is read (the kernel retries failed page reads too).
+    """
+
+    def __init__(self, errno_: int, message: str = "", key: str | None = None) -> None:
         super().__init__(message or errno.errorcode.get(errno_, str(errno_)))
         self.errno = errno_
+        self.key = key
 
 
 class Node(ABC):

@@ -8,7 +8,7 @@ import numpy as np
 
 from zvfs.formats.meta import ArrayMeta
 from zvfs.views.arrays import DecodedArray
-from zvfs.views.node import FileNode, NodeError
+from zvfs.views.node import FileNode
 
 NPY_ALIGN = 64
 
@@ -44,8 +44,5 @@ class NpyFile(FileNode):
             length -= len(out)
             offset = hlen
         if length > 0:
-            try:
-                out += await self.array.read_bytes(offset - hlen, length)
-            except NodeError as exc:
-                raise self.array.reported(exc) from None
+            out += await self.array.read_bytes(offset - hlen, length)
         return out

@@ -34,7 +34,7 @@ import numpy as np
 
 from zvfs.formats.meta import ArrayMeta, dtype_str, json_scalar
 from zvfs.views.arrays import ChunkGridDir, DecodedArray, byte_view
-from zvfs.views.node import BytesFile, FileNode, Node, NodeError
+from zvfs.views.node import BytesFile, FileNode, Node
 
 
 def _dumps(doc: Any) -> bytes:
@@ -125,10 +125,7 @@ class V2ChunkFile(FileNode):
         return self.array.meta.chunk_nbytes
 
     async def read(self, offset: int, length: int) -> bytes:
-        try:
-            chunk = await self.array.chunk_as(self.idx, mirror_dtype(self.array.meta.dtype))
-        except NodeError as exc:
-            raise self.array.reported(exc) from None
+        chunk = await self.array.chunk_as(self.idx, mirror_dtype(self.array.meta.dtype))
         return bytes(byte_view(chunk)[offset : offset + length])
 
 
