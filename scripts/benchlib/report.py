@@ -170,7 +170,14 @@ def _cmd(argv: list[str]) -> str:
         return "?"
 
 
-def machine(versions: dict[str, str]) -> str:
+def loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+def machine(versions: dict[str, str], load_before: str = "?") -> str:
     mem = "?"
     try:
         with open("/proc/meminfo") as f:
@@ -202,6 +209,8 @@ def machine(versions: dict[str, str]) -> str:
         f"- kernel: {platform.release()} ({osname})",
         f"- python: {platform.python_version()}",
         f"- zvfs commit: {commit}",
+        f"- load average (1, 5, 15 min) before the run: {load_before}; after: {loadavg()} "
+        "(the machine is shared; a load above the core count means other jobs ran alongside)",
     ]
     lines += [f"- {k}: {v}" for k, v in sorted(versions.items())]
     return "\n".join(lines)
