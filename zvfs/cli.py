@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from zvfs import options as zopts
+from zvfs.mounts import is_mounted
 
 log = logging.getLogger("zvfs")
 
@@ -73,12 +74,6 @@ def _setup_logging(opts: dict[str, Any], daemon: bool) -> None:
     root.handlers[:] = [handler]
     root.setLevel(logging.WARNING)
     log.setLevel(level)
-
-
-def is_mounted(path: str) -> bool:
-    real = os.path.realpath(path)
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4].encode().decode("unicode_escape") == real for line in f)
 
 
 def check_mountpoint(path: str) -> str:

@@ -19,6 +19,7 @@ import trio
 
 from zvfs.cache.disk import DiskCachedStore
 from zvfs.fs import ZvfsOperations
+from zvfs.mounts import mount_device
 from zvfs.stats import counters
 from zvfs.stores.base import Store
 from zvfs.stores.counting import CountingStore
@@ -57,18 +58,6 @@ def sd_notify(message: str) -> None:
             s.sendall(message.encode())
     except OSError as exc:
         log.warning("could not notify systemd: %s", exc)
-
-
-def mount_device(mountpoint: str) -> str | None:
-    """'major:minor' of the mount at ``mountpoint``, read from mountinfo (no FUSE request)."""
-    real = os.path.realpath(mountpoint)
-    found = None
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) > 4 and parts[4].encode().decode("unicode_escape") == real:
-                found = parts[2]
-    return found
 
 
 def tune_kernel(mountpoint: str) -> None:
