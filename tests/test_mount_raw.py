@@ -767,3 +767,13 @@ def test_mount_helper_flags(zarr_dir, tmp_path) -> None:
         assert run(["diff", "-r", zarr_dir, mnt]).returncode == 0
     finally:
         force_unmount(mnt)
+
+
+def test_readdir_is_sorted_by_name(backend: Backend) -> None:
+    for dirpath, _dirs, _files in os.walk(backend.mnt.path):
+        names = os.listdir(dirpath)
+        assert names == sorted(names), dirpath
+        # entries' types in readdir agree with stat
+        with os.scandir(dirpath) as it:
+            for e in it:
+                assert e.is_dir(follow_symlinks=False) == stat.S_ISDIR(os.lstat(e.path).st_mode), e.path
