@@ -31,6 +31,7 @@ from conftest import (
     tool,
     upload_tree,
     wait_until,
+    zip_with_cmd,
 )
 
 BACKENDS = ["dir", "zip-zarrpy", "zip-cmd", "zip64", "s3"]
@@ -777,3 +778,19 @@ def test_readdir_is_sorted_by_name(backend: Backend) -> None:
         with os.scandir(dirpath) as it:
             for e in it:
                 assert e.is_dir(follow_symlinks=False) == stat.S_ISDIR(os.lstat(e.path).st_mode), e.path
+
+
+@pytest.mark.parametrize("name", ["with space.zarr", "comma,in,name.zarr", "n\u00f6n-\u00e4scii \u00fc.zarr",
+                                  "quote'and\"double.zarr", "back\\slash.zarr"])
+def test_unusual_source_paths(name, zarr_dir, tmp_path, mount) -> None:
+    """Source paths with spaces, commas, non-ASCII, quotes or backslashes mount (dir and zip)."""
+    import shutil as _shutil
+
+    src = tmp_path / name
+    _shutil.copytree(zarr_dir, src)
+    m = mount(src)
+    assert run(["diff", "-r", zarr_dir, m.path]).returncode == 0
+    assert mount_entry(m.path)["fstype"] == "fuse.zvfs"
+    z = zip_with_cmd(zarr_dir, tmp_path / (name[: -len(".zarr")] + ".zip"))
+    m2 = mount(z)
+    assert run(["diff", "-r", zarr_dir, m2.path]).returncode == 0
