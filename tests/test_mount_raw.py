@@ -794,3 +794,28 @@ def test_unusual_source_paths(name, zarr_dir, tmp_path, mount) -> None:
     z = zip_with_cmd(zarr_dir, tmp_path / (name[: -len(".zarr")] + ".zip"))
     m2 = mount(z)
     assert run(["diff", "-r", zarr_dir, m2.path]).returncode == 0
+
+
+def test_file_larger_than_4gib(tmp_path, mount) -> None:
+    """Sizes and offsets past 2 and 4 GiB (a sparse file, so it costs no disk)."""
+    src = tmp_path / "huge.zarr"
+    src.mkdir()
+    big = src / "huge.bin"
+    size = 5 * (1 << 30) + 123
+    with open(big, "wb") as f:
+        f.truncate(size)
+        for off in ((1 << 31) - 3, (1 << 32) - 3, size - 8):
+            f.seek(off)
+            f.write(b"MARKER!!"[: min(8, size - off)])
+    m = mount(src)
+    st = os.stat(m.path / "huge.bin")
+    assert st.st_size == size
+    fd = os.open(m.path / "huge.bin", os.O_RDONLY)
+    try:
+        with open(big, "rb") as ref:
+            for off in ((1 << 31) - 3, (1 << 32) - 3, size - 8, size - 4, 12345):
+                ref.seek(off)
+                assert os.pread(fd, 16, off) == ref.read(16), off
+        assert os.pread(fd, 16, size) == b""
+    finally:
+        os.close(fd)
