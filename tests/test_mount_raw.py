@@ -819,3 +819,12 @@ def test_file_larger_than_4gib(tmp_path, mount) -> None:
         assert os.pread(fd, 16, size) == b""
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("args", [["--cache-size", "0"], ["--metadata-ttl", "0"], ["-o", "threads=1"],
+                                  ["-o", "metadata_ttl=0,cache_size=1"]])
+def test_edge_option_values(args, zarr_dir, zarr_zip_cmd, mount) -> None:
+    for src in (zarr_dir, zarr_zip_cmd):
+        m = mount(src, *args)
+        res = run(["diff", "-r", zarr_dir, m.path])
+        assert res.returncode == 0 and res.stdout == "", (src, args, res.stdout, res.stderr)
