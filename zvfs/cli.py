@@ -113,7 +113,8 @@ def _mount_foreground(args: argparse.Namespace, opts: dict[str, Any]) -> int:
 
     try:
         serve(store, mountpoint, description, opts, ready_fd=args.ready_fd)
-    except (OSError, RuntimeError) as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever it is, the user gets one line, not a traceback
+        log.debug("mount failed", exc_info=True)
         msg = f"cannot mount {args.source} at {mountpoint}: {exc}"
         if daemon:
             os.write(args.ready_fd, f"ERR {msg}\n".encode())

@@ -37,7 +37,9 @@ def fuse_options(description: str, allow_other: bool) -> set[str]:
     """Mount options. max_read is not among them: pyfuse3's init cannot match it, and the
     kernel's own limit (max_pages, negotiated from libfuse's 1 MiB buffer) already gives
     1 MiB reads once tune_kernel has raised the read-ahead."""
-    fsname = "zvfs:" + description.replace("\\", "\\\\").replace(",", "\\,")
+    # pyfuse3 passes options as ASCII: escape the rest, as /proc/mounts would show it
+    ascii_desc = description.encode("ascii", "backslashreplace").decode("ascii")
+    fsname = "zvfs:" + ascii_desc.replace("\\", "\\\\").replace(",", "\\,")
     opts = set(pyfuse3.default_options)
     opts |= {f"fsname={fsname}", "subtype=zvfs", "ro", "noatime"}
     if allow_other:

@@ -53,7 +53,7 @@ class RawFile(FileNode):
         except KeyNotFound as exc:
             raise NodeError(errno.ENOENT, f"{self.key}: vanished from the store") from exc
         except StoreError as exc:
-            raise NodeError(errno.EIO, f"{self.key}: {exc}", key=self.key) from exc
+            raise NodeError(errno.EIO, str(exc), key=self.key) from exc  # store errors name the key
 
     async def _block(self, n: int, prefetch: bool = False) -> bytes:
         bs = self.ctx.store.block_size
