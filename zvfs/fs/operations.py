@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 import pyfuse3
 
+from zvfs.stats import counters
 from zvfs.views.node import DirNode, FileNode, Node, NodeError
 
 log = logging.getLogger("zvfs")
@@ -207,6 +208,8 @@ class ZvfsOperations(pyfuse3.Operations):
         node = self._node(fh)
         assert isinstance(node, FileNode)
         data = await self._call(f"read {self._paths.get(fh, fh)}", node.read(off, size))
+        counters.add("fuse_read_requests")
+        counters.add("fuse_read_bytes", len(data))
         return bytes(data) if isinstance(data, memoryview) else data
 
     async def release(self, fh: int) -> None:

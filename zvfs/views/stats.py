@@ -17,6 +17,7 @@ class StatsFile(FileNode):
     def __init__(self, ctx: MountContext) -> None:
         self.ctx = ctx
         self.mtime = ctx.mount_time
+        self._snapshot = b""
 
     def render(self) -> bytes:
         snap = self.ctx.counters.snapshot()
@@ -38,4 +39,8 @@ class StatsFile(FileNode):
         return len(self.render())
 
     async def read(self, offset: int, length: int) -> bytes:
-        return self.render()[offset : offset + length]
+        # a read from the start takes a new snapshot; the rest of that pass reads the same
+        # one, so a reader never gets the tail of a different rendering
+        if offset == 0 or not self._snapshot:
+            self._snapshot = self.render()
+        return self._snapshot[offset : offset + length]
