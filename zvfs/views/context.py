@@ -6,6 +6,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
@@ -36,6 +37,8 @@ class MountContext:
     nursery: trio.Nursery | None = field(default=None, init=False)
     #: cache keys loaded ahead of any reader, to count prefetch hits
     prefetched: set[object] = field(default_factory=set, init=False)
+    #: per raw directory (or '' for the whole tree): a reader's progress (views.raw.FileWalk)
+    walks: dict[str, Any] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         # listings are small; bound them by entry count via sizeof=1
