@@ -24,7 +24,7 @@ from zvfs.stats import counters
 from zvfs.stores.base import Store
 from zvfs.stores.counting import CountingStore
 from zvfs.views.context import MountContext
-from zvfs.views.root import build_root
+from zvfs.views.root import MountRoot, build_root
 from zvfs.workers import run_blocking, set_worker_limit
 
 log = logging.getLogger("zvfs")
@@ -125,11 +125,14 @@ async def _watch_signals() -> None:
             return
 
 
-async def _serve(ctx: MountContext, mountpoint: str, ready_fd: int | None) -> None:
+async def _serve(ctx: MountContext, root: MountRoot, mountpoint: str, ready_fd: int | None) -> None:
     async with trio.open_nursery() as nursery:
         ctx.nursery = nursery
         nursery.start_soon(_watch_signals)
         nursery.start_soon(_announce_ready, mountpoint, ready_fd)
+        if ctx.store.flat_listing:
+            # like rclone's --vfs-refresh: list the store while the user types the first command
+            ctx.background(root.raw.warm)
         await pyfuse3.main(min_tasks=8, max_tasks=256)
         nursery.cancel_scope.cancel()
 
@@ -147,7 +150,7 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
     pyfuse3.init(ops, mountpoint, fuse_options(description, opts["allow_other"]))
     unmounted = False
     try:
-        trio.run(_serve, ctx, mountpoint, ready_fd)
+        trio.run(_serve, ctx, root, mountpoint, ready_fd)
         unmounted = True
     finally:
         # after a clean terminate() we unmount; after a crash too, so no dead mount stays behind

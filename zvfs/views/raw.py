@@ -223,6 +223,10 @@ class RawDir(DirNode):
             return RawDir(self.ctx, self.prefix + name + "/")
         return RawFile(self.ctx, self.prefix + name, listing.keys[name], listing)
 
+    async def warm(self) -> None:
+        """Load this directory's listing (the whole tree index on S3) into the cache now."""
+        await self._listing()
+
     async def lookup(self, name: str) -> Node | None:
         listing = await self._listing()
         if (name in listing.prefixes or name in listing.keys) and self._usable(name, listing):
