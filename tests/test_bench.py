@@ -23,6 +23,7 @@ EXPECTED = {
     "s3_ls_small": ("S3 +20 ms: ls -lR,", True),
     "s3_find_large": ("S3 +20 ms: find,", True),
     "s3_ls_large": ("S3 +20 ms: ls -lR,", True),
+    "s3_mount_large": ("S3 +20 ms: mount time", True),
     "zip_read1": ("zip: cold read of every file", True),
     "zip_read4": ("zip: cold read of every file", True),
     "zip_read_keys": ("zip: cold read of every file", True),

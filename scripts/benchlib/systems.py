@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,7 @@ class Mounter:
         self._n = itertools.count()
         self.profile_dir: Path | None = None  # --profile: py-spy flame graphs of zvfs
         self.tag = ""  # the workload being measured, names the profile
+        self.last_mount_seconds = 0.0  # from starting the mounter to the mount point appearing
         (work / "mnt").mkdir(parents=True, exist_ok=True)
         (work / "logs").mkdir(parents=True, exist_ok=True)
         self.s3fs_passwd = work / "s3fs.passwd"
@@ -124,8 +126,10 @@ class Mounter:
         proc = spy = None
         try:
             procs.register_mount(mnt)
+            t0 = time.perf_counter()
             proc = procs.start(argv, log_path=log_path, env=self._env(system), cwd=str(self.work))
             procs.wait_mounted(mnt, proc, self.mount_timeout)
+            self.last_mount_seconds = time.perf_counter() - t0
             if self.profile_dir is not None and system.is_zvfs:
                 self.profile_dir.mkdir(parents=True, exist_ok=True)
                 out = self.profile_dir / f"{n:04d}-{self.tag or store}-{system.backend}.svg"

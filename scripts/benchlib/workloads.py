@@ -71,10 +71,10 @@ class Bench:
     def read_all(self, system: System, store: str, nreaders: int,
                  per_file: bool = False) -> tuple[float, int | None]:
         """Cold read of every file of ``store``: (MiB/s or files/s, daemon peak RSS in KiB)."""
+        procs.drop_caches()  # before mounting: the workload starts as soon as the mount answers
         with self.m.mount(system, store) as mt:
             lf = self._listfile(mt.path, store)
             try:
-                procs.drop_caches()
                 res = _reader(["files", str(lf), str(nreaders)], self.timeout, mt)
             finally:
                 lf.unlink(missing_ok=True)
@@ -89,9 +89,9 @@ class Bench:
         if cmd == "ls":  # ls without -a leaves out dot files (.zarray, .zgroup, ...)
             files = [f for f in files if not any(part.startswith(".") for part in f.split("/"))]
         expect = len(files)
+        procs.drop_caches()  # before mounting: the workload starts as soon as the mount answers
         with self.m.mount(system, store) as mt:
             argv = ["find", str(mt.path)] if cmd == "find" else ["ls", "-lR", str(mt.path)]
-            procs.drop_caches()
             t0 = time.perf_counter()
             r = _run_child(argv, self.timeout, mt)
             dt = time.perf_counter() - t0
@@ -108,12 +108,12 @@ class Bench:
 
     def decoded(self, system: System, store: str = "big") -> tuple[float, float, int | None]:
         """zvfs: cold then warm ``cat .zvfs/arrays/<arr>/data.raw``: (cold MiB/s, warm MiB/s, RSS)."""
+        procs.drop_caches()  # before mounting: the workload starts as soon as the mount answers
         with self.m.mount(system, store) as mt:
             raw = find_data_raw(mt.path, BIG_ARRAY)
             size = os.stat(raw).st_size
             if size != self.corpus.big_nbytes:
                 raise WorkloadError(f"{raw} is {size} bytes, expected {self.corpus.big_nbytes}")
-            procs.drop_caches()
             cold = self._cat(raw, mt)
             warm = self._cat(raw, mt)
             rss = procs.peak_rss_kib(mt.pid)
