@@ -58,6 +58,7 @@ class Mounter:
         self.mount_timeout = mount_timeout
         self._n = itertools.count()
         self.profile_dir: Path | None = None  # --profile: py-spy flame graphs of zvfs
+        self.profile_format = "flamegraph"
         self.tag = ""  # the workload being measured, names the profile
         self.last_mount_seconds = 0.0  # from starting the mounter to the mount point appearing
         (work / "mnt").mkdir(parents=True, exist_ok=True)
@@ -132,9 +133,11 @@ class Mounter:
             self.last_mount_seconds = time.perf_counter() - t0
             if self.profile_dir is not None and system.is_zvfs:
                 self.profile_dir.mkdir(parents=True, exist_ok=True)
-                out = self.profile_dir / f"{n:04d}-{self.tag or store}-{system.backend}.svg"
+                ext = {"flamegraph": "svg", "raw": "txt", "speedscope": "json"}[self.profile_format]
+                out = self.profile_dir / f"{n:04d}-{self.tag or store}-{system.backend}.{ext}"
                 spy = procs.start(["py-spy", "record", "--pid", str(proc.pid), "--rate", "200",
-                                   "--nonblocking", "--output", str(out)],
+                                   "--nonblocking", "--format", self.profile_format,
+                                   "--output", str(out)],
                                   log_path=self.work / "logs" / "py-spy.log")
             yield Mounted(mnt, proc)
         finally:
