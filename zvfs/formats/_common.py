@@ -6,10 +6,12 @@ import base64
 import json
 import math
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from ..codecs import CodecError
 from ..stores.base import KeyNotFound, Store, StoreError
 from .meta import FormatError
 
@@ -38,6 +40,21 @@ def load_json(store: Store, key: str, missing_ok: bool = False) -> Any:
     except StoreError as exc:
         raise FormatError(f"{key}: {exc}") from exc
     return parse_json(raw, key)
+
+
+def fetch_and_decode(store: Store, key: str, decode: Callable[[bytes], np.ndarray]) -> np.ndarray | None:
+    """``decode(store[key])``; None when the key was never written. Any store or codec
+    failure becomes a FormatError that names the key."""
+    try:
+        data = store.get(key)
+    except KeyNotFound:
+        return None
+    except StoreError as exc:
+        raise FormatError(f"{key}: {exc}") from exc
+    try:
+        return decode(data)
+    except CodecError as exc:
+        raise FormatError(f"{key}: {exc}") from exc
 
 
 def load_object(store: Store, key: str, missing_ok: bool = False) -> dict[str, Any] | None:

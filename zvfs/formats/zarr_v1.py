@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from ..codecs import CodecError, decode_blosc_chunk
-from ..stores.base import KeyNotFound, Store, StoreError
-from ._common import fill_scalar, int_tuple, join
+from ..codecs import decode_blosc_chunk
+from ..stores.base import Store
+from ._common import fetch_and_decode, fill_scalar, int_tuple, join
 from .meta import ArrayMeta, FormatError
 from .zarr_v2 import parse_dtype
 
@@ -80,14 +80,8 @@ class Reader:
         return self.store.exists(self.chunk_key(idx))
 
     def read(self, idx: tuple[int, ...]) -> np.ndarray | None:
-        key = self.chunk_key(idx)
-        try:
-            data = self.store.get(key)
-        except KeyNotFound:
-            return None
-        except StoreError as exc:
-            raise FormatError(f"{key}: {exc}") from exc
-        try:
-            return decode_blosc_chunk(data, self.meta.chunks, self.meta.dtype, self.meta.order)
-        except CodecError as exc:
-            raise FormatError(f"{key}: {exc}") from exc
+        return fetch_and_decode(
+            self.store,
+            self.chunk_key(idx),
+            lambda data: decode_blosc_chunk(data, self.meta.chunks, self.meta.dtype, self.meta.order),
+        )

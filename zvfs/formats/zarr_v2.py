@@ -6,9 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from ..codecs import VLEN_FILTER_IDS, CodecError, UnknownCodecError, V2Pipeline
-from ..stores.base import KeyNotFound, Store, StoreError
-from ._common import fill_scalar, int_tuple, join, split_dimension_names
+from ..codecs import VLEN_FILTER_IDS, UnknownCodecError, V2Pipeline
+from ..stores.base import Store
+from ._common import fetch_and_decode, fill_scalar, int_tuple, join, split_dimension_names
 from .meta import ArrayMeta, FormatError
 
 ZARRAY, ZGROUP, ZATTRS, ZMETADATA = ".zarray", ".zgroup", ".zattrs", ".zmetadata"
@@ -116,17 +116,11 @@ class Reader:
 
     def read(self, idx: tuple[int, ...]) -> np.ndarray | None:
         """Decoded chunk of the full stored chunk shape, or None if it was never written."""
-        key = self.chunk_key(self.stored_index(idx))
-        try:
-            data = self.store.get(key)
-        except KeyNotFound:
-            return None
-        except StoreError as exc:
-            raise FormatError(f"{key}: {exc}") from exc
-        try:
-            return self.pipeline.decode(data, self.stored_chunks, self.meta.dtype, self.meta.order)
-        except CodecError as exc:
-            raise FormatError(f"{key}: {exc}") from exc
+        return fetch_and_decode(
+            self.store,
+            self.chunk_key(self.stored_index(idx)),
+            lambda data: self.pipeline.decode(data, self.stored_chunks, self.meta.dtype, self.meta.order),
+        )
 
     @property
     def stored_chunks(self) -> tuple[int, ...]:

@@ -20,6 +20,7 @@ from zvfs.views.context import MountContext
 from zvfs.views.node import DirNode, Node, StaticDir
 from zvfs.views.root import MountRoot
 from zvfs.views.v2mirror import consistent_dimensions, mirror_array_dir, mirror_group_files
+from zvfs.views.vectors import build_vectors_dir
 from zvfs.workers import run_blocking
 
 log = logging.getLogger("zvfs")
@@ -136,10 +137,6 @@ def attach_decoded_views(ctx: MountContext, root: MountRoot) -> None:
     entries = root.control.entries
     entries["arrays"] = LazyDir(ctx, "arrays", lambda: build_arrays_dir(ctx))
     entries["v2"] = LazyDir(ctx, "v2", lambda: build_v2_dir(ctx))
-    try:
-        from zvfs.views.vectors import build_vectors_dir
-    except ImportError:
-        return
     entries["vectors"] = LazyDir(ctx, "vectors", lambda: _vectors_or_empty(ctx, build_vectors_dir))
 
 

@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 
 from zvfs.formats.meta import ArrayMeta, dtype_str, json_scalar
-from zvfs.views.arrays import ChunkGridDir, DecodedArray, byte_view
-from zvfs.views.node import BytesFile, FileNode, Node
+from zvfs.views.arrays import ChunkFile, ChunkGridDir, DecodedArray, byte_view
+from zvfs.views.node import BytesFile, Node
 
 
 def _dumps(doc: Any) -> bytes:
@@ -112,13 +112,8 @@ def consistent_dimensions(metas: dict[str, ArrayMeta]) -> dict[str, list[str] | 
     return out
 
 
-class V2ChunkFile(FileNode):
+class V2ChunkFile(ChunkFile):
     """One full decoded chunk (C order, padded at the edges), as v2 stores it uncompressed."""
-
-    def __init__(self, array: DecodedArray, idx: tuple[int, ...]) -> None:
-        self.array = array
-        self.idx = idx
-        self.mtime = array.ctx.mount_time
 
     @property
     def size(self) -> int:
