@@ -200,7 +200,9 @@ def machine(versions: dict[str, str], load_before: str = "?") -> str:
     except OSError:
         pass
     repo = Path(__file__).resolve().parents[2]
-    commit = _cmd(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"]) or "?"
+    # a run from an exported snapshot (git archive) names its commit in ZVFS_BENCH_COMMIT
+    commit = (os.environ.get("ZVFS_BENCH_COMMIT")
+              or _cmd(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"]) or "?")
     if _cmd(["git", "-C", str(repo), "status", "--porcelain", "--", "zvfs"]):
         commit += " (with uncommitted changes under zvfs/)"
     lines = [
