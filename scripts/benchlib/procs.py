@@ -24,13 +24,24 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the bench dies, even by SIGKILL (no orphaned servers)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001  (not Linux/glibc: atexit and signal handlers remain)
+        pass
+
+
 def start(cmd: list[str], *, log_path: Path | None = None, env: dict | None = None,
           cwd: str | None = None) -> subprocess.Popen:
     """Start ``cmd`` in its own process group and remember its PID."""
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
     try:
         p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             env=env, cwd=cwd, start_new_session=True)
+                             env=env, cwd=cwd, start_new_session=True,
+                             preexec_fn=_die_with_parent)
     finally:
         if log_path:
             out.close()

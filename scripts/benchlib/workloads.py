@@ -26,7 +26,8 @@ def _run_child(argv: list[str], timeout: float, mounted: Mounted | None = None,
                env: dict | None = None, capture: bool = True) -> subprocess.CompletedProcess:
     """Run a workload process; on timeout end the daemon first so blocked reads return."""
     p = subprocess.Popen(argv, stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+                         stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+                         preexec_fn=procs._die_with_parent)
     procs._procs[p.pid] = p
     try:
         out, err = p.communicate(timeout=timeout)
