@@ -151,7 +151,7 @@ class FileWalk:
         else:
             self.files = _files_in_order(source)
         self.position = {key: i for i, (key, _) in enumerate(self.files)}
-        self.last = -1
+        self.last = -(self.SPREAD + 1)  # the first file read is no evidence of a walk
         self.window = 0
         self.ahead_to = 0
 
