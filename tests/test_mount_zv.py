@@ -31,6 +31,7 @@ from conftest import (
     zip_with_cmd,
     zip_with_zarr,
 )
+from test_zv import assert_same_draco_mesh
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "zv"
 MANIFEST = json.loads((FIX / "manifest.json").read_text())["stores"]
@@ -418,19 +419,7 @@ def test_draco_mesh_within_quantization(vec: Path) -> None:
     np.testing.assert_array_equal(pos, load(d / "vertices.npy"))
     faces = np.stack(ply["face"]["vertex_indices"])
     verts_in, faces_in = ref(name, "input_vertices.npy"), ref(name, "input_faces.npy")
-    tol = 10.0 / (2**11) * 2  # extent / 2^quantization_bits, twice for safety
-
-    def tri(p: np.ndarray, f: np.ndarray) -> list[np.ndarray]:
-        out = []
-        for row in f.tolist():
-            i = row.index(min(row, key=lambda k: tuple(p[k])))
-            out.append(p[row[i:] + row[:i]])
-        return sorted(out, key=lambda t: tuple(t.ravel().round(2)))
-
-    got, want = tri(pos, faces), tri(verts_in, faces_in)
-    assert len(got) == len(want) == 8
-    for a, b in zip(got, want, strict=True):
-        assert np.abs(a - b).max() <= tol
+    assert_same_draco_mesh(pos, faces, verts_in, faces_in)
     meta = json.loads((d / "meta.json").read_text())
     assert meta["vertex_encoding"] == "draco" and meta["draco"]["available"] is True
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from zvfs.cache import Cache
 from zvfs.formats.zv import ZVError
-from zvfs.views.node import DirNode, FileNode, Node, NodeError, StaticDir
+from zvfs.views.node import BytesFile, DirNode, FileNode, Node, NodeError, StaticDir
 from zvfs.workers import gather, run_blocking
 
 log = logging.getLogger("zvfs")
@@ -123,20 +123,12 @@ class ErrorDir(DirNode):
         raise self.env.fail(self.what, self.exc)
 
 
-class MemFile(FileNode):
+class MemFile(BytesFile):
     """Small content built together with its directory (held by the cached entries)."""
 
     def __init__(self, data: bytes, env: Env) -> None:
-        self._data = data
-        self.mtime = env.mtime
+        super().__init__(data, env.mtime)
         self.immutable = env.immutable
-
-    @property
-    def size(self) -> int:
-        return len(self._data)
-
-    async def read(self, offset: int, length: int) -> bytes:
-        return self._data[offset : offset + length]
 
 
 class BuiltFile(FileNode):
