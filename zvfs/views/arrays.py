@@ -57,7 +57,9 @@ class DecodedArray:
         self._opener = opener
         self._reader: Any = None
         self._open_lock = trio.Lock()
-        self._ahead = ReadAhead(ceiling=max(meta.chunk_nbytes, min(64 << 20, ctx.cache_size // 4)))
+        # the window is bounded in chunks too: 4 MiB ahead is 4 million 1-byte chunks
+        ceiling = min(64 << 20, ctx.cache_size // 4, meta.chunk_nbytes * 4 * CHUNK_BATCH)
+        self._ahead = ReadAhead(initial=min(4 << 20, ceiling), ceiling=max(meta.chunk_nbytes, ceiling))
 
     def cache_key(self, idx: tuple[int, ...], *extra: object) -> tuple[object, ...]:
         return (*self.identity, idx, *extra)
