@@ -184,7 +184,13 @@ def array_specs(draw: st.DrawFn, writers: tuple[str, ...] = ("zarr3", "zarr2")) 
         spec["transpose"] = draw(st.permutations(range(ndim))) if ndim and draw(st.booleans()) else None
         spec["compressors"] = draw(_v3_compressors())
         if ndim and draw(st.booleans()):  # sharding: the chunks above become the inner chunks
-            spec["shards"] = [c * draw(st.integers(1, 3)) for c in chunks]
+            factors = [draw(st.integers(1, 4)) for _ in chunks]
+            spec["shards"] = [c * k for c, k in zip(chunks, factors, strict=True)]
+            spec["shard_index"] = draw(st.sampled_from(["end", "start"]))
+            spec["shard_index_crc"] = draw(st.booleans())
+            if draw(st.booleans()):  # nested: shards of shards of the inner chunks
+                spec["mid_shards"] = [c * draw(st.sampled_from([d for d in (1, 2, 4) if k % d == 0]))
+                                      for c, k in zip(chunks, factors, strict=True)]  # fmt: skip
     # which chunks get written
     mode = draw(st.sampled_from(["full", "region", "delete", "none"]))
     spec["write"] = mode
@@ -283,6 +289,21 @@ def _v3_codec(desc: dict[str, Any]) -> Any:
             "crc32c": Crc32cCodec}[desc["name"]](**conf)  # fmt: skip
 
 
+def _sharding(spec: dict[str, Any], codecs: list[Any]) -> Any:
+    """The sharding codec of ``spec`` (nested when it has ``mid_shards``) around ``codecs``."""
+    from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
+
+    def level(chunk_shape: list[int], inner: list[Any]) -> Any:
+        index = [BytesCodec(endian="little"), *([Crc32cCodec()] if spec["shard_index_crc"] else [])]
+        return ShardingCodec(chunk_shape=tuple(chunk_shape), codecs=inner, index_codecs=index,
+                             index_location=spec["shard_index"])  # fmt: skip
+
+    inner = level(spec["chunks"], codecs)
+    if spec.get("mid_shards"):
+        return level(spec["mid_shards"], [inner])
+    return inner
+
+
 def write_zarr3(spec: dict[str, Any], root: Path, path: str) -> np.ndarray:
     """Write ``spec`` at ``root/path`` with zarr-python 3; return what it reads back."""
     import numcodecs
@@ -309,7 +330,14 @@ def write_zarr3(spec: dict[str, Any], root: Path, path: str) -> np.ndarray:
         name, sep = spec["key_encoding"]
         kw["chunk_key_encoding"] = {"name": name, "separator": sep}
         if spec.get("shards"):
-            kw["shards"] = tuple(spec["shards"])
+            plain = (spec["shard_index"], spec["shard_index_crc"], spec.get("mid_shards")) == ("end", True, None)
+            if plain:  # zarr-python's own way: index at the end, crc32c on it
+                kw["shards"] = tuple(spec["shards"])
+            else:  # the sharding codec spelled out: index first, no index checksum, nesting
+                kw["chunks"] = tuple(spec["shards"])
+                kw["serializer"] = _sharding(spec, [*(kw["filters"] or []), kw["serializer"],
+                                                    *(kw["compressors"] or [])])  # fmt: skip
+                kw["filters"] = kw["compressors"] = None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # e.g. "the v2 format is not the recommended one"
         arr = zarr.create_array(store, name=path, overwrite=True, **kw)
