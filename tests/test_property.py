@@ -22,7 +22,8 @@ One mount per store kind, made once per module:
   failure shrinks to the simplest failing array) and random reads of it.
 
 The seed is printed at the start (``ZVFS_PROP_SEED=N`` reruns it exactly) and a
-failure prints hypothesis' reproduce blob too.
+failure prints hypothesis' reproduce blob too. ``ZVFS_PROP_SCALE=K`` runs K times
+as many examples (a longer hunt; the suite runs 520).
 """
 
 from __future__ import annotations
@@ -46,9 +47,10 @@ from moto_server import put_many
 
 SEED = int(os.environ.get("ZVFS_PROP_SEED") or random.SystemRandom().randrange(2**32))
 
-#: examples per store kind; together at least 500 per run
-EXAMPLES = {"directory": 220, "s3": 120, "zip": 180}
-ZIP_CORPUS = 72
+#: examples per store kind; together at least 500 per run (ZVFS_PROP_SCALE=10: ten times as many)
+SCALE = float(os.environ.get("ZVFS_PROP_SCALE") or 1)
+EXAMPLES = {k: max(1, round(v * SCALE)) for k, v in {"directory": 220, "s3": 120, "zip": 180}.items()}
+ZIP_CORPUS = max(8, round(72 * SCALE))
 BUCKET = "zvfs-property"
 S3_PREFIX = "prop/store.zarr"
 
