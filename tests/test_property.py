@@ -60,7 +60,7 @@ SETTINGS = settings(
     derandomize=False,
     database=None,  # a run is reproduced by its printed seed, not by local state
     print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    suppress_health_check=[HealthCheck.too_slow],  # each example writes a store and mounts reads
 )
 
 
@@ -303,7 +303,7 @@ def zip_corpus(zarr2, mounter, tmp_path_factory) -> tuple[list[dict], list[np.nd
     specs: list[dict] = []
 
     @settings(max_examples=ZIP_CORPUS, deadline=None, database=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))  # fmt: skip
+              suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
     @seed(SEED)
     @given(zm.array_specs())
     def collect(spec: dict) -> None:
