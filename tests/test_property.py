@@ -190,6 +190,11 @@ def _check_files(files: ArrayFiles, spec: dict[str, Any], ref: np.ndarray, reads
         f"data.npy header {npy[:hlen]!r}")
     assert hlen % 64 == 0, f"data.npy header of {hlen} bytes is not 64-byte aligned"
     assert npy[hlen:] == raw, _mismatch("data.npy after its header", npy[hlen:], raw)
+    # as a user would: np.load memory-maps data.npy (through the directory already held)
+    mapped = np.load(f"/proc/self/fd/{files.dfd}/data.npy", mmap_mode="r")
+    assert (mapped.shape, mapped.dtype) == (tuple(spec["shape"]), zm.declared_dtype(spec))
+    assert mapped.tobytes(order="C") == raw, "np.load(data.npy, mmap_mode='r') differs"
+    del mapped
     assert files.size("data.raw") == len(raw), "data.raw size"
     whole = files.pread("data.raw", 0, len(raw) + 1)
     assert whole == raw, _mismatch("data.raw (whole file)", whole, raw)
