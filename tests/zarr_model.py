@@ -91,11 +91,11 @@ def _fill_values(dtype: np.dtype, writer: str) -> st.SearchStrategy[Any]:
     if dtype.kind == "c":
         if writer == "zarr2":
             # zarr-python 2.18 decodes a complex fill [re, im] as ``re + 1j * im``, which turns
-            # -0.0 into 0.0 and an infinite or NaN part into NaN in the other part (zarr 3 and
-            # zvfs keep the metadata's values): zarr 2 is the reference, so give it fills it
-            # reads back faithfully
-            finite = st.floats(width=width, allow_nan=False, allow_infinity=False)
-            return st.tuples(finite.map(lambda x: x + 0.0), finite)
+            # a -0.0 part into 0.0 and an infinite or NaN part into NaN in the other part
+            # (zarr 3 and zvfs keep the metadata's values): zarr 2 is the reference, so give
+            # it fills it reads back faithfully
+            finite = st.floats(width=width, allow_nan=False, allow_infinity=False).map(lambda x: x + 0.0)
+            return st.tuples(finite, finite)
         return st.tuples(floats, floats)
     return floats
 
