@@ -4,8 +4,17 @@ Hypothesis draws an array (tests/zarr_model.py: dtype incl. bool and big-endian,
 F order for v2, fill values incl. NaN, partial edge chunks, chunks never written
 or deleted, sharding with random inner chunks, the codecs zarr-python writes),
 zarr-python 3 or 2.18 writes it, and random byte ranges of ``data.raw``,
-``data.npy`` and ``chunks/<i.j.k>`` read through the mount must equal the bytes
-of what zarr-python reads back (never zvfs's own decoder).
+``data.npy`` and ``chunks/<i.j.k>`` read through the mount (plain and O_DIRECT
+opens; O_DIRECT hands the daemon the exact unaligned range) must equal the bytes
+of what zarr-python reads back (never zvfs's own decoder):
+
+* ``data.raw``: the reference in the declared dtype and byte order, C order;
+* ``chunks/<i.j.k>``: the (inner) chunk's region of it, clipped at the edge;
+* ``data.npy``: an NPY header that numpy's own parser reads as (shape, declared
+  dtype, C order), 64-byte aligned, then exactly ``data.raw``; and
+  ``np.load(mmap_mode="r")`` gives the reference. The header is not compared
+  with ``np.save``'s byte for byte: np.save pads it with spaces for in-place
+  growth, which the NPY format leaves optional (the README promises np.load).
 
 One mount per store kind, made once per module:
 
