@@ -57,7 +57,7 @@ _POOL_MIN_SIZE = 4 << 20
 #: compressed bytes read per step, and decompressed bytes produced per step: a bomb never
 #: gets to expand more than this at once
 _IN_STEP = 16 << 10
-_OUT_STEP = 256 << 10
+_OUT_STEP = 1 << 20
 #: deflate checkpoints kept per member and in all (each ~50 KiB: zlib state and window)
 _CHECKPOINTS_PER_MEMBER = 64
 _CHECKPOINTS = 192
@@ -357,7 +357,8 @@ class _Inflater:
         self._fd = fd
         self._cond = threading.Condition()
         self._parked: list[tuple[str, _InflateState]] = []  # oldest first
-        self._busy: list[tuple[str, int]] = []  # (key, where a stream in use will stop)
+        #: reads in progress or waiting: (token, key, where their stream will stop)
+        self._active: list[tuple[object, str, int]] = []
         self._checkpoints: OrderedDict[str, dict[int, _InflateState]] = OrderedDict()
         self._ncheckpoints = 0
         #: decompressed bytes produced (reads + skips), for stats and tests
@@ -371,17 +372,23 @@ class _Inflater:
 
     # -- finding a state to start from -------------------------------------------------------
 
-    def _start_state(self, key: str, start: int, end: int) -> _InflateState:
-        """The best state at or before ``start``; waits for a busy stream that will stop
-        between the best one and ``start`` rather than decompressing the same bytes twice."""
+    def _start_state(self, key: str, start: int, end: int, me: object) -> _InflateState:
+        """The best state at or before ``start``.
+
+        A reader waits, rather than decompress the same bytes twice, while another
+        read of the member (running or itself waiting) will stop after the best state
+        available and at or before ``start``: its stream is parked there. Waits only
+        ever point to reads that start earlier, so they cannot form a cycle.
+        """
         with self._cond:
+            self._active.append((me, key, end))
             while True:
                 parked = max(
                     (i for i, (k, st) in enumerate(self._parked) if k == key and st.out_pos <= start),
                     key=lambda i: self._parked[i][1].out_pos,
                     default=None,
                 )
-                have = self._parked[parked][1].out_pos if parked is not None else -1
+                have = self._parked[parked][1].out_pos if parked is not None else 0
                 cps = self._checkpoints.get(key)
                 cp = None
                 if cps:
@@ -390,21 +397,24 @@ class _Inflater:
                 if cp is not None and cp.out_pos > have:
                     have = cp.out_pos
                     parked = None
-                coming = [e for k, e in self._busy if k == key and have < e <= start]
-                if coming:
+                if have < start and any(
+                    t is not me and k == key and have < e <= start for t, k, e in self._active
+                ):
                     self._cond.wait(timeout=30)
                     continue
-                self._busy.append((key, end))
                 if parked is not None:
-                    return self._parked.pop(parked)[1]
+                    state = self._parked.pop(parked)[1]
+                    if state.out_pos < start:  # leave a copy for a reader of the bytes skipped
+                        self._parked.append((key, state.copy()))
+                    return state
                 if cp is not None:
                     self._checkpoints.move_to_end(key)
                     return cp.copy()
                 return _InflateState(zlib.decompressobj(-zlib.MAX_WBITS), 0, 0, 0)
 
-    def _done(self, key: str, end: int, state: _InflateState | None) -> None:
+    def _done(self, me: object, key: str, state: _InflateState | None) -> None:
         with self._cond:
-            self._busy.remove((key, end))
+            self._active = [a for a in self._active if a[0] is not me]
             if state is not None:
                 self._parked.append((key, state))
                 if len(self._parked) > _PARKED:
@@ -437,7 +447,8 @@ class _Inflater:
         zi = m.info
         end = start + length
         spacing = max(_CHECKPOINT_MIN_SPACING, -(-zi.file_size // _CHECKPOINTS_PER_MEMBER))
-        state = self._start_state(key, start, end)
+        me = object()
+        state = self._start_state(key, start, end, me)
         keep: _InflateState | None = None
         try:
             parts: list[bytes] = []
@@ -454,7 +465,7 @@ class _Inflater:
         except OSError as exc:
             raise StoreError(f"{key}: read failed: {exc.strerror}") from exc
         finally:
-            self._done(key, end, keep)
+            self._done(me, key, keep)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _forward(self, key: str, m: _Member, off: int, state: _InflateState, until: int,
