@@ -290,41 +290,70 @@ class _Corrupt(Exception):
     """The member's data contradicts its directory entry (CRC, size, deflate stream)."""
 
 
-class _SequentialCrc:
-    """Running CRC-32 of stored members read in order, to verify them at their end.
+_ZEROS = bytes(1 << 20)
 
-    A read that starts at 0, or exactly where an earlier read of the member ended,
-    extends a running CRC; the read that reaches the end compares it. A few open
-    positions per member (several readers) and a bounded number of members are kept.
+
+def _crc32_shift(crc: int, n: int) -> int:
+    """CRC-32 of (bytes with CRC ``crc``) followed by ``n`` zero bytes, minus the zeros' own
+    CRC: with it, crc(A + B) = _crc32_shift(crc(A), len(B)) ^ crc(B) (CRC-32 is affine)."""
+    zeros = 0
+    while n > 0:
+        step = min(n, len(_ZEROS))
+        crc = zlib.crc32(_ZEROS[:step] if step < len(_ZEROS) else _ZEROS, crc)
+        zeros = zlib.crc32(_ZEROS[:step] if step < len(_ZEROS) else _ZEROS, zeros)
+        n -= step
+    return crc ^ zeros
+
+
+class _SequentialCrc:
+    """CRC-32 of stored members assembled from the reads that cover them, to verify
+    them once they have all been read.
+
+    Per member: the CRC of the prefix read so far (``chain``: its end -> CRC) and
+    reads that arrived ahead of it (the kernel's read-ahead does not keep order:
+    ``ahead``: start -> (end, CRC of that piece)), joined as the prefix reaches them.
+    The read that completes the member compares with the central directory. A
+    bounded number of members and pieces is kept; a read that fits nowhere is
+    simply not verified.
     """
 
-    def __init__(self, members: int = 256, per_member: int = 4) -> None:
-        self._open: OrderedDict[str, dict[int, int]] = OrderedDict()
+    def __init__(self, members: int = 256, pieces: int = 64) -> None:
+        self._open: OrderedDict[str, tuple[dict[int, int], dict[int, tuple[int, int]]]] = OrderedDict()
         self._members = members
-        self._per_member = per_member
+        self._pieces = pieces
         self._lock = threading.Lock()
 
     def update(self, key: str, start: int, data: bytes, size: int, expected: int) -> None:
         end = start + len(data)
-        if start == 0 and end == size:  # the whole member at once: no state needed
+        if start == 0 and end == size:  # the whole member at once: nothing to keep
             crc = zlib.crc32(data)
         else:
             with self._lock:
-                positions = self._open.get(key)
-                base = 0 if start == 0 else (positions.pop(start, None) if positions else None)
-            if base is None:
-                return  # a random read: cannot be verified without reading the rest
-            crc = zlib.crc32(data, base)
-            if end < size:
-                with self._lock:
-                    positions = self._open.setdefault(key, {})
-                    self._open.move_to_end(key)
-                    positions[end] = crc
-                    while len(positions) > self._per_member:
-                        positions.pop(next(iter(positions)))
+                entry = self._open.get(key)
+                if entry is None:
+                    entry = self._open[key] = ({}, {})
                     while len(self._open) > self._members:
                         self._open.popitem(last=False)
-                return
+                self._open.move_to_end(key)
+                chain, ahead = entry
+                if start == 0:
+                    pos, crc = end, zlib.crc32(data)
+                elif start in chain:
+                    pos, crc = end, zlib.crc32(data, chain.pop(start))
+                else:
+                    if len(ahead) < self._pieces:
+                        ahead[start] = (end, zlib.crc32(data))
+                    return
+                while pos in ahead:  # pieces read ahead of the prefix join it now
+                    nxt, other = ahead.pop(pos)
+                    crc = _crc32_shift(crc, nxt - pos) ^ other
+                    pos = nxt
+                if pos < size:
+                    if len(chain) < self._pieces:
+                        chain[pos] = crc
+                    return
+                if not chain and not ahead:
+                    self._open.pop(key, None)
         if crc != expected:
             raise _Corrupt(f"CRC-32 mismatch (computed {crc:08x}, zip directory says {expected:08x})")
 
