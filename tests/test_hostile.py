@@ -431,6 +431,49 @@ def test_bad_chunks(tmp_path: Path, mount) -> None:
     assert_alive(m, pid)
 
 
+def test_chunk_bombs_are_refused_in_bounded_memory(tmp_path: Path, mount) -> None:
+    """A 128-byte chunk whose zlib/gzip/zstd stream expands to 256 MiB of zeros.
+
+    Each decoder used to produce all of it before the size check: 256 MiB per read
+    and per worker. Now the read fails with EIO, nothing big is allocated.
+    """
+    import numcodecs
+    from zarr.codecs import GzipCodec
+
+    bomb = bytes(256 * MiB)
+    payloads = {
+        "v2_zlib": ("v2", {"compressors": numcodecs.Zlib(level=1)}, zlib.compress(bomb, 1)),
+        "v2_gzip": ("v2", {"compressors": numcodecs.GZip(level=1)},
+                    numcodecs.GZip(level=1).encode(bomb)),
+        "v3_gzip": ("v3", {"compressors": GzipCodec(level=1)}, numcodecs.GZip(level=1).encode(bomb)),
+        "v3_zstd": ("v3", {}, numcodecs.Zstd(level=1).encode(bomb)),
+    }
+    del bomb
+    root = new_store(tmp_path / "bombs.zarr")
+    keys = {}
+    for name, (fmt, kw, payload) in payloads.items():
+        assert len(payload) < 2 * MiB  # a small object that stands for 256 MiB
+        (v3_array if fmt == "v3" else v2_array)(root, name, GOOD[:8, :8].astype("<f8"), (4, 4), **kw)
+        key = f"{name}/c/0/1" if fmt == "v3" else f"{name}/0.1"
+        (root / key).write_bytes(payload)
+        keys[name] = key
+    cache = 64
+    m = mount(root, "--cache-size", f"{cache}M")
+    pid = daemon_pid(m)
+    arrays = m.path / ".zvfs/arrays"
+    ref = GOOD[:8, :8].astype("<f8")
+    for name in payloads:
+        assert read_errno(arrays / name / "chunks/0.1") == errno.EIO, name
+        assert read_errno(arrays / name / "data.raw") == errno.EIO, name
+        assert (arrays / name / "chunks/1.0").read_bytes() == ref[4:, :4].tobytes()
+    hwm = status_kib(pid, "VmHWM")
+    assert hwm <= (cache + 64) * 1024, f"daemon peak RSS {hwm / 1024:.0f} MiB"
+    assert_good(m, root)
+    for key in keys.values():
+        assert "more than" in assert_one_line(m, key)
+    assert_alive(m, pid)
+
+
 # --------------------------------------------------------------------------- zip
 
 
