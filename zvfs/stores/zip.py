@@ -297,10 +297,11 @@ def _crc32_shift(crc: int, n: int) -> int:
     """CRC-32 of (bytes with CRC ``crc``) followed by ``n`` zero bytes, minus the zeros' own
     CRC: with it, crc(A + B) = _crc32_shift(crc(A), len(B)) ^ crc(B) (CRC-32 is affine)."""
     zeros = 0
+    view = memoryview(_ZEROS)
     while n > 0:
         step = min(n, len(_ZEROS))
-        crc = zlib.crc32(_ZEROS[:step] if step < len(_ZEROS) else _ZEROS, crc)
-        zeros = zlib.crc32(_ZEROS[:step] if step < len(_ZEROS) else _ZEROS, zeros)
+        crc = zlib.crc32(view[:step], crc)
+        zeros = zlib.crc32(view[:step], zeros)
         n -= step
     return crc ^ zeros
 
@@ -390,8 +391,6 @@ class _Inflater:
         self._active: list[tuple[object, str, int]] = []
         self._checkpoints: OrderedDict[str, dict[int, _InflateState]] = OrderedDict()
         self._ncheckpoints = 0
-        #: decompressed bytes produced (reads + skips), for stats and tests
-        self.produced = 0
 
     def clear(self) -> None:
         with self._cond:
@@ -522,7 +521,6 @@ class _Inflater:
             if out:
                 state.crc = zlib.crc32(out, state.crc)
                 state.out_pos += len(out)
-                self.produced += len(out)
                 counters.add("zip_inflated_bytes", len(out))
                 if parts is not None:
                     parts.append(out)
