@@ -88,13 +88,16 @@ def check_mountpoint(path: str) -> str:
 
 def _open_source(source: str, opts: dict[str, Any]):  # type: ignore[no-untyped-def]
     from zvfs.stores.base import SourceError
+    from zvfs.stores.retry import RetryPolicy
     from zvfs.stores.url import open_store, parse_source
 
     try:
         spec = parse_source(source, endpoint_url=opts["endpoint_url"], region=opts["region"],
                             profile=opts["profile"], no_sign_request=opts["no_sign_request"])
-        return open_store(spec), spec.describe()
-    except SourceError as exc:
+        retry = RetryPolicy(attempts=opts["s3_attempts"], timeout=opts["s3_timeout"],
+                            deadline=opts["s3_deadline"])
+        return open_store(spec, retry), spec.describe()
+    except (SourceError, ValueError) as exc:
         raise CliError(str(exc)) from None
 
 

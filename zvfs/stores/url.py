@@ -25,6 +25,7 @@ from typing import Literal
 from urllib.parse import unquote, urlsplit
 
 from zvfs.stores.base import SourceError, Store
+from zvfs.stores.retry import RetryPolicy
 
 Kind = Literal["directory", "zip", "s3"]
 
@@ -127,8 +128,10 @@ def parse_source(
     raise SourceError(f"unsupported source {source!r} (scheme {scheme}://); expected {ACCEPTED_FORMS}")
 
 
-def open_store(spec: SourceSpec) -> Store:
-    """Open the store a spec names; raises SourceError if it cannot be opened at all."""
+def open_store(spec: SourceSpec, retry: RetryPolicy | None = None) -> Store:
+    """Open the store a spec names; raises SourceError if it cannot be opened at all.
+
+    ``retry`` bounds the requests of a remote store (local stores do not retry)."""
     store: Store
     if spec.kind == "directory":
         from zvfs.stores.directory import DirectoryStore
@@ -143,7 +146,7 @@ def open_store(spec: SourceSpec) -> Store:
 
         store = S3Store(
             str(spec.bucket), spec.prefix, endpoint_url=spec.endpoint_url, region=spec.region,
-            profile=spec.profile, no_sign_request=spec.no_sign_request,
+            profile=spec.profile, no_sign_request=spec.no_sign_request, retry=retry,
         )
     else:  # pragma: no cover - Kind is closed
         raise SourceError(f"unknown source kind {spec.kind!r}")

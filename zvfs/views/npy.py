@@ -31,6 +31,7 @@ class NpyFile(FileNode):
         self.array = array
         self.header = npy_header(array.meta)
         self.mtime = array.ctx.mount_time
+        self.immutable = array.ctx.immutable
 
     @property
     def size(self) -> int:
