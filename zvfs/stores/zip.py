@@ -7,15 +7,17 @@ Stored members are sliced straight out of the archive; compressed members are
 decompressed on the fly (nothing big is cached), in bounded steps, so a zip
 bomb (gigabytes of zeros in a few megabytes) streams like any other member.
 
-Integrity, as Info-ZIP's ``unzip -t`` and fuse-zip (libzip) check it: a
-member's CRC-32 is verified whenever its bytes have been produced from the
-start to the end in one pass, which is every whole-member ``get`` (what the
-decoded views use for chunks and metadata) and every sequential read of the
-raw file (cp, cat, the raw view's blocks). A mismatch fails that read with a
-StoreError naming the key, and every later read of the member fails at once.
-Random reads of a stored member cannot be verified without reading the whole
-member, so they are served unverified, as by ratarmount (Python's zipfile
-seek) and by any pread-based reader.
+Integrity: a member's CRC-32 is verified whenever its bytes have been
+produced from the start to the end, which is every whole-member ``get`` (what
+the decoded views use for chunks and metadata), every read of a deflated
+member that reaches its end (its stream always starts at 0), and every
+in-order read of a stored member (cp, cat; pieces the kernel's read-ahead
+delivers out of order are joined, CRC-32 being affine). A mismatch fails that
+read with a StoreError naming the key, and every later read of the member
+fails at once. Random reads of a stored member cannot be verified without
+reading the whole member each time, so they are served unverified, as by
+ratarmount (Python's zipfile drops the CRC check once a stored member is
+seeked) and by any pread-based reader.
 
 Deflated members keep decompression checkpoints (a copy of the zlib state
 every ``max(1 MiB, size/64)`` of output, at most :data:`_CHECKPOINTS` in all)
