@@ -13,6 +13,7 @@ import numcodecs
 import numpy as np
 
 from . import blosc as _blosc
+from . import bounded
 from .errors import CodecError, UnknownCodecError
 
 #: object codecs: their presence makes a v2 array variable-length
@@ -36,6 +37,18 @@ def get_codec(config: dict[str, Any]) -> Any:
         raise UnknownCodecError(f"unsupported codec {config.get('id')!r}: {exc}") from exc
 
 
+def decode_bounded(codec: Any, codec_id: str | None, data: bytes | memoryview, limit: int | None) -> Any:
+    """A numcodecs compressor's decode, bounded to ``limit`` bytes for the ones that can
+    expand without limit (zlib, gzip, zstd); see :mod:`zvfs.codecs.bounded`."""
+    if codec_id == "zlib":
+        return bounded.inflate(data, bounded.ZLIB, limit, "zlib")
+    if codec_id == "gzip":
+        return bounded.inflate(data, bounded.GZIP, limit, "gzip")
+    if codec_id == "zstd":
+        bounded.check_zstd(data, limit, "zstd")
+    return codec.decode(bytes(data))
+
+
 class V2Pipeline:
     """Decoder for one v2 array: compressor first, then filters in reverse."""
 
@@ -43,7 +56,8 @@ class V2Pipeline:
         self.compressor_config = compressor
         self.compressor = get_codec(compressor) if compressor is not None else None
         self.filters = [get_codec(f) for f in (filters or [])]
-        self._blosc = compressor is not None and compressor.get("id") == "blosc"
+        self._id = compressor.get("id") if compressor is not None else None
+        self._blosc = self._id == "blosc"
 
     def decode(
         self, data: bytes | memoryview, shape: tuple[int, ...], dtype: np.dtype, order: str = "C"
@@ -51,12 +65,13 @@ class V2Pipeline:
         """Encoded chunk bytes → C-ordered array of ``shape`` and ``dtype``."""
         expected = math.prod(shape)
         try:
+            limit = None if dtype.kind == "O" else bounded.ceiling(expected * dtype.itemsize)
             if self.compressor is None:
                 chunk: Any = data
             elif self._blosc:
-                chunk = _blosc.decompress(data)
+                chunk = _blosc.decompress(data, max_nbytes=limit)
             else:
-                chunk = self.compressor.decode(bytes(data))
+                chunk = decode_bounded(self.compressor, self._id, data, limit)
             for f in reversed(self.filters):
                 chunk = f.decode(chunk)
         except CodecError:

@@ -8,10 +8,8 @@ read, not at the first chunk) and returns a :class:`Pipeline` whose
 
 from __future__ import annotations
 
-import gzip
 import math
 import struct
-import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +18,9 @@ import numpy as np
 from numcodecs.zstd import Zstd
 
 from . import blosc as _blosc
+from . import bounded
 from .errors import CodecError, UnknownCodecError
+from .v2 import decode_bounded
 from .v2 import get_codec as _numcodecs_codec
 from .vlen import decode_vlen
 
@@ -159,11 +159,8 @@ class NumcodecsFilter(Codec):
 class GzipCodec(Codec):
     name = "gzip"
 
-    def decode(self, data: bytes | memoryview) -> bytes:
-        try:
-            return gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise CodecError(f"gzip: {exc}") from exc
+    def decode(self, data: bytes | memoryview, limit: int | None = None) -> bytes:
+        return bounded.inflate(data, bounded.GZIP, limit, "gzip")
 
 
 class ZstdCodec(Codec):
@@ -173,7 +170,8 @@ class ZstdCodec(Codec):
         super().__init__(config)
         self._zstd = Zstd()
 
-    def decode(self, data: bytes | memoryview) -> bytes:
+    def decode(self, data: bytes | memoryview, limit: int | None = None) -> bytes:
+        bounded.check_zstd(data, limit, "zstd")
         try:
             return bytes(self._zstd.decode(bytes(data)))
         except Exception as exc:
@@ -183,15 +181,15 @@ class ZstdCodec(Codec):
 class BloscCodec(Codec):
     name = "blosc"
 
-    def decode(self, data: bytes | memoryview) -> bytes:
-        return _blosc.decompress(data)
+    def decode(self, data: bytes | memoryview, limit: int | None = None) -> bytes:
+        return _blosc.decompress(data, max_nbytes=limit)
 
 
 class Crc32cCodec(Codec):
     name = "crc32c"
     overhead = 4
 
-    def decode(self, data: bytes | memoryview) -> bytes:
+    def decode(self, data: bytes | memoryview, limit: int | None = None) -> bytes:
         if len(data) < 4:
             raise CodecError("crc32c: data shorter than its checksum")
         body = bytes(data[:-4])
@@ -209,9 +207,12 @@ class NumcodecsCompressor(Codec):
         self.name = "numcodecs." + codec_id
         self.codec = _numcodecs_codec({"id": codec_id, **config})
 
-    def decode(self, data: bytes | memoryview) -> bytes:
+    def decode(self, data: bytes | memoryview, limit: int | None = None) -> bytes:
         try:
-            return bytes(memoryview(self.codec.decode(bytes(data))).cast("B"))
+            out = decode_bounded(self.codec, self.name.split(".", 1)[1], data, limit)
+            return bytes(memoryview(out).cast("B"))
+        except CodecError:
+            raise
         except Exception as exc:
             raise CodecError(f"{self.name}: {exc}") from exc
 
@@ -293,6 +294,11 @@ class Pipeline:
         self._ab_dtype = self.ab.decoded_dtype(spec_dtype)
         # the byte order declared by the bytes codec is the one chunks are served in
         self.dtype = self._ab_dtype
+        #: most bytes a bytes→bytes codec may yield (fixed-size elements only)
+        self._limit = (
+            bounded.ceiling(math.prod(self._ab_shape) * self._ab_dtype.itemsize)
+            if isinstance(self.ab, BytesCodec) else None
+        )
 
     @property
     def sharding(self) -> Any:
@@ -302,9 +308,9 @@ class Pipeline:
         return None
 
     def decode_bytes(self, data: bytes | memoryview) -> bytes | memoryview:
-        """Undo the bytes→bytes codecs only."""
+        """Undo the bytes→bytes codecs only, none of them past the chunk's ceiling."""
         for codec in reversed(self.bb):
-            data = codec.decode(data)
+            data = codec.decode(data, self._limit)
         return data
 
     def decode(self, data: bytes | memoryview) -> np.ndarray:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,7 +75,9 @@ class Hierarchy:
     #: hierarchy, so callers must not keep it as if it were
     incomplete: bool = False
 
-    def add(self, node: ArrayMeta | GroupMeta) -> None:
+    def add(self, node: ArrayMeta | GroupMeta | None) -> None:
+        if node is None:
+            return
         node.attributes = strict_json(node.attributes)
         if isinstance(node, ArrayMeta):
             self.arrays[node.path] = node
@@ -181,6 +184,9 @@ def _make_reader(store: Store, meta: ArrayMeta) -> Any:
     raise FormatError(f"unknown format {meta.format!r}")
 
 
+_Node = Any  # ArrayMeta | GroupMeta | None, for _contained
+
+
 # -- reading one node ------------------------------------------------------------
 
 
@@ -271,9 +277,9 @@ def _from_zmetadata(store: Store, h: Hierarchy) -> bool:
         path, _, name = key.rpartition("/")
         attrs = entries.get(join(path, zarr_v2.ZATTRS))
         if name == zarr_v2.ZARRAY:
-            h.arrays[path] = _v2_array(path, value, attrs, key, None)
+            h.add(_contained(path, key, "zarr_v2", _v2_array, path, value, attrs, key, None))
         elif name == zarr_v2.ZGROUP:
-            h.add(_v2_group(path, value, attrs, key))
+            h.add(_contained(path, key, "zarr_v2", _v2_group, path, value, attrs, key))
     h.consolidated = True
     return True
 
@@ -288,12 +294,30 @@ def _from_v3_consolidated(store: Store, h: Hierarchy) -> bool:
     cons = doc.get("consolidated_metadata")
     if not isinstance(cons, dict) or not isinstance(cons.get("metadata"), dict):
         return False
-    h.add(_v3_node("", doc, zarr_v3.ZARR_JSON))
+    h.add(_contained("", zarr_v3.ZARR_JSON, "zarr_v3", _v3_node, "", doc, zarr_v3.ZARR_JSON))
     for path, node in cons["metadata"].items():
         if isinstance(path, str):
-            h.add(_v3_node(path, node, join(path, zarr_v3.ZARR_JSON)))
+            key = join(path, zarr_v3.ZARR_JSON)
+            h.add(_contained(path, key, "zarr_v3", _v3_node, path, node, key))
     h.consolidated = True
     return True
+
+
+def _contained(path: str, key: str, fmt: str, read: Callable[..., _Node], *args: Any) -> _Node:
+    """``read(*args)``, with any failure turned into an error node for ``path`` only.
+
+    The parsers expect FormatError; hostile metadata may still trip something else
+    (RecursionError, TypeError, OverflowError in numpy). Discovery must go on, so the
+    other arrays stay readable and this one's meta.json says what went wrong. A
+    StoreError is not about the metadata and is passed on.
+    """
+    try:
+        return read(*args)
+    except StoreError:
+        raise  # the store failed, not the metadata: the caller decides (retry, incomplete)
+    except Exception as exc:  # noqa: BLE001 - containment: one bad node, not one bad mount
+        msg = str(exc) if key in str(exc) else f"{key}: {type(exc).__name__}: {exc}"
+        return ArrayMeta(path=path, format=fmt, error=msg, metadata_key=key)
 
 
 def _v2_group(path: str, zgroup: Any, zattrs: Any, key: str) -> GroupMeta:
@@ -336,21 +360,23 @@ def _read_node(
     key = join(path, zarr_v2.ZARRAY)
     present, zarray, err = _get_doc(store, key, known, zarr_v2.ZARRAY)
     if present:
-        _, zattrs, _ = _get_doc(store, join(path, zarr_v2.ZATTRS), known, zarr_v2.ZATTRS)
-        return _v2_array(path, zarray, zattrs, key, err)
+        _, zattrs, attrs_err = _get_doc(store, join(path, zarr_v2.ZATTRS), known, zarr_v2.ZATTRS)
+        return _v2_array(path, zarray, zattrs, key, err or attrs_err)
     key = join(path, zarr_v2.ZGROUP)
     present, zgroup, err = _get_doc(store, key, known, zarr_v2.ZGROUP)
     if present:
-        _, zattrs, _ = _get_doc(store, join(path, zarr_v2.ZATTRS), known, zarr_v2.ZATTRS)
+        _, zattrs, attrs_err = _get_doc(store, join(path, zarr_v2.ZATTRS), known, zarr_v2.ZATTRS)
         group = _v2_group(path, zgroup, zattrs, key)
-        group.error = group.error or err
+        group.error = group.error or err or attrs_err
         return group
     key = join(path, zarr_v1.ZMETA)
     present, zmeta, err = _get_doc(store, key, known, zarr_v1.ZMETA)
     if present:
         if err is not None:
             return ArrayMeta(path=path, format="zarr_v1", error=err, metadata_key=key)
-        _, zattr, _ = _get_doc(store, join(path, zarr_v1.ZATTR), known, zarr_v1.ZATTR)
+        _, zattr, attrs_err = _get_doc(store, join(path, zarr_v1.ZATTR), known, zarr_v1.ZATTR)
+        if attrs_err is not None:
+            return ArrayMeta(path=path, format="zarr_v1", error=attrs_err, metadata_key=key)
         return zarr_v1.parse_array(path, zmeta, zattr, key)
     return None
 
@@ -365,8 +391,9 @@ def _walk(store: Store, h: Hierarchy, root: Any) -> None:
     listings = 1
     while queue:
         path, listing, bare = queue.popleft()
+        known = None if listing is None else set(listing.keys)
         try:
-            node = _read_node(store, path, None if listing is None else set(listing.keys))
+            node = _contained(path, path or "/", "zarr", _read_node, store, path, known)
         except StoreError as exc:
             h.errors[path] = str(exc)
             h.incomplete = True

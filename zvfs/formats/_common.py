@@ -21,12 +21,47 @@ def join(path: str, name: str) -> str:
     return f"{path}/{name}" if path else name
 
 
+#: metadata nested deeper than this is refused: Zarr documents need a handful of levels, and
+#: every later step (attribute cleaning, meta.json, the v2 mirror) may walk it recursively
+MAX_JSON_DEPTH = 100
+
+
 def parse_json(raw: bytes, key: str) -> Any:
-    """Parse a metadata document; FormatError naming ``key`` if it is not JSON."""
+    """Parse a metadata document; FormatError naming ``key`` if it is not JSON or is absurdly deep.
+
+    ``json.loads`` raises RecursionError (not ValueError) on deep nesting; that must stay a
+    problem of this one document, never escape into discovery and break other arrays.
+    """
     try:
-        return json.loads(raw)
+        doc = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise FormatError(f"{key}: malformed JSON ({exc})") from exc
+    except RecursionError:
+        raise FormatError(f"{key}: JSON nested too deeply (more than {MAX_JSON_DEPTH} levels)") from None
+    depth = json_depth(doc, MAX_JSON_DEPTH)
+    if depth > MAX_JSON_DEPTH:
+        raise FormatError(f"{key}: JSON nested too deeply (more than {MAX_JSON_DEPTH} levels)")
+    return doc
+
+
+def json_depth(doc: Any, limit: int) -> int:
+    """Nesting depth of a parsed JSON value (a scalar is 0), counted without recursion;
+    stops early once it is beyond ``limit``."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(doc, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            value = value.values()
+        elif not isinstance(value, list):
+            continue
+        depth += 1
+        if depth > deepest:
+            deepest = depth
+            if deepest > limit:
+                return deepest
+        stack.extend((v, depth) for v in value if isinstance(v, dict | list))
+    return deepest
 
 
 def load_json(store: Store, key: str, missing_ok: bool = False) -> Any:

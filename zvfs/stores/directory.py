@@ -2,8 +2,13 @@
 
 Nothing escapes the base directory: every key is checked with
 :func:`zvfs.stores.keys.bad_segment` before it becomes a path, and the resolved
-path must stay below the (resolved) root. A symlink whose target is inside the
-root is followed; one pointing outside is treated as absent and logged once.
+path must stay below the (resolved) root. A symlink to a *file* inside the root
+is followed; one pointing outside is treated as absent and logged once.
+
+Symlinks to *directories* are never followed, even inside the root (as find,
+cp -r and rsync do by default): a link such as ``sub/up -> ..`` would otherwise
+make the tree endless, and discovery with it. Such a link is absent from the
+listings and logged once.
 """
 
 from __future__ import annotations
@@ -48,17 +53,41 @@ class DirectoryStore(Store):
     def _inside(self, real: str) -> bool:
         return real == self.root or real.startswith(self._root_sep)
 
-    def _resolve(self, rel: str) -> str | None:
-        """Real path of ``rel`` below the root, or None if a symlink leads outside it."""
+    def _resolve(self, rel: str, *, file_link_ok: bool = True) -> str | None:
+        """Real path of ``rel`` below the root, or None if it is not reachable.
+
+        Unreachable: a symlink leads outside the root, or the path passes through a
+        symlinked directory. Only the last component may be a symlink (to a file, the
+        caller checks), and only when ``file_link_ok``.
+        """
         path = os.path.join(self.root, rel) if rel else self.root
         real = os.path.realpath(path)
+        if real == path:  # keys are normalized (no '.', '..', '//'): no symlink on the way
+            return real
         if not self._inside(real):
             self._escapes.warning(
                 rel, "%s: %r resolves to %s, outside the source; treated as absent",
                 self.description, rel, real,
             )
             return None
-        return real
+        parent = os.path.dirname(path)
+        if file_link_ok and os.path.realpath(parent) == parent:
+            return real
+        link = self._first_link(rel)
+        self._escapes.warning(
+            link, "%s: %r is a symlink to a directory; not followed (it could loop)",
+            self.description, link,
+        )
+        return None
+
+    def _first_link(self, rel: str) -> str:
+        """The shortest prefix of ``rel`` that is a symlink (for the log line)."""
+        parts = rel.split("/")
+        for i in range(1, len(parts) + 1):
+            sub = "/".join(parts[:i])
+            if os.path.islink(os.path.join(self.root, sub)):
+                return sub
+        return rel
 
     def _open(self, key: str) -> tuple[int, os.stat_result]:
         """Open ``key`` as a regular file; the caller closes the fd."""
@@ -117,7 +146,7 @@ class DirectoryStore(Store):
 
     def list_dir(self, prefix: str) -> Listing:
         check_prefix(prefix)
-        real = self._resolve(prefix[:-1])
+        real = self._resolve(prefix[:-1], file_link_ok=False)
         if real is None:
             return Listing()
         return self._scan(prefix, real)[0]
@@ -125,7 +154,7 @@ class DirectoryStore(Store):
     def list_prefix(self, prefix: str) -> Iterator[str]:
         """Every key below ``prefix``; a symlink back to an ancestor is not walked twice."""
         check_prefix(prefix)
-        real = self._resolve(prefix[:-1])
+        real = self._resolve(prefix[:-1], file_link_ok=False)
         if real is None:
             return
         yield from self._walk(prefix, real, frozenset())
@@ -170,6 +199,13 @@ class DirectoryStore(Store):
                         if target is None:
                             continue
                         st = os.stat(target)
+                        if stat.S_ISDIR(st.st_mode):
+                            self._escapes.warning(
+                                prefix + name,
+                                "%s: %r is a symlink to a directory; not followed (it could loop)",
+                                self.description, prefix + name,
+                            )
+                            continue
                     else:
                         target = entry.path
                         st = entry.stat(follow_symlinks=False)

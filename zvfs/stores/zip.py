@@ -4,7 +4,26 @@ The central directory is read once at open and kept as an in-memory tree, so
 listings never touch the file. Every read is a ``pread`` on one shared file
 descriptor, which is thread safe without locks or a shared file position.
 Stored members are sliced straight out of the archive; compressed members are
-decompressed on the fly (nothing big is cached).
+decompressed on the fly (nothing big is cached), in bounded steps, so a zip
+bomb (gigabytes of zeros in a few megabytes) streams like any other member.
+
+Integrity: a member's CRC-32 is verified whenever its bytes have been
+produced from the start to the end, which is every whole-member ``get`` (what
+the decoded views use for chunks and metadata), every read of a deflated
+member that reaches its end (its stream always starts at 0), and every
+in-order read of a stored member (cp, cat; pieces the kernel's read-ahead
+delivers out of order are joined, CRC-32 being affine). A mismatch fails that
+read with a StoreError naming the key, and every later read of the member
+fails at once. Random reads of a stored member cannot be verified without
+reading the whole member each time, so they are served unverified, as by
+ratarmount (Python's zipfile drops the CRC check once a stored member is
+seeked) and by any pread-based reader.
+
+Deflated members keep decompression checkpoints (a copy of the zlib state
+every ``max(1 MiB, size/64)`` of output, at most :data:`_CHECKPOINTS` in all)
+and a few parked streams, so reading backwards or jumping around costs at most
+one checkpoint interval of decompression per read instead of a restart from
+the beginning of the member.
 
 zarr-python writes members without file-type bits in ``external_attr``, so the
 mode bits are never trusted: a directory entry is a name ending in '/'.
@@ -21,9 +40,12 @@ import threading
 import time
 import zipfile
 import zlib
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
+from zvfs.stats import counters
 from zvfs.stores._util import check_key, check_prefix
 from zvfs.stores.base import KeyInfo, KeyNotFound, Listing, SourceError, Store, StoreError
 from zvfs.stores.keys import bad_segment
@@ -34,6 +56,16 @@ _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., name length, extra 
 _LOCAL_MAGIC = b"PK\x03\x04"
 # compressed members at least this big keep parked decompressors for sequential reads
 _POOL_MIN_SIZE = 4 << 20
+#: compressed bytes read per step, and decompressed bytes produced per step: a bomb never
+#: gets to expand more than this at once
+_IN_STEP = 16 << 10
+_OUT_STEP = 1 << 20
+#: deflate checkpoints kept per member and in all (each ~50 KiB: zlib state and window)
+_CHECKPOINTS_PER_MEMBER = 64
+_CHECKPOINTS = 192
+_CHECKPOINT_MIN_SPACING = 1 << 20
+#: parked (live) deflate streams kept in all
+_PARKED = 16
 #: block size the raw view uses when the archive has compressed members (decoded blocks
 #: are cached, so re-reads do not decompress again); 0 for all-stored archives: pread is cheap
 COMPRESSED_BLOCK_SIZE = 1 << 20
@@ -44,6 +76,8 @@ class _Member:
     info: zipfile.ZipInfo
     mtime: float
     data_offset: int = -1  # filled lazily from the local header
+    #: why the member is known to be corrupt (CRC mismatch, bad stream); later reads fail at once
+    bad: str | None = None
 
 
 class ZipStore(Store):
@@ -74,6 +108,8 @@ class ZipStore(Store):
         self._closed = False
         self._lock = threading.Lock()
         self._streams = _StreamPool()
+        self._inflate = _Inflater(self._fd)
+        self._stored_crc = _SequentialCrc()
         if any(m.info.compress_type != zipfile.ZIP_STORED for m in self._members.values()):
             self.block_size = COMPRESSED_BLOCK_SIZE
 
@@ -163,6 +199,7 @@ class ZipStore(Store):
             if not self._closed:
                 self._closed = True
                 self._streams.clear()
+                self._inflate.clear()
                 os.close(self._fd)
 
     # -- internals ---------------------------------------------------------------------------
@@ -198,17 +235,36 @@ class ZipStore(Store):
         zi = m.info
         if zi.flag_bits & 0x1:
             raise StoreError(f"{key}: zip member is encrypted")
+        if m.bad is not None:
+            raise StoreError(f"{key}: {m.bad}")
         off = self._data_offset(key, m)
-        if zi.compress_type == zipfile.ZIP_STORED:
-            if zi.compress_size != zi.file_size:
-                raise StoreError(f"{key}: stored zip member has inconsistent sizes")
-            try:
-                data = os.pread(self._fd, length, off + start)
-            except OSError as e:
-                raise StoreError(f"{key}: read failed: {e.strerror}") from e
-            if len(data) != length:
-                raise StoreError(f"{key}: zip member data is truncated")
-            return data
+        try:
+            if zi.compress_type == zipfile.ZIP_STORED:
+                return self._read_stored(key, m, off, start, length)
+            if zi.compress_type == zipfile.ZIP_DEFLATED:
+                return self._inflate.read(key, m, off, start, length)
+        except _Corrupt as exc:
+            m.bad = str(exc)
+            raise StoreError(f"{key}: {exc}") from None
+        return self._read_other(key, m, off, start, length)
+
+    def _read_stored(self, key: str, m: _Member, off: int, start: int, length: int) -> bytes:
+        """A slice of a stored member, CRC-checked when the reads have covered it in order."""
+        zi = m.info
+        if zi.compress_size != zi.file_size:
+            raise StoreError(f"{key}: stored zip member has inconsistent sizes")
+        try:
+            data = os.pread(self._fd, length, off + start)
+        except OSError as e:
+            raise StoreError(f"{key}: read failed: {e.strerror}") from e
+        if len(data) != length:
+            raise StoreError(f"{key}: zip member data is truncated")
+        self._stored_crc.update(key, start, data, zi.file_size, zi.CRC)
+        return data
+
+    def _read_other(self, key: str, m: _Member, off: int, start: int, length: int) -> bytes:
+        """bzip2, lzma, ...: through zipfile, with parked readers for sequential reads."""
+        zi = m.info
         pooled = zi.file_size >= _POOL_MIN_SIZE and start + length < zi.file_size
         reader = self._streams.take(key, start) if pooled else None
         try:
@@ -230,6 +286,271 @@ class ZipStore(Store):
         if pooled:
             self._streams.give(key, reader)
         return data
+
+
+class _Corrupt(Exception):
+    """The member's data contradicts its directory entry (CRC, size, deflate stream)."""
+
+
+_ZEROS = bytes(1 << 20)
+
+
+def _crc32_shift(crc: int, n: int) -> int:
+    """CRC-32 of (bytes with CRC ``crc``) followed by ``n`` zero bytes, minus the zeros' own
+    CRC: with it, crc(A + B) = _crc32_shift(crc(A), len(B)) ^ crc(B) (CRC-32 is affine)."""
+    zeros = 0
+    view = memoryview(_ZEROS)
+    while n > 0:
+        step = min(n, len(_ZEROS))
+        crc = zlib.crc32(view[:step], crc)
+        zeros = zlib.crc32(view[:step], zeros)
+        n -= step
+    return crc ^ zeros
+
+
+class _SequentialCrc:
+    """CRC-32 of stored members assembled from the reads that cover them, to verify
+    them once they have all been read.
+
+    Per member: the CRC of the prefix read so far (``chain``: its end -> CRC) and
+    reads that arrived ahead of it (the kernel's read-ahead does not keep order:
+    ``ahead``: start -> (end, CRC of that piece)), joined as the prefix reaches them.
+    The read that completes the member compares with the central directory. A
+    bounded number of members and pieces is kept; a read that fits nowhere is
+    simply not verified.
+    """
+
+    def __init__(self, members: int = 256, pieces: int = 64) -> None:
+        self._open: OrderedDict[str, tuple[dict[int, int], dict[int, tuple[int, int]]]] = OrderedDict()
+        self._members = members
+        self._pieces = pieces
+        self._lock = threading.Lock()
+
+    def update(self, key: str, start: int, data: bytes, size: int, expected: int) -> None:
+        end = start + len(data)
+        if start == 0 and end == size:  # the whole member at once: nothing to keep
+            crc = zlib.crc32(data)
+        else:
+            with self._lock:
+                entry = self._open.get(key)
+                if entry is None:
+                    entry = self._open[key] = ({}, {})
+                    while len(self._open) > self._members:
+                        self._open.popitem(last=False)
+                self._open.move_to_end(key)
+                chain, ahead = entry
+                if start == 0:
+                    pos, crc = end, zlib.crc32(data)
+                elif start in chain:
+                    pos, crc = end, zlib.crc32(data, chain.pop(start))
+                else:
+                    if len(ahead) < self._pieces:
+                        ahead[start] = (end, zlib.crc32(data))
+                    return
+                while pos in ahead:  # pieces read ahead of the prefix join it now
+                    nxt, other = ahead.pop(pos)
+                    crc = _crc32_shift(crc, nxt - pos) ^ other
+                    pos = nxt
+                if pos < size:
+                    if len(chain) < self._pieces:
+                        chain[pos] = crc
+                    return
+                if not chain and not ahead:
+                    self._open.pop(key, None)
+        if crc != expected:
+            raise _Corrupt(f"CRC-32 mismatch (computed {crc:08x}, zip directory says {expected:08x})")
+
+
+@dataclass(slots=True)
+class _InflateState:
+    """One point of a deflate stream: the zlib state after ``out_pos`` output bytes,
+    having consumed ``in_pos`` compressed bytes (its unconsumed tail excluded), and
+    the CRC-32 of the output so far."""
+
+    dec: Any
+    out_pos: int
+    in_pos: int
+    crc: int
+
+    def copy(self) -> _InflateState:
+        return _InflateState(self.dec.copy(), self.out_pos, self.in_pos, self.crc)
+
+
+class _Inflater:
+    """Random access into deflated members: checkpoints, parked streams, CRC at the end.
+
+    A read continues the parked stream or the checkpoint nearest before its start
+    (or one still being used by another thread that will stop there), decompresses
+    forward in bounded steps, and parks the stream where it stopped. Checkpoints are
+    taken on the way, about every ``max(1 MiB, size/64)`` of output.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._cond = threading.Condition()
+        self._parked: list[tuple[str, _InflateState]] = []  # oldest first
+        #: reads in progress or waiting: (token, key, where their stream will stop)
+        self._active: list[tuple[object, str, int]] = []
+        self._checkpoints: OrderedDict[str, dict[int, _InflateState]] = OrderedDict()
+        self._ncheckpoints = 0
+
+    def clear(self) -> None:
+        with self._cond:
+            self._parked.clear()
+            self._checkpoints.clear()
+            self._ncheckpoints = 0
+
+    # -- finding a state to start from -------------------------------------------------------
+
+    def _start_state(self, key: str, start: int, end: int, me: object) -> _InflateState:
+        """The best state at or before ``start``.
+
+        A reader waits, rather than decompress the same bytes twice, while another
+        read of the member (running or itself waiting) will stop after the best state
+        available and at or before ``start``: its stream is parked there. Waits only
+        ever point to reads that start earlier, so they cannot form a cycle.
+        """
+        with self._cond:
+            self._active.append((me, key, end))
+            while True:
+                parked = max(
+                    (i for i, (k, st) in enumerate(self._parked) if k == key and st.out_pos <= start),
+                    key=lambda i: self._parked[i][1].out_pos,
+                    default=None,
+                )
+                have = self._parked[parked][1].out_pos if parked is not None else 0
+                cps = self._checkpoints.get(key)
+                cp = None
+                if cps:
+                    cp = max((c for c in cps.values() if c.out_pos <= start),
+                             key=lambda c: c.out_pos, default=None)
+                if cp is not None and cp.out_pos > have:
+                    have = cp.out_pos
+                    parked = None
+                if have < start and any(
+                    t is not me and k == key and have < e <= start for t, k, e in self._active
+                ):
+                    self._cond.wait(timeout=30)
+                    continue
+                if parked is not None:
+                    state = self._parked.pop(parked)[1]
+                    if state.out_pos < start:  # leave a copy for a reader of the bytes skipped
+                        self._parked.append((key, state.copy()))
+                    return state
+                if cp is not None:
+                    self._checkpoints.move_to_end(key)
+                    return cp.copy()
+                return _InflateState(zlib.decompressobj(-zlib.MAX_WBITS), 0, 0, 0)
+
+    def _done(self, me: object, key: str, state: _InflateState | None) -> None:
+        with self._cond:
+            self._active = [a for a in self._active if a[0] is not me]
+            if state is not None:
+                self._parked.append((key, state))
+                if len(self._parked) > _PARKED:
+                    self._parked.pop(0)
+            self._cond.notify_all()
+
+    def _checkpoint(self, key: str, state: _InflateState, spacing: int) -> None:
+        slot = state.out_pos // spacing
+        with self._cond:
+            cps = self._checkpoints.get(key)
+            if cps is None:
+                cps = self._checkpoints[key] = {}
+            self._checkpoints.move_to_end(key)
+            if slot in cps or len(cps) >= _CHECKPOINTS_PER_MEMBER:
+                return
+            cps[slot] = state.copy()
+            self._ncheckpoints += 1
+            while self._ncheckpoints > _CHECKPOINTS:  # the least recently used member's go first
+                old_key, old = next(iter(self._checkpoints.items()))
+                if old:
+                    old.pop(next(iter(old)))
+                    self._ncheckpoints -= 1
+                if not old:
+                    self._checkpoints.pop(old_key)
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def read(self, key: str, m: _Member, off: int, start: int, length: int) -> bytes:
+        """``length`` decompressed bytes at ``start`` of the deflated member ``m``."""
+        zi = m.info
+        end = start + length
+        spacing = max(_CHECKPOINT_MIN_SPACING, -(-zi.file_size // _CHECKPOINTS_PER_MEMBER))
+        me = object()
+        state = self._start_state(key, start, end, me)
+        keep: _InflateState | None = None
+        try:
+            parts: list[bytes] = []
+            self._forward(key, m, off, state, start, None, spacing)
+            self._forward(key, m, off, state, end, parts, spacing)
+            if state.out_pos != end:
+                raise _Corrupt("deflate stream ended early (fewer bytes than declared)")
+            if end == zi.file_size:
+                self._finish(m, off, state)
+            else:
+                keep = state  # parked: the next sequential read continues from here
+        except zlib.error as exc:
+            raise _Corrupt(f"corrupt deflate stream: {exc}") from None
+        except OSError as exc:
+            raise StoreError(f"{key}: read failed: {exc.strerror}") from exc
+        finally:
+            self._done(me, key, keep)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _forward(self, key: str, m: _Member, off: int, state: _InflateState, until: int,
+                 parts: list[bytes] | None, spacing: int) -> None:
+        """Decompress until ``until`` output bytes, keeping them in ``parts`` (or dropping them)."""
+        zi = m.info
+        dec = state.dec
+        big = zi.file_size >= 2 * spacing
+        while state.out_pos < until:
+            feed = dec.unconsumed_tail
+            if not feed:
+                if dec.eof:
+                    return
+                n = min(_IN_STEP, zi.compress_size - state.in_pos)
+                if n <= 0:
+                    raise _Corrupt("compressed data ends before the deflate stream does")
+                feed = os.pread(self._fd, n, off + state.in_pos)
+                if len(feed) != n:
+                    raise _Corrupt("zip member data is truncated")
+                state.in_pos += n
+            want = min(_OUT_STEP, until - state.out_pos)
+            if big:  # stop on checkpoint boundaries, so checkpoints sit exactly on them
+                want = min(want, spacing - state.out_pos % spacing)
+            out = dec.decompress(feed, want)
+            if out:
+                state.crc = zlib.crc32(out, state.crc)
+                state.out_pos += len(out)
+                counters.add("zip_inflated_bytes", len(out))
+                if parts is not None:
+                    parts.append(out)
+            if big and out and state.out_pos % spacing == 0:
+                self._checkpoint(key, state, spacing)
+
+    def _finish(self, m: _Member, off: int, state: _InflateState) -> None:
+        """At the declared end: the stream must end here and the CRC must match."""
+        zi = m.info
+        dec = state.dec
+        if not dec.eof:
+            # the end-of-stream marker may still be in the input: any further output is too much
+            while not dec.eof:
+                feed = dec.unconsumed_tail
+                if not feed:
+                    n = min(_IN_STEP, zi.compress_size - state.in_pos)
+                    if n <= 0:
+                        raise _Corrupt("compressed data ends before the deflate stream does")
+                    feed = os.pread(self._fd, n, off + state.in_pos)
+                    state.in_pos += len(feed)
+                    if not feed:
+                        raise _Corrupt("zip member data is truncated")
+                if dec.decompress(feed, 1):
+                    raise _Corrupt("deflate stream holds more bytes than declared")
+        if state.crc != zi.CRC:
+            raise _Corrupt(
+                f"CRC-32 mismatch (computed {state.crc:08x}, zip directory says {zi.CRC:08x})"
+            )
 
 
 class _StreamPool:

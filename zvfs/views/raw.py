@@ -42,7 +42,10 @@ class RawFile(FileNode):
         self._size = info.size
         self.mtime = info.mtime
         self.immutable = ctx.immutable
-        self._ahead = ReadAhead()
+        # a window as large as the cache evicts the blocks fetched ahead before they are
+        # read, and they are fetched (for zip: decompressed) again; a quarter of it, as
+        # for the decoded arrays
+        self._ahead = ReadAhead(ceiling=max(ctx.store.block_size, min(64 << 20, ctx.cache_size // 4)))
 
     @property
     def size(self) -> int:

@@ -10,7 +10,6 @@ Everything is blocking.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +18,7 @@ import numpy as np
 from zvfs.codecs.errors import CodecError
 from zvfs.formats import ZarrArray
 from zvfs.formats import open_array as _open_zarr
+from zvfs.formats._common import parse_json
 from zvfs.formats.meta import FormatError
 from zvfs.stores.base import KeyNotFound, Store, StoreError
 
@@ -40,9 +40,9 @@ def load_node(store: Store, path: str) -> dict[str, Any] | None:
     except StoreError as exc:
         raise ZVError(key, str(exc)) from exc
     try:
-        doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ZVError(key, f"malformed JSON ({exc})") from exc
+        doc = parse_json(raw, key)  # the shared parser: also refuses absurd nesting
+    except FormatError as exc:
+        raise ZVError(key, str(exc).removeprefix(f"{key}: ")) from exc
     if not isinstance(doc, dict):
         raise ZVError(key, "expected a JSON object")
     return doc

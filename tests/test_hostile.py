@@ -1,0 +1,726 @@
+"""Hostile input (issue 8, "Done when" 2): stores built to break a reader.
+
+Every case mounts for real and checks what a user sees: the errno of the bad
+file (EIO for data that cannot be read, ENOENT for what must not exist), one
+log line naming the bad key (``--log-file``), every other file still readable
+and the daemon alive. References come from the libraries that wrote the data
+(zarr-python, zipfile, the ``zip`` command), never from zvfs.
+
+The fixtures are built here, in tmp_path, from real bytes: symlink cycles,
+links out of the store, metadata nested 5,000 levels, absurd shapes, unknown
+codecs and dtypes, corrupt/truncated/empty chunks, zips with wrong CRCs,
+truncated zips, unsafe member names, and a 2 GiB deflated bomb.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import threading
+import time
+import zipfile
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import Mounted, daemon_pids, is_mounted, run, tool
+
+MiB = 1 << 20
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def read_errno(path: Path) -> int | None:
+    """The errno reading ``path`` fails with, or None if it reads."""
+    try:
+        path.read_bytes()
+    except OSError as exc:
+        return exc.errno
+    return None
+
+
+def stat_errno(path: Path) -> int | None:
+    try:
+        os.stat(path)
+    except OSError as exc:
+        return exc.errno
+    return None
+
+
+def lines_naming(m: Mounted, key: str) -> list[str]:
+    return [ln for ln in m.log_text().splitlines() if key in ln]
+
+
+def assert_one_line(m: Mounted, key: str) -> str:
+    """Exactly one log line names ``key`` (however often it was read)."""
+    lines = lines_naming(m, key)
+    assert len(lines) == 1, (key, lines, m.log_text()[-3000:])
+    return lines[0]
+
+
+def daemon_pid(m: Mounted) -> int:
+    pids = daemon_pids(m.path)
+    assert len(pids) == 1, pids
+    return pids[0]
+
+
+def status_kib(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError(f"{field} missing from /proc/{pid}/status")
+
+
+def assert_alive(m: Mounted, pid: int) -> None:
+    """Still mounted, same daemon, and it answers."""
+    assert is_mounted(m.path)
+    with open(f"/proc/{pid}/stat") as f:
+        assert f.read().split(") ")[-1][:1] != "Z"
+    assert json.loads((m.path / ".zvfs/stats.json").read_text())["uptime_seconds"] > 0
+
+
+def tree_of(root: Path) -> set[str]:
+    """Relative paths below ``root`` as find(1) lists them."""
+    res = run(["find", root], timeout=60)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = set()
+    for line in res.stdout.splitlines():
+        rel = os.path.relpath(line, root)
+        if rel != ".":
+            out.add(rel)
+    return out
+
+
+def v3_array(root: Path, name: str, data: np.ndarray, chunks: tuple[int, ...], **kw) -> Path:
+    import zarr
+
+    a = zarr.create_array(zarr.storage.LocalStore(str(root)), name=name, shape=data.shape,
+                          chunks=chunks, dtype=data.dtype, zarr_format=3, **kw)
+    a[:] = data
+    return root / name
+
+
+def v2_array(root: Path, name: str, data: np.ndarray, chunks: tuple[int, ...], **kw) -> Path:
+    import zarr
+
+    a = zarr.create_array(zarr.storage.LocalStore(str(root)), name=name, shape=data.shape,
+                          chunks=chunks, dtype=data.dtype, zarr_format=2, **kw)
+    a[:] = data
+    return root / name
+
+
+def zarr_read(root: Path, name: str) -> np.ndarray:
+    import zarr
+
+    return zarr.open_array(zarr.storage.LocalStore(str(root)), path=name, mode="r")[...]
+
+
+GOOD = np.arange(20 * 12, dtype="<i4").reshape(20, 12)
+
+
+def new_store(root: Path) -> Path:
+    """A v3 root group holding the healthy array ``good`` that every test reads back."""
+    import zarr
+
+    zarr.open_group(zarr.storage.LocalStore(str(root)), mode="w", zarr_format=3)
+    v3_array(root, "good", GOOD, (8, 8))
+    return root
+
+
+def assert_good(m: Mounted, root: Path) -> None:
+    assert (m.path / ".zvfs/arrays/good/data.raw").read_bytes() == zarr_read(root, "good").tobytes()
+    assert (m.path / "good/zarr.json").read_bytes() == (root / "good/zarr.json").read_bytes()
+
+
+# --------------------------------------------------------------------------- symlinks
+
+
+def test_symlink_cycle_in_directory_store(tmp_path: Path, mount) -> None:
+    """``sub/up -> ..`` made the tree endless and .zvfs/arrays never answered.
+
+    Directory links are not followed; file links inside the store still are.
+    """
+    root = new_store(tmp_path / "cycle.zarr")
+    (root / "sub").mkdir()
+    (root / "sub/note.txt").write_bytes(b"a plain file\n")
+    os.symlink("..", root / "sub/up")  # the cycle of the issue
+    os.symlink("../sub", root / "sub/again")  # a directory that contains itself
+    os.symlink("../good/zarr.json", root / "sub/meta-link.json")  # a file link inside
+    m = mount(root)
+    pid = daemon_pid(m)
+
+    # the tree is the source without its directory links, as find(1) sees the source
+    want = set()
+    for dirpath, dirs, files in os.walk(root):  # os.walk does not follow directory links
+        rel = os.path.relpath(dirpath, root)
+        for name in files:
+            want.add(os.path.normpath(os.path.join(rel, name)))
+        for name in dirs:
+            if not os.path.islink(os.path.join(dirpath, name)):
+                want.add(os.path.normpath(os.path.join(rel, name)))
+    assert "sub/meta-link.json" in want and "sub/up" not in want
+    t0 = time.monotonic()
+    assert tree_of(m.path) == want
+    arrays = {os.path.dirname(p) for p in tree_of(m.path / ".zvfs/arrays") if p.endswith("meta.json")}
+    assert arrays == {"good"}
+    assert time.monotonic() - t0 < 30
+    assert (m.path / "sub/meta-link.json").read_bytes() == (root / "good/zarr.json").read_bytes()
+    for name in ("sub/up", "sub/again", "sub/up/good/zarr.json"):
+        assert stat_errno(m.path / name) == errno.ENOENT, name
+    assert_good(m, root)
+    assert "not followed" in assert_one_line(m, "'sub/up'")
+    assert_one_line(m, "'sub/again'")
+    assert_alive(m, pid)
+
+
+def test_symlinks_out_of_the_store(tmp_path: Path, mount) -> None:
+    """Links to a file and to a directory outside the store expose nothing outside."""
+    outside = tmp_path / "outside"
+    (outside / "dir").mkdir(parents=True)
+    secret = b"secret bytes that must never be read through the mount\n"
+    (outside / "secret").write_bytes(secret)
+    (outside / "dir/inner").write_bytes(secret)
+    root = new_store(tmp_path / "links.zarr")
+    links = {
+        "link-file-out": outside / "secret",  # absolute, to a file
+        "link-file-rel-out": "../outside/secret",  # relative, to a file
+        "link-dir-out": outside,  # absolute, to a directory
+        "link-dir-rel-out": "../outside/dir",  # relative, to a directory
+        "link-etc": "/etc",
+    }
+    for name, target in links.items():
+        os.symlink(target, root / name)
+    m = mount(root)
+    pid = daemon_pid(m)
+
+    listed = tree_of(m.path)
+    assert not any(p.split("/")[0] in links for p in listed), listed
+    for name in links:
+        assert stat_errno(m.path / name) == errno.ENOENT, name
+    for rel in ("link-dir-out/secret", "link-dir-rel-out/inner", "link-etc/passwd"):
+        assert stat_errno(m.path / rel) == errno.ENOENT, rel
+    for rel in listed:
+        p = m.path / rel
+        if p.is_file():
+            assert secret not in p.read_bytes(), rel
+    assert_good(m, root)
+    for name in links:
+        assert "outside the source" in assert_one_line(m, f"'{name}'")
+    assert_alive(m, pid)
+
+
+# --------------------------------------------------------------------------- metadata
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def test_deeply_nested_metadata_is_contained(tmp_path: Path, mount) -> None:
+    """5,000 nested ``[`` raised RecursionError in discovery and broke the healthy array.
+
+    Each bad document is its own node's error (in its meta.json); the others read.
+    """
+    root = new_store(tmp_path / "deep.zarr")
+    small = np.arange(6, dtype="<u2")
+    bad: dict[str, str] = {}
+    # not even JSON: 5,000 open brackets
+    v3_array(root, "brackets", small, (3,))
+    (root / "brackets/zarr.json").write_text("[" * 5000)
+    bad["brackets"] = "brackets/zarr.json"
+    # valid JSON, attributes nested 5,000 deep (json.loads raises RecursionError)
+    # and 900 deep (json.loads parses it; what walks it afterwards must not recurse)
+    for name, depth in (("deep5000", 5000), ("deep900", 900)):
+        v3_array(root, name, small, (3,))
+        doc = json.loads((root / name / "zarr.json").read_text())
+        doc["attributes"] = {"a": "DEEP"}
+        (root / name / "zarr.json").write_text(json.dumps(doc).replace('"DEEP"', nested(depth)))
+        bad[name] = f"{name}/zarr.json"
+    assert json.loads((root / "deep900/zarr.json").read_text())["attributes"]["a"]
+    # a v2 array whose .zattrs is nested 5,000 deep
+    v2_array(root, "v2deep", small, (3,))
+    (root / "v2deep/.zattrs").write_text(f'{{"a": {nested(5000)}}}')
+    bad["v2deep"] = "v2deep/.zattrs"
+    m = mount(root)
+    pid = daemon_pid(m)
+
+    arrays = m.path / ".zvfs/arrays"
+    assert_good(m, root)
+    for path, key in bad.items():
+        meta = json.loads((arrays / path / "meta.json").read_text())
+        assert key in meta["error"], (path, meta["error"])
+        assert sorted(os.listdir(arrays / path)) == ["meta.json"]
+        assert read_errno(arrays / path / "data.raw") == errno.ENOENT
+        assert (m.path / key).read_bytes() == (root / key).read_bytes()  # the raw tree is intact
+    assert (m.path / ".zvfs/v2/good/.zarray").is_file()
+    assert not (m.path / ".zvfs/v2/deep5000").exists()
+    for key in bad.values():
+        assert_one_line(m, key)
+    assert_alive(m, pid)
+
+
+def _mutate(path: Path, change: Callable[[dict], None]) -> None:
+    doc = json.loads(path.read_text())
+    change(doc)
+    path.write_text(json.dumps(doc))
+
+
+def _v3_chunks(shape: list[int]) -> Callable[[dict], None]:
+    def change(doc: dict) -> None:
+        doc["chunk_grid"]["configuration"]["chunk_shape"] = shape
+    return change
+
+
+def build_bad_metadata(root: Path) -> dict[str, str]:
+    """Arrays whose metadata is unusable, written by zarr-python then broken; name -> key."""
+    data = np.arange(48, dtype="<f4").reshape(6, 8)
+    cases: dict[str, Callable[[dict], None] | bytes] = {
+        "not_json": b"\x89PNG\r\n\x1a\n\x00\xff\xfe not JSON at all",
+        "negative_shape": lambda d: d.__setitem__("shape", [-6, 8]),
+        "absurd_shape": lambda d: d.__setitem__("shape", [2**62, 2**62]),
+        "zero_chunk": None,  # per format below
+        "unknown_codec": None,
+        "unknown_dtype": None,
+    }
+    out = {}
+    for fmt in ("v3", "v2"):
+        for case, change in cases.items():
+            name = f"{fmt}_{case}"
+            if fmt == "v3":
+                d = v3_array(root, name, data, (3, 4))
+                key = d / "zarr.json"
+                extra = {
+                    "zero_chunk": _v3_chunks([0, 4]),
+                    "unknown_codec": lambda doc: doc["codecs"].append({"name": "no-such-codec"}),
+                    "unknown_dtype": lambda doc: doc.__setitem__("data_type", "float7"),
+                }
+            else:
+                d = v2_array(root, name, data, (3, 4))
+                key = d / ".zarray"
+                extra = {
+                    "zero_chunk": lambda doc: doc.__setitem__("chunks", [0, 4]),
+                    "unknown_codec": lambda doc: doc.__setitem__("compressor", {"id": "no-such-codec"}),
+                    "unknown_dtype": lambda doc: doc.__setitem__("dtype", "<y8"),
+                }
+            change = extra.get(case, change)
+            if isinstance(change, bytes):
+                key.write_bytes(change)
+            else:
+                _mutate(key, change)
+            out[name] = key.relative_to(root).as_posix()
+    return out
+
+
+def test_bad_metadata(tmp_path: Path, mount) -> None:
+    """Not JSON, negative or absurd shape, zero chunk, unknown codec, unknown dtype (v2, v3).
+
+    The array shows only meta.json with the error; nothing is allocated for
+    ``[2**62, 2**62]``; one log line names the metadata key.
+    """
+    import zarr
+
+    root = new_store(tmp_path / "badmeta.zarr")
+    bad = build_bad_metadata(root)
+    # zarr-python, the reference, refuses every one of them too
+    for name in bad:
+        with pytest.raises(Exception):  # noqa: B017 - any error: it must not open
+            zarr.open_array(zarr.storage.LocalStore(str(root)), path=name, mode="r")[...]
+    cache = 64
+    m = mount(root, "--cache-size", f"{cache}M")
+    pid = daemon_pid(m)
+    arrays = m.path / ".zvfs/arrays"
+    for name, key in bad.items():
+        meta = json.loads((arrays / name / "meta.json").read_text())
+        assert meta["error"] and key in meta["error"], (name, meta["error"])
+        assert sorted(os.listdir(arrays / name)) == ["meta.json"], name
+        for f in ("data.raw", "data.npy", "chunks"):
+            assert stat_errno(arrays / name / f) == errno.ENOENT, (name, f)
+        assert not (m.path / ".zvfs/v2" / name).exists()
+        assert (m.path / key).read_bytes() == (root / key).read_bytes()
+    assert_good(m, root)
+    for key in bad.values():
+        assert_one_line(m, key)
+    assert status_kib(pid, "VmHWM") <= (cache + 64) * 1024  # nothing was allocated for a shape
+    assert_alive(m, pid)
+
+
+# --------------------------------------------------------------------------- chunks
+
+
+def _chunk_kinds() -> dict[str, tuple[str, dict]]:
+    import numcodecs
+    from zarr.codecs import Crc32cCodec, GzipCodec
+
+    return {
+        "v2_zlib": ("v2", {"compressors": numcodecs.Zlib(level=5)}),
+        "v2_blosc": ("v2", {"compressors": numcodecs.Blosc(cname="lz4")}),
+        "v2_raw": ("v2", {"compressors": None}),
+        "v3_zstd": ("v3", {}),
+        "v3_gzip": ("v3", {"compressors": GzipCodec()}),
+        "v3_crc32c": ("v3", {"compressors": Crc32cCodec()}),
+        "v3_raw": ("v3", {"compressors": None}),
+    }
+
+
+def build_bad_chunks(root: Path) -> dict[str, tuple[str, np.ndarray]]:
+    """For each codec, arrays with chunk (0, 1) corrupt, truncated or zero-length.
+
+    Returns array name -> (broken key, reference data from zarr-python before breaking);
+    zarr-python fails to read each broken array.
+    Uncompressed chunks without a checksum have no "corrupt" case: any bytes of the
+    right length are valid data.
+    """
+    rng = np.random.default_rng(8)
+    out = {}
+    for kind, (fmt, kw) in _chunk_kinds().items():
+        for how in ("corrupt", "truncated", "empty"):
+            if how == "corrupt" and kind.endswith("_raw"):
+                continue
+            name = f"{kind}_{how}"
+            data = rng.standard_normal((8, 8)).astype("<f8")
+            make = v3_array if fmt == "v3" else v2_array
+            make(root, name, data, (4, 4), **kw)
+            key = f"{name}/c/0/1" if fmt == "v3" else f"{name}/0.1"
+            ref = zarr_read(root, name)
+            assert np.array_equal(ref, data)
+            p = root / key
+            raw = p.read_bytes()
+            if how == "corrupt":  # garbage of the same length
+                raw = rng.bytes(len(raw))
+            elif how == "truncated":
+                raw = raw[: len(raw) // 2]
+            else:
+                raw = b""
+            p.write_bytes(raw)
+            if kind == "v2_blosc" and how == "truncated":
+                # numcodecs decodes a cut blosc frame without a word (it trusts the header
+                # and reads past the buffer); the header (c-blosc's format: cbytes at byte 12)
+                # shows the frame is cut
+                assert int.from_bytes(raw[12:16], "little") > len(raw)
+            else:
+                with pytest.raises(Exception):  # noqa: B017 - the reference refuses it too
+                    zarr_read(root, name)
+            out[name] = (key, ref)
+    return out
+
+
+def test_bad_chunks(tmp_path: Path, mount) -> None:
+    """Corrupt, truncated and zero-length chunks: EIO for that chunk (and data.raw),
+    the array's other chunks read, one log line names the chunk key."""
+    root = new_store(tmp_path / "badchunks.zarr")
+    bad = build_bad_chunks(root)
+    m = mount(root)
+    pid = daemon_pid(m)
+    arrays = m.path / ".zvfs/arrays"
+    for name, (_key, ref) in bad.items():
+        for _ in range(2):  # again: still EIO, still one log line
+            assert read_errno(arrays / name / "chunks/0.1") == errno.EIO, name
+            assert read_errno(arrays / name / "data.raw") == errno.EIO, name
+        for idx in ((0, 0), (1, 0), (1, 1)):
+            got = (arrays / name / "chunks" / f"{idx[0]}.{idx[1]}").read_bytes()
+            want = np.ascontiguousarray(ref[idx[0] * 4:idx[0] * 4 + 4, idx[1] * 4:idx[1] * 4 + 4])
+            assert got == want.tobytes(), (name, idx)
+    assert_good(m, root)
+    for key, _ref in bad.values():
+        assert_one_line(m, key)
+    assert_alive(m, pid)
+
+
+def test_chunk_bombs_are_refused_in_bounded_memory(tmp_path: Path, mount) -> None:
+    """A 128-byte chunk whose zlib/gzip/zstd stream expands to 256 MiB of zeros.
+
+    Each decoder used to produce all of it before the size check: 256 MiB per read
+    and per worker. Now the read fails with EIO, nothing big is allocated.
+    """
+    import numcodecs
+    from zarr.codecs import GzipCodec
+
+    bomb = bytes(256 * MiB)
+    payloads = {
+        "v2_zlib": ("v2", {"compressors": numcodecs.Zlib(level=1)}, zlib.compress(bomb, 1)),
+        "v2_gzip": ("v2", {"compressors": numcodecs.GZip(level=1)},
+                    numcodecs.GZip(level=1).encode(bomb)),
+        "v3_gzip": ("v3", {"compressors": GzipCodec(level=1)}, numcodecs.GZip(level=1).encode(bomb)),
+        "v3_zstd": ("v3", {}, numcodecs.Zstd(level=1).encode(bomb)),
+    }
+    del bomb
+    root = new_store(tmp_path / "bombs.zarr")
+    keys = {}
+    for name, (fmt, kw, payload) in payloads.items():
+        assert len(payload) < 2 * MiB  # a small object that stands for 256 MiB
+        (v3_array if fmt == "v3" else v2_array)(root, name, GOOD[:8, :8].astype("<f8"), (4, 4), **kw)
+        key = f"{name}/c/0/1" if fmt == "v3" else f"{name}/0.1"
+        (root / key).write_bytes(payload)
+        keys[name] = key
+    cache = 64
+    m = mount(root, "--cache-size", f"{cache}M")
+    pid = daemon_pid(m)
+    arrays = m.path / ".zvfs/arrays"
+    ref = GOOD[:8, :8].astype("<f8")
+    for name in payloads:
+        assert read_errno(arrays / name / "chunks/0.1") == errno.EIO, name
+        assert read_errno(arrays / name / "data.raw") == errno.EIO, name
+        assert (arrays / name / "chunks/1.0").read_bytes() == ref[4:, :4].tobytes()
+    hwm = status_kib(pid, "VmHWM")
+    assert hwm <= (cache + 64) * 1024, f"daemon peak RSS {hwm / 1024:.0f} MiB"
+    assert_good(m, root)
+    for key in keys.values():
+        assert "more than" in assert_one_line(m, key)
+    assert_alive(m, pid)
+
+
+# --------------------------------------------------------------------------- zip
+
+
+def _member_data_offset(path: Path, name: str) -> tuple[zipfile.ZipInfo, int]:
+    with zipfile.ZipFile(path) as zf:
+        zi = zf.getinfo(name)
+    with open(path, "rb") as f:
+        f.seek(zi.header_offset + 26)
+        n, e = int.from_bytes(f.read(2), "little"), int.from_bytes(f.read(2), "little")
+    return zi, zi.header_offset + 30 + n + e
+
+
+def _flip(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x01]))
+
+
+def test_zip_stored_member_with_wrong_crc(tmp_path: Path, mount) -> None:
+    """A stored member whose bytes do not match its CRC-32 was served without error.
+
+    The zip comes from ``zip -0``; one byte of two members is flipped in place.
+    Whole reads (cat, a decoded chunk) and a sequential read in pieces end in EIO.
+    """
+    src = new_store(tmp_path / "src.zarr")
+    v3_array(src, "raw", np.arange(64, dtype="<i8").reshape(8, 8), (4, 4), compressors=None)
+    big = np.random.default_rng(3).integers(0, 255, size=3 * MiB + 123, dtype="u1").tobytes()
+    (src / "blob.bin").write_bytes(big)
+    path = tmp_path / "stored.zip"
+    run([tool("zip"), "-q", "-0", "-r", path, "."], cwd=src, check=True)
+    with zipfile.ZipFile(path) as zf:
+        want = {zi.filename: zf.read(zi) for zi in zf.infolist() if not zi.is_dir()}
+        assert all(zi.compress_type == zipfile.ZIP_STORED for zi in zf.infolist())
+    for key in ("raw/c/0/1", "blob.bin"):
+        zi, off = _member_data_offset(path, key)
+        _flip(path, off + zi.file_size // 2)
+    with zipfile.ZipFile(path) as zf:  # the reference agrees: a bad CRC
+        for key in ("raw/c/0/1", "blob.bin"):
+            with pytest.raises(zipfile.BadZipFile, match="CRC"):
+                zf.read(key)
+    m = mount(path)
+    pid = daemon_pid(m)
+
+    # a sequential reader in pieces (the kernel's own read size) gets EIO at the end
+    with open(m.path / "blob.bin", "rb", buffering=0) as f:
+        with pytest.raises(OSError) as ei:
+            while f.read(256 << 10):
+                pass
+    assert ei.value.errno == errno.EIO
+    assert read_errno(m.path / "blob.bin") == errno.EIO  # and every later read
+    # the decoded view never serves the bad chunk
+    arrays = m.path / ".zvfs/arrays"
+    assert read_errno(arrays / "raw/chunks/0.1") == errno.EIO
+    assert read_errno(arrays / "raw/data.raw") == errno.EIO
+    ref = np.arange(64, dtype="<i8").reshape(8, 8)
+    assert (arrays / "raw/chunks/1.1").read_bytes() == ref[4:, 4:].tobytes()
+    for key, data in want.items():
+        if key not in ("raw/c/0/1", "blob.bin"):
+            assert (m.path / key).read_bytes() == data, key
+    assert_good(m, src)
+    assert "CRC" in assert_one_line(m, "blob.bin")
+    assert "CRC" in assert_one_line(m, "raw/c/0/1")
+    assert_alive(m, pid)
+
+
+def test_zip_deflated_member_read_backwards(tmp_path: Path, mount) -> None:
+    """Reading a deflated member backwards restarted decompression at every read.
+
+    48 MiB read in 1 MiB pieces from the end: at most 4x the member may be
+    inflated (it was about 24x: 1+2+...+48 MiB).
+    """
+    size = 48 * MiB
+    data = np.arange(size // 4, dtype="<u4").tobytes()
+    path = tmp_path / "backwards.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
+        zf.writestr("big", data)
+        zf.writestr("small.txt", b"small\n")
+    m = mount(path, "--cache-size", "16M")
+    pid = daemon_pid(m)
+    fd = os.open(m.path / "big", os.O_RDONLY)
+    try:
+        for off in reversed(range(0, size, MiB)):
+            assert os.pread(fd, MiB, off) == data[off:off + MiB], off
+    finally:
+        os.close(fd)
+    stats = json.loads((m.path / ".zvfs/stats.json").read_text())
+    assert stats["zip_inflated_bytes"] <= 4 * size, stats["zip_inflated_bytes"] / size
+    assert (m.path / "small.txt").read_bytes() == b"small\n"
+    assert_alive(m, pid)
+
+
+def test_truncated_zip(tmp_path: Path, mount) -> None:
+    """A zip cut short cannot be mounted: one clear line naming it, nothing left running.
+
+    A member whose data runs past the end of the archive is EIO, the others read.
+    """
+    src = new_store(tmp_path / "src.zarr")
+    whole = tmp_path / "whole.zip"
+    run([tool("zip"), "-q", "-r", whole, "."], cwd=src, check=True)
+    raw = whole.read_bytes()
+    for cut in (30, len(raw) // 2, len(raw) - 10):
+        p = tmp_path / f"cut{cut}.zip"
+        p.write_bytes(raw[:cut])
+        mp = tmp_path / f"mnt{cut}"
+        mp.mkdir()
+        m = mount(p, mountpoint=mp, check=False)
+        assert m.result.returncode != 0
+        err = m.result.stderr.strip()
+        assert str(p) in err and ("truncated" in err or "not a valid zip" in err), err
+        assert "Traceback" not in err and len(err.splitlines()) == 1, err
+        assert not is_mounted(mp) and not daemon_pids(mp)
+
+    # the last member claims more data than the archive holds (its end was cut off)
+    path = tmp_path / "short-member.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
+        for key, p in sorted((q.relative_to(src).as_posix(), q) for q in src.rglob("*") if q.is_file()):
+            zf.write(p, key)
+        zf.writestr("last.bin", b"L" * 5000)
+    with zipfile.ZipFile(path) as zf:
+        want = {zi.filename: zf.read(zi) for zi in zf.infolist()}
+    raw = bytearray(path.read_bytes())
+    cd = raw.rfind(b"PK\x01\x02")  # central directory entry of last.bin
+    assert raw[cd + 46:cd + 46 + 8] == b"last.bin"
+    raw[cd + 20:cd + 24] = (len(raw)).to_bytes(4, "little")  # compressed size
+    raw[cd + 24:cd + 28] = (len(raw)).to_bytes(4, "little")  # uncompressed size
+    path.write_bytes(bytes(raw))
+    m = mount(path)
+    pid = daemon_pid(m)
+    assert read_errno(m.path / "last.bin") == errno.EIO
+    for key, data in want.items():
+        if key != "last.bin":
+            assert (m.path / key).read_bytes() == data, key
+    assert_good(m, src)
+    assert_one_line(m, "last.bin")
+    assert_alive(m, pid)
+
+
+def test_zip_member_names_never_become_paths(tmp_path: Path, mount) -> None:
+    """Members named ``../x``, ``/abs/x``, ``a/../../x``, ``a//x``: skipped, one line each."""
+    src = new_store(tmp_path / "src.zarr")
+    path = tmp_path / "names.zip"
+    unsafe = ["../evil-up", "../../evil-up2", "/abs/evil-abs", "a/../../evil-mid", "b//evil-empty",
+              "./evil-dot", "c/./evil-dot2", "d/../evil-dotdot"]
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for p in sorted(src.rglob("*")):
+            if p.is_file():
+                zf.write(p, p.relative_to(src).as_posix())
+        for name in unsafe:
+            zi = zipfile.ZipInfo("placeholder")
+            zi.filename = name  # written as is: zipfile only normalises names on extract
+            zi.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(zi, b"must not appear anywhere\n")
+        zf.writestr("ok/safe.txt", b"safe\n")
+    with zipfile.ZipFile(path) as zf:
+        names = [zi.filename for zi in zf.infolist()]
+        assert "../evil-up" in names and "/abs/evil-abs" in names
+    m = mount(path)
+    pid = daemon_pid(m)
+
+    listed = tree_of(m.path)
+    assert not any("evil" in p for p in listed), listed
+    assert "ok/safe.txt" in listed
+    assert not list(tmp_path.rglob("evil*")) and not (m.path.parent / "evil-up").exists()
+    assert stat_errno(m.path / "abs") == errno.ENOENT
+    assert (m.path / "ok/safe.txt").read_bytes() == b"safe\n"
+    assert_good(m, src)
+    for name in unsafe:
+        assert "not a safe path" in assert_one_line(m, repr(name))
+    assert_alive(m, pid)
+
+
+def write_zip_bomb(path: Path, size: int) -> None:
+    """``size`` bytes of zeros as one deflated member, written by zipfile in a second.
+
+    zlib compresses 1 MiB of zeros once; after a full flush its state repeats, so the
+    same compressed block stands for every further MiB (a valid deflate stream that
+    zlib itself would write with Z_FULL_FLUSH every MiB). zipfile computes the CRC-32
+    and sizes from the data written, as for any member.
+    """
+    zeros = bytes(MiB)
+    comp = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    block = comp.compress(zeros) + comp.flush(zlib.Z_FULL_FLUSH)
+    assert comp.compress(zeros) + comp.flush(zlib.Z_FULL_FLUSH) == block
+    end = comp.flush(zlib.Z_FINISH)
+
+    class Repeat:
+        def compress(self, data: bytes) -> bytes:
+            assert data == zeros
+            return block
+
+        def flush(self) -> bytes:
+            return end
+
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        with zf.open("bomb", "w", force_zip64=True) as w:
+            w._compressor = Repeat()  # type: ignore[attr-defined]
+            for _ in range(size // MiB):
+                w.write(zeros)
+        zf.writestr("good.txt", b"still here\n")
+    with zipfile.ZipFile(path) as zf:  # the reference reads the start of it
+        assert zf.getinfo("bomb").file_size == size
+        with zf.open("bomb") as f:
+            assert f.read(3 * MiB) == bytes(3 * MiB)
+
+
+def test_zip_bomb_streams_in_bounded_memory(tmp_path: Path, mount) -> None:
+    """2 GiB of zeros deflated (2 MB on disk), read through the raw tree: right bytes,
+    CRC checked at the end, daemon RSS within the cache size + 64 MiB."""
+    size = 2048 * MiB
+    path = tmp_path / "bomb.zip"
+    write_zip_bomb(path, size)
+    assert path.stat().st_size < 4 * MiB
+    cache = 64
+    m = mount(path, "--cache-size", f"{cache}M")
+    pid = daemon_pid(m)
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], status_kib(pid, "VmRSS"))
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    zeros = bytes(MiB)
+    total = 0
+    try:
+        with open(m.path / "bomb", "rb", buffering=0) as f:
+            while True:
+                b = f.read(MiB)
+                if not b:
+                    break
+                assert b == zeros[: len(b)], total
+                total += len(b)
+    finally:
+        done.set()
+        sampler.join()
+    assert total == size
+    hwm = status_kib(pid, "VmHWM")
+    limit = (cache + 64) * 1024
+    assert max(peak[0], hwm) <= limit, (peak[0], hwm, limit)
+    stats = json.loads((m.path / ".zvfs/stats.json").read_text())
+    assert stats["zip_inflated_bytes"] <= 1.5 * size  # streamed once, not restarted
+    assert (m.path / "good.txt").read_bytes() == b"still here\n"
+    assert_alive(m, pid)
+    print(f"zip bomb: {size >> 20} MiB read, daemon peak RSS {max(peak[0], hwm) / 1024:.1f} MiB "
+          f"(limit {limit / 1024:.0f} MiB), inflated {stats['zip_inflated_bytes'] / size:.3f}x")

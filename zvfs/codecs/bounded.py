@@ -1,0 +1,76 @@
+"""Decompression with a ceiling: a chunk never inflates past what its array can hold.
+
+A few KiB of deflate or zstd can stand for gigabytes of zeros. The plain
+decoders (``zlib.decompress``, ``gzip.decompress``, numcodecs' zstd) produce
+all of it before anyone can check the size, so one hostile chunk could take
+the daemon's memory. Here deflate and gzip are decompressed in one bounded
+call, and a zstd frame's declared content size is checked before decoding (a
+frame without one, which zarr-python never writes, cannot be bounded and is
+decoded as before).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from .errors import CodecError
+
+ZLIB, GZIP = zlib.MAX_WBITS, 16 + zlib.MAX_WBITS
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def ceiling(nbytes: int) -> int:
+    """Most bytes a compressor may yield for a chunk whose array bytes are ``nbytes``:
+    room for filters that widen data (astype, packbits) and for checksums."""
+    return nbytes * 8 + (1 << 20)
+
+
+def inflate(data: bytes | memoryview, wbits: int, limit: int | None, name: str) -> bytes:
+    """zlib (``ZLIB``) or gzip (``GZIP``, concatenated members too) data, at most ``limit`` bytes.
+
+    Like ``zlib.decompress``/``gzip.decompress``: the stream's checksum is verified,
+    and an unfinished stream is an error.
+    """
+    rest = bytes(data)
+    parts: list[bytes] = []
+    total = 0
+    while True:
+        d = zlib.decompressobj(wbits)
+        try:
+            out = d.decompress(rest, 0 if limit is None else limit - total + 1)
+        except zlib.error as exc:
+            raise CodecError(f"{name}: {exc}") from exc
+        total += len(out)
+        if limit is not None and total > limit:
+            raise CodecError(f"{name}: decompresses to more than {limit} bytes; not a chunk of this array")
+        if not d.eof:
+            raise CodecError(f"{name}: compressed stream is truncated")
+        parts.append(out)
+        rest = d.unused_data
+        if wbits != GZIP or not rest.strip(b"\0"):
+            break  # zlib ignores trailing bytes; gzip allows zero padding after the last member
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def zstd_content_size(data: bytes | memoryview) -> int | None:
+    """The decompressed size a zstd frame header declares, or None if it declares none."""
+    head = bytes(data[:18])
+    if len(head) < 5 or head[:4] != _ZSTD_MAGIC:
+        return None
+    fhd = head[4]
+    single = (fhd >> 5) & 1
+    size = (single, 2, 4, 8)[fhd >> 6]
+    if size == 0:
+        return None
+    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3]
+    if len(head) < pos + size:
+        return None
+    value = int.from_bytes(head[pos:pos + size], "little")
+    return value + 256 if size == 2 else value
+
+
+def check_zstd(data: bytes | memoryview, limit: int | None, name: str) -> None:
+    """Refuse a zstd frame that declares more than ``limit`` bytes."""
+    declared = zstd_content_size(data)
+    if limit is not None and declared is not None and declared > limit:
+        raise CodecError(f"{name}: frame declares {declared} bytes, more than {limit}; not a chunk of this array")
