@@ -17,6 +17,7 @@ from zvfs import formats
 from zvfs.formats.meta import ArrayMeta
 from zvfs.views.arrays import DecodedArray, array_files
 from zvfs.views.context import MountContext
+from zvfs.views.netcdf import group_file_names, group_members, netcdf_file
 from zvfs.views.node import DirNode, Node, StaticDir
 from zvfs.views.root import MountRoot
 from zvfs.views.v2mirror import consistent_dimensions, mirror_array_dir, mirror_group_files
@@ -32,6 +33,8 @@ class Decoded:
 
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> attributes
     arrays: dict[str, DecodedArray] = field(default_factory=dict)
+    #: path -> NCZarr attribute types of that group (name -> dtype string)
+    group_types: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 class LazyDir(DirNode):
@@ -59,6 +62,9 @@ def _discover(ctx: MountContext) -> Decoded:
     out = Decoded()
     for path, attrs in hierarchy.groups.items():
         out.groups[path] = dict(attrs)
+    for path, group in hierarchy.group_meta.items():
+        if group.attribute_types:
+            out.group_types[path] = dict(group.attribute_types)
     for prefix, error in hierarchy.errors.items():
         ctx.warn_once(f"discover-error {prefix}", f"discovery below {prefix or '/'}: {error}")
     for path, meta in hierarchy.arrays.items():
@@ -122,6 +128,21 @@ async def build_v2_dir(ctx: MountContext) -> DirNode:
     return root
 
 
+async def build_netcdf_dir(ctx: MountContext) -> DirNode:
+    """One classic netCDF file per group (see views.netcdf for the naming)."""
+    d = await decoded(ctx)
+    mtime = ctx.mount_time
+    root = StaticDir(mtime=mtime)
+    members = group_members(sorted(d.groups), sorted(d.arrays))
+    names = group_file_names(sorted(members))
+    for group, variables in sorted(members.items()):
+        parent, name = names[group]
+        arrays = {v: d.arrays[p] for v, p in variables.items()}
+        node = netcdf_file(d.groups.get(group, {}), arrays, mtime, d.group_types.get(group))
+        _place(root, parent, mtime).entries[name] = node
+    return root
+
+
 def _groups_everywhere(node: StaticDir, mtime: float) -> None:
     """Give every directory of the mirror that is not an array a .zgroup (v2 needs one)."""
     if ".zgroup" not in node.entries:
@@ -137,6 +158,7 @@ def attach_decoded_views(ctx: MountContext, root: MountRoot) -> None:
     entries = root.control.entries
     entries["arrays"] = LazyDir(ctx, "arrays", lambda: build_arrays_dir(ctx))
     entries["v2"] = LazyDir(ctx, "v2", lambda: build_v2_dir(ctx))
+    entries["netcdf"] = LazyDir(ctx, "netcdf", lambda: build_netcdf_dir(ctx))
     entries["vectors"] = LazyDir(ctx, "vectors", lambda: _vectors_or_empty(ctx, build_vectors_dir))
 
 

@@ -87,18 +87,36 @@ def dimension_names(meta: ArrayMeta) -> list[str] | None:
     return None
 
 
-def consistent_dimensions(metas: dict[str, ArrayMeta]) -> dict[str, list[str] | None]:
+def generated_dimension_names(meta: ArrayMeta) -> list[str]:
+    """Names for every dimension: the source's where it has one, else ``dim<i>_<size>``.
+
+    Stable (they depend on the shape only), and shared by arrays of one shape.
+    """
+    given = list(meta.dimension_names or ()) + [None] * meta.ndim
+    return [
+        n if isinstance(n, str) and n else f"dim{i}_{size}"
+        for i, (n, size) in enumerate(zip(given, meta.shape, strict=False))
+    ]
+
+
+def consistent_dimensions(
+    metas: dict[str, ArrayMeta], generate: bool = False
+) -> dict[str, list[str] | None]:
     """path -> ``_ARRAY_DIMENSIONS`` with one size per name across the whole mirror.
 
     netCDF-C resolves a name in the variable's group and then its ancestors, so a
     name used with two sizes anywhere is ambiguous. The first size seen (by path)
     keeps the plain name; a use with another size is renamed ``<name>_<size>``.
+    With ``generate`` (the netCDF files), unnamed dimensions get
+    :func:`generated_dimension_names` instead of None.
     """
     sizes: dict[str, int] = {}
     out: dict[str, list[str] | None] = {}
     for path in sorted(metas):
         meta = metas[path]
         names = dimension_names(meta)
+        if names is None and generate:
+            names = generated_dimension_names(meta)
         if names is None:
             out[path] = None
             continue
