@@ -57,9 +57,13 @@ NC_DTYPE = {
 CDF2_VAR_LIMIT = 2**32 - 4
 #: CDF-1 offsets are signed 32-bit
 CDF1_FILE_LIMIT = 2**31 - 1
-#: each variable's data begins at a multiple of this (8 keeps every element aligned)
-VAR_ALIGN = 8
+#: each variable's data begins on its own page: a corrupt chunk's EIO (which fails
+#: the kernel's whole page read) then never spills onto the header or another
+#: variable, and every element is aligned. The gaps hold zeros; begins are explicit.
+VAR_ALIGN = 4096
 LEFT_OUT_ATTR = "zvfs_left_out"
+#: netCDF-4 bookkeeping NCZarr keeps in .zattrs; a classic file has no such thing
+NC4_RESERVED = ("_NCProperties", "_IsNetcdf4", "_SuperblockVersion")
 ROOT_FILE = "root.nc"
 ROOT_ARRAY_NAME = "data"
 
@@ -260,8 +264,8 @@ class NcLayout:
 
 
 def _fill_attr(vattrs: VarAttributes, vtype: VarType, meta: ArrayMeta) -> NcAttr | None:
-    if vattrs.fill is None or vtype.nc_type == NC_CHAR:
-        return None
+    if vattrs.fill is None or vtype.nc_type == NC_CHAR or meta.dtype.kind == "b":
+        return None  # False is data, not "missing", in a bool array
     fill = vattrs.fill
     if meta.dtype.kind in "mM":
         fill = fill.astype("i8")
@@ -330,7 +334,11 @@ def build_layout(
         for d in v.dims:
             dim_order.setdefault(d, dim_sizes[d])
 
-    gattrs = [a for k, t in translate(group_attrs, group_types).items() if (a := typed_attr(nc_name(k), t, cdf5))]
+    gattrs = [
+        a
+        for k, t in translate(group_attrs, group_types).items()
+        if k not in NC4_RESERVED and (a := typed_attr(nc_name(k), t, cdf5))
+    ]
     if left_out:
         gattrs.append(text_attr(LEFT_OUT_ATTR, "".join(f"{n}: {r}\n" for n, r in sorted(left_out.items()))))
 
