@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from zvfs.formats.meta import ArrayMeta, json_scalar
+from zvfs.formats.meta import ArrayMeta
 from zvfs.formats.nczarr import attribute_types
 
 #: strict-JSON spellings of non-finite floats (meta.strict_json writes these)
@@ -37,7 +37,8 @@ VALUE_TYPED = ("_FillValue", "missing_value", "valid_min", "valid_max", "valid_r
 
 @dataclass(slots=True)
 class Typed:
-    """One attribute: ``text`` (a string), ``values`` (1-d numbers with a dtype), or raw ``json``."""
+    """One attribute: ``text`` (a string) or ``values`` (1-d numbers with a dtype), and always
+    the source's ``json`` value (what a JSON reader must keep seeing, e.g. in the mirror)."""
 
     text: str | None = None
     values: np.ndarray | None = None
@@ -87,10 +88,10 @@ def _numbers(value: Any, dtype: np.dtype | None = None) -> np.ndarray | None:
     return np.array(out, dtype="f8")
 
 
-def translate_value(value: Any, type_str: str | None = None) -> Typed | None:
-    """One JSON attribute value, typed by NCZarr's ``type_str`` when given; None for null."""
+def translate_value(value: Any, type_str: str | None = None) -> Typed:
+    """One JSON attribute value, typed by NCZarr's ``type_str`` when given."""
     if value is None:
-        return None
+        return Typed(json=None)
     dtype = None
     if isinstance(type_str, str):
         try:
@@ -98,27 +99,25 @@ def translate_value(value: Any, type_str: str | None = None) -> Typed | None:
         except TypeError:
             dtype = None
     if isinstance(value, str) and not (dtype is not None and dtype.kind in "iuf" and value in NONFINITE):
-        return Typed(text=value)
+        return Typed(text=value, json=value)
     if dtype is not None and dtype.kind in "SU" and isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return Typed(text="".join(value))  # NCZarr char attributes may be split into characters
+        return Typed(text="".join(value), json=value)  # NCZarr char attributes may be split into characters
     if dtype is not None and dtype.kind not in "biuf":
         dtype = None
     nums = _numbers(value, dtype.newbyteorder("=") if dtype is not None else None)
     if nums is not None:
-        return Typed(values=nums, is_list=isinstance(value, list))
+        return Typed(values=nums, json=value, is_list=isinstance(value, list))
     return Typed(json=value)
 
 
 def translate(attrs: dict[str, Any], types: dict[str, str] | None = None) -> dict[str, Typed]:
-    """Every attribute but NCZarr's bookkeeping, typed; null values are dropped."""
+    """Every attribute but NCZarr's bookkeeping and ``_ARRAY_DIMENSIONS``, typed."""
     types = {**attribute_types(attrs), **(types or {})}
     out: dict[str, Typed] = {}
     for name, value in attrs.items():
         if name.lower().startswith("_nczarr") or name == "_ARRAY_DIMENSIONS":
             continue
-        typed = translate_value(value, types.get(name))
-        if typed is not None:
-            out[name] = typed
+        out[name] = translate_value(value, types.get(name))
     return out
 
 
@@ -171,6 +170,15 @@ def array_attributes(meta: ArrayMeta) -> VarAttributes:
     """
     source = meta.source if isinstance(meta.source, dict) else {}
     attrs = translate(meta.attributes, source.get("nczarr_attr_types"))
+    for name in VALUE_TYPED[1:]:  # CF: these have the variable's type (when that keeps the values)
+        typed = attrs.get(name)
+        if typed is not None and typed.values is not None and meta.dtype.kind in "iuf":
+            try:
+                conv = typed.values.astype(meta.dtype.newbyteorder("="))
+            except (OverflowError, ValueError, TypeError):
+                continue
+            if np.array_equal(conv.astype(typed.values.dtype), typed.values, equal_nan=meta.dtype.kind == "f"):
+                typed.values = conv
     typed_fill = attrs.pop("_FillValue", None)
     fill = _as_fill(typed_fill, meta.dtype) if typed_fill is not None else None
     if fill is None and typed_fill is None:
@@ -182,14 +190,22 @@ def array_attributes(meta: ArrayMeta) -> VarAttributes:
 
 
 def json_value(typed: Typed) -> Any:
-    """A typed attribute back as strict JSON (what a v2 ``.zattrs`` holds)."""
-    if typed.text is not None:
-        return typed.text
-    if typed.values is not None:
-        items = [json_scalar(v) for v in typed.values.tolist()]
-        return items if typed.is_list else items[0]
+    """A translated attribute as a v2 ``.zattrs`` holds it: the source's JSON, unchanged."""
     return typed.json
 
 
 def json_attributes(attrs: dict[str, Typed]) -> dict[str, Any]:
     return {name: json_value(t) for name, t in attrs.items()}
+
+
+def nczarr_type(typed: Typed) -> str | None:
+    """NCZarr's type string for an attribute ("<f4", "<U1" for text), or None (left to inference).
+
+    netCDF-C 4.9 reads these types from ``_NCZARR_ATTR`` even in pure-Zarr mode, so the
+    mirror keeps a float a float and a ``_FillValue`` the variable's type.
+    """
+    if typed.text is not None:
+        return "<U1"
+    if typed.values is not None:
+        return typed.values.dtype.newbyteorder("<").str
+    return None

@@ -20,7 +20,12 @@ from zvfs.views.context import MountContext
 from zvfs.views.netcdf import group_file_names, group_members, netcdf_file
 from zvfs.views.node import DirNode, Node, StaticDir
 from zvfs.views.root import MountRoot
-from zvfs.views.v2mirror import consistent_dimensions, mirror_array_dir, mirror_group_files
+from zvfs.views.v2mirror import (
+    consistent_dimensions,
+    consolidated_metadata,
+    mirror_array_dir,
+    mirror_group_files,
+)
 from zvfs.views.vectors import build_vectors_dir
 from zvfs.workers import run_blocking
 
@@ -115,7 +120,7 @@ async def build_v2_dir(ctx: MountContext) -> DirNode:
     mtime = ctx.mount_time
     root = StaticDir(mtime=mtime)
     for path, attrs in sorted(d.groups.items()):
-        _place(root, path, mtime).entries.update(mirror_group_files(attrs, mtime))
+        _place(root, path, mtime).entries.update(mirror_group_files(attrs, mtime, d.group_types.get(path)))
     arrays = {p: a for p, a in d.arrays.items() if a.readable and not a.meta.error}
     dims = consistent_dimensions({p: a.meta for p, a in arrays.items()})
     for path, array in sorted(arrays.items()):
@@ -125,6 +130,7 @@ async def build_v2_dir(ctx: MountContext) -> DirNode:
             root_files = {k: v for k, v in root.entries.items() if k not in (".zgroup", ".zattrs")}
             return mirror_array_dir(array, root_files, dims[path])
     _groups_everywhere(root, mtime)
+    root.entries[".zmetadata"] = await consolidated_metadata(root)
     return root
 
 

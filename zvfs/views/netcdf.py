@@ -219,6 +219,8 @@ def typed_attr(name: str, typed: Typed, cdf5: bool, served: VarType | None = Non
     if typed.text is not None:
         return text_attr(name, typed.text)
     if typed.values is None:
+        if typed.json is None:
+            return None  # null has no netCDF form
         return text_attr(name, json.dumps(typed.json, allow_nan=False))
     values = typed.values
     if served is not None and name in VALUE_TYPED and served.nc_type != NC_CHAR:
