@@ -506,3 +506,57 @@ def test_big_variable_slabs(mount, big_store: Path) -> None:
             for t, y, x in slabs:
                 sel = (slice(t, min(t + 5, BIG_SHAPE[0])), slice(y, y + 40), slice(x, x + 33))
                 assert np.array_equal(var[sel], ref[sel]), (name, sel)
+
+
+# --------------------------------------------------------------------------- the v2 mirror tells the same truth
+
+
+def _mirror(ncm: NcMount, store: str) -> Path:
+    return ncm.mnt.path / ".zvfs" / "v2" / "cf" / store
+
+
+@pytest.mark.parametrize("store", CF_STORES)
+def test_mirror_xarray_identical(ncm: NcMount, nc_corpus: Path, store: str) -> None:
+    """xarray.open_zarr of the mirror is identical() to xarray.open_zarr of the source, and warns nothing
+    (the mirror has consolidated metadata in every group)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        source = xr.open_zarr(nc_corpus / "cf" / store).load()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mirror = xr.open_zarr(_mirror(ncm, store)).load()
+    assert [str(w.message) for w in caught] == []
+    xr.testing.assert_identical(mirror, source)
+    assert mirror["time"].values[0] == np.datetime64("2000-01-01")  # not NaT
+    assert int(np.isnan(mirror["temp"].values).sum()) == int(np.isnan(source["temp"].values).sum()) == 24
+
+
+@pytest.mark.parametrize("store", CF_STORES)
+def test_mirror_netcdf_c(ncm: NcMount, store: str, tmp_path: Path) -> None:
+    """nccopy from the mirror succeeds; ncdump prints the values and _FillValue of ncdump of ncgen's cf.nc;
+    the copy equals cf.nc variable by variable."""
+    url = f"file://{_mirror(ncm, store)}#mode=zarr,file"
+    out = tmp_path / "copy.nc"
+    res = run([tool("nccopy"), url, str(out)])
+    assert res.returncode == 0, res.stderr
+    want = run([tool("ncdump"), str(FIXTURES / "cf" / "cf.nc")], check=True).stdout
+    got = run([tool("ncdump"), url], check=True).stdout
+    assert parse_ncdump(got) == parse_ncdump(want)
+    fills = re.compile(r"^\s*(\w+):_FillValue = (.*) ;$", re.M)
+    got_fills = dict(fills.findall(got))
+    for name, value in fills.findall(want):
+        assert got_fills.get(name) == value, (name, got_fills.get(name), value)
+    assert parse_ncdump(run([tool("ncdump"), str(out)], check=True).stdout) == parse_ncdump(want)
+
+
+@pytest.mark.parametrize("store", CF_STORES)
+def test_mirror_gdal_nodata(ncm: NcMount, store: str) -> None:
+    """GDAL's Zarr driver on the mirror reports the NoData and statistics GDAL's netCDF driver gives cf.nc."""
+    def stats(target: str) -> tuple[list[str], list[str]]:
+        out = run([tool("gdalinfo"), "-stats", target], check=True).stdout
+        return re.findall(r"NoData Value=(\S+)", out), re.findall(r"Minimum=\S+, Maximum=\S+", out)
+
+    want = stats(f'NETCDF:"{FIXTURES / "cf" / "cf.nc"}":temp')
+    got = stats(f'ZARR:"{_mirror(ncm, store)}":/temp:0')
+    assert want[0][0] == "-999"
+    assert got[0][0] == want[0][0] and got[1][0] == want[1][0]

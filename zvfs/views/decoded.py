@@ -22,7 +22,7 @@ from zvfs.views.node import DirNode, Node, StaticDir
 from zvfs.views.root import MountRoot
 from zvfs.views.v2mirror import (
     consistent_dimensions,
-    consolidated_metadata,
+    consolidate,
     mirror_array_dir,
     mirror_group_files,
 )
@@ -130,7 +130,7 @@ async def build_v2_dir(ctx: MountContext) -> DirNode:
             root_files = {k: v for k, v in root.entries.items() if k not in (".zgroup", ".zattrs")}
             return mirror_array_dir(array, root_files, dims[path])
     _groups_everywhere(root, mtime)
-    root.entries[".zmetadata"] = await consolidated_metadata(root)
+    await consolidate(root)
     return root
 
 

@@ -195,22 +195,23 @@ def group_zattrs(attrs: dict[str, Typed]) -> dict[str, Any]:
     return doc
 
 
-async def consolidated_metadata(root: Node) -> BytesFile:
-    """``.zmetadata`` for the mirror below ``root``: every .zgroup/.zattrs/.zarray it serves.
+async def consolidate(node: Node) -> dict[str, Any]:
+    """Give every group directory below ``node`` a ``.zmetadata``; return ``node``'s documents.
 
-    Written so ``xarray.open_zarr`` (consolidated by default) opens the mirror without a
-    warning; it is built from the mirror's own files, so it cannot disagree with them.
+    Each group's ``.zmetadata`` holds every .zgroup/.zattrs/.zarray below it (keys
+    relative to it), so ``xarray.open_zarr`` (consolidated by default) opens the
+    mirror or any group of it without a warning. It is built from the mirror's own
+    files, so it cannot disagree with them.
     """
+    entries = node.entries if isinstance(node, StaticDir) else getattr(node, "extra", {})
     docs: dict[str, Any] = {}
-
-    async def walk(node: Node, prefix: str) -> None:
-        entries = node.entries if isinstance(node, StaticDir) else getattr(node, "extra", {})
-        for name, child in sorted(entries.items()):
-            key = f"{prefix}{name}"
-            if name in (".zgroup", ".zattrs", ".zarray") and isinstance(child, BytesFile):
-                docs[key] = json.loads(await child.read(0, child.size))
-            elif isinstance(child, StaticDir | ChunkGridDir):
-                await walk(child, key + "/")
-
-    await walk(root, "")
-    return BytesFile(_dumps({"zarr_consolidated_format": 1, "metadata": docs}), getattr(root, "mtime", 0.0))
+    for name, child in sorted(entries.items()):
+        if name in (".zgroup", ".zattrs", ".zarray") and isinstance(child, BytesFile):
+            docs[name] = json.loads(await child.read(0, child.size))
+        elif isinstance(child, StaticDir | ChunkGridDir):
+            for key, doc in (await consolidate(child)).items():
+                docs[f"{name}/{key}"] = doc
+    if isinstance(node, StaticDir) and ".zgroup" in docs:
+        doc = {"zarr_consolidated_format": 1, "metadata": docs}
+        node.entries[".zmetadata"] = BytesFile(_dumps(doc), node.mtime)
+    return docs
