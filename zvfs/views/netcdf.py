@@ -40,6 +40,7 @@ from zvfs.views.arrays import DecodedArray
 from zvfs.views.cfattrs import VALUE_TYPED, Typed, VarAttributes, array_attributes, translate
 from zvfs.views.node import FileNode
 from zvfs.views.v2mirror import consistent_dimensions
+from zvfs.workers import gather
 
 NC_BYTE, NC_CHAR, NC_SHORT, NC_INT, NC_FLOAT, NC_DOUBLE = 1, 2, 3, 4, 5, 6
 NC_UBYTE, NC_USHORT, NC_UINT, NC_INT64, NC_UINT64 = 7, 8, 9, 10, 11
@@ -442,33 +443,42 @@ class NetcdfFile(FileNode):
         return self.layout.size
 
     async def read(self, offset: int, length: int) -> bytes:
+        """Header bytes, then each touched variable's slice (all variables fetched at once), zeros between."""
         end = min(offset + length, self.layout.size)
         if offset >= end:
             return b""
-        parts: list[bytes] = []
-        pos = offset
         header = self.layout.header
+        pieces: list[tuple[int, int, NcVar | None]] = []  # (start, stop, variable or None for zeros)
+        pos = offset
         if pos < len(header):
-            parts.append(header[pos:end])
+            pieces.append((pos, min(end, len(header)), None))
             pos = min(end, len(header))
         for var in self.layout.variables:
+            stop = var.begin + var.vsize
             if pos >= end:
                 break
-            stop = var.begin + var.vsize
             if stop <= pos:
                 continue
-            if pos < var.begin:  # alignment gap before this variable
-                gap = min(var.begin, end) - pos
-                parts.append(b"\0" * gap)
-                pos += gap
+            if pos < var.begin:
+                pieces.append((pos, min(var.begin, end), None))
+                pos = min(var.begin, end)
                 if pos >= end:
                     break
-            want = min(end, stop) - pos
-            data = await read_var(var, pos - var.begin, want)
-            parts.append(data + b"\0" * (want - len(data)))  # the padding to 4 bytes
-            pos += want
+            pieces.append((pos, min(end, stop), var))
+            pos = min(end, stop)
         if pos < end:
-            parts.append(b"\0" * (end - pos))
+            pieces.append((pos, end, None))
+
+        async def one(i: int) -> bytes:
+            start, stop, var = pieces[i]
+            if var is None:
+                return header[start:stop] if start < len(header) else b"\0" * (stop - start)
+            data = await read_var(var, start - var.begin, stop - start)
+            return data + b"\0" * (stop - start - len(data))  # the padding to 4 bytes
+
+        wanted = [i for i, p in enumerate(pieces) if p[2] is not None]
+        fetched = await gather(wanted, one) if wanted else {}
+        parts = [fetched[i] if i in fetched else await one(i) for i in range(len(pieces))]
         return b"".join(parts)
 
 
