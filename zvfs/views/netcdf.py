@@ -408,12 +408,13 @@ def _assemble(version: int, dims: dict[str, int], gattrs: list[NcAttr], variable
 # -- the file node -------------------------------------------------------------------
 
 
-async def read_var(var: NcVar, offset: int, length: int) -> bytes:
+async def read_var(var: NcVar, offset: int, length: int) -> bytes | memoryview:
     """Bytes [offset, offset+length) of one variable's data as served (big-endian, netCDF type).
 
     The range is widened to whole elements, read from the array in its own
     dtype through the decoded-chunk cache (``read_bytes``: read-ahead included),
-    converted, and cut back.
+    converted in one numpy pass (none when the bytes already are the served
+    ones), and cut back without another copy.
     """
     meta = var.array.meta
     out_size = var.vtype.served.itemsize
@@ -423,12 +424,17 @@ async def read_var(var: NcVar, offset: int, length: int) -> bytes:
     first, last = offset // out_size, -(-end // out_size)
     src_size = meta.dtype.itemsize
     raw = await var.array.read_bytes(first * src_size, (last - first) * src_size)
-    values = np.frombuffer(raw, dtype=meta.dtype)
-    if meta.dtype.kind in "mM":
-        values = values.view(values.dtype.byteorder + "i8")
-    served = values.astype(var.vtype.served, copy=False).tobytes()
+    src = meta.dtype
+    if src.kind in "mM":
+        src = np.dtype(src.byteorder + "i8")
+    if src.kind != "b" and src.str == var.vtype.served.str or src.itemsize == 1 and src.kind in "iu":
+        served: bytes | memoryview = raw  # already big-endian (or single bytes): as stored
+    else:
+        served = memoryview(np.frombuffer(raw, dtype=src).astype(var.vtype.served)).cast("B")
     skip = offset - first * out_size
-    return served[skip : skip + (end - offset)]
+    if skip == 0 and len(served) == end - offset:
+        return served
+    return memoryview(served)[skip : skip + (end - offset)]
 
 
 class NetcdfFile(FileNode):
@@ -442,7 +448,7 @@ class NetcdfFile(FileNode):
     def size(self) -> int:
         return self.layout.size
 
-    async def read(self, offset: int, length: int) -> bytes:
+    async def read(self, offset: int, length: int) -> bytes | memoryview:
         """Header bytes, then each touched variable's slice (all variables fetched at once), zeros between."""
         end = min(offset + length, self.layout.size)
         if offset >= end:
@@ -469,13 +475,17 @@ class NetcdfFile(FileNode):
         if pos < end:
             pieces.append((pos, end, None))
 
-        async def one(i: int) -> bytes:
+        async def one(i: int) -> bytes | memoryview:
             start, stop, var = pieces[i]
             if var is None:
                 return header[start:stop] if start < len(header) else b"\0" * (stop - start)
             data = await read_var(var, start - var.begin, stop - start)
-            return data + b"\0" * (stop - start - len(data))  # the padding to 4 bytes
+            if len(data) < stop - start:  # the padding to 4 bytes
+                return bytes(data) + b"\0" * (stop - start - len(data))
+            return data
 
+        if len(pieces) == 1:  # a read inside one variable (streaming): no join, no copy
+            return await one(0)
         wanted = [i for i, p in enumerate(pieces) if p[2] is not None]
         fetched = await gather(wanted, one) if wanted else {}
         parts = [fetched[i] if i in fetched else await one(i) for i in range(len(pieces))]
