@@ -327,10 +327,6 @@ def build_layout(
             taken.add(vname)
             nbytes = meta.size * vtype.served.itemsize
             variables.append(NcVar(vname, array, vtype, dims, nc_attrs, nbytes))
-    if any(0 in a.array.meta.shape for a in variables):
-        for v in [v for v in variables if 0 in v.array.meta.shape]:
-            left_out[v.name] = "zero-length dimension: classic netCDF reads it as the unlimited one"
-            variables.remove(v)
     # dimensions in order of first use by the remaining variables
     dim_order: dict[str, int] = {}
     for v in variables:
@@ -365,6 +361,8 @@ def _unusable(array: DecodedArray) -> str | None:
         return f"variable-length elements ({meta.vlen}): classic netCDF has no string type"
     if not array.readable:
         return "shape unknown"
+    if 0 in meta.shape:
+        return "zero-length dimension: classic netCDF reads it as the unlimited one"
     return None
 
 
