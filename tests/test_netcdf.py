@@ -565,3 +565,38 @@ def test_mirror_gdal_nodata(ncm: NcMount, store: str) -> None:
     got = stats(f'ZARR:"{_mirror(ncm, store)}":/temp:0')
     assert want[0][0] == "-999"
     assert got[0][0] == want[0][0] and got[1][0] == want[1][0]
+
+
+def test_mirror_awkward_attributes(mount, tmp_path: Path) -> None:
+    """Attributes netCDF-C 4.9 chokes on (null, bools, objects, 64-bit ints) leave the mirror openable:
+    nccopy copies it, and the copy's attributes are zarr-python's (null left out, objects as JSON)."""
+    store = tmp_path / "awkward.zarr"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        g = zarr.open_group(str(store), mode="w", zarr_format=2)
+        a = g.create_array("a", shape=(4,), chunks=(2,), dtype="f4", fill_value=-1.5)
+        a[:] = np.arange(4)
+        a.attrs.update({"_ARRAY_DIMENSIONS": ["x"], "flag": True, "flags": [True, False],
+                        "big": 2**40, "text": "t", "f": 0.1, "nested": {"k": [1, 2]}, "none": None})
+        g.attrs.update({"b": False, "n": None, "title": "awkward"})
+        want_var = dict(zarr.open_array(str(store), path="a", mode="r").attrs)
+        want_group = dict(zarr.open_group(str(store), mode="r").attrs)
+    m = mount(store)
+    out = tmp_path / "copy.nc"
+    res = run([tool("nccopy"), f"file://{m.path}/.zvfs/v2#mode=zarr,file", str(out)])
+    assert res.returncode == 0, res.stderr
+    with netCDF4.Dataset(out) as ds:
+        for want, got in ((want_var, {k: ds["a"].getncattr(k) for k in ds["a"].ncattrs()}),
+                          (want_group, {k: ds.getncattr(k) for k in ds.ncattrs()})):
+            for name, value in want.items():
+                if name == "_ARRAY_DIMENSIONS":
+                    continue
+                if value is None:
+                    assert name not in got
+                elif isinstance(value, dict):
+                    assert json.loads(got[name]) == value
+                elif isinstance(value, str):
+                    assert got[name] == value
+                else:
+                    assert np.array_equal(np.atleast_1d(got[name]), np.atleast_1d(np.array(value).astype(np.asarray(got[name]).dtype)))
+        assert ds["a"].getncattr("_FillValue") == np.float32(zarr.open_array(str(store), path="a", mode="r").fill_value)

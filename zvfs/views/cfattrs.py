@@ -195,7 +195,9 @@ def json_value(typed: Typed) -> Any:
 
 
 def json_attributes(attrs: dict[str, Typed]) -> dict[str, Any]:
-    return {name: json_value(t) for name, t in attrs.items()}
+    """The attributes for a v2 ``.zattrs``; null ones are left out (netCDF-C 4.9 cannot open a
+    store that has one, and null has no netCDF form)."""
+    return {name: json_value(t) for name, t in attrs.items() if t.json is not None}
 
 
 def nczarr_type(typed: Typed) -> str | None:
