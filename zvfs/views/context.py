@@ -29,6 +29,9 @@ class MountContext:
     cache_size: int = 512 << 20
     decoded: str = "hidden"  # hidden | visible | off
     mount_time: float = field(default_factory=time.time)
+    #: what the user mounted and with which options (stats.json and zvfs status show them)
+    source: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
     counters: Counters = counters
     listings: Cache = field(init=False)
     chunks: Cache = field(init=False)
