@@ -167,22 +167,6 @@ def _open_source(source: str, opts: dict[str, Any]):  # type: ignore[no-untyped-
         raise CliError(str(exc)) from None
 
 
-def _zarr_warning(store: Any, description: str) -> str | None:
-    """One line when the store holds no Zarr metadata at all (plain files still mount)."""
-    from zvfs.formats.probe import has_zarr_metadata
-    from zvfs.stores.base import StoreError
-
-    try:
-        found = has_zarr_metadata(store)
-    except StoreError as exc:  # listing fails later too, with its own message; not worth a refusal
-        log.debug("could not look for Zarr metadata: %s", exc)
-        return None
-    if found is False:
-        return (f"{description} holds no Zarr metadata (zarr.json, .zarray, .zgroup); "
-                "mounting its plain files, and .zvfs/ will have no arrays")
-    return None
-
-
 class _Reporter:
     """Says how the mount went: to the waiting parent through the ready pipe, or on stderr."""
 
@@ -204,6 +188,23 @@ class _Reporter:
         return exc.code
 
 
+def _scan(store: Any, description: str, report: _Reporter) -> Any:
+    """Look at the store's key names once: warn when it holds no Zarr metadata at all (its
+    plain files still mount), and learn the metadata mtimes the decoded views show."""
+    from zvfs.formats.probe import MetadataScan, scan_metadata
+    from zvfs.stores.base import StoreError
+
+    try:
+        scan = scan_metadata(store)
+    except StoreError as exc:  # listing fails later too, with its own message; not worth a refusal
+        log.debug("could not look for Zarr metadata: %s", exc)
+        return MetadataScan(found=None)
+    if scan.found is False:
+        report.warn(f"{description} holds no Zarr metadata (zarr.json, .zarray, .zgroup); "
+                    "mounting its plain files, and .zvfs/ will have no arrays")
+    return scan
+
+
 def _mount_foreground(args: argparse.Namespace, opts: dict[str, Any]) -> int:
     daemon = args.ready_fd is not None
     report = _Reporter(args.ready_fd)
@@ -215,13 +216,11 @@ def _mount_foreground(args: argparse.Namespace, opts: dict[str, Any]) -> int:
         store, description = _open_source(args.source, opts)
     except CliError as exc:
         return report.fail(exc)
-    warning = _zarr_warning(store, description)
-    if warning:
-        report.warn(warning)
+    scan = _scan(store, description, report)
     from zvfs.daemon import serve
 
     try:
-        serve(store, mountpoint, description, opts, ready_fd=args.ready_fd)
+        serve(store, mountpoint, description, opts, ready_fd=args.ready_fd, metadata_mtimes=scan.mtimes)
     except Exception as exc:  # noqa: BLE001 - whatever it is, the user gets one line, not a traceback
         log.debug("mount failed", exc_info=True)
         return report.fail(CliError(f"cannot mount {args.source} at {mountpoint}: {exc}", EXIT_FAIL))
@@ -253,7 +252,7 @@ def _mount_daemon(args: argparse.Namespace, opts: dict[str, Any]) -> int:
                                 pass_fds=(write_fd,), start_new_session=True, cwd="/")
     os.close(write_fd)
     try:
-        return _await_ready(proc, read_fd, mountpoint)
+        return _await_ready(proc, read_fd, mountpoint, tell_log=not opts["log_file"])
     finally:
         os.close(read_fd)
 
@@ -279,7 +278,7 @@ def _ready_lines(proc: subprocess.Popen[bytes], read_fd: int) -> Iterator[str]:
             buf += chunk
 
 
-def _await_ready(proc: subprocess.Popen[bytes], read_fd: int, mountpoint: str) -> int:
+def _await_ready(proc: subprocess.Popen[bytes], read_fd: int, mountpoint: str, tell_log: bool) -> int:
     log_where = ""
     for line in _ready_lines(proc, read_fd):
         kind, _, rest = line.partition(" ")
@@ -288,7 +287,7 @@ def _await_ready(proc: subprocess.Popen[bytes], read_fd: int, mountpoint: str) -
         elif kind == "WARN":
             _warn(rest)
         elif kind == "OK":
-            if log_where and log_where != "syslog":
+            if tell_log and log_where:
                 print(f"zvfs: mounted at {mountpoint}; the log is in {log_where}", file=sys.stderr)
             return 0
         elif kind == "ERR":

@@ -106,7 +106,8 @@ def tame_malloc() -> None:
     libc.mallopt(m_arena_max, 2)
 
 
-def build_context(store: Store, opts: dict[str, Any], description: str = "") -> MountContext:
+def build_context(store: Store, opts: dict[str, Any], description: str = "",
+                  metadata_mtimes: dict[str, float] | None = None) -> MountContext:
     """Stack the store wrappers: counting sits next to the real store, so stats.json counts
     only real requests; the optional disk tier sits above it."""
     layered: Store = CountingStore(store, counters)
@@ -125,6 +126,7 @@ def build_context(store: Store, opts: dict[str, Any], description: str = "") -> 
         cache_size=opts["cache_size"],
         decoded=opts["decoded"],
         source=description or store.description,
+        metadata_mtimes=dict(metadata_mtimes or {}),
         options={o.name: format_value(o, opts[o.name]) if o.parse else opts[o.name]
                  for o in OPTIONS if opts.get(o.name) is not None},
     )
@@ -201,11 +203,11 @@ async def _serve(ctx: MountContext, root: MountRoot, mountpoint: str, ready_fd: 
 
 
 def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
-          ready_fd: int | None = None) -> None:
+          ready_fd: int | None = None, metadata_mtimes: dict[str, float] | None = None) -> None:
     """Mount and serve until unmounted or signalled. Raises OSError if the mount fails."""
     tame_malloc()
     set_worker_limit(opts["threads"])
-    ctx = build_context(store, opts, description)
+    ctx = build_context(store, opts, description, metadata_mtimes)
     from zvfs.views.decoded import attach_decoded_views
 
     root = build_root(ctx)
