@@ -133,8 +133,10 @@ def build_context(store: Store, opts: dict[str, Any], description: str = "",
 
 
 async def _announce_ready(mountpoint: str, ready_fd: int | None) -> None:
-    # stat goes through FUSE, so it proves the loop answers; it must leave the trio thread
-    await run_blocking(os.stat, mountpoint)
+    # stat goes through FUSE, so it proves the loop answers; it must leave the trio thread.
+    # The thread is abandoned if a signal stops the loop first: its stat would then wait
+    # for an answer that never comes, until the unmount fails it.
+    await trio.to_thread.run_sync(os.stat, mountpoint, cancellable=True)
     await run_blocking(tune_kernel, mountpoint)
     log.info("mounted %s", mountpoint)
     if ready_fd is not None:
