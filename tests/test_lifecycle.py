@@ -59,7 +59,7 @@ def test_signal_at_any_moment_unmounts_cleanly(signum, zarr_dir, tmp_path) -> No
         proc = subprocess.Popen([*zvfs_cmd(), "mount", "-f", str(zarr_dir), str(mnt), "--log-file", str(log)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
-            appeared = wait_until(lambda: mount_entry(mnt) is not None or proc.poll() is not None, 60,
+            appeared = wait_until(lambda p=proc: mount_entry(mnt) is not None or p.poll() is not None, 60,
                                   interval=0.001)
             assert appeared and proc.poll() is None, (proc.poll(), proc.stderr.read() if proc.stderr else "")
             time.sleep(delay)
@@ -139,10 +139,13 @@ def test_s3_prefix_without_keys_is_refused(zarr_s3, moto, s3_env, tmp_path) -> N
     mnt = tmp_path / "m"
     mnt.mkdir()
     typo = f"s3://{S3_BUCKET}/typo/prefix"
-    res = run([*zvfs_cmd(), "mount", typo, mnt, "--endpoint-url", moto.endpoint], env=s3_env, timeout=90)
-    _one_line_error(res, typo, "no keys", "--allow-empty")
-    assert res.returncode == EX_CONFIG
-    assert mount_entry(mnt) is None
+    try:
+        res = run([*zvfs_cmd(), "mount", typo, mnt, "--endpoint-url", moto.endpoint], env=s3_env, timeout=90)
+        _one_line_error(res, typo, "no keys", "--allow-empty")
+        assert res.returncode == EX_CONFIG
+        assert mount_entry(mnt) is None
+    finally:
+        force_unmount(mnt)
     # asked for explicitly, it mounts (empty)
     try:
         res = run([*zvfs_cmd(), "mount", typo, mnt, "--endpoint-url", moto.endpoint, "-o", "allow_empty",
@@ -157,10 +160,13 @@ def test_non_empty_mountpoint_is_refused(zarr_dir, tmp_path) -> None:
     mnt = tmp_path / "m"
     mnt.mkdir()
     (mnt / "precious.txt").write_text("do not hide me\n")
-    res = run([*zvfs_cmd(), "mount", zarr_dir, mnt], timeout=90)
-    _one_line_error(res, str(mnt), "not empty", "--allow-non-empty")
-    assert res.returncode == EX_CONFIG
-    assert mount_entry(mnt) is None
+    try:
+        res = run([*zvfs_cmd(), "mount", zarr_dir, mnt], timeout=90)
+        _one_line_error(res, str(mnt), "not empty", "--allow-non-empty")
+        assert res.returncode == EX_CONFIG
+        assert mount_entry(mnt) is None
+    finally:
+        force_unmount(mnt)
     # through mount(8)'s helper with fuse's own option name, and as a flag
     for how in (["mount.zvfs", zarr_dir, mnt, "-o", f"nonempty,log_file={tmp_path / 'l'}"],
                 ["zvfs", "mount", zarr_dir, mnt, "--allow-non-empty", "--log-file", tmp_path / "l"]):
