@@ -14,6 +14,7 @@ refused credentials, unusable mountpoint), so systemd's
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import logging.handlers
 import os
@@ -100,18 +101,20 @@ def _setup_logging(opts: dict[str, Any], daemon: bool, mountpoint: str) -> str:
     fmt = "%(asctime)s zvfs[%(process)d] %(levelname)s %(message)s"
     handler: logging.Handler
     where = opts["log_file"] or (default_log_file(mountpoint) if daemon else "")
-    if where == "syslog":
-        handler = logging.handlers.SysLogHandler("/dev/log")
-        fmt = "zvfs[%(process)d]: %(levelname)s %(message)s"
-    elif where:
-        try:
+    try:
+        if where == "syslog":
+            if not os.path.exists("/dev/log"):  # the handler would drop every line silently
+                raise FileNotFoundError(errno.ENOENT, "no syslog daemon listens there")
+            handler = logging.handlers.SysLogHandler("/dev/log")
+            fmt = "zvfs[%(process)d]: %(levelname)s %(message)s"
+        elif where:
             os.makedirs(os.path.dirname(where), exist_ok=True)
             handler = logging.FileHandler(where)
-        except OSError as exc:
-            raise CliError(f"cannot write the log file {where}: {exc.strerror}; "
-                           "pass --log-file PATH (or --log-file syslog)") from None
-    else:  # the foreground, and systemd: stderr goes to the journal
-        handler = logging.StreamHandler(sys.stderr)
+        else:  # the foreground, and systemd: stderr goes to the journal
+            handler = logging.StreamHandler(sys.stderr)
+    except OSError as exc:
+        what = "the syslog socket /dev/log" if where == "syslog" else f"the log file {where}"
+        raise CliError(f"cannot write to {what}: {exc.strerror}; pass --log-file PATH") from None
     handler.setFormatter(logging.Formatter(fmt))
     root = logging.getLogger()
     root.handlers[:] = [handler]
