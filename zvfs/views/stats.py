@@ -12,8 +12,15 @@ import os
 import time
 
 from zvfs import __version__
+from zvfs.cache import Cache
 from zvfs.views.context import MountContext
 from zvfs.views.node import FileNode
+
+
+def _cache_stats(cache: Cache) -> dict[str, int]:
+    s = cache.stats
+    return {"hits": s.hits, "misses": s.misses, "single_flight_waits": s.waits,
+            "evictions": s.evictions, "entries": len(cache)}
 
 
 class StatsFile(FileNode):
@@ -40,28 +47,11 @@ class StatsFile(FileNode):
             last_error={"time": round(last[0], 3), "message": last[1]} if last else None,
             time=round(time.time(), 3),
         )
-        chunks = self.ctx.chunks
-        s = chunks.stats
-        snap["chunk_cache"] = {
-            "hits": s.hits,
-            "misses": s.misses,
-            "single_flight_waits": s.waits,
-            "evictions": s.evictions,
-            "entries": len(chunks),
-            "bytes": chunks.current_bytes,
-            "max_bytes": chunks.max_bytes,
-        }
-        listings = self.ctx.listings
-        s = listings.stats
+        chunks, listings = self.ctx.chunks, self.ctx.listings
+        snap["chunk_cache"] = {**_cache_stats(chunks), "bytes": chunks.current_bytes,
+                               "max_bytes": chunks.max_bytes}
         # the listing cache is bounded by its number of entries, not bytes
-        snap["listing_cache"] = {
-            "hits": s.hits,
-            "misses": s.misses,
-            "single_flight_waits": s.waits,
-            "evictions": s.evictions,
-            "entries": len(listings),
-            "max_entries": listings.max_bytes,
-        }
+        snap["listing_cache"] = {**_cache_stats(listings), "max_entries": listings.max_bytes}
         return dict(sorted(snap.items()))
 
     def render(self) -> bytes:
