@@ -135,8 +135,12 @@ def check_mountpoint(path: str, allow_non_empty: bool = False) -> str:
         if entry.fstype != "fuse.zvfs":
             raise CliError(f"{mp} is a dead {entry.fstype} mount (transport endpoint is not connected); "
                            f"clear it with: fusermount3 -u {mp}")
-        # ENOTCONN on a zvfs mount: its daemon is gone, so nobody can be using it
-        _fusermount(mp, lazy=False)
+        # ENOTCONN on a zvfs mount: its daemon is gone, so nothing in it can be used any more;
+        # a process still holding it open only makes a plain unmount busy: detach it then
+        try:
+            _fusermount(mp, lazy=False)
+        except CliError:
+            _fusermount(mp, lazy=True)
         _warn(f"cleared a dead zvfs mount at {mp} (its daemon had died)")
         entry = mount_entry(mp)
     if entry is not None:
