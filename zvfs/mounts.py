@@ -67,12 +67,17 @@ def is_mounted(path: str) -> bool:
     return mount_entry(path) is not None
 
 
+#: what the kernel answers on a FUSE mount whose connection is gone (the daemon died: ENOTCONN,
+#: or the connection was aborted: ECONNABORTED)
+DEAD_ERRNOS = (errno.ENOTCONN, errno.ECONNABORTED)
+
+
 def is_dead(path: str) -> bool:
-    """True when ``path`` is a FUSE mount whose daemon is gone (ENOTCONN).
+    """True when ``path`` is a FUSE mount whose daemon is gone.
 
     statfs always reaches the daemon (a stat may be answered from the kernel's cache)."""
     try:
         os.statvfs(path)
     except OSError as exc:
-        return exc.errno == errno.ENOTCONN
+        return exc.errno in DEAD_ERRNOS
     return False

@@ -24,7 +24,8 @@ mp = sys.argv[1]
 try:
     os.statvfs(mp)
 except OSError as e:
-    print(json.dumps({"health": "dead" if e.errno == errno.ENOTCONN else "error", "error": e.strerror}))
+    print(json.dumps({"health": "dead" if e.errno in (errno.ENOTCONN, errno.ECONNABORTED) else "error",
+                      "error": e.strerror}))
     sys.exit()
 try:
     with open(os.path.join(mp, ".zvfs", "stats.json"), "rb") as f:
