@@ -20,15 +20,7 @@ from botocore import UNSIGNED
 from botocore.config import Config
 
 from zvfs.stores._util import LogOnce, check_key, check_prefix, safe_name
-from zvfs.stores.base import (
-    KeyInfo,
-    KeyNotFound,
-    Listing,
-    SourceError,
-    SourceUnavailable,
-    Store,
-    StoreError,
-)
+from zvfs.stores.base import KeyInfo, KeyNotFound, Listing, SourceError, Store, StoreError
 from zvfs.stores.keys import bad_segment, is_safe_key
 
 log = logging.getLogger(__name__)
@@ -124,7 +116,10 @@ class S3Store(Store):
     # -- open-time validation ---------------------------------------------------------------
 
     def _probe(self, client: Any) -> None:
-        """One small ListObjectsV2 that turns every way of failing into a SourceError."""
+        """One small ListObjectsV2 that turns every way of failing into a SourceError
+        (SourceUnavailable for what may pass), and refuses a prefix with no keys."""
+        from zvfs.stores.base import SourceUnavailable  # local: leaves the import block to others
+
         where = f"at endpoint {self.endpoint}"
         try:
             page = client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix, Delimiter="/", MaxKeys=1)
