@@ -26,6 +26,7 @@ from moto_server import DUMMY_ENV, MotoServer, put_many, s3_client, upload_tree 
 
 from zvfs.stores.base import KeyInfo, KeyNotFound, SourceError, Store, StoreError  # noqa: E402
 from zvfs.stores.directory import DirectoryStore  # noqa: E402
+from zvfs.stores.retry import RetryPolicy  # noqa: E402
 from zvfs.stores.s3 import S3Store  # noqa: E402
 from zvfs.stores.url import SourceSpec, open_store, parse_source  # noqa: E402
 from zvfs.stores.zip import ZipStore  # noqa: E402
@@ -535,10 +536,10 @@ def test_s3_errors_after_open_name_the_key(moto: MotoServer) -> None:
     client = s3_client(moto.endpoint)
     client.create_bucket(Bucket="zvfs-vanish")
     client.put_object(Bucket="zvfs-vanish", Key="k", Body=b"v")
-    st = S3Store("zvfs-vanish", "", endpoint_url=moto.endpoint, max_attempts=1)
+    st = S3Store("zvfs-vanish", "", endpoint_url=moto.endpoint, retry=RetryPolicy(attempts=1))
     client.delete_object(Bucket="zvfs-vanish", Key="k")
     client.delete_bucket(Bucket="zvfs-vanish")
-    with pytest.raises(StoreError, match="^k: S3 error") as exc:
+    with pytest.raises(StoreError, match="^k: S3 GetObject failed: NoSuchBucket") as exc:
         st.get("k")
     assert not isinstance(exc.value, KeyNotFound)
 

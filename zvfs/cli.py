@@ -162,15 +162,18 @@ def check_mountpoint(path: str, allow_non_empty: bool = False) -> str:
 
 def _open_source(source: str, opts: dict[str, Any]):  # type: ignore[no-untyped-def]
     from zvfs.stores.base import SourceError, SourceUnavailable
+    from zvfs.stores.retry import RetryPolicy
     from zvfs.stores.url import open_store, parse_source
 
     try:
         spec = parse_source(source, endpoint_url=opts["endpoint_url"], region=opts["region"],
                             profile=opts["profile"], no_sign_request=opts["no_sign_request"])
-        return open_store(spec, allow_empty=opts["allow_empty"]), spec.describe()
+        retry = RetryPolicy(attempts=opts["s3_attempts"], timeout=opts["s3_timeout"],
+                            deadline=opts["s3_deadline"])
+        return open_store(spec, retry, allow_empty=opts["allow_empty"]), spec.describe()
     except SourceUnavailable as exc:
         raise CliError(str(exc), EXIT_FAIL) from None
-    except SourceError as exc:
+    except (SourceError, ValueError) as exc:
         raise CliError(str(exc)) from None
 
 

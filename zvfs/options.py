@@ -40,14 +40,25 @@ def parse_ttl(text: str) -> float | None:
     return value
 
 
-def parse_threads(text: str) -> int:
-    """A worker count: an integer of at least 1 (0 would deadlock every read)."""
+def parse_count(text: str) -> int:
+    """A count of workers or tries: an integer of at least 1 (0 threads would hang every read)."""
     try:
         value = int(text)
     except ValueError:
         value = 0
     if value < 1:
         raise ValueError(f"{text!r} is not an integer >= 1")
+    return value
+
+
+def parse_seconds(text: str) -> float:
+    """A timeout: a number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{text!r} is not a number of seconds > 0")
     return value
 
 
@@ -138,7 +149,10 @@ OPTIONS: tuple[Option, ...] = (
            shown_default="off"),
     Option("cache_max_size", parse_size, 10 << 30, "bound for --cache-dir (e.g. 10G)"),
     Option("cache_min_free", parse_size, 1 << 30, "free space --cache-dir always leaves on its disk"),
-    Option("threads", parse_threads, 16, "worker threads for store I/O and decoding (at least 1)"),
+    Option("s3_attempts", parse_count, 10, "tries per S3 request: throttling, 5xx, resets, stalls and broken bodies are retried with exponential backoff and jitter"),
+    Option("s3_timeout", parse_seconds, 10.0, "seconds an S3 try waits to connect or for the next bytes"),
+    Option("s3_deadline", parse_seconds, 60.0, "seconds after which an S3 request stops retrying: a read fails with EIO within about s3_deadline + s3_timeout"),
+    Option("threads", parse_count, 16, "worker threads for store I/O and decoding (at least 1)"),
     Option("allow_other", None, False, "let other users access the mount (needs user_allow_other in /etc/fuse.conf for non-root)"),
     Option("log_file", parse_log_file, None, "write the log here, or 'syslog'",
            shown_default="stderr with -f; a daemon logs to /var/log/zvfs/ (root) or "

@@ -23,7 +23,7 @@ STORE_OPS = ("get", "get_range", "info", "list")
 FUSE_OPS = ("lookup", "getattr", "opendir", "readdir", "open", "read", "statfs")
 
 KNOWN_COUNTERS: tuple[str, ...] = (
-    "store_requests", "store_bytes", "store_list_requests", "store_retries",
+    "store_requests", "store_bytes", "store_list_requests", "store_retries", "store_failures",
     *(f"store_requests_{op}" for op in STORE_OPS),
     *(f"store_bytes_{op}" for op in ("get", "get_range")),
     *(f"store_errors_{kind}" for kind in ERROR_KINDS),

@@ -7,8 +7,9 @@ is bounded by one limiter that the CLI sizes.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import trio
 
@@ -29,12 +30,22 @@ def worker_limit() -> int:
     return _limit
 
 
+# A cancelled caller (the daemon shutting down) does not wait for a thread stuck in a
+# socket read: the thread is abandoned, so SIGTERM unmounts at once even while the
+# store hangs. (trio renamed the flag in 0.23.)
+_ABANDON: dict[str, Any] = (
+    {"abandon_on_cancel": True}
+    if "abandon_on_cancel" in inspect.signature(trio.to_thread.run_sync).parameters
+    else {"cancellable": True}
+)
+
+
 async def run_blocking(fn: Callable[..., T], *args: object) -> T:
     """Run ``fn(*args)`` in a worker thread (one hop) and return its result."""
     global _limiter
     if _limiter is None:
         _limiter = trio.CapacityLimiter(_limit)
-    return await trio.to_thread.run_sync(fn, *args, limiter=_limiter)
+    return await trio.to_thread.run_sync(fn, *args, limiter=_limiter, **_ABANDON)
 
 
 K = TypeVar("K")

@@ -21,6 +21,9 @@ import trio
 def _default_size(value: Any) -> int:
     nbytes = getattr(value, "nbytes", None)
     if nbytes is not None:
+        strides = getattr(value, "strides", None)
+        if strides and not any(strides):  # a broadcast (fill) array holds one element
+            return int(getattr(value, "itemsize", 1))
         return int(nbytes)
     try:
         return len(value)
@@ -47,8 +50,10 @@ class _Flight:
 class Cache:
     """LRU keyed by any hashable; ``max_bytes`` bounds the sum of sizes.
 
-    ``ttl`` is seconds an entry stays valid (None: forever, 0: never cached).
-    ``sizeof`` measures an entry; by default ``.nbytes`` or ``len()``.
+    ``ttl`` is seconds an entry stays valid (None: forever, 0: never cached); a
+    ``get``/``put`` may give its own ``ttl`` for that entry. ``sizeof`` measures an
+    entry; by default ``.nbytes`` or ``len()``, plus ``overhead`` bytes for the
+    bookkeeping, so a million tiny entries cannot outgrow the bound unnoticed.
     """
 
     def __init__(
@@ -56,11 +61,13 @@ class Cache:
         max_bytes: int,
         ttl: float | None = None,
         sizeof: Callable[[Any], int] = _default_size,
+        overhead: int = 0,
     ) -> None:
         self.max_bytes = max_bytes
         self.ttl = ttl
         self._sizeof = sizeof
-        self._entries: OrderedDict[Hashable, tuple[Any, int, float]] = OrderedDict()
+        self._overhead = overhead
+        self._entries: OrderedDict[Hashable, tuple[Any, int, float | None]] = OrderedDict()
         self._flights: dict[Hashable, _Flight] = {}
         self.current_bytes = 0
         self.stats = CacheStats()
@@ -73,8 +80,8 @@ class Cache:
         entry = self._entries.get(key)
         if entry is None:
             return None
-        value, _, stamp = entry
-        if self.ttl is not None and time.monotonic() - stamp > self.ttl:
+        value, _, expires = entry
+        if expires is not None and time.monotonic() > expires:
             self._drop(key)
             return None
         self._entries.move_to_end(key)
@@ -84,8 +91,12 @@ class Cache:
     def contains(self, key: Hashable) -> bool:
         return key in self._entries or key in self._flights
 
-    async def get(self, key: Hashable, load: Callable[[], Awaitable[Any]]) -> Any:
-        """The value for ``key``; on a miss, ``await load()`` once for all concurrent callers."""
+    async def get(
+        self, key: Hashable, load: Callable[[], Awaitable[Any]], ttl: float | None | bool = True
+    ) -> Any:
+        """The value for ``key``; on a miss, ``await load()`` once for all concurrent callers.
+
+        ``ttl`` True means the cache's own TTL; a number or None sets this entry's."""
         value = self.peek(key)
         if value is not None:
             return value
@@ -108,18 +119,20 @@ class Cache:
         finally:
             del self._flights[key]
             flight.done.set()
-        self.put(key, flight.value)
+        self.put(key, flight.value, ttl)
         return flight.value
 
-    def put(self, key: Hashable, value: Any) -> None:
-        if self.ttl == 0 or value is None:
+    def put(self, key: Hashable, value: Any, ttl: float | None | bool = True) -> None:
+        if ttl is True:
+            ttl = self.ttl
+        if ttl == 0 or value is None:
             return
-        size = self._sizeof(value)
+        size = self._sizeof(value) + self._overhead
         if size > self.max_bytes:
             return
         if key in self._entries:
             self._drop(key)
-        self._entries[key] = (value, size, time.monotonic())
+        self._entries[key] = (value, size, None if ttl is None else time.monotonic() + ttl)
         self.current_bytes += size
         while self.current_bytes > self.max_bytes and self._entries:
             old = next(iter(self._entries))

@@ -70,6 +70,9 @@ class Hierarchy:
     arrays: dict[str, ArrayMeta] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     consolidated: bool = False
+    #: a store request failed (not a format problem): what was found is not the whole
+    #: hierarchy, so callers must not keep it as if it were
+    incomplete: bool = False
 
     def add(self, node: ArrayMeta | GroupMeta) -> None:
         node.attributes = strict_json(node.attributes)
@@ -123,12 +126,11 @@ class ZarrArray:
             raise FormatError(f"{self._reader.chunk_key(idx)}: {exc}") from exc
 
     def fill_chunk(self) -> np.ndarray:
-        """A read-only full chunk of fill_value, shared between calls."""
+        """A read-only full chunk of fill_value: one element broadcast to the chunk shape,
+        so a never-written chunk of 1 GiB costs no memory."""
         with self._lock:
             if self._fill is None:
-                fill = self.meta.fill_chunk()
-                fill.setflags(write=False)
-                self._fill = fill
+                self._fill = np.broadcast_to(self.meta.fill_chunk(()), self.meta.chunks)
             return self._fill
 
     def read_chunk(self, idx: tuple[int, ...]) -> np.ndarray:
@@ -244,6 +246,7 @@ def discover(store: Store) -> Hierarchy:
         root = store.list_dir("")
     except StoreError as exc:
         h.errors[""] = str(exc)
+        h.incomplete = True
         return h
     if zarr_v2.ZMETADATA in root.keys and _from_zmetadata(store, h):
         return h
@@ -312,8 +315,8 @@ def _get_doc(
         raw = store.get(key)
     except KeyNotFound:
         return False, None, None
-    except StoreError as exc:
-        return True, None, f"{key}: {exc}"
+    # any other StoreError propagates: a metadata key that could not be fetched says
+    # nothing about the node, and must not be mistaken for a broken one
     try:
         return True, parse_json(raw, key), None
     except FormatError as exc:
@@ -362,10 +365,12 @@ def _walk(store: Store, h: Hierarchy, root: Any) -> None:
     listings = 1
     while queue:
         path, listing, bare = queue.popleft()
-        if listing is None:
-            node = _read_node(store, path)
-        else:
-            node = _read_node(store, path, set(listing.keys))
+        try:
+            node = _read_node(store, path, None if listing is None else set(listing.keys))
+        except StoreError as exc:
+            h.errors[path] = str(exc)
+            h.incomplete = True
+            continue
         if isinstance(node, ArrayMeta):
             h.arrays[path] = node
             continue
@@ -379,8 +384,11 @@ def _walk(store: Store, h: Hierarchy, root: Any) -> None:
                 return
             try:
                 listing = store.list_dir(path + "/")
+            except KeyNotFound:
+                continue
             except StoreError as exc:
                 h.errors[path] = str(exc)
+                h.incomplete = True
                 continue
             listings += 1
         next_bare = 0 if node is not None else bare + 1

@@ -6,22 +6,34 @@ sized for the parallel chunk fetches the layers above make. The source is
 probed once at open so that a missing bucket, refused credentials or an
 unreachable endpoint stop the mount with a message that says how to fix it,
 instead of turning into EIO on every file later.
+
+Every request goes through one retry loop (:mod:`zvfs.stores.retry`), not
+botocore's: a throttle, a 5xx, a reset, a stall or a broken body is retried
+with backoff and jitter within a bounded budget; a body that breaks off is
+resumed from the byte where it stopped (pinned to the object's ETag), never
+returned short; a whole-object GET is checked against S3's CRC when the server
+sent one. Expired credentials make the client re-read the credential chain
+once, so rotating keys need no remount.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from typing import Any
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import boto3
 import botocore.exceptions as bce
+import urllib3.exceptions as u3e
 from botocore import UNSIGNED
 from botocore.config import Config
 
+from zvfs.stats import counters
 from zvfs.stores._util import LogOnce, check_key, check_prefix, safe_name
 from zvfs.stores.base import KeyInfo, KeyNotFound, Listing, SourceError, Store, StoreError
 from zvfs.stores.keys import bad_segment, is_safe_key
+from zvfs.stores.retry import TRANSIENT_KINDS, Attempts, RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +44,52 @@ _REFUSED = {
     "403", "Forbidden",
 }
 _WRONG_REGION = {"PermanentRedirect", "AuthorizationHeaderMalformed", "301", "IllegalLocationConstraintException"}
+_EXPIRED = {"ExpiredToken", "TokenRefreshRequired", "RequestExpired", "ExpiredTokenException"}
+_THROTTLED = {"SlowDown", "Throttling", "ThrottlingException", "TooManyRequests",
+              "RequestLimitExceeded", "RequestThrottled", "ServiceUnavailable"}
+_SERVER = {"InternalError", "RequestTimeout", "RequestTimeTooSkewed", "BadGateway", "GatewayTimeout"}
+#: what a failed request can raise: botocore's errors, and urllib3's and the socket's when a
+#: response breaks while botocore parses it
+_REQUEST_ERRORS = (bce.BotoCoreError, bce.ClientError, u3e.HTTPError, OSError)
 _UNREACHABLE = (bce.EndpointConnectionError, bce.ConnectTimeoutError, bce.ConnectionClosedError)
-# errors of a response body that broke off mid-stream: worth one more try
-_STREAM_ERRORS = (bce.ReadTimeoutError, bce.IncompleteReadError, bce.ResponseStreamingError)
+#: bytes read from a response body per call: the unit a broken body is resumed at
+_BODY_PIECE = 1 << 20
+
+T = TypeVar("T")
+
+
+class _ShortBody(Exception):
+    """The body ended before its Content-Length (the server closed the connection)."""
+
+
+def fault_kind(exc: BaseException) -> str:
+    """The kind of a failed S3 request: decides retry, and labels the error counters."""
+    if isinstance(exc, bce.ClientError):
+        code, status = _code(exc), _status(exc)
+        if code in _MISSING:
+            return "not_found"
+        if code in _EXPIRED:
+            return "expired"
+        if code in _REFUSED or status == 403:
+            return "denied"
+        if code in _THROTTLED or status in (429, 503):
+            return "throttled"
+        if code in _SERVER or status >= 500:
+            return "server"
+        return "other"
+    if isinstance(exc, bce.FlexibleChecksumError):
+        return "checksum"
+    if isinstance(exc, bce.ReadTimeoutError | bce.ConnectTimeoutError | TimeoutError
+                  | u3e.TimeoutError):
+        return "timeout"
+    if isinstance(exc, bce.IncompleteReadError | _ShortBody) or "IncompleteRead" in str(exc):
+        return "truncated"
+    if isinstance(exc, bce.ConnectionError | bce.HTTPClientError | bce.ResponseStreamingError
+                  | ConnectionError | u3e.HTTPError):
+        return "reset"
+    if isinstance(exc, OSError):  # urllib3's protocol errors are OSErrors too
+        return "reset"
+    return "other"
 
 
 def _code(e: bce.ClientError) -> str:
@@ -57,8 +112,7 @@ class S3Store(Store):
         profile: str | None = None,
         no_sign_request: bool = False,
         max_pool: int = 32,
-        max_attempts: int = 5,
-        retry_mode: str = "standard",
+        retry: RetryPolicy | None = None,
         block_size: int = 4 << 20,
         allow_empty: bool = False,
     ) -> None:
@@ -70,17 +124,14 @@ class S3Store(Store):
         self.bucket = bucket
         self.prefix = prefix
         self.no_sign_request = no_sign_request
+        self.retry = retry or RetryPolicy()
         self.allow_empty = allow_empty
         self.block_size = block_size  # one GET serves many FUSE reads of the raw view
         self.description = f"s3://{bucket}/{prefix.rstrip('/')}" if prefix else f"s3://{bucket}"
         self._skipped = LogOnce(log)
         self.flat_listing = True
-        try:
-            session = boto3.session.Session(profile_name=profile)
-        except bce.ProfileNotFound:
-            raise SourceError(
-                f"AWS profile '{profile}' is not configured (see ~/.aws/config or AWS_CONFIG_FILE)"
-            ) from None
+        self._profile = profile
+        self._client_lock = threading.Lock()
         if endpoint_url and "://" not in endpoint_url:
             raise SourceError(
                 f"the S3 endpoint URL {endpoint_url!r} has no scheme: "
@@ -94,17 +145,21 @@ class S3Store(Store):
 
         def make(attempts: int, timeout: float) -> Any:
             cfg = Config(
-                retries={"max_attempts": attempts, "mode": retry_mode},
+                retries={"total_max_attempts": attempts, "mode": "standard"},
                 max_pool_connections=max_pool,
                 connect_timeout=timeout,
-                read_timeout=max(timeout, 30.0),
+                read_timeout=timeout,
                 **extra,
             )
-            return session.client("s3", endpoint_url=endpoint_url, region_name=region, config=cfg)
+            return self._session().client(
+                "s3", endpoint_url=endpoint_url, region_name=region, config=cfg
+            )
 
+        # our retry loop is the only one, so the user's attempts and deadline are the real bounds
+        self._make_client = lambda: make(1, self.retry.timeout)
         try:
-            self._client = make(max_attempts, 10.0)
-            probe = make(2, 5.0)  # fail fast at open on an unreachable endpoint
+            self._client = self._make_client()
+            probe = make(2, min(5.0, self.retry.timeout))  # fail fast at open on a dead endpoint
         except ValueError as e:  # e.g. a malformed endpoint URL
             raise SourceError(f"bad S3 settings for {self.description}: {e}") from e
         self.endpoint = str(self._client.meta.endpoint_url)
@@ -112,6 +167,23 @@ class S3Store(Store):
             self._probe(probe)
         finally:
             probe.close()
+
+    def _session(self) -> Any:
+        """A new session: it reads the credential chain (env, files, credential_process) afresh."""
+        try:
+            return boto3.session.Session(profile_name=self._profile)
+        except bce.ProfileNotFound:
+            raise SourceError(
+                f"AWS profile '{self._profile}' is not configured (see ~/.aws/config or "
+                "AWS_CONFIG_FILE)"
+            ) from None
+
+    def _refresh_client(self, stale: Any) -> None:
+        """Replace the client after the server said its credentials expired (once per client)."""
+        with self._client_lock:
+            if self._client is stale:
+                log.warning("S3 credentials for %s expired; reloading them", self.description)
+                self._client = self._make_client()
 
     # -- open-time validation ---------------------------------------------------------------
 
@@ -184,25 +256,21 @@ class S3Store(Store):
     # -- Store API ---------------------------------------------------------------------------
 
     def get(self, key: str) -> bytes:
-        return self._get(key, None)
+        check_key(key)
+        return self._get(key, 0, None)
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
         if start < 0 or length < 0:
             raise StoreError(f"{key}: bad range start={start} length={length}")
+        check_key(key)
         if length == 0:
-            check_key(key)
             self.info(key)  # still report a missing key
             return b""
-        return self._get(key, f"bytes={start}-{start + length - 1}")
+        return self._get(key, start, length)
 
     def info(self, key: str) -> KeyInfo:
         check_key(key)
-        try:
-            r = self._client.head_object(Bucket=self.bucket, Key=self.prefix + key)
-        except bce.ClientError as e:
-            raise self._error(key, e) from None
-        except bce.BotoCoreError as e:
-            raise StoreError(f"{key}: S3 HeadObject failed: {e}") from e
+        r = self._request(key, "HeadObject", lambda c: c.head_object(Bucket=self.bucket, Key=self.prefix + key))
         return KeyInfo(int(r["ContentLength"]), r["LastModified"].timestamp())
 
     def list_dir(self, prefix: str) -> Listing:
@@ -255,40 +323,130 @@ class S3Store(Store):
     # -- internals ---------------------------------------------------------------------------
 
     def _pages(self, prefix: str, **kw: Any) -> Iterator[dict[str, Any]]:
-        try:
-            yield from self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, **kw)
-        except bce.ClientError as e:
-            raise StoreError(f"{prefix or '/'}: S3 listing failed: {_code(e)} {e}") from None
-        except bce.BotoCoreError as e:
-            raise StoreError(f"{prefix or '/'}: S3 listing failed: {e}") from e
+        """ListObjectsV2 pages, each page its own retried request (a fault mid-listing
+        resumes at that page's continuation token, never yields a partial listing)."""
+        token: str | None = None
+        where = prefix or "/"
+        while True:
+            args = dict(kw, Bucket=self.bucket)
+            if token:
+                args["ContinuationToken"] = token
+            page = self._request(where, "ListObjectsV2", lambda c, a=args: c.list_objects_v2(**a))
+            yield page
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
 
-    def _get(self, key: str, byte_range: str | None) -> bytes:
-        check_key(key)
-        kw: dict[str, Any] = {"Bucket": self.bucket, "Key": self.prefix + key}
-        if byte_range:
-            kw["Range"] = byte_range
-        for attempt in (1, 2):
+    def _request(self, key: str, op: str, call: Callable[[Any], T]) -> T:
+        """``call(client)`` under the retry policy; failures become StoreError naming ``key``."""
+        tries = Attempts(self.retry)
+        refreshed = False
+        while True:
+            client = self._client
             try:
-                resp = self._client.get_object(**kw)
-                with resp["Body"] as body:
-                    return body.read()
-            except bce.ClientError as e:
-                if byte_range and _code(e) == "InvalidRange":
-                    return b""  # start at or past the end: fewer (zero) bytes, like pread
-                raise self._error(key, e) from None
-            except _STREAM_ERRORS as e:
-                if attempt == 2:
-                    raise StoreError(f"{key}: S3 read broke off: {e}") from e
-                log.info("%s: S3 read broke off (%s); retrying once", key, e)
-            except bce.BotoCoreError as e:
-                raise StoreError(f"{key}: S3 GetObject failed: {e}") from e
-            except OSError as e:  # urllib3 protocol errors surface as OSError subclasses
-                raise StoreError(f"{key}: S3 GetObject failed: {e}") from e
-        raise AssertionError("unreachable")
+                return call(client)
+            except Exception as exc:  # noqa: BLE001 - classified below; anything else is re-raised
+                if not isinstance(exc, _REQUEST_ERRORS):
+                    raise
+                kind = self._count(exc)
+                if kind == "expired" and not refreshed:
+                    refreshed = True
+                    self._refresh_client(client)
+                    continue
+                if kind not in TRANSIENT_KINDS or not tries.retry():
+                    raise self._failure(key, op, exc, kind, tries) from None
+                counters.add("store_retries")
 
-    def _error(self, key: str, e: bce.ClientError) -> StoreError:
-        code = _code(e)
-        if code in _MISSING:
+    def _get(self, key: str, start: int, length: int | None) -> bytes:
+        """Bytes [start, start+length) of ``key`` (to the end when length is None).
+
+        A body that breaks off is resumed where it stopped, pinned to the first
+        response's ETag so the pieces come from one version of the object; a
+        checksum mismatch discards what was read and starts again.
+        """
+        parts: list[bytes] = []
+        got = 0
+        etag: str | None = None
+        tries = Attempts(self.retry)
+        refreshed = False
+        while True:
+            kw: dict[str, Any] = {"Bucket": self.bucket, "Key": self.prefix + key}
+            pos = start + got
+            if length is not None:
+                kw["Range"] = f"bytes={pos}-{start + length - 1}"
+            elif pos:
+                kw["Range"] = f"bytes={pos}-"
+            if etag and got:
+                kw["IfMatch"] = etag
+            client = self._client
+            try:
+                resp = client.get_object(**kw)
+                etag = etag or resp.get("ETag")
+                expected = int(resp.get("ContentLength", -1))
+                body = resp["Body"]
+                received = 0
+                try:
+                    while True:
+                        piece = body.read(_BODY_PIECE)
+                        if not piece:
+                            break
+                        parts.append(piece)
+                        got += len(piece)
+                        received += len(piece)
+                finally:
+                    body.close()
+                if 0 <= received < expected:
+                    raise _ShortBody(f"body ended after {received} of {expected} bytes")
+                return b"".join(parts)
+            except Exception as exc:  # noqa: BLE001 - classified below; anything else is re-raised
+                if not isinstance(exc, (*_REQUEST_ERRORS, _ShortBody)):
+                    raise
+                if isinstance(exc, bce.ClientError):
+                    code = _code(exc)
+                    if code == "InvalidRange" and (length is not None or got):
+                        return b"".join(parts)  # at or past the end: fewer bytes, like pread
+                    if code == "PreconditionFailed" or _status(exc) == 412:
+                        # the object changed between two pieces: start over on the new version
+                        log.info("%s: object changed while it was read; reading it again", key)
+                        parts, got, etag = [], 0, None
+                        if tries.retry():
+                            continue
+                kind = self._count(exc)
+                if kind == "checksum":
+                    parts, got, etag = [], 0, None
+                if kind == "expired" and not refreshed:
+                    refreshed = True
+                    self._refresh_client(client)
+                    continue
+                if kind not in TRANSIENT_KINDS or not tries.retry():
+                    raise self._failure(key, "GetObject", exc, kind, tries) from None
+                counters.add("store_retries")
+                if got:
+                    log.debug("%s: %s after %d bytes; resuming from there", key, kind, got)
+
+    @staticmethod
+    def _count(exc: BaseException) -> str:
+        kind = fault_kind(exc)
+        counters.add(f"store_errors_{'denied' if kind == 'expired' else kind}")
+        return kind
+
+    def _failure(self, key: str, op: str, exc: BaseException, kind: str, tries: Attempts) -> StoreError:
+        """The error a failed request becomes: its message is the one log line the user reads."""
+        if kind == "not_found":
             return KeyNotFound(key)
-        msg = e.response.get("Error", {}).get("Message", "")
-        return StoreError(f"{key}: S3 error {code or _status(e)} {msg}".rstrip())
+        counters.add("store_failures")
+        if isinstance(exc, bce.ClientError):
+            code = _code(exc) or str(_status(exc))
+            msg = exc.response.get("Error", {}).get("Message", "")
+            what = f"{code} {msg}".rstrip()
+        else:
+            what = f"{type(exc).__name__}: {exc}"
+        if kind in ("denied", "expired"):
+            return StoreError(
+                f"{key}: S3 {op} refused: {what}. The credentials were rejected for "
+                f"{self.description}; fix them (--profile, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
+                "or a credential_process that renews them) - zvfs picks up new ones without a remount"
+            )
+        if kind in TRANSIENT_KINDS:
+            return StoreError(f"{key}: S3 {op} failed after {tries.number} attempts: {what}")
+        return StoreError(f"{key}: S3 {op} failed: {what}")

@@ -25,6 +25,7 @@ from typing import Literal
 from urllib.parse import unquote, urlsplit
 
 from zvfs.stores.base import SourceError, Store
+from zvfs.stores.retry import RetryPolicy
 
 Kind = Literal["directory", "zip", "s3"]
 
@@ -127,9 +128,11 @@ def parse_source(
     raise SourceError(f"unsupported source {source!r} (scheme {scheme}://); expected {ACCEPTED_FORMS}")
 
 
-def open_store(spec: SourceSpec, *, allow_empty: bool = False) -> Store:
+def open_store(spec: SourceSpec, retry: RetryPolicy | None = None, *, allow_empty: bool = False) -> Store:
     """Open the store a spec names; raises SourceError if it cannot be opened at all
-    (an S3 prefix with no keys too, unless ``allow_empty``)."""
+    (an S3 prefix with no keys too, unless ``allow_empty``).
+
+    ``retry`` bounds the requests of a remote store (local stores do not retry)."""
     store: Store
     if spec.kind == "directory":
         from zvfs.stores.directory import DirectoryStore
@@ -144,7 +147,8 @@ def open_store(spec: SourceSpec, *, allow_empty: bool = False) -> Store:
 
         store = S3Store(
             str(spec.bucket), spec.prefix, endpoint_url=spec.endpoint_url, region=spec.region,
-            profile=spec.profile, no_sign_request=spec.no_sign_request, allow_empty=allow_empty,
+            profile=spec.profile, no_sign_request=spec.no_sign_request, retry=retry,
+            allow_empty=allow_empty,
         )
     else:  # pragma: no cover - Kind is closed
         raise SourceError(f"unknown source kind {spec.kind!r}")

@@ -9,7 +9,7 @@ their own modules.
 from __future__ import annotations
 
 import errno
-import itertools
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -19,6 +19,7 @@ import numpy as np
 import trio
 
 from zvfs.formats.meta import ArrayMeta
+from zvfs.stores.base import KeyNotFound, StoreError
 from zvfs.views.context import MountContext
 from zvfs.views.layout import chunks_in_box, range_boxes
 from zvfs.views.node import BytesFile, DirNode, FileNode, Node, NodeError
@@ -28,23 +29,40 @@ from zvfs.workers import gather, run_blocking
 log = logging.getLogger("zvfs")
 
 
-_serial = itertools.count()
+def _store_failure(exc: BaseException) -> bool:
+    """True when ``exc`` (or what caused it) is a store failure (network, throttling, denied):
+    such a failure may pass, so it is never remembered, unlike corrupt bytes."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, StoreError) and not isinstance(seen, KeyNotFound):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class DecodedArray:
-    """The shared reader of one array: decoded chunks through the cache, one worker hop each."""
+    """The shared reader of one array: decoded chunks through the cache, one worker hop each.
+
+    Decoded chunks are cached under what they *are* (array path, a digest of the
+    normalized metadata, chunk index), not under this object: a rediscovery after
+    the metadata TTL builds a new DecodedArray that finds the chunks decoded
+    before, and changed metadata can never meet chunks decoded under the old one.
+    Each entry lives for the metadata TTL, so a rewritten chunk shows within it.
+    """
 
     def __init__(self, ctx: MountContext, meta: ArrayMeta, opener: Callable[[], Any]) -> None:
         self.ctx = ctx
-        self.serial = next(_serial)  # cache key part: never reused, unlike id()
         self.meta = meta
+        self.identity = ("chunk", meta.path, hashlib.blake2b(meta.json_bytes(), digest_size=12).hexdigest())
         self._opener = opener
         self._reader: Any = None
         self._open_lock = trio.Lock()
-        self._ahead = ReadAhead(ceiling=max(meta.chunk_nbytes, min(64 << 20, ctx.cache_size // 4)))
-        #: chunk index -> (message, cause, retry after this monotonic time) of chunks that failed
-        self._failed: dict[tuple[int, ...], tuple[str, str, float]] = {}
-        self._failure_ttl = ctx.metadata_ttl
+        # the window is bounded in chunks too: 4 MiB ahead is 4 million 1-byte chunks
+        ceiling = min(64 << 20, ctx.cache_size // 4, meta.chunk_nbytes * 4 * CHUNK_BATCH)
+        self._ahead = ReadAhead(initial=min(4 << 20, ceiling), ceiling=max(meta.chunk_nbytes, ceiling))
+
+    def cache_key(self, idx: tuple[int, ...], *extra: object) -> tuple[object, ...]:
+        return (*self.identity, idx, *extra)
 
     @property
     def readable(self) -> bool:
@@ -67,7 +85,8 @@ class DecodedArray:
         """Worker-thread side: fetch and decode one chunk, as a C-contiguous array."""
         t0 = time.perf_counter()
         chunk = reader.read_chunk(idx)
-        if not chunk.flags.c_contiguous:  # not np.ascontiguousarray: it turns 0-d into 1-d
+        if not chunk.flags.c_contiguous and any(chunk.strides):  # a broadcast fill stays one
+            # not np.ascontiguousarray: it turns 0-d into 1-d
             chunk = chunk.copy(order="C")
         self.ctx.counters.add("decode_seconds", time.perf_counter() - t0)
         self.ctx.counters.add("chunks_decoded")
@@ -77,15 +96,17 @@ class DecodedArray:
     async def chunk(self, idx: tuple[int, ...]) -> np.ndarray:
         """Decoded chunk ``idx`` (full chunk shape); raises NodeError(EIO) naming the key.
 
-        A chunk that failed stays failed for the metadata TTL: later reads fail at
-        once without fetching again. The error's ``key`` names the bad store key,
-        so the fs layer logs it once.
+        A chunk whose bytes are corrupt stays failed for the metadata TTL: later
+        reads fail at once without fetching again. A store failure (timeout,
+        throttling, refused credentials) is never remembered: the next read tries
+        again. The error's ``key`` names the bad store key, so the fs layer logs it once.
         """
         if self.meta.error is not None:
             raise self._failure(f"{self.meta.path or '/'}: {self.meta.error}", self.meta.error)
-        failed = self._failed.get(idx)
-        if failed is not None and (self._failure_ttl is None or time.monotonic() < failed[2]):
-            raise self._failure(failed[0], failed[1])
+        key = self.cache_key(idx)
+        failed = self.ctx.failures.peek(key)
+        if failed is not None:
+            raise self._failure(*failed)
 
         async def load() -> np.ndarray:
             try:
@@ -94,21 +115,15 @@ class DecodedArray:
             except NodeError:
                 raise
             except Exception as exc:  # corrupt chunk, unknown codec, store error: this read only
-                raise NodeError(errno.EIO, f"{self.meta.path or '/'} chunk {idx}: {exc}", key=str(exc)) from exc
+                err = NodeError(errno.EIO, f"{self.meta.path or '/'} chunk {idx}: {exc}", key=str(exc))
+                if not _store_failure(exc):
+                    self.ctx.failures.put(key, (str(err), str(exc)))
+                raise err from exc
 
-        key = (self.serial, idx)
         if key in self.ctx.prefetched:
             self.ctx.prefetched.discard(key)
             self.ctx.counters.add("prefetch_hits")
-        try:
-            return await self.ctx.chunks.get(key, load)
-        except NodeError as exc:
-            if exc.errno != errno.EIO:
-                raise
-            cause = exc.key or str(exc)
-            if idx not in self._failed:
-                self._failed[idx] = (str(exc), cause, time.monotonic() + (self._failure_ttl or 0.0))
-            raise self._failure(str(exc), cause) from None
+        return await self.ctx.chunks.get(key, load, ttl=self.ctx.metadata_ttl)
 
     @staticmethod
     def _failure(message: str, cause: str) -> NodeError:
@@ -120,16 +135,16 @@ class DecodedArray:
             return await self.chunk(idx)
 
         async def convert() -> np.ndarray:
-            return (await self.chunk(idx)).astype(dtype)
+            return convert_chunk(await self.chunk(idx), dtype)
 
-        return await self.ctx.chunks.get((self.serial, idx, dtype.str), convert)
+        return await self.ctx.chunks.get(self.cache_key(idx, dtype.str), convert, ttl=self.ctx.metadata_ttl)
 
     def _prefetch(self, start: int, stop: int) -> None:
         """Decode ahead the chunks under bytes [start, stop) of the C-order array."""
         item = self.meta.dtype.itemsize
         boxes = range_boxes(self.meta.shape, start // item, -(-stop // item))
         for idx in dict.fromkeys(i for b in boxes for i in chunks_in_box(b, self.meta.chunks)):
-            key = (self.serial, idx)
+            key = self.cache_key(idx)
             if not self.ctx.chunks.contains(key):
                 self.ctx.prefetched.add(key)
                 self.ctx.counters.add("prefetch_requests")
@@ -140,23 +155,51 @@ class DecodedArray:
         return await gather(indices, self.chunk)
 
     async def read_elements(self, start: int, stop: int) -> bytes:
-        """C-order elements [start, stop) of the whole array, in the declared byte order."""
+        """C-order elements [start, stop) of the whole array, in the declared byte order.
+
+        However many chunks the range touches, at most ``CHUNK_BATCH`` of them are
+        held by this read at a time, and tiny chunks are decoded a batch per worker
+        hop: a 1 MiB read of an array of 1-byte chunks costs bounded memory, not a
+        million tasks.
+        """
         meta = self.meta
         boxes = list(range_boxes(meta.shape, start, stop))
+        outs = [np.empty(tuple(h - lo for lo, h in zip(*b, strict=True)), dtype=meta.dtype) for b in boxes]
         needed = list(dict.fromkeys(i for b in boxes for i in chunks_in_box(b, meta.chunks)))
-        decoded = await self.chunks(needed)
-        parts = []
-        for lo, hi in boxes:
-            out = np.empty(tuple(h - lo_ for lo_, h in zip(lo, hi, strict=True)), dtype=meta.dtype)
-            for idx in chunks_in_box((lo, hi), meta.chunks):
-                origin = [i * c for i, c in zip(idx, meta.chunks, strict=True)]
-                a = [max(lo_, o) for lo_, o in zip(lo, origin, strict=True)]
-                b = [min(h, o + c) for h, o, c in zip(hi, origin, meta.chunks, strict=True)]
-                src = tuple(slice(x - o, y - o) for x, y, o in zip(a, b, origin, strict=True))
-                dst = tuple(slice(x - lo_, y - lo_) for x, y, lo_ in zip(a, b, lo, strict=True))
-                out[dst] = decoded[idx][src]
-            parts.append(out.tobytes())
-        return b"".join(parts)
+        for n in range(0, len(needed), CHUNK_BATCH):
+            group = needed[n : n + CHUNK_BATCH]
+            decoded = await (self.chunks(group) if len(group) < CHUNK_BATCH else self._batch(group))
+            for idx in group:
+                _copy_chunk(meta.chunks, idx, decoded[idx], boxes, outs)
+        return b"".join(o.tobytes() for o in outs)
+
+    async def _batch(self, indices: list[tuple[int, ...]]) -> dict[tuple[int, ...], np.ndarray]:
+        """Many (small) chunks: the cached ones, and the rest decoded in one worker hop.
+
+        Any failure falls back to one chunk at a time, so errors are reported and
+        remembered exactly as for a single chunk."""
+        out: dict[tuple[int, ...], np.ndarray] = {}
+        missing = []
+        for idx in indices:
+            chunk = self.ctx.chunks.peek(self.cache_key(idx))
+            if chunk is None:
+                missing.append(idx)
+            else:
+                out[idx] = chunk
+        if missing and self.meta.chunk_nbytes * len(missing) <= BATCH_BYTES:
+            try:
+                reader = await self._open()
+                loaded = await run_blocking(lambda: [self._decode(reader, i) for i in missing])
+            except Exception:  # noqa: BLE001 - retried one by one below, which reports it
+                loaded = None
+            if loaded is not None:
+                for idx, chunk in zip(missing, loaded, strict=True):
+                    self.ctx.chunks.put(self.cache_key(idx), chunk, ttl=self.ctx.metadata_ttl)
+                    out[idx] = chunk
+                missing = []
+        if missing:
+            out.update(await self.chunks(missing))
+        return out
 
     async def read_bytes(self, offset: int, length: int) -> bytes:
         """Bytes [offset, offset+length) of the C-order array, clipped to its size."""
@@ -174,12 +217,55 @@ class DecodedArray:
         return data[skip : skip + (end - offset)]
 
 
+#: chunks one read holds at a time (bounds a read's memory whatever the chunk count)
+CHUNK_BATCH = 256
+#: decoded bytes one batch hop may produce; larger chunks go one hop each, in parallel
+BATCH_BYTES = 4 << 20
+
+
+def _copy_chunk(
+    chunks: tuple[int, ...], idx: tuple[int, ...], chunk: np.ndarray,
+    boxes: list[tuple[tuple[int, ...], tuple[int, ...]]], outs: list[np.ndarray],
+) -> None:
+    """Copy the part of chunk ``idx`` that falls in each box into that box's output."""
+    origin = [i * c for i, c in zip(idx, chunks, strict=True)]
+    for (lo, hi), out in zip(boxes, outs, strict=True):
+        a = [max(lo_, o) for lo_, o in zip(lo, origin, strict=True)]
+        b = [min(h, o + c) for h, o, c in zip(hi, origin, chunks, strict=True)]
+        if any(x >= y for x, y in zip(a, b, strict=True)):
+            continue
+        src = tuple(slice(x - o, y - o) for x, y, o in zip(a, b, origin, strict=True))
+        dst = tuple(slice(x - lo_, y - lo_) for x, y, lo_ in zip(a, b, lo, strict=True))
+        out[dst] = chunk[src]
+
+
+def region_bytes(a: np.ndarray, offset: int, length: int) -> bytes:
+    """Bytes [offset, offset+length) of ``a`` in C order, copying only that range
+    (a broadcast fill chunk of 1 GiB is never materialised for a 4 KiB read)."""
+    item = a.dtype.itemsize
+    total = a.size * item
+    end = min(total, offset + length)
+    if offset >= end:
+        return b""
+    if a.flags.c_contiguous:
+        return bytes(byte_view(a)[offset:end])
+    first, last = offset // item, -(-end // item)
+    if a.ndim == 0:
+        data = a.tobytes()
+    else:
+        data = b"".join(a[tuple(slice(x, y) for x, y in zip(lo, hi, strict=True))].tobytes()
+                        for lo, hi in range_boxes(a.shape, first, last))
+    skip = offset - first * item
+    return data[skip : skip + (end - offset)]
+
+
 class RawDataFile(FileNode):
     """``data.raw``: the whole array, C order, declared byte order, fill where never written."""
 
     def __init__(self, array: DecodedArray) -> None:
         self.array = array
         self.mtime = array.ctx.node_mtime(array.meta.path)
+        self.immutable = array.ctx.immutable  # chunks may be rewritten unless declared immutable
 
     @property
     def size(self) -> int:
@@ -196,6 +282,7 @@ class ChunkFile(FileNode):
         self.array = array
         self.idx = idx
         self.mtime = array.ctx.node_mtime(array.meta.path)
+        self.immutable = array.ctx.immutable
 
     @property
     def size(self) -> int:
@@ -208,8 +295,14 @@ class ChunkFile(FileNode):
     async def read(self, offset: int, length: int) -> bytes:
         chunk = await self.array.chunk(self.idx)
         region = self.array.meta.chunk_region_shape(self.idx)
-        view = chunk[tuple(slice(0, s) for s in region)]
-        return bytes(byte_view(view)[offset : offset + length])
+        return region_bytes(chunk[tuple(slice(0, s) for s in region)], offset, length)
+
+
+def convert_chunk(chunk: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``chunk`` as ``dtype``; a broadcast fill chunk (all strides 0) stays a broadcast."""
+    if chunk.ndim and not any(chunk.strides):
+        return np.broadcast_to(chunk.reshape(-1)[:1].astype(dtype).reshape(()), chunk.shape)
+    return chunk.astype(dtype)
 
 
 def byte_view(a: np.ndarray) -> memoryview:

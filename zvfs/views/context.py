@@ -37,6 +37,8 @@ class MountContext:
     counters: Counters = counters
     listings: Cache = field(init=False)
     chunks: Cache = field(init=False)
+    #: chunks whose bytes could not be decoded: (message, cause), for the metadata TTL
+    failures: Cache = field(init=False)
     _logged: set[str] = field(default_factory=set, init=False)
     #: set by the daemon while serving; background prefetches run in it
     nursery: trio.Nursery | None = field(default=None, init=False)
@@ -49,7 +51,9 @@ class MountContext:
         self._stable_time = max(self.metadata_mtimes.values(), default=self.mount_time)
         # listings are small; bound them by entry count via sizeof=1
         self.listings = Cache(max_bytes=100_000, ttl=self.metadata_ttl, sizeof=lambda _v: 1)
-        self.chunks = Cache(max_bytes=self.cache_size)
+        # 256 bytes of bookkeeping per entry: a million 1-byte chunks must still count
+        self.chunks = Cache(max_bytes=self.cache_size, overhead=256)
+        self.failures = Cache(max_bytes=10_000, ttl=self.metadata_ttl, sizeof=lambda _v: 1)
 
     @property
     def stable_time(self) -> float:

@@ -8,7 +8,9 @@ turns it into nodes; the fs layer and the CLI only call
 
 from __future__ import annotations
 
+import itertools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +34,14 @@ class Decoded:
 
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> attributes
     arrays: dict[str, DecodedArray] = field(default_factory=dict)
+    #: a store request failed during discovery: kept only briefly, then discovered again
+    incomplete: bool = False
+    made: float = field(default_factory=time.monotonic)
+    generation: int = field(default_factory=itertools.count().__next__)
+
+
+#: seconds an incomplete discovery (a store request failed) is served before trying again
+INCOMPLETE_TTL = 1.0
 
 
 class LazyDir(DirNode):
@@ -44,7 +54,8 @@ class LazyDir(DirNode):
         self.mtime = ctx.stable_time
 
     async def _target(self) -> DirNode:
-        return await self.ctx.listings.get(("lazy", self.tag), self.build)
+        d = await decoded(self.ctx)  # the tree below is built from one discovery, keyed by it
+        return await self.ctx.listings.get(("lazy", self.tag, d.generation), self.build)
 
     async def lookup(self, name: str) -> Node | None:
         return await (await self._target()).lookup(name)
@@ -56,7 +67,7 @@ class LazyDir(DirNode):
 def _discover(ctx: MountContext) -> Decoded:
     """Worker-thread side: walk the metadata (never the chunks) and wrap each array."""
     hierarchy = formats.discover(ctx.store)
-    out = Decoded()
+    out = Decoded(incomplete=hierarchy.incomplete)
     for path, attrs in hierarchy.groups.items():
         out.groups[path] = dict(attrs)
     for prefix, error in hierarchy.errors.items():
@@ -75,7 +86,14 @@ def _opener(ctx: MountContext, meta: ArrayMeta) -> Callable[[], Any]:
 
 
 async def decoded(ctx: MountContext) -> Decoded:
-    return await ctx.listings.get(("decoded",), lambda: run_blocking(_discover, ctx))
+    """The current discovery. One that met a store failure is never kept past
+    INCOMPLETE_TTL, whatever the metadata TTL: a 403 or a timeout while listing
+    must not hide arrays for a minute, or forever with ``metadata_ttl=indefinite``."""
+    d: Decoded = await ctx.listings.get(("decoded",), lambda: run_blocking(_discover, ctx))
+    if d.incomplete and time.monotonic() - d.made > INCOMPLETE_TTL:
+        ctx.listings.invalidate(("decoded",))
+        d = await ctx.listings.get(("decoded",), lambda: run_blocking(_discover, ctx))
+    return d
 
 
 def _place(root: StaticDir, path: str, mtime: float) -> StaticDir:

@@ -31,6 +31,7 @@ class NpyFile(FileNode):
         self.array = array
         self.header = npy_header(array.meta)
         self.mtime = array.ctx.node_mtime(array.meta.path)
+        self.immutable = array.ctx.immutable
 
     @property
     def size(self) -> int:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from zvfs.formats.meta import ArrayMeta, dtype_str, json_scalar
-from zvfs.views.arrays import ChunkFile, ChunkGridDir, DecodedArray, byte_view
+from zvfs.views.arrays import ChunkFile, ChunkGridDir, DecodedArray, region_bytes
 from zvfs.views.node import BytesFile, Node
 
 
@@ -121,7 +121,7 @@ class V2ChunkFile(ChunkFile):
 
     async def read(self, offset: int, length: int) -> bytes:
         chunk = await self.array.chunk_as(self.idx, mirror_dtype(self.array.meta.dtype))
-        return bytes(byte_view(chunk)[offset : offset + length])
+        return region_bytes(chunk, offset, length)
 
 
 def mirror_array_dir(

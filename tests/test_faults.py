@@ -1,0 +1,293 @@
+"""S3 under injected faults: the fault proxy (tests/faultproxy.py) sits between zvfs and moto.
+
+Every read is compared with what zarr-python wrote (decoded views) or with the
+uploaded bytes (raw tree). Faults are injected on purpose, by rule, never left
+to chance: transient kinds at 20% must be invisible to readers, permanent
+ones (or transient ones that never stop) fail one read with EIO within the
+documented bound, log one line naming the key, and leave the daemon serving.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import stat
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import daemon_pids, is_mounted, s3_client, store_files, upload_tree, wait_until
+from faultproxy import FaultProxy
+
+BUCKET = "faults"
+TRANSIENT = ["503", "500", "429", "reset", "truncate"]
+# short budgets so a test of a dead endpoint takes seconds: documented bound
+# s3_deadline + s3_timeout + 2 s of backoff
+FAST = ["--s3-timeout", "1", "--s3-deadline", "4"]
+
+
+def build_store(root: Path) -> dict[str, np.ndarray]:
+    """A store with plain, compressed, sharded and v2 arrays; returns path -> reference
+    (zarr-python reading back what it wrote, in the declared dtype)."""
+    import zarr
+
+    rng = np.random.default_rng(8)
+    store = zarr.storage.LocalStore(str(root))
+    g = zarr.open_group(store, mode="w", zarr_format=3)
+    a = g.create_array("plain", shape=(64, 64), chunks=(16, 16), dtype="<f4", compressors=None)
+    a[:] = rng.standard_normal((64, 64)).astype("<f4")
+    b = g.create_array("zstd", shape=(200, 50), chunks=(50, 25), dtype="<i8")
+    b[:] = rng.integers(-(10**12), 10**12, size=(200, 50))
+    c = g.create_array("sharded", shape=(64, 64), chunks=(64, 32), shards=(64, 64), dtype="<u2")
+    c[:] = rng.integers(0, 60000, size=(64, 64), dtype="<u2")
+    s = g.create_array("sparse", shape=(40, 40), chunks=(10, 10), dtype="<i4", fill_value=-7)
+    s[0:10, 0:10] = 3
+    v2 = zarr.open_group(store, path="old", mode="w", zarr_format=2)
+    d = v2.create_array("v2arr", shape=(30, 30), chunks=(7, 7), dtype=">i2")
+    d[:] = rng.integers(-3000, 3000, size=(30, 30)).astype(">i2")
+    (root / "blob.bin").write_bytes(rng.bytes(5 << 20))  # two raw blocks, ranged GETs
+    (root / "notes.txt").write_bytes(b"plain file\n" * 100)
+    refs = {}
+    for path in ("plain", "zstd", "sharded", "sparse", "old/v2arr"):
+        arr = zarr.open_array(store, path=path, mode="r")
+        refs[path] = np.ascontiguousarray(arr[...]).astype(arr.dtype)
+    refs["old/v2arr"] = refs["old/v2arr"].astype(">i2")
+    return refs
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, moto):
+    root = tmp_path_factory.mktemp("faults") / "store.zarr"
+    refs = build_store(root)
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket=BUCKET)
+    upload_tree(client, root, BUCKET, "s")
+    return root, refs
+
+
+@pytest.fixture
+def proxy(moto):
+    with FaultProxy(moto.port, seed=int.from_bytes(os.urandom(2), "big")) as p:
+        print(f"fault proxy seed {p.seed}")
+        yield p
+
+
+def mount_s3(mount, proxy, s3_env, *opts: str):
+    return mount(f"s3://{BUCKET}/s", "--endpoint-url", proxy.endpoint, "--cache-size", "4M",
+                 *opts, env=s3_env)
+
+
+def read_all(path: Path, bs: int = 1 << 16) -> bytes:
+    with open(path, "rb", buffering=0) as f:
+        out = bytearray()
+        while chunk := f.read(bs):
+            out += chunk
+        return bytes(out)
+
+
+def expected_files(corpus) -> dict[str, bytes]:
+    root, refs = corpus
+    out = {f"raw:{k}": p.read_bytes() for k, p in store_files(root).items()}
+    for path, ref in refs.items():
+        out[f"dec:{path}"] = ref.tobytes()
+    return out
+
+
+def target(mnt, name: str) -> Path:
+    kind, _, key = name.partition(":")
+    return mnt.path / key if kind == "raw" else mnt.path / ".zvfs/arrays" / key / "data.raw"
+
+
+def stats(mnt) -> dict:
+    return json.loads((mnt.path / ".zvfs/stats.json").read_bytes())
+
+
+@pytest.mark.parametrize("readers", [1, 8])
+def test_transient_faults_are_invisible(readers, corpus, proxy, mount, s3_env) -> None:
+    """20% of GET/HEAD/LIST fail (503, 500, 429, reset, truncated body) and 5% of whole-object
+    GETs come back with a flipped byte: every file reads back identical, no errors."""
+    mnt = mount_s3(mount, proxy, s3_env)
+    want = expected_files(corpus)
+    proxy.set({"kinds": TRANSIENT, "rate": 0.2, "ops": ["get", "head", "list"]},
+              {"kinds": ["flip"], "rate": 0.05, "ops": ["get"], "key": "/zstd/"},
+              {"kinds": ["flip"], "rate": 0.05, "ops": ["get"], "key": "notes"})
+    names = sorted(want)
+    errors: list[str] = []
+
+    def reader(n: int) -> None:
+        order = names[n % len(names):] + names[: n % len(names)]
+        for name in order:
+            try:
+                got = read_all(target(mnt, name), bs=(1 << 16) + n * 4096)
+            except OSError as exc:
+                errors.append(f"{name}: {exc}")
+                continue
+            if got != want[name]:
+                errors.append(f"{name}: wrong bytes ({len(got)} of {len(want[name])})")
+
+    with ThreadPoolExecutor(readers) as pool:
+        list(pool.map(reader, range(readers)))
+    st = proxy.stats()
+    proxy.clear()
+    assert errors == [], f"{errors}\nproxy: {st}\nlog:\n{mnt.log_text()[-3000:]}"
+    assert st["faults"] >= 10, st  # the faults really happened
+    counters = stats(mnt)
+    assert counters["store_retries"] >= st["faults"] - st.get("fault_flip", 0), (counters, st)
+    if st.get("fault_flip"):
+        assert counters.get("store_errors_checksum", 0) >= 1, counters
+    if st.get("fault_truncate"):
+        assert counters.get("store_errors_truncated", 0) >= 1, counters
+
+
+def test_truncated_body_resumes_from_its_offset(corpus, proxy, mount, s3_env) -> None:
+    mnt = mount_s3(mount, proxy, s3_env)
+    root, _ = corpus
+    proxy.set({"kind": "truncate", "count": 1, "ops": ["get"], "key": "blob.bin"})
+    assert read_all(mnt.path / "blob.bin") == (root / "blob.bin").read_bytes()
+    st = proxy.stats()
+    assert st["fault_truncate"] == 1
+    # the resumed request asked only for what was missing: total body bytes stay near one copy
+    assert stats(mnt)["store_errors_truncated"] == 1
+
+
+def test_persistent_failure_is_eio_logged_and_not_remembered(corpus, proxy, mount, s3_env) -> None:
+    root, refs = corpus
+    mnt = mount_s3(mount, proxy, s3_env, *FAST)
+    os.listdir(mnt.path)
+    (mnt.path / ".zvfs/arrays/plain/data.raw").stat()
+    proxy.set({"kind": "503", "ops": ["get", "head"]})
+    for name in ("raw:notes.txt", "dec:plain"):
+        t0 = time.monotonic()
+        with pytest.raises(OSError) as exc:
+            read_all(target(mnt, name))
+        took = time.monotonic() - t0
+        assert exc.value.errno == errno.EIO
+        assert took < 4 + 1 + 2 + 3, f"{name}: EIO after {took:.1f} s"  # documented bound + slack
+    log = mnt.log_text()
+    lines = [ln for ln in log.splitlines() if "SlowDown" in ln]
+    assert any("notes.txt" in ln for ln in lines), log
+    assert any("plain/c/" in ln for ln in lines), log
+    assert is_mounted(mnt.path) and daemon_pids(mnt.path)
+    proxy.clear()
+    # the first read after the faults stop succeeds: a transient failure is never remembered
+    assert read_all(mnt.path / "notes.txt") == (root / "notes.txt").read_bytes()
+    assert read_all(target(mnt, "dec:plain")) == refs["plain"].tobytes()
+
+
+def test_access_denied_names_the_credentials(corpus, proxy, mount, s3_env) -> None:
+    mnt = mount_s3(mount, proxy, s3_env)
+    os.listdir(mnt.path)
+    proxy.set({"kind": "403", "ops": ["get"]})
+    with pytest.raises(OSError) as exc:
+        read_all(mnt.path / "notes.txt")
+    assert exc.value.errno == errno.EIO
+    lines = [ln for ln in mnt.log_text().splitlines() if "AccessDenied" in ln]
+    assert len(lines) == 1 and "credentials" in lines[0] and "notes.txt" in lines[0], lines
+    proxy.clear()
+    assert read_all(mnt.path / "notes.txt") == (corpus[0] / "notes.txt").read_bytes()
+
+
+def test_failed_listing_is_not_cached(corpus, proxy, mount, s3_env) -> None:
+    """Two seconds of 403 on LIST while .zvfs/ is first listed, with an indefinite TTL:
+    the arrays appear once the listing works again."""
+    _, refs = corpus
+    mnt = mount_s3(mount, proxy, s3_env, "--metadata-ttl", "indefinite")
+    proxy.set({"kinds": ["403"], "ops": ["list", "get", "head"], "window": [0, 2]})
+    arrays = mnt.path / ".zvfs/arrays"
+    try:
+        first = sorted(os.listdir(arrays))
+    except OSError as exc:
+        first = [f"error {exc.errno}"]
+    assert "plain" not in first, "the faults did not hit the first listing"
+    assert wait_until(lambda: "plain" in os.listdir(arrays), 10), os.listdir(arrays)
+    assert sorted(os.listdir(arrays)) == ["old", "plain", "sharded", "sparse", "zstd"], first
+    assert read_all(arrays / "sharded/data.raw") == refs["sharded"].tobytes()
+
+
+def test_silent_endpoint_gives_up_and_sigterm_unmounts(corpus, proxy, mount, s3_env) -> None:
+    mnt = mount_s3(mount, proxy, s3_env, *FAST)
+    os.listdir(mnt.path)
+    proxy.set({"kind": "silent", "ops": ["get"]})
+    t0 = time.monotonic()
+    with pytest.raises(OSError) as exc:
+        read_all(mnt.path / "notes.txt")
+    assert exc.value.errno == errno.EIO
+    assert time.monotonic() - t0 < 4 + 1 + 2 + 3
+    assert "notes.txt" in mnt.log_text()
+    # a read hangs on the silent endpoint again; SIGTERM must still unmount at once
+    pids = daemon_pids(mnt.path)
+    assert len(pids) == 1
+    hung = threading.Thread(target=lambda: _swallow(read_all, mnt.path / "blob.bin"), daemon=True)
+    hung.start()
+    time.sleep(0.5)
+    os.kill(pids[0], signal.SIGTERM)
+    assert wait_until(lambda: not is_mounted(mnt.path), 10), "SIGTERM did not unmount"
+    assert wait_until(lambda: not Path(f"/proc/{pids[0]}").exists(), 10)
+
+
+def _swallow(fn, *args) -> None:
+    try:
+        fn(*args)
+    except OSError:
+        pass
+
+
+def test_stall_longer_than_timeout_is_retried(corpus, proxy, mount, s3_env) -> None:
+    mnt = mount_s3(mount, proxy, s3_env, *FAST)
+    os.listdir(mnt.path)
+    proxy.set({"kind": "stall", "stall": 3, "count": 1, "ops": ["get"]})
+    assert read_all(mnt.path / "notes.txt") == (corpus[0] / "notes.txt").read_bytes()
+    assert stats(mnt)["store_errors_timeout"] >= 1
+
+
+def test_rotated_credentials_are_picked_up(corpus, proxy, mount, s3_env, tmp_path) -> None:
+    """A credential_process profile whose key the server starts refusing (ExpiredToken):
+    the next read reloads the credential chain, without a remount."""
+    keyfile = tmp_path / "key"
+    keyfile.write_text("ROTATEDKEY1")
+    helper = tmp_path / "creds.py"
+    helper.write_text(
+        "import json, pathlib\n"
+        f"k = pathlib.Path({str(keyfile)!r}).read_text().strip()\n"
+        "print(json.dumps({'Version': 1, 'AccessKeyId': k, 'SecretAccessKey': 's'}))\n"
+    )
+    config = tmp_path / "config"
+    config.write_text(f"[profile rot]\ncredential_process = {sys.executable} {helper}\n"
+                      "region = us-east-1\n")
+    env = {k: v for k, v in s3_env.items() if k not in
+           ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN")}
+    env["AWS_CONFIG_FILE"] = str(config)
+    mnt = mount_s3(mount, proxy, env, "--profile", "rot")
+    assert read_all(mnt.path / "notes.txt") == (corpus[0] / "notes.txt").read_bytes()
+    keyfile.write_text("ROTATEDKEY2")
+    proxy.set(reject_keys=["ROTATEDKEY1"])
+    assert read_all(mnt.path / "blob.bin") == (corpus[0] / "blob.bin").read_bytes()
+    assert proxy.stats()["fault_expired"] >= 1
+    assert "reloading" in mnt.log_text()
+
+
+def test_corrupt_chunk_is_remembered_but_fault_free_data_is_fine(corpus, proxy, mount, s3_env,
+                                                                   moto) -> None:
+    """A chunk whose stored bytes are corrupt fails with EIO (one log line), and other
+    arrays keep working; the failure is a property of the bytes, not of the network."""
+    client = s3_client(moto.endpoint)
+    client.put_object(Bucket=BUCKET, Key="bad/zarr.json",
+                      Body=(corpus[0] / "zstd/zarr.json").read_bytes())
+    client.put_object(Bucket=BUCKET, Key="bad/c/0/0", Body=b"\x28\xb5\x2f\xfdgarbage")
+    mnt = mount(f"s3://{BUCKET}", "--endpoint-url", proxy.endpoint, env=s3_env)
+    bad = mnt.path / ".zvfs/arrays/bad/data.raw"
+    for _ in range(2):
+        with pytest.raises(OSError) as exc:
+            read_all(bad)
+        assert exc.value.errno == errno.EIO
+    lines = [ln for ln in mnt.log_text().splitlines() if "bad/c/0/0" in ln]
+    assert len(lines) == 1, lines
+    good = mnt.path / ".zvfs/arrays/s/plain/data.raw"
+    assert read_all(good) == corpus[1]["plain"].tobytes()
+    assert stat.S_ISREG(os.stat(good).st_mode)
