@@ -77,7 +77,7 @@ def test_help_shows_every_default_and_choice() -> None:
     entries: dict[str, str] = {}
     flag = None
     for line in res.stdout.split("options:", 1)[1].splitlines():
-        m = re.match(r"^  (--[a-z-]+|-\w)\b(.*)", line)
+        m = re.match(r"^  (--[a-z0-9-]+|-\w)\b(.*)", line)
         if m:
             flag = m.group(1)
             entries[flag] = m.group(2)
