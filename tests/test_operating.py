@@ -101,6 +101,8 @@ def test_help_shows_every_default_and_choice() -> None:
     (["--decoded", "sideways"], [r"--decoded", "hidden, visible, off"]),
     (["--log-level", "chatty"], [r"--log-level", "debug, info, warning, error"]),
     (["--metrics-addr", "here"], [r"--metrics-addr", "HOST:PORT"]),
+    (["--s3-attempts", "0"], [r"--s3-attempts", r">= 1"]),
+    (["-o", "s3_timeout=0"], [r"s3_timeout", r"> 0"]),
     (["-o", "no_such_option=1"], [r"no_such_option", "--help"]),
 ])
 def test_invalid_values_are_one_line(zarr_dir, tmp_path, args, words) -> None:
