@@ -59,7 +59,7 @@ class LazyDir(DirNode):
         self.ctx = ctx
         self.tag = tag
         self.build = build
-        self.mtime = ctx.mount_time
+        self.mtime = ctx.stable_time
 
     async def _target(self) -> DirNode:
         d = await decoded(self.ctx)  # the tree below is built from one discovery, keyed by it
@@ -127,15 +127,15 @@ def _set_dir(root: StaticDir, path: str, node: DirNode) -> None:
 
 async def build_arrays_dir(ctx: MountContext) -> DirNode:
     d = await decoded(ctx)
-    root = StaticDir(mtime=ctx.mount_time)
+    root = StaticDir(mtime=ctx.stable_time)
     for path, array in sorted(d.arrays.items()):
-        _place(root, path, ctx.mount_time).entries.update(array_files(array))
+        _place(root, path, ctx.stable_time).entries.update(array_files(array))
     return root
 
 
 async def build_v2_dir(ctx: MountContext) -> DirNode:
     d = await decoded(ctx)
-    mtime = ctx.mount_time
+    mtime = ctx.stable_time
     root = StaticDir(mtime=mtime)
     for path, attrs in sorted(d.groups.items()):
         _place(root, path, mtime).entries.update(mirror_group_files(attrs, mtime, d.group_types.get(path)))
@@ -188,4 +188,4 @@ def attach_decoded_views(ctx: MountContext, root: MountRoot) -> None:
 
 async def _vectors_or_empty(ctx: MountContext, build: Callable[..., Awaitable[DirNode | None]]) -> DirNode:
     node = await build(ctx.store, ctx)
-    return node if node is not None else StaticDir(mtime=ctx.mount_time)
+    return node if node is not None else StaticDir(mtime=ctx.stable_time)

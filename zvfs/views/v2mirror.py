@@ -167,7 +167,7 @@ class V2ChunkFile(ChunkFile):
 def mirror_array_dir(
     array: DecodedArray, extra: dict[str, Node] | None = None, dims: list[str] | None = None
 ) -> ChunkGridDir:
-    mtime = array.ctx.mount_time
+    mtime = array.ctx.node_mtime(array.meta.path)
     meta = array.meta
     entries: dict[str, Node] = {
         ".zarray": BytesFile(_dumps(zarray_doc(meta)), mtime),
