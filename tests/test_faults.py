@@ -110,13 +110,12 @@ def stats(mnt) -> dict:
 
 @pytest.mark.parametrize("readers", [1, 8])
 def test_transient_faults_are_invisible(readers, corpus, proxy, mount, s3_env) -> None:
-    """20% of GET/HEAD/LIST fail (503, 500, 429, reset, truncated body) and 5% of whole-object
-    GETs come back with a flipped byte: every file reads back identical, no errors."""
+    """20% of GET/HEAD/LIST fail (503, 500, 429, reset, truncated body) and 5% of the GETs
+    that carry S3's CRC come back with a flipped byte: every file reads back identical."""
     mnt = mount_s3(mount, proxy, s3_env)
     want = expected_files(corpus)
     proxy.set({"kinds": TRANSIENT, "rate": 0.2, "ops": ["get", "head", "list"]},
-              {"kinds": ["flip"], "rate": 0.05, "ops": ["get"], "key": "/zstd/"},
-              {"kinds": ["flip"], "rate": 0.05, "ops": ["get"], "key": "notes"})
+              {"kinds": ["flip"], "rate": 0.05, "ops": ["get"]})
     names = sorted(want)
     errors: list[str] = []
 
