@@ -27,39 +27,38 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * scale)
 
 
+def _number(text: str, convert: Callable[[str], float] = float) -> float:
+    """``convert(text)``, or NaN when it is no number: the caller then says what it expects."""
+    try:
+        return convert(text)
+    except ValueError:
+        return math.nan
+
+
 def parse_ttl(text: str) -> float | None:
     """Seconds, or 'indefinite' (None): the store never changes while mounted."""
     if str(text).strip().lower() == "indefinite":
         return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
+    value = _number(text)
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{text!r} is not a number of seconds >= 0 or 'indefinite'")
     return value
 
 
-def parse_count(text: str) -> int:
-    """A count of workers or tries: an integer of at least 1 (0 threads would hang every read)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"{text!r} is not an integer >= 1")
-    return value
-
-
 def parse_seconds(text: str) -> float:
     """A timeout: a number of seconds > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
+    value = _number(text)
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{text!r} is not a number of seconds > 0")
     return value
+
+
+def parse_count(text: str) -> int:
+    """A count of workers or tries: an integer of at least 1 (0 threads would hang every read)."""
+    value = _number(text, int)
+    if not value >= 1:  # NaN too
+        raise ValueError(f"{text!r} is not an integer >= 1")
+    return int(value)
 
 
 def parse_addr(text: str) -> str:
