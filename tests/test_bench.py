@@ -31,6 +31,7 @@ EXPECTED = {
     "dec_dir": ("decoded: cold read of the whole array, directory store", True),
     "dec_s3": ("decoded: cold read of the whole array, S3", True),
     "warm": ("decoded: warm re-read", True),
+    "xr_netcdf": ("decoded: cold xarray .load()", True),
     "req_read1": ("S3 requests: cold read", True),
     "req_ls_large": ("S3 requests: ls -lR", True),
     "rss_s3": ("daemon peak RSS after the S3 cold read", True),
@@ -38,7 +39,7 @@ EXPECTED = {
     "rss_stream": ("zvfs daemon peak RSS streaming", False),
 }
 PEERS = {"rclone (off)", "rclone (minimal)", "rclone (full)", "s3fs", "ratarmount", "fuse-zip",
-         "zarr-python", "tensorstore"}
+         "zarr-python", "tensorstore", "xarray open_zarr"}
 
 
 def _number(text: str) -> float:

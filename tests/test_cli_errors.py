@@ -12,7 +12,6 @@ not tested there: moto's auth mode answers an unsigned request with a 500.)
 
 from __future__ import annotations
 
-import os
 import re
 import time
 import urllib.request
@@ -286,28 +285,6 @@ def test_unmount_busy_then_lazy(zarr_dir, mount) -> None:
         assert f.read()  # the open file still reads after a lazy unmount
     finally:
         f.close()
-
-
-def test_unmount_after_daemon_was_killed(zarr_dir, mount) -> None:
-    """A daemon killed with SIGKILL leaves a dead mount; zvfs unmount still cleans it up."""
-    import signal
-
-    from conftest import _pid_alive, wait_until
-
-    m = mount(zarr_dir)
-    pids = daemon_pids(m.path)
-    assert len(pids) == 1, pids
-    os.kill(pids[0], signal.SIGKILL)
-    assert wait_until(lambda: not _pid_alive(pids[0]), 10)
-    with pytest.raises(OSError):
-        os.listdir(m.path)  # ENOTCONN: transport endpoint is not connected
-    res = zvfs_mount(zarr_dir, m.path)
-    assert_fails(res, r"already mounted")
-    res = run([tool("zvfs"), "unmount", m.path])
-    assert res.returncode == 0, res.stderr
-    assert mount_entry(m.path) is None
-    m2 = mount(zarr_dir, mountpoint=m.path)  # and the mountpoint is usable again
-    assert (m2.path / "zarr.json").exists()
 
 
 def test_missing_profile(moto, s3_env, mnt) -> None:

@@ -2,12 +2,19 @@
 
 ``zvfs mount`` daemonizes by starting itself again with ``-f`` in a new
 session and waiting on a pipe: it returns 0 only once the mount answers a
-``stat``, and otherwise prints the child's one-line reason and exits 1.
+``stat``, and otherwise prints the child's one-line reason and exits non-zero.
+
+Exit status: 0 mounted; 1 a failure that may go away (endpoint unreachable,
+FUSE refused); 2 a command line argparse cannot read; 78 (EX_CONFIG) a
+configuration error that a retry cannot fix (bad option, missing source,
+refused credentials, unusable mountpoint), so systemd's
+``RestartPreventExitStatus=78`` stops restarting.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import logging.handlers
 import os
@@ -16,29 +23,44 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, NoReturn
 
+from zvfs import __version__
 from zvfs import options as zopts
-from zvfs.mounts import is_mounted
+from zvfs.mounts import is_dead, is_mounted, mount_entry
 
 log = logging.getLogger("zvfs")
 
 READY_TIMEOUT = 120.0
-EXIT_USAGE = 2
 EXIT_FAIL = 1
+EXIT_USAGE = 2
+EXIT_CONFIG = 78  # sysexits.h EX_CONFIG; systemd knows it by that name too
 
 
 class CliError(Exception):
-    """A user-facing error: printed as 'zvfs: error: ...', exit status 1."""
+    """A user-facing error: printed as 'zvfs: error: ...'; ``code`` is the exit status."""
+
+    def __init__(self, message: str, code: int = EXIT_CONFIG) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad command line in one line, without the usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"zvfs: error: {message} (see: {self.prog} --help)\n")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="zvfs",
         description="Mount a Zarr store (directory, .zip, S3) as a read-only file system, "
         "with decoded arrays under MOUNTPOINT/.zvfs/.",
     )
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p.add_argument("--version", action="version", version=f"zvfs {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     m = sub.add_parser("mount", help="mount SOURCE at MOUNTPOINT",
                        description="SOURCE: a directory, a .zip file, s3://bucket[/prefix], "
                        "file:///path#mode=zarr,file, file:///path.zip#mode=nczarr,zip, "
@@ -53,41 +75,93 @@ def _parser() -> argparse.ArgumentParser:
     u = sub.add_parser("unmount", aliases=["umount"], help="unmount MOUNTPOINT")
     u.add_argument("mountpoint")
     u.add_argument("-z", "--lazy", action="store_true", help="detach now, clean up when no longer busy")
+    st = sub.add_parser("status", help="show the zvfs mounts of this machine: source, options, "
+                        "health, traffic, errors")
+    st.add_argument("mountpoint", nargs="?", help="only this mount (default: all)")
+    st.add_argument("--json", action="store_true", help="print JSON for scripts (default: text)")
+    st.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
+                    help="a mount that does not answer within this is reported hung (default: 5)")
     return p
 
 
-def _setup_logging(opts: dict[str, Any], daemon: bool) -> None:
+def default_log_file(mountpoint: str) -> str:
+    """Where a daemon logs when not told: /var/log/zvfs/ for root, else $XDG_STATE_HOME/zvfs/."""
+    if os.geteuid() == 0:
+        base = "/var/log/zvfs"
+    else:
+        state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+        base = os.path.join(state, "zvfs")
+    name = os.path.abspath(mountpoint).strip("/").replace("/", "-") or "root"
+    return os.path.join(base, name + ".log")
+
+
+def _setup_logging(opts: dict[str, Any], daemon: bool, mountpoint: str) -> str:
+    """Send the log where the options say; returns where, for the user ('' for stderr)."""
     level = getattr(logging, opts["log_level"].upper())
     fmt = "%(asctime)s zvfs[%(process)d] %(levelname)s %(message)s"
     handler: logging.Handler
-    if opts["log_file"]:
-        handler = logging.FileHandler(opts["log_file"])
-    elif daemon and os.path.exists("/dev/log"):
-        handler = logging.handlers.SysLogHandler("/dev/log")
-        fmt = "zvfs[%(process)d]: %(levelname)s %(message)s"
-    elif daemon:
-        handler = logging.NullHandler()
-    else:
-        handler = logging.StreamHandler(sys.stderr)
+    where = opts["log_file"] or (default_log_file(mountpoint) if daemon else "")
+    try:
+        if where == "syslog":
+            if not os.path.exists("/dev/log"):  # the handler would drop every line silently
+                raise FileNotFoundError(errno.ENOENT, "no syslog daemon listens there")
+            handler = logging.handlers.SysLogHandler("/dev/log")
+            fmt = "zvfs[%(process)d]: %(levelname)s %(message)s"
+        elif where:
+            os.makedirs(os.path.dirname(where), exist_ok=True)
+            handler = logging.FileHandler(where)
+        else:  # the foreground, and systemd: stderr goes to the journal
+            handler = logging.StreamHandler(sys.stderr)
+    except OSError as exc:
+        what = "the syslog socket /dev/log" if where == "syslog" else f"the log file {where}"
+        raise CliError(f"cannot write to {what}: {exc.strerror}; pass --log-file PATH") from None
     handler.setFormatter(logging.Formatter(fmt))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.WARNING)
     log.setLevel(level)
+    return where
 
 
-def check_mountpoint(path: str) -> str:
-    if not os.path.exists(path):
-        raise CliError(f"mountpoint {path} does not exist; create it with: mkdir -p {path}")
-    if not os.path.isdir(path):
-        raise CliError(f"mountpoint {path} is not a directory")
-    if is_mounted(path):
-        raise CliError(f"{path} is already mounted; unmount it first with: zvfs unmount {path}")
-    return os.path.abspath(path)
+def _warn(message: str) -> None:
+    print(f"zvfs: warning: {message}", file=sys.stderr)
+
+
+def check_mountpoint(path: str, allow_non_empty: bool = False) -> str:
+    """The absolute mountpoint, if it can be mounted on; clears a dead zvfs mount left there."""
+    mp = os.path.abspath(path)
+    entry = mount_entry(mp)
+    if entry is not None and is_dead(mp):
+        if entry.fstype != "fuse.zvfs":
+            raise CliError(f"{mp} is a dead {entry.fstype} mount (transport endpoint is not connected); "
+                           f"clear it with: fusermount3 -u {mp}")
+        # ENOTCONN on a zvfs mount: its daemon is gone, so nothing in it can be used any more;
+        # a process still holding it open only makes a plain unmount busy: detach it then
+        try:
+            _fusermount(mp, lazy=False)
+        except CliError:
+            _fusermount(mp, lazy=True)
+        _warn(f"cleared a dead zvfs mount at {mp} (its daemon had died)")
+        entry = mount_entry(mp)
+    if entry is not None:
+        raise CliError(f"{mp} is already mounted; unmount it first with: zvfs unmount {mp}")
+    if not os.path.exists(mp):
+        raise CliError(f"mountpoint {mp} does not exist; create it with: mkdir -p {mp}")
+    if not os.path.isdir(mp):
+        raise CliError(f"mountpoint {mp} is not a directory")
+    if not allow_non_empty:
+        try:
+            entries = os.listdir(mp)
+        except OSError as exc:
+            raise CliError(f"cannot read the mountpoint {mp}: {exc.strerror}") from None
+        if entries:
+            raise CliError(f"mountpoint {mp} is not empty ({len(entries)} entries would be hidden); "
+                           "use an empty directory, or pass --allow-non-empty (-o nonempty)")
+    return mp
 
 
 def _open_source(source: str, opts: dict[str, Any]):  # type: ignore[no-untyped-def]
-    from zvfs.stores.base import SourceError
+    from zvfs.stores.base import SourceError, SourceUnavailable
     from zvfs.stores.retry import RetryPolicy
     from zvfs.stores.url import open_store, parse_source
 
@@ -96,41 +170,78 @@ def _open_source(source: str, opts: dict[str, Any]):  # type: ignore[no-untyped-
                             profile=opts["profile"], no_sign_request=opts["no_sign_request"])
         retry = RetryPolicy(attempts=opts["s3_attempts"], timeout=opts["s3_timeout"],
                             deadline=opts["s3_deadline"])
-        return open_store(spec, retry), spec.describe()
+        return open_store(spec, retry, allow_empty=opts["allow_empty"]), spec.describe()
+    except SourceUnavailable as exc:
+        raise CliError(str(exc), EXIT_FAIL) from None
     except (SourceError, ValueError) as exc:
         raise CliError(str(exc)) from None
 
 
+class _Reporter:
+    """Says how the mount went: to the waiting parent through the ready pipe, or on stderr."""
+
+    def __init__(self, ready_fd: int | None) -> None:
+        self.fd = ready_fd
+
+    def warn(self, message: str) -> None:
+        log.warning("%s", message)
+        if self.fd is None:
+            _warn(message)
+        else:
+            os.write(self.fd, f"WARN {message}\n".encode())
+
+    def fail(self, exc: CliError) -> int:
+        log.error("%s", exc)
+        if self.fd is None:
+            raise exc
+        os.write(self.fd, f"ERR {exc.code} {exc}\n".encode())
+        return exc.code
+
+
+def _scan(store: Any, description: str, report: _Reporter) -> Any:
+    """Look at the store's key names once: warn when it holds no Zarr metadata at all (its
+    plain files still mount), and learn the metadata mtimes the decoded views show."""
+    from zvfs.formats.probe import MetadataScan, scan_metadata
+    from zvfs.stores.base import StoreError
+
+    try:
+        scan = scan_metadata(store)
+    except StoreError as exc:  # listing fails later too, with its own message; not worth a refusal
+        log.debug("could not look for Zarr metadata: %s", exc)
+        return MetadataScan(found=None)
+    if scan.found is False:
+        report.warn(f"{description} holds no Zarr metadata (zarr.json, .zarray, .zgroup); "
+                    "mounting its plain files, and .zvfs/ will have no arrays")
+    return scan
+
+
 def _mount_foreground(args: argparse.Namespace, opts: dict[str, Any]) -> int:
     daemon = args.ready_fd is not None
-    _setup_logging(opts, daemon)
+    report = _Reporter(args.ready_fd)
     try:
-        mountpoint = check_mountpoint(args.mountpoint)
+        where = _setup_logging(opts, daemon, args.mountpoint)
+        if daemon and where:
+            os.write(args.ready_fd, f"LOG {where}\n".encode())
+        mountpoint = check_mountpoint(args.mountpoint, opts["allow_non_empty"])
         store, description = _open_source(args.source, opts)
     except CliError as exc:
-        if daemon:
-            os.write(args.ready_fd, f"ERR {exc}\n".encode())
-            return EXIT_FAIL
-        raise
+        return report.fail(exc)
+    scan = _scan(store, description, report)
     from zvfs.daemon import serve
 
     try:
-        serve(store, mountpoint, description, opts, ready_fd=args.ready_fd)
+        serve(store, mountpoint, description, opts, ready_fd=args.ready_fd, metadata_mtimes=scan.mtimes)
     except Exception as exc:  # noqa: BLE001 - whatever it is, the user gets one line, not a traceback
         log.debug("mount failed", exc_info=True)
-        msg = f"cannot mount {args.source} at {mountpoint}: {exc}"
-        if daemon:
-            os.write(args.ready_fd, f"ERR {msg}\n".encode())
-            return EXIT_FAIL
-        raise CliError(msg) from None
+        return report.fail(CliError(f"cannot mount {args.source} at {mountpoint}: {exc}", EXIT_FAIL))
     return 0
 
 
 def _child_argv(args: argparse.Namespace, opts: dict[str, Any], mountpoint: str) -> list[str]:
     """The same mount as a command line of resolved options and absolute paths (the child runs in /)."""
     source = args.source
-    if "://" not in source and os.path.exists(source):
-        source = os.path.abspath(source)
+    if "://" not in source:  # a local path, existing or not: the child must see the caller's one
+        source = os.path.abspath(os.path.expanduser(source))
     out = ["mount", source, mountpoint]
     for opt in zopts.OPTIONS:
         value = opts[opt.name]
@@ -143,45 +254,62 @@ def _child_argv(args: argparse.Namespace, opts: dict[str, Any], mountpoint: str)
 
 def _mount_daemon(args: argparse.Namespace, opts: dict[str, Any]) -> int:
     # cheap checks first, so the common mistakes answer at once
-    mountpoint = check_mountpoint(args.mountpoint)
+    mountpoint = check_mountpoint(args.mountpoint, opts["allow_non_empty"])
     read_fd, write_fd = os.pipe()
     child_argv = [sys.executable, "-m", "zvfs", *_child_argv(args, opts, mountpoint), "--ready-fd", str(write_fd)]
     with open(os.devnull, "rb") as devnull_in, open(os.devnull, "wb") as devnull_out:
         proc = subprocess.Popen(child_argv, stdin=devnull_in, stdout=devnull_out, stderr=devnull_out,
                                 pass_fds=(write_fd,), start_new_session=True, cwd="/")
     os.close(write_fd)
-    message = b""
+    try:
+        return _await_ready(proc, read_fd, mountpoint, tell_log=not opts["log_file"])
+    finally:
+        os.close(read_fd)
+
+
+def _ready_lines(proc: subprocess.Popen[bytes], read_fd: int) -> Iterator[str]:
+    """The child's report lines (LOG/WARN/OK/ERR) until it closes the pipe."""
+    buf = b""
     deadline = time.monotonic() + READY_TIMEOUT
-    while b"\n" not in message:
+    while True:
+        while b"\n" in buf:
+            line, _, buf = buf.partition(b"\n")
+            yield line.decode(errors="replace")
         left = deadline - time.monotonic()
         if left <= 0:
             proc.terminate()
             raise CliError(f"the mount did not become ready within {READY_TIMEOUT:.0f} s; "
-                           "run with -f --log-level debug to see why")
+                           "run with -f --log-level debug to see why", EXIT_FAIL)
         ready, _, _ = select.select([read_fd], [], [], left)
-        if not ready:
-            continue
-        chunk = os.read(read_fd, 4096)
-        if not chunk:
-            break
-        message += chunk
-    os.close(read_fd)
-    text = message.decode(errors="replace").strip()
-    if text == "OK":
-        return 0
-    if text.startswith("ERR "):
-        proc.wait(timeout=30)
-        raise CliError(text[4:])
+        if ready:
+            chunk = os.read(read_fd, 4096)
+            if not chunk:
+                return
+            buf += chunk
+
+
+def _await_ready(proc: subprocess.Popen[bytes], read_fd: int, mountpoint: str, tell_log: bool) -> int:
+    log_where = ""
+    for line in _ready_lines(proc, read_fd):
+        kind, _, rest = line.partition(" ")
+        if kind == "LOG":
+            log_where = rest
+        elif kind == "WARN":
+            _warn(rest)
+        elif kind == "OK":
+            if tell_log and log_where:
+                print(f"zvfs: mounted at {mountpoint}; the log is in {log_where}", file=sys.stderr)
+            return 0
+        elif kind == "ERR":
+            proc.wait(timeout=30)
+            code, _, message = rest.partition(" ")
+            raise CliError(message, int(code) if code.isdigit() else EXIT_FAIL)
     code = proc.wait(timeout=30)
-    raise CliError(f"the mount process exited ({code}) before the mount was ready; "
-                   "run with -f --log-level debug to see why")
+    hint = f"; see the log in {log_where}" if log_where else "; run with -f --log-level debug to see why"
+    raise CliError(f"the mount process exited ({code}) before the mount was ready{hint}", EXIT_FAIL)
 
 
-def _unmount(path: str, lazy: bool) -> int:
-    if not os.path.isdir(path):
-        raise CliError(f"{path} does not exist or is not a directory")
-    if not is_mounted(path):
-        raise CliError(f"{path} is not mounted")
+def _fusermount(path: str, lazy: bool) -> None:
     tool = shutil.which("fusermount3") or shutil.which("fusermount")
     if tool is None:
         raise CliError("fusermount3 not found; install the fuse3 package (apt-get install fuse3)")
@@ -189,8 +317,17 @@ def _unmount(path: str, lazy: bool) -> int:
     if res.returncode != 0:
         reason = res.stderr.strip() or f"{tool} exited {res.returncode}"
         hint = " (it is busy: close the files open in it, or use zvfs unmount -z)" if "busy" in reason else ""
-        raise CliError(f"cannot unmount {path}: {reason}{hint}")
-    return 0
+        raise CliError(f"cannot unmount {path}: {reason}{hint}", EXIT_FAIL)
+
+
+def _unmount(path: str, lazy: bool) -> int:
+    # the mount table first: a dead mount (ENOTCONN) cannot even be stat'ed, but is unmounted all the same
+    if is_mounted(path):
+        _fusermount(os.path.abspath(path), lazy)
+        return 0
+    if not os.path.isdir(path):
+        raise CliError(f"{path} does not exist or is not a directory")
+    raise CliError(f"{path} is not mounted")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,16 +337,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command in ("unmount", "umount"):
             return _unmount(args.mountpoint, args.lazy)
+        if args.command == "status":
+            from zvfs.status import main as status_main
+
+            return status_main(args.mountpoint, as_json=args.json, timeout=args.timeout)
         try:
             opts = zopts.resolve(args)
         except ValueError as exc:
-            parser.error(str(exc))
+            raise CliError(str(exc)) from None
         if args.foreground or args.ready_fd is not None:
             return _mount_foreground(args, opts)
         return _mount_daemon(args, opts)
     except CliError as exc:
         print(f"zvfs: error: {exc}", file=sys.stderr)
-        return EXIT_FAIL
+        return exc.code
     except KeyboardInterrupt:
         return 130
 

@@ -21,11 +21,14 @@ import trio
 from zvfs.cache.disk import DiskCachedStore
 from zvfs.fs import ZvfsOperations
 from zvfs.mounts import mount_device
+from zvfs.options import OPTIONS, format_value
 from zvfs.stats import counters
 from zvfs.stores.base import Store
 from zvfs.stores.counting import CountingStore
+from zvfs.stores.directory import DirectoryStore
 from zvfs.views.context import MountContext
 from zvfs.views.root import MountRoot, build_root
+from zvfs.views.usage import StoreUsage
 from zvfs.workers import run_blocking, set_worker_limit
 
 log = logging.getLogger("zvfs")
@@ -103,7 +106,8 @@ def tame_malloc() -> None:
     libc.mallopt(m_arena_max, 2)
 
 
-def build_context(store: Store, opts: dict[str, Any]) -> MountContext:
+def build_context(store: Store, opts: dict[str, Any], description: str = "",
+                  metadata_mtimes: dict[str, float] | None = None) -> MountContext:
     """Stack the store wrappers: counting sits next to the real store, so stats.json counts
     only real requests; the optional disk tier sits above it."""
     layered: Store = CountingStore(store, counters)
@@ -121,12 +125,18 @@ def build_context(store: Store, opts: dict[str, Any]) -> MountContext:
         metadata_ttl=opts["metadata_ttl"],
         cache_size=opts["cache_size"],
         decoded=opts["decoded"],
+        source=description or store.description,
+        metadata_mtimes=dict(metadata_mtimes or {}),
+        options={o.name: format_value(o, opts[o.name]) if o.parse else opts[o.name]
+                 for o in OPTIONS if opts.get(o.name) is not None},
     )
 
 
 async def _announce_ready(mountpoint: str, ready_fd: int | None) -> None:
-    # stat goes through FUSE, so it proves the loop answers; it must leave the trio thread
-    await run_blocking(os.stat, mountpoint)
+    # stat goes through FUSE, so it proves the loop answers; it must leave the trio thread.
+    # The thread is abandoned if a signal stops the loop first: its stat would then wait
+    # for an answer that never comes, until the unmount fails it.
+    await trio.to_thread.run_sync(os.stat, mountpoint, cancellable=True)
     await run_blocking(tune_kernel, mountpoint)
     log.info("mounted %s", mountpoint)
     if ready_fd is not None:
@@ -135,19 +145,57 @@ async def _announce_ready(mountpoint: str, ready_fd: int | None) -> None:
     sd_notify("READY=1\nSTATUS=mounted")
 
 
-async def _watch_signals() -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-        async for signum in signals:
-            log.info("got %s, unmounting", signal.Signals(signum).name)
-            sd_notify("STOPPING=1")
-            pyfuse3.terminate()
-            return
+class SignalStop:
+    """SIGTERM, SIGINT and SIGHUP unmount cleanly, whenever they come.
+
+    The handlers go in before ``pyfuse3.init`` mounts, and stay until the mount
+    is gone: a signal that arrives before the trio loop runs is remembered and
+    acted on as soon as it does, and one that arrives while unmounting is
+    ignored. (trio's signal receiver exists only inside the loop, so a signal
+    just after init used to kill the daemon and leave a dead mount.) Python runs
+    the handler on the main thread, which is the trio thread; ``run_sync_soon``
+    is the call trio allows from a signal handler.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        if self.received is not None:
+            return  # already stopping
+        self.received = signum
+        if self._token is not None:
+            try:
+                self._token.run_sync_soon(self._stop)
+            except trio.RunFinishedError:
+                pass  # the loop is over: the mount is being closed anyway
+
+    def attach(self) -> None:
+        """Called first thing inside the trio loop."""
+        self._token = trio.lowlevel.current_trio_token()
+        if self.received is not None:
+            self._stop()
+
+    def _stop(self) -> None:
+        log.info("got %s, unmounting", signal.Signals(self.received or signal.SIGTERM).name)
+        sd_notify("STOPPING=1")
+        pyfuse3.terminate()  # the session loop checks this flag first: safe before main() runs
+
+    def restore(self) -> None:
+        self._token = None
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
 
 
-async def _serve(ctx: MountContext, root: MountRoot, mountpoint: str, ready_fd: int | None) -> None:
+async def _serve(ctx: MountContext, root: MountRoot, mountpoint: str, ready_fd: int | None,
+                 stop: SignalStop) -> None:
+    stop.attach()
     async with trio.open_nursery() as nursery:
         ctx.nursery = nursery
-        nursery.start_soon(_watch_signals)
         nursery.start_soon(_announce_ready, mountpoint, ready_fd)
         if ctx.store.flat_listing:
             # like rclone's --vfs-refresh: list the store while the user types the first command
@@ -157,23 +205,35 @@ async def _serve(ctx: MountContext, root: MountRoot, mountpoint: str, ready_fd: 
 
 
 def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
-          ready_fd: int | None = None) -> None:
+          ready_fd: int | None = None, metadata_mtimes: dict[str, float] | None = None) -> None:
     """Mount and serve until unmounted or signalled. Raises OSError if the mount fails."""
     tame_malloc()
     set_worker_limit(opts["threads"])
-    ctx = build_context(store, opts)
+    ctx = build_context(store, opts, description, metadata_mtimes)
     from zvfs.views.decoded import attach_decoded_views
 
     root = build_root(ctx)
     attach_decoded_views(ctx, root)
-    ops = ZvfsOperations(root, ttl=opts["metadata_ttl"])
-    pyfuse3.init(ops, mountpoint, fuse_options(description, opts["allow_other"]))
+    usage = StoreUsage(ctx, store.root if isinstance(store, DirectoryStore) else None)
+    ops = ZvfsOperations(root, ttl=opts["metadata_ttl"], usage=usage)
+    metrics = None
+    if opts.get("metrics_addr"):
+        from zvfs.metrics import serve_metrics
+
+        metrics = serve_metrics(opts["metrics_addr"], ctx, opts.get("metrics_label") or description)
+    stop = SignalStop()
     unmounted = False
     try:
-        trio.run(_serve, ctx, root, mountpoint, ready_fd)
-        unmounted = True
+        pyfuse3.init(ops, mountpoint, fuse_options(description, opts["allow_other"]))
+        try:
+            trio.run(_serve, ctx, root, mountpoint, ready_fd, stop)
+            unmounted = True
+        finally:
+            # after a clean terminate() we unmount; after a crash too, so no dead mount stays behind
+            pyfuse3.close(unmount=True)
     finally:
-        # after a clean terminate() we unmount; after a crash too, so no dead mount stays behind
-        pyfuse3.close(unmount=True)
+        stop.restore()
+        if metrics is not None:
+            metrics.shutdown()
         store.close()
-        log.info("unmounted %s%s", mountpoint, "" if unmounted else " after an error")
+    log.info("unmounted %s%s", mountpoint, "" if unmounted else " after an error")

@@ -8,6 +8,7 @@ Every option has a long flag (``--cache-size 1G``) and the same name as a
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 from collections.abc import Callable
@@ -21,19 +22,55 @@ def parse_size(text: str) -> int:
     """'512M', '1G', '1.5GiB', '1048576' -> bytes (powers of 1024)."""
     m = _SIZE.match(str(text))
     if not m:
-        raise ValueError(f"not a size: {text!r} (use e.g. 512M, 2G)")
+        raise ValueError(f"{text!r} is not a size >= 0 (use e.g. 512M, 2G, 1048576)")
     scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
     return int(float(m.group(1)) * scale)
 
 
 def parse_ttl(text: str) -> float | None:
     """Seconds, or 'indefinite' (None): the store never changes while mounted."""
-    if str(text).lower() in ("indefinite", "inf", "infinite", "forever"):
+    if str(text).strip().lower() == "indefinite":
         return None
-    value = float(text)
-    if value < 0:
-        raise ValueError("metadata TTL cannot be negative")
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{text!r} is not a number of seconds >= 0 or 'indefinite'")
     return value
+
+
+def parse_count(text: str) -> int:
+    """A count of workers or tries: an integer of at least 1 (0 threads would hang every read)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{text!r} is not an integer >= 1")
+    return value
+
+
+def parse_seconds(text: str) -> float:
+    """A timeout: a number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{text!r} is not a number of seconds > 0")
+    return value
+
+
+def parse_addr(text: str) -> str:
+    """'PORT', ':PORT' or 'HOST:PORT' -> 'HOST:PORT'; the host defaults to 127.0.0.1 (not exposed)."""
+    host, sep, port = str(text).strip().rpartition(":")
+    if not sep:
+        host, port = "", str(text).strip()
+    host = host.strip("[]") or "127.0.0.1"
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r} is not HOST:PORT with a port from 1 to 65535 (e.g. 127.0.0.1:9464)")
+    return f"{host}:{int(port)}"
 
 
 def parse_path(text: str) -> str:
@@ -41,10 +78,19 @@ def parse_path(text: str) -> str:
     return os.path.abspath(os.path.expanduser(text))
 
 
+def parse_log_file(text: str) -> str:
+    """A log file path made absolute, or the word 'syslog' (/dev/log)."""
+    return text if text == "syslog" else parse_path(text)
+
+
 def format_value(opt: Option, value: Any) -> str:
     """The inverse of ``opt.parse``, so resolved options can be passed on as flags."""
     if opt.parse is parse_ttl and value is None:
         return "indefinite"
+    if opt.parse is parse_size:
+        return _human(value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
     return str(value)
 
 
@@ -54,6 +100,7 @@ def _choice(*allowed: str) -> Callable[[str], str]:
             raise ValueError(f"{text!r} is not one of {', '.join(allowed)}")
         return text
 
+    parse.choices = allowed  # type: ignore[attr-defined]
     return parse
 
 
@@ -63,29 +110,65 @@ class Option:
     parse: Callable[[str], Any] | None  # None: a boolean switch
     default: Any
     help: str
+    #: what --help shows as the default when it is not simply the value (None: no default)
+    shown_default: str | None = None
+    #: other -o keys meaning the same (e.g. fuse's 'nonempty')
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def choices(self) -> tuple[str, ...] | None:
+        return getattr(self.parse, "choices", None)
+
+    def help_text(self) -> str:
+        """The help line with its default spelled out, as --help shows it."""
+        if self.parse is None:
+            return f"{self.help} (default: off)"
+        shown = self.shown_default
+        if shown is None and self.default is not None:
+            shown = _human(self.default) if self.parse is parse_size else format_value(self, self.default)
+        return f"{self.help} (default: {shown})" if shown else self.help
+
+
+def _human(n: int) -> str:
+    for unit, scale in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("endpoint_url", str, None, "S3 endpoint URL (e.g. http://127.0.0.1:9000 for MinIO or moto)"),
-    Option("region", str, None, "S3 region (default: from the AWS config chain)"),
-    Option("profile", str, None, "AWS profile name from ~/.aws/config"),
+    Option("endpoint_url", str, None, "S3 endpoint URL (e.g. http://127.0.0.1:9000 for MinIO or moto)",
+           shown_default="AWS"),
+    Option("region", str, None, "S3 region", shown_default="from the AWS config chain"),
+    Option("profile", str, None, "AWS profile name from ~/.aws/config", shown_default="from the AWS config chain"),
     Option("no_sign_request", None, False, "access S3 anonymously (public buckets)"),
     Option("metadata_ttl", parse_ttl, 60.0, "seconds to cache listings and attributes, or 'indefinite' for data that never changes"),
     Option("cache_size", parse_size, 512 << 20, "memory bound for decoded chunks (e.g. 512M, 2G)"),
     Option("decoded", _choice("hidden", "visible", "off"), "hidden", "the .zvfs/ decoded views: hidden from the root listing, visible, or off"),
-    Option("cache_dir", parse_path, None, "keep fetched objects on disk here too (a disk tier under the memory cache); off by default"),
+    Option("cache_dir", parse_path, None, "keep fetched objects on disk here too (a disk tier under the memory cache)",
+           shown_default="off"),
     Option("cache_max_size", parse_size, 10 << 30, "bound for --cache-dir (e.g. 10G)"),
     Option("cache_min_free", parse_size, 1 << 30, "free space --cache-dir always leaves on its disk"),
-    Option("s3_attempts", int, 10, "tries per S3 request: throttling, 5xx, resets, stalls and broken bodies are retried with exponential backoff and jitter"),
-    Option("s3_timeout", float, 10.0, "seconds an S3 try waits to connect or for the next bytes"),
-    Option("s3_deadline", float, 60.0, "seconds after which an S3 request stops retrying: a read fails with EIO within about s3_deadline + s3_timeout"),
-    Option("threads", int, 16, "worker threads for store I/O and decoding"),
+    Option("s3_attempts", parse_count, 10, "tries per S3 request: throttling, 5xx, resets, stalls and broken bodies are retried with exponential backoff and jitter"),
+    Option("s3_timeout", parse_seconds, 10.0, "seconds an S3 try waits to connect or for the next bytes"),
+    Option("s3_deadline", parse_seconds, 60.0, "seconds after which an S3 request stops retrying: a read fails with EIO within about s3_deadline + s3_timeout"),
+    Option("threads", parse_count, 16, "worker threads for store I/O and decoding (at least 1)"),
     Option("allow_other", None, False, "let other users access the mount (needs user_allow_other in /etc/fuse.conf for non-root)"),
-    Option("log_file", parse_path, None, "write the log here (default: stderr; syslog when daemonized)"),
+    Option("log_file", parse_log_file, None, "write the log here, or 'syslog'",
+           shown_default="stderr with -f; a daemon logs to /var/log/zvfs/ (root) or "
+           "$XDG_STATE_HOME/zvfs/ and says where"),
     Option("log_level", _choice("debug", "info", "warning", "error"), "warning", "log level"),
+    Option("allow_empty", None, False, "mount an S3 prefix that holds no keys (e.g. to write into it later)"),
+    Option("allow_non_empty", None, False, "mount over a mountpoint that is not empty, hiding its files",
+           aliases=("nonempty",)),
+    Option("metrics_addr", parse_addr, None, "serve Prometheus metrics at HOST:PORT (host 127.0.0.1 "
+           "unless given)", shown_default="off"),
+    Option("metrics_label", str, None, "the 'mount' label of the metrics", shown_default="the source"),
 )
 
 BY_NAME = {o.name: o for o in OPTIONS}
+#: every -o key, aliases included
+BY_KEY = {**BY_NAME, **{a: o for o in OPTIONS for a in o.aliases}}
 
 #: generic mount(8)/fstab options that mean nothing to zvfs and are accepted silently
 IGNORED = {"rw", "ro", "defaults", "auto", "noauto", "user", "nouser", "users", "nofail", "_netdev",
@@ -96,9 +179,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for opt in OPTIONS:
         flag = "--" + opt.name.replace("_", "-")
         if opt.parse is None:
-            parser.add_argument(flag, dest=opt.name, action="store_true", default=None, help=opt.help)
+            parser.add_argument(flag, dest=opt.name, action="store_true", default=None, help=opt.help_text())
         else:
-            parser.add_argument(flag, dest=opt.name, default=None, metavar=opt.name.upper(), help=opt.help)
+            metavar = "{" + ",".join(opt.choices) + "}" if opt.choices else opt.name.upper()
+            parser.add_argument(flag, dest=opt.name, default=None, metavar=metavar, help=opt.help_text())
     parser.add_argument("-o", dest="o", action="append", default=[], metavar="OPT[,OPT...]",
                         help="any option above as key=value (switches as bare keys), comma separated")
 
@@ -119,16 +203,15 @@ def resolve(ns: argparse.Namespace) -> dict[str, Any]:
         key = key.strip().replace("-", "_")
         if key in IGNORED or key.startswith("x-") or key.startswith("comment="):
             continue
-        opt = BY_NAME.get(key)
+        opt = BY_KEY.get(key)
         if opt is None:
-            known = ", ".join(sorted(BY_NAME))
-            raise ValueError(f"unknown option -o {key}; known options: {known}")
+            raise ValueError(f"unknown option -o {key}; the options are listed by: zvfs mount --help")
         if opt.parse is None:
-            raw[key] = value.lower() not in ("0", "false", "no", "off") if eq else True
+            raw[opt.name] = value.lower() not in ("0", "false", "no", "off") if eq else True
         else:
             if not eq:
                 raise ValueError(f"option -o {key} needs a value: -o {key}=VALUE")
-            raw[key] = value
+            raw[opt.name] = value
     for opt in OPTIONS:
         flag_value = getattr(ns, opt.name, None)
         if flag_value is not None:
@@ -143,5 +226,6 @@ def resolve(ns: argparse.Namespace) -> dict[str, Any]:
             try:
                 values[opt.name] = opt.parse(raw[opt.name])
             except ValueError as exc:
-                raise ValueError(f"bad value for {opt.name}: {exc}") from None
+                flag = "--" + opt.name.replace("_", "-")
+                raise ValueError(f"invalid {flag} (-o {opt.name}): {exc}") from None
     return values

@@ -1,14 +1,67 @@
-"""Live counters for ``.zvfs/stats.json``.
+"""Live counters and latency histograms behind ``.zvfs/stats.json`` and the metrics endpoint.
 
 A plain registry with no dependencies, so every layer may count into it
-without importing the layer that reports it.
+without importing the layer that reports it. Every name a layer is known to
+count is registered at 0 up front, so stats.json and the metrics keep the
+same keys from the first second of a mount; a name counted that is not
+listed here still shows up, once counted.
 """
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from collections import defaultdict
+
+#: kinds of store failure the S3 layer counts as ``store_errors_<kind>``
+ERROR_KINDS = ("throttled", "server", "reset", "timeout", "truncated", "checksum", "denied",
+               "not_found", "other")
+#: store operations counted as ``store_requests_<op>`` (and timed)
+STORE_OPS = ("get", "get_range", "info", "list")
+#: FUSE operations counted as ``fuse_ops_<op>``; failures as ``fuse_errors_<op>``
+FUSE_OPS = ("lookup", "getattr", "opendir", "readdir", "open", "read", "statfs")
+
+KNOWN_COUNTERS: tuple[str, ...] = (
+    "store_requests", "store_bytes", "store_list_requests", "store_retries", "store_failures",
+    *(f"store_requests_{op}" for op in STORE_OPS),
+    *(f"store_bytes_{op}" for op in ("get", "get_range")),
+    *(f"store_errors_{kind}" for kind in ERROR_KINDS),
+    "chunks_decoded", "bytes_decoded", "decode_seconds",
+    "prefetch_requests", "prefetch_hits",
+    "disk_cache_hits", "disk_cache_misses", "disk_cache_evictions",
+    "fuse_lookups", "fuse_getattrs", "fuse_readdirs", "fuse_read_requests", "fuse_read_bytes",
+    *(f"fuse_ops_{op}" for op in FUSE_OPS),
+    *(f"fuse_errors_{op}" for op in FUSE_OPS),
+)
+
+#: upper bounds (seconds) of the latency histogram buckets; +Inf is implied
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+KNOWN_HISTOGRAMS: tuple[str, ...] = tuple(f"store_seconds_{op}" for op in STORE_OPS)
+
+
+class Histogram:
+    """Cumulative-free bucket counts (as observed) plus sum and count; read under the lock."""
+
+    __slots__ = ("counts", "sum", "count")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(LATENCY_BUCKETS, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """Prometheus-style (upper bound, cumulative count) pairs ending with '+Inf'."""
+        out, total = [], 0
+        for bound, n in zip((*map(str, LATENCY_BUCKETS), "+Inf"), self.counts, strict=True):
+            total += n
+            out.append((bound, total))
+        return out
 
 
 class Counters:
@@ -17,17 +70,37 @@ class Counters:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._values: defaultdict[str, float] = defaultdict(float)
+        self._values.update(dict.fromkeys(KNOWN_COUNTERS, 0))
+        self._histograms: dict[str, Histogram] = {n: Histogram() for n in KNOWN_HISTOGRAMS}
         self.started = time.time()
+        #: (unix time, one line) of the last error a user saw as a failed operation
+        self.last_error: tuple[float, str] | None = None
 
     def add(self, name: str, amount: float = 1) -> None:
         with self._lock:
             self._values[name] += amount
+
+    def observe(self, name: str, seconds: float) -> None:
+        """Record one latency in the histogram ``name``."""
+        with self._lock:
+            hist = self._histograms.get(name)
+            if hist is None:
+                hist = self._histograms[name] = Histogram()
+            hist.observe(seconds)
+
+    def note_error(self, message: str) -> None:
+        self.last_error = (time.time(), message)
 
     def snapshot(self) -> dict[str, float]:
         with self._lock:
             out = {k: (int(v) if float(v).is_integer() else round(v, 6)) for k, v in self._values.items()}
         out["uptime_seconds"] = round(time.time() - self.started, 3)
         return dict(sorted(out.items()))
+
+    def histograms(self) -> dict[str, tuple[list[tuple[str, int]], float, int]]:
+        """name -> (cumulative buckets, sum, count), a consistent copy."""
+        with self._lock:
+            return {n: (h.cumulative(), h.sum, h.count) for n, h in sorted(self._histograms.items())}
 
 
 #: the process-wide counters; one mount per process

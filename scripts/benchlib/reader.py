@@ -3,6 +3,8 @@
   reader.py files LISTFILE NREADERS        read every listed file (path<TAB>size lines)
   reader.py zarr STORE_DIR ARRAY_PATH N    zarr.open_array(...)[:] N times in one process
   reader.py tensorstore SPEC_JSON N        tensorstore .read() of the whole array N times
+  reader.py xarray KIND PATH VAR N         xarray .load() of one variable N times: KIND zarr
+                                           (open_zarr(PATH)) or netcdf (open_dataset(PATH))
 
 Each prints one JSON line: {"bytes": ..., "seconds": [...], "errors": [...]}; only the
 reads themselves are timed, not the interpreter's start or the imports.
@@ -97,6 +99,24 @@ def read_tensorstore(spec: str, repeat: int) -> dict:
     return {"bytes": nbytes, "seconds": times, "errors": []}
 
 
+def read_xarray(kind: str, path: str, var: str, repeat: int) -> dict:
+    import warnings
+
+    import xarray as xr
+
+    warnings.simplefilter("ignore")
+    times, nbytes = [], 0
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        ds = xr.open_zarr(path) if kind == "zarr" else xr.open_dataset(path, engine="netcdf4")
+        with ds:
+            data = ds[var].load().values
+        times.append(time.perf_counter() - t0)
+        nbytes = data.nbytes
+        del data
+    return {"bytes": nbytes, "seconds": times, "errors": []}
+
+
 def main(argv: list[str]) -> None:
     cmd = argv[0]
     if cmd == "files":
@@ -105,6 +125,8 @@ def main(argv: list[str]) -> None:
         out = read_zarr(argv[1], argv[2], int(argv[3]))
     elif cmd == "tensorstore":
         out = read_tensorstore(argv[1], int(argv[2]))
+    elif cmd == "xarray":
+        out = read_xarray(argv[1], argv[2], argv[3], int(argv[4]))
     else:
         raise SystemExit(f"unknown workload {cmd}")
     print(json.dumps(out), flush=True)

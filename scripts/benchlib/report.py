@@ -150,6 +150,8 @@ def targets_table(res: Results, cache_size_mib: float | None, stream_mib: float 
         add(f"{label}: ≥ 1.5× ratarmount", rel(rid, ["ratarmount"]), 1.5, True)
         add(f"{label}: ≥ 1× fuse-zip", rel(rid, ["fuse-zip"]), 1.0, True)
     add("decoded data.raw, directory store: ≥ 1× zarr-python [:]", rel("dec_dir", ["zarr-python"]), 1, True)
+    add("xarray open_dataset(.zvfs/netcdf/root.nc).load(): ≥ 1× xarray open_zarr(store).load()",
+        rel("xr_netcdf", ["xarray open_zarr"]), 1, True)
     zs3, zdir = med("dec_s3", "zvfs"), med("dec_dir", "zvfs")
     add("decoded read from S3 (20 ms): ≥ 0.8× the same read from the directory store",
         zs3 / zdir if zs3 and zdir else None, 0.8, True)

@@ -120,6 +120,25 @@ class Bench:
             rss = procs.peak_rss_kib(mt.pid)
         return size / MiB / cold, size / MiB / warm, rss
 
+    def xarray_netcdf(self, system: System) -> float:
+        """zvfs: cold ``xarray.open_dataset(MNT/.zvfs/netcdf/root.nc).load()`` of the big array (MiB/s)."""
+        procs.drop_caches()
+        with self.m.mount(system, "big") as mt:
+            path = mt.path / ".zvfs" / "netcdf" / "root.nc"
+            res = _reader(["xarray", "netcdf", str(path), BIG_ARRAY, "1"], self.timeout, mt)
+        return self._xarray_rate(res)
+
+    def xarray_zarr(self) -> float:
+        """The peer: cold ``xarray.open_zarr(store).load()`` of the same array, in-process (MiB/s)."""
+        procs.drop_caches()
+        res = _reader(["xarray", "zarr", str(self.corpus.store("big")), BIG_ARRAY, "1"], self.timeout)
+        return self._xarray_rate(res)
+
+    def _xarray_rate(self, res: dict) -> float:
+        if res["bytes"] != self.corpus.big_nbytes:
+            raise WorkloadError(f"xarray read {res['bytes']} bytes, expected {self.corpus.big_nbytes}")
+        return res["bytes"] / MiB / res["seconds"][0]
+
     def _cat(self, path: Path, mt: Mounted | None) -> float:
         t0 = time.perf_counter()
         r = _run_child(["cat", str(path)], self.timeout, mt, capture=False)

@@ -47,6 +47,8 @@ class GroupMeta:
     attributes: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     metadata_key: str = ""
+    #: NCZarr's ``_nczarr_attr`` types (name -> dtype string), kept for the typed views
+    attribute_types: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -323,10 +325,12 @@ def _contained(path: str, key: str, fmt: str, read: Callable[..., _Node], *args:
 def _v2_group(path: str, zgroup: Any, zattrs: Any, key: str) -> GroupMeta:
     attrs = dict(zattrs) if isinstance(zattrs, dict) else {}
     fmt = "nczarr" if nczarr.is_nczarr(zgroup, zattrs) else "zarr_v2"
+    types: dict[str, str] = {}
     if fmt == "nczarr":
+        types = nczarr.attribute_types(attrs)
         attrs = nczarr.strip_nczarr(attrs)
     err = None if isinstance(zgroup, dict) else f"{key}: expected a JSON object"
-    return GroupMeta(path, fmt, attrs, err, key)
+    return GroupMeta(path, fmt, attrs, err, key, types)
 
 
 def _get_doc(

@@ -33,6 +33,19 @@ def is_nczarr(*docs: Any) -> bool:
     return any(nczarr_keys(d) for d in docs)
 
 
+def attribute_types(attrs: Any) -> dict[str, str]:
+    """NCZarr's attribute types (``_nczarr_attr.types``: name -> dtype string), or {}.
+
+    Kept apart from the user attributes so views can give each attribute its
+    netCDF type (a float stays a float, "NaN" is a number).
+    """
+    info = nczarr_keys(attrs).get("_nczarr_attr")
+    types = info.get("types") if isinstance(info, dict) else None
+    if not isinstance(types, dict):
+        return {}
+    return {str(k): v for k, v in types.items() if isinstance(v, str)}
+
+
 def strip_nczarr(attrs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in attrs.items() if not k.lower().startswith("_nczarr")}
 
@@ -44,6 +57,8 @@ def parse_array(path: str, zarray: Any, zattrs: Any, key: str | None = None) -> 
     )
     meta = parse_v2_array(path, zarray, zattrs, key, fmt="nczarr")
     meta.attributes = strip_nczarr(meta.attributes)
+    if isinstance(meta.source, dict):
+        meta.source["nczarr_attr_types"] = attribute_types(zattrs)
     if not isinstance(info, dict):
         return meta
     dimrefs = info.get("dimrefs", info.get("dimension_references"))

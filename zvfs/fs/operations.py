@@ -22,7 +22,7 @@ import errno
 import itertools
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import pyfuse3
 
@@ -32,6 +32,7 @@ from zvfs.views.node import DirNode, FileNode, Node, NodeError
 log = logging.getLogger("zvfs")
 
 ROOT = pyfuse3.ROOT_INODE
+STATFS_BLOCK = 4096
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 
 
@@ -42,9 +43,12 @@ class ZvfsOperations(pyfuse3.Operations):
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, root: DirNode, ttl: float | None = 60.0) -> None:
+    def __init__(self, root: DirNode, ttl: float | None = 60.0,
+                 usage: Callable[[], Awaitable[tuple[int, int]]] | None = None) -> None:
+        """``usage`` answers statfs (df): bytes the store holds, and bytes free where it lives."""
         super().__init__()
         self.ttl = 365 * 86400.0 if ttl is None else float(ttl)
+        self._usage = usage
         self._nodes: dict[int, Node] = {ROOT: root}
         self._paths: dict[int, str] = {ROOT: "/"}
         self._parent: dict[int, int] = {ROOT: ROOT}
@@ -85,7 +89,8 @@ class ZvfsOperations(pyfuse3.Operations):
         a.st_ino = ino
         a.generation = 0
         a.entry_timeout = self.ttl
-        a.attr_timeout = self.ttl
+        # a live file's size changes with its content: the kernel must ask every time
+        a.attr_timeout = 0 if isinstance(node, FileNode) and node.direct_io else self.ttl
         a.st_mode = node.mode
         a.st_uid = self._uid
         a.st_gid = self._gid
@@ -104,15 +109,22 @@ class ZvfsOperations(pyfuse3.Operations):
 
     async def _call(self, what: str, coro):  # type: ignore[no-untyped-def]
         """Await a node call; map its failure to one errno and one log line."""
+        op = what.split(" ", 1)[0]
         try:
             return await coro
         except pyfuse3.FUSEError:
+            counters.add(f"fuse_errors_{op}")
             raise
         except NodeError as exc:
-            if exc.errno != errno.ENOENT and self._first_report(exc.key):
-                log.error("%s: %s", what, exc)
+            if exc.errno != errno.ENOENT:
+                counters.add(f"fuse_errors_{op}")
+                counters.note_error(f"{what}: {exc}")
+                if self._first_report(exc.key):
+                    log.error("%s: %s", what, exc)
             raise pyfuse3.FUSEError(exc.errno) from None
         except Exception as exc:  # noqa: BLE001 - one bad file must not take the daemon down
+            counters.add(f"fuse_errors_{op}")
+            counters.note_error(f"{what}: {type(exc).__name__}: {exc}")
             log.error("%s: %s: %s", what, type(exc).__name__, exc)
             raise pyfuse3.FUSEError(errno.EIO) from None
 
@@ -129,6 +141,7 @@ class ZvfsOperations(pyfuse3.Operations):
 
     async def lookup(self, parent_inode: int, name: bytes, ctx=None) -> pyfuse3.EntryAttributes:  # type: ignore[override]
         counters.add("fuse_lookups")
+        counters.add("fuse_ops_lookup")
         sname = os.fsdecode(name)
         if sname == ".":
             return await self.getattr(parent_inode)
@@ -149,6 +162,7 @@ class ZvfsOperations(pyfuse3.Operations):
 
     async def getattr(self, inode: int, ctx=None) -> pyfuse3.EntryAttributes:  # type: ignore[override]
         counters.add("fuse_getattrs")
+        counters.add("fuse_ops_getattr")
         return self._attrs(inode, self._node(inode))
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
@@ -165,6 +179,7 @@ class ZvfsOperations(pyfuse3.Operations):
     # -- directories ---------------------------------------------------------
 
     async def opendir(self, inode: int, ctx) -> int:  # type: ignore[override]
+        counters.add("fuse_ops_opendir")
         node = self._node(inode)
         if not isinstance(node, DirNode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
@@ -182,6 +197,7 @@ class ZvfsOperations(pyfuse3.Operations):
 
     async def readdir(self, fh: int, start_id: int, token) -> None:  # type: ignore[override]
         counters.add("fuse_readdirs")
+        counters.add("fuse_ops_readdir")
         entries = self._dir_handles.get(fh)
         if entries is None:
             raise pyfuse3.FUSEError(errno.EBADF)
@@ -200,14 +216,17 @@ class ZvfsOperations(pyfuse3.Operations):
     # -- files ---------------------------------------------------------------
 
     async def open(self, inode: int, flags: int, ctx) -> pyfuse3.FileInfo:  # type: ignore[override]
+        counters.add("fuse_ops_open")
         node = self._node(inode)
         if flags & _WRITE_FLAGS:
             raise pyfuse3.FUSEError(errno.EROFS)
         if not isinstance(node, FileNode):
             raise pyfuse3.FUSEError(errno.EISDIR)
+        node.opened()
         return pyfuse3.FileInfo(fh=inode, keep_cache=node.immutable, direct_io=node.direct_io)
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
+        counters.add("fuse_ops_read")
         node = self._node(fh)
         assert isinstance(node, FileNode)
         data = await self._call(f"read {self._paths.get(fh, fh)}", node.read(off, size))
@@ -222,9 +241,15 @@ class ZvfsOperations(pyfuse3.Operations):
         return not (mode & os.W_OK)
 
     async def statfs(self, ctx) -> pyfuse3.StatvfsData:  # type: ignore[override]
+        """df: size = what the store holds + free space where it lives; used = the store."""
+        counters.add("fuse_ops_statfs")
+        used, free = await self._call("statfs /", self._usage()) if self._usage else (0, 0)
         s = pyfuse3.StatvfsData()
-        s.f_bsize = s.f_frsize = 1 << 20
-        s.f_blocks = s.f_bfree = s.f_bavail = 0
+        s.f_bsize = 1 << 20  # the preferred I/O size
+        s.f_frsize = STATFS_BLOCK
+        s.f_bfree = s.f_bavail = free // STATFS_BLOCK
+        # at least one block even when empty: df leaves out file systems of size 0
+        s.f_blocks = max(1, -(-used // STATFS_BLOCK) + s.f_bfree)
         s.f_files = len(self._paths)
         s.f_ffree = s.f_favail = 0
         s.f_namemax = 255

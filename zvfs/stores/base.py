@@ -30,6 +30,11 @@ class SourceError(StoreError):
     """
 
 
+class SourceUnavailable(SourceError):
+    """The source could not be reached now (endpoint down, server errors) but may come back:
+    unlike a plain SourceError it is not a configuration mistake, so a service may retry."""
+
+
 @dataclass(frozen=True, slots=True)
 class KeyInfo:
     """Size and modification time of one key; mtime is seconds since the epoch."""

@@ -1,8 +1,10 @@
-"""A store wrapper that counts requests and bytes into :mod:`zvfs.stats`."""
+"""A store wrapper that counts requests, bytes and latency into :mod:`zvfs.stats`."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 from zvfs.stats import Counters
 from zvfs.stores.base import KeyInfo, Listing, Store
@@ -18,33 +20,46 @@ class CountingStore(Store):
         self.block_size = inner.block_size
         self.flat_listing = inner.flat_listing
 
-    def get(self, key: str) -> bytes:
-        self.counters.add("store_requests")
-        data = self.inner.get(key)
+    @contextmanager
+    def _timed(self, op: str) -> Iterator[None]:
+        """Count one ``op`` request and time it (failures too: a slow error is latency)."""
+        self.counters.add("store_list_requests" if op == "list" else "store_requests")
+        self.counters.add(f"store_requests_{op}")
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.counters.observe(f"store_seconds_{op}", time.perf_counter() - t0)
+
+    def _got(self, op: str, data: bytes) -> bytes:
         self.counters.add("store_bytes", len(data))
+        self.counters.add(f"store_bytes_{op}", len(data))
         return data
+
+    def get(self, key: str) -> bytes:
+        with self._timed("get"):
+            return self._got("get", self.inner.get(key))
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
-        self.counters.add("store_requests")
-        data = self.inner.get_range(key, start, length)
-        self.counters.add("store_bytes", len(data))
-        return data
+        with self._timed("get_range"):
+            return self._got("get_range", self.inner.get_range(key, start, length))
 
     def info(self, key: str) -> KeyInfo:
-        self.counters.add("store_requests")
-        return self.inner.info(key)
+        with self._timed("info"):
+            return self.inner.info(key)
 
     def list_dir(self, prefix: str) -> Listing:
-        self.counters.add("store_list_requests")
-        return self.inner.list_dir(prefix)
+        with self._timed("list"):
+            return self.inner.list_dir(prefix)
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
-        self.counters.add("store_list_requests")
-        return self.inner.list_prefix(prefix)
+        # a generator: its requests happen as it is consumed, so only the call is timed
+        with self._timed("list"):
+            return self.inner.list_prefix(prefix)
 
     def list_tree(self, prefix: str) -> Iterator[tuple[str, KeyInfo]]:
-        self.counters.add("store_list_requests")
-        return self.inner.list_tree(prefix)
+        with self._timed("list"):
+            return self.inner.list_tree(prefix)
 
     def close(self) -> None:
         self.inner.close()

@@ -114,6 +114,7 @@ class S3Store(Store):
         max_pool: int = 32,
         retry: RetryPolicy | None = None,
         block_size: int = 4 << 20,
+        allow_empty: bool = False,
     ) -> None:
         if not bucket:
             raise SourceError("S3 source needs a bucket name: s3://bucket[/prefix]")
@@ -124,12 +125,18 @@ class S3Store(Store):
         self.prefix = prefix
         self.no_sign_request = no_sign_request
         self.retry = retry or RetryPolicy()
+        self.allow_empty = allow_empty
         self.block_size = block_size  # one GET serves many FUSE reads of the raw view
         self.description = f"s3://{bucket}/{prefix.rstrip('/')}" if prefix else f"s3://{bucket}"
         self._skipped = LogOnce(log)
         self.flat_listing = True
         self._profile = profile
         self._client_lock = threading.Lock()
+        if endpoint_url and "://" not in endpoint_url:
+            raise SourceError(
+                f"the S3 endpoint URL {endpoint_url!r} has no scheme: "
+                f"use --endpoint-url http://{endpoint_url} (or https://)"
+            )
         extra: dict[str, Any] = {}
         if no_sign_request:
             extra["signature_version"] = UNSIGNED
@@ -181,13 +188,23 @@ class S3Store(Store):
     # -- open-time validation ---------------------------------------------------------------
 
     def _probe(self, client: Any) -> None:
-        """One small ListObjectsV2 that turns every way of failing into a SourceError."""
+        """One small ListObjectsV2 that turns every way of failing into a SourceError
+        (SourceUnavailable for what may pass), and refuses a prefix with no keys."""
+        from zvfs.stores.base import SourceUnavailable  # local: leaves the import block to others
+
         where = f"at endpoint {self.endpoint}"
         try:
-            client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix, Delimiter="/", MaxKeys=1)
+            page = client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix, Delimiter="/", MaxKeys=1)
         except bce.ClientError as e:
             code, status = _code(e), _status(e)
             msg = e.response.get("Error", {}).get("Message", "")
+            headers = e.response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+            if (not code or code.isdigit()) and not any(h.startswith("x-amz-") for h in headers):
+                # S3 always names its error (NoSuchBucket...) and stamps x-amz-request-id
+                raise SourceError(
+                    f"the endpoint {self.endpoint} answered HTTP {status} without an S3 error: "
+                    "it does not look like an S3 server; check --endpoint-url"
+                ) from None
             if code == "NoSuchBucket" or (status == 404 and code in ("404", "NotFound")):
                 raise SourceError(f"S3 bucket '{self.bucket}' does not exist ({where})") from None
             if code in _WRONG_REGION or status == 301:
@@ -210,7 +227,8 @@ class S3Store(Store):
                     "Fix the credentials: pass --profile NAME, or set AWS_ACCESS_KEY_ID and "
                     "AWS_SECRET_ACCESS_KEY; for a public bucket use --no-sign-request"
                 ) from None
-            raise SourceError(
+            error = SourceUnavailable if status >= 500 or code in ("SlowDown", "Throttling") else SourceError
+            raise error(
                 f"cannot open {self.description} ({where}): {code or status} {msg}".rstrip()
             ) from None
         except (bce.NoCredentialsError, bce.PartialCredentialsError) as e:
@@ -220,9 +238,20 @@ class S3Store(Store):
                 "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or ~/.aws/credentials"
             ) from None
         except _UNREACHABLE as e:
-            raise SourceError(f"cannot reach the S3 endpoint {self.endpoint}: {e}") from None
+            raise SourceUnavailable(f"cannot reach the S3 endpoint {self.endpoint}: {e}") from None
+        except bce.ParamValidationError:
+            raise SourceError(
+                f"'{self.bucket}' is not a valid S3 bucket name: use 3-63 lowercase letters, digits, "
+                "dots and hyphens, e.g. s3://my-bucket/prefix"
+            ) from None
         except bce.BotoCoreError as e:
-            raise SourceError(f"cannot open {self.description} ({where}): {e}") from None
+            raise SourceUnavailable(f"cannot open {self.description} ({where}): {e}") from None
+        if not self.allow_empty and not page.get("KeyCount") and not page.get("Contents") \
+                and not page.get("CommonPrefixes"):
+            raise SourceError(
+                f"{self.description} holds no keys ({where}); check the bucket and prefix for a typo, "
+                "or pass --allow-empty (-o allow_empty) to mount it empty"
+            )
 
     # -- Store API ---------------------------------------------------------------------------
 

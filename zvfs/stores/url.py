@@ -128,8 +128,9 @@ def parse_source(
     raise SourceError(f"unsupported source {source!r} (scheme {scheme}://); expected {ACCEPTED_FORMS}")
 
 
-def open_store(spec: SourceSpec, retry: RetryPolicy | None = None) -> Store:
-    """Open the store a spec names; raises SourceError if it cannot be opened at all.
+def open_store(spec: SourceSpec, retry: RetryPolicy | None = None, *, allow_empty: bool = False) -> Store:
+    """Open the store a spec names; raises SourceError if it cannot be opened at all
+    (an S3 prefix with no keys too, unless ``allow_empty``).
 
     ``retry`` bounds the requests of a remote store (local stores do not retry)."""
     store: Store
@@ -147,6 +148,7 @@ def open_store(spec: SourceSpec, retry: RetryPolicy | None = None) -> Store:
         store = S3Store(
             str(spec.bucket), spec.prefix, endpoint_url=spec.endpoint_url, region=spec.region,
             profile=spec.profile, no_sign_request=spec.no_sign_request, retry=retry,
+            allow_empty=allow_empty,
         )
     else:  # pragma: no cover - Kind is closed
         raise SourceError(f"unknown source kind {spec.kind!r}")
@@ -190,4 +192,5 @@ def _local(raw: str, *, modes: set[str]) -> SourceSpec:
         raise SourceError(f"mode=file was given but {path} is a file, not a directory")
     if want_zip or looks_zip or zipfile.is_zipfile(path):
         return SourceSpec("zip", path=path)
-    raise SourceError(f"source {path} is a regular file but not a zip archive; expected {ACCEPTED_FORMS}")
+    raise SourceError(f"source {path} is a regular file but not a zip archive; "
+                      "mount a Zarr directory, a .zip file or s3://bucket/prefix")

@@ -264,7 +264,7 @@ class RawDataFile(FileNode):
 
     def __init__(self, array: DecodedArray) -> None:
         self.array = array
-        self.mtime = array.ctx.mount_time
+        self.mtime = array.ctx.node_mtime(array.meta.path)
         self.immutable = array.ctx.immutable  # chunks may be rewritten unless declared immutable
 
     @property
@@ -281,7 +281,7 @@ class ChunkFile(FileNode):
     def __init__(self, array: DecodedArray, idx: tuple[int, ...]) -> None:
         self.array = array
         self.idx = idx
-        self.mtime = array.ctx.mount_time
+        self.mtime = array.ctx.node_mtime(array.meta.path)
         self.immutable = array.ctx.immutable
 
     @property
@@ -344,7 +344,7 @@ class ChunkGridDir(DirNode):
         self.array = array
         self.make = make
         self.extra = dict(extra or {})
-        self.mtime = array.ctx.mount_time
+        self.mtime = array.ctx.node_mtime(array.meta.path)
 
     async def lookup(self, name: str) -> Node | None:
         if name in self.extra:
@@ -369,7 +369,7 @@ def array_files(array: DecodedArray) -> dict[str, Node]:
     from zvfs.views.envi import envi_header, envi_supported
     from zvfs.views.npy import NpyFile
 
-    mtime = array.ctx.mount_time
+    mtime = array.ctx.node_mtime(array.meta.path)
     files: dict[str, Node] = {"meta.json": BytesFile(array.meta.json_bytes(), mtime)}
     if not array.readable:
         return files

@@ -29,6 +29,11 @@ class MountContext:
     cache_size: int = 512 << 20
     decoded: str = "hidden"  # hidden | visible | off
     mount_time: float = field(default_factory=time.time)
+    #: what the user mounted and with which options (stats.json and zvfs status show them)
+    source: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+    #: node path -> newest mtime of its metadata keys, from the scan at mount (formats.probe)
+    metadata_mtimes: dict[str, float] = field(default_factory=dict)
     counters: Counters = counters
     listings: Cache = field(init=False)
     chunks: Cache = field(init=False)
@@ -43,11 +48,22 @@ class MountContext:
     walks: dict[str, Any] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
+        self._stable_time = max(self.metadata_mtimes.values(), default=self.mount_time)
         # listings are small; bound them by entry count via sizeof=1
         self.listings = Cache(max_bytes=100_000, ttl=self.metadata_ttl, sizeof=lambda _v: 1)
         # 256 bytes of bookkeeping per entry: a million 1-byte chunks must still count
         self.chunks = Cache(max_bytes=self.cache_size, overhead=256)
         self.failures = Cache(max_bytes=10_000, ttl=self.metadata_ttl, sizeof=lambda _v: 1)
+
+    @property
+    def stable_time(self) -> float:
+        """The mtime of a directory or file derived from the store as a whole: the newest
+        metadata mtime, so it survives a remount of unchanged data (the mount time otherwise)."""
+        return self._stable_time
+
+    def node_mtime(self, path: str) -> float:
+        """The mtime of the views of the array or group at ``path``: its metadata's."""
+        return self.metadata_mtimes.get(path.strip("/"), self.stable_time)
 
     @property
     def immutable(self) -> bool:

@@ -19,9 +19,15 @@ from zvfs import formats
 from zvfs.formats.meta import ArrayMeta
 from zvfs.views.arrays import DecodedArray, array_files
 from zvfs.views.context import MountContext
+from zvfs.views.netcdf import group_file_names, group_members, netcdf_file
 from zvfs.views.node import DirNode, Node, StaticDir
 from zvfs.views.root import MountRoot
-from zvfs.views.v2mirror import consistent_dimensions, mirror_array_dir, mirror_group_files
+from zvfs.views.v2mirror import (
+    consistent_dimensions,
+    consolidate,
+    mirror_array_dir,
+    mirror_group_files,
+)
 from zvfs.views.vectors import build_vectors_dir
 from zvfs.workers import run_blocking
 
@@ -34,6 +40,8 @@ class Decoded:
 
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> attributes
     arrays: dict[str, DecodedArray] = field(default_factory=dict)
+    #: path -> NCZarr attribute types of that group (name -> dtype string)
+    group_types: dict[str, dict[str, str]] = field(default_factory=dict)
     #: a store request failed during discovery: kept only briefly, then discovered again
     incomplete: bool = False
     made: float = field(default_factory=time.monotonic)
@@ -51,7 +59,7 @@ class LazyDir(DirNode):
         self.ctx = ctx
         self.tag = tag
         self.build = build
-        self.mtime = ctx.mount_time
+        self.mtime = ctx.stable_time
 
     async def _target(self) -> DirNode:
         d = await decoded(self.ctx)  # the tree below is built from one discovery, keyed by it
@@ -70,6 +78,9 @@ def _discover(ctx: MountContext) -> Decoded:
     out = Decoded(incomplete=hierarchy.incomplete)
     for path, attrs in hierarchy.groups.items():
         out.groups[path] = dict(attrs)
+    for path, group in hierarchy.group_meta.items():
+        if group.attribute_types:
+            out.group_types[path] = dict(group.attribute_types)
     for prefix, error in hierarchy.errors.items():
         ctx.warn_once(f"discover-error {prefix}", f"discovery below {prefix or '/'}: {error}")
     for path, meta in hierarchy.arrays.items():
@@ -116,18 +127,18 @@ def _set_dir(root: StaticDir, path: str, node: DirNode) -> None:
 
 async def build_arrays_dir(ctx: MountContext) -> DirNode:
     d = await decoded(ctx)
-    root = StaticDir(mtime=ctx.mount_time)
+    root = StaticDir(mtime=ctx.stable_time)
     for path, array in sorted(d.arrays.items()):
-        _place(root, path, ctx.mount_time).entries.update(array_files(array))
+        _place(root, path, ctx.stable_time).entries.update(array_files(array))
     return root
 
 
 async def build_v2_dir(ctx: MountContext) -> DirNode:
     d = await decoded(ctx)
-    mtime = ctx.mount_time
+    mtime = ctx.stable_time
     root = StaticDir(mtime=mtime)
     for path, attrs in sorted(d.groups.items()):
-        _place(root, path, mtime).entries.update(mirror_group_files(attrs, mtime))
+        _place(root, path, mtime).entries.update(mirror_group_files(attrs, mtime, d.group_types.get(path)))
     arrays = {p: a for p, a in d.arrays.items() if a.readable and not a.meta.error}
     dims = consistent_dimensions({p: a.meta for p, a in arrays.items()})
     for path, array in sorted(arrays.items()):
@@ -137,6 +148,22 @@ async def build_v2_dir(ctx: MountContext) -> DirNode:
             root_files = {k: v for k, v in root.entries.items() if k not in (".zgroup", ".zattrs")}
             return mirror_array_dir(array, root_files, dims[path])
     _groups_everywhere(root, mtime)
+    await consolidate(root)
+    return root
+
+
+async def build_netcdf_dir(ctx: MountContext) -> DirNode:
+    """One classic netCDF file per group (see views.netcdf for the naming)."""
+    d = await decoded(ctx)
+    mtime = ctx.mount_time
+    root = StaticDir(mtime=mtime)
+    members = group_members(sorted(d.groups), sorted(d.arrays))
+    names = group_file_names(sorted(members))
+    for group, variables in sorted(members.items()):
+        parent, name = names[group]
+        arrays = {v: d.arrays[p] for v, p in variables.items()}
+        node = netcdf_file(d.groups.get(group, {}), arrays, mtime, d.group_types.get(group))
+        _place(root, parent, mtime).entries[name] = node
     return root
 
 
@@ -155,9 +182,10 @@ def attach_decoded_views(ctx: MountContext, root: MountRoot) -> None:
     entries = root.control.entries
     entries["arrays"] = LazyDir(ctx, "arrays", lambda: build_arrays_dir(ctx))
     entries["v2"] = LazyDir(ctx, "v2", lambda: build_v2_dir(ctx))
+    entries["netcdf"] = LazyDir(ctx, "netcdf", lambda: build_netcdf_dir(ctx))
     entries["vectors"] = LazyDir(ctx, "vectors", lambda: _vectors_or_empty(ctx, build_vectors_dir))
 
 
 async def _vectors_or_empty(ctx: MountContext, build: Callable[..., Awaitable[DirNode | None]]) -> DirNode:
     node = await build(ctx.store, ctx)
-    return node if node is not None else StaticDir(mtime=ctx.mount_time)
+    return node if node is not None else StaticDir(mtime=ctx.stable_time)

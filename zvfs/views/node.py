@@ -62,6 +62,10 @@ class FileNode(Node):
     async def read(self, offset: int, length: int) -> bytes | memoryview:
         """Bytes ``[offset, offset+length)`` clipped to the size; b'' past the end."""
 
+    def opened(self) -> None:  # noqa: B027 - optional hook
+        """Called at each open: a live file snapshots its content here, so the size a
+        ``stat`` reports is the size of the bytes the reader gets."""
+
 
 class DirNode(Node):
     """A directory. Children are looked up by name and listed sorted by name."""

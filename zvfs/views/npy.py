@@ -30,7 +30,7 @@ class NpyFile(FileNode):
     def __init__(self, array: DecodedArray) -> None:
         self.array = array
         self.header = npy_header(array.meta)
-        self.mtime = array.ctx.mount_time
+        self.mtime = array.ctx.node_mtime(array.meta.path)
         self.immutable = array.ctx.immutable
 
     @property

@@ -190,7 +190,7 @@ class RawDir(DirNode):
     def __init__(self, ctx: MountContext, prefix: str = "") -> None:
         self.ctx = ctx
         self.prefix = prefix
-        self.mtime = ctx.mount_time
+        self.mtime = ctx.stable_time
 
     async def _listing(self) -> Listing:
         store = self.ctx.store

@@ -21,7 +21,7 @@ class MountRoot(DirNode):
         self.ctx = ctx
         self.raw = RawDir(ctx, "")
         self.control = control
-        self.mtime = ctx.mount_time
+        self.mtime = ctx.stable_time
         if control is not None:
             control.hidden = ctx.decoded != "visible"
 
@@ -40,7 +40,7 @@ class MountRoot(DirNode):
 
 def build_root(ctx: MountContext) -> MountRoot:
     """The root node; ``.zvfs`` is an empty directory until decoded views are added to it."""
-    control = None if ctx.decoded == "off" else StaticDir(mtime=ctx.mount_time)
+    control = None if ctx.decoded == "off" else StaticDir(mtime=ctx.stable_time)
     if control is not None:
         from zvfs.views.stats import StatsFile
 

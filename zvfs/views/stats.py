@@ -1,15 +1,30 @@
-"""``.zvfs/stats.json``: live counters, recomputed at every open."""
+"""``.zvfs/stats.json``: live counters, snapshotted at every open.
+
+Its keys are stable (every known counter is there from the start, at 0), and
+the size a ``stat`` reports is that of the snapshot the last open took, which
+is the one its reader gets (the fs layer asks for the size afresh every time).
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import time
 
+from zvfs import __version__
+from zvfs.cache import Cache
 from zvfs.views.context import MountContext
 from zvfs.views.node import FileNode
 
 
+def _cache_stats(cache: Cache) -> dict[str, int]:
+    s = cache.stats
+    return {"hits": s.hits, "misses": s.misses, "single_flight_waits": s.waits,
+            "evictions": s.evictions, "entries": len(cache)}
+
+
 class StatsFile(FileNode):
-    """Its content changes, so it is not immutable and its size is that of a fresh snapshot."""
+    """Its content changes, so it is neither immutable nor kept in the page cache."""
 
     immutable = False
     direct_io = True
@@ -19,28 +34,40 @@ class StatsFile(FileNode):
         self.mtime = ctx.mount_time
         self._snapshot = b""
 
+    def document(self) -> dict[str, object]:
+        """Everything stats.json holds, as one dict (also what ``zvfs status`` reads)."""
+        snap: dict[str, object] = dict(self.ctx.counters.snapshot())
+        last = self.ctx.counters.last_error
+        snap.update(
+            version=__version__,
+            source=self.ctx.source,
+            options=self.ctx.options,
+            pid=os.getpid(),
+            started=round(self.ctx.mount_time, 3),
+            last_error={"time": round(last[0], 3), "message": last[1]} if last else None,
+            time=round(time.time(), 3),
+        )
+        chunks, listings = self.ctx.chunks, self.ctx.listings
+        snap["chunk_cache"] = {**_cache_stats(chunks), "bytes": chunks.current_bytes,
+                               "max_bytes": chunks.max_bytes}
+        # the listing cache is bounded by its number of entries, not bytes
+        snap["listing_cache"] = {**_cache_stats(listings), "max_entries": listings.max_bytes}
+        return dict(sorted(snap.items()))
+
     def render(self) -> bytes:
-        snap = self.ctx.counters.snapshot()
-        for name, cache in (("chunk_cache", self.ctx.chunks), ("listing_cache", self.ctx.listings)):
-            s = cache.stats
-            snap[name] = {
-                "hits": s.hits,
-                "misses": s.misses,
-                "single_flight_waits": s.waits,
-                "evictions": s.evictions,
-                "entries": len(cache),
-                "bytes": cache.current_bytes,
-                "max_bytes": cache.max_bytes,
-            }
-        return (json.dumps(snap, indent=2) + "\n").encode()
+        return (json.dumps(self.document(), indent=2) + "\n").encode()
+
+    def opened(self) -> None:
+        self._snapshot = self.render()
 
     @property
     def size(self) -> int:
-        return len(self.render())
+        if not self._snapshot:
+            self._snapshot = self.render()
+        return len(self._snapshot)
 
     async def read(self, offset: int, length: int) -> bytes:
-        # a read from the start takes a new snapshot; the rest of that pass reads the same
-        # one, so a reader never gets the tail of a different rendering
-        if offset == 0 or not self._snapshot:
+        # one snapshot per open: a reader never gets the tail of a different rendering
+        if not self._snapshot:
             self._snapshot = self.render()
         return self._snapshot[offset : offset + length]

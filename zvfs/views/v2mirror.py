@@ -34,7 +34,8 @@ import numpy as np
 
 from zvfs.formats.meta import ArrayMeta, dtype_str, json_scalar
 from zvfs.views.arrays import ChunkFile, ChunkGridDir, DecodedArray, region_bytes
-from zvfs.views.node import BytesFile, Node
+from zvfs.views.cfattrs import Typed, array_attributes, json_attributes, nczarr_type, translate
+from zvfs.views.node import BytesFile, Node, StaticDir
 
 
 def _dumps(doc: Any) -> bytes:
@@ -49,6 +50,9 @@ def mirror_dtype(dt: np.dtype) -> np.dtype:
 
 
 def zarray_doc(meta: ArrayMeta) -> dict[str, Any]:
+    """The v2 ``.zarray``; ``fill_value`` is the CF fill (see views.cfattrs), which is what v2
+    readers (xarray, netCDF-C, GDAL) mask with. Every chunk file exists, so no value depends on it."""
+    cf = array_attributes(meta).fill
     return {
         "zarr_format": 2,
         "shape": list(meta.shape) or [1],  # 0-d: see the module doc
@@ -56,21 +60,39 @@ def zarray_doc(meta: ArrayMeta) -> dict[str, Any]:
         "dtype": dtype_str(mirror_dtype(meta.dtype)),
         "compressor": None,
         "filters": None,
-        "fill_value": None if meta.dtype.kind == "c" else json_scalar(meta.fill_value),
+        "fill_value": None if meta.dtype.kind == "c" or cf is None else json_scalar(cf),
         "order": "C",
         "dimension_separator": ".",
     }
 
 
 def zattrs_doc(meta: ArrayMeta, names: list[str] | None = None) -> dict[str, Any]:
-    """User attributes plus ``_ARRAY_DIMENSIONS`` (``names``: as renamed by the caller)."""
-    attrs = dict(meta.attributes)
-    attrs.pop("_ARRAY_DIMENSIONS", None)
+    """User attributes (CF-translated), ``_FillValue`` and ``_ARRAY_DIMENSIONS`` (``names``: as renamed).
+
+    ``_FillValue`` repeats the ``.zarray`` fill as a number (netCDF-C reads it only from
+    here); xarray's base64 and NCZarr's "NaN" spellings never reach a v2 reader.
+    """
+    translated = array_attributes(meta)
+    attrs = json_attributes(translated.attrs)
+    types = attribute_types(translated.attrs)
+    if translated.fill is not None and meta.dtype.kind in "iuf":
+        attrs["_FillValue"] = json_scalar(translated.fill)
+        types["_FillValue"] = mirror_dtype(meta.dtype).str
     if names is None:
         names = dimension_names(meta)
     if names is not None:
         attrs["_ARRAY_DIMENSIONS"] = names
+    if types:
+        attrs[NCZARR_ATTR] = {"types": types}
     return attrs
+
+
+#: netCDF-C 4.9's key for attribute types; it reads it in pure-Zarr mode too, and xarray hides it
+NCZARR_ATTR = "_NCZARR_ATTR"
+
+
+def attribute_types(attrs: dict[str, Typed]) -> dict[str, str]:
+    return {name: t for name, typed in attrs.items() if (t := nczarr_type(typed)) is not None}
 
 
 def dimension_names(meta: ArrayMeta) -> list[str] | None:
@@ -87,18 +109,36 @@ def dimension_names(meta: ArrayMeta) -> list[str] | None:
     return None
 
 
-def consistent_dimensions(metas: dict[str, ArrayMeta]) -> dict[str, list[str] | None]:
+def generated_dimension_names(meta: ArrayMeta) -> list[str]:
+    """Names for every dimension: the source's where it has one, else ``dim<i>_<size>``.
+
+    Stable (they depend on the shape only), and shared by arrays of one shape.
+    """
+    given = list(meta.dimension_names or ()) + [None] * meta.ndim
+    return [
+        n if isinstance(n, str) and n else f"dim{i}_{size}"
+        for i, (n, size) in enumerate(zip(given, meta.shape, strict=False))
+    ]
+
+
+def consistent_dimensions(
+    metas: dict[str, ArrayMeta], generate: bool = False
+) -> dict[str, list[str] | None]:
     """path -> ``_ARRAY_DIMENSIONS`` with one size per name across the whole mirror.
 
     netCDF-C resolves a name in the variable's group and then its ancestors, so a
     name used with two sizes anywhere is ambiguous. The first size seen (by path)
     keeps the plain name; a use with another size is renamed ``<name>_<size>``.
+    With ``generate`` (the netCDF files), unnamed dimensions get
+    :func:`generated_dimension_names` instead of None.
     """
     sizes: dict[str, int] = {}
     out: dict[str, list[str] | None] = {}
     for path in sorted(metas):
         meta = metas[path]
         names = dimension_names(meta)
+        if names is None and generate:
+            names = generated_dimension_names(meta)
         if names is None:
             out[path] = None
             continue
@@ -127,7 +167,7 @@ class V2ChunkFile(ChunkFile):
 def mirror_array_dir(
     array: DecodedArray, extra: dict[str, Node] | None = None, dims: list[str] | None = None
 ) -> ChunkGridDir:
-    mtime = array.ctx.mount_time
+    mtime = array.ctx.node_mtime(array.meta.path)
     meta = array.meta
     entries: dict[str, Node] = {
         ".zarray": BytesFile(_dumps(zarray_doc(meta)), mtime),
@@ -137,8 +177,41 @@ def mirror_array_dir(
     return ChunkGridDir(array, V2ChunkFile, entries)
 
 
-def mirror_group_files(attrs: dict[str, Any], mtime: float) -> dict[str, Node]:
+def mirror_group_files(
+    attrs: dict[str, Any], mtime: float, types: dict[str, str] | None = None
+) -> dict[str, Node]:
+    """``.zgroup`` and the group's CF-translated ``.zattrs`` (``types``: NCZarr's attribute types)."""
     return {
         ".zgroup": BytesFile(_dumps({"zarr_format": 2}), mtime),
-        ".zattrs": BytesFile(_dumps(attrs), mtime),
+        ".zattrs": BytesFile(_dumps(group_zattrs(translate(attrs, types))), mtime),
     }
+
+
+def group_zattrs(attrs: dict[str, Typed]) -> dict[str, Any]:
+    doc = json_attributes(attrs)
+    types = attribute_types(attrs)
+    if types:
+        doc[NCZARR_ATTR] = {"types": types}
+    return doc
+
+
+async def consolidate(node: Node) -> dict[str, Any]:
+    """Give every group directory below ``node`` a ``.zmetadata``; return ``node``'s documents.
+
+    Each group's ``.zmetadata`` holds every .zgroup/.zattrs/.zarray below it (keys
+    relative to it), so ``xarray.open_zarr`` (consolidated by default) opens the
+    mirror or any group of it without a warning. It is built from the mirror's own
+    files, so it cannot disagree with them.
+    """
+    entries = node.entries if isinstance(node, StaticDir) else getattr(node, "extra", {})
+    docs: dict[str, Any] = {}
+    for name, child in sorted(entries.items()):
+        if name in (".zgroup", ".zattrs", ".zarray") and isinstance(child, BytesFile):
+            docs[name] = json.loads(await child.read(0, child.size))
+        elif isinstance(child, StaticDir | ChunkGridDir):
+            for key, doc in (await consolidate(child)).items():
+                docs[f"{name}/{key}"] = doc
+    if isinstance(node, StaticDir) and ".zgroup" in docs:
+        doc = {"zarr_consolidated_format": 1, "metadata": docs}
+        node.entries[".zmetadata"] = BytesFile(_dumps(doc), node.mtime)
+    return docs

@@ -30,7 +30,7 @@ def _env(ctx: Any) -> Env:
     cache = getattr(ctx, "chunks", None)
     if not isinstance(cache, Cache):
         cache = ctx if isinstance(ctx, Cache) else Cache(max_bytes=256 << 20)
-    mtime = float(getattr(ctx, "mount_time", time.time()))
+    mtime = float(getattr(ctx, "stable_time", time.time()))
     return Env(cache, mtime, bool(getattr(ctx, "immutable", False)))
 
 

@@ -1,0 +1,204 @@
+"""Lifecycle bugs of the CLI and the daemon (issue 8), each tried as a user would.
+
+- SIGTERM or SIGINT at any moment after the mountpoint appears: exit 0, no stale mount;
+- after ``kill -9``: ``zvfs unmount`` clears the dead mount, and ``zvfs mount`` on it
+  clears a provably dead zvfs mount itself;
+- a relative SOURCE is the caller's, also in daemon mode (the daemon runs in /);
+- silent mounts of nothing: an S3 prefix without keys, a non-empty mountpoint,
+  a directory without Zarr metadata.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import (
+    S3_BUCKET,
+    _pid_alive,
+    daemon_pids,
+    force_unmount,
+    mount_entry,
+    run,
+    tool,
+    wait_until,
+    zvfs_cmd,
+)
+
+EX_CONFIG = 78  # the configuration-error exit status (sysexits.h), see systemd/zvfs@.service
+ROUNDS = 20
+
+
+def _one_line_error(res: subprocess.CompletedProcess, *words: str) -> str:
+    assert res.returncode != 0, f"expected a failure; stdout: {res.stdout} stderr: {res.stderr}"
+    err = res.stderr.strip()
+    assert len(err.splitlines()) == 1, f"not one line:\n{err}"
+    assert "Traceback" not in err and "usage:" not in err, err
+    for w in words:
+        assert w.lower() in err.lower(), f"{w!r} not in: {err}"
+    return err
+
+
+# --------------------------------------------------------------------------- signals
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+def test_signal_at_any_moment_unmounts_cleanly(signum, zarr_dir, tmp_path) -> None:
+    """The signal goes out from 0 to ~60 ms after the mountpoint shows up in the mount
+    table, i.e. also between pyfuse3.init and the trio loop, where it used to kill the
+    daemon with the default action and leave a dead mount."""
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    log = tmp_path / "daemon.log"
+    for i in range(ROUNDS // 2):
+        delay = (i % 5) * 0.015
+        proc = subprocess.Popen([*zvfs_cmd(), "mount", "-f", str(zarr_dir), str(mnt), "--log-file", str(log)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            appeared = wait_until(lambda p=proc: mount_entry(mnt) is not None or p.poll() is not None, 60,
+                                  interval=0.001)
+            assert appeared and proc.poll() is None, (proc.poll(), proc.stderr.read() if proc.stderr else "")
+            time.sleep(delay)
+            proc.send_signal(signum)
+            rc = proc.wait(timeout=30)
+            assert rc == 0, f"round {i} (delay {delay:.3f} s): exit {rc}; {proc.stderr.read()}"
+            assert mount_entry(mnt) is None, f"round {i}: a stale mount is left"
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+            force_unmount(mnt)
+
+
+# --------------------------------------------------------------------------- kill -9
+
+
+def _mount_and_kill(zarr_dir: Path, mnt: Path, log: Path) -> None:
+    # --metadata-ttl 0: the kernel keeps no attributes, so the dead mount shows as it is
+    res = run([*zvfs_cmd(), "mount", zarr_dir, mnt, "--metadata-ttl", "0", "--log-file", log], timeout=90)
+    assert res.returncode == 0, res.stderr
+    pids = daemon_pids(mnt)
+    assert len(pids) == 1, pids
+    os.kill(pids[0], signal.SIGKILL)
+    assert wait_until(lambda: not _pid_alive(pids[0]), 10)
+    with pytest.raises(OSError) as ei:
+        os.stat(mnt)
+    # the dead mount is really there: ENOTCONN, or ECONNABORTED once the kernel aborted it
+    assert ei.value.errno in (errno.ENOTCONN, errno.ECONNABORTED), ei.value
+    assert mount_entry(mnt) is not None
+
+
+def test_unmount_clears_a_dead_mount(zarr_dir, tmp_path) -> None:
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    try:
+        _mount_and_kill(zarr_dir, mnt, tmp_path / "log")
+        res = run([tool("zvfs"), "unmount", mnt])
+        assert res.returncode == 0, res.stderr
+        assert mount_entry(mnt) is None
+        assert os.listdir(mnt) == []
+    finally:
+        force_unmount(mnt)
+
+
+def test_mount_over_a_dead_zvfs_mount_clears_it(zarr_dir, tmp_path) -> None:
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    try:
+        _mount_and_kill(zarr_dir, mnt, tmp_path / "log")
+        res = run([*zvfs_cmd(), "mount", zarr_dir, mnt, "--log-file", tmp_path / "log2"], timeout=90)
+        assert res.returncode == 0, res.stderr
+        assert "dead zvfs mount" in res.stderr and str(mnt) in res.stderr, res.stderr
+        assert (mnt / "zarr.json").read_bytes() == (zarr_dir / "zarr.json").read_bytes()
+        # exactly one mount there: the dead one is gone, not hidden below the new one
+        with open("/proc/self/mountinfo") as f:
+            assert sum(f" {mnt} " in line for line in f) == 1
+    finally:
+        force_unmount(mnt)
+
+
+# --------------------------------------------------------------------------- relative SOURCE
+
+
+def test_relative_missing_source_is_the_callers(tmp_path) -> None:
+    """In daemon mode the child runs in /: a relative source that does not exist used to be
+    reported (and, had it existed there, mounted) as /sub/x.zip."""
+    (tmp_path / "m").mkdir()
+    res = run([tool("zvfs"), "mount", "sub/x.zip", "m"], cwd=tmp_path, timeout=90)
+    _one_line_error(res, str(tmp_path / "sub" / "x.zip"), "does not exist")
+    assert mount_entry(tmp_path / "m") is None
+
+
+# --------------------------------------------------------------------------- mounts of nothing
+
+
+def test_s3_prefix_without_keys_is_refused(zarr_s3, moto, s3_env, tmp_path) -> None:
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    typo = f"s3://{S3_BUCKET}/typo/prefix"
+    try:
+        res = run([*zvfs_cmd(), "mount", typo, mnt, "--endpoint-url", moto.endpoint], env=s3_env, timeout=90)
+        _one_line_error(res, typo, "no keys", "--allow-empty")
+        assert res.returncode == EX_CONFIG
+        assert mount_entry(mnt) is None
+    finally:
+        force_unmount(mnt)
+    # asked for explicitly, it mounts (empty)
+    try:
+        res = run([*zvfs_cmd(), "mount", typo, mnt, "--endpoint-url", moto.endpoint, "-o", "allow_empty",
+                   "--log-file", tmp_path / "log"], env=s3_env, timeout=90)
+        assert res.returncode == 0, res.stderr
+        assert os.listdir(mnt) == []
+    finally:
+        force_unmount(mnt)
+
+
+def test_non_empty_mountpoint_is_refused(zarr_dir, tmp_path) -> None:
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    (mnt / "precious.txt").write_text("do not hide me\n")
+    try:
+        res = run([*zvfs_cmd(), "mount", zarr_dir, mnt], timeout=90)
+        _one_line_error(res, str(mnt), "not empty", "--allow-non-empty")
+        assert res.returncode == EX_CONFIG
+        assert mount_entry(mnt) is None
+    finally:
+        force_unmount(mnt)
+    # through mount(8)'s helper with fuse's own option name, and as a flag
+    for how in (["mount.zvfs", zarr_dir, mnt, "-o", f"nonempty,log_file={tmp_path / 'l'}"],
+                ["zvfs", "mount", zarr_dir, mnt, "--allow-non-empty", "--log-file", tmp_path / "l"]):
+        try:
+            res = run([tool(how[0]), *how[1:]], timeout=90)
+            assert res.returncode == 0, res.stderr
+            assert (mnt / "zarr.json").exists() and not (mnt / "precious.txt").exists()
+        finally:
+            force_unmount(mnt)
+    assert (mnt / "precious.txt").read_text() == "do not hide me\n"
+
+
+def test_directory_without_zarr_warns_once(zarr_dir, tmp_path) -> None:
+    plain = tmp_path / "plain"
+    (plain / "sub").mkdir(parents=True)
+    (plain / "sub" / "notes.txt").write_text("no zarr here\n")
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    try:
+        res = run([*zvfs_cmd(), "mount", plain, mnt, "--log-file", tmp_path / "log"], timeout=90)
+        assert res.returncode == 0, res.stderr
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and "warning" in lines[0] and "no Zarr metadata" in lines[0], lines
+        assert str(plain) in lines[0]
+        assert (mnt / "sub" / "notes.txt").read_text() == "no zarr here\n"
+    finally:
+        force_unmount(mnt)
+    # a Zarr store mounts without a word
+    try:
+        res = run([*zvfs_cmd(), "mount", zarr_dir, mnt, "--log-file", tmp_path / "log"], timeout=90)
+        assert res.returncode == 0 and res.stderr == "", res.stderr
+    finally:
+        force_unmount(mnt)

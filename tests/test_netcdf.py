@@ -1,0 +1,602 @@
+"""``.zvfs/netcdf/``: every group as a classic netCDF file, read by independent readers.
+
+The fixtures of every format (tests/fixtures/zarr: zarr-python 3 and 2.18,
+ncgen's NCZarr, hand-written v1; tests/fixtures/cf: ncgen, nccopy and xarray)
+are mounted from a directory, a zip and S3 (moto). Each variable is read with
+netCDF4-python, scipy.io.netcdf_file, ncdump, xarray (scipy and netcdf4
+engines) and GDAL, and compared with the library that wrote the data:
+zarr-python's reference arrays and attributes, ncgen's own cf.nc, and
+xarray.open_zarr of the source.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import json
+import os
+import re
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import netCDF4
+import numpy as np
+import pytest
+import scipy.io
+import xarray as xr
+import zarr
+from conftest import Mounted, run, s3_client, tool, upload_tree, wait_until, zip_with_cmd
+from test_mount_decoded import ncdump_values, parse_ncdump
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+MANIFEST = json.loads((FIXTURES / "zarr" / "manifest.json").read_text())
+STORES = ["zarr3_v3.zarr", "zarr3_v2.zarr", "zarr2_v2.zarr", "v1.zarr", "nczarr.file", "zarr3_consolidated.zarr"]
+CF_STORES = ["xarray_v2.zarr", "xarray_v3.zarr", "nczarr.file"]
+BACKENDS = ["dir", "zip", "s3"]
+BUCKET = "zvfs-netcdf"
+LEFT_OUT = "zvfs_left_out"
+
+
+@dataclass(frozen=True)
+class Var:
+    store: str
+    path: str  # array path in the store
+    info: dict
+
+    @property
+    def group(self) -> str:
+        return self.path.rpartition("/")[0]
+
+    @property
+    def name(self) -> str:
+        return self.path.rpartition("/")[2] or "data"
+
+    def nc_file(self, top: Path) -> Path:
+        group = f"{self.store}/{self.group}" if self.group else self.store
+        return top / f"{group}.nc"
+
+    def ref(self) -> np.ndarray:
+        return np.load(FIXTURES / "zarr" / self.info["ref"])
+
+
+def _vars() -> list[Var]:
+    out = []
+    for store in STORES:
+        for path, info in sorted(MANIFEST["stores"][store]["arrays"].items()):
+            out.append(Var(store, path, info))
+    return out
+
+
+VARS = _vars()
+#: what the netCDF view cannot hold (complex, fixed-width Unicode, variable-length)
+LEFT_OUT_KINDS = set("cUO")
+
+
+def is_left_out(v: Var) -> bool:
+    dt = v.info.get("dtype")
+    return "ref" not in v.info or dt is None or np.dtype(dt).kind in LEFT_OUT_KINDS
+
+
+# --------------------------------------------------------------------------- mounts
+
+
+@pytest.fixture(scope="session")
+def nc_corpus(tmp_path_factory) -> Path:
+    """Every fixture store below one directory: zarr fixtures at the top, the CF ones below cf/."""
+    root = tmp_path_factory.mktemp("netcdf") / "corpus"
+    root.mkdir()
+    for store in STORES:
+        shutil.copytree(FIXTURES / "zarr" / store, root / store)
+    for store in CF_STORES:
+        shutil.copytree(FIXTURES / "cf" / store, root / "cf" / store)
+    return root
+
+
+@dataclass
+class NcMount:
+    backend: str
+    mnt: Mounted
+
+    @property
+    def top(self) -> Path:
+        return self.mnt.path / ".zvfs" / "netcdf"
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def ncm(request, nc_corpus, session_mount) -> NcMount:
+    """The corpus mounted once per backend and session."""
+    if request.param == "dir":
+        return NcMount("dir", session_mount(nc_corpus))
+    if request.param == "zip":
+        dest = nc_corpus.parent / "corpus.zip"
+        if not dest.exists():
+            zip_with_cmd(nc_corpus, dest)
+        return NcMount("zip", session_mount(dest))
+    moto = request.getfixturevalue("moto")
+    env = request.getfixturevalue("s3_env")
+    client = s3_client(moto.endpoint)
+    if BUCKET not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
+        client.create_bucket(Bucket=BUCKET)
+        upload_tree(client, nc_corpus, BUCKET, "corpus")
+    m = session_mount(f"s3://{BUCKET}/corpus", "--endpoint-url", moto.endpoint, env=env)
+    return NcMount("s3", m)
+
+
+# --------------------------------------------------------------------------- expectations
+
+
+@dataclass
+class Source:
+    """An array's attributes and fill value as the writer's reader sees them."""
+
+    attrs: dict
+    fill_value: object
+    dtype: np.dtype
+    zarr_format: int
+    dimension_names: object
+
+
+def zarr_node(store: Path, path: str) -> Source:
+    """zarr-python's view of the array; its own metadata documents where zarr-python refuses it
+    (NCZarr's '<u1' byte dtype), since those are then the writer's (netCDF-C's) bytes."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            a = zarr.open_array(store=str(store), path=path, mode="r")
+            return Source(dict(a.attrs), a.fill_value, a.dtype, a.metadata.zarr_format,
+                          getattr(a.metadata, "dimension_names", None))
+        except ValueError:
+            zarray = json.loads((store / path / ".zarray").read_text())
+            attrs = json.loads((store / path / ".zattrs").read_text()) if (store / path / ".zattrs").exists() else {}
+            fill = zarray["fill_value"]
+            return Source(attrs, np.nan if fill == "NaN" else fill, np.dtype(zarray["dtype"]), 2, None)
+
+
+def served(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
+    """netCDF values read without masking, turned back into the reference's dtype by the documented mapping."""
+    got = np.asarray(got)
+    kind = ref.dtype.kind
+    if kind == "S":  # char with a strlen dimension
+        return np.ascontiguousarray(got).view(f"S{ref.dtype.itemsize}").reshape(ref.shape)
+    if kind == "u" and got.dtype.kind == "i":  # _Unsigned: the same bits
+        return got.view(got.dtype.str.replace("i", "u"))
+    if kind in "mM":
+        return got.astype("i8").view(ref.dtype.newbyteorder("="))
+    if kind == "b":
+        return got.astype(bool)
+    return got.astype(ref.dtype.newbyteorder("="))
+
+
+def same_values(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.dtype.kind in "mM":  # NaT == NaT, bit for bit
+        a, b = a.view("i8"), np.asarray(b).astype(a.dtype).view("i8")
+    return a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
+
+
+def expected_fill(v: Var, node) -> object | None:
+    """The documented _FillValue rule, with every value taken from zarr-python."""
+    attrs = node.attrs
+    if "_FillValue" in attrs:
+        raw = attrs["_FillValue"]
+        if isinstance(raw, str) and node.zarr_format == 3:
+            data = base64.b64decode(raw)
+            kind = "i" if node.dtype.kind == "b" else node.dtype.kind
+            return np.frombuffer(data, f"<{kind}{len(data)}")[0]
+        if raw == "NaN":
+            return np.nan
+        return raw
+    if node.zarr_format == 3 and node.dimension_names:
+        return None
+    if node.dtype.kind == "b":
+        return None
+    return node.fill_value
+
+
+def nc_format(ds: netCDF4.Dataset) -> str:
+    return ds.data_model
+
+
+# --------------------------------------------------------------------------- netCDF4-python
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_netcdf4_every_variable(ncm: NcMount, nc_corpus: Path, store: str) -> None:
+    """Every variable equals zarr-python's reference; attributes and _FillValue as zarr-python reads them."""
+    checked = 0
+    for v in [v for v in VARS if v.store == store]:
+        f = v.nc_file(ncm.top)
+        with netCDF4.Dataset(f) as ds:
+            ds.set_auto_maskandscale(False)
+            if is_left_out(v):
+                assert v.name not in ds.variables
+                if "ref" in v.info or v.info.get("dtype") is None:
+                    assert re.search(rf"^{re.escape(v.name)}: ", ds.getncattr(LEFT_OUT), re.M), v.path
+                continue
+            ref = v.ref()
+            var = ds.variables[v.name]
+            assert same_values(served(ref, var[...]), ref.astype(ref.dtype.newbyteorder("="))), v.path
+            kind = ref.dtype.kind
+            if kind in "iu" and ref.dtype.itemsize == 8 or kind in "mM":
+                assert nc_format(ds) == "NETCDF3_64BIT_DATA", (v.path, "int64 needs CDF-5")
+            if kind == "u" and ref.dtype.itemsize < 8 and nc_format(ds) != "NETCDF3_64BIT_DATA":
+                assert var.getncattr("_Unsigned") == "true"
+            if store != "v1.zarr":  # zarr-python 3 reads no v1: its attributes have no reference reader
+                node = zarr_node(nc_corpus / store, v.path)
+                for name, value in node.attrs.items():
+                    if name.lower().startswith("_nczarr") or name in ("_ARRAY_DIMENSIONS", "_FillValue"):
+                        continue
+                    got = var.getncattr(name)
+                    if isinstance(value, str):
+                        assert got == value or (value in ("NaN", "Infinity") and kind == "f"), (v.path, name)
+                    elif isinstance(value, dict | list) and not all(isinstance(x, int | float) for x in value):
+                        assert json.loads(got) == value, (v.path, name)
+                    else:
+                        assert np.allclose(got, value), (v.path, name, got, value)
+                fill = expected_fill(v, node)
+                if fill is None or kind == "S":
+                    assert "_FillValue" not in var.ncattrs(), v.path
+                else:
+                    got = served(ref, np.array([var.getncattr("_FillValue")]))[0]
+                    want = np.array(fill).astype(ref.dtype.newbyteorder("="))
+                    assert same_values(np.array([got]), np.array([want])), (v.path, got, fill)
+            checked += 1
+    assert checked > 0
+
+
+def test_formats_chosen_oldest(ncm: NcMount) -> None:
+    """CDF-1 unless a type needs CDF-5: every file's magic matches its variables' types."""
+    seen = set()
+    for f in sorted(ncm.top.rglob("*.nc")):
+        with open(f, "rb") as fh:
+            magic = fh.read(4)
+        with netCDF4.Dataset(f) as ds:
+            wide = [n for n, v in ds.variables.items() if v.dtype.kind in "iu" and v.dtype.itemsize == 8
+                    or v.dtype.kind == "u"]
+        assert magic == (b"CDF\x05" if wide else b"CDF\x01"), (f, wide)
+        seen.add(magic)
+    assert seen == {b"CDF\x01", b"CDF\x05"}
+
+
+# --------------------------------------------------------------------------- scipy, ncdump
+
+
+def test_scipy_reads_classic_files(ncm: NcMount) -> None:
+    """scipy.io.netcdf_file (CDF-1/2 only) reads every non-CDF-5 file; values equal the references."""
+    refs = {(str(v.nc_file(ncm.top)), v.name): v for v in VARS if not is_left_out(v)}
+    checked = 0
+    for f in sorted(ncm.top.rglob("*.nc")):
+        with open(f, "rb") as fh:
+            if fh.read(4) == b"CDF\x05":
+                continue
+        with scipy.io.netcdf_file(f, mmap=False, maskandscale=False) as nc:
+            for name, var in nc.variables.items():
+                v = refs.get((str(f), name))
+                if v is None:
+                    continue
+                ref = v.ref()
+                assert same_values(served(ref, var[...].copy()), ref.astype(ref.dtype.newbyteorder("="))), v.path
+                checked += 1
+    assert checked > 40
+
+
+def test_ncdump_values(ncm: NcMount, nc_corpus: Path) -> None:
+    """``ncdump -h`` opens every file; ``ncdump -v`` prints each numeric variable's reference values."""
+    ncdump = tool("ncdump")
+    for f in sorted(ncm.top.rglob("*.nc")):
+        res = run([ncdump, "-h", str(f)])
+        assert res.returncode == 0, (f, res.stderr)
+    checked = 0
+    for v in VARS:
+        if is_left_out(v) or np.dtype(v.info["dtype"]).kind not in "iuf" or v.store == "v1.zarr":
+            continue
+        res = run([ncdump, "-p", "9,17", "-v", v.name, str(v.nc_file(ncm.top))])
+        assert res.returncode == 0, res.stderr
+        tokens = parse_ncdump(res.stdout)[v.name]
+        ref = v.ref().astype(v.ref().dtype.newbyteorder("="))
+        fill = expected_fill(v, zarr_node(nc_corpus / v.store, v.path))
+        fill = None if fill is None else ref.dtype.type(fill)
+        if ref.dtype == np.float16:
+            ref = ref.astype("f4")
+        if ref.dtype.kind == "u" and ref.dtype.itemsize < 8 and b"CDF\x05" != v.nc_file(ncm.top).open("rb").read(4):
+            # ncdump prints _Unsigned data as the signed type it is stored in
+            ref = ref.view(ref.dtype.str.replace("u", "i"))
+            fill = None if fill is None else np.array(fill).view(ref.dtype)[()]
+        ncdump_values(tokens, ref, fill)
+        checked += 1
+    assert checked > 40
+
+
+# --------------------------------------------------------------------------- CF data: ncdump, xarray, GDAL
+
+
+def _cf_file(ncm: NcMount, store: str) -> Path:
+    return ncm.top / "cf" / f"{store}.nc"
+
+
+def _data_section(text: str) -> dict[str, list[str]]:
+    return parse_ncdump(text)
+
+
+@pytest.mark.parametrize("store", CF_STORES)
+def test_cf_ncdump_matches_ncgen(ncm: NcMount, store: str) -> None:
+    """ncdump of the served file prints the values and _FillValue of ncdump of ncgen's cf.nc."""
+    ncdump = tool("ncdump")
+    want = run([ncdump, str(FIXTURES / "cf" / "cf.nc")], check=True).stdout
+    got = run([ncdump, str(_cf_file(ncm, store))], check=True).stdout
+    assert _data_section(got) == _data_section(want)
+    fills = re.compile(r"^\s*(\w+):_FillValue = (.*) ;$", re.M)
+    want_fills = dict(fills.findall(want))
+    got_fills = dict(fills.findall(got))
+    for name, value in want_fills.items():
+        assert got_fills[name] == value, (name, got_fills.get(name), value)
+
+
+@pytest.mark.parametrize("engine", ["netcdf4", "scipy"])
+@pytest.mark.parametrize("store", CF_STORES)
+def test_cf_xarray(ncm: NcMount, nc_corpus: Path, store: str, engine: str) -> None:
+    """xarray with CF decoding (masking, scale_factor, time units) sees what it sees in the source."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        source = xr.open_zarr(nc_corpus / "cf" / store).load()
+        served_ds = xr.open_dataset(_cf_file(ncm, store), engine=engine).load()
+        original = xr.open_dataset(FIXTURES / "cf" / "cf.nc", engine=engine).load()
+    for name in original.variables:
+        xr.testing.assert_identical(served_ds[name].variable, original[name].variable)
+        assert np.array_equal(served_ds[name].values, source[name].values, equal_nan=served_ds[name].dtype.kind == "f")
+    assert served_ds["time"].values[0] == np.datetime64("2000-01-01")
+    assert int(np.isnan(served_ds["temp"].values).sum()) == int(np.isnan(original["temp"].values).sum()) == 24
+    assert served_ds.attrs == original.attrs
+
+
+def _gdal_stats(target: str, tmp: Path) -> tuple[str | None, list[int]]:
+    """(NoData, per-band checksums) of a GDAL dataset, via gdalinfo and gdal_translate to GeoTIFF."""
+    info = run([tool("gdalinfo"), "-checksum", target], check=True).stdout
+    nodata = re.findall(r"NoData Value=(\S+)", info)
+    out = tmp / "out.tif"
+    out.unlink(missing_ok=True)
+    run([tool("gdal_translate"), "-q", "-of", "GTiff", target, str(out)], check=True)
+    checks = [int(c) for c in re.findall(r"Checksum=(\d+)", run([tool("gdalinfo"), "-checksum", str(out)], check=True).stdout)]
+    return (nodata[0] if nodata else None), checks
+
+
+@pytest.mark.parametrize("store", CF_STORES)
+def test_cf_gdal(ncm: NcMount, store: str, tmp_path: Path) -> None:
+    """GDAL's netCDF driver on the 3-D variable: the NoData and checksums of ncgen's cf.nc."""
+    want = _gdal_stats(f'NETCDF:"{FIXTURES / "cf" / "cf.nc"}":temp', tmp_path)
+    got = _gdal_stats(f'NETCDF:"{_cf_file(ncm, store)}":temp', tmp_path)
+    assert want[0] == "-999"
+    assert got == want
+
+
+# --------------------------------------------------------------------------- behaviour
+
+
+def test_sizes_from_metadata(mount, nc_corpus: Path) -> None:
+    """Listing and stat-ing every file decodes nothing; the root array alone still gets a file."""
+    m = mount(nc_corpus)
+    sizes = {p: p.stat().st_size for p in (m.path / ".zvfs" / "netcdf").rglob("*.nc")}
+    assert len(sizes) > 10 and all(s > 0 for s in sizes.values())
+    stats = json.loads((m.path / ".zvfs" / "stats.json").read_text())
+    assert stats.get("chunks_decoded", 0) == 0, stats
+    root = mount(FIXTURES / "zarr" / "zarr3_root_array.zarr")
+    assert sorted(os.listdir(root.path / ".zvfs" / "netcdf")) == ["root.nc"]
+    with netCDF4.Dataset(root.path / ".zvfs" / "netcdf" / "root.nc") as ds:
+        ref = np.load(FIXTURES / "zarr" / "zarr3_root_array.zarr.ref" / "__root__.npy")
+        ds.set_auto_maskandscale(False)
+        assert same_values(served(ref, ds["data"][...]), ref.astype(ref.dtype.newbyteorder("=")))
+
+
+def test_corrupt_chunk_eio_and_left_out(mount) -> None:
+    """A corrupt chunk fails the reads of its bytes with EIO and one log line per key; the header and
+    the good variable read fine (ncdump); arrays with unusable metadata are named with the reason.
+
+    (netCDF-C 4.10, in the netCDF4 wheel, opens a file with one 4 MiB read, so it cannot open a
+    small file with a corrupt chunk at all; ncdump 4.9 reads pages and is the reader here.)
+    """
+    m = mount(FIXTURES / "zarr" / "bad.zarr")
+    f = m.path / ".zvfs" / "netcdf" / "root.nc"
+    ncdump = tool("ncdump")
+    header = run([ncdump, "-h", str(f)], check=True).stdout
+    for name, info in MANIFEST["stores"]["bad.zarr"]["arrays"].items():
+        if info.get("error") == "meta":
+            assert re.search(rf'"{name}: unusable metadata: ', header), (name, header)
+    good = run([ncdump, "-v", "good", str(f)], check=True).stdout
+    ref = np.load(FIXTURES / "zarr" / "bad.zarr.ref" / "good.npy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fill = zarr.open_array(str(FIXTURES / "zarr" / "bad.zarr"), path="good", mode="r").fill_value
+    ncdump_values(parse_ncdump(good)["good"], ref, fill)
+    bad = run([ncdump, "-v", "corrupt_chunk", str(f)])
+    assert bad.returncode != 0 and "Input/output error" in bad.stderr + bad.stdout
+    with open(f, "rb") as fh:  # page by page, twice: the corrupt variable's pages fail with EIO
+        fd = fh.fileno()
+        failed = []
+        for _ in range(2):
+            for page in range(0, f.stat().st_size, 4096):
+                try:
+                    os.pread(fd, 4096, page)
+                except OSError as exc:
+                    assert exc.errno == errno.EIO
+                    failed.append(page)
+        assert failed and 0 not in failed
+    assert wait_until(lambda: "corrupt_chunk" in m.log_text(), 5)
+    for key in ("corrupt_chunk/0.1", "corrupt_chunk/1.0"):
+        lines = [ln for ln in m.log_text().splitlines() if key in ln]
+        assert len(lines) <= 1, lines
+    assert any("corrupt_chunk/" in ln for ln in m.log_text().splitlines())
+
+
+def test_header_follows_metadata_change(mount, tmp_path: Path) -> None:
+    """After the metadata TTL, a changed attribute and a grown array show in the header and size."""
+    store = tmp_path / "live.zarr"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = zarr.create_array(str(store), name="v", shape=(4,), chunks=(2,), dtype="i4", dimension_names=["x"])
+        a[:] = np.arange(4)
+        a.attrs["note"] = "before"
+    m = mount(store, "--metadata-ttl", "1")
+    f = m.path / ".zvfs" / "netcdf" / "root.nc"
+    with netCDF4.Dataset(f) as ds:
+        assert ds["v"].getncattr("note") == "before" and ds["v"].shape == (4,)
+    size0 = f.stat().st_size
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = zarr.open_array(str(store) + "/v", mode="a")
+        a.resize((6,))
+        a[4:] = [40, 50]
+        a.attrs["note"] = "after"
+
+    def changed() -> bool:
+        return f.stat().st_size != size0
+
+    assert wait_until(changed, 10)
+    with netCDF4.Dataset(f) as ds:
+        assert ds["v"].getncattr("note") == "after"
+        assert list(ds["v"][...]) == list(zarr.open_array(str(store) + "/v", mode="r")[...])
+
+
+# --------------------------------------------------------------------------- past 4 GiB
+
+
+BIG_SHAPE = (1100, 1024, 1024)  # float32: 4.3 GiB; int64: 8.6 GiB
+BIG_CHUNKS = (16, 256, 256)
+
+
+@pytest.fixture(scope="session")
+def big_store(tmp_path_factory) -> Path:
+    """Two groups, each with a sparse variable past 4 GiB (a few written chunks) and a small one."""
+    root = tmp_path_factory.mktemp("big") / "big.zarr"
+    rng = np.random.default_rng(7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        g = zarr.open_group(str(root), mode="w")
+        for name, dtype in (("f32", "f4"), ("i64", "i8")):
+            sub = g.create_group(name)
+            big = sub.create_array("big", shape=BIG_SHAPE, chunks=BIG_CHUNKS, dtype=dtype, fill_value=-7,
+                                   dimension_names=["t", "y", "x"])
+            for t0, y0, x0 in ((0, 0, 0), (1024, 512, 256), (1088, 768, 768), (512, 256, 512)):
+                big[t0 : t0 + 16, y0 : y0 + 256, x0 : x0 + 256] = rng.integers(-1000, 1000, (16, 256, 256)).astype(dtype)
+            small = sub.create_array("small", shape=(16,), chunks=(8,), dtype="i2", dimension_names=["t16"])
+            small[:] = np.arange(16)
+    return root
+
+
+def test_big_variable_slabs(mount, big_store: Path) -> None:
+    """float32 past 4 GiB -> CDF-2 (the big variable last); int64 -> CDF-5; deep slabs equal zarr-python's."""
+    m = mount(big_store)
+    top = m.path / ".zvfs" / "netcdf"
+    rng = np.random.default_rng(11)
+    for name, magic in (("f32", b"CDF\x02"), ("i64", b"CDF\x05")):
+        f = top / f"{name}.nc"
+        with open(f, "rb") as fh:
+            assert fh.read(4) == magic
+        assert f.stat().st_size > 4 << 30
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ref = zarr.open_array(str(big_store), path=f"{name}/big", mode="r")
+        with netCDF4.Dataset(f) as ds:
+            ds.set_auto_maskandscale(False)
+            assert list(ds.variables) == ["small", "big"] or magic == b"CDF\x05"
+            assert np.array_equal(ds["small"][...], np.arange(16))
+            var = ds["big"]
+            slabs = [(1024, 512, 256), (1090, 770, 770), (1099, 1000, 1000)]
+            slabs += [tuple(int(rng.integers(0, s - 40)) for s in BIG_SHAPE) for _ in range(3)]
+            for t, y, x in slabs:
+                sel = (slice(t, min(t + 5, BIG_SHAPE[0])), slice(y, y + 40), slice(x, x + 33))
+                assert np.array_equal(var[sel], ref[sel]), (name, sel)
+        if magic == b"CDF\x02":  # scipy reads CDF-2 too: memory-mapped, only the touched pages
+            with scipy.io.netcdf_file(f, mmap=True, maskandscale=False) as nc:
+                sel = (slice(1090, 1094), slice(770, 800), slice(760, 790))
+                assert np.array_equal(nc.variables["big"][sel], ref[sel])
+                assert np.array_equal(nc.variables["small"][:], np.arange(16))
+
+
+# --------------------------------------------------------------------------- the v2 mirror tells the same truth
+
+
+def _mirror(ncm: NcMount, store: str) -> Path:
+    return ncm.mnt.path / ".zvfs" / "v2" / "cf" / store
+
+
+@pytest.mark.parametrize("store", CF_STORES)
+def test_mirror_xarray_identical(ncm: NcMount, nc_corpus: Path, store: str) -> None:
+    """xarray.open_zarr of the mirror is identical() to xarray.open_zarr of the source, and warns nothing
+    (the mirror has consolidated metadata in every group)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        source = xr.open_zarr(nc_corpus / "cf" / store).load()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mirror = xr.open_zarr(_mirror(ncm, store)).load()
+    assert [str(w.message) for w in caught] == []
+    xr.testing.assert_identical(mirror, source)
+    assert mirror["time"].values[0] == np.datetime64("2000-01-01")  # not NaT
+    assert int(np.isnan(mirror["temp"].values).sum()) == int(np.isnan(source["temp"].values).sum()) == 24
+
+
+@pytest.mark.parametrize("store", CF_STORES)
+def test_mirror_netcdf_c(ncm: NcMount, store: str, tmp_path: Path) -> None:
+    """nccopy from the mirror succeeds; ncdump prints the values and _FillValue of ncdump of ncgen's cf.nc;
+    the copy equals cf.nc variable by variable."""
+    url = f"file://{_mirror(ncm, store)}#mode=zarr,file"
+    out = tmp_path / "copy.nc"
+    res = run([tool("nccopy"), url, str(out)])
+    assert res.returncode == 0, res.stderr
+    want = run([tool("ncdump"), str(FIXTURES / "cf" / "cf.nc")], check=True).stdout
+    got = run([tool("ncdump"), url], check=True).stdout
+    assert parse_ncdump(got) == parse_ncdump(want)
+    fills = re.compile(r"^\s*(\w+):_FillValue = (.*) ;$", re.M)
+    got_fills = dict(fills.findall(got))
+    for name, value in fills.findall(want):
+        assert got_fills.get(name) == value, (name, got_fills.get(name), value)
+    assert parse_ncdump(run([tool("ncdump"), str(out)], check=True).stdout) == parse_ncdump(want)
+
+
+@pytest.mark.parametrize("store", CF_STORES)
+def test_mirror_gdal_nodata(ncm: NcMount, store: str) -> None:
+    """GDAL's Zarr driver on the mirror reports the NoData and statistics GDAL's netCDF driver gives cf.nc."""
+    def stats(target: str) -> tuple[list[str], list[str]]:
+        out = run([tool("gdalinfo"), "-stats", target], check=True).stdout
+        return re.findall(r"NoData Value=(\S+)", out), re.findall(r"Minimum=\S+, Maximum=\S+", out)
+
+    want = stats(f'NETCDF:"{FIXTURES / "cf" / "cf.nc"}":temp')
+    got = stats(f'ZARR:"{_mirror(ncm, store)}":/temp:0')
+    assert want[0][0] == "-999"
+    assert got[0][0] == want[0][0] and got[1][0] == want[1][0]
+
+
+def test_mirror_awkward_attributes(mount, tmp_path: Path) -> None:
+    """Attributes netCDF-C 4.9 chokes on (null, bools, objects, 64-bit ints) leave the mirror openable:
+    nccopy copies it, and the copy's attributes are zarr-python's (null left out, objects as JSON)."""
+    store = tmp_path / "awkward.zarr"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        g = zarr.open_group(str(store), mode="w", zarr_format=2)
+        a = g.create_array("a", shape=(4,), chunks=(2,), dtype="f4", fill_value=-1.5)
+        a[:] = np.arange(4)
+        a.attrs.update({"_ARRAY_DIMENSIONS": ["x"], "flag": True, "flags": [True, False],
+                        "big": 2**40, "text": "t", "f": 0.1, "nested": {"k": [1, 2]}, "none": None})
+        g.attrs.update({"b": False, "n": None, "title": "awkward"})
+        want_var = dict(zarr.open_array(str(store), path="a", mode="r").attrs)
+        want_group = dict(zarr.open_group(str(store), mode="r").attrs)
+    m = mount(store)
+    out = tmp_path / "copy.nc"
+    res = run([tool("nccopy"), f"file://{m.path}/.zvfs/v2#mode=zarr,file", str(out)])
+    assert res.returncode == 0, res.stderr
+    with netCDF4.Dataset(out) as ds:
+        for want, got in ((want_var, {k: ds["a"].getncattr(k) for k in ds["a"].ncattrs()}),
+                          (want_group, {k: ds.getncattr(k) for k in ds.ncattrs()})):
+            for name, value in want.items():
+                if name == "_ARRAY_DIMENSIONS":
+                    continue
+                if value is None:
+                    assert name not in got
+                elif isinstance(value, dict):
+                    assert json.loads(got[name]) == value
+                elif isinstance(value, str):
+                    assert got[name] == value
+                else:
+                    assert np.array_equal(np.atleast_1d(got[name]), np.atleast_1d(np.array(value).astype(np.asarray(got[name]).dtype)))
+        assert ds["a"].getncattr("_FillValue") == np.float32(zarr.open_array(str(store), path="a", mode="r").fill_value)

@@ -1,0 +1,366 @@
+"""Operating zvfs like a production mount (issue 12): version, help, option checks, error
+messages, exit codes, logs, stats.json, `zvfs status`, Prometheus metrics, df, mtimes.
+
+Every check drives the installed console scripts against real mounts; the metrics
+are scraped over HTTP and parsed by prometheus-client's own parser.
+"""
+
+from __future__ import annotations
+
+import http.server
+import importlib.metadata
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import socket
+import threading
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import (
+    Mounted,
+    _pid_alive,
+    daemon_pids,
+    force_unmount,
+    mount_entry,
+    run,
+    store_files,
+    tool,
+    wait_until,
+    zvfs_cmd,
+)
+
+EX_CONFIG = 78
+
+
+def zvfs(*args, **kw):
+    return run([*zvfs_cmd(), *map(str, args)], timeout=90, **kw)
+
+
+def one_line(res, *words: str, code: int | None = None) -> str:
+    assert res.returncode != 0, res.stderr
+    if code is not None:
+        assert res.returncode == code, (res.returncode, res.stderr)
+    err = res.stderr.strip()
+    assert len(err.splitlines()) == 1, f"not one line:\n{err}"
+    assert "usage:" not in err and "Traceback" not in err, err
+    for w in words:
+        assert re.search(w, err, re.I), f"{w!r} not in: {err}"
+    return err
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- version, help, options
+
+
+def test_version() -> None:
+    res = zvfs("--version")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == f"zvfs {importlib.metadata.version('zvfs')}"
+
+
+def test_help_shows_every_default_and_choice() -> None:
+    from zvfs.options import OPTIONS
+
+    res = zvfs("mount", "--help", env=dict(os.environ, COLUMNS="200"))
+    assert res.returncode == 0, res.stderr
+    # one entry per option: a line that starts with the flag, and its indented continuation
+    entries: dict[str, str] = {}
+    flag = None
+    for line in res.stdout.split("options:", 1)[1].splitlines():
+        m = re.match(r"^  (--[a-z0-9-]+|-\w)\b(.*)", line)
+        if m:
+            flag = m.group(1)
+            entries[flag] = m.group(2)
+        elif flag:
+            entries[flag] += " " + line.strip()
+    for opt in OPTIONS:
+        flag = "--" + opt.name.replace("_", "-")
+        assert flag in entries, f"{flag} missing from --help"
+        assert "(default: " in entries[flag], f"{flag} shows no default: {entries[flag]}"
+        for choice in opt.choices or ():
+            assert choice in entries[flag], f"{flag} does not list {choice!r}"
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--threads", "0"], [r"--threads", r">= 1"]),
+    (["--threads", "-3"], [r"--threads", r">= 1"]),
+    (["-o", "threads=0"], [r"threads", r">= 1"]),
+    (["--cache-size=-1G"], [r"--cache-size", r"size >= 0"]),
+    (["--metadata-ttl", "-5"], [r"--metadata-ttl", r">= 0", "indefinite"]),
+    (["--metadata-ttl", "forever"], [r"--metadata-ttl", "indefinite"]),
+    (["--decoded", "sideways"], [r"--decoded", "hidden, visible, off"]),
+    (["--log-level", "chatty"], [r"--log-level", "debug, info, warning, error"]),
+    (["--metrics-addr", "here"], [r"--metrics-addr", "HOST:PORT"]),
+    (["--s3-attempts", "0"], [r"--s3-attempts", r">= 1"]),
+    (["-o", "s3_timeout=0"], [r"s3_timeout", r"> 0"]),
+    (["-o", "no_such_option=1"], [r"no_such_option", "--help"]),
+])
+def test_invalid_values_are_one_line(zarr_dir, tmp_path, args, words) -> None:
+    (tmp_path / "m").mkdir()
+    one_line(zvfs("mount", zarr_dir, tmp_path / "m", *args), *words, code=EX_CONFIG)
+    assert mount_entry(tmp_path / "m") is None
+
+
+def test_bad_command_line_is_one_line() -> None:
+    res = zvfs("mount", "only-a-source")
+    one_line(res, "mountpoint", "--help", code=2)
+
+
+# --------------------------------------------------------------------------- error messages
+
+
+def test_endpoint_without_scheme(tmp_path, s3_env) -> None:
+    (tmp_path / "m").mkdir()
+    res = zvfs("mount", "s3://b/p", tmp_path / "m", "--endpoint-url", "127.0.0.1:9", env=s3_env)
+    one_line(res, r"--endpoint-url http://127\.0\.0\.1:9", code=EX_CONFIG)
+
+
+def test_endpoint_that_is_not_s3(tmp_path, s3_env) -> None:
+    """A plain HTTP server (404 to everything) is no S3 server, not a missing bucket."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        (tmp_path / "m").mkdir()
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        res = zvfs("mount", "s3://bucket/p", tmp_path / "m", "--endpoint-url", url, env=s3_env)
+        err = one_line(res, re.escape(url), "not look like an S3 server", "--endpoint-url")
+        assert "does not exist" not in err
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_invalid_bucket_name(moto, s3_env, tmp_path) -> None:
+    (tmp_path / "m").mkdir()
+    res = zvfs("mount", "s3://Bad_Bucket!/p", tmp_path / "m", "--endpoint-url", moto.endpoint, env=s3_env)
+    err = one_line(res, "Bad_Bucket!", "not a valid S3 bucket name", code=EX_CONFIG)
+    assert "regex" not in err and "^[" not in err
+
+
+def test_plain_file_that_is_no_zip(tmp_path) -> None:
+    src = tmp_path / "data.bin"
+    src.write_bytes(b"not a zip at all\n")
+    (tmp_path / "m").mkdir()
+    err = one_line(zvfs("mount", src, tmp_path / "m"), re.escape(str(src)), "not a zip", code=EX_CONFIG)
+    assert len(err) < 200, err
+
+
+def test_unreachable_endpoint_is_not_a_config_error(tmp_path, s3_env) -> None:
+    (tmp_path / "m").mkdir()
+    res = zvfs("mount", "s3://b/p", tmp_path / "m", "--endpoint-url", f"http://127.0.0.1:{free_port()}",
+               env=s3_env)
+    one_line(res, "cannot reach", code=1)
+
+
+def test_service_config_error_is_not_restarted(tmp_path) -> None:
+    """The unit's RestartPreventExitStatus= is the status a configuration error exits with."""
+    from test_systemd import SERVICE, expand_exec, read_unit
+
+    unit = read_unit(SERVICE)
+    svc = unit["Service"]
+    assert int(unit["Unit"]["StartLimitBurst"]) > 0 and int(unit["Unit"]["StartLimitIntervalSec"]) > 0
+    prevent = {int(x) for x in svc["RestartPreventExitStatus"].split()}
+    (tmp_path / "m").mkdir()
+    argv = expand_exec(svc["ExecStart"], {"SOURCE": str(tmp_path / "missing.zarr"),
+                                          "MOUNTPOINT": str(tmp_path / "m"), "OPTIONS": ""})
+    res = run([tool("zvfs"), *argv[1:]], timeout=90)
+    assert res.returncode in prevent, (res.returncode, prevent, res.stderr)
+
+
+# --------------------------------------------------------------------------- logs
+
+
+def test_daemon_logs_to_a_default_file_it_names(zarr_dir, tmp_path) -> None:
+    """No --log-file and no syslog: the log lands in a file, and `zvfs mount` says which."""
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    res = zvfs("mount", zarr_dir, mnt, "--log-level", "info")
+    m = None
+    try:
+        assert res.returncode == 0, res.stderr
+        m = re.search(r"the log is in (\S+)", res.stderr)
+        assert m, res.stderr
+        log = Path(m.group(1))
+        assert log.parent == Path("/var/log/zvfs" if os.geteuid() == 0 else
+                                  os.environ.get("XDG_STATE_HOME", Path.home() / ".local/state")) \
+            / ("" if os.geteuid() == 0 else "zvfs")
+        assert wait_until(lambda: f"mounted {mnt}" in log.read_text(), 10), log.read_text()
+        assert f"zvfs[{daemon_pids(mnt)[0]}]" in log.read_text()
+    finally:
+        force_unmount(mnt)
+        if m:
+            Path(m.group(1)).unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- stats.json
+
+
+def read_stats(mnt: Path) -> dict:
+    return json.loads((mnt / ".zvfs" / "stats.json").read_bytes())
+
+
+def test_stats_json_keys_are_stable_and_size_is_true(zarr_dir, mount) -> None:
+    from zvfs.stats import ERROR_KINDS
+
+    m: Mounted = mount(zarr_dir)
+    before = read_stats(m.path)
+    for kind in ERROR_KINDS:
+        assert before[f"store_errors_{kind}"] == 0
+    assert before["store_retries"] == 0
+    assert before["version"] == importlib.metadata.version("zvfs")
+    assert before["source"] == str(zarr_dir)
+    assert before["options"]["threads"] == "16" and before["options"]["decoded"] == "hidden"
+    assert "bytes" not in before["listing_cache"] and before["listing_cache"]["max_entries"] > 0
+    assert before["pid"] == daemon_pids(m.path)[0]
+    data = (m.path / ".zvfs" / "arrays" / "temperature" / "data.raw").read_bytes()
+    assert data
+    after = read_stats(m.path)
+    assert set(after) == set(before)
+    assert after["chunks_decoded"] > before["chunks_decoded"]
+    # the size stat reports is the size of what a read returns
+    for _ in range(3):
+        with open(m.path / ".zvfs" / "stats.json", "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            body = f.read()
+        assert size == len(body), (size, len(body))
+        json.loads(body)
+        (m.path / "zarr.json").read_bytes()
+
+
+# --------------------------------------------------------------------------- status
+
+
+def test_status_lists_health_source_options_and_traffic(zarr_dir, zarr_s3, moto, s3_env, mount) -> None:
+    local = mount(zarr_dir, "--threads", "3")
+    remote = mount(zarr_s3, "--endpoint-url", moto.endpoint, env=s3_env)
+    (remote.path / "temperature" / "zarr.json").read_bytes()
+    (local.path / ".zvfs" / "arrays" / "temperature" / "data.raw").read_bytes()
+    res = zvfs("status", "--json")
+    assert res.returncode in (0, 1), res.stderr  # other mounts of the machine may be unhealthy
+    infos = {i["mountpoint"]: i for i in json.loads(res.stdout)}
+    mine = infos[str(local.path)], infos[str(remote.path)]
+    for info, m in zip(mine, (local, remote), strict=True):
+        assert info["health"] == "ok"
+        assert info["pid"] == daemon_pids(m.path)[0]
+        assert info["uptime_seconds"] > 0
+        assert info["version"] == importlib.metadata.version("zvfs")
+        assert info["store"]["requests"] > 0 and info["store"]["bytes"] > 0
+        assert set(info["store"]["errors"]) >= {"throttled", "timeout", "denied"}
+        assert info["cache"]["max_bytes"] == 512 << 20
+        assert info["last_error"] is None
+    assert mine[0]["source"] == str(zarr_dir) and mine[0]["options"]["threads"] == "3"
+    assert mine[1]["source"] == zarr_s3 and mine[1]["options"]["endpoint_url"] == moto.endpoint
+    assert mine[0]["cache"]["misses"] > 0 and mine[0]["cache"]["hit_rate"] is not None
+    # one mount, as text
+    res = zvfs("status", local.path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith(f"{local.path}: ok") and str(zarr_dir) in res.stdout
+    # a dead mount is reported dead (and the status exits 1)
+    pid = daemon_pids(remote.path)[0]
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: not _pid_alive(pid), 10)
+    res = zvfs("status", remote.path, "--json")
+    assert res.returncode == 1
+    assert json.loads(res.stdout)[0]["health"] == "dead"
+    one_line(zvfs("status", "/proc"), "not a zvfs mount")
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def total(samples: dict, name: str, **labels: str) -> float:
+    return sum(v for (n, lab), v in samples.items()
+               if n == name and all(dict(lab).get(k) == want for k, want in labels.items()))
+
+
+def test_metrics_endpoint_moves_with_a_workload(zarr_s3, zarr_dir, moto, s3_env, mount) -> None:
+    port = free_port()
+    m = mount(zarr_s3, "--endpoint-url", moto.endpoint, "--metrics-addr", str(port),
+              "--metrics-label", "sample", env=s3_env)
+    # a port alone listens on loopback only
+    with open("/proc/net/tcp") as f:
+        listening = [ln.split()[1] for ln in f if ln.split()[3] == "0A"]
+    assert f"0100007F:{port:04X}" in listening, listening
+    before = scrape(port)
+    assert all(dict(lab).get("mount") == "sample" for (_n, lab) in before)
+    for kind in ("throttled", "server", "timeout", "denied"):
+        assert ("zvfs_store_errors_total", (("kind", kind), ("mount", "sample"))) in before
+    files = sorted(store_files(zarr_dir))
+    half = len(files) // 2
+
+    def work(keys: list[str]) -> None:
+        for k in keys:
+            assert (m.path / k).read_bytes() == (zarr_dir / k).read_bytes()
+
+    work(files[:half])
+    during = scrape(port)
+    work(files[half:])
+    (m.path / ".zvfs" / "arrays" / "temperature" / "data.raw").read_bytes()
+    after = scrape(port)
+    for name, labels in (("zvfs_store_requests_total", {}), ("zvfs_store_bytes_total", {}),
+                         ("zvfs_fuse_operations_total", {"op": "read"}),
+                         ("zvfs_store_request_seconds_count", {})):
+        a, b, c = total(before, name, **labels), total(during, name, **labels), total(after, name, **labels)
+        assert a < b < c, (name, a, b, c)
+    assert total(after, "zvfs_chunks_decoded_total") > 0
+    assert total(after, "zvfs_cache_misses_total", cache="chunk") > 0
+    assert total(after, "zvfs_decode_seconds_total") > 0
+    assert total(after, "zvfs_store_request_seconds_bucket", le="+Inf") == \
+        total(after, "zvfs_store_request_seconds_count")
+    assert total(after, "zvfs_mount_info", source=zarr_s3) == 1
+
+
+# --------------------------------------------------------------------------- df, mtimes
+
+
+def test_df_shows_the_store_size(zarr_dir, mount) -> None:
+    m = mount(zarr_dir)
+    res = run(["df", "-B1", "--output=size,used,avail,target"], check=True)
+    assert str(m.path) in res.stdout, "df (without -a) leaves the mount out"
+    res = run(["df", "-B1", "--output=used,avail", m.path], check=True)
+    used, avail = map(int, res.stdout.split()[-2:])
+    want = sum(p.stat().st_size for p in store_files(zarr_dir).values())
+    assert used == math.ceil(want / 4096) * 4096
+    free = shutil.disk_usage(zarr_dir).free  # a directory store: the free space of its disk
+    assert abs(avail - free) <= max(free // 100, 64 << 20), (avail, free)
+
+
+def test_decoded_mtimes_come_from_the_source_and_survive_a_remount(zarr_dir, tmp_path, mount) -> None:
+    paths = [".zvfs", ".zvfs/arrays", ".zvfs/arrays/temperature", ".zvfs/arrays/temperature/data.raw",
+             ".zvfs/arrays/temperature/meta.json", ".zvfs/arrays/temperature/chunks/0.0",
+             ".zvfs/arrays/sub/grp/counts/data.npy", ".zvfs/v2/temperature/.zarray"]
+    first = mount(zarr_dir)
+    seen = {p: os.stat(first.path / p).st_mtime_ns for p in paths}
+    force_unmount(first.path)
+    second = mount(zarr_dir, mountpoint=first.path)
+    again = {p: os.stat(second.path / p).st_mtime_ns for p in paths}
+    assert again == seen
+    # an array's files carry its metadata key's mtime
+    ref = os.stat(zarr_dir / "temperature" / "zarr.json").st_mtime
+    assert os.stat(second.path / ".zvfs/arrays/temperature/data.raw").st_mtime == pytest.approx(ref, abs=1e-6)
+    ref = os.stat(zarr_dir / "sub" / "grp" / "counts" / "zarr.json").st_mtime
+    assert os.stat(second.path / ".zvfs/arrays/sub/grp/counts/data.npy").st_mtime == pytest.approx(ref, abs=1e-6)
+

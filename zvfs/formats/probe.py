@@ -1,0 +1,52 @@
+"""What a quick look at a store's key names tells before mounting it.
+
+Two things, from one bounded listing: whether it holds any Zarr at all (the
+CLI warns when a mount would show plain files and an empty ``.zvfs/``), and
+when each node's metadata last changed (the decoded views take their mtimes
+from it, so they stay the same across remounts of unchanged data).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import islice
+
+from ..stores.base import Store
+from .zarr_v1 import ZATTR, ZMETA
+from .zarr_v2 import ZARRAY, ZATTRS, ZGROUP, ZMETADATA
+from .zarr_v3 import ZARR_JSON
+
+#: the key names that make a prefix a Zarr node, whatever the version (NCZarr uses v2's)
+METADATA_NAMES = frozenset({ZARR_JSON, ZARRAY, ZGROUP, ZMETADATA, ZMETA})
+#: what a node's decoded views are made from: its metadata and its attributes
+DESCRIBING_NAMES = METADATA_NAMES | {ZATTRS, ZATTR}
+
+#: keys looked at, at most (10 listing pages on S3)
+SCAN_LIMIT = 10_000
+
+
+@dataclass
+class MetadataScan:
+    """``found``: a metadata key was seen (None: the store is too big to say so within the bound).
+    ``mtimes``: node path ('' for the root) -> newest mtime of its metadata and attribute keys."""
+
+    found: bool | None = False
+    mtimes: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def newest(self) -> float | None:
+        return max(self.mtimes.values(), default=None)
+
+
+def scan_metadata(store: Store, limit: int = SCAN_LIMIT) -> MetadataScan:
+    out = MetadataScan()
+    seen = 0
+    for key, info in islice(store.list_tree(""), limit):
+        seen += 1
+        parent, _, name = key.rpartition("/")
+        if name in DESCRIBING_NAMES:
+            out.found = out.found or name in METADATA_NAMES
+            out.mtimes[parent] = max(out.mtimes.get(parent, info.mtime), info.mtime)
+    if not out.found and seen >= limit:
+        out.found = None
+    return out

@@ -1,0 +1,118 @@
+"""Prometheus metrics for one mount (``--metrics-addr``), served by prometheus-client.
+
+Nothing is counted twice: a collector turns the live registry of
+:mod:`zvfs.stats` and the caches' own statistics into metric families at
+each scrape. Counters named ``<prefix><label value>`` become one family with
+a label (``store_errors_timeout`` -> ``zvfs_store_errors_total{kind="timeout"}``);
+any other counter is exported as ``zvfs_<name>_total``, so a counter a layer
+adds later shows up without a change here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from zvfs import __version__
+from zvfs.views.context import MountContext
+
+log = logging.getLogger("zvfs")
+
+#: counter-name prefix -> (family name, label name, help)
+LABELED = (
+    ("store_requests_", "zvfs_store_requests", "op", "requests to the store, by operation"),
+    ("store_bytes_", "zvfs_store_bytes", "op", "bytes read from the store, by operation"),
+    ("store_errors_", "zvfs_store_errors", "kind", "failed store requests, by kind of failure"),
+    ("fuse_ops_", "zvfs_fuse_operations", "op", "FUSE operations, by type"),
+    ("fuse_errors_", "zvfs_fuse_errors", "op", "FUSE operations that failed (not ENOENT), by type"),
+)
+#: aggregates whose parts are exported with labels above (exporting both would double-count)
+SKIPPED = {"store_requests", "store_bytes", "store_list_requests", "fuse_lookups", "fuse_getattrs",
+           "fuse_readdirs", "fuse_read_requests", "uptime_seconds"}
+
+
+class MountCollector(Collector):
+    """Reads the counters, histograms and caches of ``ctx`` at each scrape."""
+
+    def __init__(self, ctx: MountContext, label: str) -> None:
+        self.ctx = ctx
+        self.label = label
+
+    def collect(self) -> Iterator[Any]:
+        mount = [self.label]
+        snap = self.ctx.counters.snapshot()
+        families = {prefix: CounterMetricFamily(name, help_, labels=["mount", label])
+                    for prefix, name, label, help_ in LABELED}
+        for name, value in snap.items():
+            for prefix, *_ in LABELED:
+                if name.startswith(prefix):
+                    families[prefix].add_metric([*mount, name[len(prefix):]], value)
+                    break
+            else:
+                if name not in SKIPPED:
+                    c = CounterMetricFamily(f"zvfs_{name}", f"zvfs counter {name}", labels=["mount"])
+                    c.add_metric(mount, value)
+                    yield c
+        yield from families.values()
+        hist = HistogramMetricFamily("zvfs_store_request_seconds", "store request latency, by operation",
+                                     labels=["mount", "op"])
+        for name, (buckets, total, _count) in self.ctx.counters.histograms().items():
+            hist.add_metric([*mount, name.removeprefix("store_seconds_")], buckets, total)
+        yield hist
+        yield from self._caches(mount)
+        up = GaugeMetricFamily("zvfs_uptime_seconds", "seconds since the mount started", labels=["mount"])
+        up.add_metric(mount, snap.get("uptime_seconds", 0))
+        yield up
+        info = GaugeMetricFamily("zvfs_mount_info", "1 for each mount: version and source",
+                                 labels=["mount", "version", "source"])
+        info.add_metric([*mount, __version__, self.ctx.source], 1)
+        yield info
+
+    def _caches(self, mount: list[str]) -> Iterator[Any]:
+        labels = ["mount", "cache"]
+        hits = CounterMetricFamily("zvfs_cache_hits", "cache hits", labels=labels)
+        misses = CounterMetricFamily("zvfs_cache_misses", "cache misses", labels=labels)
+        evictions = CounterMetricFamily("zvfs_cache_evictions", "cache evictions", labels=labels)
+        entries = GaugeMetricFamily("zvfs_cache_entries", "entries in the cache", labels=labels)
+        for name, cache in (("chunk", self.ctx.chunks), ("listing", self.ctx.listings)):
+            s = cache.stats
+            hits.add_metric([*mount, name], s.hits)
+            misses.add_metric([*mount, name], s.misses)
+            evictions.add_metric([*mount, name], s.evictions)
+            entries.add_metric([*mount, name], len(cache))
+        fill = GaugeMetricFamily("zvfs_chunk_cache_bytes", "bytes of decoded chunks cached", labels=["mount"])
+        fill.add_metric(mount, self.ctx.chunks.current_bytes)
+        bound = GaugeMetricFamily("zvfs_chunk_cache_max_bytes", "the chunk cache's bound (--cache-size)",
+                                  labels=["mount"])
+        bound.add_metric(mount, self.ctx.chunks.max_bytes)
+        yield from (hits, misses, evictions, entries, fill, bound)
+
+
+class MetricsServer:
+    """The HTTP endpoint; its thread is a daemon thread, stopped by :meth:`shutdown`."""
+
+    def __init__(self, server: Any) -> None:
+        self._server = server
+
+    def shutdown(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def serve_metrics(addr: str, ctx: MountContext, label: str) -> MetricsServer:
+    """Listen at ``addr`` ('HOST:PORT'); raises OSError with a message naming the address."""
+    host, _, port = addr.rpartition(":")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(MountCollector(ctx, label))
+    try:
+        server, _thread = start_http_server(int(port), addr=host, registry=registry)
+    except OSError as exc:
+        raise OSError(f"cannot serve metrics at {addr}: {exc.strerror}; "
+                      "choose another --metrics-addr") from None
+    log.info("serving Prometheus metrics at http://%s/metrics", addr)
+    return MetricsServer(server)

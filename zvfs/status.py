@@ -1,0 +1,152 @@
+"""``zvfs status [MOUNTPOINT] [--json]``: every zvfs mount of this machine, and its health.
+
+The mount table says where zvfs is mounted and from what. Everything else
+(pid, uptime, options, traffic, errors, cache) comes from the mount's own
+``.zvfs/stats.json``, read in a child process: a hung mount then costs a
+timeout, never a stuck ``zvfs status``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+from zvfs.mounts import MountEntry, mount_entry, mount_table
+from zvfs.stats import ERROR_KINDS
+
+#: run in a child: statfs proves the daemon answers; stats.json may be absent (decoded=off)
+_PROBE = r"""
+import errno, json, os, sys
+mp = sys.argv[1]
+try:
+    os.statvfs(mp)
+except OSError as e:
+    print(json.dumps({"health": "dead" if e.errno in (errno.ENOTCONN, errno.ECONNABORTED) else "error",
+                      "error": e.strerror}))
+    sys.exit()
+try:
+    with open(os.path.join(mp, ".zvfs", "stats.json"), "rb") as f:
+        stats = json.loads(f.read())
+except OSError:
+    stats = None
+print(json.dumps({"health": "ok", "stats": stats}))
+"""
+
+
+def zvfs_mounts() -> list[MountEntry]:
+    return [e for e in mount_table() if e.fstype == "fuse.zvfs"]
+
+
+def probe(mountpoint: str, timeout: float) -> dict[str, Any]:
+    """Health ('ok', 'dead', 'hung', 'error') and stats.json of one mount."""
+    try:
+        res = subprocess.run([sys.executable, "-c", _PROBE, mountpoint], capture_output=True,
+                             text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"health": "hung", "error": f"no answer within {timeout:g} s"}
+    try:
+        return json.loads(res.stdout)
+    except ValueError:
+        return {"health": "error", "error": (res.stderr.strip().splitlines() or ["probe failed"])[-1]}
+
+
+def describe(entry: MountEntry, timeout: float) -> dict[str, Any]:
+    """What ``--json`` prints for one mount."""
+    found = probe(entry.mountpoint, timeout)
+    stats = found.get("stats") or {}
+    out: dict[str, Any] = {
+        "mountpoint": entry.mountpoint,
+        "source": stats.get("source") or entry.source.removeprefix("zvfs:"),
+        "health": found["health"],
+        "error": found.get("error"),
+        "pid": stats.get("pid"),
+        "version": stats.get("version"),
+        "uptime_seconds": stats.get("uptime_seconds"),
+        "options": stats.get("options"),
+        "mount_options": entry.options,
+    }
+    if stats:
+        chunk = stats.get("chunk_cache", {})
+        lookups = chunk.get("hits", 0) + chunk.get("misses", 0)
+        out["store"] = {
+            "requests": stats.get("store_requests", 0) + stats.get("store_list_requests", 0),
+            "bytes": stats.get("store_bytes", 0),
+            "retries": stats.get("store_retries", 0),
+            "errors": {k: stats.get(f"store_errors_{k}", 0) for k in ERROR_KINDS},
+        }
+        out["cache"] = {
+            "bytes": chunk.get("bytes", 0),
+            "max_bytes": chunk.get("max_bytes", 0),
+            "hits": chunk.get("hits", 0),
+            "misses": chunk.get("misses", 0),
+            "hit_rate": round(chunk.get("hits", 0) / lookups, 4) if lookups else None,
+        }
+        out["last_error"] = stats.get("last_error")
+    return out
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _duration(s: float) -> str:
+    s = int(s)
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    return (f"{d}d" if d else "") + (f"{h}h" if d or h else "") + (f"{m}m" if d or h or m else "") + f"{s}s"
+
+
+def render_text(info: dict[str, Any]) -> str:
+    lines = [f"{info['mountpoint']}: {info['health']}" + (f" ({info['error']})" if info.get("error") else "")]
+    lines.append(f"  source:     {info['source']}")
+    if info.get("pid") is not None:
+        lines.append(f"  process:    pid {info['pid']}, up {_duration(info['uptime_seconds'] or 0)}, "
+                     f"zvfs {info['version']}")
+    if info.get("options"):
+        opts = " ".join(f"{k}={v}" for k, v in sorted(info["options"].items()) if v not in (None, False))
+        lines.append(f"  options:    {opts}")
+    if "store" in info:
+        st = info["store"]
+        errors = sum(st["errors"].values())
+        kinds = ", ".join(f"{k} {n}" for k, n in st["errors"].items() if n)
+        lines.append(f"  store:      {st['requests']} requests, {_size(st['bytes'])}, {st['retries']} retries, "
+                     f"{errors} errors" + (f" ({kinds})" if kinds else ""))
+        c = info["cache"]
+        rate = "n/a" if c["hit_rate"] is None else f"{100 * c['hit_rate']:.1f}%"
+        lines.append(f"  cache:      {_size(c['bytes'])} of {_size(c['max_bytes'])}, hit rate {rate} "
+                     f"({c['hits']} hits, {c['misses']} misses)")
+        last = info.get("last_error")
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last["time"])) if last else ""
+        lines.append(f"  last error: {when + ' ' + last['message'] if last else 'none'}")
+    elif info["health"] == "ok":
+        lines.append("  counters:   not available (.zvfs/stats.json is off with decoded=off)")
+    return "\n".join(lines)
+
+
+def main(mountpoint: str | None, as_json: bool = False, timeout: float = 5.0) -> int:
+    """Exit 0 when every mount shown is healthy, 1 otherwise (and when MOUNTPOINT is no zvfs mount)."""
+    if mountpoint is not None:
+        entry = mount_entry(mountpoint)
+        if entry is None or entry.fstype != "fuse.zvfs":
+            print(f"zvfs: error: {mountpoint} is not a zvfs mount; `zvfs status` lists them all",
+                  file=sys.stderr)
+            return 1
+        entries = [entry]
+    else:
+        entries = zvfs_mounts()
+    infos = [describe(e, timeout) for e in entries]
+    if as_json:
+        print(json.dumps(infos, indent=2))
+    elif not infos:
+        print("no zvfs mounts")
+    else:
+        print("\n\n".join(render_text(i) for i in infos))
+    return 0 if all(i["health"] == "ok" for i in infos) else 1

@@ -1,0 +1,213 @@
+"""One CF-aware attribute translation, shared by the v2 mirror and the netCDF files.
+
+Zarr attributes are JSON, but the readers that matter (xarray, netCDF-C, GDAL)
+give some of them a type and a meaning:
+
+- ``_FillValue`` is the CF missing value. Zarr v2 (and NCZarr) keep it in the
+  array's ``fill_value``; xarray writing Zarr v3 keeps it in the attributes,
+  base64-encoded for floats, and leaves the v3 ``fill_value`` as a plain
+  "unwritten chunk" value that no reader masks with (0 for a time variable).
+- NCZarr types its attributes in ``_nczarr_attr.types`` ("<f4", ">i2",
+  "|S1"...), so a float attribute stays float and "NaN" is a number.
+- Strict JSON spells a non-finite float "NaN" / "Infinity" / "-Infinity".
+
+:func:`array_attributes` turns one array's attributes into :class:`Typed`
+values and finds its CF fill value once; the mirror renders them back as JSON
+(:func:`json_attributes`), the netCDF writer as typed netCDF attributes.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from zvfs.formats.meta import ArrayMeta
+from zvfs.formats.nczarr import attribute_types
+
+#: strict-JSON spellings of non-finite floats (meta.strict_json writes these)
+NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+#: attributes whose value has the variable's type in CF (and netCDF) conventions
+VALUE_TYPED = ("_FillValue", "missing_value", "valid_min", "valid_max", "valid_range")
+
+
+@dataclass(slots=True)
+class Typed:
+    """One attribute: ``text`` (a string) or ``values`` (1-d numbers with a dtype), and always
+    the source's ``json`` value (what a JSON reader must keep seeing, e.g. in the mirror)."""
+
+    text: str | None = None
+    values: np.ndarray | None = None
+    json: Any = None
+    #: the JSON value was a list (a one-element list stays a list in the mirror)
+    is_list: bool = False
+
+
+@dataclass(slots=True)
+class VarAttributes:
+    """An array's attributes as readers should see them, plus its CF fill value."""
+
+    attrs: dict[str, Typed] = field(default_factory=dict)
+    #: the CF ``_FillValue`` as a 0-d array of the array's dtype, or None (no masking)
+    fill: np.ndarray | None = None
+
+
+def _numbers(value: Any, dtype: np.dtype | None = None) -> np.ndarray | None:
+    """``value`` (a number, or a list of numbers / non-finite spellings) as a 1-d array, else None."""
+    items = value if isinstance(value, list) else [value]
+    if not items:
+        return None
+    out: list[Any] = []
+    for v in items:
+        if isinstance(v, str) and v in NONFINITE and (dtype is None or dtype.kind == "f"):
+            out.append(NONFINITE[v])
+        elif isinstance(v, bool | int | float) and not isinstance(v, str):
+            out.append(v)
+        else:
+            return None
+    if dtype is not None:
+        try:
+            return np.array(out, dtype=dtype).reshape(-1)
+        except (OverflowError, ValueError, TypeError):
+            return None
+    if all(isinstance(v, bool) for v in out):
+        return np.array(out, dtype="i1")
+    if any(isinstance(v, bool) for v in out):
+        return None
+    if all(isinstance(v, int) for v in out):
+        lo, hi = min(out), max(out)
+        if -(2**31) <= lo and hi < 2**31:
+            return np.array(out, dtype="i4")
+        if -(2**63) <= lo and hi < 2**63:
+            return np.array(out, dtype="i8")
+        return None
+    return np.array(out, dtype="f8")
+
+
+def translate_value(value: Any, type_str: str | None = None) -> Typed:
+    """One JSON attribute value, typed by NCZarr's ``type_str`` when given."""
+    if value is None:
+        return Typed(json=None)
+    dtype = None
+    if isinstance(type_str, str):
+        try:
+            dtype = np.dtype(type_str)
+        except TypeError:
+            dtype = None
+    if isinstance(value, str) and not (dtype is not None and dtype.kind in "iuf" and value in NONFINITE):
+        return Typed(text=value, json=value)
+    if dtype is not None and dtype.kind in "SU" and isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return Typed(text="".join(value), json=value)  # NCZarr char attributes may be split into characters
+    if dtype is not None and dtype.kind not in "biuf":
+        dtype = None
+    nums = _numbers(value, dtype.newbyteorder("=") if dtype is not None else None)
+    if nums is not None:
+        return Typed(values=nums, json=value, is_list=isinstance(value, list))
+    return Typed(json=value)
+
+
+def translate(attrs: dict[str, Any], types: dict[str, str] | None = None) -> dict[str, Typed]:
+    """Every attribute but NCZarr's bookkeeping and ``_ARRAY_DIMENSIONS``, typed."""
+    types = {**attribute_types(attrs), **(types or {})}
+    out: dict[str, Typed] = {}
+    for name, value in attrs.items():
+        if name.lower().startswith("_nczarr") or name == "_ARRAY_DIMENSIONS":
+            continue
+        out[name] = translate_value(value, types.get(name))
+    return out
+
+
+def _base64_fill(text: str, dtype: np.dtype) -> np.ndarray | None:
+    """xarray's Zarr v3 encoding of a fill value: base64 of the element's little-endian bytes."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    if dtype.kind not in "iufb":
+        return None
+    try:  # the element's own size, or (xarray's choice for floats) a float64
+        stored = np.dtype(f"<{'i' if dtype.kind == 'b' else dtype.kind}{len(raw)}")
+    except TypeError:
+        return None
+    return np.frombuffer(raw, dtype=stored).astype(dtype).reshape(())
+
+
+def _as_fill(typed: Typed, dtype: np.dtype) -> np.ndarray | None:
+    """A ``_FillValue`` attribute as one element of ``dtype``."""
+    if typed.text is not None:
+        if typed.text in NONFINITE and dtype.kind in "fc":
+            return np.array(NONFINITE[typed.text], dtype=dtype)
+        return _base64_fill(typed.text, dtype)
+    if typed.values is not None and typed.values.size == 1:
+        try:
+            return np.array(typed.values[0]).astype(dtype)
+        except (OverflowError, ValueError, TypeError):
+            return None
+    return None
+
+
+def _meta_fill(meta: ArrayMeta) -> np.ndarray | None:
+    if meta.fill_value is None or meta.dtype.kind not in "biufcmM":
+        return None
+    try:
+        return np.array(meta.fill_value, dtype=meta.dtype).reshape(())
+    except (OverflowError, ValueError, TypeError):
+        return None
+
+
+def array_attributes(meta: ArrayMeta) -> VarAttributes:
+    """The array's attributes and CF fill value, by the rules of the module doc.
+
+    The CF fill is the ``_FillValue`` attribute when there is one; else, for v1,
+    v2 and NCZarr, the array's ``fill_value`` (xarray and netCDF-C read it so);
+    for v3, the ``fill_value`` only when the array names no dimensions: a v3
+    array with ``dimension_names`` is laid out as xarray writes it, and xarray
+    never masks with the v3 ``fill_value``.
+    """
+    source = meta.source if isinstance(meta.source, dict) else {}
+    attrs = translate(meta.attributes, source.get("nczarr_attr_types"))
+    for name in VALUE_TYPED[1:]:  # CF: these have the variable's type (when that keeps the values)
+        typed = attrs.get(name)
+        if typed is not None and typed.values is not None and meta.dtype.kind in "iuf":
+            try:
+                conv = typed.values.astype(meta.dtype.newbyteorder("="))
+            except (OverflowError, ValueError, TypeError):
+                continue
+            if np.array_equal(conv.astype(typed.values.dtype), typed.values, equal_nan=meta.dtype.kind == "f"):
+                typed.values = conv
+    typed_fill = attrs.pop("_FillValue", None)
+    fill = _as_fill(typed_fill, meta.dtype) if typed_fill is not None else None
+    if fill is None and typed_fill is None:
+        if meta.format != "zarr_v3" or not meta.dimension_names:
+            fill = _meta_fill(meta)
+    elif fill is None:  # a _FillValue we cannot read as the array's type: keep it as it was
+        attrs["_FillValue"] = typed_fill
+    return VarAttributes(attrs, fill)
+
+
+def json_value(typed: Typed) -> Any:
+    """A translated attribute as a v2 ``.zattrs`` holds it: the source's JSON, unchanged."""
+    return typed.json
+
+
+def json_attributes(attrs: dict[str, Typed]) -> dict[str, Any]:
+    """The attributes for a v2 ``.zattrs``; null ones are left out (netCDF-C 4.9 cannot open a
+    store that has one, and null has no netCDF form)."""
+    return {name: json_value(t) for name, t in attrs.items() if t.json is not None}
+
+
+def nczarr_type(typed: Typed) -> str | None:
+    """NCZarr's type string for an attribute ("<f4", "<U1" for text), or None (left to inference).
+
+    netCDF-C 4.9 reads these types from ``_NCZARR_ATTR`` even in pure-Zarr mode, so the
+    mirror keeps a float a float and a ``_FillValue`` the variable's type.
+    """
+    if typed.text is not None:
+        return "<U1"
+    if typed.values is not None:
+        return typed.values.dtype.newbyteorder("<").str
+    return None

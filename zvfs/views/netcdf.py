@@ -1,0 +1,538 @@
+"""``.zvfs/netcdf/``: every group as a classic netCDF file (CDF-1, -2 or -5), computed on the fly.
+
+A classic netCDF file is a header (dimensions, attributes, and per variable
+its type, shape and the offset where its data begins) followed by each
+variable's data, contiguous, C order, big-endian. Everything in the header
+comes from metadata, so the size is known without decoding; a read maps its
+byte range to the variables it touches and each of those to the array's
+decoded chunks, through the same cache, read-ahead and worker pool as
+``data.raw``, converting to the served type and byte order on the way.
+
+Which format: the oldest one that holds the group, so the oldest readers work.
+CDF-1 when the file is under 2 GiB and every type is classic; CDF-2 for larger
+files (one variable may pass 4 GiB when it is the last one: it is moved last
+and its header ``vsize`` is clamped to 2**32-1, as the format says); CDF-5
+when a type has no lossless classic form (int64, uint64, datetime64) or two
+variables pass 4 GiB.
+
+Type mapping (see :func:`var_type`): bool -> byte, float16 -> float,
+uint8/16/32 -> byte/short/int with ``_Unsigned = "true"`` (the netCDF
+convention; native ubyte/ushort/uint in a CDF-5 file), int64/uint64 -> CDF-5
+int64/uint64, datetime64/timedelta64 -> int64 with CF ``units``, fixed-width
+bytes ``S<n>`` -> char with a ``strlen<n>`` dimension. Complex, structured,
+fixed-width Unicode and variable-length arrays are left out, named in the
+global attribute ``zvfs_left_out`` with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from zvfs.formats.meta import ArrayMeta
+from zvfs.views.arrays import DecodedArray
+from zvfs.views.cfattrs import VALUE_TYPED, Typed, VarAttributes, array_attributes, translate
+from zvfs.views.node import FileNode
+from zvfs.views.v2mirror import consistent_dimensions
+from zvfs.workers import gather
+
+NC_BYTE, NC_CHAR, NC_SHORT, NC_INT, NC_FLOAT, NC_DOUBLE = 1, 2, 3, 4, 5, 6
+NC_UBYTE, NC_USHORT, NC_UINT, NC_INT64, NC_UINT64 = 7, 8, 9, 10, 11
+NC_DIMENSION, NC_VARIABLE, NC_ATTRIBUTE = 10, 11, 12
+
+#: the big-endian element of each netCDF type
+NC_DTYPE = {
+    NC_BYTE: np.dtype(">i1"), NC_CHAR: np.dtype("S1"), NC_SHORT: np.dtype(">i2"),
+    NC_INT: np.dtype(">i4"), NC_FLOAT: np.dtype(">f4"), NC_DOUBLE: np.dtype(">f8"),
+    NC_UBYTE: np.dtype(">u1"), NC_USHORT: np.dtype(">u2"), NC_UINT: np.dtype(">u4"),
+    NC_INT64: np.dtype(">i8"), NC_UINT64: np.dtype(">u8"),
+}  # fmt: skip
+
+#: a classic-format (CDF-1/2) variable larger than this is "large": only the last may be
+CDF2_VAR_LIMIT = 2**32 - 4
+#: CDF-1 offsets are signed 32-bit
+CDF1_FILE_LIMIT = 2**31 - 1
+#: each variable's data begins on its own page: a corrupt chunk's EIO (which fails
+#: the kernel's whole page read) then never spills onto the header or another
+#: variable, and every element is aligned. The gaps hold zeros; begins are explicit.
+VAR_ALIGN = 4096
+LEFT_OUT_ATTR = "zvfs_left_out"
+#: netCDF-4 bookkeeping NCZarr keeps in .zattrs; a classic file has no such thing
+NC4_RESERVED = ("_NCProperties", "_IsNetcdf4", "_SuperblockVersion")
+ROOT_FILE = "root.nc"
+ROOT_ARRAY_NAME = "data"
+
+_TIME_UNITS = {"D": "days", "h": "hours", "m": "minutes", "s": "seconds",
+               "ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds"}  # fmt: skip
+
+
+class LeftOut(Exception):
+    """An array with no classic netCDF form; the message is the reason shown to users."""
+
+
+@dataclass(slots=True)
+class VarType:
+    """How one dtype is served: the netCDF type, the bytes' dtype, and the attributes it implies."""
+
+    nc_type: int
+    served: np.dtype  # big-endian; same bytes as nc_type's element (unsigned stays unsigned here)
+    needs_cdf5: bool = False
+    extra_attrs: dict[str, str] = field(default_factory=dict)
+    strlen: int = 0  # fixed-width bytes: a trailing char dimension of this length
+
+
+def var_type(dtype: np.dtype, cdf5: bool) -> VarType:
+    """The closest netCDF type for ``dtype``; raises LeftOut with the reason when there is none."""
+    kind, size = dtype.kind, dtype.itemsize
+    if dtype.fields is not None:
+        raise LeftOut("structured dtype: classic netCDF has no compound type")
+    if kind == "b":
+        return VarType(NC_BYTE, np.dtype(">i1"))
+    if kind == "i":
+        code = {1: NC_BYTE, 2: NC_SHORT, 4: NC_INT, 8: NC_INT64}[size]
+        return VarType(code, NC_DTYPE[code], needs_cdf5=code == NC_INT64)
+    if kind == "u":
+        if size == 8:
+            return VarType(NC_UINT64, NC_DTYPE[NC_UINT64], needs_cdf5=True)
+        served = np.dtype(f">u{size}")
+        if cdf5:
+            return VarType({1: NC_UBYTE, 2: NC_USHORT, 4: NC_UINT}[size], served)
+        return VarType({1: NC_BYTE, 2: NC_SHORT, 4: NC_INT}[size], served, extra_attrs={"_Unsigned": "true"})
+    if kind == "f":
+        if size == 8:
+            return VarType(NC_DOUBLE, NC_DTYPE[NC_DOUBLE])
+        if size in (2, 4):
+            return VarType(NC_FLOAT, NC_DTYPE[NC_FLOAT])
+        raise LeftOut(f"float{size * 8}: no netCDF type holds it")
+    if kind in "mM":
+        unit, _count = np.datetime_data(dtype)
+        extra = {}
+        if unit in _TIME_UNITS:
+            name = _TIME_UNITS[unit]
+            extra = {"units": f"{name} since 1970-01-01 00:00:00" if kind == "M" else name}
+        return VarType(NC_INT64, NC_DTYPE[NC_INT64], needs_cdf5=True, extra_attrs=extra)
+    if kind == "S" and size > 0:
+        return VarType(NC_CHAR, np.dtype(f"S{size}"), strlen=size)
+    if kind == "c":
+        raise LeftOut("complex numbers: classic netCDF has no complex type")
+    if kind == "U":
+        raise LeftOut("fixed-width Unicode strings: classic netCDF has no string type")
+    raise LeftOut(f"dtype {dtype.str}: no classic netCDF type")
+
+
+_BAD_NAME_CHARS = re.compile(r"[\x00-\x1f\x7f/]")
+
+
+def nc_name(name: str) -> str:
+    """A valid netCDF name: no '/' or control characters, no trailing space, a legal first character."""
+    name = _BAD_NAME_CHARS.sub("_", name).rstrip(" ") or "_"
+    if not (name[0].isalnum() or name[0] == "_" or ord(name[0]) > 127):
+        name = "_" + name
+    return name
+
+
+# -- header encoding -----------------------------------------------------------------
+
+
+def _pad4(data: bytes) -> bytes:
+    return data + b"\0" * (-len(data) % 4)
+
+
+class HeaderWriter:
+    """The classic-format header grammar; ``version`` 1, 2 or 5 sets the integer widths."""
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+
+    def non_neg(self, n: int) -> bytes:
+        return struct.pack(">Q" if self.version == 5 else ">I", n)
+
+    def offset(self, n: int) -> bytes:
+        return struct.pack(">I" if self.version == 1 else ">Q", n)
+
+    def name(self, text: str) -> bytes:
+        raw = text.encode("utf-8")
+        return self.non_neg(len(raw)) + _pad4(raw)
+
+    def tagged(self, tag: int, items: Sequence[bytes]) -> bytes:
+        if not items:
+            return b"\0\0\0\0" + self.non_neg(0)  # ABSENT
+        return struct.pack(">I", tag) + self.non_neg(len(items)) + b"".join(items)
+
+    def attr(self, name: str, nc_type: int, values: bytes, nelems: int) -> bytes:
+        return self.name(name) + struct.pack(">I", nc_type) + self.non_neg(nelems) + _pad4(values)
+
+
+@dataclass(slots=True)
+class NcAttr:
+    name: str
+    nc_type: int
+    data: bytes  # big-endian values (or UTF-8 text)
+    nelems: int
+
+
+def text_attr(name: str, text: str) -> NcAttr:
+    raw = text.encode("utf-8")
+    return NcAttr(name, NC_CHAR, raw, len(raw))
+
+
+def _values_type(values: np.ndarray, cdf5: bool) -> np.ndarray | None:
+    """``values`` in a dtype the file can hold without changing them, or None."""
+    kind, size = values.dtype.kind, values.dtype.itemsize
+    if kind == "b":
+        return values.astype("i1")
+    if kind == "f":
+        return values.astype("f4" if size <= 4 else "f8")
+    if kind in "iu":
+        if kind == "i" and size <= 4 or kind == "u" and cdf5:
+            return values
+        if kind == "i" and cdf5:
+            return values
+        for cand in ("i1", "i2", "i4") if kind == "u" else ("i4",):
+            conv = values.astype(cand)
+            if np.array_equal(conv.astype(values.dtype), values):
+                return conv
+        as_f8 = values.astype("f8")
+        if np.array_equal(as_f8.astype(values.dtype), values):
+            return as_f8
+    return None
+
+
+_NP_TO_NC = {
+    ("i", 1): NC_BYTE, ("i", 2): NC_SHORT, ("i", 4): NC_INT, ("i", 8): NC_INT64,
+    ("u", 1): NC_UBYTE, ("u", 2): NC_USHORT, ("u", 4): NC_UINT, ("u", 8): NC_UINT64,
+    ("f", 4): NC_FLOAT, ("f", 8): NC_DOUBLE,
+}  # fmt: skip
+
+
+def typed_attr(name: str, typed: Typed, cdf5: bool, served: VarType | None = None) -> NcAttr | None:
+    """One translated attribute as netCDF: text as char, numbers typed, anything else as JSON text.
+
+    ``_FillValue``-like attributes (valid_min, ...) take the variable's own type
+    when that keeps their values, as CF asks.
+    """
+    if typed.text is not None:
+        return text_attr(name, typed.text)
+    if typed.values is None:
+        if typed.json is None:
+            return None  # null has no netCDF form
+        return text_attr(name, json.dumps(typed.json, allow_nan=False))
+    values = typed.values
+    if served is not None and name in VALUE_TYPED and served.nc_type != NC_CHAR:
+        try:
+            conv = values.astype(served.served)
+            if np.array_equal(conv.astype(values.dtype), values, equal_nan=values.dtype.kind == "f"):
+                return NcAttr(name, served.nc_type, conv.tobytes(), conv.size)
+        except (OverflowError, ValueError, TypeError):
+            pass
+    fitted = _values_type(values, cdf5)
+    if fitted is None:
+        return text_attr(name, json.dumps(values.tolist()))
+    code = _NP_TO_NC[(fitted.dtype.kind, fitted.dtype.itemsize)]
+    return NcAttr(name, code, fitted.astype(NC_DTYPE[code]).tobytes(), fitted.size)
+
+
+# -- the file model ------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class NcVar:
+    name: str
+    array: DecodedArray
+    vtype: VarType
+    dims: list[str]
+    attrs: list[NcAttr]
+    nbytes: int
+    begin: int = 0
+
+    @property
+    def vsize(self) -> int:
+        return self.nbytes + (-self.nbytes % 4)
+
+
+@dataclass
+class NcLayout:
+    """Everything a classic netCDF file of one group is, from metadata alone."""
+
+    version: int
+    header: bytes
+    variables: list[NcVar]
+    size: int
+
+
+def _fill_attr(vattrs: VarAttributes, vtype: VarType, meta: ArrayMeta) -> NcAttr | None:
+    if vattrs.fill is None or vtype.nc_type == NC_CHAR or meta.dtype.kind == "b":
+        return None  # False is data, not "missing", in a bool array
+    fill = vattrs.fill
+    if meta.dtype.kind in "mM":
+        fill = fill.astype("i8")
+    data = np.asarray(fill).astype(vtype.served).reshape(1)
+    return NcAttr("_FillValue", vtype.nc_type, data.tobytes(), 1)
+
+
+def build_layout(
+    group_attrs: dict[str, Any],
+    arrays: dict[str, DecodedArray],
+    group_types: dict[str, str] | None = None,
+) -> NcLayout:
+    """The header and variable offsets for one group; ``arrays`` maps variable name -> array."""
+    left_out: dict[str, str] = {}
+    usable: dict[str, DecodedArray] = {}
+    for name, array in sorted(arrays.items()):
+        meta = array.meta
+        reason = _unusable(array)
+        if reason is None:
+            try:
+                var_type(meta.dtype, False)
+            except LeftOut as exc:
+                reason = str(exc)
+        if reason is not None:
+            left_out[name] = reason
+        else:
+            usable[name] = array
+    cdf5 = any(var_type(a.meta.dtype, False).needs_cdf5 for a in usable.values())
+    dims_by_name = consistent_dimensions({n: a.meta for n, a in usable.items()}, generate=True)
+
+    variables: list[NcVar] = []
+    dim_sizes: dict[str, int] = {}
+    taken: set[str] = set()
+    for name, array in usable.items():
+        meta = array.meta
+        vtype = var_type(meta.dtype, cdf5)
+        dims = [nc_name(d) for d in dims_by_name[name] or []]
+        if vtype.strlen:
+            dims.append(f"strlen{vtype.strlen}")
+        for d, n in zip(dims, [*meta.shape, *([vtype.strlen] if vtype.strlen else [])], strict=True):
+            if dim_sizes.setdefault(d, n) != n:  # a name still clashing after the rename rule
+                left_out[name] = f"dimension {d!r} has two sizes ({dim_sizes[d]} and {n})"
+                break
+        else:
+            vattrs = array_attributes(meta)
+            nc_attrs = [text_attr(k, v) for k, v in vtype.extra_attrs.items() if k not in vattrs.attrs]
+            nc_attrs += [
+                a for k, t in vattrs.attrs.items() if (a := typed_attr(nc_name(k), t, cdf5, vtype)) is not None
+            ]
+            fill = _fill_attr(vattrs, vtype, meta)
+            if fill is not None:
+                nc_attrs.append(fill)
+            vname = nc_name(name)
+            while vname in taken:
+                vname += "_"
+            taken.add(vname)
+            nbytes = meta.size * vtype.served.itemsize
+            variables.append(NcVar(vname, array, vtype, dims, nc_attrs, nbytes))
+    # dimensions in order of first use by the remaining variables
+    dim_order: dict[str, int] = {}
+    for v in variables:
+        for d in v.dims:
+            dim_order.setdefault(d, dim_sizes[d])
+
+    gattrs = [
+        a
+        for k, t in translate(group_attrs, group_types).items()
+        if k not in NC4_RESERVED and (a := typed_attr(nc_name(k), t, cdf5))
+    ]
+    if left_out:
+        gattrs.append(text_attr(LEFT_OUT_ATTR, "".join(f"{n}: {r}\n" for n, r in sorted(left_out.items()))))
+
+    big = [v for v in variables if v.vsize > CDF2_VAR_LIMIT]
+    version = 5 if cdf5 or len(big) > 1 else 2
+    if version == 2 and big:
+        variables.remove(big[0])
+        variables.append(big[0])  # the one large variable must be the last (CDF-2)
+    if version == 2:
+        trial = _assemble(1, dim_order, gattrs, variables)
+        if trial.size <= CDF1_FILE_LIMIT:
+            return trial
+    return _assemble(version, dim_order, gattrs, variables)
+
+
+def _unusable(array: DecodedArray) -> str | None:
+    meta = array.meta
+    if meta.error:
+        return f"unusable metadata: {meta.error}"
+    if meta.vlen is not None:
+        return f"variable-length elements ({meta.vlen}): classic netCDF has no string type"
+    if not array.readable:
+        return "shape unknown"
+    if 0 in meta.shape:
+        return "zero-length dimension: classic netCDF reads it as the unlimited one"
+    return None
+
+
+def _assemble(version: int, dims: dict[str, int], gattrs: list[NcAttr], variables: list[NcVar]) -> NcLayout:
+    """Header bytes and variable begins for ``version`` (the header's size depends on them)."""
+    w = HeaderWriter(version)
+    dim_ids = {name: i for i, name in enumerate(dims)}
+
+    def header(begins: list[int]) -> bytes:
+        out = [b"CDF" + bytes([version]), w.non_neg(0)]
+        out.append(w.tagged(NC_DIMENSION, [w.name(n) + w.non_neg(s) for n, s in dims.items()]))
+        out.append(w.tagged(NC_ATTRIBUTE, [w.attr(a.name, a.nc_type, a.data, a.nelems) for a in gattrs]))
+        entries = []
+        for v, begin in zip(variables, begins, strict=True):
+            vsize = v.vsize if version == 5 or v.vsize <= CDF2_VAR_LIMIT else 2**32 - 1
+            entries.append(
+                w.name(v.name)
+                + w.non_neg(len(v.dims))
+                + b"".join(w.non_neg(dim_ids[d]) for d in v.dims)
+                + w.tagged(NC_ATTRIBUTE, [w.attr(a.name, a.nc_type, a.data, a.nelems) for a in v.attrs])
+                + struct.pack(">I", v.vtype.nc_type)
+                + w.non_neg(vsize)
+                + w.offset(begin)
+            )
+        out.append(w.tagged(NC_VARIABLE, entries))
+        return b"".join(out)
+
+    hlen = len(header([0] * len(variables)))  # offsets have a fixed width: the length is known now
+    pos = hlen
+    begins = []
+    for v in variables:
+        pos += -pos % VAR_ALIGN
+        begins.append(pos)
+        pos += v.vsize
+    placed = [NcVar(v.name, v.array, v.vtype, v.dims, v.attrs, v.nbytes, b) for v, b in zip(variables, begins, strict=True)]
+    data = header(begins)
+    assert len(data) == hlen
+    return NcLayout(version, data, placed, pos)
+
+
+# -- the file node -------------------------------------------------------------------
+
+
+async def read_var(var: NcVar, offset: int, length: int) -> bytes | memoryview:
+    """Bytes [offset, offset+length) of one variable's data as served (big-endian, netCDF type).
+
+    The range is widened to whole elements, read from the array in its own
+    dtype through the decoded-chunk cache (``read_bytes``: read-ahead included),
+    converted in one numpy pass (none when the bytes already are the served
+    ones), and cut back without another copy.
+    """
+    meta = var.array.meta
+    out_size = var.vtype.served.itemsize
+    end = min(offset + length, var.nbytes)
+    if offset >= end:
+        return b""
+    first, last = offset // out_size, -(-end // out_size)
+    src_size = meta.dtype.itemsize
+    raw = await var.array.read_bytes(first * src_size, (last - first) * src_size)
+    src = meta.dtype
+    if src.kind in "mM":
+        src = np.dtype(src.byteorder + "i8")
+    if src.kind != "b" and src.str == var.vtype.served.str or src.itemsize == 1 and src.kind in "iu":
+        served: bytes | memoryview = raw  # already big-endian (or single bytes): as stored
+    else:
+        served = memoryview(np.frombuffer(raw, dtype=src).astype(var.vtype.served)).cast("B")
+    skip = offset - first * out_size
+    if skip == 0 and len(served) == end - offset:
+        return served
+    return memoryview(served)[skip : skip + (end - offset)]
+
+
+class NetcdfFile(FileNode):
+    """One group as a classic netCDF file: the header, then each variable's data at its begin."""
+
+    def __init__(self, layout: NcLayout, mtime: float) -> None:
+        self.layout = layout
+        self.mtime = mtime
+
+    @property
+    def size(self) -> int:
+        return self.layout.size
+
+    async def read(self, offset: int, length: int) -> bytes | memoryview:
+        """Header bytes, then each touched variable's slice (all variables fetched at once), zeros between."""
+        end = min(offset + length, self.layout.size)
+        if offset >= end:
+            return b""
+        header = self.layout.header
+        pieces: list[tuple[int, int, NcVar | None]] = []  # (start, stop, variable or None for zeros)
+        pos = offset
+        if pos < len(header):
+            pieces.append((pos, min(end, len(header)), None))
+            pos = min(end, len(header))
+        for var in self.layout.variables:
+            stop = var.begin + var.vsize
+            if pos >= end:
+                break
+            if stop <= pos:
+                continue
+            if pos < var.begin:
+                pieces.append((pos, min(var.begin, end), None))
+                pos = min(var.begin, end)
+                if pos >= end:
+                    break
+            pieces.append((pos, min(end, stop), var))
+            pos = min(end, stop)
+        if pos < end:
+            pieces.append((pos, end, None))
+
+        async def one(i: int) -> bytes | memoryview:
+            start, stop, var = pieces[i]
+            if var is None:
+                return header[start:stop] if start < len(header) else b"\0" * (stop - start)
+            data = await read_var(var, start - var.begin, stop - start)
+            if len(data) < stop - start:  # the padding to 4 bytes
+                return bytes(data) + b"\0" * (stop - start - len(data))
+            return data
+
+        if len(pieces) == 1:  # a read inside one variable (streaming): no join, no copy
+            return await one(0)
+        wanted = [i for i, p in enumerate(pieces) if p[2] is not None]
+        fetched = await gather(wanted, one) if wanted else {}
+        parts = [fetched[i] if i in fetched else await one(i) for i in range(len(pieces))]
+        return b"".join(parts)
+
+
+def group_file_names(groups: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """group path -> (directory below netcdf/, file name): ``a/b`` -> ('a', 'b.nc'), root -> ('', 'root.nc').
+
+    A top-level group called ``root`` would take the root's name: it is ``root_.nc``.
+    """
+    out: dict[str, tuple[str, str]] = {}
+    for g in groups:
+        if g == "":
+            out[g] = ("", ROOT_FILE)
+            continue
+        parent, _, base = g.rpartition("/")
+        name = f"{base}.nc"
+        if parent == "" and name == ROOT_FILE:
+            name = "root_.nc"
+        out[g] = (parent, name)
+    return out
+
+
+def group_members(group_paths: Sequence[str], array_paths: Sequence[str]) -> dict[str, dict[str, str]]:
+    """group path -> {variable name: array path} for every group, including the parents of arrays.
+
+    A hierarchy that is one root array is one group (the root) with one variable, ``data``.
+    """
+    groups: dict[str, dict[str, str]] = {g: {} for g in group_paths}
+    groups.setdefault("", {})
+    for path in array_paths:
+        if path == "":
+            groups[""][ROOT_ARRAY_NAME] = ""
+            continue
+        parent, _, base = path.rpartition("/")
+        groups.setdefault(parent, {})[base] = path
+        while parent:  # bare prefixes between arrays and the root are groups too
+            parent = parent.rpartition("/")[0]
+            groups.setdefault(parent, {})
+    return groups
+
+
+def netcdf_file(
+    group_attrs: dict[str, Any],
+    arrays: dict[str, DecodedArray],
+    mtime: float,
+    group_types: dict[str, str] | None = None,
+) -> NetcdfFile:
+    return NetcdfFile(build_layout(group_attrs, arrays, group_types), mtime)
+
+

@@ -1,0 +1,59 @@
+"""What ``df`` shows for a mount: the bytes the store holds, and the free space where it lives."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from itertools import islice
+
+import trio
+
+from zvfs.views.context import MountContext
+from zvfs.workers import run_blocking
+
+#: keys summed at most for one answer (a bucket of millions of keys is reported from its first ones)
+MAX_KEYS = 1_000_000
+#: seconds a statfs waits for a count in progress; statfs must stay quick (df, `zvfs status`,
+#: `zvfs mount`'s dead-mount check all call it), so a long count finishes in the background
+WAIT = 1.0
+
+
+class StoreUsage:
+    """Sums the key sizes once per metadata TTL (one flat listing on S3), in the background;
+    ``free_path`` is the directory whose disk's free space df shows, or None (nothing free)."""
+
+    def __init__(self, ctx: MountContext, free_path: str | None = None) -> None:
+        self.ctx = ctx
+        self.free_path = free_path
+        self._value: tuple[int, int] | None = None
+        self._when = -math.inf
+        self._counting: trio.Event | None = None
+
+    def _measure(self) -> tuple[int, int]:
+        used = sum(info.size for _key, info in islice(self.ctx.store.list_tree(""), MAX_KEYS))
+        free = shutil.disk_usage(self.free_path).free if self.free_path else 0
+        return used, free
+
+    def _fresh(self) -> bool:
+        ttl = self.ctx.metadata_ttl
+        return self._value is not None and (ttl is None or trio.current_time() - self._when < ttl)
+
+    async def _count(self) -> None:
+        try:
+            self._value = await run_blocking(self._measure)
+            self._when = trio.current_time()
+        finally:
+            done, self._counting = self._counting, None
+            if done is not None:
+                done.set()
+
+    async def __call__(self) -> tuple[int, int]:
+        """(used, free) bytes: the last count, after waiting up to WAIT for a fresh one."""
+        if not self._fresh():
+            if self._counting is None:
+                self._counting = trio.Event()
+                self.ctx.background(self._count)
+            counting = self._counting
+            with trio.move_on_after(WAIT):
+                await counting.wait()
+        return self._value or (0, 0)
