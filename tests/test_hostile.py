@@ -647,8 +647,10 @@ def test_zip_member_names_never_become_paths(tmp_path: Path, mount) -> None:
     assert_alive(m, pid)
 
 
-def write_zip_bomb(path: Path, size: int) -> None:
-    """``size`` bytes of zeros as one deflated member, written by zipfile in a second.
+def write_zip_bomb(path: Path, size: int, name: str = "bomb",
+                   others: dict[str, bytes] | None = None) -> None:
+    """``size`` bytes of zeros as one deflated member ``name`` (after the members
+    ``others``, before ``good.txt``), written by zipfile in a second or two.
 
     zlib compresses 1 MiB of zeros once; after a full flush its state repeats, so the
     same compressed block stands for every further MiB (a valid deflate stream that
@@ -670,14 +672,16 @@ def write_zip_bomb(path: Path, size: int) -> None:
             return end
 
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
-        with zf.open("bomb", "w", force_zip64=True) as w:
+        for key, data in (others or {}).items():
+            zf.writestr(key, data)
+        with zf.open(name, "w", force_zip64=True) as w:
             w._compressor = Repeat()  # type: ignore[attr-defined]
             for _ in range(size // MiB):
                 w.write(zeros)
         zf.writestr("good.txt", b"still here\n")
     with zipfile.ZipFile(path) as zf:  # the reference reads the start of it
-        assert zf.getinfo("bomb").file_size == size
-        with zf.open("bomb") as f:
+        assert zf.getinfo(name).file_size == size
+        with zf.open(name) as f:
             assert f.read(3 * MiB) == bytes(3 * MiB)
 
 
@@ -724,3 +728,80 @@ def test_zip_bomb_streams_in_bounded_memory(tmp_path: Path, mount) -> None:
     assert_alive(m, pid)
     print(f"zip bomb: {size >> 20} MiB read, daemon peak RSS {max(peak[0], hwm) / 1024:.1f} MiB "
           f"(limit {limit / 1024:.0f} MiB), inflated {stats['zip_inflated_bytes'] / size:.3f}x")
+
+
+def test_zip_inflater_under_concurrent_readers(tmp_path: Path) -> None:
+    """The deflate checkpoints, parked streams and waits stay correct (and never hang)
+    under many threads reading one member in order, backwards and at random."""
+    import random
+
+    from zvfs.stores.zip import ZipStore
+
+    data = np.random.default_rng(5).integers(0, 4, size=12 * MiB, dtype="u1").tobytes()
+    path = tmp_path / "conc.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
+        zf.writestr("m", data)
+    st = ZipStore(path)
+    errors: list[BaseException] = []
+
+    def reader(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            if seed % 3 == 0:
+                offsets = list(range(0, len(data), 256 << 10))
+            elif seed % 3 == 1:
+                offsets = list(reversed(range(0, len(data), 256 << 10)))
+            else:
+                offsets = [rng.randrange(len(data)) for _ in range(40)]
+            for off in offsets:
+                n = rng.randrange(1, 600_000)
+                assert st.get_range("m", off, n) == data[off:off + n], (seed, off, n)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a reader hung"
+    assert not errors, errors[:3]
+    assert st.get("m") == data
+    st.close()
+
+
+def test_zip_bomb_as_a_chunk(tmp_path: Path, mount) -> None:
+    """A chunk whose zip member inflates to 512 MiB (its array needs 128 bytes).
+
+    The decoded view read the whole member into memory before any check; now the
+    member is refused from the central directory alone: EIO, one log line, and the
+    daemon's memory stays within the cache size + 64 MiB.
+    """
+    import numcodecs
+
+    src = new_store(tmp_path / "src.zarr")
+    data = GOOD[:8, :8].astype("<f8")
+    v3_array(src, "v3raw", data, (4, 4), compressors=None)
+    v2_array(src, "v2zlib", data, (4, 4), compressors=numcodecs.Zlib(level=1))
+    members = {p.relative_to(src).as_posix(): p.read_bytes() for p in sorted(src.rglob("*")) if p.is_file()}
+    bombs = ["v3raw/c/0/1", "v2zlib/0.1"]
+    path = tmp_path / "chunkbomb.zip"
+    first = {k: v for k, v in members.items() if k not in bombs}
+    write_zip_bomb(path, 512 * MiB, bombs[0], first)
+    with zipfile.ZipFile(path, "a", zipfile.ZIP_DEFLATED) as zf:  # a second bomb, appended
+        zf.writestr(bombs[1], zlib.compress(bytes(512 * MiB), 9))
+    cache = 64
+    m = mount(path, "--cache-size", f"{cache}M")
+    pid = daemon_pid(m)
+    arrays = m.path / ".zvfs/arrays"
+    for name in ("v3raw", "v2zlib"):
+        assert read_errno(arrays / name / "chunks/0.1") == errno.EIO, name
+        assert read_errno(arrays / name / "data.raw") == errno.EIO, name
+        assert (arrays / name / "chunks/1.1").read_bytes() == data[4:, 4:].tobytes()
+    hwm = status_kib(pid, "VmHWM")
+    assert hwm <= (cache + 64) * 1024, f"daemon peak RSS {hwm / 1024:.0f} MiB"
+    for key in bombs:
+        assert "more than" in assert_one_line(m, key)
+    assert (m.path / "good.txt").read_bytes() == b"still here\n"
+    assert_good(m, src)
+    assert_alive(m, pid)

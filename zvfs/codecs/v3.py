@@ -301,6 +301,12 @@ class Pipeline:
         )
 
     @property
+    def chunk_limit(self) -> int | None:
+        """Most bytes a stored chunk of this pipeline can legitimately hold (None: unbounded,
+        for variable-length elements and whole shards)."""
+        return self._limit
+
+    @property
     def sharding(self) -> Any:
         """The sharding codec if inner chunks can be read with ranged reads, else None."""
         if self.ab.name == "sharding_indexed" and not self.aa and not self.bb:

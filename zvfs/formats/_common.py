@@ -77,11 +77,15 @@ def load_json(store: Store, key: str, missing_ok: bool = False) -> Any:
     return parse_json(raw, key)
 
 
-def fetch_and_decode(store: Store, key: str, decode: Callable[[bytes], np.ndarray]) -> np.ndarray | None:
+def fetch_and_decode(
+    store: Store, key: str, decode: Callable[[bytes], np.ndarray], limit: int | None = None
+) -> np.ndarray | None:
     """``decode(store[key])``; None when the key was never written. Any store or codec
-    failure becomes a FormatError that names the key."""
+    failure becomes a FormatError that names the key. With ``limit``, a stored chunk
+    bigger than that is refused before it is read (a zip member that inflates to
+    gigabytes)."""
     try:
-        data = store.get(key)
+        data = store.get(key) if limit is None else store.get_at_most(key, limit)
     except KeyNotFound:
         return None
     except StoreError as exc:

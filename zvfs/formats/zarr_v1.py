@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..codecs import decode_blosc_chunk
+from ..codecs.bounded import ceiling
 from ..stores.base import Store
 from ._common import fetch_and_decode, fill_scalar, int_tuple, join
 from .meta import ArrayMeta, FormatError
@@ -84,4 +85,5 @@ class Reader:
             self.store,
             self.chunk_key(idx),
             lambda data: decode_blosc_chunk(data, self.meta.chunks, self.meta.dtype, self.meta.order),
+            ceiling(self.meta.chunk_nbytes),
         )

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from ..codecs import VLEN_FILTER_IDS, UnknownCodecError, V2Pipeline
+from ..codecs.bounded import ceiling
 from ..stores.base import Store
 from ._common import fetch_and_decode, fill_scalar, int_tuple, join, split_dimension_names
 from .meta import ArrayMeta, FormatError
@@ -120,6 +122,8 @@ class Reader:
             self.store,
             self.chunk_key(self.stored_index(idx)),
             lambda data: self.pipeline.decode(data, self.stored_chunks, self.meta.dtype, self.meta.order),
+            None if self.meta.dtype.kind == "O"
+            else ceiling(math.prod(self.stored_chunks) * self.meta.dtype.itemsize),
         )
 
     @property

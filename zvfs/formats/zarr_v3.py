@@ -246,7 +246,8 @@ class Reader:
                 return None
             key, start, length = where
             if length is None:
-                data = self.store.get(key)
+                limit = self.leaf.chunk_limit
+                data = self.store.get(key) if limit is None else self.store.get_at_most(key, limit)
             else:
                 data = self.store.get_range(key, start, length)
                 if len(data) != length:

@@ -72,6 +72,19 @@ class Store(ABC):
     def get(self, key: str) -> bytes:
         """Whole value of ``key``; raises KeyNotFound."""
 
+    def get_at_most(self, key: str, limit: int) -> bytes:
+        """Whole value of ``key`` if it holds at most ``limit`` bytes, else StoreError.
+
+        For callers that know how big a value can legitimately be (a chunk): stores
+        that know sizes cheaply (zip, directory) refuse before reading anything, so
+        a zip member that inflates to gigabytes is never produced. The default reads
+        and then checks.
+        """
+        data = self.get(key)
+        if len(data) > limit:
+            raise StoreError(f"{key}: holds {len(data)} bytes, more than the {limit} it may")
+        return data
+
     @abstractmethod
     def get_range(self, key: str, start: int, length: int) -> bytes:
         """``length`` bytes of ``key`` from ``start`` (fewer at the end); raises KeyNotFound."""

@@ -40,6 +40,10 @@ class CountingStore(Store):
         with self._timed("get"):
             return self._got("get", self.inner.get(key))
 
+    def get_at_most(self, key: str, limit: int) -> bytes:
+        with self._timed("get"):
+            return self._got("get", self.inner.get_at_most(key, limit))
+
     def get_range(self, key: str, start: int, length: int) -> bytes:
         with self._timed("get_range"):
             return self._got("get_range", self.inner.get_range(key, start, length))

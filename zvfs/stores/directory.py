@@ -120,6 +120,18 @@ class DirectoryStore(Store):
         finally:
             os.close(fd)
 
+    def get_at_most(self, key: str, limit: int) -> bytes:
+        fd, st = self._open(key)
+        try:
+            if st.st_size > limit:
+                raise StoreError(f"{key}: file holds {st.st_size} bytes, more than the {limit} it may")
+            data = _pread_all(fd, 0, limit + 1, key)
+        finally:
+            os.close(fd)
+        if len(data) > limit:  # grew since fstat
+            raise StoreError(f"{key}: file holds more than the {limit} bytes it may")
+        return data
+
     def get_range(self, key: str, start: int, length: int) -> bytes:
         if start < 0 or length < 0:
             raise StoreError(f"{key}: bad range start={start} length={length}")
