@@ -460,6 +460,7 @@ def test_chunk_bombs_are_refused_in_bounded_memory(tmp_path: Path, mount) -> Non
     cache = 64
     m = mount(root, "--cache-size", f"{cache}M")
     pid = daemon_pid(m)
+    base = status_kib(pid, "VmHWM")
     arrays = m.path / ".zvfs/arrays"
     ref = GOOD[:8, :8].astype("<f8")
     for name in payloads:
@@ -467,7 +468,7 @@ def test_chunk_bombs_are_refused_in_bounded_memory(tmp_path: Path, mount) -> Non
         assert read_errno(arrays / name / "data.raw") == errno.EIO, name
         assert (arrays / name / "chunks/1.0").read_bytes() == ref[4:, :4].tobytes()
     hwm = status_kib(pid, "VmHWM")
-    assert hwm <= (cache + 64) * 1024, f"daemon peak RSS {hwm / 1024:.0f} MiB"
+    assert hwm - base <= (cache + 64) * 1024, f"daemon peak RSS {base / 1024:.0f} -> {hwm / 1024:.0f} MiB"
     assert_good(m, root)
     for key in keys.values():
         assert "more than" in assert_one_line(m, key)
@@ -687,7 +688,8 @@ def write_zip_bomb(path: Path, size: int, name: str = "bomb",
 
 def test_zip_bomb_streams_in_bounded_memory(tmp_path: Path, mount) -> None:
     """2 GiB of zeros deflated (2 MB on disk), read through the raw tree: right bytes,
-    CRC checked at the end, daemon RSS within the cache size + 64 MiB."""
+    CRC checked at the end, and the read grows the daemon's RSS by less than the cache
+    size + 64 MiB."""
     size = 2048 * MiB
     path = tmp_path / "bomb.zip"
     write_zip_bomb(path, size)
@@ -695,6 +697,9 @@ def test_zip_bomb_streams_in_bounded_memory(tmp_path: Path, mount) -> None:
     cache = 64
     m = mount(path, "--cache-size", f"{cache}M")
     pid = daemon_pid(m)
+    # what the read may add to the daemon that answers (Python, numpy, the mount itself
+    # already take ~50 MiB, whose size depends on the machine, not on zvfs's streaming)
+    base = status_kib(pid, "VmHWM")
     peak = [0]
     done = threading.Event()
 
@@ -720,8 +725,8 @@ def test_zip_bomb_streams_in_bounded_memory(tmp_path: Path, mount) -> None:
         sampler.join()
     assert total == size
     hwm = status_kib(pid, "VmHWM")
-    limit = (cache + 64) * 1024
-    assert max(peak[0], hwm) <= limit, (peak[0], hwm, limit)
+    limit = base + (cache + 64) * 1024
+    assert max(peak[0], hwm) <= limit, (base, peak[0], hwm, limit)
     stats = json.loads((m.path / ".zvfs/stats.json").read_text())
     assert stats["zip_inflated_bytes"] <= 1.5 * size  # streamed once, not restarted
     assert (m.path / "good.txt").read_bytes() == b"still here\n"
@@ -793,13 +798,14 @@ def test_zip_bomb_as_a_chunk(tmp_path: Path, mount) -> None:
     cache = 64
     m = mount(path, "--cache-size", f"{cache}M")
     pid = daemon_pid(m)
+    base = status_kib(pid, "VmHWM")
     arrays = m.path / ".zvfs/arrays"
     for name in ("v3raw", "v2zlib"):
         assert read_errno(arrays / name / "chunks/0.1") == errno.EIO, name
         assert read_errno(arrays / name / "data.raw") == errno.EIO, name
         assert (arrays / name / "chunks/1.1").read_bytes() == data[4:, 4:].tobytes()
     hwm = status_kib(pid, "VmHWM")
-    assert hwm <= (cache + 64) * 1024, f"daemon peak RSS {hwm / 1024:.0f} MiB"
+    assert hwm - base <= (cache + 64) * 1024, f"daemon peak RSS {base / 1024:.0f} -> {hwm / 1024:.0f} MiB"
     for key in bombs:
         assert "more than" in assert_one_line(m, key)
     assert (m.path / "good.txt").read_bytes() == b"still here\n"
