@@ -189,7 +189,7 @@ def test_daemon_logs_to_a_default_file_it_names(zarr_dir, tmp_path) -> None:
     m = None
     try:
         assert res.returncode == 0, res.stderr
-        m = re.search(r"the log is in (\S+)", res.stderr)
+        m = re.search(r"its log goes to (\S+)", res.stderr)
         assert m, res.stderr
         log = Path(m.group(1))
         assert log.parent == Path("/var/log/zvfs" if os.geteuid() == 0 else

@@ -109,7 +109,7 @@ def _setup_logging(opts: dict[str, Any], daemon: bool, mountpoint: str) -> str:
             fmt = "zvfs[%(process)d]: %(levelname)s %(message)s"
         elif where:
             os.makedirs(os.path.dirname(where), exist_ok=True)
-            handler = logging.FileHandler(where)
+            handler = logging.FileHandler(where, delay=True)  # created by the first line logged
         else:  # the foreground, and systemd: stderr goes to the journal
             handler = logging.StreamHandler(sys.stderr)
     except OSError as exc:
@@ -191,7 +191,8 @@ class _Reporter:
             os.write(self.fd, f"WARN {message}\n".encode())
 
     def fail(self, exc: CliError) -> int:
-        log.error("%s", exc)
+        # the user reads it on stderr; at debug level a refused mount leaves no log file behind
+        log.debug("%s", exc)
         if self.fd is None:
             raise exc
         os.write(self.fd, f"ERR {exc.code} {exc}\n".encode())
@@ -297,8 +298,8 @@ def _await_ready(proc: subprocess.Popen[bytes], read_fd: int, mountpoint: str, t
         elif kind == "WARN":
             _warn(rest)
         elif kind == "OK":
-            if tell_log and log_where:
-                print(f"zvfs: mounted at {mountpoint}; the log is in {log_where}", file=sys.stderr)
+            if tell_log and log_where:  # the file appears with the first line logged
+                print(f"zvfs: mounted at {mountpoint}; its log goes to {log_where}", file=sys.stderr)
             return 0
         elif kind == "ERR":
             proc.wait(timeout=30)
