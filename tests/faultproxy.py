@@ -181,7 +181,10 @@ class Proxy:
                 elif fault == "flip" and rbody:
                     i = len(rbody) // 2
                     rbody = rbody[:i] + bytes([rbody[i] ^ 0xFF]) + rbody[i + 1:]
-                if fault == "truncate" and len(rbody) > 1:
+                if fault == "truncate" and len(rbody) <= 1:  # nothing to cut (HEAD, empty)
+                    self.stats["fault_truncate"] -= 1
+                    self.stats["faults"] -= 1
+                elif fault == "truncate":
                     writer.write(_serialize(status_line, rheaders, rbody[: len(rbody) // 2]))
                     await writer.drain()
                     writer.close()  # a clean close, short of the announced Content-Length

@@ -114,6 +114,11 @@ class DiskCachedStore(Store):
             with open(tmp, "wb") as f:
                 f.write(data)
             os.replace(tmp, self.dir / name)
+            with self._lock:
+                if name not in self._entries:
+                    # evicted by a concurrent _shrink while it was written: an untracked
+                    # file would hold space the bound does not see
+                    (self.dir / name).unlink(missing_ok=True)
         except OSError as exc:  # a full or failing cache disk must not fail the read
             log.warning("disk cache: cannot write %s: %s", self.dir, exc)
             with self._lock:

@@ -16,10 +16,12 @@ import random
 import time
 from dataclasses import dataclass
 
-#: fault kinds that may pass on their own: retried with backoff
+from zvfs.stats import ERROR_KINDS
+
+#: fault kinds that may pass on their own: retried with backoff (the others of
+#: zvfs.stats.ERROR_KINDS, which stats.json and the metrics pre-register, are not)
 TRANSIENT_KINDS = frozenset({"throttled", "server", "reset", "timeout", "truncated", "checksum"})
-#: every kind a store reports (metrics and stats.json pre-register these)
-ERROR_KINDS = (*sorted(TRANSIENT_KINDS), "denied", "not_found", "other")
+assert TRANSIENT_KINDS <= set(ERROR_KINDS)
 
 
 @dataclass(frozen=True)
