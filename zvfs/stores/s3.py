@@ -378,6 +378,8 @@ class S3Store(Store):
                 kw["Range"] = f"bytes={pos}-"
             if etag and got:
                 kw["IfMatch"] = etag
+            if "Range" not in kw:
+                kw["ChecksumMode"] = "ENABLED"  # S3 sends its CRC with a whole object only
             client = self._client
             try:
                 resp = client.get_object(**kw)
