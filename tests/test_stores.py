@@ -222,6 +222,16 @@ def test_list_prefix(store: Store) -> None:
     assert list(store.list_prefix("nope/")) == []
 
 
+def test_list_tree(store: Store) -> None:
+    """Every key once, with its size; the order is the store's own (directories stream)."""
+    # unfiltered: a directory marker object ("g/" on S3) is a key too; the raw view skips it
+    got = [(k, i) for k, i in store.list_tree("") if not k.endswith("/")]
+    assert sorted(k for k, _ in got) == sorted(SAMPLE)
+    assert {k: i.size for k, i in got} == {k: len(v) for k, v in SAMPLE.items()}
+    assert sorted(k for k, _ in store.list_tree("a/")) == sorted(k for k in SAMPLE if k.startswith("a/"))
+    assert list(store.list_tree("nope/")) == []
+
+
 def test_parallel_reads(store: Store) -> None:
     """One store serves many threads (one fd / one boto3 client)."""
     errors: list[BaseException] = []
@@ -289,6 +299,7 @@ def test_directory_symlinks(tmp_path: Path, caplog: pytest.LogCaptureFixture) ->
     keys = list(st.list_prefix(""))  # must terminate despite sub/loop -> root
     assert "sub/real" in keys and "inside" in keys
     assert not any("secret" in k or "escape" in k for k in keys)
+    assert sorted(k for k, _ in st.list_tree("")) == sorted(keys)  # the same rules, streamed
     # logged once per key, not once per access
     escape_logs = [r for r in caplog.records if "'escape'" in r.getMessage()]
     assert len(escape_logs) == 1, escape_logs

@@ -164,12 +164,41 @@ class DirectoryStore(Store):
         return self._scan(prefix, real)[0]
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
-        """Every key below ``prefix``; a symlink back to an ancestor is not walked twice."""
+        """Every key below ``prefix``, sorted level by level."""
         check_prefix(prefix)
         real = self._resolve(prefix[:-1], file_link_ok=False)
         if real is None:
             return
         yield from self._walk(prefix, real, frozenset())
+
+    def list_tree(self, prefix: str) -> Iterator[tuple[str, KeyInfo]]:
+        """Every key below ``prefix`` with its info, in directory order, as the directory is read.
+
+        Streamed (nothing sorted, no level read whole) so that a bounded look at a store,
+        the metadata scan at mount for one, costs what it reads and not the size of the
+        largest directory: a flat directory of a million chunks is not stat'ed whole.
+        """
+        check_prefix(prefix)
+        real = self._resolve(prefix[:-1], file_link_ok=False)
+        if real is None:
+            return
+        stack = [(prefix, real, frozenset[tuple[int, int]]())]
+        while stack:
+            pre, path, ancestors = stack.pop()
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            ident = (st.st_dev, st.st_ino)
+            if ident in ancestors:  # a loop (bind mount, hard-linked directory): walked once
+                continue
+            subdirs = []
+            for name, target, st in self._entries(pre, path):
+                if stat.S_ISREG(st.st_mode):
+                    yield pre + name, KeyInfo(st.st_size, st.st_mtime)
+                else:
+                    subdirs.append((pre + name + "/", target, ancestors | {ident}))
+            stack.extend(reversed(subdirs))
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -194,11 +223,25 @@ class DirectoryStore(Store):
         """One directory level: the listing and the real path of every subdirectory."""
         listing = Listing()
         dirs: dict[str, str] = {}
+        for name, target, st in self._entries(prefix, real):
+            if stat.S_ISREG(st.st_mode):
+                listing.keys[name] = KeyInfo(st.st_size, st.st_mtime)
+            else:
+                listing.prefixes.add(name)
+                dirs[name] = target
+        return listing, dirs
+
+    def _entries(self, prefix: str, real: str) -> Iterator[tuple[str, str, os.stat_result]]:
+        """The regular files and directories of one level, as read: (name, real path, stat).
+
+        A symlink to a file inside the root is followed; one to a directory is left out
+        (and logged once), as is anything that is neither a file nor a directory.
+        """
         try:
             it = os.scandir(real)
         except OSError as e:
             if e.errno in _ABSENT:
-                return listing, dirs
+                return
             raise StoreError(f"{prefix or '/'}: cannot list: {e.strerror}") from e
         with it:
             for entry in it:
@@ -223,12 +266,8 @@ class DirectoryStore(Store):
                         st = entry.stat(follow_symlinks=False)
                 except OSError:
                     continue  # vanished or dangling: absent
-                if stat.S_ISREG(st.st_mode):
-                    listing.keys[name] = KeyInfo(st.st_size, st.st_mtime)
-                elif stat.S_ISDIR(st.st_mode):
-                    listing.prefixes.add(name)
-                    dirs[name] = target
-        return listing, dirs
+                if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+                    yield name, target, st
 
 
 def _pread_all(fd: int, start: int, length: int, key: str, *, until_eof: bool = False) -> bytes:
