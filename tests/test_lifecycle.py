@@ -14,6 +14,7 @@ import errno
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -202,3 +203,21 @@ def test_directory_without_zarr_warns_once(zarr_dir, tmp_path) -> None:
         assert res.returncode == 0 and res.stderr == "", res.stderr
     finally:
         force_unmount(mnt)
+
+
+# --------------------------------------------------------------------------- start-up cost
+
+
+def test_the_mount_path_imports_nothing_heavy() -> None:
+    """What runs before the mount answers (the CLI, the metadata scan, the daemon and the
+    root of the tree) must not import numpy, the codecs, the formats' readers or the
+    decoded views: those took half of the start-up time, and load after the mount answers."""
+    code = (
+        "import sys, zvfs.cli, zvfs.formats.probe, zvfs.daemon, zvfs.stores.url, zvfs.stores.zip\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'numcodecs', 'boto3')\n"
+        "               or m in ('zvfs.formats.api', 'zvfs.views.decoded', 'zvfs.codecs'))\n"
+        "print(' '.join(heavy))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         check=True)
+    assert res.stdout.split() == [], res.stdout

@@ -1,8 +1,22 @@
 """zvfs: Zarr stores (directory, zip, S3) mounted as plain files, with decoded views."""
 
-from importlib.metadata import PackageNotFoundError, version
+from __future__ import annotations
 
-try:
-    __version__ = version("zvfs")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0+unknown"
+from functools import cache
+
+
+@cache
+def _version() -> str:
+    # importlib.metadata costs ~15 ms to import: only when the version is asked for
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("zvfs")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "0+unknown"
+
+
+def __getattr__(name: str) -> str:
+    if name == "__version__":
+        return _version()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

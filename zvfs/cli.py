@@ -26,7 +26,6 @@ import time
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
-from zvfs import __version__
 from zvfs import options as zopts
 from zvfs.mounts import is_dead, is_mounted, mount_entry
 
@@ -53,13 +52,24 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"zvfs: error: {message} (see: {self.prog} --help)\n")
 
 
+class _Version(argparse.Action):
+    """--version, reading the installed version only when asked (importlib.metadata is slow
+    to import, and every mount would pay for it)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: object) -> NoReturn:
+        import zvfs
+
+        print(f"zvfs {zvfs.__version__}")
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="zvfs",
         description="Mount a Zarr store (directory, .zip, S3) as a read-only file system, "
         "with decoded arrays under MOUNTPOINT/.zvfs/.",
     )
-    p.add_argument("--version", action="version", version=f"zvfs {__version__}")
+    p.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     m = sub.add_parser("mount", help="mount SOURCE at MOUNTPOINT",
                        description="SOURCE: a directory, a .zip file, s3://bucket[/prefix], "

@@ -27,7 +27,7 @@ from zvfs.stores.base import Store
 from zvfs.stores.counting import CountingStore
 from zvfs.stores.directory import DirectoryStore
 from zvfs.views.context import MountContext
-from zvfs.views.root import MountRoot, build_root
+from zvfs.views.root import MountRoot, build_root, load_decoded_views
 from zvfs.views.usage import StoreUsage
 from zvfs.workers import run_blocking, set_worker_limit
 
@@ -197,6 +197,8 @@ async def _serve(ctx: MountContext, root: MountRoot, mountpoint: str, ready_fd: 
     async with trio.open_nursery() as nursery:
         ctx.nursery = nursery
         nursery.start_soon(_announce_ready, mountpoint, ready_fd)
+        if root.control is not None:
+            ctx.background(load_decoded_views)  # imported while the user types the first command
         if ctx.store.flat_listing:
             # like rclone's --vfs-refresh: list the store while the user types the first command
             ctx.background(root.raw.warm)
@@ -210,10 +212,7 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
     tame_malloc()
     set_worker_limit(opts["threads"])
     ctx = build_context(store, opts, description, metadata_mtimes)
-    from zvfs.views.decoded import attach_decoded_views
-
     root = build_root(ctx)
-    attach_decoded_views(ctx, root)
     usage = StoreUsage(ctx, store.root if isinstance(store, DirectoryStore) else None)
     ops = ZvfsOperations(root, ttl=opts["metadata_ttl"], usage=usage)
     metrics = None

@@ -18,7 +18,7 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from zvfs import __version__
+import zvfs
 from zvfs.views.context import MountContext
 
 log = logging.getLogger("zvfs")
@@ -70,7 +70,7 @@ class MountCollector(Collector):
         yield up
         info = GaugeMetricFamily("zvfs_mount_info", "1 for each mount: version and source",
                                  labels=["mount", "version", "source"])
-        info.add_metric([*mount, __version__, self.ctx.source], 1)
+        info.add_metric([*mount, zvfs.__version__, self.ctx.source], 1)
         yield info
 
     def _caches(self, mount: list[str]) -> Iterator[Any]:

@@ -12,9 +12,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 
 from ..stores.base import Store
-from .zarr_v1 import ZATTR, ZMETA
-from .zarr_v2 import ZARRAY, ZATTRS, ZGROUP, ZMETADATA
-from .zarr_v3 import ZARR_JSON
+from .keys import ZARR_JSON, ZARRAY, ZATTR, ZATTRS, ZGROUP, ZMETA, ZMETADATA
 
 #: the key names that make a prefix a Zarr node, whatever the version (NCZarr uses v2's)
 METADATA_NAMES = frozenset({ZARR_JSON, ZARRAY, ZGROUP, ZMETADATA, ZMETA})

@@ -16,10 +16,9 @@ from ..codecs import decode_blosc_chunk
 from ..codecs.bounded import ceiling
 from ..stores.base import Store
 from ._common import fetch_and_decode, fill_scalar, int_tuple, join
+from .keys import ZDATA, ZMETA
 from .meta import ArrayMeta, FormatError
 from .zarr_v2 import parse_dtype
-
-ZMETA, ZATTR, ZDATA = "__zmeta__", "__zattr__", "__zdata__"
 
 
 def parse_array(path: str, zmeta: Any, zattr: Any, key: str | None = None) -> ArrayMeta:

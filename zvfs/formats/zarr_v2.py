@@ -11,9 +11,8 @@ from ..codecs import VLEN_FILTER_IDS, UnknownCodecError, V2Pipeline
 from ..codecs.bounded import ceiling
 from ..stores.base import Store
 from ._common import fetch_and_decode, fill_scalar, int_tuple, join, split_dimension_names
+from .keys import ZARRAY
 from .meta import ArrayMeta, FormatError
-
-ZARRAY, ZGROUP, ZATTRS, ZMETADATA = ".zarray", ".zgroup", ".zattrs", ".zmetadata"
 
 
 def parse_dtype(value: Any, key: str) -> np.dtype:

@@ -16,9 +16,8 @@ import numpy as np
 from ..codecs import CodecError, Pipeline, ShardingCodec, UnknownCodecError, build_pipeline
 from ..stores.base import KeyNotFound, Store, StoreError
 from ._common import fill_scalar, int_tuple, join
+from .keys import ZARR_JSON
 from .meta import ArrayMeta, FormatError
-
-ZARR_JSON = "zarr.json"
 
 _SIMPLE_TYPES = {
     "bool": "?",

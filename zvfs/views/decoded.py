@@ -2,8 +2,8 @@
 
 The hierarchy is discovered lazily, on the first lookup under ``arrays/`` or
 ``v2/``, in one worker hop, and kept for the metadata TTL. Each view family
-turns it into nodes; the fs layer and the CLI only call
-:func:`attach_decoded_views`.
+turns it into nodes; :mod:`zvfs.views.root` reaches them through :func:`family`,
+importing this module only when ``.zvfs/`` is first used.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,8 +20,7 @@ from zvfs.formats.meta import ArrayMeta
 from zvfs.views.arrays import DecodedArray, array_files
 from zvfs.views.context import MountContext
 from zvfs.views.netcdf import group_file_names, group_members, netcdf_file
-from zvfs.views.node import DirNode, Node, StaticDir
-from zvfs.views.root import MountRoot
+from zvfs.views.node import DirNode, StaticDir
 from zvfs.views.v2mirror import (
     consistent_dimensions,
     consolidate,
@@ -50,26 +49,6 @@ class Decoded:
 
 #: seconds an incomplete discovery (a store request failed) is served before trying again
 INCOMPLETE_TTL = 1.0
-
-
-class LazyDir(DirNode):
-    """A directory built on first use by ``build`` and rebuilt after the metadata TTL."""
-
-    def __init__(self, ctx: MountContext, tag: str, build: Callable[[], Awaitable[DirNode]]) -> None:
-        self.ctx = ctx
-        self.tag = tag
-        self.build = build
-        self.mtime = ctx.stable_time
-
-    async def _target(self) -> DirNode:
-        d = await decoded(self.ctx)  # the tree below is built from one discovery, keyed by it
-        return await self.ctx.listings.get(("lazy", self.tag, d.generation), self.build)
-
-    async def lookup(self, name: str) -> Node | None:
-        return await (await self._target()).lookup(name)
-
-    async def children(self) -> Sequence[tuple[str, Node]]:
-        return await (await self._target()).children()
 
 
 def _discover(ctx: MountContext) -> Decoded:
@@ -176,16 +155,21 @@ def _groups_everywhere(node: StaticDir, mtime: float) -> None:
             _groups_everywhere(child, mtime)
 
 
-def attach_decoded_views(ctx: MountContext, root: MountRoot) -> None:
-    if root.control is None:
-        return
-    entries = root.control.entries
-    entries["arrays"] = LazyDir(ctx, "arrays", lambda: build_arrays_dir(ctx))
-    entries["v2"] = LazyDir(ctx, "v2", lambda: build_v2_dir(ctx))
-    entries["netcdf"] = LazyDir(ctx, "netcdf", lambda: build_netcdf_dir(ctx))
-    entries["vectors"] = LazyDir(ctx, "vectors", lambda: _vectors_or_empty(ctx, build_vectors_dir))
-
-
 async def _vectors_or_empty(ctx: MountContext, build: Callable[..., Awaitable[DirNode | None]]) -> DirNode:
     node = await build(ctx.store, ctx)
     return node if node is not None else StaticDir(mtime=ctx.stable_time)
+
+
+#: the families below ``.zvfs/``, each built from one discovery (views.root makes the nodes)
+BUILDERS: dict[str, Callable[[MountContext], Awaitable[DirNode]]] = {
+    "arrays": lambda ctx: build_arrays_dir(ctx),
+    "v2": lambda ctx: build_v2_dir(ctx),
+    "netcdf": lambda ctx: build_netcdf_dir(ctx),
+    "vectors": lambda ctx: _vectors_or_empty(ctx, build_vectors_dir),
+}
+
+
+async def family(ctx: MountContext, tag: str) -> DirNode:
+    """The ``tag`` directory of the current discovery, built once per discovery."""
+    d = await decoded(ctx)
+    return await ctx.listings.get(("lazy", tag, d.generation), lambda: BUILDERS[tag](ctx))

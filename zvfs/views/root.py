@@ -1,19 +1,58 @@
 """The mount root: the raw tree plus the reserved ``.zvfs`` control directory.
 
 Like ZFS's ``.zfs``, ``.zvfs`` is left out of the root listing (so ``cp -r``,
-``rsync`` and ``gsutil`` never copy it) but answers lookups by path. The
-decoded views register themselves as its children.
+``rsync`` and ``gsutil`` never copy it) but answers lookups by path.
+
+The decoded families under it (``arrays``, ``v2``, ``netcdf``, ``vectors``) are
+:class:`DecodedDir` nodes that import :mod:`zvfs.views.decoded` (and with it
+numpy, the codecs and the formats) on first use, in a worker thread: the mount
+answers without those imports, which were half of its start-up time. The daemon
+warms them in the background as soon as the mount answers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from importlib import import_module
+from types import ModuleType
 
 from zvfs.views.context import MountContext
 from zvfs.views.node import DirNode, Node, StaticDir
 from zvfs.views.raw import RawDir
+from zvfs.workers import run_blocking
 
 CONTROL_NAME = ".zvfs"
+DECODED_MODULE = "zvfs.views.decoded"
+DECODED_FAMILIES = ("arrays", "v2", "netcdf", "vectors")
+
+
+_decoded_views: list[ModuleType] = []
+
+
+async def load_decoded_views() -> ModuleType:
+    """The decoded views' module, imported off the trio thread. Not sys.modules: a module
+    another thread is still importing is there half-made; import_module waits for it."""
+    if not _decoded_views:
+        _decoded_views.append(await run_blocking(import_module, DECODED_MODULE))
+    return _decoded_views[0]
+
+
+class DecodedDir(DirNode):
+    """One decoded family: built from the current discovery on first use, rebuilt after the TTL."""
+
+    def __init__(self, ctx: MountContext, tag: str) -> None:
+        self.ctx = ctx
+        self.tag = tag
+        self.mtime = ctx.stable_time
+
+    async def _target(self) -> DirNode:
+        return await (await load_decoded_views()).family(self.ctx, self.tag)
+
+    async def lookup(self, name: str) -> Node | None:
+        return await (await self._target()).lookup(name)
+
+    async def children(self) -> Sequence[tuple[str, Node]]:
+        return await (await self._target()).children()
 
 
 class MountRoot(DirNode):
@@ -39,10 +78,12 @@ class MountRoot(DirNode):
 
 
 def build_root(ctx: MountContext) -> MountRoot:
-    """The root node; ``.zvfs`` is an empty directory until decoded views are added to it."""
+    """The root node, with ``.zvfs`` (stats.json and the decoded families) unless decoded=off."""
     control = None if ctx.decoded == "off" else StaticDir(mtime=ctx.stable_time)
     if control is not None:
         from zvfs.views.stats import StatsFile
 
         control.entries["stats.json"] = StatsFile(ctx)
+        for tag in DECODED_FAMILIES:
+            control.entries[tag] = DecodedDir(ctx, tag)
     return MountRoot(ctx, control)

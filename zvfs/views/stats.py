@@ -11,7 +11,7 @@ import json
 import os
 import time
 
-from zvfs import __version__
+import zvfs
 from zvfs.cache import Cache
 from zvfs.views.context import MountContext
 from zvfs.views.node import FileNode
@@ -39,7 +39,7 @@ class StatsFile(FileNode):
         snap: dict[str, object] = dict(self.ctx.counters.snapshot())
         last = self.ctx.counters.last_error
         snap.update(
-            version=__version__,
+            version=zvfs.__version__,
             source=self.ctx.source,
             options=self.ctx.options,
             pid=os.getpid(),

@@ -1,0 +1,423 @@
+"""The formats' public API: one reader over every Zarr flavour (see the package docstring)."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..codecs import CodecError, UnknownCodecError
+from ..stores.base import KeyNotFound, Store, StoreError
+from . import keys, nczarr, zarr_v1, zarr_v2, zarr_v3
+from ._common import join, load_json, parse_json
+from .meta import ArrayMeta, FormatError, strict_json
+
+__all__ = [
+    "ArrayMeta",
+    "FormatError",
+    "GroupMeta",
+    "Hierarchy",
+    "ZarrArray",
+    "discover",
+    "open_array",
+    "read_array_meta",
+]
+
+
+@dataclass(slots=True)
+class GroupMeta:
+    """One group: its path ('' = root), format, user attributes, and error if unreadable."""
+
+    path: str
+    format: str
+    attributes: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    metadata_key: str = ""
+    #: NCZarr's ``_nczarr_attr`` types (name -> dtype string), kept for the typed views
+    attribute_types: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "format": self.format,
+            "attributes": self.attributes,
+            "error": self.error,
+        }
+
+
+@dataclass(slots=True)
+class Hierarchy:
+    """What :func:`discover` found.
+
+    ``groups`` maps group path → user attributes, ``group_meta`` the same paths →
+    GroupMeta (format, error); ``arrays`` maps array path → ArrayMeta (``error``
+    set when unreadable); ``errors`` holds listing failures by prefix.
+    """
+
+    groups: dict[str, dict[str, Any]] = field(default_factory=dict)
+    group_meta: dict[str, GroupMeta] = field(default_factory=dict)
+    arrays: dict[str, ArrayMeta] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    consolidated: bool = False
+    #: a store request failed (not a format problem): what was found is not the whole
+    #: hierarchy, so callers must not keep it as if it were
+    incomplete: bool = False
+
+    def add(self, node: ArrayMeta | GroupMeta | None) -> None:
+        if node is None:
+            return
+        node.attributes = strict_json(node.attributes)
+        if isinstance(node, ArrayMeta):
+            self.arrays[node.path] = node
+        else:
+            self.groups[node.path] = node.attributes
+            self.group_meta[node.path] = node
+
+    def array_errors(self) -> dict[str, str]:
+        """Arrays that cannot be read, with their error message."""
+        return {p: m.error for p, m in self.arrays.items() if m.error}
+
+
+class ZarrArray:
+    """One array: metadata plus a thread-safe reader for its decoded chunks."""
+
+    def __init__(self, store: Store, meta: ArrayMeta):
+        self.store = store
+        self.meta = meta
+        self._reader: Any = None
+        self._fill: np.ndarray | None = None
+        self._lock = threading.Lock()
+        if meta.error is None:
+            try:
+                self._reader = _make_reader(store, meta)
+            except (FormatError, CodecError, KeyError, TypeError, ValueError) as exc:
+                meta.error = f"{meta.metadata_key}: {exc}"
+
+    def __repr__(self) -> str:
+        return f"ZarrArray({self.meta.path!r}, {self.meta.format}, shape={self.meta.shape})"
+
+    def _check(self, idx: tuple[int, ...]) -> tuple[int, ...]:
+        if self.meta.error is not None:
+            raise FormatError(self.meta.error)
+        try:
+            return self.meta.check_index(idx)
+        except IndexError as exc:
+            raise FormatError(str(exc)) from exc
+
+    def chunk_key(self, idx: tuple[int, ...]) -> str:
+        """Store key of the object holding chunk ``idx`` (the shard, for sharded arrays)."""
+        return self._reader.chunk_key(self._check(idx))
+
+    def chunk_exists(self, idx: tuple[int, ...]) -> bool:
+        """True if chunk ``idx`` was written (an inner chunk inside its shard, if sharded)."""
+        idx = self._check(idx)
+        try:
+            return bool(self._reader.exists(idx))
+        except (CodecError, StoreError) as exc:
+            raise FormatError(f"{self._reader.chunk_key(idx)}: {exc}") from exc
+
+    def fill_chunk(self) -> np.ndarray:
+        """A read-only full chunk of fill_value: one element broadcast to the chunk shape,
+        so a never-written chunk of 1 GiB costs no memory."""
+        with self._lock:
+            if self._fill is None:
+                self._fill = np.broadcast_to(self.meta.fill_chunk(()), self.meta.chunks)
+            return self._fill
+
+    def read_chunk(self, idx: tuple[int, ...]) -> np.ndarray:
+        """Chunk ``idx`` decoded: full chunk shape, C order, declared dtype; fill if missing.
+
+        Blocking (fetch + decode). Raises FormatError naming the key on corrupt
+        data, a store failure, or an array whose metadata is unusable.
+        """
+        idx = self._check(idx)
+        try:
+            out = self._reader.read(idx)
+        except FormatError:
+            raise
+        except (CodecError, StoreError, ValueError, TypeError, IndexError, OverflowError) as exc:
+            # readers wrap what they expect; this keeps any surprise to one failed read
+            raise FormatError(f"{self._reader.chunk_key(idx)}: {exc}") from exc
+        if out is None:
+            return self.fill_chunk()
+        if out.shape != self.meta.chunks:
+            raise FormatError(
+                f"{self._reader.chunk_key(idx)}: decoded shape {out.shape}, expected {self.meta.chunks}"
+            )
+        if out.dtype != self.meta.dtype:
+            out = out.astype(self.meta.dtype)
+        return out
+
+    def read_all(self) -> np.ndarray:
+        """The whole array (for tests and small arrays): edge chunks clipped."""
+        if self.meta.error is not None:
+            raise FormatError(self.meta.error)
+        out = np.empty(self.meta.shape, dtype=self.meta.dtype)
+        for idx in self.meta.chunk_indices():
+            region = self.meta.chunk_slices(idx)
+            chunk = self.read_chunk(idx)
+            out[region] = chunk[tuple(slice(0, s.stop - s.start) for s in region)]
+        return out
+
+
+def _make_reader(store: Store, meta: ArrayMeta) -> Any:
+    if meta.format == "zarr_v3":
+        return zarr_v3.Reader(store, meta)
+    if meta.format == "zarr_v2":
+        return zarr_v2.Reader(store, meta)
+    if meta.format == "nczarr":
+        return nczarr.Reader(store, meta)
+    if meta.format == "zarr_v1":
+        return zarr_v1.Reader(store, meta)
+    raise FormatError(f"unknown format {meta.format!r}")
+
+
+_Node = Any  # ArrayMeta | GroupMeta | None, for _contained
+
+
+# -- reading one node ------------------------------------------------------------
+
+
+def _v2_array(path: str, zarray: Any, zattrs: Any, key: str, err: str | None) -> ArrayMeta:
+    if err is not None:
+        return ArrayMeta(path=path, format="zarr_v2", error=err, metadata_key=key)
+    if nczarr.is_nczarr(zarray, zattrs):
+        return nczarr.parse_array(path, zarray, zattrs, key)
+    return zarr_v2.parse_array(path, zarray, zattrs, key)
+
+
+def _v3_node(path: str, doc: Any, key: str) -> ArrayMeta | GroupMeta:
+    node_type = doc.get("node_type") if isinstance(doc, dict) else None
+    if node_type == "group":
+        attrs = doc.get("attributes") or {}
+        return GroupMeta(path, "zarr_v3", dict(attrs) if isinstance(attrs, dict) else {}, None, key)
+    if node_type != "array":
+        return ArrayMeta(
+            path=path,
+            format="zarr_v3",
+            metadata_key=key,
+            error=f"{key}: not a Zarr v3 array or group (node_type {node_type!r})",
+        )
+    return zarr_v3.parse_array(path, doc, key)
+
+
+def read_array_meta(store: Store, path: str) -> ArrayMeta | None:
+    """ArrayMeta of the array at ``path`` (any format), or None if there is no array there."""
+    node = _read_node(store, path)
+    return node if isinstance(node, ArrayMeta) else None
+
+
+def open_array(store: Store, path: str, meta: ArrayMeta | None = None) -> ZarrArray:
+    """Open the array at ``path`` ('' = root). ``meta`` (e.g. from discover) skips re-reading.
+
+    Raises FormatError if there is no array at ``path``. Broken metadata does not
+    raise here: it is in ``meta.error`` and ``read_chunk`` raises.
+    """
+    if meta is None:
+        meta = read_array_meta(store, path)
+        if meta is None:
+            raise FormatError(f"{path or '/'}: no Zarr array here")
+    return ZarrArray(store, meta)
+
+
+# -- discovery --------------------------------------------------------------------
+
+#: consecutive metadata-less directory levels walked before giving up on a branch
+MAX_BARE_DEPTH = 8
+#: listings done by one discover() at most (a guard against walking a huge non-Zarr tree)
+MAX_LISTINGS = 100_000
+
+
+def discover(store: Store) -> Hierarchy:
+    """Find groups and arrays from metadata only: never lists chunk directories.
+
+    Uses consolidated metadata (v2 ``.zmetadata``, v3 inline ``consolidated_metadata``)
+    when the root has it; otherwise walks prefixes, stopping at arrays. One bad
+    node gets an error entry; discovery goes on.
+    """
+    h = Hierarchy()
+    try:
+        root = store.list_dir("")
+    except StoreError as exc:
+        h.errors[""] = str(exc)
+        h.incomplete = True
+        return h
+    if keys.ZMETADATA in root.keys and _from_zmetadata(store, h):
+        return h
+    if keys.ZARR_JSON in root.keys and _from_v3_consolidated(store, h):
+        return h
+    _walk(store, h, root)
+    return h
+
+
+def _from_zmetadata(store: Store, h: Hierarchy) -> bool:
+    """Fill ``h`` from a v2 .zmetadata; False if it is unusable (then we walk)."""
+    try:
+        doc = load_json(store, keys.ZMETADATA)
+    except (FormatError, StoreError):
+        return False
+    entries = doc.get("metadata") if isinstance(doc, dict) else None
+    if not isinstance(entries, dict):
+        return False
+    for key, value in entries.items():
+        if not isinstance(key, str):
+            continue
+        path, _, name = key.rpartition("/")
+        attrs = entries.get(join(path, keys.ZATTRS))
+        if name == keys.ZARRAY:
+            h.add(_contained(path, key, "zarr_v2", _v2_array, path, value, attrs, key, None))
+        elif name == keys.ZGROUP:
+            h.add(_contained(path, key, "zarr_v2", _v2_group, path, value, attrs, key))
+    h.consolidated = True
+    return True
+
+
+def _from_v3_consolidated(store: Store, h: Hierarchy) -> bool:
+    try:
+        doc = load_json(store, keys.ZARR_JSON)
+    except (FormatError, StoreError):
+        return False
+    if not isinstance(doc, dict) or doc.get("node_type") != "group":
+        return False
+    cons = doc.get("consolidated_metadata")
+    if not isinstance(cons, dict) or not isinstance(cons.get("metadata"), dict):
+        return False
+    h.add(_contained("", keys.ZARR_JSON, "zarr_v3", _v3_node, "", doc, keys.ZARR_JSON))
+    for path, node in cons["metadata"].items():
+        if isinstance(path, str):
+            key = join(path, keys.ZARR_JSON)
+            h.add(_contained(path, key, "zarr_v3", _v3_node, path, node, key))
+    h.consolidated = True
+    return True
+
+
+def _contained(path: str, key: str, fmt: str, read: Callable[..., _Node], *args: Any) -> _Node:
+    """``read(*args)``, with any failure turned into an error node for ``path`` only.
+
+    The parsers expect FormatError; hostile metadata may still trip something else
+    (RecursionError, TypeError, OverflowError in numpy). Discovery must go on, so the
+    other arrays stay readable and this one's meta.json says what went wrong. A
+    StoreError is not about the metadata and is passed on.
+    """
+    try:
+        return read(*args)
+    except StoreError:
+        raise  # the store failed, not the metadata: the caller decides (retry, incomplete)
+    except Exception as exc:  # noqa: BLE001 - containment: one bad node, not one bad mount
+        msg = str(exc) if key in str(exc) else f"{key}: {type(exc).__name__}: {exc}"
+        return ArrayMeta(path=path, format=fmt, error=msg, metadata_key=key)
+
+
+def _v2_group(path: str, zgroup: Any, zattrs: Any, key: str) -> GroupMeta:
+    attrs = dict(zattrs) if isinstance(zattrs, dict) else {}
+    fmt = "nczarr" if nczarr.is_nczarr(zgroup, zattrs) else "zarr_v2"
+    types: dict[str, str] = {}
+    if fmt == "nczarr":
+        types = nczarr.attribute_types(attrs)
+        attrs = nczarr.strip_nczarr(attrs)
+    err = None if isinstance(zgroup, dict) else f"{key}: expected a JSON object"
+    return GroupMeta(path, fmt, attrs, err, key, types)
+
+
+def _get_doc(
+    store: Store, key: str, known: set[str] | None, name: str
+) -> tuple[bool, Any, str | None]:
+    """(present, document, error) for a metadata key, skipping the request if a listing says absent."""
+    if known is not None and name not in known:
+        return False, None, None
+    try:
+        raw = store.get(key)
+    except KeyNotFound:
+        return False, None, None
+    # any other StoreError propagates: a metadata key that could not be fetched says
+    # nothing about the node, and must not be mistaken for a broken one
+    try:
+        return True, parse_json(raw, key), None
+    except FormatError as exc:
+        return True, None, str(exc)
+
+
+def _read_node(
+    store: Store, path: str, known: set[str] | None = None
+) -> ArrayMeta | GroupMeta | None:
+    """The node at ``path`` from its metadata keys (probed by get, or from a listing's key names)."""
+    key = join(path, keys.ZARR_JSON)
+    present, doc, err = _get_doc(store, key, known, keys.ZARR_JSON)
+    if present:
+        if err is not None:  # cannot tell array from group: a broken array, not descended into
+            return ArrayMeta(path=path, format="zarr_v3", error=err, metadata_key=key)
+        return _v3_node(path, doc, key)
+    key = join(path, keys.ZARRAY)
+    present, zarray, err = _get_doc(store, key, known, keys.ZARRAY)
+    if present:
+        _, zattrs, attrs_err = _get_doc(store, join(path, keys.ZATTRS), known, keys.ZATTRS)
+        return _v2_array(path, zarray, zattrs, key, err or attrs_err)
+    key = join(path, keys.ZGROUP)
+    present, zgroup, err = _get_doc(store, key, known, keys.ZGROUP)
+    if present:
+        _, zattrs, attrs_err = _get_doc(store, join(path, keys.ZATTRS), known, keys.ZATTRS)
+        group = _v2_group(path, zgroup, zattrs, key)
+        group.error = group.error or err or attrs_err
+        return group
+    key = join(path, keys.ZMETA)
+    present, zmeta, err = _get_doc(store, key, known, keys.ZMETA)
+    if present:
+        if err is not None:
+            return ArrayMeta(path=path, format="zarr_v1", error=err, metadata_key=key)
+        _, zattr, attrs_err = _get_doc(store, join(path, keys.ZATTR), known, keys.ZATTR)
+        if attrs_err is not None:
+            return ArrayMeta(path=path, format="zarr_v1", error=attrs_err, metadata_key=key)
+        return zarr_v1.parse_array(path, zmeta, zattr, key)
+    return None
+
+
+def _walk(store: Store, h: Hierarchy, root: Any) -> None:
+    """Breadth-first over groups (and a few levels of bare directories); arrays are leaves.
+
+    A child is identified by fetching its metadata keys, never by listing it, so
+    an array's directory (full of chunk keys) is never listed.
+    """
+    queue: deque[tuple[str, Any, int]] = deque([("", root, 0)])
+    listings = 1
+    while queue:
+        path, listing, bare = queue.popleft()
+        known = None if listing is None else set(listing.keys)
+        try:
+            node = _contained(path, path or "/", "zarr", _read_node, store, path, known)
+        except StoreError as exc:
+            h.errors[path] = str(exc)
+            h.incomplete = True
+            continue
+        if isinstance(node, ArrayMeta):
+            h.arrays[path] = node
+            continue
+        if node is not None:
+            h.add(node)
+        elif bare >= MAX_BARE_DEPTH:
+            continue
+        if listing is None:
+            if listings >= MAX_LISTINGS:
+                h.errors[path] = "discovery stopped: too many directories"
+                return
+            try:
+                listing = store.list_dir(path + "/")
+            except KeyNotFound:
+                continue
+            except StoreError as exc:
+                h.errors[path] = str(exc)
+                h.incomplete = True
+                continue
+            listings += 1
+        next_bare = 0 if node is not None else bare + 1
+        for name in sorted(listing.prefixes):
+            if node is None and name.startswith("."):
+                continue  # .git, .cache, ... next to stores: not worth probing
+            queue.append((join(path, name), None, next_bare))
+
+
+# re-exported for callers that want to catch codec problems specifically
+UnknownCodec = UnknownCodecError
