@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 from zvfs import options as zopts
@@ -209,21 +209,40 @@ class _Reporter:
         return exc.code
 
 
-def _scan(store: Any, description: str, report: _Reporter) -> Any:
+def _scan(store: Any, description: str, report: _Reporter) -> Callable[[], Any]:
     """Look at the store's key names once: warn when it holds no Zarr metadata at all (its
-    plain files still mount), and learn the metadata mtimes the decoded views show."""
+    plain files still mount), and learn the metadata mtimes the decoded views show.
+
+    The listing runs in a thread while the daemon's modules import (on S3 it is a round
+    trip or more); the returned call waits for it, warns, and gives the scan.
+    """
+    import threading
+
     from zvfs.formats.probe import MetadataScan, scan_metadata
     from zvfs.stores.base import StoreError
 
-    try:
-        scan = scan_metadata(store)
-    except StoreError as exc:  # listing fails later too, with its own message; not worth a refusal
-        log.debug("could not look for Zarr metadata: %s", exc)
-        return MetadataScan(found=None)
-    if scan.found is False:
-        report.warn(f"{description} holds no Zarr metadata (zarr.json, .zarray, .zgroup); "
-                    "mounting its plain files, and .zvfs/ will have no arrays")
-    return scan
+    out: list[Any] = []
+
+    def work() -> None:
+        try:
+            out.append(scan_metadata(store))
+        except StoreError as exc:  # listing fails later too, with its own message; not worth a refusal
+            log.debug("could not look for Zarr metadata: %s", exc)
+        except Exception:  # noqa: BLE001 - the scan only informs; the mount goes on without it
+            log.debug("metadata scan failed", exc_info=True)
+
+    thread = threading.Thread(target=work, name="zvfs-scan", daemon=True)
+    thread.start()
+
+    def result() -> Any:
+        thread.join()
+        scan = out[0] if out else MetadataScan(found=None)
+        if scan.found is False:
+            report.warn(f"{description} holds no Zarr metadata (zarr.json, .zarray, .zgroup); "
+                        "mounting its plain files, and .zvfs/ will have no arrays")
+        return scan
+
+    return result
 
 
 def _mount_foreground(args: argparse.Namespace, opts: dict[str, Any]) -> int:
@@ -237,8 +256,10 @@ def _mount_foreground(args: argparse.Namespace, opts: dict[str, Any]) -> int:
         store, description = _open_source(args.source, opts)
     except CliError as exc:
         return report.fail(exc)
-    scan = _scan(store, description, report)
+    scanned = _scan(store, description, report)
     from zvfs.daemon import serve
+
+    scan = scanned()
 
     try:
         serve(store, mountpoint, description, opts, ready_fd=args.ready_fd, metadata_mtimes=scan.mtimes)

@@ -143,7 +143,7 @@ class S3Store(Store):
         if endpoint_url:
             extra["s3"] = {"addressing_style": "path"}  # S3-compatible servers rarely do vhosts
 
-        def make(attempts: int, timeout: float) -> Any:
+        def make(attempts: int, timeout: float, session: Any = None) -> Any:
             cfg = Config(
                 retries={"total_max_attempts": attempts, "mode": "standard"},
                 max_pool_connections=max_pool,
@@ -151,15 +151,17 @@ class S3Store(Store):
                 read_timeout=timeout,
                 **extra,
             )
-            return self._session().client(
+            return (session or self._session()).client(
                 "s3", endpoint_url=endpoint_url, region_name=region, config=cfg
             )
 
         # our retry loop is the only one, so the user's attempts and deadline are the real bounds
         self._make_client = lambda: make(1, self.retry.timeout)
         try:
-            self._client = self._make_client()
-            probe = make(2, min(5.0, self.retry.timeout))  # fail fast at open on a dead endpoint
+            # one session for both: a session parses the service model once (~90 ms a client)
+            session = self._session()
+            self._client = make(1, self.retry.timeout, session)
+            probe = make(2, min(5.0, self.retry.timeout), session)  # fail fast at open on a dead endpoint
         except ValueError as e:  # e.g. a malformed endpoint URL
             raise SourceError(f"bad S3 settings for {self.description}: {e}") from e
         self.endpoint = str(self._client.meta.endpoint_url)
