@@ -30,7 +30,8 @@ picked at random each time. ``reject_keys`` answers ExpiredToken to requests
 signed with one of those access key ids (rotated credentials).
 
 Control (plain HTTP on the control port, JSON): ``PUT /rules`` sets the rules
-(a list), ``GET /stats`` returns counters, ``POST /reset-stats`` clears them.
+(a list), ``GET /stats`` returns counters (requests and body bytes sent per
+operation, faults per kind), ``POST /reset-stats`` clears them.
 The :class:`FaultProxy` class starts it as a subprocess and stops it by PID.
 
 Run: python faultproxy.py LISTEN_PORT CONTROL_PORT UPSTREAM_PORT [SEED]
@@ -185,10 +186,12 @@ class Proxy:
                     self.stats["fault_truncate"] -= 1
                     self.stats["faults"] -= 1
                 elif fault == "truncate":
+                    self.stats[f"body_bytes_{op}"] += len(rbody) // 2
                     writer.write(_serialize(status_line, rheaders, rbody[: len(rbody) // 2]))
                     await writer.drain()
                     writer.close()  # a clean close, short of the announced Content-Length
                     return
+                self.stats[f"body_bytes_{op}"] += len(rbody)
                 writer.write(_serialize(status_line, rheaders, rbody))
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError, OSError):
