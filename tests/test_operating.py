@@ -308,6 +308,14 @@ def test_metrics_endpoint_moves_with_a_workload(zarr_s3, zarr_dir, moto, s3_env,
     assert all(dict(lab).get("mount") == "sample" for (_n, lab) in before)
     for kind in ("throttled", "server", "timeout", "denied"):
         assert ("zvfs_store_errors_total", (("kind", kind), ("mount", "sample"))) in before
+    # every family the README lists is there from the start (at 0), so dashboards never miss one
+    names = {n for (n, _lab) in before}
+    for name in ("zvfs_store_retries_total", "zvfs_cache_hits_total", "zvfs_cache_misses_total",
+                 "zvfs_cache_evictions_total", "zvfs_chunk_cache_bytes", "zvfs_prefetch_hits_total",
+                 "zvfs_decode_seconds_total", "zvfs_fuse_errors_total", "zvfs_store_request_seconds_bucket"):
+        assert name in names, (name, sorted(names))
+    for cache in ("chunk", "listing"):
+        assert ("zvfs_cache_evictions_total", (("cache", cache), ("mount", "sample"))) in before
     files = sorted(store_files(zarr_dir))
     half = len(files) // 2
 
