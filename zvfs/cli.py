@@ -245,6 +245,40 @@ def _scan(store: Any, description: str, report: _Reporter) -> Callable[[], Any]:
     return result
 
 
+def _check_writable(store: Any, description: str, opts: dict[str, Any], report: _Reporter) -> None:
+    """--writable: refuse a store that cannot write, and tell of (or abort) the multipart
+    uploads an earlier writer left unfinished."""
+    from zvfs.stores.base import StoreError
+
+    if not store.can_write:
+        raise CliError(f"{description} is a zip file, and zip sources are read-only: "
+                       "mount it without --writable (-o writable)")
+    root = getattr(store, "root", None)
+    if root is not None and not os.access(root, os.W_OK):
+        raise CliError(f"{description} is not writable by this user: mount it without --writable, "
+                       "or fix its permissions")
+    unfinished = getattr(store, "unfinished_uploads", None)
+    if unfinished is None:
+        return
+    try:
+        leftovers = unfinished()
+    except StoreError as exc:
+        report.warn(f"could not look for unfinished multipart uploads: {exc}")
+        return
+    if not leftovers:
+        return
+    if opts["abort_uploads"]:
+        for key, upload_id, _started in leftovers:
+            store.abort_upload(key, upload_id)
+            log.warning("aborted the unfinished multipart upload of %s (%s)", key, upload_id)
+        report.warn(f"aborted {len(leftovers)} unfinished multipart upload(s) under {description}")
+        return
+    named = ", ".join(sorted({k for k, _, _ in leftovers})[:5])
+    report.warn(f"{description} has {len(leftovers)} unfinished multipart upload(s), left by a writer "
+                f"that was stopped ({named}): no object was made of them, but their parts take space; "
+                "mount with --abort-uploads (-o abort_uploads) to abort them")
+
+
 def _mount_foreground(args: argparse.Namespace, opts: dict[str, Any]) -> int:
     daemon = args.ready_fd is not None
     report = _Reporter(args.ready_fd)
@@ -255,6 +289,12 @@ def _mount_foreground(args: argparse.Namespace, opts: dict[str, Any]) -> int:
         mountpoint = check_mountpoint(args.mountpoint, opts["allow_non_empty"])
         store, description = _open_source(args.source, opts)
     except CliError as exc:
+        return report.fail(exc)
+    try:
+        if opts["writable"]:
+            _check_writable(store, description, opts, report)
+    except CliError as exc:
+        store.close()
         return report.fail(exc)
     scanned = _scan(store, description, report)
     from zvfs.daemon import serve

@@ -27,7 +27,7 @@ from zvfs.stores.base import Store
 from zvfs.stores.counting import CountingStore
 from zvfs.stores.directory import DirectoryStore
 from zvfs.views.context import MountContext
-from zvfs.views.root import MountRoot, build_root, load_decoded_views
+from zvfs.views.root import CONTROL_NAME, MountRoot, build_root, load_decoded_views
 from zvfs.views.usage import StoreUsage
 from zvfs.workers import run_blocking, set_worker_limit
 
@@ -37,7 +37,7 @@ READ_AHEAD_KB = 4096
 MAX_BACKGROUND = 64
 
 
-def fuse_options(description: str, allow_other: bool) -> set[str]:
+def fuse_options(description: str, allow_other: bool, writable: bool = False) -> set[str]:
     """Mount options. max_read is not among them: pyfuse3's init cannot match it, and the
     kernel's own limit (max_pages, negotiated from libfuse's 1 MiB buffer) already gives
     1 MiB reads once tune_kernel has raised the read-ahead."""
@@ -45,7 +45,7 @@ def fuse_options(description: str, allow_other: bool) -> set[str]:
     ascii_desc = description.encode("ascii", "backslashreplace").decode("ascii")
     fsname = "zvfs:" + ascii_desc.replace("\\", "\\\\").replace(",", "\\,")
     opts = set(pyfuse3.default_options)
-    opts |= {f"fsname={fsname}", "subtype=zvfs", "ro", "noatime"}
+    opts |= {f"fsname={fsname}", "subtype=zvfs", "noatime", "rw" if writable else "ro"}
     if allow_other:
         opts.add("allow_other")
     return opts
@@ -117,10 +117,19 @@ def build_context(store: Store, opts: dict[str, Any], description: str = "",
             opts["cache_dir"],
             max_bytes=opts["cache_max_size"],
             min_free_bytes=opts["cache_min_free"],
-            persistent=opts["metadata_ttl"] is None,
+            # a writable mount changes the store: nothing it cached may outlive it
+            persistent=opts["metadata_ttl"] is None and not opts.get("writable"),
             counters=counters,
         )
+    if opts.get("writable"):
+        enable_writes = getattr(store, "enable_writes", None)
+        if enable_writes is not None:  # a store that stages (S3)
+            from zvfs.stores.staging import Staging
+
+            enable_writes(Staging(opts["cache_dir"], opts["staging_max_size"], opts["staging_min_free"]),
+                          opts["part_size"], opts["rewrite_max_size"])
     return MountContext(
+        writable=bool(opts.get("writable")),
         store=layered,
         metadata_ttl=opts["metadata_ttl"],
         cache_size=opts["cache_size"],
@@ -214,7 +223,8 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
     ctx = build_context(store, opts, description, metadata_mtimes)
     root = build_root(ctx)
     usage = StoreUsage(ctx, store.root if isinstance(store, DirectoryStore) else None)
-    ops = ZvfsOperations(root, ttl=opts["metadata_ttl"], usage=usage)
+    ops = ZvfsOperations(root, ttl=opts["metadata_ttl"], usage=usage, derived=[f"/{CONTROL_NAME}/"])
+    ctx.on_change.append(ops.changed)
     metrics = None
     if opts.get("metrics_addr"):
         from zvfs.metrics import serve_metrics
@@ -223,7 +233,7 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
     stop = SignalStop()
     unmounted = False
     try:
-        pyfuse3.init(ops, mountpoint, fuse_options(description, opts["allow_other"]))
+        pyfuse3.init(ops, mountpoint, fuse_options(description, opts["allow_other"], ctx.writable))
         try:
             trio.run(_serve, ctx, root, mountpoint, ready_fd, stop)
             unmounted = True

@@ -61,6 +61,14 @@ def parse_count(text: str) -> int:
     return int(value)
 
 
+def parse_part_size(text: str) -> int:
+    """An S3 multipart part size: S3 refuses parts under 5 MiB (but the last)."""
+    size = parse_size(text)
+    if size < 5 << 20:
+        raise ValueError(f"{text!r} is smaller than S3's 5M minimum part size")
+    return size
+
+
 def parse_addr(text: str) -> str:
     """'PORT', ':PORT' or 'HOST:PORT' -> 'HOST:PORT'; the host defaults to 127.0.0.1 (not exposed)."""
     host, sep, port = str(text).strip().rpartition(":")
@@ -86,7 +94,7 @@ def format_value(opt: Option, value: Any) -> str:
     """The inverse of ``opt.parse``, so resolved options can be passed on as flags."""
     if opt.parse is parse_ttl and value is None:
         return "indefinite"
-    if opt.parse is parse_size:
+    if opt.parse in (parse_size, parse_part_size):
         return _human(value)
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
@@ -124,7 +132,7 @@ class Option:
             return f"{self.help} (default: off)"
         shown = self.shown_default
         if shown is None and self.default is not None:
-            shown = _human(self.default) if self.parse is parse_size else format_value(self, self.default)
+            shown = format_value(self, self.default)
         return f"{self.help} (default: {shown})" if shown else self.help
 
 
@@ -160,6 +168,17 @@ OPTIONS: tuple[Option, ...] = (
     Option("allow_empty", None, False, "mount an S3 prefix that holds no keys (e.g. to write into it later)"),
     Option("allow_non_empty", None, False, "mount over a mountpoint that is not empty, hiding its files",
            aliases=("nonempty",)),
+    Option("writable", None, False, "let writes through to the store (directory or S3; zip is read-only): "
+           "create, write, truncate, unlink, mkdir, rmdir, rename, link"),
+    Option("staging_max_size", parse_size, 10 << 30, "S3 writes: bound for the files staged on local "
+           "disk until uploaded (under --cache-dir, else a private temporary directory)"),
+    Option("staging_min_free", parse_size, 1 << 30, "S3 writes: free space staging always leaves on its disk"),
+    Option("part_size", parse_part_size, 8 << 20, "S3 writes: multipart part size (at least 5M); "
+           "files of two parts or more are uploaded in parts, while they are written"),
+    Option("rewrite_max_size", parse_size, 1 << 30, "S3 writes: largest object that can be opened for "
+           "writing without truncating it (it is fetched first)"),
+    Option("abort_uploads", None, False, "S3 writes: at mount, abort the unfinished multipart uploads "
+           "under the prefix (left by a writer that was killed)"),
     Option("metrics_addr", parse_addr, None, "serve Prometheus metrics at HOST:PORT (host 127.0.0.1 "
            "unless given)", shown_default="off"),
     Option("metrics_label", str, None, "the 'mount' label of the metrics", shown_default="the source"),

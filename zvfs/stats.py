@@ -18,14 +18,16 @@ from collections import defaultdict
 ERROR_KINDS = ("throttled", "server", "reset", "timeout", "truncated", "checksum", "denied",
                "not_found", "other")
 #: store operations counted as ``store_requests_<op>`` (and timed)
-STORE_OPS = ("get", "get_range", "info", "list")
+STORE_OPS = ("get", "get_range", "info", "list", "put", "open_writer", "delete", "rename", "link")
 #: FUSE operations counted as ``fuse_ops_<op>``; failures as ``fuse_errors_<op>``
-FUSE_OPS = ("lookup", "getattr", "opendir", "readdir", "open", "read", "statfs")
+FUSE_OPS = ("lookup", "getattr", "opendir", "readdir", "open", "read", "statfs",
+            "create", "write", "flush", "fsync", "setattr", "unlink", "mkdir", "rmdir", "rename", "link")
 
 KNOWN_COUNTERS: tuple[str, ...] = (
     "store_requests", "store_bytes", "store_list_requests", "store_retries", "store_failures",
     *(f"store_requests_{op}" for op in STORE_OPS),
-    *(f"store_bytes_{op}" for op in ("get", "get_range")),
+    *(f"store_bytes_{op}" for op in ("get", "get_range", "put")),
+    "fuse_write_bytes",
     *(f"store_errors_{kind}" for kind in ERROR_KINDS),
     "chunks_decoded", "bytes_decoded", "decode_seconds",
     "prefetch_requests", "prefetch_hits",

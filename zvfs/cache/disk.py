@@ -17,16 +17,15 @@ import os
 import shutil
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
 from pathlib import Path
 
 from zvfs.stats import Counters
-from zvfs.stores.base import KeyInfo, Listing, Store
+from zvfs.stores.base import KeyInfo, KeyWriter, Store, WrappedStore
 
 log = logging.getLogger("zvfs")
 
 
-class DiskCachedStore(Store):
+class DiskCachedStore(WrappedStore):
     def __init__(
         self,
         inner: Store,
@@ -36,10 +35,7 @@ class DiskCachedStore(Store):
         persistent: bool,
         counters: Counters,
     ) -> None:
-        self.inner = inner
-        self.description = inner.description
-        self.block_size = inner.block_size
-        self.flat_listing = inner.flat_listing
+        super().__init__(inner)
         self.max_bytes = max_bytes
         self.min_free = min_free_bytes
         self.counters = counters
@@ -50,6 +46,8 @@ class DiskCachedStore(Store):
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, int] = OrderedDict()
+        #: key -> the names cached for it this mount, so a write through the mount drops them
+        self._names_of: dict[str, set[str]] = {}
         self._bytes = 0
         self._load_index()
 
@@ -125,35 +123,102 @@ class DiskCachedStore(Store):
                 self._bytes -= self._entries.pop(name, 0)
             tmp.unlink(missing_ok=True)
 
-    def _cached(self, name: str, fetch) -> bytes:  # type: ignore[no-untyped-def]
+    def _cached(self, key: str, name: str, fetch) -> bytes:  # type: ignore[no-untyped-def]
         data = self._read(name)
         if data is None:
             self.counters.add("disk_cache_misses")
             data = fetch()
+            with self._lock:
+                self._names_of.setdefault(key, set()).add(name)
             self._write(name, data)
         return data
 
     def get(self, key: str) -> bytes:
-        return self._cached(self._name(key), lambda: self.inner.get(key))
+        return self._cached(key, self._name(key), lambda: self.inner.get(key))
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
-        return self._cached(self._name(key, start, length), lambda: self.inner.get_range(key, start, length))
+        return self._cached(key, self._name(key, start, length),
+                            lambda: self.inner.get_range(key, start, length))
 
-    def info(self, key: str) -> KeyInfo:
-        return self.inner.info(key)
+    def _forget(self, key: str) -> None:
+        """Drop what is cached of ``key``: it is being written through the mount. (A
+        persistent cache is only for stores that never change, so nothing of an earlier
+        mount can be stale; only this mount's names are tracked.)"""
+        with self._lock:
+            names = self._names_of.pop(key, set()) | {self._name(key)}
+            for name in names:
+                size = self._entries.pop(name, None)
+                if size is not None:
+                    self._bytes -= size
+                    (self.dir / name).unlink(missing_ok=True)
 
-    def list_dir(self, prefix: str) -> Listing:
-        return self.inner.list_dir(prefix)
+    def _forget_prefix(self, prefix: str) -> None:
+        with self._lock:
+            keys = [k for k in self._names_of if k.startswith(prefix)]
+        for key in keys:
+            self._forget(key)
 
-    def list_prefix(self, prefix: str) -> Iterator[str]:
-        return self.inner.list_prefix(prefix)
+    def open_writer(self, key: str, *, truncate: bool, create: bool, exclusive: bool = False,
+                    mode: int = 0o644) -> KeyWriter:
+        self._forget(key)
+        return _ForgetOnCommit(self, self.inner.open_writer(
+            key, truncate=truncate, create=create, exclusive=exclusive, mode=mode))
 
-    def list_tree(self, prefix: str) -> Iterator[tuple[str, KeyInfo]]:
-        return self.inner.list_tree(prefix)
+    def delete(self, key: str) -> None:
+        self._forget(key)
+        self.inner.delete(key)
 
-    def close(self) -> None:
-        self.inner.close()
+    def rename(self, src: str, dst: str) -> None:
+        self._forget(src)
+        self._forget(dst)
+        self.inner.rename(src, dst)
+
+    def link(self, src: str, dst: str) -> None:
+        self._forget(dst)
+        self.inner.link(src, dst)
+
+    def rename_dir(self, src: str, dst: str) -> None:
+        self._forget_prefix(src)
+        self._forget_prefix(dst)
+        self.inner.rename_dir(src, dst)
 
     @property
     def used_bytes(self) -> int:
         return self._bytes
+
+
+class _ForgetOnCommit(KeyWriter):
+    """A writer whose commits drop the key's cached copies (a read may have cached the old
+    bytes while the file was open)."""
+
+    def __init__(self, cache: DiskCachedStore, inner: KeyWriter) -> None:
+        self._cache = cache
+        self._inner = inner
+        self.key = inner.key
+
+    @property
+    def size(self) -> int:
+        return self._inner.size
+
+    def write(self, offset: int, data: bytes) -> int:
+        return self._inner.write(offset, data)
+
+    def read(self, offset: int, length: int) -> bytes:
+        return self._inner.read(offset, length)
+
+    def truncate(self, size: int) -> None:
+        self._inner.truncate(size)
+
+    def commit(self, durable: bool = False) -> KeyInfo | None:
+        info = self._inner.commit(durable)
+        self._cache._forget(self.key)
+        return info
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        """Writer-specific extras (an S3 writer's background parts) pass through."""
+        if name == "_inner":
+            raise AttributeError(name)
+        return getattr(self._inner, name)

@@ -10,8 +10,19 @@ read), never formats or stores. Its concurrency rules, all on the trio thread:
   under the same number.
 - A directory handle snapshots the sorted children at ``opendir``; readdir
   offsets index that snapshot, so they are stable for the handle's life.
-- A file handle is the inode number (as in S3QL): the kernel keeps the inode
-  referenced while a file is open.
+- A file handle is a number of its own per open: it holds the node, and for an
+  open with write flags the node's write handle (reads through it see what was
+  written through it). Writes go only to nodes that say ``writable``; every
+  other node answers EROFS, as does the whole tree of a read-only mount.
+- unlink, rmdir and a rename that replaces unbind the old name, so a new entry
+  of that name gets a new inode; a rename moves the number with the entry.
+- After a write through the mount, the kernel's caches of the *derived* files
+  (paths below ``derived``, the decoded views) are dropped: their pages and
+  attributes, and their directory entries, so new arrays are found at once.
+- The kernel's page cache of a file is kept across opens (``keep_cache``) when
+  its data is immutable, or while the node's ``version()`` is the one the cached
+  pages were read under and that was less than the metadata TTL ago; otherwise
+  the open drops them and starts a new epoch.
 - Every failure is one operation's: NodeError carries its errno; anything
   else is logged with the path and becomes EIO.
 """
@@ -22,18 +33,33 @@ import errno
 import itertools
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 import pyfuse3
+import trio
 
 from zvfs.stats import counters
-from zvfs.views.node import DirNode, FileNode, Node, NodeError
+from zvfs.views.node import DirNode, FileHandle, FileNode, Node, NodeError
 
 log = logging.getLogger("zvfs")
 
 ROOT = pyfuse3.ROOT_INODE
 STATFS_BLOCK = 4096
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
+_RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
+#: free space a writable store with no bound of its own (S3) reports to df and cp
+_UNBOUNDED_FREE = 1 << 50
+
+
+@dataclass(slots=True)
+class _Open:
+    """One open file: its inode, the node it reads, and its write handle if it writes."""
+
+    ino: int
+    node: FileNode
+    handle: FileHandle | None = None
 
 
 class ZvfsOperations(pyfuse3.Operations):
@@ -44,8 +70,10 @@ class ZvfsOperations(pyfuse3.Operations):
     enable_acl = False
 
     def __init__(self, root: DirNode, ttl: float | None = 60.0,
-                 usage: Callable[[], Awaitable[tuple[int, int]]] | None = None) -> None:
-        """``usage`` answers statfs (df): bytes the store holds, and bytes free where it lives."""
+                 usage: Callable[[], Awaitable[tuple[int, int]]] | None = None,
+                 derived: Sequence[str] = ()) -> None:
+        """``usage`` answers statfs (df): bytes the store holds, and bytes free where it lives.
+        ``derived``: path prefixes ('/.zvfs/') whose kernel caches a write invalidates."""
         super().__init__()
         self.ttl = 365 * 86400.0 if ttl is None else float(ttl)
         self._usage = usage
@@ -58,6 +86,13 @@ class ZvfsOperations(pyfuse3.Operations):
         self._dir_handles: dict[int, list[tuple[str, int, Node]]] = {}
         self._next_fh = itertools.count(1)
         self._reported: set[str] = set()
+        #: inode -> (node version, monotonic time) of the kernel's cached pages
+        self._page_epochs: dict[int, tuple[object, float]] = {}
+        self._files: dict[int, _Open] = {}
+        self._derived_prefixes = tuple(derived)
+        self._derived: set[int] = set()
+        self._invalidating = False
+        self._invalidate_again = False
         self._uid = os.getuid()
         self._gid = os.getgid()
 
@@ -78,7 +113,9 @@ class ZvfsOperations(pyfuse3.Operations):
             self._ino_of[key] = ino
             self._parent[ino] = parent
             base = self._paths[parent]
-            self._paths[ino] = base.rstrip("/") + "/" + name
+            path = self._paths[ino] = base.rstrip("/") + "/" + name
+            if self._derived_prefixes and path.startswith(self._derived_prefixes):
+                self._derived.add(ino)
         self._nodes[ino] = node
         if count:
             self._lookups[ino] = self._lookups.get(ino, 0) + 1
@@ -172,6 +209,7 @@ class ZvfsOperations(pyfuse3.Operations):
                 self._lookups[ino] = left
                 continue
             self._lookups.pop(ino, None)
+            self._page_epochs.pop(ino, None)  # the kernel's inode, and its pages, are gone
             if ino != ROOT:
                 # the number stays bound to its path (_ino_of); only the node object goes
                 self._nodes.pop(ino, None)
@@ -218,27 +256,58 @@ class ZvfsOperations(pyfuse3.Operations):
     async def open(self, inode: int, flags: int, ctx) -> pyfuse3.FileInfo:  # type: ignore[override]
         counters.add("fuse_ops_open")
         node = self._node(inode)
-        if flags & _WRITE_FLAGS:
-            raise pyfuse3.FUSEError(errno.EROFS)
         if not isinstance(node, FileNode):
             raise pyfuse3.FUSEError(errno.EISDIR)
-        node.opened()
-        return pyfuse3.FileInfo(fh=inode, keep_cache=node.immutable, direct_io=node.direct_io)
+        handle = None
+        if flags & _WRITE_FLAGS:
+            if not node.writable:
+                raise pyfuse3.FUSEError(errno.EROFS)
+            truncate = bool(flags & os.O_TRUNC)
+            handle = await self._call(f"open {self._paths.get(inode)}", node.open_write(truncate))
+            keep = True  # the kernel's pages of this file are what is being written
+        else:
+            node.opened()
+            keep = self._keep_pages(inode, node)
+        fh = next(self._next_fh)
+        self._files[fh] = _Open(inode, node, handle)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=keep, direct_io=node.direct_io)
+
+    def _keep_pages(self, inode: int, node: FileNode) -> bool:
+        """keep_cache for this open; False makes the kernel drop the file's cached pages."""
+        if node.direct_io:
+            return False
+        if node.immutable:
+            return True
+        version, now = node.version(), time.monotonic()
+        if version is None:
+            return False
+        epoch = self._page_epochs.get(inode)
+        if epoch is not None and epoch[0] == version and now - epoch[1] < self.ttl:
+            return True
+        self._page_epochs[inode] = (version, now)
+        return False
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         counters.add("fuse_ops_read")
-        node = self._node(fh)
-        assert isinstance(node, FileNode)
-        data = await self._call(f"read {self._paths.get(fh, fh)}", node.read(off, size))
+        f = self._files.get(fh)
+        if f is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        source = f.handle if f.handle is not None else f.node
+        data = await self._call(f"read {self._paths.get(f.ino, f.ino)}", source.read(off, size))
         counters.add("fuse_read_requests")
         counters.add("fuse_read_bytes", len(data))
         return bytes(data) if isinstance(data, memoryview) else data
 
     async def release(self, fh: int) -> None:
-        return None
+        f = self._files.pop(fh, None)
+        if f is not None and f.handle is not None:
+            try:
+                await self._call(f"release {self._paths.get(f.ino, f.ino)}", f.handle.release())
+            except pyfuse3.FUSEError:
+                pass  # logged; release has no one to tell
 
     async def access(self, inode: int, mode: int, ctx) -> bool:  # type: ignore[override]
-        return not (mode & os.W_OK)
+        return not (mode & os.W_OK) or self._node(inode).writable
 
     async def statfs(self, ctx) -> pyfuse3.StatvfsData:  # type: ignore[override]
         """df: size = what the store holds + free space where it lives; used = the store."""
@@ -247,11 +316,13 @@ class ZvfsOperations(pyfuse3.Operations):
         s = pyfuse3.StatvfsData()
         s.f_bsize = 1 << 20  # the preferred I/O size
         s.f_frsize = STATFS_BLOCK
+        if free == 0 and self._nodes[ROOT].writable:
+            free = _UNBOUNDED_FREE  # S3: no bound but staging's, which ENOSPC reports
         s.f_bfree = s.f_bavail = free // STATFS_BLOCK
         # at least one block even when empty: df leaves out file systems of size 0
         s.f_blocks = max(1, -(-used // STATFS_BLOCK) + s.f_bfree)
         s.f_files = len(self._paths)
-        s.f_ffree = s.f_favail = 0
+        s.f_ffree = s.f_favail = (1 << 32) if self._nodes[ROOT].writable else 0
         s.f_namemax = 255
         return s
 
@@ -260,8 +331,182 @@ class ZvfsOperations(pyfuse3.Operations):
 
     # -- everything that writes ---------------------------------------------
 
-    async def _erofs(self, *args: object, **kwargs: object) -> None:
-        raise pyfuse3.FUSEError(errno.EROFS)
+    def _handle(self, fh: int) -> FileHandle:
+        f = self._files.get(fh)
+        if f is None or f.handle is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        return f.handle
 
-    setattr = mknod = mkdir = unlink = rmdir = symlink = rename = link = _erofs  # type: ignore[assignment]
-    create = write = _erofs  # type: ignore[assignment]
+    def _dir(self, inode: int) -> DirNode:
+        node = self._node(inode)
+        if not isinstance(node, DirNode):
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        return node
+
+    def _child_path(self, parent: int, name: str) -> str:
+        return self._paths.get(parent, "/").rstrip("/") + "/" + name
+
+    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx):  # type: ignore[no-untyped-def,override]
+        counters.add("fuse_ops_create")
+        sname = os.fsdecode(name)
+        parent = self._dir(parent_inode)
+        node, handle = await self._call(f"create {self._child_path(parent_inode, sname)}",
+                                        parent.create(sname, mode, bool(flags & os.O_EXCL)))
+        self._unbind(parent_inode, sname)
+        ino = self._remember(parent_inode, sname, node)
+        fh = next(self._next_fh)
+        self._files[fh] = _Open(ino, node, handle)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=True), self._attrs(ino, node)
+
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        counters.add("fuse_ops_write")
+        f = self._files.get(fh)
+        handle = self._handle(fh)
+        return await self._call(f"write {self._paths.get(f.ino) if f else fh}", handle.write(off, buf))
+
+    async def flush(self, fh: int) -> None:
+        """close(): a write that could not be stored is the application's error here."""
+        f = self._files.get(fh)
+        if f is None or f.handle is None:
+            return
+        counters.add("fuse_ops_flush")
+        await self._call(f"flush {self._paths.get(f.ino)}", f.handle.flush())
+
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        counters.add("fuse_ops_fsync")
+        f = self._files.get(fh)
+        if f is None or f.handle is None:
+            return
+        await self._call(f"fsync {self._paths.get(f.ino)}", f.handle.flush(durable=True))
+
+    async def setattr(self, inode: int, attr, fields, fh, ctx):  # type: ignore[no-untyped-def,override]
+        counters.add("fuse_ops_setattr")
+        node = self._node(inode)
+        path = self._paths.get(inode)
+        if not node.writable:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        if fields.update_size:
+            if not isinstance(node, FileNode):
+                raise pyfuse3.FUSEError(errno.EISDIR)
+            f = self._files.get(fh) if fh is not None else None
+            if f is not None and f.handle is not None:
+                await self._call(f"truncate {path}", f.handle.truncate(attr.st_size))
+            else:
+                await self._call(f"truncate {path}", node.set_size(attr.st_size))
+        if fields.update_mtime:
+            await self._call(f"utimens {path}", node.set_mtime(attr.st_mtime_ns / 1e9))
+        # mode, owner and atime are the mount's, not the store's: accepted and not kept
+        return self._attrs(inode, node)
+
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx):  # type: ignore[no-untyped-def,override]
+        counters.add("fuse_ops_mkdir")
+        sname = os.fsdecode(name)
+        parent = self._dir(parent_inode)
+        node = await self._call(f"mkdir {self._child_path(parent_inode, sname)}", parent.mkdir(sname))
+        self._unbind(parent_inode, sname)
+        return self._attrs(self._remember(parent_inode, sname, node), node)
+
+    async def unlink(self, parent_inode: int, name: bytes, ctx) -> None:  # type: ignore[override]
+        counters.add("fuse_ops_unlink")
+        sname = os.fsdecode(name)
+        parent = self._dir(parent_inode)
+        await self._call(f"unlink {self._child_path(parent_inode, sname)}", parent.unlink(sname))
+        self._unbind(parent_inode, sname)
+
+    async def rmdir(self, parent_inode: int, name: bytes, ctx) -> None:  # type: ignore[override]
+        counters.add("fuse_ops_rmdir")
+        sname = os.fsdecode(name)
+        parent = self._dir(parent_inode)
+        await self._call(f"rmdir {self._child_path(parent_inode, sname)}", parent.rmdir(sname))
+        self._unbind(parent_inode, sname)
+
+    async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,  # type: ignore[override]
+                     name_new: bytes, flags: int, ctx) -> None:
+        counters.add("fuse_ops_rename")
+        if flags & _RENAME_EXCHANGE:
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        old, new = os.fsdecode(name_old), os.fsdecode(name_new)
+        src, dst = self._dir(parent_inode_old), self._dir(parent_inode_new)
+        what = f"rename {self._child_path(parent_inode_old, old)} -> {self._child_path(parent_inode_new, new)}"
+        await self._call(what, src.rename(old, dst, new, not flags & _RENAME_NOREPLACE))
+        self._unbind(parent_inode_new, new)
+        ino = self._ino_of.pop((parent_inode_old, old), None)
+        if ino is None:
+            return
+        # the number moves with the entry (the kernel moved its dentry), and so do the paths below
+        self._ino_of[(parent_inode_new, new)] = ino
+        self._parent[ino] = parent_inode_new
+        old_path, new_path = self._paths[ino], self._child_path(parent_inode_new, new)
+        moved = await dst.lookup(new)
+        if moved is not None:
+            self._nodes[ino] = moved
+        for i, p in list(self._paths.items()):
+            if p == old_path or p.startswith(old_path + "/"):
+                self._paths[i] = new_path + p[len(old_path):]
+                if i != ino:  # a node below a moved directory names its old key: made anew
+                    self._nodes.pop(i, None)
+
+    async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx):  # type: ignore[no-untyped-def,override]
+        counters.add("fuse_ops_link")
+        sname = os.fsdecode(new_name)
+        node = self._node(inode)
+        parent = self._dir(new_parent_inode)
+        if not isinstance(node, FileNode):
+            raise pyfuse3.FUSEError(errno.EPERM)
+        made = await self._call(f"link {self._child_path(new_parent_inode, sname)}", parent.link(node, sname))
+        self._unbind(new_parent_inode, sname)
+        return self._attrs(self._remember(new_parent_inode, sname, made), made)
+
+    async def symlink(self, *args: object, **kwargs: object) -> None:
+        raise pyfuse3.FUSEError(errno.EPERM if self._nodes[ROOT].writable else errno.EROFS)
+
+    async def mknod(self, *args: object, **kwargs: object) -> None:
+        raise pyfuse3.FUSEError(errno.EPERM if self._nodes[ROOT].writable else errno.EROFS)
+
+    def _unbind(self, parent: int, name: str) -> None:
+        """The entry ``name`` is gone or replaced: a new one there gets a new inode number."""
+        ino = self._ino_of.pop((parent, name), None)
+        if ino is not None:
+            self._page_epochs.pop(ino, None)
+
+    # -- keeping the kernel's caches of derived files true ---------------------
+
+    def changed(self) -> None:
+        """A write through the mount changed the store: drop the kernel's caches of the
+        derived files (soon after, once per burst of writes, off the trio thread)."""
+        if not self._derived:
+            return
+        if self._invalidating:
+            self._invalidate_again = True
+            return
+        self._invalidating = True
+        trio.lowlevel.spawn_system_task(self._invalidate_derived)
+
+    async def _invalidate_derived(self) -> None:
+        try:
+            while True:
+                self._invalidate_again = False
+                inodes = [i for i in self._derived if i in self._lookups]
+                tops = [i for i in inodes
+                        if self._paths.get(i, "").rstrip("/").rpartition("/")[0] + "/"
+                        in self._derived_prefixes]
+                entries = [(self._parent[i], os.fsencode(self._paths[i].rpartition("/")[2])) for i in tops]
+                for ino in inodes:
+                    self._page_epochs.pop(ino, None)
+                await trio.to_thread.run_sync(_invalidate, inodes, entries)
+                if not self._invalidate_again:
+                    return
+        finally:
+            self._invalidating = False
+
+
+def _invalidate(inodes: list[int], entries: list[tuple[int, bytes]]) -> None:
+    """Worker thread: the kernel forgets pages and attributes of ``inodes``, and the
+    directory entries ``entries`` (with everything cached below them)."""
+    for ino in inodes:
+        try:
+            pyfuse3.invalidate_inode(ino, attr_only=False)
+        except OSError:
+            pass  # the kernel forgot it already
+    for parent, name in entries:
+        pyfuse3.invalidate_entry_async(parent, name, ignore_enoent=True)

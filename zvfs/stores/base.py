@@ -7,8 +7,9 @@ worker thread once per call.
 
 from __future__ import annotations
 
+import errno
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 
@@ -28,6 +29,15 @@ class SourceError(StoreError):
 
     Its message is shown to the user as is, so it says what is wrong and how to fix it.
     """
+
+
+class WriteRefused(StoreError):
+    """A write the store will not do, for a reason an errno names (EEXIST, ENOTEMPTY, EFBIG,
+    ENOSPC, EXDEV, EPERM, EROFS, ENOENT): the application sees that errno, not EIO."""
+
+    def __init__(self, errno_: int, message: str) -> None:
+        super().__init__(message)
+        self.errno = errno_
 
 
 class SourceUnavailable(SourceError):
@@ -56,8 +66,65 @@ class Listing:
     prefixes: set[str] = field(default_factory=set)
 
 
+class KeyWriter(ABC):
+    """One key open for writing (the store spec's *set*), blocking like the store.
+
+    A local store writes in place; a remote one stages the bytes on local disk and
+    uploads them at :meth:`commit`. Until then readers of the key through this writer
+    see the new bytes; other clients of the store see them after the commit.
+    """
+
+    key: str
+
+    @property
+    @abstractmethod
+    def size(self) -> int: ...
+
+    @abstractmethod
+    def write(self, offset: int, data: bytes) -> int:
+        """Write ``data`` at ``offset`` (a hole before it reads as zeros); returns len(data)."""
+
+    @abstractmethod
+    def read(self, offset: int, length: int) -> bytes:
+        """What the key will hold, bytes ``[offset, offset+length)``."""
+
+    @abstractmethod
+    def truncate(self, size: int) -> None: ...
+
+    @abstractmethod
+    def commit(self, durable: bool = False) -> KeyInfo | None:
+        """Make the bytes the key's value in the store (close and fsync call it).
+
+        Returns the key's new info when it changed, None when there was nothing to do.
+        A failure raises StoreError; the bytes stay staged, so a retry can succeed.
+        """
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the writer. Staged bytes that were never committed are kept on disk
+        (and their path logged): nothing written is lost silently."""
+
+    def discard(self) -> None:  # noqa: B027 - optional
+        """Never store what was written (the key was unlinked while open)."""
+
+    def background_work(self) -> list[Callable[[], None]]:
+        """Blocking jobs the writer would like run now, in the background (an S3 writer's
+        finished parts, uploaded while the application is still writing). A job never
+        raises: what failed is done again by :meth:`commit`."""
+        return []
+
+
+def _read_only(what: str) -> WriteRefused:
+    return WriteRefused(errno.EROFS, f"{what}: the store is read-only")
+
+
 class Store(ABC):
-    """Read-only key/value store. Keys use '/' as separator and never start with '/'."""
+    """Key/value store. Keys use '/' as separator and never start with '/'.
+
+    Reads are the abstract methods below. The write half (set, delete and the native
+    operations behind them) is optional: a store that can write sets ``can_write`` and
+    overrides the write methods, whose defaults refuse with EROFS.
+    """
 
     #: short human name of the source, used in fsname= and log lines
     description: str = ""
@@ -67,6 +134,11 @@ class Store(ABC):
     #: True when one flat listing of many keys is much cheaper than a listing per
     #: directory (S3: 1,000 keys per request whatever the nesting)
     flat_listing: bool = False
+    #: True when the store implements the write methods
+    can_write: bool = False
+    #: True when directories exist only as prefixes of keys (S3): an empty directory
+    #: made by mkdir lives in the mount only, until it gets children
+    implicit_dirs: bool = False
 
     @abstractmethod
     def get(self, key: str) -> bytes:
@@ -122,3 +194,107 @@ class Store(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release handles; the store is not used afterwards."""
+
+    # -- writing (optional) -------------------------------------------------------------------
+
+    def open_writer(self, key: str, *, truncate: bool, create: bool, exclusive: bool = False,
+                    mode: int = 0o644) -> KeyWriter:
+        """A writer for ``key``. ``create`` makes a missing key (else KeyNotFound);
+        ``exclusive`` refuses an existing one (EEXIST); ``truncate`` starts empty."""
+        raise _read_only(key)
+
+    def delete(self, key: str) -> None:
+        """Remove ``key``; KeyNotFound if it is not there."""
+        raise _read_only(key)
+
+    def rename(self, src: str, dst: str) -> None:
+        """Make ``dst`` hold what ``src`` held, replacing it, and remove ``src``."""
+        raise _read_only(src)
+
+    def link(self, src: str, dst: str) -> None:
+        """Make ``dst`` hold what ``src`` holds; EEXIST if ``dst`` exists (never replaced)."""
+        raise _read_only(dst)
+
+    def make_dir(self, prefix: str) -> None:
+        """Create the directory ``prefix`` (ending in '/'); a no-op for implicit directories."""
+        raise _read_only(prefix)
+
+    def remove_dir(self, prefix: str) -> None:
+        """Remove the empty directory ``prefix``; ENOTEMPTY if keys remain below it."""
+        raise _read_only(prefix)
+
+    def rename_dir(self, src: str, dst: str) -> None:
+        """Move every key below prefix ``src`` to prefix ``dst`` (both ending in '/')."""
+        raise _read_only(src)
+
+    def set_mtime(self, key: str, mtime: float) -> None:  # noqa: B027 - optional
+        """Set the modification time where the store keeps one it lets us set (a no-op on S3)."""
+
+
+class WrappedStore(Store):
+    """A store layered over another (counting, disk cache): everything is passed on,
+    so a wrapper overrides only what it adds to."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.description = inner.description
+        self.block_size = inner.block_size
+        self.flat_listing = inner.flat_listing
+        self.can_write = inner.can_write
+        self.implicit_dirs = inner.implicit_dirs
+
+    def get(self, key: str) -> bytes:
+        return self.inner.get(key)
+
+    def get_at_most(self, key: str, limit: int) -> bytes:
+        return self.inner.get_at_most(key, limit)
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        return self.inner.get_range(key, start, length)
+
+    def info(self, key: str) -> KeyInfo:
+        return self.inner.info(key)
+
+    def list_dir(self, prefix: str) -> Listing:
+        return self.inner.list_dir(prefix)
+
+    def list_prefix(self, prefix: str) -> Iterator[str]:
+        return self.inner.list_prefix(prefix)
+
+    def list_tree(self, prefix: str) -> Iterator[tuple[str, KeyInfo]]:
+        return self.inner.list_tree(prefix)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def open_writer(self, key: str, *, truncate: bool, create: bool, exclusive: bool = False,
+                    mode: int = 0o644) -> KeyWriter:
+        return self.inner.open_writer(key, truncate=truncate, create=create,
+                                      exclusive=exclusive, mode=mode)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+    def rename(self, src: str, dst: str) -> None:
+        self.inner.rename(src, dst)
+
+    def link(self, src: str, dst: str) -> None:
+        self.inner.link(src, dst)
+
+    def make_dir(self, prefix: str) -> None:
+        self.inner.make_dir(prefix)
+
+    def remove_dir(self, prefix: str) -> None:
+        self.inner.remove_dir(prefix)
+
+    def rename_dir(self, src: str, dst: str) -> None:
+        self.inner.rename_dir(src, dst)
+
+    def set_mtime(self, key: str, mtime: float) -> None:
+        self.inner.set_mtime(key, mtime)
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        """Store-specific extras (an S3 store's unfinished uploads) pass through too."""
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)

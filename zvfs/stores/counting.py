@@ -7,18 +7,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from zvfs.stats import Counters
-from zvfs.stores.base import KeyInfo, Listing, Store
+from zvfs.stores.base import KeyInfo, KeyWriter, Listing, Store, WrappedStore
 
 
-class CountingStore(Store):
+class CountingStore(WrappedStore):
     """Delegates to ``inner`` and counts every call, so stats.json shows store traffic."""
 
     def __init__(self, inner: Store, counters: Counters) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.counters = counters
-        self.description = inner.description
-        self.block_size = inner.block_size
-        self.flat_listing = inner.flat_listing
 
     @contextmanager
     def _timed(self, op: str) -> Iterator[None]:
@@ -65,5 +62,20 @@ class CountingStore(Store):
         with self._timed("list"):
             return self.inner.list_tree(prefix)
 
-    def close(self) -> None:
-        self.inner.close()
+    def open_writer(self, key: str, *, truncate: bool, create: bool, exclusive: bool = False,
+                    mode: int = 0o644) -> KeyWriter:
+        with self._timed("open_writer"):
+            return self.inner.open_writer(key, truncate=truncate, create=create,
+                                          exclusive=exclusive, mode=mode)
+
+    def delete(self, key: str) -> None:
+        with self._timed("delete"):
+            self.inner.delete(key)
+
+    def rename(self, src: str, dst: str) -> None:
+        with self._timed("rename"):
+            self.inner.rename(src, dst)
+
+    def link(self, src: str, dst: str) -> None:
+        with self._timed("link"):
+            self.inner.link(src, dst)

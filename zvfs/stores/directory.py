@@ -17,10 +17,20 @@ import errno
 import logging
 import os
 import stat
+import time
 from collections.abc import Iterator
 
 from zvfs.stores._util import LogOnce, check_key, check_prefix, safe_name
-from zvfs.stores.base import KeyInfo, KeyNotFound, Listing, SourceError, Store, StoreError
+from zvfs.stores.base import (
+    KeyInfo,
+    KeyNotFound,
+    KeyWriter,
+    Listing,
+    SourceError,
+    Store,
+    StoreError,
+    WriteRefused,
+)
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +43,14 @@ _ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EISDIR, errno.ENAMETO
 
 
 class DirectoryStore(Store):
-    """Read-only store over a directory tree (the Zarr file-system store layout)."""
+    """Store over a directory tree (the Zarr file-system store layout).
+
+    Writes pass straight through to the directory (POSIX semantics, atomic rename),
+    under the same escape rules as reads: a key is written only where its parent
+    directory is a real directory below the root, reached through no symlink.
+    """
+
+    can_write = True
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         shown = os.path.abspath(os.fspath(root))
@@ -200,6 +217,86 @@ class DirectoryStore(Store):
                     subdirs.append((pre + name + "/", target, ancestors | {ident}))
             stack.extend(reversed(subdirs))
 
+    # -- writing -----------------------------------------------------------------------------
+
+    def _writable_path(self, key: str) -> str:
+        """Path of ``key`` for a write: its parent is a real directory below the root with
+        no symlink on the way (ENOENT otherwise), so nothing is created outside the store."""
+        check_key(key)
+        parent, _, name = key.rpartition("/")
+        parent_path = os.path.join(self.root, parent) if parent else self.root
+        if os.path.realpath(parent_path) != parent_path:
+            raise WriteRefused(errno.ENOENT, f"{key}: its directory is missing or is a symlink")
+        return os.path.join(parent_path, name)
+
+    def open_writer(self, key: str, *, truncate: bool, create: bool, exclusive: bool = False,
+                    mode: int = 0o644) -> KeyWriter:
+        path = self._writable_path(key)
+        flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+        flags |= (os.O_CREAT if create else 0) | (os.O_EXCL if exclusive else 0)
+        flags |= os.O_TRUNC if truncate else 0
+        try:
+            fd = os.open(path, flags, mode & 0o777 or 0o644)
+        except OSError as e:
+            raise _refused(key, e) from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise WriteRefused(errno.EPERM, f"{key}: not a regular file")
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        return _FileWriter(key, fd)
+
+    def delete(self, key: str) -> None:
+        path = self._writable_path(key)
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                raise WriteRefused(errno.EISDIR, f"{key}: is a directory")
+            os.unlink(path)
+        except OSError as e:
+            raise _refused(key, e) from None
+
+    def rename(self, src: str, dst: str) -> None:
+        a, b = self._writable_path(src), self._writable_path(dst)
+        try:
+            os.rename(a, b)
+        except OSError as e:
+            raise _refused(src, e) from None
+
+    def rename_dir(self, src: str, dst: str) -> None:
+        self.rename(src.rstrip("/"), dst.rstrip("/"))
+
+    def link(self, src: str, dst: str) -> None:
+        a, b = self._writable_path(src), self._writable_path(dst)
+        try:
+            os.link(a, b, follow_symlinks=False)
+        except OSError as e:
+            raise _refused(dst, e) from None
+
+    def make_dir(self, prefix: str) -> None:
+        path = self._writable_path(prefix.rstrip("/"))
+        try:
+            os.mkdir(path, 0o755)
+        except OSError as e:
+            raise _refused(prefix, e) from None
+
+    def remove_dir(self, prefix: str) -> None:
+        path = self._writable_path(prefix.rstrip("/"))
+        if os.path.islink(path):
+            raise WriteRefused(errno.ENOTDIR, f"{prefix}: a symlink, not a directory")
+        try:
+            os.rmdir(path)
+        except OSError as e:
+            raise _refused(prefix, e) from None
+
+    def set_mtime(self, key: str, mtime: float) -> None:
+        path = self._writable_path(key.rstrip("/")) if key else self.root
+        try:
+            os.utime(path, ns=(time.time_ns(), int(mtime * 1e9)), follow_symlinks=False)
+        except OSError as e:
+            raise _refused(key, e) from None
+
     # -- internals ---------------------------------------------------------------------------
 
     def _walk(self, prefix: str, real: str, ancestors: frozenset[tuple[int, int]]) -> Iterator[str]:
@@ -268,6 +365,60 @@ class DirectoryStore(Store):
                     continue  # vanished or dangling: absent
                 if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
                     yield name, target, st
+
+
+def _refused(key: str, e: OSError) -> StoreError:
+    """An OSError of a write as the store error that keeps its errno."""
+    if e.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink: we do not write through links
+        return WriteRefused(errno.EPERM, f"{key}: is a symlink; zvfs does not write through links")
+    if e.errno is None:
+        return StoreError(f"{key}: {e}")
+    return WriteRefused(e.errno, f"{key}: {e.strerror}")
+
+
+class _FileWriter(KeyWriter):
+    """A file of the directory open for writing: every call is the plain POSIX call."""
+
+    def __init__(self, key: str, fd: int) -> None:
+        self.key = key
+        self._fd = fd
+
+    @property
+    def size(self) -> int:
+        return os.fstat(self._fd).st_size
+
+    def write(self, offset: int, data: bytes) -> int:
+        view = memoryview(data)
+        done = 0
+        try:
+            while done < len(view):
+                done += os.pwrite(self._fd, view[done:], offset + done)
+        except OSError as e:
+            raise _refused(self.key, e) from None
+        return done
+
+    def read(self, offset: int, length: int) -> bytes:
+        return _pread_all(self._fd, offset, length, self.key)
+
+    def truncate(self, size: int) -> None:
+        try:
+            os.ftruncate(self._fd, size)
+        except OSError as e:
+            raise _refused(self.key, e) from None
+
+    def commit(self, durable: bool = False) -> KeyInfo | None:
+        try:
+            if durable:
+                os.fsync(self._fd)
+            st = os.fstat(self._fd)
+        except OSError as e:
+            raise _refused(self.key, e) from None
+        return KeyInfo(st.st_size, st.st_mtime)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def _pread_all(fd: int, start: int, length: int, key: str, *, until_eof: bool = False) -> bytes:

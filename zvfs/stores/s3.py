@@ -18,6 +18,7 @@ once, so rotating keys need no remount.
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -31,7 +32,16 @@ from botocore.config import Config
 
 from zvfs.stats import counters
 from zvfs.stores._util import LogOnce, check_key, check_prefix, safe_name
-from zvfs.stores.base import KeyInfo, KeyNotFound, Listing, SourceError, Store, StoreError
+from zvfs.stores.base import (
+    KeyInfo,
+    KeyNotFound,
+    KeyWriter,
+    Listing,
+    SourceError,
+    Store,
+    StoreError,
+    WriteRefused,
+)
 from zvfs.stores.keys import bad_segment, is_safe_key
 from zvfs.stores.retry import TRANSIENT_KINDS, Attempts, RetryPolicy
 
@@ -101,7 +111,18 @@ def _status(e: bce.ClientError) -> int:
 
 
 class S3Store(Store):
-    """Read-only store over ``s3://bucket/prefix``; credentials come from the AWS chain."""
+    """Store over ``s3://bucket/prefix``; credentials come from the AWS chain.
+
+    Writes (after :meth:`enable_writes`) are staged locally and uploaded at close
+    (:mod:`zvfs.stores.s3_write`); directories are implicit, as S3 has none.
+    """
+
+    can_write = True
+    implicit_dirs = True
+    #: set by enable_writes
+    staging: Any = None
+    part_size = 8 << 20
+    rewrite_max = 1 << 30
 
     def __init__(
         self,
@@ -321,6 +342,107 @@ class S3Store(Store):
 
     def close(self) -> None:
         self._client.close()
+        if self.staging is not None:
+            self.staging.cleanup()
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def enable_writes(self, staging: Any, part_size: int, rewrite_max: int) -> None:
+        """Let this store write: files are staged in ``staging`` (a stores.staging.Staging)."""
+        self.staging = staging
+        self.part_size = part_size
+        self.rewrite_max = rewrite_max
+
+    def open_writer(self, key: str, *, truncate: bool, create: bool, exclusive: bool = False,
+                    mode: int = 0o644) -> KeyWriter:
+        from zvfs.stores.s3_write import S3Writer
+
+        check_key(key)
+        if self.staging is None:
+            raise WriteRefused(errno.EROFS, f"{key}: the mount is read-only")
+        size: int | None = None
+        if exclusive or not create or not truncate:
+            try:
+                size = self.info(key).size
+            except KeyNotFound:
+                if not create:
+                    raise
+        if size is not None and exclusive:
+            raise WriteRefused(errno.EEXIST, f"{key}: exists already")
+        if size is not None and not truncate and size > self.rewrite_max:
+            raise WriteRefused(
+                errno.EFBIG,
+                f"{key}: {size} bytes is more than --rewrite-max-size ({self.rewrite_max}) allows "
+                "to fetch for changing in place; replace it instead (open with O_TRUNC, e.g. cp)",
+            )
+        writer = S3Writer(self, key, self.staging, self.part_size,
+                          fresh=size is None or truncate, exclusive=exclusive)
+        try:
+            if size and not truncate:
+                writer.fetch(size)
+        except BaseException:
+            writer.close()
+            raise
+        return writer
+
+    def delete(self, key: str) -> None:
+        check_key(key)
+        self._request(key, "DeleteObject",
+                      lambda c: c.delete_object(Bucket=self.bucket, Key=self.prefix + key))
+
+    def rename(self, src: str, dst: str) -> None:
+        from zvfs.stores.s3_write import copy_key
+
+        check_key(dst)
+        copy_key(self, src, dst, self.info(src).size)
+        self.delete(src)
+
+    def link(self, src: str, dst: str) -> None:
+        from zvfs.stores.s3_write import link_key
+
+        check_key(src)
+        check_key(dst)
+        link_key(self, src, dst)
+
+    def make_dir(self, prefix: str) -> None:
+        check_prefix(prefix)  # implicit: the mount shows it until it is removed or filled
+
+    def remove_dir(self, prefix: str) -> None:
+        check_prefix(prefix)
+        page = self._request(prefix, "ListObjectsV2", lambda c: c.list_objects_v2(
+            Bucket=self.bucket, Prefix=self.prefix + prefix, MaxKeys=2))
+        keys = [o["Key"] for o in page.get("Contents", ())]
+        marker = self.prefix + prefix
+        if any(k != marker for k in keys):
+            raise WriteRefused(errno.ENOTEMPTY, f"{prefix}: not empty")
+        if marker in keys:  # a folder marker object ("dir/") from another tool
+            self._request(prefix, "DeleteObject",
+                          lambda c: c.delete_object(Bucket=self.bucket, Key=marker))
+
+    def rename_dir(self, src: str, dst: str) -> None:
+        from zvfs.stores.s3_write import rename_prefix
+
+        check_prefix(src)
+        check_prefix(dst)
+        rename_prefix(self, src, dst)
+
+    def unfinished_uploads(self) -> list[tuple[str, str, float]]:
+        """Multipart uploads under the prefix that were never completed: (key, id, started)."""
+        out = []
+        args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.prefix}
+        while True:
+            page = self._request("/", "ListMultipartUploads",
+                                 lambda c, a=dict(args): c.list_multipart_uploads(**a))
+            for up in page.get("Uploads", ()):
+                out.append((up["Key"][len(self.prefix):], up["UploadId"], up["Initiated"].timestamp()))
+            if not page.get("IsTruncated"):
+                return out
+            args["KeyMarker"] = page.get("NextKeyMarker")
+            args["UploadIdMarker"] = page.get("NextUploadIdMarker")
+
+    def abort_upload(self, key: str, upload_id: str) -> None:
+        self._request(key, "AbortMultipartUpload", lambda c: c.abort_multipart_upload(
+            Bucket=self.bucket, Key=self.prefix + key, UploadId=upload_id))
 
     # -- internals ---------------------------------------------------------------------------
 

@@ -56,13 +56,20 @@ class DecodedArray:
         self.identity = ("chunk", meta.path, hashlib.blake2b(meta.json_bytes(), digest_size=12).hexdigest())
         self._opener = opener
         self._reader: Any = None
+        self._reader_epoch = 0
         self._open_lock = trio.Lock()
         # the window is bounded in chunks too: 4 MiB ahead is 4 million 1-byte chunks
         ceiling = min(64 << 20, ctx.cache_size // 4, meta.chunk_nbytes * 4 * CHUNK_BATCH)
         self._ahead = ReadAhead(initial=min(4 << 20, ceiling), ceiling=max(meta.chunk_nbytes, ceiling))
 
+    @property
+    def content(self) -> tuple[object, ...]:
+        """What the array's bytes are now: its identity, and the epoch of writes through
+        the mount below its path (a chunk written through the mount changes it)."""
+        return (*self.identity, self.ctx.epoch(self.meta.path))
+
     def cache_key(self, idx: tuple[int, ...], *extra: object) -> tuple[object, ...]:
-        return (*self.identity, idx, *extra)
+        return (*self.content, idx, *extra)
 
     @property
     def readable(self) -> bool:
@@ -75,10 +82,13 @@ class DecodedArray:
         return meta.error is None and meta.vlen is None and not getattr(meta, "shape_unknown", False)
 
     async def _open(self) -> Any:
-        if self._reader is None:
+        """The reader, opened again after a write through the mount (it may hold shard indexes)."""
+        epoch = self.ctx.epoch(self.meta.path)
+        if self._reader is None or self._reader_epoch != epoch:
             async with self._open_lock:
-                if self._reader is None:
+                if self._reader is None or self._reader_epoch != epoch:
                     self._reader = await run_blocking(self._opener)
+                    self._reader_epoch = epoch
         return self._reader
 
     def _decode(self, reader: Any, idx: tuple[int, ...]) -> np.ndarray:
@@ -271,6 +281,9 @@ class RawDataFile(FileNode):
     def size(self) -> int:
         return self.array.meta.nbytes
 
+    def version(self) -> object:
+        return self.array.content
+
     async def read(self, offset: int, length: int) -> bytes:
         return await self.array.read_bytes(offset, length)
 
@@ -283,6 +296,9 @@ class ChunkFile(FileNode):
         self.idx = idx
         self.mtime = array.ctx.node_mtime(array.meta.path)
         self.immutable = array.ctx.immutable
+
+    def version(self) -> object:
+        return self.array.content
 
     @property
     def size(self) -> int:

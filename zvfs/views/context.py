@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,7 +13,7 @@ import trio
 
 from zvfs.cache import Cache
 from zvfs.stats import Counters, counters
-from zvfs.stores.base import Store
+from zvfs.stores.base import KeyInfo, Listing, Store
 
 log = logging.getLogger("zvfs")
 
@@ -46,6 +47,19 @@ class MountContext:
     prefetched: set[object] = field(default_factory=set, init=False)
     #: per raw directory (or '' for the whole tree): a reader's progress (views.raw.FileWalk)
     walks: dict[str, Any] = field(default_factory=dict, init=False)
+    #: the raw tree takes writes (--writable)
+    writable: bool = False
+    #: key -> the handles that have it open for writing (views.writing.WriteHandle)
+    writers: dict[str, list[Any]] = field(default_factory=dict, init=False)
+    #: directories made by mkdir on a store whose directories are implicit (S3):
+    #: parent prefix -> names; they exist in the mount until removed
+    made_dirs: dict[str, set[str]] = field(default_factory=dict, init=False)
+    #: called after a write through the mount changed what derived views show
+    on_change: list[Callable[[], None]] = field(default_factory=list, init=False)
+    #: path -> (serial of its last write, the key's info after it); see epoch()
+    _epochs: OrderedDict[str, tuple[int, KeyInfo | None]] = field(default_factory=OrderedDict, init=False)
+    _serial: int = field(default=0, init=False)
+    _floor: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self._stable_time = max(self.metadata_mtimes.values(), default=self.mount_time)
@@ -67,8 +81,97 @@ class MountContext:
 
     @property
     def immutable(self) -> bool:
-        """True when the store is declared immutable (``metadata_ttl=indefinite``)."""
-        return self.metadata_ttl is None
+        """True when the data can never change while mounted: declared so
+        (``metadata_ttl=indefinite``) and not writable through the mount."""
+        return self.metadata_ttl is None and not self.writable
+
+    # -- writes through the mount ----------------------------------------------------------
+
+    #: paths whose write serial is remembered; older ones share the floor (see epoch())
+    EPOCH_ENTRIES = 100_000
+
+    def epoch(self, path: str) -> int:
+        """A number that changes whenever a key at or below ``path`` is written through the
+        mount. Caches of things derived from the store (raw blocks, decoded chunks, shard
+        indexes) put it in their keys, so a write makes the old entries unreachable at once.
+
+        Bounded: past EPOCH_ENTRIES paths, the least recently written are forgotten and
+        every unremembered path answers the highest serial forgotten, which differs from
+        any serial a cache entry of a forgotten path was made under (a spurious miss, never
+        a stale hit).
+        """
+        entry = self._epochs.get(path)
+        return self._floor if entry is None else entry[0]
+
+    def written(self, key: str) -> KeyInfo | None:
+        """The key's info after its last write through the mount, if remembered."""
+        entry = self._epochs.get(key)
+        return None if entry is None else entry[1]
+
+    def note_write(self, key: str, info: KeyInfo | None = None) -> None:
+        """``key`` (or the directory ``key/``) was changed through the mount: bump the epochs of
+        it and of every directory above it, forget the decoded hierarchy (rediscovered on
+        next use) and tell the fs layer to drop the kernel's caches of derived files."""
+        self._serial += 1
+        parts = key.strip("/").split("/")
+        paths = ["", *("/".join(parts[: i + 1]) for i in range(len(parts)))]
+        for path in paths:
+            self._epochs[path] = (self._serial, info if path == key else None)
+            self._epochs.move_to_end(path)
+        while len(self._epochs) > self.EPOCH_ENTRIES:
+            _, (serial, _) = self._epochs.popitem(last=False)
+            self._floor = max(self._floor, serial)
+        self.listings.invalidate(("decoded",))
+        for hook in self.on_change:
+            hook()
+
+    def _cached_listings(self, prefix: str) -> list[Listing]:
+        """The cached listings that show directory ``prefix`` ('' or ending in '/')."""
+        out = []
+        tree = self.listings.peek(("tree",))
+        if isinstance(tree, dict):
+            found = tree.get(prefix)
+            if found is None:
+                found = tree[prefix] = Listing()
+            out.append(found)
+        one = self.listings.peek(prefix)
+        if one is not None:
+            out.append(one)
+        return out
+
+    def listing_put(self, key: str, info: KeyInfo | None) -> None:
+        """Show ``key`` (a file with ``info``, or the directory ``key/`` when None) in the
+        cached listings at once, with every directory above it: a created file is seen by
+        lookup and readdir without listing the store again."""
+        parts = key.strip("/").split("/")
+        prefix = ""
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            for listing in self._cached_listings(prefix):
+                if last and info is not None:
+                    listing.keys[part] = info
+                else:
+                    listing.prefixes.add(part)
+            prefix += part + "/"
+        if info is None:
+            self._cached_listings(prefix)  # the new directory's own (empty) listing
+
+    def listing_drop(self, key: str, directory: bool = False) -> None:
+        """Remove ``key`` (or the directory ``key/``) from the cached listings."""
+        parent, _, name = key.strip("/").rpartition("/")
+        prefix = parent + "/" if parent else ""
+        for listing in self._cached_listings(prefix):
+            if directory:
+                listing.prefixes.discard(name)
+            else:
+                listing.keys.pop(name, None)
+        if directory:
+            tree = self.listings.peek(("tree",))
+            if isinstance(tree, dict):
+                gone = key.strip("/") + "/"
+                for p in [p for p in tree if p.startswith(gone)]:
+                    del tree[p]
+            self.listings.invalidate(key.strip("/") + "/")
 
     def background(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
         """Run ``fn(*args)`` in the background, swallowing its errors (a prefetch that fails

@@ -441,10 +441,15 @@ class NetcdfFile(FileNode):
     def __init__(self, layout: NcLayout, mtime: float) -> None:
         self.layout = layout
         self.mtime = mtime
+        # the header never changes while mounted; the data does unless the store is immutable
+        self.immutable = all(v.array.ctx.immutable for v in layout.variables)
 
     @property
     def size(self) -> int:
         return self.layout.size
+
+    def version(self) -> object:
+        return (self.layout.size, tuple(v.array.content for v in self.layout.variables))
 
     async def read(self, offset: int, length: int) -> bytes | memoryview:
         """Header bytes, then each touched variable's slice (all variables fetched at once), zeros between."""

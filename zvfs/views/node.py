@@ -6,6 +6,10 @@ output format is a new :class:`FileNode` subclass in views; fs does not change.
 
 Errors: raise :class:`NodeError` with an errno (ENOENT, EIO) to fail one
 operation. Anything else escaping a node is logged by fs and turned into EIO.
+
+Writing is optional: a node that can change says so with ``writable``, and
+overrides the write methods, whose defaults fail with EROFS. Only the raw tree
+of a writable mount does; the decoded views stay read-only.
 """
 
 from __future__ import annotations
@@ -30,12 +34,47 @@ class NodeError(Exception):
         self.key = key
 
 
+def read_only() -> NodeError:
+    return NodeError(errno.EROFS)
+
+
+class FileHandle(ABC):
+    """One open of a file for writing (fs keeps one per file handle). Reads through it
+    see what was written through it, before it is stored."""
+
+    @property
+    @abstractmethod
+    def size(self) -> int: ...
+
+    @abstractmethod
+    async def read(self, offset: int, length: int) -> bytes: ...
+
+    @abstractmethod
+    async def write(self, offset: int, data: bytes) -> int: ...
+
+    @abstractmethod
+    async def truncate(self, size: int) -> None: ...
+
+    @abstractmethod
+    async def flush(self, durable: bool = False) -> None:
+        """Store what was written (close and fsync): its failure is the application's error."""
+
+    @abstractmethod
+    async def release(self) -> None:
+        """The last close: the handle is not used afterwards."""
+
+
 class Node(ABC):
     """Anything with a name in the tree."""
 
     mtime: float = 0.0
     #: shown by readdir; a hidden node still answers lookup (like ZFS's .zfs)
     hidden: bool = False
+    #: True when the write methods work (a writable mount's raw tree)
+    writable: bool = False
+
+    async def set_mtime(self, mtime: float) -> None:
+        raise read_only()
 
     @property
     @abstractmethod
@@ -52,7 +91,7 @@ class FileNode(Node):
 
     @property
     def mode(self) -> int:
-        return stat.S_IFREG | 0o444
+        return stat.S_IFREG | (0o644 if self.writable else 0o444)
 
     @property
     @abstractmethod
@@ -62,9 +101,24 @@ class FileNode(Node):
     async def read(self, offset: int, length: int) -> bytes | memoryview:
         """Bytes ``[offset, offset+length)`` clipped to the size; b'' past the end."""
 
+    def version(self) -> object | None:
+        """What the bytes are made of, as a value to compare (a key's size and mtime, an
+        array's metadata digest), or None when unknown. The fs layer keeps the kernel's
+        page cache across opens while this is unchanged and younger than the metadata
+        TTL: the staleness the chunk cache allows already, and warm re-reads at memory speed."""
+        return None
+
     def opened(self) -> None:  # noqa: B027 - optional hook
         """Called at each open: a live file snapshots its content here, so the size a
         ``stat`` reports is the size of the bytes the reader gets."""
+
+    async def open_write(self, truncate: bool) -> FileHandle:
+        """Open for writing (the fs layer calls it for opens with write flags)."""
+        raise read_only()
+
+    async def set_size(self, size: int) -> None:
+        """truncate(2) by path."""
+        raise read_only()
 
 
 class DirNode(Node):
@@ -72,7 +126,7 @@ class DirNode(Node):
 
     @property
     def mode(self) -> int:
-        return stat.S_IFDIR | 0o555
+        return stat.S_IFDIR | (0o755 if self.writable else 0o555)
 
     @abstractmethod
     async def lookup(self, name: str) -> Node | None:
@@ -81,6 +135,27 @@ class DirNode(Node):
     @abstractmethod
     async def children(self) -> Sequence[tuple[str, Node]]:
         """Visible children as (name, node), sorted by name."""
+
+    async def create(self, name: str, mode: int, exclusive: bool) -> tuple[FileNode, FileHandle]:
+        """A new (or emptied) file ``name``, open for writing."""
+        raise read_only()
+
+    async def mkdir(self, name: str) -> DirNode:
+        raise read_only()
+
+    async def unlink(self, name: str) -> None:
+        raise read_only()
+
+    async def rmdir(self, name: str) -> None:
+        raise read_only()
+
+    async def rename(self, name: str, target: DirNode, new_name: str, replace: bool) -> None:
+        """Move child ``name`` to ``target/new_name`` (replacing what is there if ``replace``)."""
+        raise read_only()
+
+    async def link(self, node: FileNode, name: str) -> FileNode:
+        """A new name ``name`` for ``node``'s content; EEXIST if taken."""
+        raise read_only()
 
 
 class BytesFile(FileNode):

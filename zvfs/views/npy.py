@@ -37,6 +37,9 @@ class NpyFile(FileNode):
     def size(self) -> int:
         return len(self.header) + self.array.meta.nbytes
 
+    def version(self) -> object:
+        return self.array.content
+
     async def read(self, offset: int, length: int) -> bytes:
         hlen = len(self.header)
         out = b""

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import errno
 import logging
+import time
 from collections.abc import Sequence
 
 from zvfs.cache.tree import build_tree_index
 from zvfs.stores.base import KeyInfo, KeyNotFound, Listing, StoreError
 from zvfs.stores.keys import bad_segment
 from zvfs.views.context import MountContext
-from zvfs.views.node import DirNode, FileNode, Node, NodeError
+from zvfs.views.node import DirNode, FileHandle, FileNode, Node, NodeError
 from zvfs.views.readahead import ReadAhead
+from zvfs.views.writing import WriteHandle, store_call
 from zvfs.workers import gather, run_blocking
 
 log = logging.getLogger("zvfs")
@@ -40,16 +42,69 @@ class RawFile(FileNode):
         self.key = key
         self.listing = listing  # the parent's listing, for walking siblings ahead
         self._size = info.size
-        self.mtime = info.mtime
+        self._mtime = info.mtime
+        self._epoch = ctx.epoch(key)
         self.immutable = ctx.immutable
+        self.writable = ctx.writable
         # a window as large as the cache evicts the blocks fetched ahead before they are
         # read, and they are fetched (for zip: decompressed) again; a quarter of it, as
         # for the decoded arrays
         self._ahead = ReadAhead(ceiling=max(ctx.store.block_size, min(64 << 20, ctx.cache_size // 4)))
 
+    def _refresh(self) -> None:
+        """Pick up a write through the mount since this node was made (or last refreshed)."""
+        epoch = self.ctx.epoch(self.key)
+        if epoch != self._epoch:
+            self._epoch = epoch
+            info = self.ctx.written(self.key)
+            if info is not None:
+                self._size, self._mtime = info.size, info.mtime
+
     @property
     def size(self) -> int:
+        handles = self.ctx.writers.get(self.key) if self.ctx.writers else None
+        if handles:
+            return handles[-1].size
+        self._refresh()
         return self._size
+
+    @property  # type: ignore[override]
+    def mtime(self) -> float:
+        self._refresh()
+        return self._mtime
+
+    def version(self) -> object:
+        self._refresh()
+        return (self.key, self._size, self._mtime, self._epoch)
+
+    # -- writing ----------------------------------------------------------------------------
+
+    async def open_write(self, truncate: bool) -> FileHandle:
+        if not self.writable:
+            raise NodeError(errno.EROFS)
+        store = self.ctx.store
+        writer = await store_call(self.key, store.open_writer, self.key, truncate=truncate, create=False)
+        handle = WriteHandle(self.ctx, self.key, writer)
+        if truncate:  # an emptied file is a change even if nothing is written
+            self.ctx.listing_put(self.key, KeyInfo(0, time.time()))
+        return handle
+
+    async def set_size(self, size: int) -> None:
+        handle = await self.open_write(truncate=size == 0)
+        try:
+            await handle.truncate(size)
+            await handle.flush()
+        finally:
+            await handle.release()
+
+    async def set_mtime(self, mtime: float) -> None:
+        if not self.writable:
+            raise NodeError(errno.EROFS)
+        await store_call(self.key, self.ctx.store.set_mtime, self.key, mtime)
+        if not self.ctx.store.implicit_dirs:  # S3 keeps its own LastModified
+            info = KeyInfo(self.size, mtime)
+            self.ctx.listing_put(self.key, info)
+            self.ctx.note_write(self.key, info)
 
     async def _get_range(self, start: int, length: int) -> bytes:
         store = self.ctx.store
@@ -68,7 +123,7 @@ class RawFile(FileNode):
 
     async def _block(self, n: int, prefetch: bool = False) -> bytes:
         bs = self.ctx.store.block_size
-        key = ("raw", self.key, self._size, self.mtime, n)
+        key = ("raw", self.key, self._size, self._mtime, self._epoch, n)
         if prefetch:
             if self.ctx.chunks.contains(key):
                 return b""
@@ -81,6 +136,7 @@ class RawFile(FileNode):
         return await self.ctx.chunks.get(key, lambda: self._get_range(start, min(bs, self._size - start)))
 
     async def read(self, offset: int, length: int) -> bytes:
+        self._refresh()
         if offset >= self._size or length <= 0:
             return b""
         end = min(self._size, offset + length)
@@ -191,6 +247,7 @@ class RawDir(DirNode):
         self.ctx = ctx
         self.prefix = prefix
         self.mtime = ctx.stable_time
+        self.writable = ctx.writable
 
     async def _listing(self) -> Listing:
         store = self.ctx.store
@@ -210,8 +267,15 @@ class RawDir(DirNode):
         if store.flat_listing:
             tree = await self.ctx.listings.get(("tree",), load_tree)
             if tree is not False:
-                return tree.get(self.prefix) or Listing()
-        return await self.ctx.listings.get(self.prefix, load)
+                return self._with_made_dirs(tree.get(self.prefix) or Listing())
+        return self._with_made_dirs(await self.ctx.listings.get(self.prefix, load))
+
+    def _with_made_dirs(self, listing: Listing) -> Listing:
+        """Directories made by mkdir on S3 show until removed, whatever the store lists."""
+        made = self.ctx.made_dirs.get(self.prefix) if self.ctx.made_dirs else None
+        if made and not made <= listing.prefixes:
+            listing.prefixes |= made
+        return listing
 
     def _usable(self, name: str, listing: Listing) -> bool:
         why = bad_segment(name)
@@ -247,3 +311,136 @@ class RawDir(DirNode):
         listing = await self._listing()
         names = sorted(set(listing.keys) | listing.prefixes)
         return [(n, self._child(n, listing)) for n in names if self._usable(n, listing)]
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def _key(self, name: str) -> str:
+        if not self.writable:
+            raise NodeError(errno.EROFS)
+        if bad_segment(name) is not None or len(name.encode()) > 255:
+            raise NodeError(errno.EINVAL if len(name.encode()) <= 255 else errno.ENAMETOOLONG)
+        return self.prefix + name
+
+    async def create(self, name: str, mode: int, exclusive: bool) -> tuple[FileNode, FileHandle]:
+        key = self._key(name)
+        listing = await self._listing()
+        if name in listing.prefixes:
+            raise NodeError(errno.EISDIR)
+        if exclusive and name in listing.keys:
+            raise NodeError(errno.EEXIST)
+        writer = await store_call(key, self.ctx.store.open_writer, key, truncate=True, create=True,
+                                  exclusive=exclusive, mode=mode)
+        handle = WriteHandle(self.ctx, key, writer)
+        info = KeyInfo(0, time.time())
+        self.ctx.listing_put(key, info)
+        self.ctx.note_write(key, info)
+        return RawFile(self.ctx, key, info, listing), handle
+
+    async def mkdir(self, name: str) -> DirNode:
+        key = self._key(name)
+        listing = await self._listing()
+        if name in listing.prefixes or name in listing.keys:
+            raise NodeError(errno.EEXIST)
+        await store_call(key, self.ctx.store.make_dir, key + "/")
+        if self.ctx.store.implicit_dirs:
+            self.ctx.made_dirs.setdefault(self.prefix, set()).add(name)
+        self.ctx.listing_put(key, None)
+        self.ctx.note_write(key)
+        return RawDir(self.ctx, key + "/")
+
+    async def unlink(self, name: str) -> None:
+        key = self._key(name)
+        listing = await self._listing()
+        if name in listing.prefixes:
+            raise NodeError(errno.EISDIR)
+        if name not in listing.keys:
+            raise NodeError(errno.ENOENT)
+        for handle in self.ctx.writers.get(key, ()):
+            handle.unlinked()  # a file unlinked while written is not stored after all
+        await store_call(key, self.ctx.store.delete, key)
+        self.ctx.listing_drop(key)
+        self.ctx.note_write(key)
+
+    async def rmdir(self, name: str) -> None:
+        key = self._key(name)
+        listing = await self._listing()
+        if name not in listing.prefixes:
+            raise NodeError(errno.ENOTDIR if name in listing.keys else errno.ENOENT)
+        inside = await RawDir(self.ctx, key + "/")._listing()
+        if inside.keys or inside.prefixes:
+            raise NodeError(errno.ENOTEMPTY)
+        await store_call(key, self.ctx.store.remove_dir, key + "/")
+        self.ctx.made_dirs.get(self.prefix, set()).discard(name)
+        self.ctx.listing_drop(key, directory=True)
+        self.ctx.note_write(key)
+
+    async def rename(self, name: str, target: DirNode, new_name: str, replace: bool) -> None:
+        if isinstance(target, RawDirHolder):
+            target = target.raw
+        if not isinstance(target, RawDir) or target.ctx is not self.ctx:
+            raise NodeError(errno.EXDEV)
+        src, dst = self._key(name), target._key(new_name)
+        if src == dst:
+            return
+        listing, dst_listing = await self._listing(), await target._listing()
+        src_dir = name in listing.prefixes
+        if not src_dir and name not in listing.keys:
+            raise NodeError(errno.ENOENT)
+        dst_dir = new_name in dst_listing.prefixes
+        dst_file = new_name in dst_listing.keys and not dst_dir
+        if (dst_dir or dst_file) and not replace:
+            raise NodeError(errno.EEXIST)
+        store = self.ctx.store
+        if src_dir:
+            if dst_file:
+                raise NodeError(errno.ENOTDIR)
+            if (dst + "/").startswith(src + "/"):
+                raise NodeError(errno.EINVAL)
+            if dst_dir:
+                inside = await RawDir(self.ctx, dst + "/")._listing()
+                if inside.keys or inside.prefixes:
+                    raise NodeError(errno.ENOTEMPTY)
+                if store.implicit_dirs:
+                    target.ctx.made_dirs.get(target.prefix, set()).discard(new_name)
+            await store_call(src, store.rename_dir, src + "/", dst + "/")
+            if store.implicit_dirs and name in self.ctx.made_dirs.get(self.prefix, ()):
+                self.ctx.made_dirs[self.prefix].discard(name)
+                self.ctx.made_dirs.setdefault(target.prefix, set()).add(new_name)
+            self.ctx.listing_drop(src, directory=True)
+            self.ctx.listing_put(dst, None)
+            self.ctx.listings.invalidate(("tree",))  # the moved keys are listed again
+            self.ctx.listings.invalidate(dst + "/")
+        else:
+            if dst_dir:
+                raise NodeError(errno.EISDIR)
+            await store_call(src, store.rename, src, dst)
+            info = listing.keys[name]
+            self.ctx.listing_drop(src)
+            self.ctx.listing_put(dst, info)
+            self.ctx.note_write(dst, info)
+        self.ctx.note_write(src)
+
+    async def link(self, node: FileNode, name: str) -> FileNode:
+        if not isinstance(node, RawFile) or node.ctx is not self.ctx:
+            raise NodeError(errno.EXDEV)
+        dst = self._key(name)
+        listing = await self._listing()
+        if name in listing.keys or name in listing.prefixes:
+            raise NodeError(errno.EEXIST)
+        await store_call(dst, self.ctx.store.link, node.key, dst)
+        info = KeyInfo(node.size, node.mtime)
+        self.ctx.listing_put(dst, info)
+        self.ctx.note_write(dst, info)
+        return RawFile(self.ctx, dst, info, listing)
+
+    async def set_mtime(self, mtime: float) -> None:
+        if not self.writable:
+            raise NodeError(errno.EROFS)
+        if not self.ctx.store.implicit_dirs:
+            await store_call(self.prefix, self.ctx.store.set_mtime, self.prefix, mtime)
+
+
+class RawDirHolder(DirNode):
+    """A directory that shows a raw directory (the mount root): writes go to ``raw``."""
+
+    raw: RawDir

@@ -12,13 +12,14 @@ warms them in the background as soon as the mount answers.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Sequence
 from importlib import import_module
 from types import ModuleType
 
 from zvfs.views.context import MountContext
-from zvfs.views.node import DirNode, Node, StaticDir
-from zvfs.views.raw import RawDir
+from zvfs.views.node import DirNode, FileHandle, FileNode, Node, NodeError, StaticDir
+from zvfs.views.raw import RawDir, RawDirHolder
 from zvfs.workers import run_blocking
 
 CONTROL_NAME = ".zvfs"
@@ -55,12 +56,15 @@ class DecodedDir(DirNode):
         return await (await self._target()).children()
 
 
-class MountRoot(DirNode):
+class MountRoot(RawDirHolder):
+    """The raw root plus ``.zvfs``; writes go to the raw root, and never touch ``.zvfs``."""
+
     def __init__(self, ctx: MountContext, control: StaticDir | None) -> None:
         self.ctx = ctx
         self.raw = RawDir(ctx, "")
         self.control = control
         self.mtime = ctx.stable_time
+        self.writable = ctx.writable
         if control is not None:
             control.hidden = ctx.decoded != "visible"
 
@@ -75,6 +79,39 @@ class MountRoot(DirNode):
             entries.append((CONTROL_NAME, self.control))
             entries.sort(key=lambda e: e[0])
         return entries
+
+    def _plain(self, name: str) -> None:
+        if name == CONTROL_NAME and self.control is not None:
+            raise NodeError(errno.EPERM if self.writable else errno.EROFS)
+
+    async def create(self, name: str, mode: int, exclusive: bool) -> tuple[FileNode, FileHandle]:
+        self._plain(name)
+        return await self.raw.create(name, mode, exclusive)
+
+    async def mkdir(self, name: str) -> DirNode:
+        self._plain(name)
+        return await self.raw.mkdir(name)
+
+    async def unlink(self, name: str) -> None:
+        self._plain(name)
+        await self.raw.unlink(name)
+
+    async def rmdir(self, name: str) -> None:
+        self._plain(name)
+        await self.raw.rmdir(name)
+
+    async def rename(self, name: str, target: DirNode, new_name: str, replace: bool) -> None:
+        self._plain(name)
+        if target is self:
+            self._plain(new_name)
+        await self.raw.rename(name, target, new_name, replace)
+
+    async def link(self, node: FileNode, name: str) -> FileNode:
+        self._plain(name)
+        return await self.raw.link(node, name)
+
+    async def set_mtime(self, mtime: float) -> None:
+        await self.raw.set_mtime(mtime)
 
 
 def build_root(ctx: MountContext) -> MountRoot:

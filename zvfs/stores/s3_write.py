@@ -1,0 +1,359 @@
+"""Writing to S3: a staged file per open key, uploaded on close() or fsync().
+
+S3 has no partial writes, so a written file is staged on local disk
+(:mod:`zvfs.stores.staging`) and becomes an object at :meth:`S3Writer.commit`:
+one PUT when it is smaller than a part, else a multipart upload. A sequential
+writer's finished parts go up while it is still writing (``background_work``),
+so closing a big file waits for its last part, not for the whole file. A part
+written again after it went up is uploaded again at commit (parts carry a write
+generation). A failed upload aborts its multipart upload, keeps the staged
+file, and raises an error that names the key and where the bytes are kept.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from zvfs.stats import counters
+from zvfs.stores.base import KeyInfo, KeyWriter, StoreError, WriteRefused
+from zvfs.stores.staging import Staging
+
+if TYPE_CHECKING:
+    from zvfs.stores.s3 import S3Store
+
+log = logging.getLogger(__name__)
+
+#: S3's limits: parts of at least 5 MiB (but the last), at most 10,000 of them, and a
+#: single CopyObject of at most 5 GiB
+MIN_PART = 5 << 20
+MAX_PARTS = 10_000
+MAX_COPY = 5 << 30
+#: background parts in flight per writer
+PARTS_IN_FLIGHT = 4
+#: a link (zarr-python's create-if-absent) copies through the client, as a conditional
+#: PUT, up to this size; larger ones are a server-side copy after an existence check
+LINK_PUT_LIMIT = 64 << 20
+#: a directory rename copies key by key up to this many keys; past it, EXDEV (mv then copies)
+RENAME_DIR_LIMIT = 1000
+
+
+class S3Writer(KeyWriter):
+    """One S3 key open for writing, staged in ``staging``."""
+
+    def __init__(self, store: S3Store, key: str, staging: Staging, part_size: int,
+                 *, fresh: bool, exclusive: bool) -> None:
+        self.store = store
+        self.key = key
+        self.staging = staging
+        self.part_size = max(MIN_PART, part_size)
+        self.path, self._fd = staging.new_file(key)
+        self._size = 0
+        self._exclusive = exclusive  # a create that must not replace an object (O_EXCL)
+        self._dirty = fresh  # a new or truncated file is uploaded even if never written
+        self._lock = threading.Condition()
+        self._gen: dict[int, int] = {}  # part -> writes that touched it
+        self._done: dict[int, tuple[str, int]] = {}  # part -> (ETag, generation uploaded)
+        self._in_flight: set[int] = set()
+        self._upload_id: str | None = None
+        self._seq_end = 0  # bytes [0, _seq_end) have been written in order
+        self._committed = False
+        self._closed = False
+
+    # -- staging ----------------------------------------------------------------------------
+
+    def fetch(self, size: int) -> None:
+        """Start from the object's current bytes (an open for writing without O_TRUNC)."""
+        self.staging.grow(self.key, size)
+        self._size = size
+        pos = 0
+        while pos < size:
+            piece = self.store.get_range(self.key, pos, min(self.part_size, size - pos))
+            if not piece:
+                raise StoreError(f"{self.key}: object shrank while it was fetched for writing")
+            os.pwrite(self._fd, piece, pos)
+            pos += len(piece)
+        self._seq_end = size
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def _parts(self, start: int, end: int) -> range:
+        return range(start // self.part_size, (max(end, start + 1) - 1) // self.part_size + 1)
+
+    def write(self, offset: int, data: bytes) -> int:
+        end = offset + len(data)
+        with self._lock:
+            if end > self._size:
+                self.staging.grow(self.key, end - self._size)
+                self._size = end
+            for part in self._parts(offset, end):
+                self._gen[part] = self._gen.get(part, 0) + 1
+            if offset <= self._seq_end < end:
+                self._seq_end = end
+            self._dirty = True
+        view = memoryview(data)
+        done = 0
+        while done < len(view):
+            done += os.pwrite(self._fd, view[done:], offset + done)
+        return done
+
+    def read(self, offset: int, length: int) -> bytes:
+        length = max(0, min(length, self._size - offset))
+        out = []
+        while length > 0:
+            piece = os.pread(self._fd, length, offset)
+            if not piece:
+                break
+            out.append(piece)
+            offset += len(piece)
+            length -= len(piece)
+        return b"".join(out)
+
+    def truncate(self, size: int) -> None:
+        with self._lock:
+            self.staging.grow(self.key, size - self._size)
+            os.ftruncate(self._fd, size)
+            for part in self._parts(min(size, self._size), max(size, self._size)):
+                self._gen[part] = self._gen.get(part, 0) + 1
+                self._done.pop(part, None)
+            self._size = size
+            self._seq_end = min(self._seq_end, size)
+            self._dirty = True
+
+    # -- uploading ----------------------------------------------------------------------------
+
+    def background_work(self) -> list[Callable[[], None]]:
+        """Parts a sequential writer has finished, to upload while it writes on."""
+        with self._lock:
+            if not self._dirty or self._closed or self._seq_end < 2 * self.part_size:
+                return []  # a file under two parts is one PUT or a short upload at close
+            jobs: list[Callable[[], None]] = []
+            for part in range(self._seq_end // self.part_size):
+                if len(self._in_flight) >= PARTS_IN_FLIGHT:
+                    break
+                if part in self._in_flight or self._uploaded(part):
+                    continue
+                self._in_flight.add(part)
+                jobs.append(lambda p=part: self._upload_quietly(p))
+            return jobs
+
+    def _uploaded(self, part: int) -> bool:
+        done = self._done.get(part)
+        return done is not None and done[1] == self._gen.get(part, 0)
+
+    def _upload_quietly(self, part: int) -> None:
+        try:
+            self._upload_part(part)
+        except Exception as exc:  # noqa: BLE001 - commit uploads it again and reports
+            log.debug("%s: background upload of part %d failed: %s", self.key, part + 1, exc)
+        finally:
+            with self._lock:
+                self._in_flight.discard(part)
+                self._lock.notify_all()
+
+    def _start_upload(self) -> str:
+        with self._lock:
+            if self._upload_id is None:
+                r = self.store._request(self.key, "CreateMultipartUpload",
+                                        lambda c: c.create_multipart_upload(
+                                            Bucket=self.store.bucket, Key=self.store.prefix + self.key))
+                self._upload_id = str(r["UploadId"])
+            return self._upload_id
+
+    def _upload_part(self, part: int) -> None:
+        upload_id = self._start_upload()
+        with self._lock:
+            gen = self._gen.get(part, 0)
+            start = part * self.part_size
+            length = min(self.part_size, self._size - start)
+        data = self.read(start, length)
+        t0 = time.perf_counter()
+        r = self.store._request(self.key, "UploadPart", lambda c: c.upload_part(
+            Bucket=self.store.bucket, Key=self.store.prefix + self.key, UploadId=upload_id,
+            PartNumber=part + 1, Body=data))
+        _count_put(len(data), time.perf_counter() - t0)
+        with self._lock:
+            if self._upload_id == upload_id:
+                self._done[part] = (str(r["ETag"]), gen)
+
+    def commit(self, durable: bool = False) -> KeyInfo | None:
+        with self._lock:
+            while self._in_flight:
+                self._lock.wait()
+            if not self._dirty:
+                return None
+            size = self._size
+        try:
+            if self._upload_id is None and size < 2 * self.part_size:
+                self._put_whole(size)
+            else:
+                self._finish_upload(size)
+        except Exception as exc:
+            self._abort()
+            if isinstance(exc, WriteRefused):
+                raise
+            raise StoreError(f"{self.key}: upload failed ({exc}); the written bytes are kept "
+                             f"at {self.path}") from exc
+        with self._lock:
+            self._dirty = False
+            self._committed = True
+        return KeyInfo(size, time.time())
+
+    def _put_whole(self, size: int) -> None:
+        data = self.read(0, size)
+        kw: dict[str, Any] = {"Bucket": self.store.bucket, "Key": self.store.prefix + self.key,
+                              "Body": data}
+        if self._exclusive and not self._committed:
+            kw["IfNoneMatch"] = "*"
+        t0 = time.perf_counter()
+        try:
+            self.store._request(self.key, "PutObject", lambda c: c.put_object(**kw))
+        except StoreError as exc:
+            if "PreconditionFailed" in str(exc):
+                raise WriteRefused(errno.EEXIST, f"{self.key}: exists already") from None
+            raise
+        _count_put(size, time.perf_counter() - t0)
+
+    def _finish_upload(self, size: int) -> None:
+        parts = max(1, -(-size // self.part_size))
+        if parts > MAX_PARTS:
+            raise WriteRefused(errno.EFBIG, f"{self.key}: {size} bytes need more than {MAX_PARTS} "
+                               f"parts of {self.part_size}; raise --part-size")
+        for part in range(parts):
+            if not self._uploaded(part):
+                self._upload_part(part)
+        with self._lock:
+            upload_id = self._upload_id
+            listed = [{"PartNumber": p + 1, "ETag": self._done[p][0]} for p in range(parts)]
+        self.store._request(self.key, "CompleteMultipartUpload", lambda c: c.complete_multipart_upload(
+            Bucket=self.store.bucket, Key=self.store.prefix + self.key, UploadId=upload_id,
+            MultipartUpload={"Parts": listed}))
+        with self._lock:
+            self._upload_id = None
+            self._done.clear()
+
+    def _abort(self) -> None:
+        """Abort a multipart upload that cannot complete: never left half-done."""
+        with self._lock:
+            upload_id, self._upload_id = self._upload_id, None
+            self._done.clear()
+        if upload_id is None:
+            return
+        try:
+            self.store._request(self.key, "AbortMultipartUpload", lambda c: c.abort_multipart_upload(
+                Bucket=self.store.bucket, Key=self.store.prefix + self.key, UploadId=upload_id))
+        except StoreError as exc:
+            log.warning("%s: could not abort multipart upload %s: %s (the next writable mount "
+                        "reports it)", self.key, upload_id, exc)
+
+    def discard(self) -> None:
+        with self._lock:
+            self._dirty = False
+            self._closed = True  # no more background parts
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd < 0:
+                return
+            self._closed = True
+            while self._in_flight:
+                self._lock.wait()
+            keep = self._dirty
+            fd, self._fd = self._fd, -1
+        os.close(fd)
+        self.staging.grow(self.key, -self._size)
+        if keep:
+            self._abort()
+            log.error("%s: written bytes that were never uploaded are kept at %s", self.key, self.path)
+        else:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
+
+def _count_put(nbytes: int, seconds: float) -> None:
+    counters.add("store_requests")
+    counters.add("store_requests_put")
+    counters.add("store_bytes_put", nbytes)
+    counters.observe("store_seconds_put", seconds)
+
+
+# -- the store's other write operations ---------------------------------------------------------
+
+
+def copy_key(store: S3Store, src: str, dst: str, size: int) -> None:
+    """Server-side copy of ``src`` to ``dst`` (multipart beyond S3's 5 GiB copy limit)."""
+    bucket, full_src, full_dst = store.bucket, store.prefix + src, store.prefix + dst
+    source = {"Bucket": bucket, "Key": full_src}
+    if size <= MAX_COPY:
+        store._request(src, "CopyObject", lambda c: c.copy_object(
+            Bucket=bucket, Key=full_dst, CopySource=source))
+        return
+    r = store._request(dst, "CreateMultipartUpload",
+                       lambda c: c.create_multipart_upload(Bucket=bucket, Key=full_dst))
+    upload_id = r["UploadId"]
+    step = 1 << 30
+    try:
+        parts = []
+        for n, start in enumerate(range(0, size, step), 1):
+            span = f"bytes={start}-{min(size, start + step) - 1}"
+            part = store._request(src, "UploadPartCopy", lambda c, n=n, span=span: c.upload_part_copy(
+                Bucket=bucket, Key=full_dst, UploadId=upload_id, PartNumber=n,
+                CopySource=source, CopySourceRange=span))
+            parts.append({"PartNumber": n, "ETag": part["CopyPartResult"]["ETag"]})
+        store._request(dst, "CompleteMultipartUpload", lambda c: c.complete_multipart_upload(
+            Bucket=bucket, Key=full_dst, UploadId=upload_id, MultipartUpload={"Parts": parts}))
+    except BaseException:
+        store._request(dst, "AbortMultipartUpload", lambda c: c.abort_multipart_upload(
+            Bucket=bucket, Key=full_dst, UploadId=upload_id))
+        raise
+
+
+def link_key(store: S3Store, src: str, dst: str) -> None:
+    """``dst`` gets ``src``'s bytes unless it exists (EEXIST): zarr-python's create-if-absent.
+
+    Small objects go through a conditional PUT (If-None-Match: *), so two writers cannot
+    both create ``dst``; servers that refuse the condition get a plain PUT after the check.
+    """
+    if store.exists(dst):
+        raise WriteRefused(errno.EEXIST, f"{dst}: exists already")
+    info = store.info(src)
+    if info.size > LINK_PUT_LIMIT:
+        copy_key(store, src, dst, info.size)
+        return
+    data = store.get(src)
+    full = store.prefix + dst
+    try:
+        store._request(dst, "PutObject", lambda c: c.put_object(
+            Bucket=store.bucket, Key=full, Body=data, IfNoneMatch="*"))
+    except StoreError as exc:
+        text = str(exc)
+        if "PreconditionFailed" in text or "412" in text:
+            raise WriteRefused(errno.EEXIST, f"{dst}: exists already") from None
+        if "NotImplemented" not in text and "501" not in text:
+            raise
+        store._request(dst, "PutObject", lambda c: c.put_object(Bucket=store.bucket, Key=full, Body=data))
+    _count_put(len(data), 0.0)
+
+
+def rename_prefix(store: S3Store, src: str, dst: str) -> None:
+    """Move every key below ``src`` to ``dst``, key by key (not atomic), up to RENAME_DIR_LIMIT."""
+    keys = []
+    for key, info in store.list_tree(src):
+        keys.append((key, info))
+        if len(keys) > RENAME_DIR_LIMIT:
+            raise WriteRefused(errno.EXDEV, f"{src}: more than {RENAME_DIR_LIMIT} keys to rename on S3; "
+                               "copy and delete them instead (mv does so by itself)")
+    for key, info in keys:
+        if key.endswith("/"):
+            continue
+        copy_key(store, key, dst + key[len(src):], info.size)
+        store.delete(key)

@@ -1,0 +1,84 @@
+"""Writes through the raw tree of a writable mount (the store spec's set and delete).
+
+A :class:`WriteHandle` is one open of a key for writing: it wraps the store's
+:class:`~zvfs.stores.base.KeyWriter` (a directory file written in place, or an
+S3 object staged on local disk) and makes every blocking call one worker hop.
+What a write changes is announced once it is stored (close, fsync, unlink,
+rename...) through :meth:`MountContext.note_write`: the cached listings show it,
+and every cache derived from the key (raw blocks, decoded chunks, the decoded
+hierarchy, the kernel's pages of the decoded files) lets go of the old bytes.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable
+from typing import TypeVar
+
+from zvfs.stores.base import KeyNotFound, KeyWriter, StoreError, WriteRefused
+from zvfs.views.context import MountContext
+from zvfs.views.node import FileHandle, NodeError
+from zvfs.workers import run_blocking
+
+T = TypeVar("T")
+
+
+async def store_call(what: str, fn: Callable[..., T], *args: object, **kw: object) -> T:
+    """One blocking store call in a worker; its failure as the errno the application sees."""
+    try:
+        return await run_blocking(lambda: fn(*args, **kw))
+    except WriteRefused as exc:
+        raise NodeError(exc.errno, str(exc)) from exc
+    except KeyNotFound as exc:
+        raise NodeError(errno.ENOENT, f"{what}: {exc}") from exc
+    except StoreError as exc:  # its message names the key; key=None: every failure is logged
+        raise NodeError(errno.EIO, str(exc)) from exc
+
+
+class WriteHandle(FileHandle):
+    """One open of ``key`` for writing, over the store's writer."""
+
+    def __init__(self, ctx: MountContext, key: str, writer: KeyWriter) -> None:
+        self.ctx = ctx
+        self.key = key
+        self.writer = writer
+        self._unlinked = False
+        ctx.writers.setdefault(key, []).append(self)
+
+    def unlinked(self) -> None:
+        """The key was unlinked while open: writes go on (POSIX), but are not stored."""
+        self._unlinked = True
+        self.writer.discard()
+
+    @property
+    def size(self) -> int:
+        return self.writer.size
+
+    async def read(self, offset: int, length: int) -> bytes:
+        return await store_call(self.key, self.writer.read, offset, length)
+
+    async def write(self, offset: int, data: bytes) -> int:
+        n = await store_call(self.key, self.writer.write, offset, data)
+        self.ctx.counters.add("fuse_write_bytes", n)
+        for job in self.writer.background_work():  # an S3 writer's finished parts
+            self.ctx.background(run_blocking, job)
+        return n
+
+    async def truncate(self, size: int) -> None:
+        await store_call(self.key, self.writer.truncate, size)
+
+    async def flush(self, durable: bool = False) -> None:
+        if self._unlinked:
+            return
+        info = await store_call(self.key, self.writer.commit, durable)
+        if info is not None:
+            self.ctx.listing_put(self.key, info)
+            self.ctx.note_write(self.key, info)
+
+    async def release(self) -> None:
+        handles = self.ctx.writers.get(self.key, [])
+        if self in handles:
+            handles.remove(self)
+        if not handles:
+            self.ctx.writers.pop(self.key, None)
+        await store_call(self.key, self.writer.close)
