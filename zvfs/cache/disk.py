@@ -140,6 +140,10 @@ class DiskCachedStore(WrappedStore):
         return self._cached(key, self._name(key, start, length),
                             lambda: self.inner.get_range(key, start, length))
 
+    def get_version(self, key: str, start: int, length: int | None, version: str | None) -> bytes:
+        name = self._name(key) if length is None else self._name(key, start, length)
+        return self._cached(key, name, lambda: self.inner.get_version(key, start, length, version))
+
     def _forget(self, key: str) -> None:
         """Drop what is cached of ``key``: it is being written through the mount. (A
         persistent cache is only for stores that never change, so nothing of an earlier

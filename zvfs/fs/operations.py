@@ -268,6 +268,7 @@ class ZvfsOperations(pyfuse3.Operations):
         else:
             node.opened()
             keep = self._keep_pages(inode, node)
+            node = node.reader()
         fh = next(self._next_fh)
         self._files[fh] = _Open(inode, node, handle)
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep, direct_io=node.direct_io)

@@ -45,12 +45,18 @@ class SourceUnavailable(SourceError):
     unlike a plain SourceError it is not a configuration mistake, so a service may retry."""
 
 
+class Stale(StoreError):
+    """The key no longer holds the version a read was pinned to (replaced while open)."""
+
+
 @dataclass(frozen=True, slots=True)
 class KeyInfo:
-    """Size and modification time of one key; mtime is seconds since the epoch."""
+    """Size and modification time of one key; mtime is seconds since the epoch.
+    ``version`` names the content where the store has such a name (S3's ETag)."""
 
     size: int
     mtime: float
+    version: str | None = None
 
 
 @dataclass(slots=True)
@@ -161,6 +167,14 @@ class Store(ABC):
     def get_range(self, key: str, start: int, length: int) -> bytes:
         """``length`` bytes of ``key`` from ``start`` (fewer at the end); raises KeyNotFound."""
 
+    def get_version(self, key: str, start: int, length: int | None, version: str | None) -> bytes:
+        """Bytes of ``key`` from ``start`` (``length`` of them, or to the end), only from
+        the content ``version`` names (KeyInfo.version): Stale if the key was replaced
+        since. Stores without versions read what is there."""
+        if length is None:
+            return self.get(key)[start:]
+        return self.get_range(key, start, length)
+
     @abstractmethod
     def info(self, key: str) -> KeyInfo:
         """Size and mtime of ``key``; raises KeyNotFound."""
@@ -251,6 +265,9 @@ class WrappedStore(Store):
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
         return self.inner.get_range(key, start, length)
+
+    def get_version(self, key: str, start: int, length: int | None, version: str | None) -> bytes:
+        return self.inner.get_version(key, start, length, version)
 
     def info(self, key: str) -> KeyInfo:
         return self.inner.info(key)

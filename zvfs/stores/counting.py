@@ -45,6 +45,11 @@ class CountingStore(WrappedStore):
         with self._timed("get_range"):
             return self._got("get_range", self.inner.get_range(key, start, length))
 
+    def get_version(self, key: str, start: int, length: int | None, version: str | None) -> bytes:
+        op = "get" if length is None else "get_range"
+        with self._timed(op):
+            return self._got(op, self.inner.get_version(key, start, length, version))
+
     def info(self, key: str) -> KeyInfo:
         with self._timed("info"):
             return self.inner.info(key)

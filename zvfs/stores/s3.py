@@ -38,6 +38,7 @@ from zvfs.stores.base import (
     KeyWriter,
     Listing,
     SourceError,
+    Stale,
     Store,
     StoreError,
     WriteRefused,
@@ -100,6 +101,11 @@ def fault_kind(exc: BaseException) -> str:
     if isinstance(exc, OSError):  # urllib3's protocol errors are OSErrors too
         return "reset"
     return "other"
+
+
+def _info(obj: dict[str, Any]) -> KeyInfo:
+    """A listed object's info; its ETag names the content (pinned reads use it)."""
+    return KeyInfo(int(obj["Size"]), obj["LastModified"].timestamp(), obj.get("ETag"))
 
 
 def _code(e: bce.ClientError) -> str:
@@ -291,10 +297,16 @@ class S3Store(Store):
             return b""
         return self._get(key, start, length)
 
+    def get_version(self, key: str, start: int, length: int | None, version: str | None) -> bytes:
+        check_key(key)
+        if length == 0:
+            return b""
+        return self._get(key, start, length, pin=version)
+
     def info(self, key: str) -> KeyInfo:
         check_key(key)
         r = self._request(key, "HeadObject", lambda c: c.head_object(Bucket=self.bucket, Key=self.prefix + key))
-        return KeyInfo(int(r["ContentLength"]), r["LastModified"].timestamp())
+        return KeyInfo(int(r["ContentLength"]), r["LastModified"].timestamp(), r.get("ETag"))
 
     def list_dir(self, prefix: str) -> Listing:
         check_prefix(prefix)
@@ -304,7 +316,7 @@ class S3Store(Store):
             for obj in page.get("Contents", ()):
                 name = obj["Key"][len(full):]
                 if safe_name(name):
-                    listing.keys[name] = KeyInfo(int(obj["Size"]), obj["LastModified"].timestamp())
+                    listing.keys[name] = _info(obj)
                 elif name:  # '' is a folder marker object ("dir/"): normal, not worth a line
                     self._skip(prefix + name)
             for cp in page.get("CommonPrefixes", ()):
@@ -338,7 +350,7 @@ class S3Store(Store):
         skip = len(self.prefix)
         for page in self._pages(prefix, Prefix=self.prefix + prefix):
             for obj in page.get("Contents", ()):
-                yield obj["Key"][skip:], KeyInfo(int(obj["Size"]), obj["LastModified"].timestamp())
+                yield obj["Key"][skip:], _info(obj)
 
     def close(self) -> None:
         self._client.close()
@@ -481,7 +493,7 @@ class S3Store(Store):
                     raise self._failure(key, op, exc, kind, tries) from None
                 counters.add("store_retries")
 
-    def _get(self, key: str, start: int, length: int | None) -> bytes:
+    def _get(self, key: str, start: int, length: int | None, pin: str | None = None) -> bytes:
         """Bytes [start, start+length) of ``key`` (to the end when length is None).
 
         A body that breaks off is resumed where it stopped, pinned to the first
@@ -490,7 +502,7 @@ class S3Store(Store):
         """
         parts: list[bytes] = []
         got = 0
-        etag: str | None = None
+        etag: str | None = pin
         tries = Attempts(self.retry)
         refreshed = False
         while True:
@@ -500,7 +512,7 @@ class S3Store(Store):
                 kw["Range"] = f"bytes={pos}-{start + length - 1}"
             elif pos:
                 kw["Range"] = f"bytes={pos}-"
-            if etag and got:
+            if etag and (got or pin):
                 kw["IfMatch"] = etag
             if "Range" not in kw:
                 kw["ChecksumMode"] = "ENABLED"  # S3 sends its CRC with a whole object only
@@ -531,6 +543,8 @@ class S3Store(Store):
                     code = _code(exc)
                     if code == "InvalidRange" and (length is not None or got):
                         return b"".join(parts)  # at or past the end: fewer bytes, like pread
+                    if (code == "PreconditionFailed" or _status(exc) == 412) and pin:
+                        raise Stale(f"{key}: replaced since it was opened; open it again") from None
                     if code == "PreconditionFailed" or _status(exc) == 412:
                         # the object changed between two pieces: start over on the new version
                         log.info("%s: object changed while it was read; reading it again", key)
@@ -539,7 +553,7 @@ class S3Store(Store):
                             continue
                 kind = self._count(exc)
                 if kind == "checksum":
-                    parts, got, etag = [], 0, None
+                    parts, got, etag = [], 0, pin
                 if kind == "expired" and not refreshed:
                     refreshed = True
                     self._refresh_client(client)

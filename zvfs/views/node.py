@@ -112,6 +112,11 @@ class FileNode(Node):
         """Called at each open: a live file snapshots its content here, so the size a
         ``stat`` reports is the size of the bytes the reader gets."""
 
+    def reader(self) -> FileNode:
+        """What one open for reading reads: this node, or a copy pinned to the content it
+        holds now (so a reader never gets a mix of two versions of a replaced file)."""
+        return self
+
     async def open_write(self, truncate: bool) -> FileHandle:
         """Open for writing (the fs layer calls it for opens with write flags)."""
         raise read_only()

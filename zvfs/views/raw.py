@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 
 from zvfs.cache.tree import build_tree_index
-from zvfs.stores.base import KeyInfo, KeyNotFound, Listing, StoreError
+from zvfs.stores.base import KeyInfo, KeyNotFound, Listing, Stale, StoreError
 from zvfs.stores.keys import bad_segment
 from zvfs.views.context import MountContext
 from zvfs.views.node import DirNode, FileHandle, FileNode, Node, NodeError
@@ -37,12 +37,15 @@ class RawFile(FileNode):
     of it, so latency is paid once per window instead of once per read.
     """
 
-    def __init__(self, ctx: MountContext, key: str, info: KeyInfo, listing: Listing | None = None) -> None:
+    def __init__(self, ctx: MountContext, key: str, info: KeyInfo, listing: Listing | None = None,
+                 *, pinned: bool = False) -> None:
         self.ctx = ctx
         self.key = key
         self.listing = listing  # the parent's listing, for walking siblings ahead
         self._size = info.size
         self._mtime = info.mtime
+        self._version = info.version  # S3's ETag: reads are pinned to it
+        self._pinned = pinned
         self._epoch = ctx.epoch(key)
         self.immutable = ctx.immutable
         self.writable = ctx.writable
@@ -53,12 +56,26 @@ class RawFile(FileNode):
 
     def _refresh(self) -> None:
         """Pick up a write through the mount since this node was made (or last refreshed)."""
+        if self._pinned:
+            return
         epoch = self.ctx.epoch(self.key)
         if epoch != self._epoch:
             self._epoch = epoch
             info = self.ctx.written(self.key)
             if info is not None:
-                self._size, self._mtime = info.size, info.mtime
+                self._size, self._mtime, self._version = info.size, info.mtime, info.version
+
+    def reader(self) -> FileNode:
+        """An open reads the version there is now: its blocks are fetched only from that
+        version (S3's If-Match) and cached under its epoch, so a file replaced while it is
+        read gives the old bytes from the cache or ESTALE, never a mix of both."""
+        self._refresh()
+        if self._version is None or self.ctx.writers.get(self.key):
+            return self
+        info = KeyInfo(self._size, self._mtime, self._version)
+        pinned = RawFile(self.ctx, self.key, info, self.listing, pinned=True)
+        pinned._epoch = self._epoch
+        return pinned
 
     @property
     def size(self) -> int:
@@ -108,14 +125,15 @@ class RawFile(FileNode):
 
     async def _get_range(self, start: int, length: int) -> bytes:
         store = self.ctx.store
+        # the whole object in one block: a plain get, which S3 checks against its CRC
+        whole = bool(store.block_size) and start == 0 and length >= self._size
         try:
-            if store.block_size and start == 0 and length >= self._size:
-                # the whole object in one block: a plain get, which S3 checks against its CRC
-                data = await run_blocking(store.get, self.key)
-            else:
-                data = await run_blocking(store.get_range, self.key, start, length)
+            data = await run_blocking(store.get_version, self.key, start, None if whole else length,
+                                      self._version)
         except KeyNotFound as exc:
             raise NodeError(errno.ENOENT, f"{self.key}: vanished from the store") from exc
+        except Stale as exc:
+            raise NodeError(errno.ESTALE, str(exc)) from exc
         except StoreError as exc:
             raise NodeError(errno.EIO, str(exc), key=self.key) from exc  # store errors name the key
         # a whole-object get of an object that grew since it was listed: what a range gives
