@@ -25,7 +25,8 @@ SCAN_LIMIT = 10_000
 
 @dataclass
 class MetadataScan:
-    """``found``: a metadata key was seen (None: the store is too big to say so within the bound).
+    """``found``: a metadata key was seen (None: the store is empty, or too big to say so within
+    the bound).
     ``mtimes``: node path ('' for the root) -> newest mtime of its metadata and attribute keys."""
 
     found: bool | None = False
@@ -45,6 +46,6 @@ def scan_metadata(store: Store, limit: int = SCAN_LIMIT) -> MetadataScan:
         if name in DESCRIBING_NAMES:
             out.found = out.found or name in METADATA_NAMES
             out.mtimes[parent] = max(out.mtimes.get(parent, info.mtime), info.mtime)
-    if not out.found and seen >= limit:
-        out.found = None
+    if not out.found and (seen >= limit or seen == 0):
+        out.found = None  # too big to say, or empty (nothing to warn about: writes may fill it)
     return out
