@@ -1,0 +1,169 @@
+"""The write path's parts, below FUSE: the epochs that invalidate derived caches,
+the S3 writer's part bookkeeping and failures (against moto), and the directory
+store's escape rules for writes. The real-mount behaviour is in test_writes.py."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import uuid
+
+import pytest
+from conftest import s3_client
+
+from zvfs.stores.base import StoreError, WriteRefused
+from zvfs.stores.directory import DirectoryStore
+from zvfs.stores.retry import RetryPolicy
+from zvfs.stores.s3 import S3Store
+from zvfs.stores.staging import Staging
+from zvfs.views.context import MountContext
+
+MiB = 1 << 20
+
+
+# -- epochs ------------------------------------------------------------------------------
+
+
+def test_note_write_changes_the_epoch_of_the_key_and_every_directory_above(tmp_path):
+    ctx = MountContext(store=DirectoryStore(tmp_path))
+    before = {p: ctx.epoch(p) for p in ("", "a", "a/b", "a/b/c/0", "x")}
+    ctx.note_write("a/b/c/0")
+    after = {p: ctx.epoch(p) for p in before}
+    assert after["x"] == before["x"]
+    assert all(after[p] != before[p] for p in ("", "a", "a/b", "a/b/c/0"))
+
+
+def test_epochs_stay_bounded_and_a_forgotten_path_never_meets_an_old_serial(tmp_path):
+    ctx = MountContext(store=DirectoryStore(tmp_path))
+    ctx.EPOCH_ENTRIES = 50  # type: ignore[misc]
+    ctx.note_write("old/key")
+    seen = ctx.epoch("old/key")
+    for i in range(200):
+        ctx.note_write(f"k{i}")
+    assert len(ctx._epochs) <= 50
+    # "old/key" was forgotten: its epoch is now the floor, which is not what a cache
+    # entry made under its old serial carries
+    assert ctx.epoch("old/key") != seen
+    assert ctx.epoch("never/written") == ctx.epoch("old/key")
+
+
+# -- the S3 writer -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def s3(moto, tmp_path, monkeypatch):
+    for k, v in moto.env.items():
+        monkeypatch.setenv(k, v)
+    bucket = "wc-" + uuid.uuid4().hex[:12]
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket=bucket)
+    store = S3Store(bucket, "pre", endpoint_url=moto.endpoint, allow_empty=True,
+                    retry=RetryPolicy(attempts=2, timeout=5, deadline=10))
+    staging = Staging(str(tmp_path), max_bytes=64 * MiB, min_free=0)
+    store.enable_writes(staging, part_size=5 * MiB, rewrite_max=32 * MiB)
+    yield store, client, bucket, staging
+    store.close()
+
+
+def _object(client, bucket: str, key: str) -> bytes:
+    return client.get_object(Bucket=bucket, Key="pre/" + key)["Body"].read()
+
+
+def test_a_sequential_writer_uploads_parts_while_writing_and_a_rewritten_part_goes_up_again(s3):
+    store, client, bucket, _ = s3
+    data = bytearray(os.urandom(17 * MiB))
+    w = store.open_writer("big", truncate=True, create=True)
+    for off in range(0, len(data), MiB):
+        w.write(off, bytes(data[off:off + MiB]))
+        for job in w.background_work():
+            job()
+    uploaded = dict(w._done)
+    assert set(uploaded) >= {0, 1, 2}, "finished parts went up before close"
+    data[10:20] = b"X" * 10  # into part 0, which is already uploaded
+    w.write(10, b"X" * 10)
+    w.commit()
+    w.close()
+    assert hashlib.sha256(_object(client, bucket, "big")).digest() == hashlib.sha256(data).digest()
+    assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads")
+
+
+def test_opening_without_truncate_fetches_the_object_and_appends(s3):
+    store, client, bucket, _ = s3
+    client.put_object(Bucket=bucket, Key="pre/k", Body=b"hello")
+    w = store.open_writer("k", truncate=False, create=False)
+    assert w.read(0, 100) == b"hello"
+    w.write(w.size, b" world")
+    w.commit()
+    w.close()
+    assert _object(client, bucket, "k") == b"hello world"
+
+
+def test_an_object_over_rewrite_max_size_is_refused_with_efbig(s3):
+    store, client, bucket, _ = s3
+    client.put_object(Bucket=bucket, Key="pre/huge", Body=b"\0" * (33 * MiB))
+    with pytest.raises(WriteRefused) as err:
+        store.open_writer("huge", truncate=False, create=False)
+    assert err.value.errno == errno.EFBIG
+    store.open_writer("huge", truncate=True, create=False).close()  # replacing it is fine
+
+
+def test_staging_full_is_enospc_and_frees_what_it_held(s3):
+    store, _, _, staging = s3
+    w = store.open_writer("a", truncate=True, create=True)
+    with pytest.raises(WriteRefused) as err:
+        w.write(0, b"\0" * (65 * MiB))
+    assert err.value.errno == errno.ENOSPC
+    w.write(0, b"ok")
+    w.commit()
+    w.close()
+    assert staging.used == 0
+
+
+def test_a_failed_upload_keeps_the_bytes_and_names_where(s3):
+    store, client, bucket, _ = s3
+    w = store.open_writer("lost", truncate=True, create=True)
+    w.write(0, b"precious")
+    client.delete_bucket(Bucket=bucket)
+    with pytest.raises(StoreError) as err:
+        w.commit()
+    assert "lost" in str(err.value) and w.path in str(err.value)
+    w.close()
+    with open(w.path, "rb") as f:
+        assert f.read() == b"precious"
+    os.unlink(w.path)
+
+
+def test_exclusive_create_and_link_refuse_an_existing_key(s3):
+    store, client, bucket, _ = s3
+    client.put_object(Bucket=bucket, Key="pre/there", Body=b"1")
+    with pytest.raises(WriteRefused) as err:
+        store.open_writer("there", truncate=True, create=True, exclusive=True)
+    assert err.value.errno == errno.EEXIST
+    client.put_object(Bucket=bucket, Key="pre/src", Body=b"2")
+    with pytest.raises(WriteRefused) as err:
+        store.link("src", "there")
+    assert err.value.errno == errno.EEXIST
+    store.link("src", "new")
+    assert _object(client, bucket, "new") == b"2"
+
+
+# -- the directory store ---------------------------------------------------------------------
+
+
+def test_directory_writes_never_leave_the_store(tmp_path):
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (root / "out").symlink_to(outside)  # a directory link inside the store
+    (root / "f").symlink_to(outside / "target")
+    store = DirectoryStore(root)
+    for call in (lambda: store.open_writer("out/x", truncate=True, create=True),
+                 lambda: store.make_dir("out/d/"),
+                 lambda: store.rename("out/x", "y")):
+        with pytest.raises(WriteRefused):
+            call()
+    with pytest.raises(WriteRefused) as err:  # no write through a file link either
+        store.open_writer("f", truncate=True, create=True)
+    assert err.value.errno == errno.EPERM
+    assert list(outside.iterdir()) == []
