@@ -1,0 +1,1090 @@
+"""Writes through the mount (issue 9), on real FUSE mounts of a directory store and of
+S3 (moto on 127.0.0.1), checked against the backing directory or the bucket itself.
+
+Writes are opt-in (``--writable`` / ``-o writable``); ``rw`` and ``defaults`` do not
+switch them on, and a zip source refuses them. A directory store passes POSIX writes
+through; an S3 store stages each written file and uploads it at close() or fsync()
+(multipart past two parts). Everything derived from a written key (listings, raw
+files, ``.zvfs`` views) follows at once, with the metadata TTL at its default of 60 s.
+
+Every check reads the truth from outside the mount: the directory with ``os``, the
+bucket with boto3, arrays with zarr-python reading the store directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import stat
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import (
+    Mounted,
+    Mounter,
+    daemon_pids,
+    is_mounted,
+    put_many,
+    run,
+    s3_client,
+    tool,
+    wait_until,
+)
+
+TTL = ["--metadata-ttl", "60"]  # the default, explicitly: coherence must not come from the TTL
+MiB = 1 << 20
+
+
+# --------------------------------------------------------------------------- the backing store
+
+
+@dataclass
+class Store:
+    """The store behind a mount: a directory, or a prefix of a fresh moto bucket.
+
+    ``put`` seeds it from outside the mount (before mounting); ``get``/``objects`` read
+    what really landed in it.
+    """
+
+    kind: str  # "dir" or "s3"
+    root: Path | None = None
+    bucket: str = ""
+    prefix: str = ""  # S3 key prefix, ending in '/'
+    endpoint: str = ""
+    env: dict | None = None
+    client: Any = None
+    mounts: list[Mounted] = field(default_factory=list)
+
+    @property
+    def source(self) -> str:
+        if self.kind == "dir":
+            return str(self.root)
+        return f"s3://{self.bucket}/{self.prefix.rstrip('/')}"
+
+    def mount(self, mounter: Mounter, *extra: str, writable: bool = True,
+              endpoint: str | None = None, check: bool = True) -> Mounted:
+        args: list[str] = [*TTL]
+        if self.kind == "s3":
+            args += ["--endpoint-url", endpoint or self.endpoint, "--allow-empty"]
+        if writable:
+            args.append("--writable")
+        m = mounter(self.source, *args, *extra, env=self.env, check=check)
+        self.mounts.append(m)
+        return m
+
+    # -- the truth, from outside the mount --------------------------------------------------
+
+    def put(self, key: str, data: bytes) -> None:
+        if self.kind == "dir":
+            p = self.root / key
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(data)
+        else:
+            self.client.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=data)
+
+    def put_tree(self, src: Path) -> None:
+        for dirpath, _dirs, files in os.walk(src):
+            for f in files:
+                p = Path(dirpath) / f
+                self.put(p.relative_to(src).as_posix(), p.read_bytes())
+
+    def get(self, key: str) -> bytes | None:
+        if self.kind == "dir":
+            p = self.root / key
+            return p.read_bytes() if p.is_file() else None
+        from botocore.exceptions import ClientError
+
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self.prefix + key)["Body"].read()
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] in ("NoSuchKey", "404"):
+                return None
+            raise
+
+    def keys(self) -> dict[str, int]:
+        """Every key of the store and its size. On S3 nothing may lie outside the prefix."""
+        if self.kind == "dir":
+            out = {}
+            for dirpath, _dirs, files in os.walk(self.root):
+                for f in files:
+                    p = Path(dirpath) / f
+                    out[p.relative_to(self.root).as_posix()] = os.lstat(p).st_size
+            return out
+        out = {}
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket):
+            for obj in page.get("Contents", []):
+                key = obj["Key"]
+                assert key.startswith(self.prefix), f"object {key!r} written outside {self.prefix!r}"
+                out[key[len(self.prefix):]] = obj["Size"]
+        return out
+
+    def objects(self) -> dict[str, bytes]:
+        return {k: self.get(k) for k in self.keys()}
+
+    def download(self, dest: Path, under: str = "") -> Path:
+        """A local directory copy of the store's keys below ``under`` (for zarr to read)."""
+        if self.kind == "dir":
+            return self.root
+        for key in self.keys():
+            if key.startswith(under):
+                p = dest / key
+                p.parent.mkdir(parents=True, exist_ok=True)
+                p.write_bytes(self.get(key))
+        return dest
+
+    def uploads(self) -> list[dict]:
+        """Unfinished multipart uploads below the prefix."""
+        r = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=self.prefix)
+        return list(r.get("Uploads", []))
+
+    def drop(self) -> None:
+        """Forget an S3 bucket (moto keeps objects in memory)."""
+        if self.kind != "s3":
+            return
+        with contextlib.suppress(Exception):
+            for up in self.client.list_multipart_uploads(Bucket=self.bucket).get("Uploads", []):
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=up["Key"],
+                                                   UploadId=up["UploadId"])
+        with contextlib.suppress(Exception):
+            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket)
+            for page in pages:
+                objs = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+                if objs:
+                    self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": objs})
+            self.client.delete_bucket(Bucket=self.bucket)
+
+
+def new_store(kind: str, request, tmp_path: Path) -> Store:
+    if kind == "dir":
+        root = tmp_path / "outer" / "store"
+        root.mkdir(parents=True)
+        return Store(kind="dir", root=root)
+    moto = request.getfixturevalue("moto")
+    env = request.getfixturevalue("s3_env")
+    client = s3_client(moto.endpoint)
+    bucket = f"w-{uuid.uuid4().hex[:16]}"
+    client.create_bucket(Bucket=bucket)
+    s = Store(kind="s3", bucket=bucket, prefix="root/", endpoint=moto.endpoint, env=env,
+              client=client)
+    request.addfinalizer(s.drop)
+    return s
+
+
+@pytest.fixture(params=["dir", "s3"])
+def store(request, tmp_path) -> Store:
+    return new_store(request.param, request, tmp_path)
+
+
+@pytest.fixture
+def s3store(request, tmp_path) -> Store:
+    return new_store("s3", request, tmp_path)
+
+
+@pytest.fixture
+def dirstore(request, tmp_path) -> Store:
+    return new_store("dir", request, tmp_path)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def fails(code: int, fn: Callable, *args, **kw) -> OSError:
+    with pytest.raises(OSError) as ei:
+        fn(*args, **kw)
+    assert ei.value.errno == code, (
+        f"{getattr(fn, '__name__', fn)}{args}: wanted {errno.errorcode[code]}, got {ei.value!r}")
+    return ei.value
+
+
+def write_file(path: Path, data: bytes, mode: str = "wb", piece: int = MiB) -> None:
+    with open(path, mode) as f:
+        for i in range(0, len(data), piece):
+            f.write(data[i:i + piece])
+
+
+def rand(n: int, seed: int) -> bytes:
+    return np.random.default_rng(seed).bytes(n)
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def assert_key(s: Store, m: Mounted, key: str, want: bytes | None) -> None:
+    """The key holds ``want`` (None: absent) in the store and in the mount."""
+    got = s.get(key)
+    if want is None:
+        assert got is None, f"{key} still in the {s.kind} store"
+        assert not (m.path / key).exists(), f"{key} still visible in the mount"
+        assert key.rsplit("/", 1)[-1] not in os.listdir((m.path / key).parent)
+        return
+    assert got is not None, f"{key} is not in the {s.kind} store"
+    assert len(got) == len(want) and got == want, f"{key}: store holds {len(got)} bytes, wanted {len(want)}"
+    assert os.stat(m.path / key).st_size == len(want), key
+    assert (m.path / key).read_bytes() == want, key
+
+
+def erofs_everywhere(mnt: Path, existing: Path) -> None:
+    """Every kind of write fails with EROFS and changes nothing."""
+    before = existing.read_bytes()
+    fails(errno.EROFS, lambda: open(mnt / "new-file", "wb"))
+    fails(errno.EROFS, lambda: open(existing, "wb"))
+    fails(errno.EROFS, lambda: open(existing, "ab"))
+    fails(errno.EROFS, lambda: open(existing, "r+b"))
+    fails(errno.EROFS, os.mkdir, mnt / "newdir")
+    fails(errno.EROFS, os.unlink, existing)
+    fails(errno.EROFS, os.rename, existing, mnt / "renamed")
+    fails(errno.EROFS, os.link, existing, mnt / "linked")
+    fails(errno.EROFS, os.truncate, existing, 0)
+    fails(errno.EROFS, os.utime, existing, (0, 0))
+    fails(errno.EROFS, os.symlink, "x", mnt / "symlink")
+    res = run(["sh", "-c", f"echo hello >> '{existing}'"])
+    assert res.returncode != 0 and "Read-only file system" in res.stderr, res.stderr
+    assert existing.read_bytes() == before
+    assert not (mnt / "new-file").exists() and not (mnt / "newdir").exists()
+
+
+# =========================================================================== opt-in
+
+
+def test_writes_are_off_without_the_option(store: Store, mount) -> None:
+    """`-o rw,defaults` (an fstab line) is still a read-only mount: EROFS, store untouched."""
+    store.put("zarr.json", b'{"zarr_format": 3, "node_type": "group"}')
+    store.put("data/file.bin", b"original bytes")
+    m = store.mount(mount, "-o", "rw,defaults", writable=False)
+    erofs_everywhere(m.path, m.path / "data" / "file.bin")
+    assert store.objects() == {"zarr.json": b'{"zarr_format": 3, "node_type": "group"}',
+                               "data/file.bin": b"original bytes"}
+
+
+def test_writable_o_key_switches_writes_on(store: Store, mount) -> None:
+    """`-o writable` (the -o key) works as well as the flag."""
+    m = store.mount(mount, "-o", "rw,writable", writable=False)
+    (m.path / "hello.txt").write_bytes(b"hello\n")
+    assert_key(store, m, "hello.txt", b"hello\n")
+
+
+def test_zip_stays_read_only(zarr_zip_cmd, mount) -> None:
+    """A zip mount refuses writes (EROFS); asking for writes on one is a one-line error, exit 78."""
+    for args in (["--writable"], ["-o", "writable"]):
+        m = mount(zarr_zip_cmd, *args, check=False)
+        assert m.result.returncode == 78, (args, m.result.returncode, m.result.stderr)
+        lines = m.result.stderr.strip().splitlines()
+        assert len(lines) == 1, m.result.stderr
+        text = lines[0].lower()
+        assert "zip" in text and ("read-only" in text or "read only" in text), lines[0]
+        assert not is_mounted(m.path)
+    m = mount(zarr_zip_cmd)
+    erofs_everywhere(m.path, m.path / "notes with spaces.txt")
+
+
+# =========================================================================== both stores: POSIX
+
+
+def test_create_random_writes_and_fsync(store: Store, mount) -> None:
+    """A new file with writes at random offsets (a hole stays zeros); fsync makes it durable."""
+    m = store.mount(mount)
+    p = m.path / "made" / "random.bin"
+    os.mkdir(m.path / "made")
+    want = bytearray(3 * MiB + 17)
+    fd = os.open(p, os.O_CREAT | os.O_RDWR | os.O_EXCL, 0o644)
+    try:
+        rng = np.random.default_rng(3)
+        for off, n in ((2 * MiB, 1 * MiB + 17), (0, 1000), (MiB - 5, 10), (500, 4096)):
+            piece = rng.bytes(n)
+            assert os.pwrite(fd, piece, off) == n
+            want[off:off + n] = piece
+        assert os.fstat(fd).st_size == len(want)
+        assert os.pread(fd, len(want) + 10, 0) == bytes(want)  # read back through the open file
+        os.fsync(fd)
+        assert store.get("made/random.bin") == bytes(want), "fsync did not make the file durable"
+        os.pwrite(fd, b"after fsync", 100)
+        want[100:111] = b"after fsync"
+    finally:
+        os.close(fd)
+    assert_key(store, m, "made/random.bin", bytes(want))
+    fails(errno.EEXIST, os.open, p, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+
+
+def test_overwrite(store: Store, mount) -> None:
+    """Opening with O_TRUNC replaces the bytes; a shorter file is shorter."""
+    old = rand(MiB + 3, 1)
+    store.put("g/over.bin", old)
+    store.put("g/shell.txt", b"old text\n")
+    m = store.mount(mount)
+    assert (m.path / "g/over.bin").read_bytes() == old  # read (and cached) before the write
+    new = rand(70_000, 2)
+    write_file(m.path / "g/over.bin", new)
+    assert_key(store, m, "g/over.bin", new)
+    run(["sh", "-c", f"echo new text > '{m.path}/g/shell.txt'"], check=True)
+    assert_key(store, m, "g/shell.txt", b"new text\n")
+    newer = rand(2 * MiB, 3)
+    write_file(m.path / "g/over.bin", newer)  # and longer again
+    assert_key(store, m, "g/over.bin", newer)
+
+
+def test_truncate(store: Store, mount) -> None:
+    """truncate by path and ftruncate: shrink keeps the head, growth adds zeros, 0 empties."""
+    old = rand(300_000, 4)
+    store.put("t/a.bin", old)
+    store.put("t/b.bin", old)
+    m = store.mount(mount)
+    os.truncate(m.path / "t/a.bin", 1000)
+    assert_key(store, m, "t/a.bin", old[:1000])
+    with open(m.path / "t/b.bin", "r+b") as f:
+        f.truncate(5000)
+        f.truncate(9000)
+        f.seek(0, os.SEEK_END)
+        f.write(b"tail")
+    assert_key(store, m, "t/b.bin", old[:5000] + bytes(4000) + b"tail")
+    os.truncate(m.path / "t/a.bin", 0)
+    assert_key(store, m, "t/a.bin", b"")
+    assert store.keys()["t/a.bin"] == 0  # an empty object / file, not a missing one
+    run(["truncate", "-s", "123", m.path / "t/a.bin"], check=True)
+    assert_key(store, m, "t/a.bin", bytes(123))
+
+
+def test_append(store: Store, mount) -> None:
+    """O_APPEND (Python 'ab', the shell's >>) adds to the existing bytes."""
+    old = rand(200_000, 5)
+    store.put("app/log.bin", old)
+    m = store.mount(mount)
+    with open(m.path / "app/log.bin", "ab") as f:
+        f.write(b"first append")
+    assert_key(store, m, "app/log.bin", old + b"first append")
+    run(["sh", "-c", f"printf 'second\\n' >> '{m.path}/app/log.bin'"], check=True)
+    assert_key(store, m, "app/log.bin", old + b"first appendsecond\n")
+    run(["sh", "-c", f"printf 'fresh\\n' >> '{m.path}/app/new.txt'"], check=True)
+    assert_key(store, m, "app/new.txt", b"fresh\n")
+
+
+def test_rewrite_in_place(store: Store, mount) -> None:
+    """r+b on an existing key (on S3: fetched into staging first) changes only what is written."""
+    old = rand(3 * MiB + 5, 6)
+    store.put("rw/x.bin", old)
+    m = store.mount(mount)
+    want = bytearray(old)
+    with open(m.path / "rw/x.bin", "r+b") as f:
+        for off in (10, 2 * MiB - 3, 3 * MiB):
+            f.seek(off)
+            f.write(b"PATCH")
+            want[off:off + 5] = b"PATCH"
+    assert_key(store, m, "rw/x.bin", bytes(want))
+
+
+def test_unlink(store: Store, mount) -> None:
+    store.put("top.bin", b"top")
+    store.put("u/x", b"x")
+    store.put("u/y", b"y")
+    m = store.mount(mount)
+    assert (m.path / "top.bin").read_bytes() == b"top"
+    os.unlink(m.path / "top.bin")
+    assert_key(store, m, "top.bin", None)
+    fails(errno.ENOENT, os.stat, m.path / "top.bin")
+    os.unlink(m.path / "u/x")
+    assert_key(store, m, "u/x", None)
+    assert os.listdir(m.path / "u") == ["y"]
+    assert_key(store, m, "u/y", b"y")
+    fails(errno.ENOENT, os.unlink, m.path / "u/missing")
+    fails(errno.EISDIR, os.unlink, m.path / "u")
+    run(["rm", "-f", m.path / "u/y"], check=True)
+    assert store.keys() == {}
+
+
+def test_mkdir_rmdir(store: Store, mount) -> None:
+    """mkdir makes a directory that lists and stats; rmdir of an empty one removes it,
+    of a non-empty one fails ENOTEMPTY."""
+    store.put("full/k", b"k")
+    m = store.mount(mount)
+    os.mkdir(m.path / "empty")
+    assert "empty" in os.listdir(m.path)
+    assert stat.S_ISDIR(os.stat(m.path / "empty").st_mode)
+    assert os.listdir(m.path / "empty") == []
+    fails(errno.EEXIST, os.mkdir, m.path / "empty")
+    run(["mkdir", "-p", m.path / "a/b/c"], check=True)
+    assert stat.S_ISDIR(os.stat(m.path / "a/b/c").st_mode)
+    if store.kind == "s3":  # directories live in the mount only: no marker objects
+        assert store.keys() == {"full/k": 1}
+    else:
+        assert (store.root / "a/b/c").is_dir() and (store.root / "empty").is_dir()
+    os.rmdir(m.path / "empty")
+    assert "empty" not in os.listdir(m.path)
+    fails(errno.ENOENT, os.stat, m.path / "empty")
+    fails(errno.ENOTEMPTY, os.rmdir, m.path / "a/b")
+    fails(errno.ENOTEMPTY, os.rmdir, m.path / "full")
+    for d in ("a/b/c", "a/b", "a"):
+        os.rmdir(m.path / d)
+    assert sorted(os.listdir(m.path)) == ["full"]
+    # a new directory that gets a child is an ordinary prefix
+    os.mkdir(m.path / "kids")
+    (m.path / "kids/one").write_bytes(b"1")
+    assert_key(store, m, "kids/one", b"1")
+    fails(errno.ENOTEMPTY, os.rmdir, m.path / "kids")
+    if store.kind == "dir":
+        assert not (store.root / "empty").exists() and not (store.root / "a").exists()
+
+
+def test_rename(store: Store, mount) -> None:
+    """rename of a file (also over an existing one) and of a small directory tree."""
+    a, b = rand(400_000, 7), rand(1000, 8)
+    store.put("r/a.bin", a)
+    store.put("r/b.bin", b)
+    store.put("tree/x", b"x")
+    store.put("tree/sub/y", b"yy")
+    store.put("tree/sub/deeper/z", b"zzz")
+    m = store.mount(mount)
+    assert (m.path / "r/a.bin").read_bytes() == a
+    os.rename(m.path / "r/a.bin", m.path / "r/moved.bin")
+    assert_key(store, m, "r/a.bin", None)
+    assert_key(store, m, "r/moved.bin", a)
+    os.replace(m.path / "r/moved.bin", m.path / "r/b.bin")  # over an existing key
+    assert_key(store, m, "r/moved.bin", None)
+    assert_key(store, m, "r/b.bin", a)
+    os.mkdir(m.path / "elsewhere")
+    os.rename(m.path / "r/b.bin", m.path / "elsewhere/b.bin")  # to another directory
+    assert_key(store, m, "elsewhere/b.bin", a)
+    os.rename(m.path / "tree", m.path / "renamed")
+    assert not (m.path / "tree").exists()
+    assert sorted(os.listdir(m.path / "renamed")) == ["sub", "x"]
+    for key, data in (("x", b"x"), ("sub/y", b"yy"), ("sub/deeper/z", b"zzz")):
+        assert_key(store, m, f"renamed/{key}", data)
+        assert store.get(f"tree/{key}") is None
+    run(["mv", m.path / "renamed/x", m.path / "renamed/sub/x2"], check=True)
+    assert_key(store, m, "renamed/sub/x2", b"x")
+    fails(errno.ENOENT, os.rename, m.path / "missing", m.path / "other")
+    assert set(store.keys()) == {"elsewhere/b.bin", "renamed/sub/y", "renamed/sub/deeper/z",
+                                 "renamed/sub/x2"}
+
+
+def test_zarr_localstore_patterns(store: Store, mount) -> None:
+    """zarr-python 3's LocalStore: <key>.<uuid>.partial renamed over the key, and
+    os.link(tmp, key) + unlink(tmp) for keys that must not exist (EEXIST when they do)."""
+    old = b'{"zarr_format": 3, "node_type": "group", "attributes": {"v": 0}}'
+    store.put("g/zarr.json", old)
+    m = store.mount(mount)
+    key = m.path / "g/zarr.json"
+    assert key.read_bytes() == old
+    # set: write a partial file, rename it over the key
+    new = b'{"zarr_format": 3, "node_type": "group", "attributes": {"v": 1}}'
+    tmp = m.path / f"g/zarr.{uuid.uuid4().hex}.partial"
+    with open(tmp, "wb") as f:
+        f.write(new)
+    os.replace(tmp, key)
+    assert_key(store, m, "g/zarr.json", new)
+    # set_if_not_exists on a missing key: link, then unlink the partial file
+    os.makedirs(m.path / "g/sub", exist_ok=True)
+    tmp = m.path / f"g/sub/zarr.{uuid.uuid4().hex}.partial"
+    body = b'{"zarr_format": 3, "node_type": "group", "attributes": {}}'
+    with open(tmp, "wb") as f:
+        f.write(body)
+    os.link(tmp, m.path / "g/sub/zarr.json")
+    if store.kind == "dir":  # a real hard link in the directory
+        assert os.stat(store.root / "g/sub/zarr.json").st_ino == os.stat(store.root / tmp.relative_to(m.path)).st_ino
+    os.unlink(tmp)
+    assert_key(store, m, "g/sub/zarr.json", body)
+    # ... and on a key that exists: EEXIST, the key keeps its bytes
+    tmp = m.path / f"g/zarr.{uuid.uuid4().hex}.partial"
+    with open(tmp, "wb") as f:
+        f.write(b"must not land")
+    fails(errno.EEXIST, os.link, tmp, key)
+    os.unlink(tmp)
+    assert_key(store, m, "g/zarr.json", new)
+    # a big staged file linked to a missing key
+    bigtmp = m.path / f"g/c.{uuid.uuid4().hex}.partial"
+    big = rand(3 * MiB, 9)
+    write_file(bigtmp, big)
+    os.link(bigtmp, m.path / "g/c")
+    os.unlink(bigtmp)
+    assert_key(store, m, "g/c", big)
+    assert not [k for k in store.keys() if ".partial" in k], store.keys()
+    assert not [n for n in os.listdir(m.path / "g") if ".partial" in n]
+    assert set(store.keys()) == {"g/zarr.json", "g/sub/zarr.json", "g/c"}
+
+
+def test_statfs_on_a_writable_mount(store: Store, mount) -> None:
+    store.put("zarr.json", b"{}")
+    m = store.mount(mount)
+    st = os.statvfs(m.path)
+    assert st.f_bavail * st.f_frsize > 0, st
+    assert st.f_blocks >= st.f_bavail, st
+    res = run(["df", "-B1", "--output=avail,size", str(m.path)])
+    assert res.returncode == 0, res.stderr
+    avail, size = res.stdout.splitlines()[-1].split()
+    assert int(avail) > 0 and int(size) > 0, res.stdout
+
+
+# =========================================================================== directory store only
+
+
+def test_dir_utimens(dirstore: Store, mount) -> None:
+    dirstore.put("f.bin", b"abc")
+    m = dirstore.mount(mount)
+    when = 1_600_000_000.5
+    os.utime(m.path / "f.bin", (when - 100, when))
+    assert abs(os.stat(m.path / "f.bin").st_mtime - when) < 1e-3
+    assert abs(os.stat(dirstore.root / "f.bin").st_mtime - when) < 1e-3
+    run(["touch", "-d", "2001-02-03 04:05:06 UTC", m.path / "f.bin"], check=True)
+    assert os.stat(dirstore.root / "f.bin").st_mtime == 981173106
+    assert os.stat(m.path / "f.bin").st_mtime == 981173106
+    run(["touch", m.path / "new-by-touch"], check=True)
+    assert (dirstore.root / "new-by-touch").is_file()
+
+
+def test_dir_no_symlinks_or_special_files(dirstore: Store, mount) -> None:
+    dirstore.put("f.bin", b"abc")
+    m = dirstore.mount(mount)
+    fails(errno.EPERM, os.symlink, "f.bin", m.path / "link")
+    fails(errno.EPERM, os.mkfifo, m.path / "fifo")
+    fails(errno.EPERM, os.mknod, m.path / "dev", stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    fails(errno.EPERM, os.mknod, m.path / "sock", stat.S_IFSOCK | 0o600)
+    assert sorted(os.listdir(dirstore.root)) == ["f.bin"]
+    assert sorted(os.listdir(m.path)) == ["f.bin"]
+
+
+def test_dir_nothing_escapes_the_store(dirstore: Store, mount) -> None:
+    """Symlinks in the source that lead outside are never written through."""
+    outer = dirstore.root.parent
+    outside = outer / "outside"
+    outside.mkdir()
+    (outside / "file.txt").write_bytes(b"outside, untouched")
+    os.symlink("../outside", dirstore.root / "escape_dir")
+    os.symlink("../outside/file.txt", dirstore.root / "escape_file")
+    dirstore.put("legit.bin", b"legit")
+    m = dirstore.mount(mount)
+    attempts = [
+        lambda: open(m.path / "escape_file", "wb"),
+        lambda: open(m.path / "escape_file", "ab"),
+        lambda: open(m.path / "escape_file", "r+b"),
+        lambda: os.truncate(m.path / "escape_file", 0),
+        lambda: open(m.path / "escape_dir" / "new.txt", "wb"),
+        lambda: os.mkdir(m.path / "escape_dir" / "sub"),
+        lambda: os.rename(m.path / "legit.bin", m.path / "escape_dir" / "legit.bin"),
+        lambda: os.link(m.path / "legit.bin", m.path / "escape_dir" / "hard.bin"),
+        lambda: os.utime(m.path / "escape_file", (0, 0)),
+    ]
+    for i, attempt in enumerate(attempts):
+        with pytest.raises(OSError):
+            f = attempt()
+            if hasattr(f, "close"):
+                f.write(b"escaped!")
+                f.close()
+            raise AssertionError(f"attempt {i} wrote through a symlink out of the store")
+    assert sorted(os.listdir(outside)) == ["file.txt"]
+    assert (outside / "file.txt").read_bytes() == b"outside, untouched"
+    assert os.stat(outside / "file.txt").st_mtime > 100
+    assert sorted(os.listdir(outer)) == ["outside", "store"]
+    assert (dirstore.root / "legit.bin").read_bytes() == b"legit"
+
+
+def test_dir_rename_is_atomic(dirstore: Store, mount) -> None:
+    """Readers of a name that is renamed over again and again always find a whole file."""
+    versions = [bytes([65 + i]) * (100_000 + i) for i in range(4)]
+    dirstore.put("target", versions[0])
+    m = dirstore.mount(mount)
+    stop = threading.Event()
+    bad: list[str] = []
+    reads = [0]
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                data = (m.path / "target").read_bytes()
+            except OSError as exc:
+                bad.append(repr(exc))
+                continue
+            reads[0] += 1
+            if data not in versions:
+                bad.append(f"mixed read of {len(data)} bytes")
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        for i in range(60):
+            v = versions[1 + i % 3]
+            (m.path / "incoming").write_bytes(v)
+            os.replace(m.path / "incoming", m.path / "target")
+    finally:
+        stop.set()
+        t.join(30)
+    assert not bad, bad[:5]
+    assert reads[0] > 0
+    assert (dirstore.root / "target").read_bytes() == versions[1 + 59 % 3]
+
+
+# =========================================================================== S3 only
+
+
+def test_s3_new_file_visible_at_once_and_uploaded_at_close(s3store: Store, mount) -> None:
+    s3store.put("zarr.json", b"{}")
+    m = s3store.mount(mount)
+    os.mkdir(m.path / "sub")
+    p = m.path / "sub" / "fresh.bin"
+    fd = os.open(p, os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        assert "fresh.bin" in os.listdir(m.path / "sub")
+        assert os.stat(p).st_size == 0 and stat.S_ISREG(os.stat(p).st_mode)
+        data = rand(123_457, 10)
+        os.write(fd, data)
+        assert os.stat(p).st_size == len(data)
+    finally:
+        os.close(fd)
+    assert s3store.get("sub/fresh.bin") == data  # close() returned: it is in the bucket
+    # an empty file is an empty object
+    (m.path / "empty").write_bytes(b"")
+    assert s3store.keys()["empty"] == 0
+    # fsync uploads what is there so far, close the rest
+    fd = os.open(m.path / "synced.bin", os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        os.write(fd, b"part one;")
+        os.fsync(fd)
+        assert s3store.get("synced.bin") == b"part one;"
+        os.write(fd, b"part two")
+    finally:
+        os.close(fd)
+    assert_key(s3store, m, "synced.bin", b"part one;part two")
+
+
+def _multipart_parts(head: dict) -> int:
+    etag = head["ETag"].strip('"')
+    return int(etag.rsplit("-", 1)[1]) if "-" in etag else 1
+
+
+def test_s3_large_files_use_multipart(s3store: Store, mount) -> None:
+    """Past two parts a file goes up as a multipart upload; parts go up while it is written."""
+    m = s3store.mount(mount)
+    data = rand(17 * MiB + 9, 11)  # default part size 8M: 3 parts
+    write_file(m.path / "default.bin", data)
+    head = s3store.client.head_object(Bucket=s3store.bucket, Key=s3store.prefix + "default.bin")
+    assert head["ContentLength"] == len(data)
+    assert _multipart_parts(head) == 3, head["ETag"]
+    assert_key(s3store, m, "default.bin", data)
+    m2 = s3store.mount(mount, "--part-size", "5M")
+    data = rand(23 * MiB + 1, 12)  # 5 parts of 5 MiB
+    fd = os.open(m2.path / "sized.bin", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+    try:
+        for i in range(0, len(data), MiB):
+            os.write(fd, data[i:i + MiB])
+
+        def parts_up() -> bool:
+            ups = [u for u in s3store.uploads() if u["Key"] == s3store.prefix + "sized.bin"]
+            if not ups:
+                return False
+            r = s3store.client.list_parts(Bucket=s3store.bucket, Key=ups[0]["Key"],
+                                          UploadId=ups[0]["UploadId"])
+            return len(r.get("Parts", [])) >= 2
+
+        assert wait_until(parts_up, 30), "no parts went up while the file was still open"
+    finally:
+        os.close(fd)
+    head = s3store.client.head_object(Bucket=s3store.bucket, Key=s3store.prefix + "sized.bin")
+    assert _multipart_parts(head) == 5, head["ETag"]
+    assert_key(s3store, m2, "sized.bin", data)
+    assert s3store.uploads() == []
+
+
+def test_s3_rewrite_max_size(s3store: Store, mount) -> None:
+    """Opening an existing object without O_TRUNC fetches it: past --rewrite-max-size, EFBIG."""
+    big, small = rand(2 * MiB + 1, 13), rand(MiB, 14)
+    s3store.put("big.bin", big)
+    s3store.put("small.bin", small)
+    m = s3store.mount(mount, "--rewrite-max-size", "2M")
+    fails(errno.EFBIG, open, m.path / "big.bin", "r+b")
+    fails(errno.EFBIG, open, m.path / "big.bin", "ab")
+    assert s3store.get("big.bin") == big
+    with open(m.path / "small.bin", "ab") as f:
+        f.write(b"+")
+    assert_key(s3store, m, "small.bin", small + b"+")
+    write_file(m.path / "big.bin", b"replaced")  # O_TRUNC needs no fetch
+    assert_key(s3store, m, "big.bin", b"replaced")
+
+
+def test_s3_rename_directory_limit(s3store: Store, mount) -> None:
+    """A directory of more than 1000 keys is not renamed key by key: EXDEV, nothing moved."""
+    items = {f"{s3store.prefix}many/{i:04d}": b"%d" % i for i in range(1001)}
+    put_many(s3store.client, s3store.bucket, items)
+    m = s3store.mount(mount)
+    fails(errno.EXDEV, os.rename, m.path / "many", m.path / "many2")
+    keys = s3store.keys()
+    assert len(keys) == 1001 and all(k.startswith("many/") for k in keys)
+    assert len(os.listdir(m.path / "many")) == 1001
+    assert not (m.path / "many2").exists()
+
+
+def _path_in(line: str) -> list[Path]:
+    out = []
+    for tok in re.findall(r"(/[^\s'\"]+)", line):
+        p = Path(tok.rstrip(".,;:)]}"))
+        if p.is_file():
+            out.append(p)
+    return out
+
+
+def test_s3_failed_upload_is_an_error_from_close(s3store: Store, moto, mount, tmp_path) -> None:
+    """PUTs refused by S3 (fault proxy): close() fails with EIO; the staged bytes are kept
+    under --cache-dir and one log line names the key, the S3 error and where they are."""
+    from faultproxy import FaultProxy
+
+    s3store.put("zarr.json", b"{}")
+    cache = tmp_path / "cache"
+    with FaultProxy(moto.port) as proxy:
+        m = s3store.mount(mount, "--part-size", "5M", "--cache-dir", str(cache),
+                          "--s3-attempts", "2", endpoint=proxy.endpoint)
+        proxy.set({"kinds": ["403"], "ops": ["put"], "key": "fail-"})
+        small, big = rand(300_000, 15), rand(12 * MiB + 3, 16)  # one PUT; a multipart upload
+        for name, data in (("fail-small.bin", small), ("fail-big.bin", big)):
+            fd = os.open(m.path / name, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+            for i in range(0, len(data), MiB):
+                os.write(fd, data[i:i + MiB])
+            fails(errno.EIO, os.close, fd)
+        assert proxy.stats().get("faults", 0) >= 2
+        proxy.clear()
+        assert s3store.get("fail-small.bin") is None and s3store.get("fail-big.bin") is None
+        assert s3store.uploads() == [], "a failed multipart upload was left behind"
+        log = m.log_text()
+        for name, data in (("fail-small.bin", small), ("fail-big.bin", big)):
+            lines = [ln for ln in log.splitlines() if name in ln]
+            assert lines, f"no log line names {name}:\n{log[-3000:]}"
+            assert any("AccessDenied" in ln or "403" in ln for ln in lines), lines
+            kept = [(ln, p) for ln in lines for p in _path_in(ln)]
+            assert kept, f"no log line says where {name} was kept: {lines}"
+            assert any(p.read_bytes() == data for _ln, p in kept), kept
+            assert all(p.resolve().is_relative_to(cache.resolve()) for _ln, p in kept), kept
+        # the mount keeps working for other keys
+        (m.path / "ok.bin").write_bytes(b"fine")
+        assert s3store.get("ok.bin") == b"fine"
+
+
+def test_s3_kill_during_multipart_upload(s3store: Store, mount, tmp_path) -> None:
+    """kill -9 in the middle of a multipart upload: no object appears; the next writable
+    mount warns about the unfinished upload, and abort_uploads aborts it."""
+    s3store.put("zarr.json", b"{}")
+    name = "killed-upload.bin"
+    m = s3store.mount(mount, "--part-size", "5M", "--cache-dir", str(tmp_path / "cache"))
+    full = s3store.prefix + name
+    fd = os.open(m.path / name, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+    try:
+        chunk = rand(MiB, 17)
+        for _ in range(30):
+            os.write(fd, chunk)
+
+        def part_up() -> bool:
+            ups = [u for u in s3store.uploads() if u["Key"] == full]
+            return bool(ups) and bool(s3store.client.list_parts(
+                Bucket=s3store.bucket, Key=full, UploadId=ups[0]["UploadId"]).get("Parts"))
+
+        assert wait_until(part_up, 30), "no multipart upload in flight while writing 30 MiB"
+        pids = daemon_pids(m.path)
+        assert pids, "no daemon found"
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    assert s3store.get(name) is None
+    assert name not in s3store.keys()
+    assert [u["Key"] for u in s3store.uploads()] == [full]
+    # the next writable mount reports it, naming the key, and leaves it alone
+    m2 = s3store.mount(mount)
+    assert wait_until(lambda: name in m2.result.stderr + m2.log_text(), 20), (
+        f"no warning names {name}: stderr {m2.result.stderr!r}\nlog:\n{m2.log_text()[-3000:]}")
+    assert [u["Key"] for u in s3store.uploads()] == [full]
+    run([tool("zvfs"), "unmount", m2.path], check=True)
+    # -o abort_uploads aborts it
+    s3store.mount(mount, "-o", "abort_uploads")
+    assert wait_until(lambda: s3store.uploads() == [], 30), s3store.uploads()
+    # and so does the flag
+    up = s3store.client.create_multipart_upload(Bucket=s3store.bucket, Key=s3store.prefix + "other")
+    s3store.client.upload_part(Bucket=s3store.bucket, Key=s3store.prefix + "other", PartNumber=1,
+                               UploadId=up["UploadId"], Body=b"x" * 100)
+    s3store.mount(mount, "--abort-uploads")
+    assert wait_until(lambda: s3store.uploads() == [], 30), s3store.uploads()
+    assert set(s3store.keys()) == {"zarr.json"}
+
+
+# =========================================================================== coherence
+
+
+def test_decoded_views_follow_writes(store: Store, mount, tmp_path) -> None:
+    """data.raw, data.npy, meta.json, the v2 mirror and the raw key show a write at once,
+    also when they were read (and are still open) before it; TTL 60."""
+    import zarr
+
+    seed = tmp_path / "seed"
+    a0 = zarr.create_array(zarr.storage.LocalStore(str(seed / "arr")), shape=(40, 30), chunks=(16, 16),
+                           dtype="<i4", fill_value=0)
+    v0 = np.arange(1200, dtype="<i4").reshape(40, 30)
+    a0[:] = v0
+    store.put_tree(seed)
+    m = store.mount(mount)
+    views = m.path / ".zvfs"
+    raw = views / "arrays/arr/data.raw"
+    npy = views / "arrays/arr/data.npy"
+    zarray = json.loads((views / "v2/arr/.zarray").read_text())
+    chunk00 = views / "v2/arr" / f"0{zarray.get('dimension_separator', '.')}0"
+    assert raw.read_bytes() == v0.tobytes()
+    np.testing.assert_array_equal(np.load(npy), v0)
+    assert chunk00.read_bytes() == v0[:16, :16].tobytes()
+    key00 = m.path / "arr/c/0/0"
+    before = key00.read_bytes()
+    held = os.open(raw, os.O_RDONLY)  # read before the write, still open after it
+    try:
+        assert os.pread(held, 1 << 20, 0) == v0.tobytes()
+        a = zarr.open_array(zarr.storage.LocalStore(str(m.path / "arr")), mode="r+")
+        v1 = (v0 * -3 + 7).astype("<i4")
+        a[:] = v1
+        assert raw.read_bytes() == v1.tobytes()
+        assert os.pread(held, 1 << 20, 0) == v1.tobytes(), "an open data.raw kept stale pages"
+    finally:
+        os.close(held)
+    np.testing.assert_array_equal(np.load(npy), v1)
+    assert chunk00.read_bytes() == v1[:16, :16].tobytes()
+    assert key00.read_bytes() == store.get("arr/c/0/0") != before
+    # metadata: a resize and an attribute
+    a.resize((50, 30))
+    a.attrs["units"] = "K"
+    meta = json.loads((views / "arrays/arr/meta.json").read_text())
+    assert meta["shape"] == [50, 30] and meta["attributes"] == {"units": "K"}, meta
+    ref = zarr.open_array(zarr.storage.LocalStore(str(store.download(tmp_path / "dl"))), path="arr",
+                          mode="r")[...]
+    assert ref.shape == (50, 30)
+    assert os.stat(raw).st_size == ref.nbytes
+    assert raw.read_bytes() == np.ascontiguousarray(ref).astype("<i4").tobytes()
+    assert json.loads((views / "v2/arr/.zarray").read_text())["shape"] == [50, 30]
+    # a plain file tool deleting a chunk: the view shows the fill value there
+    os.unlink(m.path / "arr/c/0/0")
+    want = ref.copy()
+    want[:16, :16] = 0
+    assert raw.read_bytes() == want.astype("<i4").tobytes()
+
+
+def test_zarr_python_writes_a_hierarchy(store: Store, mount, tmp_path) -> None:
+    """zarr-python 3 writes v3 arrays (one sharded) and a v2 array through the mount with a
+    plain LocalStore; zarr reading the store directly and the mount's data.raw agree."""
+    import zarr
+
+    m = store.mount(mount)
+    root = m.path / "new.zarr"
+    rng = np.random.default_rng(21)
+    g = zarr.open_group(zarr.storage.LocalStore(str(root)), mode="w", zarr_format=3,
+                        attributes={"title": "written through zvfs"})
+    want: dict[str, np.ndarray] = {}
+    a = g.create_array("a", shape=(50, 40), chunks=(16, 16), dtype="<f4", dimension_names=["y", "x"])
+    want["a"] = rng.standard_normal((50, 40)).astype("<f4")
+    a[:] = want["a"]
+    s = g.create_array("sharded", shape=(64, 64), chunks=(8, 8), shards=(32, 32), dtype="<i4")
+    want["sharded"] = rng.integers(-1000, 1000, (64, 64)).astype("<i4")
+    s[:] = want["sharded"]
+    u = g.create_group("grp").create_array("raw_u2", shape=(300,), chunks=(64,), dtype="<u2",
+                                           compressors=None)
+    want["grp/raw_u2"] = rng.integers(0, 60000, 300).astype("<u2")
+    u[:] = want["grp/raw_u2"]
+    legacy = zarr.open_group(zarr.storage.LocalStore(str(root / "legacy")), mode="w", zarr_format=2)
+    v2 = legacy.create_array("v2arr", shape=(30, 20), chunks=(7, 6), dtype="<i8")
+    want["legacy/v2arr"] = rng.integers(-(10**12), 10**12, (30, 20)).astype("<i8")
+    v2[:] = want["legacy/v2arr"]
+    # a partial update: zarr reads chunks back through the mount and rewrites them
+    a[10:20, 5:9] = 0
+    want["a"][10:20, 5:9] = 0
+    s[0:3, 30:34] = 5
+    want["sharded"][0:3, 30:34] = 5
+    for name, arr in want.items():  # the decoded views, right after the write
+        got = (m.path / ".zvfs/arrays/new.zarr" / name / "data.raw").read_bytes()
+        assert got == np.ascontiguousarray(arr).tobytes(), name
+    local = store.download(tmp_path / "download", under="new.zarr/") / "new.zarr"
+    ls = zarr.storage.LocalStore(str(local), read_only=True)
+    assert zarr.open_group(ls, mode="r").attrs["title"] == "written through zvfs"
+    for name, arr in want.items():
+        got = zarr.open_array(ls, path=name, mode="r")[...]
+        np.testing.assert_array_equal(got, arr, err_msg=name)
+    assert (local / "legacy/v2arr/.zarray").is_file() and (local / "sharded/zarr.json").is_file()
+    assert not [k for k in store.keys() if ".partial" in k]
+
+
+# =========================================================================== copy tools
+
+
+@pytest.fixture(scope="module")
+def copy_source(tmp_path_factory, zarr_dir) -> dict:
+    """A tree with a Zarr store, unicode names, an empty file and a 100 MiB random file."""
+    base = tmp_path_factory.mktemp("copysrc")
+    src = base / "tree"
+    shutil.copytree(zarr_dir, src / "sample.zarr")
+    files = {
+        "big.bin": os.urandom(100 * MiB + 12_345),  # compresses poorly
+        "empty.bin": b"",
+        "na\u00efve \u00fcnicode.txt": "caf\u00e9\n".encode(),
+        "\u65e5\u672c\u8a9e/\u30c7\u30fc\u30bf.bin": rand(70_001, 30),
+        "emoji \U0001f642 dir/file with space.txt": b"smile\n",
+        "deep/a/b/c/leaf.txt": b"leaf\n",
+    }
+    for rel, data in files.items():
+        p = src / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    want = {}
+    for dirpath, _dirs, names in os.walk(src):
+        for n in names:
+            p = Path(dirpath) / n
+            os.utime(p, (1_500_000_000, 1_500_000_000))
+            want["tree/" + p.relative_to(src).as_posix()] = sha(p.read_bytes())
+    archive = base / "tree.tar"
+    run(["tar", "-cf", archive, "-C", base, "tree"], check=True)
+    return {"src": src, "want": want, "archive": archive}
+
+
+def _gsutil_env(tmp_path: Path) -> dict:
+    cfg = tmp_path / "boto.cfg"
+    cfg.write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BOTO", "GOOGLE", "CLOUDSDK"))}
+    env.update(BOTO_CONFIG=str(cfg), HOME=str(tmp_path), NO_PROXY="*", no_proxy="*")
+    return env
+
+
+COPY_TOOLS = {
+    "gsutil": lambda src, mnt, archive, tmp: ([tool("gsutil"), "-m", "-q", "rsync", "-r", src,
+                                               mnt / "tree"], _gsutil_env(tmp)),
+    "rsync": lambda src, mnt, archive, tmp: ([tool("rsync"), "-a", f"{src}/", f"{mnt}/tree/"], None),
+    "cp": lambda src, mnt, archive, tmp: ([tool("cp"), "-r", src, mnt / "tree"], None),
+    "tar": lambda src, mnt, archive, tmp: ([tool("tar"), "-x", "-C", mnt, "-f", archive], None),
+}
+
+
+@pytest.mark.parametrize("tool_name", list(COPY_TOOLS))
+def test_copy_tools_into_the_mount(tool_name: str, store: Store, mount, copy_source, tmp_path) -> None:
+    """gsutil -m rsync -r, rsync -a, cp -r and tar -x copy a tree (unicode names, an empty
+    file, 100 MiB of random bytes) into the mount: the store then equals it byte for byte."""
+    m = store.mount(mount)
+    if tool_name == "gsutil":  # gsutil rsync wants an existing destination directory
+        os.mkdir(m.path / "tree")
+    cmd, env = COPY_TOOLS[tool_name](copy_source["src"], m.path, copy_source["archive"], tmp_path)
+    res = run(cmd, env=env, timeout=600)
+    assert res.returncode == 0, f"{tool_name} failed ({res.returncode}):\n{res.stderr[-3000:]}"
+    keys = store.keys()
+    assert set(keys) == set(copy_source["want"]), (
+        f"extra: {sorted(set(keys) - set(copy_source['want']))[:10]}, "
+        f"missing: {sorted(set(copy_source['want']) - set(keys))[:10]}")
+    for key, digest in copy_source["want"].items():
+        assert sha(store.get(key)) == digest, key
+    assert keys["tree/big.bin"] == 100 * MiB + 12_345
+    assert keys["tree/empty.bin"] == 0
+    # the mount shows the same tree at once
+    res = run(["diff", "-r", copy_source["src"], m.path / "tree"], timeout=300)
+    assert res.returncode == 0 and res.stdout == "", res.stdout[-2000:] + res.stderr[-2000:]
+    if store.kind == "dir" and tool_name in ("rsync", "tar"):  # they keep mtimes: utimens
+        for key in copy_source["want"]:
+            assert os.stat(store.root / key).st_mtime == 1_500_000_000, key
+
+
+# =========================================================================== concurrency
+
+
+def test_concurrent_writers_and_readers(store: Store, mount) -> None:
+    """8 threads write distinct keys while 8 threads read others; every byte is checked."""
+    seeded = {f"read/{i}.bin": rand(256 * 1024 + i * 70_001, 100 + i) for i in range(8)}
+    for k, v in seeded.items():
+        store.put(k, v)
+    m = store.mount(mount)
+    written = {f"write/{w}/{j}.bin": rand(64 * 1024 + (w * 4 + j) * 90_001, 200 + w * 4 + j)
+               for w in range(8) for j in range(4)}
+    errors: list[str] = []
+    writers_done = threading.Event()
+    reads = [0] * 8
+
+    def writer(w: int) -> None:
+        try:
+            os.makedirs(m.path / f"write/{w}", exist_ok=True)
+            for j in range(4):
+                key = f"write/{w}/{j}.bin"
+                data = written[key]
+                if j % 2:
+                    write_file(m.path / key, data, piece=100_000)
+                else:  # out of order: second half first
+                    fd = os.open(m.path / key, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+                    try:
+                        half = len(data) // 2
+                        os.pwrite(fd, data[half:], half)
+                        os.pwrite(fd, data[:half], 0)
+                    finally:
+                        os.close(fd)
+                if (m.path / key).read_bytes() != data:
+                    errors.append(f"{key}: read back differs")
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(f"writer {w}: {exc!r}")
+
+    def reader(r: int) -> None:
+        keys = [f"read/{r}.bin", f"read/{(r + 3) % 8}.bin"]
+        try:
+            while not writers_done.is_set() or reads[r] < 4:
+                for key in keys:
+                    if (m.path / key).read_bytes() != seeded[key]:
+                        errors.append(f"{key}: reader {r} got different bytes")
+                    reads[r] += 1
+        except Exception as exc:  # noqa: BLE001
+            errors.append(f"reader {r}: {exc!r}")
+
+    rthreads = [threading.Thread(target=reader, args=(r,)) for r in range(8)]
+    wthreads = [threading.Thread(target=writer, args=(w,)) for w in range(8)]
+    for t in rthreads + wthreads:
+        t.start()
+    for t in wthreads:
+        t.join(300)
+    writers_done.set()
+    for t in rthreads:
+        t.join(300)
+    assert not errors, errors[:10]
+    objects = store.objects()
+    assert objects == {**seeded, **written}
+
+
+def test_s3_reader_sees_old_or_new_object(s3store: Store, mount) -> None:
+    """While one key is overwritten again and again, readers see a whole version: never a
+    mix, never a half-written or empty staged file."""
+    versions = [rand(2 * MiB + i * 4099, 300 + i) for i in range(7)]
+    digests = {sha(v): i for i, v in enumerate(versions)}
+    s3store.put("hot.bin", versions[0])
+    m = s3store.mount(mount)
+    stop = threading.Event()
+    bad: list[str] = []
+    seen: set[int] = set()
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                with open(m.path / "hot.bin", "rb") as f:
+                    data = f.read()
+            except OSError as exc:
+                bad.append(repr(exc))
+                continue
+            i = digests.get(sha(data))
+            if i is None:
+                bad.append(f"a read of {len(data)} bytes matches no version")
+            else:
+                seen.add(i)
+
+    threads = [threading.Thread(target=reader) for _ in range(8)]
+    for t in threads:
+        t.start()
+    try:
+        for v in versions[1:]:
+            write_file(m.path / "hot.bin", v, piece=256 * 1024)
+            assert s3store.get("hot.bin") == v
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(120)
+    assert not bad, bad[:5]
+    assert len(seen) >= 2, seen
+    assert_key(s3store, m, "hot.bin", versions[-1])
+
