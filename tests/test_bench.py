@@ -24,6 +24,7 @@ EXPECTED = {
     "s3_find_large": ("S3 +20 ms: find,", True),
     "s3_ls_large": ("S3 +20 ms: ls -lR,", True),
     "s3_mount_large": ("S3 +20 ms: mount time", True),
+    "s3_write": ("S3 +20 ms: cp -r of the", True),
     "zip_read1": ("zip: cold read of every file", True),
     "zip_read4": ("zip: cold read of every file", True),
     "zip_read_keys": ("zip: cold read of every file", True),
@@ -34,12 +35,13 @@ EXPECTED = {
     "xr_netcdf": ("decoded: cold xarray .load()", True),
     "req_read1": ("S3 requests: cold read", True),
     "req_ls_large": ("S3 requests: ls -lR", True),
+    "req_write": ("S3 requests: cp -r of the", True),
     "rss_s3": ("daemon peak RSS after the S3 cold read", True),
     "rss_zip": ("daemon peak RSS after the zip cold read", True),
     "rss_stream": ("zvfs daemon peak RSS streaming", False),
 }
 PEERS = {"rclone (off)", "rclone (minimal)", "rclone (full)", "s3fs", "ratarmount", "fuse-zip",
-         "zarr-python", "tensorstore", "xarray open_zarr"}
+         "zarr-python", "tensorstore", "xarray open_zarr", "rclone (writes, write-back 0s)"}
 
 
 def _number(text: str) -> float:
@@ -83,5 +85,8 @@ def test_bench_tiny_run(tmp_path: Path) -> None:
     for rid in ("s3_read1", "s3_ls_large"):
         assert {"zvfs", "rclone (off)", "rclone (full)", "s3fs"} <= set(res[rid]["median"]), res[rid]
     assert {"zvfs", "ratarmount", "fuse-zip"} <= set(res["zip_read1"]["median"])
+    assert {"zvfs", "rclone (writes)", "rclone (writes, write-back 0s)", "s3fs"} <= \
+        set(res["s3_write"]["median"]), res["s3_write"]
+    assert "## Targets" in md and "cp -r of the big store" in md
     assert {"zvfs", "zarr-python", "tensorstore"} <= set(res["dec_dir"]["median"])
     assert res["rss_stream"]["median"]["zvfs"] > 0

@@ -145,6 +145,8 @@ def targets_table(res: Results, cache_size_mib: float | None, stream_mib: float 
     for rid in ("s3_find_small", "s3_ls_small", "s3_find_large", "s3_ls_large"):
         label = labels.get(rid, rid)
         add(f"{label}: ≤ 0.5× best peer's time", rel(rid, s3peers, False), 0.5, False)
+    add("S3 +20 ms: cp -r of the big store into the mount (until in the bucket): ≥ 2× best of "
+        "rclone (writes)/s3fs", rel("s3_write", s3peers), 2, True)
     for rid in ("zip_read1", "zip_read4", "zip_read_keys"):
         label = labels.get(rid, rid)
         add(f"{label}: ≥ 1.5× ratarmount", rel(rid, ["ratarmount"]), 1.5, True)

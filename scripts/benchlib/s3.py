@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -142,7 +143,10 @@ class S3Env:
 
         out: dict[str, float] = {}
         files = corpus.files("big")
-        chunk = max(files, key=lambda f: f[1])[0]
+        chunk, _size = max(files, key=lambda f: f[1])
+        body = (corpus.store("big") / chunk).read_bytes()
+        calib = BUCKET_PREFIX + "calibrate"
+        self.fresh_bucket(calib)
         for direct in (True, False):
             c = self.client(direct=direct)
             via = "direct" if direct else "proxy"
@@ -152,8 +156,12 @@ class S3Env:
                     (f"LIST one level of the {corpus.params.n_large:,}-key bucket",
                      lambda c=c: c.list_objects_v2(
                         Bucket=bucket("keys-large"), Prefix="a/0/", Delimiter="/")),
-                    ("HEAD", lambda c=c: c.head_object(Bucket=bucket("big"), Key=chunk))):
+                    ("HEAD", lambda c=c: c.head_object(Bucket=bucket("big"), Key=chunk)),
+                    ("PUT of the largest chunk object", lambda c=c: c.put_object(
+                        Bucket=calib, Key=chunk, Body=body))):
                 if label.startswith("LIST") and "keys-large" not in self.uploaded:
+                    continue
+                if not label.startswith(("LIST", "PUT")) and "big" not in self.uploaded:
                     continue
                 times = []
                 for _ in range(5):
@@ -161,4 +169,37 @@ class S3Env:
                     fn()
                     times.append((time.perf_counter() - t0) * 1000)
                 out[f"{label} ({via})"] = statistics.median(times)
+        self.drop_bucket(calib)
         return out
+
+    # -- the write rows: a fresh, empty bucket per measurement --------------------------------
+
+    def fresh_bucket(self, name: str) -> None:
+        """Create bucket ``name`` empty (emptying it first if a crashed run left it)."""
+        s3 = self.client()
+        try:
+            s3.create_bucket(Bucket=name)
+        except s3.exceptions.BucketAlreadyOwnedByYou:
+            self.drop_bucket(name)
+            s3.create_bucket(Bucket=name)
+
+    def objects(self, name: str, client=None) -> dict[str, tuple[int, str]]:
+        """key -> (size, ETag) of every object of bucket ``name``, listed straight from moto."""
+        s3 = client or self.client()
+        out: dict[str, tuple[int, str]] = {}
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=name):
+            for o in page.get("Contents", []):
+                out[o["Key"]] = (int(o["Size"]), str(o["ETag"]).strip('"'))
+        return out
+
+    def drop_bucket(self, name: str) -> None:
+        """Delete every object, unfinished multipart upload and then the bucket itself."""
+        s3 = self.client()
+        with contextlib.suppress(s3.exceptions.NoSuchBucket):
+            for up in s3.list_multipart_uploads(Bucket=name).get("Uploads", []):
+                s3.abort_multipart_upload(Bucket=name, Key=up["Key"], UploadId=up["UploadId"])
+            keys = list(self.objects(name, s3))
+            for i in range(0, len(keys), 1000):
+                s3.delete_objects(Bucket=name, Delete={
+                    "Objects": [{"Key": k} for k in keys[i:i + 1000]], "Quiet": True})
+            s3.delete_bucket(Bucket=name)

@@ -32,6 +32,7 @@ class System:
     kind: str  # "zvfs", "rclone", "s3fs", "ratarmount", "fuse-zip"
     mode: str = ""  # rclone vfs-cache-mode
     extra: list[str] = field(default_factory=list)
+    writable: bool = False  # mounted read-write (the write rows); read-only otherwise
 
     @property
     def is_zvfs(self) -> bool:
@@ -94,16 +95,19 @@ class Mounter:
                 src = [str(c.zip(store))]
             else:
                 src = [str(c.store(store))]
+            # a write row mounts a fresh, empty bucket: --allow-empty
+            rw = ["--writable", "--allow-empty"] if system.writable else []
             return [sys.executable, "-m", "zvfs", "mount", "-f", src[0], str(mnt), *src[1:],
-                    *self.zvfs_args, *system.extra]
+                    *self.zvfs_args, *rw, *system.extra]
         if system.kind == "rclone":
-            return ["rclone", "mount", f"bench:{bucket(store)}", str(mnt), "--read-only",
+            return ["rclone", "mount", f"bench:{bucket(store)}", str(mnt),
+                    *([] if system.writable else ["--read-only"]),
                     "--vfs-cache-mode", system.mode, "--cache-dir", str(scratch),
                     "--use-server-modtime", *system.extra]
         if system.kind == "s3fs":
             return ["s3fs", bucket(store), str(mnt), "-f", "-o",
                     f"url={self.s3.url},use_path_request_style,passwd_file={self.s3fs_passwd},"
-                    "ro,endpoint=us-east-1", *system.extra]
+                    f"{'' if system.writable else 'ro,'}endpoint=us-east-1", *system.extra]
         if system.kind == "ratarmount":
             return ["ratarmount", "-f", "--index-folders", str(scratch), str(c.zip(store)),
                     str(mnt), *system.extra]
@@ -173,4 +177,18 @@ def all_systems(modes: list[str], have: dict[str, bool]) -> list[System]:
         out.append(System("ratarmount", "zip", "ratarmount"))
     if have.get("fuse-zip"):
         out.append(System("fuse-zip", "zip", "fuse-zip"))
+    return out
+
+
+def write_systems(have: dict[str, bool]) -> list[System]:
+    """The S3 write row: zvfs --writable, rclone --vfs-cache-mode writes (as it comes, and
+    with --vfs-write-back 0s: by default rclone waits 5 s after close before uploading),
+    and s3fs."""
+    out = [System("zvfs", "s3", "zvfs", writable=True)]
+    if have.get("rclone"):
+        out += [System("rclone (writes)", "s3", "rclone", mode="writes", writable=True),
+                System("rclone (writes, write-back 0s)", "s3", "rclone", mode="writes",
+                       extra=["--vfs-write-back", "0s"], writable=True)]
+    if have.get("s3fs"):
+        out.append(System("s3fs", "s3", "s3fs", writable=True))
     return out

@@ -84,6 +84,64 @@ class Bench:
             return len(self.corpus.files(store)) / res["seconds"][0], rss
         return res["bytes"] / MiB / res["seconds"][0], rss
 
+    def write_copy(self, system: System, s3env, store: str,
+                   source: str = "big") -> tuple[float, int, float]:
+        """``cp -r`` of the ``source`` store into a writable mount of ``store``'s bucket
+        (created fresh and empty here, deleted afterwards). Timed from the start of cp until
+        every file is an object of the bucket with its size: the bucket is listed straight
+        from moto when cp returns, then every 0.1 s until it is complete (zvfs and s3fs upload
+        in close(), so cp's return is the end; rclone's writes mode uploads after it). The
+        bytes are then checked against the source (ETag = MD5 for a single PUT).
+        Returns (stored MiB/s, S3 requests through the proxy, seconds until cp returned)."""
+        import hashlib
+
+        from .s3 import bucket
+
+        src = self.corpus.store(source)
+        files = self.corpus.files(source)
+        total = sum(size for _, size in files)
+        want = {f"{source}/{rel}": size for rel, size in files}
+        bucket_name = bucket(store)
+        s3env.fresh_bucket(bucket_name)
+        client = s3env.client()  # made before the clock starts (boto3 is slow to set up)
+        try:
+            procs.drop_caches()
+            with self.m.mount(system, store) as mt:
+                for rel, _size in files:  # the source is read from the page cache by all
+                    (src / rel).read_bytes()
+                c0 = s3env.counters()[0]
+                t0 = time.perf_counter()
+                r = _run_child(["cp", "-r", str(src), str(mt.path) + "/"], self.timeout, mt)
+                t_cp = time.perf_counter() - t0
+                if r.returncode != 0:
+                    raise WorkloadError(f"cp exited {r.returncode}: {r.stderr.strip()[-300:]}")
+                while True:
+                    have = s3env.objects(bucket_name, client)
+                    if all(have.get(k, (-1,))[0] == size for k, size in want.items()):
+                        break
+                    if time.perf_counter() - t0 > self.timeout:
+                        missing = [k for k, size in want.items() if have.get(k, (-1,))[0] != size]
+                        raise WorkloadError(f"{len(missing)} of {len(want)} files not in the "
+                                            f"bucket {self.timeout:.0f}s after cp started, "
+                                            f"first: {missing[0]}")
+                    time.sleep(0.1)
+                dt = time.perf_counter() - t0
+                nreq = s3env.counters()[0] - c0
+            # after unmounting (which ends rclone's uploads too): the bytes are the source's
+            stray = [k for k in have if k not in want and not k.endswith("/")]
+            if stray:
+                raise WorkloadError(f"{len(stray)} unexpected objects in the bucket, first: "
+                                    f"{stray[0]}")
+            for key, (_size, etag) in have.items():
+                if key in want and "-" not in etag:
+                    md5 = hashlib.md5((src / key.split("/", 1)[1]).read_bytes()).hexdigest()
+                    if md5 != etag:
+                        raise WorkloadError(f"{key}: the object's MD5 {etag} is not the "
+                                            f"source's {md5}")
+        finally:
+            s3env.drop_bucket(bucket_name)
+        return total / MiB / dt, nreq, t_cp
+
     def walk(self, system: System, store: str, cmd: str) -> float:
         """Cold ``find`` or ``ls -lR`` of a fresh mount: seconds."""
         files = [rel for rel, _ in self.corpus.files(store)]

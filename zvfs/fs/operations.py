@@ -264,7 +264,7 @@ class ZvfsOperations(pyfuse3.Operations):
                 raise pyfuse3.FUSEError(errno.EROFS)
             truncate = bool(flags & os.O_TRUNC)
             handle = await self._call(f"open {self._paths.get(inode)}", node.open_write(truncate))
-            keep = True  # the kernel's pages of this file are what is being written
+            keep = self._keep_pages(inode, node)
         else:
             node.opened()
             keep = self._keep_pages(inode, node)

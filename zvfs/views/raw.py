@@ -289,10 +289,15 @@ class RawDir(DirNode):
         return self._with_made_dirs(await self.ctx.listings.get(self.prefix, load))
 
     def _with_made_dirs(self, listing: Listing) -> Listing:
-        """Directories made by mkdir on S3 show until removed, whatever the store lists."""
+        """What the mount holds that the store does not list yet shows too: directories
+        made by mkdir on S3 (until removed), and files open for writing (until stored)."""
         made = self.ctx.made_dirs.get(self.prefix) if self.ctx.made_dirs else None
         if made and not made <= listing.prefixes:
             listing.prefixes |= made
+        for key in self.ctx.writers:
+            parent, _, name = key.rpartition("/")
+            if (parent + "/" if parent else "") == self.prefix and name not in listing.keys:
+                listing.keys[name] = KeyInfo(0, time.time())
         return listing
 
     def _usable(self, name: str, listing: Listing) -> bool:
