@@ -131,7 +131,7 @@ class Proxy:
         upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         try:
             while True:
-                request = await _read_message(reader, is_request=True)
+                request = await _read_message(reader, is_request=True, continue_to=writer)
                 if request is None:
                     return
                 line, headers, body = request
@@ -252,8 +252,12 @@ def _operation(method: str, target: str) -> str:
 
 
 async def _read_message(
-    reader: asyncio.StreamReader, is_request: bool, head: bool = False
+    reader: asyncio.StreamReader, is_request: bool, head: bool = False,
+    continue_to: asyncio.StreamWriter | None = None,
 ) -> tuple[str, dict[str, str], bytes] | None:
+    """One HTTP/1.1 message. A request that says ``Expect: 100-continue`` (boto3's PUTs)
+    is told to go on through ``continue_to`` and forwarded without the header; interim
+    1xx responses are skipped."""
     try:
         raw = await reader.readuntil(b"\r\n\r\n")
     except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
@@ -264,10 +268,17 @@ async def _read_message(
         if ":" in h:
             k, _, v = h.partition(":")
             headers[k.strip().lower()] = v.strip()
+    if is_request and headers.get("expect", "").lower() == "100-continue":
+        headers.pop("expect")
+        if continue_to is not None:
+            continue_to.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            await continue_to.drain()
     if head:
         return lines[0], headers, b""
     status = 0 if is_request else int(lines[0].split(" ")[1])
-    if not is_request and (status in (204, 304) or 100 <= status < 200):
+    if not is_request and 100 <= status < 200:
+        return await _read_message(reader, is_request, head)
+    if not is_request and status in (204, 304):
         return lines[0], headers, b""
     if headers.get("transfer-encoding", "").lower() == "chunked":
         body = b""
