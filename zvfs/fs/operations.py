@@ -408,18 +408,17 @@ class ZvfsOperations(pyfuse3.Operations):
         return self._attrs(self._remember(parent_inode, sname, node), node)
 
     async def unlink(self, parent_inode: int, name: bytes, ctx) -> None:  # type: ignore[override]
-        counters.add("fuse_ops_unlink")
-        sname = os.fsdecode(name)
-        parent = self._dir(parent_inode)
-        await self._call(f"unlink {self._child_path(parent_inode, sname)}", parent.unlink(sname))
-        self._unbind(parent_inode, sname)
+        await self._remove("unlink", parent_inode, os.fsdecode(name))
 
     async def rmdir(self, parent_inode: int, name: bytes, ctx) -> None:  # type: ignore[override]
-        counters.add("fuse_ops_rmdir")
-        sname = os.fsdecode(name)
+        await self._remove("rmdir", parent_inode, os.fsdecode(name))
+
+    async def _remove(self, op: str, parent_inode: int, name: str) -> None:
+        counters.add(f"fuse_ops_{op}")
         parent = self._dir(parent_inode)
-        await self._call(f"rmdir {self._child_path(parent_inode, sname)}", parent.rmdir(sname))
-        self._unbind(parent_inode, sname)
+        remove = parent.unlink if op == "unlink" else parent.rmdir
+        await self._call(f"{op} {self._child_path(parent_inode, name)}", remove(name))
+        self._unbind(parent_inode, name)
 
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,  # type: ignore[override]
                      name_new: bytes, flags: int, ctx) -> None:
