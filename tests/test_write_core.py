@@ -137,9 +137,15 @@ def test_a_failed_upload_keeps_the_bytes_and_names_where(s3):
 def test_exclusive_create_and_link_refuse_an_existing_key(s3):
     store, client, bucket, _ = s3
     client.put_object(Bucket=bucket, Key="pre/there", Body=b"1")
+    # an exclusive create costs no request at open: its PUT is conditional (If-None-Match)
+    w = store.open_writer("there", truncate=True, create=True, exclusive=True)
+    w.write(0, b"mine")
     with pytest.raises(WriteRefused) as err:
-        store.open_writer("there", truncate=True, create=True, exclusive=True)
+        w.commit()
     assert err.value.errno == errno.EEXIST
+    w.discard()
+    w.close()
+    assert _object(client, bucket, "there") == b"1"
     client.put_object(Bucket=bucket, Key="pre/src", Body=b"2")
     with pytest.raises(WriteRefused) as err:
         store.link("src", "there")

@@ -17,6 +17,7 @@ import os
 import shutil
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 from zvfs.stats import Counters
@@ -199,6 +200,7 @@ class _ForgetOnCommit(KeyWriter):
         self._cache = cache
         self._inner = inner
         self.key = inner.key
+        self.staged = inner.staged
 
     @property
     def size(self) -> int:
@@ -221,8 +223,14 @@ class _ForgetOnCommit(KeyWriter):
     def close(self) -> None:
         self._inner.close()
 
+    def discard(self) -> None:
+        self._inner.discard()
+
+    def background_work(self) -> list[Callable[[], None]]:
+        return self._inner.background_work()
+
     def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
-        """Writer-specific extras (an S3 writer's background parts) pass through."""
+        """Writer-specific extras (an S3 writer's staged path) pass through."""
         if name == "_inner":
             raise AttributeError(name)
         return getattr(self._inner, name)

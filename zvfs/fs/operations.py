@@ -268,10 +268,11 @@ class ZvfsOperations(pyfuse3.Operations):
         else:
             node.opened()
             keep = self._keep_pages(inode, node)
-            node = node.reader()
+            node = await self._call(f"open {self._paths.get(inode)}", node.reader())
         fh = next(self._next_fh)
         self._files[fh] = _Open(inode, node, handle)
-        return pyfuse3.FileInfo(fh=fh, keep_cache=keep, direct_io=node.direct_io)
+        direct = node.direct_io or (handle is not None and handle.direct_io)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=keep and not direct, direct_io=direct)
 
     def _keep_pages(self, inode: int, node: FileNode) -> bool:
         """keep_cache for this open; False makes the kernel drop the file's cached pages."""
@@ -301,6 +302,8 @@ class ZvfsOperations(pyfuse3.Operations):
 
     async def release(self, fh: int) -> None:
         f = self._files.pop(fh, None)
+        if f is not None and f.handle is None:
+            f.node.released()
         if f is not None and f.handle is not None:
             try:
                 await self._call(f"release {self._paths.get(f.ino, f.ino)}", f.handle.release())
@@ -357,7 +360,7 @@ class ZvfsOperations(pyfuse3.Operations):
         ino = self._remember(parent_inode, sname, node)
         fh = next(self._next_fh)
         self._files[fh] = _Open(ino, node, handle)
-        return pyfuse3.FileInfo(fh=fh, keep_cache=True), self._attrs(ino, node)
+        return pyfuse3.FileInfo(fh=fh, direct_io=handle.direct_io), self._attrs(ino, node)
 
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         counters.add("fuse_ops_write")

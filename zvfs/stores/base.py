@@ -81,6 +81,9 @@ class KeyWriter(ABC):
     """
 
     key: str
+    #: True when the bytes live apart from the store until commit (S3): the store still
+    #: holds the old content, which other readers keep seeing
+    staged: bool = False
 
     @property
     @abstractmethod
@@ -118,6 +121,19 @@ class KeyWriter(ABC):
         finished parts, uploaded while the application is still writing). A job never
         raises: what failed is done again by :meth:`commit`."""
         return []
+
+
+class KeyReader(ABC):
+    """One key opened for reading, pinned to the content it had at open (a local file's
+    descriptor): a reader keeps that content even if the key is replaced meanwhile."""
+
+    size: int
+
+    @abstractmethod
+    def read(self, offset: int, length: int) -> bytes: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
 
 
 def _read_only(what: str) -> WriteRefused:
@@ -166,6 +182,11 @@ class Store(ABC):
     @abstractmethod
     def get_range(self, key: str, start: int, length: int) -> bytes:
         """``length`` bytes of ``key`` from ``start`` (fewer at the end); raises KeyNotFound."""
+
+    def open_reader(self, key: str) -> KeyReader | None:
+        """``key`` opened for reading, pinned to its content now; None where the store has
+        no such handle (then readers pin by ``version``). Raises KeyNotFound."""
+        return None
 
     def get_version(self, key: str, start: int, length: int | None, version: str | None) -> bytes:
         """Bytes of ``key`` from ``start`` (``length`` of them, or to the end), only from
@@ -268,6 +289,9 @@ class WrappedStore(Store):
 
     def get_version(self, key: str, start: int, length: int | None, version: str | None) -> bytes:
         return self.inner.get_version(key, start, length, version)
+
+    def open_reader(self, key: str) -> KeyReader | None:
+        return self.inner.open_reader(key)
 
     def info(self, key: str) -> KeyInfo:
         return self.inner.info(key)

@@ -24,6 +24,7 @@ from zvfs.stores._util import LogOnce, check_key, check_prefix, safe_name
 from zvfs.stores.base import (
     KeyInfo,
     KeyNotFound,
+    KeyReader,
     KeyWriter,
     Listing,
     SourceError,
@@ -157,6 +158,10 @@ class DirectoryStore(Store):
             return _pread_all(fd, start, length, key)
         finally:
             os.close(fd)
+
+    def open_reader(self, key: str) -> KeyReader:
+        fd, st = self._open(key)
+        return _FileReader(key, fd, st.st_size)
 
     def info(self, key: str) -> KeyInfo:
         check_key(key)
@@ -374,6 +379,24 @@ def _refused(key: str, e: OSError) -> StoreError:
     if e.errno is None:
         return StoreError(f"{key}: {e}")
     return WriteRefused(e.errno, f"{key}: {e.strerror}")
+
+
+class _FileReader(KeyReader):
+    """A file of the directory open for reading: one descriptor for the whole open, so a
+    rename over the key does not change what this reader reads (as on the directory)."""
+
+    def __init__(self, key: str, fd: int, size: int) -> None:
+        self.key = key
+        self.size = size
+        self._fd = fd
+
+    def read(self, offset: int, length: int) -> bytes:
+        return _pread_all(self._fd, offset, length, self.key)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 class _FileWriter(KeyWriter):

@@ -29,6 +29,7 @@ import botocore.exceptions as bce
 import urllib3.exceptions as u3e
 from botocore import UNSIGNED
 from botocore.config import Config
+from botocore.handlers import add_expect_header
 
 from zvfs.stats import counters
 from zvfs.stores._util import LogOnce, check_key, check_prefix, safe_name
@@ -178,9 +179,13 @@ class S3Store(Store):
                 read_timeout=timeout,
                 **extra,
             )
-            return (session or self._session()).client(
+            client = (session or self._session()).client(
                 "s3", endpoint_url=endpoint_url, region_name=region, config=cfg
             )
+            # no "Expect: 100-continue" on uploads: it costs a round trip per PUT and part,
+            # and saves nothing here (a refused upload is retried whole anyway)
+            client.meta.events.unregister("before-call.s3", add_expect_header)
+            return client
 
         # our retry loop is the only one, so the user's attempts and deadline are the real bounds
         self._make_client = lambda: make(1, self.retry.timeout)
@@ -373,7 +378,8 @@ class S3Store(Store):
         if self.staging is None:
             raise WriteRefused(errno.EROFS, f"{key}: the mount is read-only")
         size: int | None = None
-        if exclusive or not create or not truncate:
+        # an exclusive create asks nothing now: its upload is conditional (If-None-Match)
+        if not create or not truncate:
             try:
                 size = self.info(key).size
             except KeyNotFound:

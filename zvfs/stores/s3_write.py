@@ -46,6 +46,8 @@ RENAME_DIR_LIMIT = 1000
 class S3Writer(KeyWriter):
     """One S3 key open for writing, staged in ``staging``."""
 
+    staged = True
+
     def __init__(self, store: S3Store, key: str, staging: Staging, part_size: int,
                  *, fresh: bool, exclusive: bool) -> None:
         self.store = store
@@ -222,6 +224,8 @@ class S3Writer(KeyWriter):
         _count_put(size, time.perf_counter() - t0)
 
     def _finish_upload(self, size: int) -> None:
+        if self._exclusive and not self._committed and self.store.exists(self.key):
+            raise WriteRefused(errno.EEXIST, f"{self.key}: exists already")
         parts = max(1, -(-size // self.part_size))
         if parts > MAX_PARTS:
             raise WriteRefused(errno.EFBIG, f"{self.key}: {size} bytes need more than {MAX_PARTS} "

@@ -42,6 +42,10 @@ class FileHandle(ABC):
     """One open of a file for writing (fs keeps one per file handle). Reads through it
     see what was written through it, before it is stored."""
 
+    #: True when the kernel must not cache this open's pages: the bytes are staged apart
+    #: from the store, and other readers of the file must keep seeing the stored ones
+    direct_io: bool = False
+
     @property
     @abstractmethod
     def size(self) -> int: ...
@@ -112,10 +116,13 @@ class FileNode(Node):
         """Called at each open: a live file snapshots its content here, so the size a
         ``stat`` reports is the size of the bytes the reader gets."""
 
-    def reader(self) -> FileNode:
+    async def reader(self) -> FileNode:
         """What one open for reading reads: this node, or a copy pinned to the content it
         holds now (so a reader never gets a mix of two versions of a replaced file)."""
         return self
+
+    def released(self) -> None:  # noqa: B027 - optional hook
+        """The open that :meth:`reader` returned this node for was closed."""
 
     async def open_write(self, truncate: bool) -> FileHandle:
         """Open for writing (the fs layer calls it for opens with write flags)."""

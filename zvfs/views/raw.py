@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 
 from zvfs.cache.tree import build_tree_index
-from zvfs.stores.base import KeyInfo, KeyNotFound, Listing, Stale, StoreError
+from zvfs.stores.base import KeyInfo, KeyNotFound, KeyReader, Listing, Stale, StoreError
 from zvfs.stores.keys import bad_segment
 from zvfs.views.context import MountContext
 from zvfs.views.node import DirNode, FileHandle, FileNode, Node, NodeError
@@ -65,16 +65,27 @@ class RawFile(FileNode):
             if info is not None:
                 self._size, self._mtime, self._version = info.size, info.mtime, info.version
 
-    def reader(self) -> FileNode:
-        """An open reads the version there is now: its blocks are fetched only from that
-        version (S3's If-Match) and cached under its epoch, so a file replaced while it is
-        read gives the old bytes from the cache or ESTALE, never a mix of both."""
+    async def reader(self) -> FileNode:
+        """An open reads the version there is now, whatever happens to the key meanwhile.
+
+        A local file is read through one descriptor opened now (as on the directory, a
+        rename over the key does not change what an open reader reads). An S3 object is
+        read only from the version it has now (If-Match on its ETag, blocks cached under
+        its epoch): a file replaced while it is read gives the old bytes from the cache or
+        ESTALE, never a mix. While the key is being rewritten through the mount, readers
+        get the stored object, uncached by the kernel, not the staged bytes.
+        """
         self._refresh()
-        if self._version is None or self.ctx.writers.get(self.key):
+        staged = any(h.direct_io for h in self.ctx.writers.get(self.key, ()))
+        local = await store_call(self.key, self.ctx.store.open_reader, self.key) if not staged else None
+        if local is not None:
+            return LocalReader(self.key, local, self._mtime)
+        if self._version is None and not staged:
             return self
         info = KeyInfo(self._size, self._mtime, self._version)
         pinned = RawFile(self.ctx, self.key, info, self.listing, pinned=True)
         pinned._epoch = self._epoch
+        pinned.direct_io = staged
         return pinned
 
     @property
@@ -101,10 +112,7 @@ class RawFile(FileNode):
             raise NodeError(errno.EROFS)
         store = self.ctx.store
         writer = await store_call(self.key, store.open_writer, self.key, truncate=truncate, create=False)
-        handle = WriteHandle(self.ctx, self.key, writer)
-        if truncate:  # an emptied file is a change even if nothing is written
-            self.ctx.listing_put(self.key, KeyInfo(0, time.time()))
-        return handle
+        return WriteHandle(self.ctx, self.key, writer)
 
     async def set_size(self, size: int) -> None:
         handle = await self.open_write(truncate=size == 0)
@@ -199,6 +207,31 @@ class RawFile(FileNode):
         for key, info in walk.advise(self.key):
             node = RawFile(self.ctx, key, info)
             self.ctx.background(node._block, 0, True)
+
+
+class LocalReader(FileNode):
+    """One open of a local file (directory store): reads go to the descriptor opened at open."""
+
+    def __init__(self, key: str, reader: KeyReader, mtime: float) -> None:
+        self.key = key
+        self._reader = reader
+        self.mtime = mtime
+        self.immutable = False
+
+    @property
+    def size(self) -> int:
+        return self._reader.size
+
+    async def read(self, offset: int, length: int) -> bytes:
+        if length <= 0 or offset >= self._reader.size:
+            return b""
+        try:
+            return await run_blocking(self._reader.read, offset, length)
+        except StoreError as exc:
+            raise NodeError(errno.EIO, str(exc), key=self.key) from exc
+
+    def released(self) -> None:
+        self._reader.close()
 
 
 def _files_in_order(tree: dict[str, Listing], prefix: str = "") -> list[tuple[str, KeyInfo]]:

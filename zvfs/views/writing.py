@@ -42,6 +42,7 @@ class WriteHandle(FileHandle):
         self.ctx = ctx
         self.key = key
         self.writer = writer
+        self.direct_io = writer.staged
         self._unlinked = False
         ctx.writers.setdefault(key, []).append(self)
 
