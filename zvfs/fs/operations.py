@@ -81,6 +81,7 @@ class ZvfsOperations(pyfuse3.Operations):
         self._paths: dict[int, str] = {ROOT: "/"}
         self._parent: dict[int, int] = {ROOT: ROOT}
         self._ino_of: dict[tuple[int, str], int] = {}
+        self._name_of: dict[int, tuple[int, str]] = {}
         self._lookups: dict[int, int] = {}
         self._next_ino = itertools.count(ROOT + 1)
         self._dir_handles: dict[int, list[tuple[str, int, Node]]] = {}
@@ -89,6 +90,8 @@ class ZvfsOperations(pyfuse3.Operations):
         #: inode -> (node version, monotonic time) of the kernel's cached pages
         self._page_epochs: dict[int, tuple[object, float]] = {}
         self._files: dict[int, _Open] = {}
+        #: inode -> the size the kernel knows (our last answer, or what was written through it)
+        self._told: dict[int, int] = {}
         self._derived_prefixes = tuple(derived)
         self._derived: set[int] = set()
         self._invalidating = False
@@ -111,6 +114,7 @@ class ZvfsOperations(pyfuse3.Operations):
         if ino is None:
             ino = next(self._next_ino)
             self._ino_of[key] = ino
+            self._name_of[ino] = key
             self._parent[ino] = parent
             base = self._paths[parent]
             path = self._paths[ino] = base.rstrip("/") + "/" + name
@@ -134,7 +138,7 @@ class ZvfsOperations(pyfuse3.Operations):
         a.st_rdev = 0
         if isinstance(node, FileNode):
             a.st_nlink = 1
-            a.st_size = node.size
+            a.st_size = self._told[ino] = node.size
         else:
             a.st_nlink = 2
             a.st_size = 0
@@ -210,6 +214,7 @@ class ZvfsOperations(pyfuse3.Operations):
                 continue
             self._lookups.pop(ino, None)
             self._page_epochs.pop(ino, None)  # the kernel's inode, and its pages, are gone
+            self._told.pop(ino, None)
             if ino != ROOT:
                 # the number stays bound to its path (_ino_of); only the node object goes
                 self._nodes.pop(ino, None)
@@ -258,6 +263,10 @@ class ZvfsOperations(pyfuse3.Operations):
         node = self._node(inode)
         if not isinstance(node, FileNode):
             raise pyfuse3.FUSEError(errno.EISDIR)
+        if self._ino_of.get(self._name_of.get(inode, (0, ""))) != inode:
+            # its name was removed or replaced through the mount after the kernel looked it
+            # up: ESTALE makes the kernel look the path up again and open what is there now
+            raise pyfuse3.FUSEError(errno.ESTALE)
         handle = None
         if flags & _WRITE_FLAGS:
             if not node.writable:
@@ -267,11 +276,20 @@ class ZvfsOperations(pyfuse3.Operations):
             keep = self._keep_pages(inode, node)
         else:
             node.opened()
-            keep = self._keep_pages(inode, node)
             node = await self._call(f"open {self._paths.get(inode)}", node.reader())
+            # after reader(): the pages kept are those of the content this open reads
+            before = self._page_epochs.get(inode)
+            keep = self._keep_pages(inode, node)
         fh = next(self._next_fh)
         self._files[fh] = _Open(inode, node, handle)
+        # a reader whose bytes are not what the kernel knows of the inode (the key was
+        # replaced since the kernel's lookup, or since an earlier open whose pages another
+        # reader may still be filling) reads past the kernel's cache and size: uncut,
+        # unpadded, unmixed
         direct = node.direct_io or (handle is not None and handle.direct_io)
+        if handle is None and not direct:
+            direct = node.size != self._told.get(inode) or (
+                before is not None and not keep and before[0] != node.version())
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep and not direct, direct_io=direct)
 
     def _keep_pages(self, inode: int, node: FileNode) -> bool:
@@ -375,6 +393,7 @@ class ZvfsOperations(pyfuse3.Operations):
             return
         counters.add("fuse_ops_flush")
         await self._call(f"flush {self._paths.get(f.ino)}", f.handle.flush())
+        self._told[f.ino] = f.handle.size  # the kernel's size: what was written through it
 
     async def fsync(self, fh: int, datasync: bool) -> None:
         counters.add("fuse_ops_fsync")
@@ -438,6 +457,7 @@ class ZvfsOperations(pyfuse3.Operations):
             return
         # the number moves with the entry (the kernel moved its dentry), and so do the paths below
         self._ino_of[(parent_inode_new, new)] = ino
+        self._name_of[ino] = (parent_inode_new, new)
         self._parent[ino] = parent_inode_new
         old_path, new_path = self._paths[ino], self._child_path(parent_inode_new, new)
         moved = await dst.lookup(new)
@@ -471,6 +491,9 @@ class ZvfsOperations(pyfuse3.Operations):
         ino = self._ino_of.pop((parent, name), None)
         if ino is not None:
             self._page_epochs.pop(ino, None)
+            node = self._nodes.get(ino)
+            if node is not None:
+                node.detach()
 
     # -- keeping the kernel's caches of derived files true ---------------------
 

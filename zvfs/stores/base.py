@@ -128,6 +128,8 @@ class KeyReader(ABC):
     descriptor): a reader keeps that content even if the key is replaced meanwhile."""
 
     size: int
+    #: what the content is (a local file's device, inode, size and mtime), to compare
+    version: object
 
     @abstractmethod
     def read(self, offset: int, length: int) -> bytes: ...
@@ -161,6 +163,8 @@ class Store(ABC):
     #: True when directories exist only as prefixes of keys (S3): an empty directory
     #: made by mkdir lives in the mount only, until it gets children
     implicit_dirs: bool = False
+    #: True when written bytes are staged apart and replace the key whole at commit (S3)
+    stages_writes: bool = False
 
     @abstractmethod
     def get(self, key: str) -> bytes:
@@ -277,6 +281,7 @@ class WrappedStore(Store):
         self.flat_listing = inner.flat_listing
         self.can_write = inner.can_write
         self.implicit_dirs = inner.implicit_dirs
+        self.stages_writes = inner.stages_writes
 
     def get(self, key: str) -> bytes:
         return self.inner.get(key)

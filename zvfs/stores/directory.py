@@ -161,7 +161,7 @@ class DirectoryStore(Store):
 
     def open_reader(self, key: str) -> KeyReader:
         fd, st = self._open(key)
-        return _FileReader(key, fd, st.st_size)
+        return _FileReader(key, fd, st)
 
     def info(self, key: str) -> KeyInfo:
         check_key(key)
@@ -385,9 +385,10 @@ class _FileReader(KeyReader):
     """A file of the directory open for reading: one descriptor for the whole open, so a
     rename over the key does not change what this reader reads (as on the directory)."""
 
-    def __init__(self, key: str, fd: int, size: int) -> None:
+    def __init__(self, key: str, fd: int, st: os.stat_result) -> None:
         self.key = key
-        self.size = size
+        self.size = st.st_size
+        self.version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         self._fd = fd
 
     def read(self, offset: int, length: int) -> bytes:

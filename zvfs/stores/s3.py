@@ -126,6 +126,7 @@ class S3Store(Store):
 
     can_write = True
     implicit_dirs = True
+    stages_writes = True
     #: set by enable_writes
     staging: Any = None
     part_size = 8 << 20

@@ -80,6 +80,10 @@ class Node(ABC):
     async def set_mtime(self, mtime: float) -> None:
         raise read_only()
 
+    def detach(self) -> None:  # noqa: B027 - optional hook
+        """The name this node was found under now names something else (it was replaced or
+        removed): the node keeps describing what it was, and stops following the name."""
+
     @property
     @abstractmethod
     def mode(self) -> int: ...

@@ -46,7 +46,7 @@ class RawFile(FileNode):
         self._mtime = info.mtime
         self._version = info.version  # S3's ETag: reads are pinned to it
         self._pinned = pinned
-        self._epoch = ctx.epoch(key)
+        self._epoch = self._born = ctx.epoch(key)
         self.immutable = ctx.immutable
         self.writable = ctx.writable
         # a window as large as the cache evicts the blocks fetched ahead before they are
@@ -65,6 +65,9 @@ class RawFile(FileNode):
             if info is not None:
                 self._size, self._mtime, self._version = info.size, info.mtime, info.version
 
+    def detach(self) -> None:
+        self._pinned = True
+
     async def reader(self) -> FileNode:
         """An open reads the version there is now, whatever happens to the key meanwhile.
 
@@ -73,13 +76,24 @@ class RawFile(FileNode):
         read only from the version it has now (If-Match on its ETag, blocks cached under
         its epoch): a file replaced while it is read gives the old bytes from the cache or
         ESTALE, never a mix. While the key is being rewritten through the mount, readers
-        get the stored object, uncached by the kernel, not the staged bytes.
+        get the stored object, not the staged bytes.
+
+        The kernel keeps one size per inode, and a writer's truncating open changes it for
+        every reader: so on a writable S3 mount reads bypass the kernel's page cache (as
+        mountpoint-s3's do without its cache) and end where the pinned version ends; so
+        does a local reader whose file is not the size the kernel was told (the key was
+        replaced between the kernel's lookup and this open; the fs layer checks that).
         """
         self._refresh()
-        staged = any(h.direct_io for h in self.ctx.writers.get(self.key, ()))
-        local = await store_call(self.key, self.ctx.store.open_reader, self.key) if not staged else None
+        store = self.ctx.store
+        staged = self.ctx.writable and store.stages_writes
+        local = await store_call(self.key, store.open_reader, self.key) if not staged else None
         if local is not None:
-            return LocalReader(self.key, local, self._mtime)
+            node = LocalReader(self.key, local, self._mtime)
+            # written through the mount since the kernel met this inode: the kernel's size
+            # for it may be another version's, so the reader reads to its own end
+            node.direct_io = self._epoch != self._born
+            return node
         if self._version is None and not staged:
             return self
         info = KeyInfo(self._size, self._mtime, self._version)
@@ -221,6 +235,9 @@ class LocalReader(FileNode):
     @property
     def size(self) -> int:
         return self._reader.size
+
+    def version(self) -> object:
+        return self._reader.version
 
     async def read(self, offset: int, length: int) -> bytes:
         if length <= 0 or offset >= self._reader.size:
