@@ -84,11 +84,15 @@ def test_tiny_chunks_read_in_bounded_memory(tmp_path, mount) -> None:
     (pid,) = daemon_pids(mnt.path)
     os.listdir(mnt.path / ".zvfs/arrays")  # the decoded views imported: what follows is the read's
     base = vm_hwm_kib(pid)
+    t0 = time.monotonic()
     with open(mnt.path / ".zvfs/arrays/t/data.raw", "rb", buffering=0) as f:
         got = f.read(64 * 1024)
+    took = time.monotonic() - t0
     assert got == want
     grew = (vm_hwm_kib(pid) - base) / 1024
     assert grew < 16 + 48, f"daemon RSS peak grew by {grew:.0f} MiB"
+    # bounded in time too (about 3 s on a loaded 2-core machine)
+    assert took < 30, f"a 64 KiB read of 65,536 tiny chunks took {took:.1f} s"
 
 
 def test_never_written_huge_chunk_is_not_materialised(tmp_path, mount) -> None:
