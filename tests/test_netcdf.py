@@ -600,3 +600,34 @@ def test_mirror_awkward_attributes(mount, tmp_path: Path) -> None:
                 else:
                     assert np.array_equal(np.atleast_1d(got[name]), np.atleast_1d(np.array(value).astype(np.asarray(got[name]).dtype)))
         assert ds["a"].getncattr("_FillValue") == np.float32(zarr.open_array(str(store), path="a", mode="r").fill_value)
+
+
+# --------------------------------------------------------------------------- Zarr Vectors stores
+
+
+def test_zv_store_shows_only_plain_arrays(mount) -> None:
+    """A Zarr Vectors store: a level is no netCDF variable; its groups' plain arrays are, equal to
+    zarr-python's reading, and its variable-length arrays are named in zvfs_left_out."""
+    src = FIXTURES / "zv" / "v09" / "points_pyramid.zarr"
+    m = mount(src)
+    top = m.path / ".zvfs" / "netcdf"
+    files = sorted(top.rglob("*.nc"))
+    assert top / "0.nc" in files
+    checked = left_out = 0
+    for f in files:
+        assert run([tool("ncdump"), "-h", str(f)]).returncode == 0, f
+        group = f.relative_to(top).with_suffix("").as_posix()
+        group = "" if group == "root" else group
+        with netCDF4.Dataset(f) as ds:
+            ds.set_auto_maskandscale(False)
+            for name, var in ds.variables.items():
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    ref = np.asarray(zarr.open_array(str(src), path=f"{group}/{name}".strip("/"), mode="r")[...])
+                assert same_values(served(ref, var[...]), ref.astype(ref.dtype.newbyteorder("="))), (f, name)
+                checked += 1
+            if LEFT_OUT in ds.ncattrs():
+                left_out += len(re.findall(r"variable-length", ds.getncattr(LEFT_OUT)))
+    assert checked > 0 and left_out > 0
+    with netCDF4.Dataset(top / "0.nc") as ds:
+        assert "vertices" not in ds.variables and "vertices: " in ds.getncattr(LEFT_OUT)
