@@ -29,7 +29,7 @@ from zvfs.stores.directory import DirectoryStore
 from zvfs.views.context import MountContext
 from zvfs.views.root import CONTROL_NAME, MountRoot, build_root, load_decoded_views
 from zvfs.views.usage import StoreUsage
-from zvfs.workers import run_blocking, set_worker_limit
+from zvfs.workers import run_abandonable, run_blocking, set_worker_limit
 
 log = logging.getLogger("zvfs")
 
@@ -145,7 +145,7 @@ async def _announce_ready(mountpoint: str, ready_fd: int | None) -> None:
     # stat goes through FUSE, so it proves the loop answers; it must leave the trio thread.
     # The thread is abandoned if a signal stops the loop first: its stat would then wait
     # for an answer that never comes, until the unmount fails it.
-    await trio.to_thread.run_sync(os.stat, mountpoint, cancellable=True)
+    await run_abandonable(os.stat, mountpoint)
     await run_blocking(tune_kernel, mountpoint)
     log.info("mounted %s", mountpoint)
     if ready_fd is not None:

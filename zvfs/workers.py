@@ -40,6 +40,13 @@ _ABANDON: dict[str, Any] = (
 )
 
 
+async def run_abandonable(fn: Callable[..., T], *args: object) -> T:
+    """``fn(*args)`` in a thread of its own (outside the worker limit), abandoned if the
+    caller is cancelled: for calls that may wait on the mount itself (a stat through FUSE,
+    the kernel's cache invalidation)."""
+    return await trio.to_thread.run_sync(fn, *args, **_ABANDON)
+
+
 async def run_blocking(fn: Callable[..., T], *args: object) -> T:
     """Run ``fn(*args)`` in a worker thread (one hop) and return its result."""
     global _limiter

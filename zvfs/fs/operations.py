@@ -42,6 +42,7 @@ import trio
 
 from zvfs.stats import counters
 from zvfs.views.node import DirNode, FileHandle, FileNode, Node, NodeError
+from zvfs.workers import run_abandonable
 
 log = logging.getLogger("zvfs")
 
@@ -519,7 +520,7 @@ class ZvfsOperations(pyfuse3.Operations):
                 entries = [(self._parent[i], os.fsencode(self._paths[i].rpartition("/")[2])) for i in tops]
                 for ino in inodes:
                     self._page_epochs.pop(ino, None)
-                await trio.to_thread.run_sync(_invalidate, inodes, entries)
+                await run_abandonable(_invalidate, inodes, entries)
                 if not self._invalidate_again:
                     return
         finally:

@@ -165,6 +165,8 @@ class Store(ABC):
     implicit_dirs: bool = False
     #: True when written bytes are staged apart and replace the key whole at commit (S3)
     stages_writes: bool = False
+    #: True when open_reader gives handles (local files); else readers pin by version
+    opens_readers: bool = False
 
     @abstractmethod
     def get(self, key: str) -> bytes:
@@ -282,6 +284,7 @@ class WrappedStore(Store):
         self.can_write = inner.can_write
         self.implicit_dirs = inner.implicit_dirs
         self.stages_writes = inner.stages_writes
+        self.opens_readers = inner.opens_readers
 
     def get(self, key: str) -> bytes:
         return self.inner.get(key)

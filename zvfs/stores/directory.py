@@ -52,6 +52,7 @@ class DirectoryStore(Store):
     """
 
     can_write = True
+    opens_readers = True
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         shown = os.path.abspath(os.fspath(root))

@@ -87,7 +87,9 @@ class RawFile(FileNode):
         self._refresh()
         store = self.ctx.store
         staged = self.ctx.writable and store.stages_writes
-        local = await store_call(self.key, store.open_reader, self.key) if not staged else None
+        local = None
+        if store.opens_readers and not staged:
+            local = await store_call(self.key, store.open_reader, self.key)
         if local is not None:
             node = LocalReader(self.key, local, self._mtime)
             # written through the mount since the kernel met this inode: the kernel's size
