@@ -158,7 +158,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("cache_min_free", parse_size, 1 << 30, "free space --cache-dir always leaves on its disk"),
     Option("s3_attempts", parse_count, 10, "tries per S3 request: throttling, 5xx, resets, stalls and broken bodies are retried with exponential backoff and jitter"),
     Option("s3_timeout", parse_seconds, 10.0, "seconds an S3 try waits to connect or for the next bytes"),
-    Option("s3_deadline", parse_seconds, 60.0, "seconds after which an S3 request stops retrying: a read fails with EIO within about s3_deadline + s3_timeout"),
+    Option("s3_deadline", parse_seconds, 60.0, "seconds after which an S3 request stops retrying: a read fails with EIO within about s3_deadline + s3_timeout + 2 seconds"),
     Option("threads", parse_count, 16, "worker threads for store I/O and decoding (at least 1)"),
     Option("allow_other", None, False, "let other users access the mount (needs user_allow_other in /etc/fuse.conf for non-root)"),
     Option("log_file", parse_log_file, None, "write the log here, or 'syslog'",
