@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
-from zvfs.stores.base import KeyNotFound
+from zvfs.stores.base import KeyNotFound, StoreError
 from zvfs.stores.keys import bad_segment
 
 
@@ -44,3 +45,30 @@ class LogOnce:
                 return
             self._seen.add(key)
         self._logger.warning(msg, *args)
+
+
+def pread_all(fd: int, start: int, length: int, key: str, *, until_eof: bool = False) -> bytes:
+    """Read ``length`` bytes at ``start`` (fewer at EOF); with until_eof, read past a grown file."""
+    parts: list[bytes] = []
+    pos, left = start, length
+    try:
+        while left > 0 or until_eof:
+            want = left if left > 0 else 1 << 20
+            chunk = os.pread(fd, min(want, 1 << 26), pos)
+            if not chunk:
+                break
+            parts.append(chunk)
+            pos += len(chunk)
+            left -= len(chunk)
+    except OSError as e:
+        raise StoreError(f"{key}: read failed: {e.strerror}") from e
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> int:
+    """Write all of ``data`` at ``offset`` (pwrite may write less than asked); returns its length."""
+    view = memoryview(data)
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], offset + done)
+    return done

@@ -20,7 +20,7 @@ import stat
 import time
 from collections.abc import Iterator
 
-from zvfs.stores._util import LogOnce, check_key, check_prefix, safe_name
+from zvfs.stores._util import LogOnce, check_key, check_prefix, pread_all, pwrite_all, safe_name
 from zvfs.stores.base import (
     KeyInfo,
     KeyNotFound,
@@ -135,7 +135,7 @@ class DirectoryStore(Store):
     def get(self, key: str) -> bytes:
         fd, st = self._open(key)
         try:
-            return _pread_all(fd, 0, max(st.st_size, 0), key, until_eof=True)
+            return pread_all(fd, 0, max(st.st_size, 0), key, until_eof=True)
         finally:
             os.close(fd)
 
@@ -144,7 +144,7 @@ class DirectoryStore(Store):
         try:
             if st.st_size > limit:
                 raise StoreError(f"{key}: file holds {st.st_size} bytes, more than the {limit} it may")
-            data = _pread_all(fd, 0, limit + 1, key)
+            data = pread_all(fd, 0, limit + 1, key)
         finally:
             os.close(fd)
         if len(data) > limit:  # grew since fstat
@@ -156,7 +156,7 @@ class DirectoryStore(Store):
             raise StoreError(f"{key}: bad range start={start} length={length}")
         fd, _st = self._open(key)
         try:
-            return _pread_all(fd, start, length, key)
+            return pread_all(fd, start, length, key)
         finally:
             os.close(fd)
 
@@ -393,7 +393,7 @@ class _FileReader(KeyReader):
         self._fd = fd
 
     def read(self, offset: int, length: int) -> bytes:
-        return _pread_all(self._fd, offset, length, self.key)
+        return pread_all(self._fd, offset, length, self.key)
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -413,17 +413,13 @@ class _FileWriter(KeyWriter):
         return os.fstat(self._fd).st_size
 
     def write(self, offset: int, data: bytes) -> int:
-        view = memoryview(data)
-        done = 0
         try:
-            while done < len(view):
-                done += os.pwrite(self._fd, view[done:], offset + done)
+            return pwrite_all(self._fd, data, offset)
         except OSError as e:
             raise _refused(self.key, e) from None
-        return done
 
     def read(self, offset: int, length: int) -> bytes:
-        return _pread_all(self._fd, offset, length, self.key)
+        return pread_all(self._fd, offset, length, self.key)
 
     def truncate(self, size: int) -> None:
         try:
@@ -444,21 +440,3 @@ class _FileWriter(KeyWriter):
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-
-def _pread_all(fd: int, start: int, length: int, key: str, *, until_eof: bool = False) -> bytes:
-    """Read ``length`` bytes at ``start`` (fewer at EOF); with until_eof, read past a grown file."""
-    parts: list[bytes] = []
-    pos, left = start, length
-    try:
-        while left > 0 or until_eof:
-            want = left if left > 0 else 1 << 20
-            chunk = os.pread(fd, min(want, 1 << 26), pos)
-            if not chunk:
-                break
-            parts.append(chunk)
-            pos += len(chunk)
-            left -= len(chunk)
-    except OSError as e:
-        raise StoreError(f"{key}: read failed: {e.strerror}") from e
-    return parts[0] if len(parts) == 1 else b"".join(parts)
