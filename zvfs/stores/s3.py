@@ -64,6 +64,8 @@ _SERVER = {"InternalError", "RequestTimeout", "RequestTimeTooSkewed", "BadGatewa
 #: response breaks while botocore parses it
 _REQUEST_ERRORS = (bce.BotoCoreError, bce.ClientError, u3e.HTTPError, OSError)
 _UNREACHABLE = (bce.EndpointConnectionError, bce.ConnectTimeoutError, bce.ConnectionClosedError)
+#: writes that may carry a condition (If-None-Match): a refused condition means EEXIST
+_CONDITIONAL_WRITES = frozenset({"PutObject", "CompleteMultipartUpload"})
 #: bytes read from a response body per call: the unit a broken body is resumed at
 _BODY_PIECE = 1 << 20
 
@@ -581,6 +583,11 @@ class S3Store(Store):
         """The error a failed request becomes: its message is the one log line the user reads."""
         if kind == "not_found":
             return KeyNotFound(key)
+        if isinstance(exc, bce.ClientError) and op in _CONDITIONAL_WRITES:
+            if _code(exc) == "PreconditionFailed" or _status(exc) == 412:  # If-None-Match: *
+                return WriteRefused(errno.EEXIST, f"{key}: exists already")
+            if _code(exc) == "NotImplemented" or _status(exc) == 501:
+                return WriteRefused(errno.ENOTSUP, f"{key}: S3 {op}: the server does not implement it")
         counters.add("store_failures")
         if isinstance(exc, bce.ClientError):
             code = _code(exc) or str(_status(exc))

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from zvfs.stats import counters
+from zvfs.stores._util import pread_all, pwrite_all
 from zvfs.stores.base import KeyInfo, KeyWriter, StoreError, WriteRefused
 from zvfs.stores.staging import Staging
 
@@ -78,8 +79,7 @@ class S3Writer(KeyWriter):
             piece = self.store.get_range(self.key, pos, min(self.part_size, size - pos))
             if not piece:
                 raise StoreError(f"{self.key}: object shrank while it was fetched for writing")
-            os.pwrite(self._fd, piece, pos)
-            pos += len(piece)
+            pos += pwrite_all(self._fd, piece, pos)
         self._seq_end = size
 
     @property
@@ -100,23 +100,10 @@ class S3Writer(KeyWriter):
             if offset <= self._seq_end < end:
                 self._seq_end = end
             self._dirty = True
-        view = memoryview(data)
-        done = 0
-        while done < len(view):
-            done += os.pwrite(self._fd, view[done:], offset + done)
-        return done
+        return pwrite_all(self._fd, data, offset)
 
     def read(self, offset: int, length: int) -> bytes:
-        length = max(0, min(length, self._size - offset))
-        out = []
-        while length > 0:
-            piece = os.pread(self._fd, length, offset)
-            if not piece:
-                break
-            out.append(piece)
-            offset += len(piece)
-            length -= len(piece)
-        return b"".join(out)
+        return pread_all(self._fd, offset, max(0, min(length, self._size - offset)), self.key)
 
     def truncate(self, size: int) -> None:
         with self._lock:
@@ -209,19 +196,7 @@ class S3Writer(KeyWriter):
         return KeyInfo(size, time.time())
 
     def _put_whole(self, size: int) -> None:
-        data = self.read(0, size)
-        kw: dict[str, Any] = {"Bucket": self.store.bucket, "Key": self.store.prefix + self.key,
-                              "Body": data}
-        if self._exclusive and not self._committed:
-            kw["IfNoneMatch"] = "*"
-        t0 = time.perf_counter()
-        try:
-            self.store._request(self.key, "PutObject", lambda c: c.put_object(**kw))
-        except StoreError as exc:
-            if "PreconditionFailed" in str(exc):
-                raise WriteRefused(errno.EEXIST, f"{self.key}: exists already") from None
-            raise
-        _count_put(size, time.perf_counter() - t0)
+        put_key(self.store, self.key, self.read(0, size), if_absent=self._exclusive and not self._committed)
 
     def _finish_upload(self, size: int) -> None:
         if self._exclusive and not self._committed and self.store.exists(self.key):
@@ -333,19 +308,24 @@ def link_key(store: S3Store, src: str, dst: str) -> None:
     if info.size > LINK_PUT_LIMIT:
         copy_key(store, src, dst, info.size)
         return
-    data = store.get(src)
-    full = store.prefix + dst
+    put_key(store, dst, store.get(src), if_absent=True)
+
+
+def put_key(store: S3Store, key: str, data: bytes, if_absent: bool = False) -> None:
+    """One PUT of ``data`` as ``key``. ``if_absent``: EEXIST if the key exists, by a conditional
+    PUT (If-None-Match: *), or where the server does not implement that, a check first."""
+    kw: dict[str, Any] = {"Bucket": store.bucket, "Key": store.prefix + key, "Body": data}
+    t0 = time.perf_counter()
     try:
-        store._request(dst, "PutObject", lambda c: c.put_object(
-            Bucket=store.bucket, Key=full, Body=data, IfNoneMatch="*"))
-    except StoreError as exc:
-        text = str(exc)
-        if "PreconditionFailed" in text or "412" in text:
-            raise WriteRefused(errno.EEXIST, f"{dst}: exists already") from None
-        if "NotImplemented" not in text and "501" not in text:
+        store._request(key, "PutObject", lambda c: c.put_object(**kw, **(
+            {"IfNoneMatch": "*"} if if_absent else {})))
+    except WriteRefused as exc:
+        if exc.errno != errno.ENOTSUP:
             raise
-        store._request(dst, "PutObject", lambda c: c.put_object(Bucket=store.bucket, Key=full, Body=data))
-    _count_put(len(data), 0.0)
+        if store.exists(key):
+            raise WriteRefused(errno.EEXIST, f"{key}: exists already") from None
+        store._request(key, "PutObject", lambda c: c.put_object(**kw))
+    _count_put(len(data), time.perf_counter() - t0)
 
 
 def rename_prefix(store: S3Store, src: str, dst: str) -> None:
