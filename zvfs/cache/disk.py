@@ -228,9 +228,3 @@ class _ForgetOnCommit(KeyWriter):
 
     def background_work(self) -> list[Callable[[], None]]:
         return self._inner.background_work()
-
-    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
-        """Writer-specific extras (an S3 writer's staged path) pass through."""
-        if name == "_inner":
-            raise AttributeError(name)
-        return getattr(self._inner, name)

@@ -342,8 +342,3 @@ class WrappedStore(Store):
     def set_mtime(self, key: str, mtime: float) -> None:
         self.inner.set_mtime(key, mtime)
 
-    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
-        """Store-specific extras (an S3 store's unfinished uploads) pass through too."""
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
