@@ -80,7 +80,6 @@ class ZvfsOperations(pyfuse3.Operations):
         self._usage = usage
         self._nodes: dict[int, Node] = {ROOT: root}
         self._paths: dict[int, str] = {ROOT: "/"}
-        self._parent: dict[int, int] = {ROOT: ROOT}
         self._ino_of: dict[tuple[int, str], int] = {}
         self._name_of: dict[int, tuple[int, str]] = {}
         self._lookups: dict[int, int] = {}
@@ -116,9 +115,7 @@ class ZvfsOperations(pyfuse3.Operations):
             ino = next(self._next_ino)
             self._ino_of[key] = ino
             self._name_of[ino] = key
-            self._parent[ino] = parent
-            base = self._paths[parent]
-            path = self._paths[ino] = base.rstrip("/") + "/" + name
+            path = self._paths[ino] = self._child_path(parent, name)
             if self._derived_prefixes and path.startswith(self._derived_prefixes):
                 self._derived.add(ino)
         self._nodes[ino] = node
@@ -188,11 +185,11 @@ class ZvfsOperations(pyfuse3.Operations):
         if sname == ".":
             return await self.getattr(parent_inode)
         if sname == "..":
-            return await self.getattr(self._parent.get(parent_inode, ROOT))
+            return await self.getattr(self._parent(parent_inode))
         parent = self._node(parent_inode)
         if not isinstance(parent, DirNode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
-        path = self._paths[parent_inode].rstrip("/") + "/" + sname
+        path = self._child_path(parent_inode, sname)
         child = await self._call(f"lookup {path}", parent.lookup(sname))
         if child is None:
             neg = pyfuse3.EntryAttributes()
@@ -229,7 +226,7 @@ class ZvfsOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         entries = await self._call(f"readdir {self._paths[inode]}", node.children())
         fh = next(self._next_fh)
-        parent = self._parent.get(inode, ROOT)
+        parent = self._parent(inode)
         # '.' and '..' come first, as on every POSIX file system; the kernel takes no
         # lookup reference for them (fuse_direntplus_link skips them), so neither do we
         snapshot = [(".", inode, node), ("..", parent, self._nodes.get(parent, node))]
@@ -321,9 +318,11 @@ class ZvfsOperations(pyfuse3.Operations):
 
     async def release(self, fh: int) -> None:
         f = self._files.pop(fh, None)
-        if f is not None and f.handle is None:
+        if f is None:
+            return
+        if f.handle is None:
             f.node.released()
-        if f is not None and f.handle is not None:
+        else:
             try:
                 await self._call(f"release {self._paths.get(f.ino, f.ino)}", f.handle.release())
             except pyfuse3.FUSEError:
@@ -368,6 +367,9 @@ class ZvfsOperations(pyfuse3.Operations):
 
     def _child_path(self, parent: int, name: str) -> str:
         return self._paths.get(parent, "/").rstrip("/") + "/" + name
+
+    def _parent(self, ino: int) -> int:
+        return self._name_of.get(ino, (ROOT, ""))[0]
 
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx):  # type: ignore[no-untyped-def,override]
         counters.add("fuse_ops_create")
@@ -459,7 +461,6 @@ class ZvfsOperations(pyfuse3.Operations):
         # the number moves with the entry (the kernel moved its dentry), and so do the paths below
         self._ino_of[(parent_inode_new, new)] = ino
         self._name_of[ino] = (parent_inode_new, new)
-        self._parent[ino] = parent_inode_new
         old_path, new_path = self._paths[ino], self._child_path(parent_inode_new, new)
         moved = await dst.lookup(new)
         if moved is not None:
@@ -517,7 +518,7 @@ class ZvfsOperations(pyfuse3.Operations):
                 tops = [i for i in inodes
                         if self._paths.get(i, "").rstrip("/").rpartition("/")[0] + "/"
                         in self._derived_prefixes]
-                entries = [(self._parent[i], os.fsencode(self._paths[i].rpartition("/")[2])) for i in tops]
+                entries = [(p, os.fsencode(n)) for p, n in map(self._name_of.__getitem__, tops)]
                 for ino in inodes:
                     self._page_epochs.pop(ino, None)
                 await run_abandonable(_invalidate, inodes, entries)
