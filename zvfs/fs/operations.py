@@ -305,7 +305,7 @@ class ZvfsOperations(pyfuse3.Operations):
         self._page_epochs[inode] = (version, now)
         return False
 
-    async def read(self, fh: int, off: int, size: int) -> bytes:
+    async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:  # type: ignore[override]
         counters.add("fuse_ops_read")
         f = self._files.get(fh)
         if f is None:
@@ -313,8 +313,8 @@ class ZvfsOperations(pyfuse3.Operations):
         source = f.handle if f.handle is not None else f.node
         data = await self._call(f"read {self._paths.get(f.ino, f.ino)}", source.read(off, size))
         counters.add("fuse_read_requests")
-        counters.add("fuse_read_bytes", len(data))
-        return bytes(data) if isinstance(data, memoryview) else data
+        counters.add("fuse_read_bytes", data.nbytes if isinstance(data, memoryview) else len(data))
+        return data  # any contiguous buffer: pyfuse3 replies from it without a copy
 
     async def release(self, fh: int) -> None:
         f = self._files.pop(fh, None)

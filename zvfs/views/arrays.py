@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,7 +22,7 @@ import trio
 from zvfs.formats.meta import ArrayMeta
 from zvfs.stores.base import KeyNotFound, StoreError
 from zvfs.views.context import MountContext
-from zvfs.views.layout import chunks_in_box, range_boxes
+from zvfs.views.layout import Box, chunks_in_box, range_boxes
 from zvfs.views.node import BytesFile, DirNode, FileNode, Node, NodeError
 from zvfs.views.readahead import ReadAhead
 from zvfs.workers import gather, run_blocking
@@ -58,9 +59,6 @@ class DecodedArray:
         self._reader: Any = None
         self._reader_epoch = 0
         self._open_lock = trio.Lock()
-        # the window is bounded in chunks too: 4 MiB ahead is 4 million 1-byte chunks
-        ceiling = min(64 << 20, ctx.cache_size // 4, meta.chunk_nbytes * 4 * CHUNK_BATCH)
-        self._ahead = ReadAhead(initial=min(4 << 20, ceiling), ceiling=max(meta.chunk_nbytes, ceiling))
 
     @property
     def content(self) -> tuple[object, ...]:
@@ -149,39 +147,91 @@ class DecodedArray:
 
         return await self.ctx.chunks.get(self.cache_key(idx, dtype.str), convert, ttl=self.ctx.metadata_ttl)
 
+    def _peek(self, idx: tuple[int, ...]) -> np.ndarray | None:
+        """Chunk ``idx`` if it is decoded already (a read then needs no task and no hop)."""
+        key = self.cache_key(idx)
+        chunk = self.ctx.chunks.peek(key)
+        if chunk is not None and key in self.ctx.prefetched:
+            self.ctx.prefetched.discard(key)
+            self.ctx.counters.add("prefetch_hits")
+        return chunk
+
     def _prefetch(self, start: int, stop: int) -> None:
-        """Decode ahead the chunks under bytes [start, stop) of the C-order array."""
+        """Decode ahead the chunks under bytes [start, stop) of the C-order array, as far as
+        the mount's prefetch budget allows (what it refuses, the reader decodes on demand)."""
         item = self.meta.dtype.itemsize
         boxes = range_boxes(self.meta.shape, start // item, -(-stop // item))
         for idx in dict.fromkeys(i for b in boxes for i in chunks_in_box(b, self.meta.chunks)):
             key = self.cache_key(idx)
-            if not self.ctx.chunks.contains(key):
-                self.ctx.prefetched.add(key)
-                self.ctx.counters.add("prefetch_requests")
-                self.ctx.background(self.chunk, idx)
+            if self.ctx.chunks.contains(key):
+                continue
+            if not self.ctx.prefetch(self.meta.chunk_nbytes, self.chunk, idx):
+                return
+            self.ctx.prefetched.add(key)
+            self.ctx.counters.add("prefetch_requests")
 
     async def chunks(self, indices: list[tuple[int, ...]]) -> dict[tuple[int, ...], np.ndarray]:
-        """Several chunks at once: fetched and decoded concurrently."""
-        return await gather(indices, self.chunk)
+        """Several chunks at once: the decoded ones at once, the rest fetched and decoded
+        concurrently (one worker hop each, so both cores decode)."""
+        out: dict[tuple[int, ...], np.ndarray] = {}
+        missing = []
+        for idx in indices:
+            chunk = self._peek(idx)
+            if chunk is None:
+                missing.append(idx)
+            else:
+                out[idx] = chunk
+        if missing:
+            out.update(await gather(missing, self.chunk))
+        return out
 
-    async def read_elements(self, start: int, stop: int) -> bytes:
-        """C-order elements [start, stop) of the whole array, in the declared byte order.
+    def read_ahead(self) -> ReadAhead:
+        """A fresh sequential detector for one open of a file over this array. Its window
+        starts at one stripe of the chunk grid (the bytes a row of chunks covers in C order),
+        so a streaming reader has the next chunks decoding while it reads this one."""
+        meta = self.meta
+        # bounded in chunks too: 4 MiB ahead is 4 million 1-byte chunks
+        ceiling = max(meta.chunk_nbytes, min(64 << 20, self.ctx.cache_size // 4,
+                                             meta.chunk_nbytes * 4 * CHUNK_BATCH))
+        stripe = meta.chunk_nbytes * (math.prod(meta.grid_shape[1:]) if meta.ndim else 1)
+        return ReadAhead(initial=min(ceiling, max(4 << 20, stripe)), ceiling=ceiling)
 
-        However many chunks the range touches, at most ``CHUNK_BATCH`` of them are
-        held by this read at a time, and tiny chunks are decoded a batch per worker
-        hop: a 1 MiB read of an array of 1-byte chunks costs bounded memory, not a
-        million tasks.
+    async def read_elements(self, start: int, stop: int) -> memoryview:
+        """C-order elements [start, stop) of the whole array, in the declared byte order, as bytes.
+
+        One copy at most: a range inside one decoded chunk whose bytes are contiguous there
+        (an array chunked by whole rows, read in step) is that chunk's own memory; any other
+        range is assembled in one buffer, each chunk's part copied straight into its place.
+
+        However many chunks the range touches, at most ``CHUNK_BATCH`` of them are held
+        by this read at a time, and tiny chunks are decoded a batch per worker hop: a
+        1 MiB read of an array of 1-byte chunks costs bounded memory, not a million tasks.
         """
         meta = self.meta
         boxes = list(range_boxes(meta.shape, start, stop))
-        outs = [np.empty(tuple(h - lo for lo, h in zip(*b, strict=True)), dtype=meta.dtype) for b in boxes]
         needed = list(dict.fromkeys(i for b in boxes for i in chunks_in_box(b, meta.chunks)))
+        if len(boxes) == 1 and len(needed) == 1:
+            idx = needed[0]
+            chunk = self._peek(idx)
+            if chunk is None:
+                chunk = await self.chunk(idx)
+            where = _chunk_part(meta.chunks, idx, boxes[0])
+            part = chunk[(*where[0], Ellipsis)] if where else chunk  # a view, 0-d included
+            if part.flags.c_contiguous:
+                return byte_view(part)
+        out = np.empty(stop - start, dtype=meta.dtype)
+        views, at = [], 0
+        for lo, hi in boxes:
+            shape = tuple(h - lo_ for lo_, h in zip(lo, hi, strict=True))
+            n = math.prod(shape)
+            views.append(out[at : at + n].reshape(shape))
+            at += n
         for n in range(0, len(needed), CHUNK_BATCH):
             group = needed[n : n + CHUNK_BATCH]
             decoded = await (self.chunks(group) if len(group) < CHUNK_BATCH else self._batch(group))
             for idx in group:
-                _copy_chunk(meta.chunks, idx, decoded[idx], boxes, outs)
-        return b"".join(o.tobytes() for o in outs)
+                _copy_chunk(meta.chunks, idx, decoded[idx], boxes, views)
+        return byte_view(out)
 
     async def _batch(self, indices: list[tuple[int, ...]]) -> dict[tuple[int, ...], np.ndarray]:
         """Many (small) chunks: the cached ones, and the rest decoded in one worker hop.
@@ -191,7 +241,7 @@ class DecodedArray:
         out: dict[tuple[int, ...], np.ndarray] = {}
         missing = []
         for idx in indices:
-            chunk = self.ctx.chunks.peek(self.cache_key(idx))
+            chunk = self._peek(idx)
             if chunk is None:
                 missing.append(idx)
             else:
@@ -211,15 +261,17 @@ class DecodedArray:
             out.update(await self.chunks(missing))
         return out
 
-    async def read_bytes(self, offset: int, length: int) -> bytes:
-        """Bytes [offset, offset+length) of the C-order array, clipped to its size."""
+    async def read_bytes(self, offset: int, length: int, ahead: ReadAhead | None = None) -> memoryview | bytes:
+        """Bytes [offset, offset+length) of the C-order array, clipped to its size. ``ahead``
+        is the reading open's own sequential detector (see :meth:`read_ahead`)."""
         total = self.meta.nbytes
         if offset >= total or length <= 0:
             return b""
         end = min(total, offset + length)
-        ahead = self._ahead.advise(offset, end, total)
         if ahead is not None:
-            self._prefetch(*ahead)
+            window = ahead.advise(offset, end, total)
+            if window is not None:
+                self._prefetch(*window)
         item = self.meta.dtype.itemsize
         first, last = offset // item, -(-end // item)
         data = await self.read_elements(first, last)
@@ -233,20 +285,29 @@ CHUNK_BATCH = 256
 BATCH_BYTES = 4 << 20
 
 
+def _chunk_part(chunks: tuple[int, ...], idx: tuple[int, ...], box: Box) -> tuple[tuple[slice, ...], tuple[slice, ...]] | None:
+    """(where in chunk ``idx``, where in ``box``) of the elements they share; None if none."""
+    lo, hi = box
+    src, dst = [], []
+    for lo_, h, i, c in zip(lo, hi, idx, chunks, strict=True):
+        o = i * c
+        a, b = max(lo_, o), min(h, o + c)
+        if a >= b:
+            return None
+        src.append(slice(a - o, b - o))
+        dst.append(slice(a - lo_, b - lo_))
+    return tuple(src), tuple(dst)
+
+
 def _copy_chunk(
     chunks: tuple[int, ...], idx: tuple[int, ...], chunk: np.ndarray,
-    boxes: list[tuple[tuple[int, ...], tuple[int, ...]]], outs: list[np.ndarray],
+    boxes: list[Box], outs: list[np.ndarray],
 ) -> None:
     """Copy the part of chunk ``idx`` that falls in each box into that box's output."""
-    origin = [i * c for i, c in zip(idx, chunks, strict=True)]
-    for (lo, hi), out in zip(boxes, outs, strict=True):
-        a = [max(lo_, o) for lo_, o in zip(lo, origin, strict=True)]
-        b = [min(h, o + c) for h, o, c in zip(hi, origin, chunks, strict=True)]
-        if any(x >= y for x, y in zip(a, b, strict=True)):
-            continue
-        src = tuple(slice(x - o, y - o) for x, y, o in zip(a, b, origin, strict=True))
-        dst = tuple(slice(x - lo_, y - lo_) for x, y, lo_ in zip(a, b, lo, strict=True))
-        out[dst] = chunk[src]
+    for box, out in zip(boxes, outs, strict=True):
+        part = _chunk_part(chunks, idx, box)
+        if part is not None:
+            out[part[1]] = chunk[part[0]]
 
 
 def region_bytes(a: np.ndarray, offset: int, length: int) -> bytes:
@@ -270,12 +331,17 @@ def region_bytes(a: np.ndarray, offset: int, length: int) -> bytes:
 
 
 class RawDataFile(FileNode):
-    """``data.raw``: the whole array, C order, declared byte order, fill where never written."""
+    """``data.raw``: the whole array, C order, declared byte order, fill where never written.
 
-    def __init__(self, array: DecodedArray) -> None:
+    The node in the tree reads without read-ahead; each open reads through its own copy
+    (:meth:`reader`), whose sequential detector follows that open alone.
+    """
+
+    def __init__(self, array: DecodedArray, ahead: ReadAhead | None = None) -> None:
         self.array = array
         self.mtime = array.ctx.node_mtime(array.meta.path)
         self.immutable = array.ctx.immutable  # chunks may be rewritten unless declared immutable
+        self._ahead = ahead
 
     @property
     def size(self) -> int:
@@ -284,8 +350,11 @@ class RawDataFile(FileNode):
     def version(self) -> object:
         return self.array.content
 
-    async def read(self, offset: int, length: int) -> bytes:
-        return await self.array.read_bytes(offset, length)
+    async def reader(self) -> FileNode:
+        return type(self)(self.array, self.array.read_ahead())
+
+    async def read(self, offset: int, length: int) -> bytes | memoryview:
+        return await self.array.read_bytes(offset, length, self._ahead)
 
 
 class ChunkFile(FileNode):

@@ -45,6 +45,9 @@ class MountContext:
     nursery: trio.Nursery | None = field(default=None, init=False)
     #: cache keys loaded ahead of any reader, to count prefetch hits
     prefetched: set[object] = field(default_factory=set, init=False)
+    #: bytes of read-ahead in flight at most, over every reader of the mount (see prefetch())
+    prefetch_budget: int = field(default=0, init=False)
+    _prefetching: int = field(default=0, init=False)
     #: per raw directory (or '' for the whole tree): a reader's progress (views.raw.FileWalk)
     walks: dict[str, Any] = field(default_factory=dict, init=False)
     #: the raw tree takes writes (--writable)
@@ -68,6 +71,8 @@ class MountContext:
         # 256 bytes of bookkeeping per entry: a million 1-byte chunks must still count
         self.chunks = Cache(max_bytes=self.cache_size, overhead=256)
         self.failures = Cache(max_bytes=10_000, ttl=self.metadata_ttl, sizeof=lambda _v: 1)
+        # half the cache: what is fetched ahead must still be there when its reader arrives
+        self.prefetch_budget = max(4 << 20, self.cache_size // 2)
 
     @property
     def stable_time(self) -> float:
@@ -186,6 +191,26 @@ class MountContext:
                 log.debug("prefetch failed: %s", exc)
 
         self.nursery.start_soon(quiet)
+
+    def prefetch(self, nbytes: int, fn: Callable[..., Awaitable[object]], *args: object) -> bool:
+        """Start ``fn(*args)``, a read-ahead of about ``nbytes``, in the background; False (and
+        nothing started) when the mount's read-ahead already has its budget in flight. Every
+        reader's window draws on the one budget, so ten streaming readers cannot hold ten
+        windows of decoded chunks, and what they refuse is read on demand."""
+        if self.nursery is None or self._prefetching and self._prefetching + nbytes > self.prefetch_budget:
+            return False
+        self._prefetching += nbytes
+
+        async def ahead() -> None:
+            try:
+                await fn(*args)
+            except Exception as exc:  # noqa: BLE001 - the read that needs it retries and reports
+                log.debug("prefetch failed: %s", exc)
+            finally:
+                self._prefetching -= nbytes
+
+        self.nursery.start_soon(ahead)
+        return True
 
     def warn_once(self, tag: str, message: str) -> None:
         """Log ``message`` the first time ``tag`` is seen, so a bad key is one line, not one per lookup."""

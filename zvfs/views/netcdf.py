@@ -39,6 +39,7 @@ from zvfs.formats.meta import ArrayMeta
 from zvfs.views.arrays import DecodedArray
 from zvfs.views.cfattrs import VALUE_TYPED, Typed, VarAttributes, array_attributes, translate
 from zvfs.views.node import FileNode
+from zvfs.views.readahead import ReadAhead
 from zvfs.views.v2mirror import consistent_dimensions
 from zvfs.workers import gather
 
@@ -406,11 +407,11 @@ def _assemble(version: int, dims: dict[str, int], gattrs: list[NcAttr], variable
 # -- the file node -------------------------------------------------------------------
 
 
-async def read_var(var: NcVar, offset: int, length: int) -> bytes | memoryview:
+async def read_var(var: NcVar, offset: int, length: int, ahead: ReadAhead | None = None) -> bytes | memoryview:
     """Bytes [offset, offset+length) of one variable's data as served (big-endian, netCDF type).
 
     The range is widened to whole elements, read from the array in its own
-    dtype through the decoded-chunk cache (``read_bytes``: read-ahead included),
+    dtype through the decoded-chunk cache (``read_bytes``, read ahead by ``ahead``),
     converted in one numpy pass (none when the bytes already are the served
     ones), and cut back without another copy.
     """
@@ -421,7 +422,7 @@ async def read_var(var: NcVar, offset: int, length: int) -> bytes | memoryview:
         return b""
     first, last = offset // out_size, -(-end // out_size)
     src_size = meta.dtype.itemsize
-    raw = await var.array.read_bytes(first * src_size, (last - first) * src_size)
+    raw = await var.array.read_bytes(first * src_size, (last - first) * src_size, ahead)
     src = meta.dtype
     if src.kind in "mM":
         src = np.dtype(src.byteorder + "i8")
@@ -438,11 +439,16 @@ async def read_var(var: NcVar, offset: int, length: int) -> bytes | memoryview:
 class NetcdfFile(FileNode):
     """One group as a classic netCDF file: the header, then each variable's data at its begin."""
 
-    def __init__(self, layout: NcLayout, mtime: float) -> None:
+    def __init__(self, layout: NcLayout, mtime: float, aheads: dict[str, ReadAhead] | None = None) -> None:
         self.layout = layout
         self.mtime = mtime
         # the header never changes while mounted; the data does unless the store is immutable
         self.immutable = all(v.array.ctx.immutable for v in layout.variables)
+        #: one open's sequential detector per variable (None: the node in the tree, no read-ahead)
+        self._aheads = aheads
+
+    async def reader(self) -> FileNode:
+        return NetcdfFile(self.layout, self.mtime, {})
 
     @property
     def size(self) -> int:
@@ -482,7 +488,12 @@ class NetcdfFile(FileNode):
             start, stop, var = pieces[i]
             if var is None:
                 return header[start:stop] if start < len(header) else b"\0" * (stop - start)
-            data = await read_var(var, start - var.begin, stop - start)
+            ahead = None
+            if self._aheads is not None:
+                ahead = self._aheads.get(var.name)
+                if ahead is None:
+                    ahead = self._aheads[var.name] = var.array.read_ahead()
+            data = await read_var(var, start - var.begin, stop - start, ahead)
             if len(data) < stop - start:  # the padding to 4 bytes
                 return bytes(data) + b"\0" * (stop - start - len(data))
             return data

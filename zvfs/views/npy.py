@@ -7,8 +7,8 @@ import struct
 import numpy as np
 
 from zvfs.formats.meta import ArrayMeta
-from zvfs.views.arrays import DecodedArray
-from zvfs.views.node import FileNode
+from zvfs.views.arrays import DecodedArray, RawDataFile
+from zvfs.views.readahead import ReadAhead
 
 NPY_ALIGN = 64
 
@@ -26,27 +26,21 @@ def npy_header(meta: ArrayMeta) -> bytes:
     raise ValueError("NPY header too long")
 
 
-class NpyFile(FileNode):
-    def __init__(self, array: DecodedArray) -> None:
-        self.array = array
+class NpyFile(RawDataFile):
+    """``data.npy``: ``data.raw`` behind its header (per-open read-ahead as data.raw's)."""
+
+    def __init__(self, array: DecodedArray, ahead: ReadAhead | None = None) -> None:
+        super().__init__(array, ahead)
         self.header = npy_header(array.meta)
-        self.mtime = array.ctx.node_mtime(array.meta.path)
-        self.immutable = array.ctx.immutable
 
     @property
     def size(self) -> int:
         return len(self.header) + self.array.meta.nbytes
 
-    def version(self) -> object:
-        return self.array.content
-
-    async def read(self, offset: int, length: int) -> bytes:
+    async def read(self, offset: int, length: int) -> bytes | memoryview:
         hlen = len(self.header)
-        out = b""
-        if offset < hlen:
-            out = self.header[offset : offset + length]
-            length -= len(out)
-            offset = hlen
-        if length > 0:
-            out += await self.array.read_bytes(offset - hlen, length)
-        return out
+        if offset >= hlen:  # the data: data.raw's bytes, not copied
+            return await super().read(offset - hlen, length)
+        head = self.header[offset : offset + length]
+        rest = length - len(head)
+        return head + await super().read(0, rest) if rest > 0 else head

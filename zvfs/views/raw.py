@@ -8,6 +8,7 @@ directory wins (also logged once), as in the Zarr file-system store.
 
 from __future__ import annotations
 
+import copy
 import errno
 import logging
 import time
@@ -52,7 +53,10 @@ class RawFile(FileNode):
         # a window as large as the cache evicts the blocks fetched ahead before they are
         # read, and they are fetched (for zip: decompressed) again; a quarter of it, as
         # for the decoded arrays
-        self._ahead = ReadAhead(ceiling=max(ctx.store.block_size, min(64 << 20, ctx.cache_size // 4)))
+        self._ahead = self._read_ahead()
+
+    def _read_ahead(self) -> ReadAhead:
+        return ReadAhead(ceiling=max(self.ctx.store.block_size, min(64 << 20, self.ctx.cache_size // 4)))
 
     def _refresh(self) -> None:
         """Pick up a write through the mount since this node was made (or last refreshed)."""
@@ -96,8 +100,10 @@ class RawFile(FileNode):
             # for it may be another version's, so the reader reads to its own end
             node.direct_io = self._epoch != self._born
             return node
-        if self._version is None and not staged:
-            return self
+        if self._version is None and not staged:  # zip: the same bytes, read ahead for this open
+            mine = copy.copy(self)
+            mine._ahead = self._read_ahead()
+            return mine
         info = KeyInfo(self._size, self._mtime, self._version)
         pinned = RawFile(self.ctx, self.key, info, self.listing, pinned=True)
         pinned._epoch = self._epoch
@@ -177,7 +183,7 @@ class RawFile(FileNode):
         start = n * bs
         return await self.ctx.chunks.get(key, lambda: self._get_range(start, min(bs, self._size - start)))
 
-    async def read(self, offset: int, length: int) -> bytes:
+    async def read(self, offset: int, length: int) -> bytes | memoryview:
         self._refresh()
         if offset >= self._size or length <= 0:
             return b""
@@ -190,14 +196,14 @@ class RawFile(FileNode):
         ahead = self._ahead.advise(offset, end, self._size)
         if ahead is not None:
             for n in range(ahead[0] // bs, (ahead[1] - 1) // bs + 1):
-                self.ctx.background(self._block, n, True)
+                if not self.ctx.prefetch(bs, self._block, n, True):
+                    break
         first, last = offset // bs, (end - 1) // bs
-        if first == last:
-            block = await self._block(first)
-            return block[offset - first * bs : end - first * bs]
+        if first == last:  # a view of the cached block: no copy
+            return memoryview(await self._block(first))[offset - first * bs : end - first * bs]
         blocks = await gather(list(range(first, last + 1)), self._block)
         data = b"".join(blocks[n] for n in range(first, last + 1))
-        return data[offset - first * bs : end - first * bs]
+        return memoryview(data)[offset - first * bs : end - first * bs]
 
 
     def _siblings_ahead(self) -> None:
@@ -222,7 +228,8 @@ class RawFile(FileNode):
             self.ctx.walks[scope] = walk
         for key, info in walk.advise(self.key):
             node = RawFile(self.ctx, key, info)
-            self.ctx.background(node._block, 0, True)
+            if not self.ctx.prefetch(min(info.size, self.ctx.store.block_size), node._block, 0, True):
+                break
 
 
 class LocalReader(FileNode):
