@@ -210,15 +210,14 @@ class DecodedArray:
         meta = self.meta
         boxes = list(range_boxes(meta.shape, start, stop))
         needed = list(dict.fromkeys(i for b in boxes for i in chunks_in_box(b, meta.chunks)))
-        if len(boxes) == 1 and len(needed) == 1:
+        if len(needed) == 1:
             idx = needed[0]
             chunk = self._peek(idx)
             if chunk is None:
                 chunk = await self.chunk(idx)
-            where = _chunk_part(meta.chunks, idx, boxes[0])
-            part = chunk[(*where[0], Ellipsis)] if where else chunk  # a view, 0-d included
-            if part.flags.c_contiguous:
-                return byte_view(part)
+            view = _contiguous_part(meta, idx, chunk, start, stop, boxes)
+            if view is not None:
+                return view
         out = np.empty(stop - start, dtype=meta.dtype)
         views, at = [], 0
         for lo, hi in boxes:
@@ -297,6 +296,25 @@ def _chunk_part(chunks: tuple[int, ...], idx: tuple[int, ...], box: Box) -> tupl
         src.append(slice(a - o, b - o))
         dst.append(slice(a - lo_, b - lo_))
     return tuple(src), tuple(dst)
+
+
+def _contiguous_part(
+    meta: ArrayMeta, idx: tuple[int, ...], chunk: np.ndarray, start: int, stop: int, boxes: list[Box]
+) -> memoryview | None:
+    """Elements [start, stop) of the array, all inside chunk ``idx``, as a view of the chunk's
+    memory when they lie there in one run; None when they must be gathered."""
+    if not chunk.flags.c_contiguous:  # a broadcast fill chunk
+        return None
+    if meta.chunks[1:] == meta.shape[1:]:  # the chunk is a slab of whole rows: C order within it too
+        base = idx[0] * meta.chunks[0] * math.prod(meta.shape[1:]) if meta.ndim else 0
+        item = meta.dtype.itemsize
+        return byte_view(chunk)[(start - base) * item : (stop - base) * item]
+    if len(boxes) == 1:
+        where = _chunk_part(meta.chunks, idx, boxes[0])
+        part = chunk[(*where[0], Ellipsis)] if where else chunk  # a view, 0-d included
+        if part.flags.c_contiguous:
+            return byte_view(part)
+    return None
 
 
 def _copy_chunk(

@@ -1,0 +1,294 @@
+"""The read core below FUSE: the chunk cache, the byte-range layout, read-ahead, the
+state each open carries, the mount's prefetch budget, and the inode table.
+
+Arrays are written by zarr-python (the reference); what zvfs reads is compared with
+what zarr-python reads back. The real-mount behaviour is in test_prefetch.py and
+test_mount_decoded.py.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pyfuse3
+import pytest
+import trio
+import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zvfs.cache import Cache
+from zvfs.fs.operations import ZvfsOperations
+from zvfs.stats import Counters
+from zvfs.stores.directory import DirectoryStore
+from zvfs.views.arrays import DecodedArray, RawDataFile
+from zvfs.views.context import MountContext
+from zvfs.views.decoded import decoded
+from zvfs.views.layout import chunks_in_box, range_boxes
+from zvfs.views.node import BytesFile, StaticDir
+from zvfs.views.readahead import ReadAhead
+
+# -- the cache ---------------------------------------------------------------------------
+
+
+def test_cache_is_bounded_by_bytes_and_evicts_the_least_recently_used():
+    c = Cache(max_bytes=100)
+    c.put("a", b"x" * 40)
+    c.put("b", b"x" * 40)
+    assert c.peek("a") is not None  # a is now the most recently used
+    c.put("c", b"x" * 40)
+    assert c.peek("b") is None and c.peek("a") is not None and c.peek("c") is not None
+    assert c.current_bytes == 80 and c.stats.evictions == 1
+    c.put("huge", b"x" * 101)  # larger than the whole cache: not kept, nothing evicted
+    assert c.peek("huge") is None and len(c) == 2
+
+
+def test_cache_counts_its_bookkeeping_and_a_broadcast_array_as_one_element():
+    c = Cache(max_bytes=10_000, overhead=256)
+    fill = np.broadcast_to(np.float64(1.5), (1000, 1000))  # 8 MB if materialised
+    c.put("fill", fill)
+    assert c.current_bytes == 8 + 256
+
+
+def test_cache_entries_expire_after_their_ttl(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr("zvfs.cache.lru.time.monotonic", lambda: now[0])
+    c = Cache(max_bytes=100, ttl=10)
+    c.put("k", b"v")
+    c.put("forever", b"v", ttl=None)
+    now[0] += 11
+    assert c.peek("k") is None and c.peek("forever") == b"v"
+
+
+def test_cache_loads_once_for_concurrent_callers_and_never_keeps_a_failure():
+    c = Cache(max_bytes=1000)
+    loads = []
+
+    async def load() -> bytes:
+        loads.append(1)
+        await trio.sleep(0.01)
+        return b"value"
+
+    async def failing() -> bytes:
+        loads.append(1)
+        await trio.sleep(0.01)
+        raise OSError("store down")
+
+    async def main() -> None:
+        got = []
+
+        async def one() -> None:
+            got.append(await c.get("k", load))
+
+        async with trio.open_nursery() as n:
+            for _ in range(5):
+                n.start_soon(one)
+        assert got == [b"value"] * 5 and len(loads) == 1 and c.stats.waits == 4
+
+        errors = []
+
+        async def bad() -> None:
+            try:
+                await c.get("bad", failing)
+            except OSError as exc:
+                errors.append(exc)
+
+        async with trio.open_nursery() as n:
+            for _ in range(3):
+                n.start_soon(bad)
+        assert len(errors) == 3 and len(loads) == 2  # one load, every waiter saw its error
+        assert not c.contains("bad")
+        assert await c.get("bad", load) == b"value"  # tried again, not remembered
+
+    trio.run(main)
+
+
+# -- the layout --------------------------------------------------------------------------
+
+
+@st.composite
+def _shape_and_range(draw):
+    ndim = draw(st.integers(1, 4))
+    shape = tuple(draw(st.integers(1, 7)) for _ in range(ndim))
+    chunks = tuple(draw(st.integers(1, s + 1)) for s in shape)
+    n = math.prod(shape)
+    start = draw(st.integers(0, n - 1))
+    stop = draw(st.integers(start + 1, n))
+    return shape, chunks, start, stop
+
+
+@settings(max_examples=300, deadline=None)
+@given(_shape_and_range())
+def test_range_boxes_cover_exactly_the_range_in_order(case):
+    shape, chunks, start, stop = case
+    flat = np.arange(math.prod(shape)).reshape(shape)
+    boxes = list(range_boxes(shape, start, stop))
+    assert len(boxes) <= 2 * len(shape) - 1
+    got = np.concatenate([flat[tuple(slice(a, b) for a, b in zip(lo, hi, strict=True))].ravel()
+                          for lo, hi in boxes])
+    assert got.tolist() == list(range(start, stop))
+    for lo, hi in boxes:  # the chunks a box touches, against every chunk that holds one of its elements
+        region = flat[tuple(slice(a, b) for a, b in zip(lo, hi, strict=True))]
+        want = {tuple(int(i) // c for i, c in zip(np.unravel_index(e, shape), chunks, strict=True))
+                for e in region.ravel()}
+        found = list(chunks_in_box((lo, hi), chunks))
+        assert len(found) == len(set(found)) and set(found) == want
+
+
+# -- read-ahead --------------------------------------------------------------------------
+
+
+def test_read_ahead_grows_on_sequential_reads_and_stops_on_a_seek():
+    ra = ReadAhead(initial=4, ceiling=16)
+    assert ra.advise(0, 1, 100) is None  # the first read is no evidence
+    assert ra.advise(1, 2, 100) == (2, 6)  # initial window
+    assert ra.advise(2, 3, 100) == (6, 11)  # doubled, never asking twice for the same bytes
+    assert ra.advise(3, 4, 100) == (11, 20)
+    assert ra.advise(4, 5, 100) == (20, 21)  # at the ceiling
+    assert ra.advise(50, 51, 100) is None  # a seek: nothing ahead
+    assert ra.advise(51, 52, 100) == (52, 56)  # sequential again: the window starts over
+    assert ra.advise(52, 99, 100) == (99, 100)  # clipped at the end of the file
+
+
+# -- per-open state and the prefetch budget ------------------------------------------------
+
+
+def _array(tmp_path: Path, shape=(64, 256), chunks=(8, 256), dtype="<i4") -> tuple[Path, np.ndarray]:
+    ref = (np.arange(math.prod(shape)) % 251).astype(dtype).reshape(shape)
+    a = zarr.create_array(str(tmp_path / "a.zarr"), shape=shape, chunks=chunks, dtype=dtype)
+    a[:] = ref
+    return tmp_path / "a.zarr", zarr.open_array(str(tmp_path / "a.zarr"), mode="r")[:]
+
+
+async def _decoded_array(ctx: MountContext) -> DecodedArray:
+    d = await decoded(ctx)
+    (array,) = d.arrays.values()
+    return array
+
+
+def test_each_open_has_its_own_read_ahead(tmp_path):
+    """A sequential reader keeps its read-ahead while another open of the same file seeks
+    about (one shared detector would be reset by every seek and never read ahead)."""
+    path, ref = _array(tmp_path)
+    ctx = MountContext(store=DirectoryStore(path), cache_size=64 << 20, counters=Counters())
+    row = ref[0].nbytes * 8  # one chunk: 8 rows
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            ctx.nursery = nursery
+            array = await _decoded_array(ctx)
+            tree_node = RawDataFile(array)
+            seq, rnd = await tree_node.reader(), await tree_node.reader()
+            assert seq is not rnd and seq._ahead is not rnd._ahead
+            rng = np.random.default_rng(1)
+            got = bytearray()
+            for off in range(0, ref.nbytes, row):
+                got += await seq.read(off, row)
+                where = int(rng.integers(0, ref.nbytes - 100))
+                assert bytes(await rnd.read(where, 100)) == ref.tobytes()[where : where + 100]
+            assert bytes(got) == ref.tobytes()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    counts = ctx.counters.snapshot()
+    assert counts["prefetch_requests"] > 0 and counts["prefetch_hits"] > 0, counts
+
+
+def test_prefetch_stays_within_the_mount_budget(tmp_path):
+    path, _ = _array(tmp_path)
+    ctx = MountContext(store=DirectoryStore(path), cache_size=64 << 20)
+    ctx.prefetch_budget = 3 << 20
+    release = trio.Event()
+    started = []
+
+    async def slow(i: int) -> None:
+        started.append(i)
+        await release.wait()
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            ctx.nursery = nursery
+            assert [ctx.prefetch(1 << 20, slow, i) for i in range(5)] == [True] * 3 + [False] * 2
+            await trio.sleep(0)
+            release.set()
+            await trio.sleep(0.05)
+            assert ctx.prefetch(1 << 20, slow, 9)  # what finished gave its share back
+            # one read-ahead bigger than the whole budget still goes, when nothing else is in flight
+            await trio.sleep(0.05)
+            assert ctx.prefetch(10 << 20, slow, 10)
+
+    trio.run(main)
+    assert sorted(started) == [0, 1, 2, 9, 10]
+
+
+def test_a_read_inside_one_chunk_is_served_from_the_chunk_without_a_copy(tmp_path):
+    path, ref = _array(tmp_path)
+    ctx = MountContext(store=DirectoryStore(path))
+
+    async def main() -> None:
+        array = await _decoded_array(ctx)
+        data = await array.read_bytes(3 * 1024 + 8, 4096)  # inside chunk (0, 0): rows 0-7
+        chunk = await array.chunk((0, 0))
+        assert isinstance(data, memoryview)
+        assert np.shares_memory(np.frombuffer(data, np.uint8), chunk)
+        assert bytes(data) == ref.tobytes()[3 * 1024 + 8 : 3 * 1024 + 8 + 4096]
+        across = await array.read_bytes(8 * 1024 - 10, 30)  # the end of one chunk, the start of the next
+        assert bytes(across) == ref.tobytes()[8 * 1024 - 10 : 8 * 1024 + 20]
+
+    trio.run(main)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_any_byte_range_of_any_chunking_matches_zarr_python(tmp_path_factory, data):
+    tmp = tmp_path_factory.mktemp("core")
+    shape = tuple(data.draw(st.lists(st.integers(1, 9), min_size=1, max_size=3)))
+    chunks = tuple(data.draw(st.integers(1, s)) for s in shape)
+    dtype = data.draw(st.sampled_from([">i2", "<f8", "u1"]))
+    path, ref = _array(tmp, shape, chunks, dtype)
+    raw = ref.tobytes()
+    ctx = MountContext(store=DirectoryStore(path))
+    reads = data.draw(st.lists(st.tuples(st.integers(0, len(raw)), st.integers(0, len(raw) + 3)),
+                               min_size=1, max_size=6))
+
+    async def main() -> None:
+        array = await _decoded_array(ctx)
+        for off, n in reads:
+            assert bytes(await array.read_bytes(off, n)) == raw[off : off + n], (off, n)
+
+    trio.run(main)
+
+
+# -- the inode table -----------------------------------------------------------------------
+
+
+def test_inodes_are_stable_per_name_and_nodes_go_when_the_kernel_forgets_them():
+    leaf = BytesFile(b"hello")
+    root = StaticDir({"d": StaticDir({"f": leaf}), "g": BytesFile(b"x")})
+    ops = ZvfsOperations(root, ttl=60)
+
+    async def main() -> None:
+        d = await ops.lookup(pyfuse3.ROOT_INODE, b"d")
+        f = await ops.lookup(d.st_ino, b"f")
+        again = await ops.lookup(d.st_ino, b"f")
+        assert again.st_ino == f.st_ino and f.st_size == 5
+        g = await ops.lookup(pyfuse3.ROOT_INODE, b"g")
+        assert len({d.st_ino, f.st_ino, g.st_ino, pyfuse3.ROOT_INODE}) == 4
+        assert (await ops.lookup(d.st_ino, b"..")).st_ino == pyfuse3.ROOT_INODE
+        missing = await ops.lookup(d.st_ino, b"nope")
+        assert missing.st_ino == 0  # a negative entry, cached by the kernel
+        await ops.forget([(f.st_ino, 1)])
+        assert (await ops.getattr(f.st_ino)).st_ino == f.st_ino  # one lookup still counted
+        await ops.forget([(f.st_ino, 1)])
+        with pytest.raises(pyfuse3.FUSEError):
+            await ops.getattr(f.st_ino)  # forgotten by the kernel: the node is gone
+        assert (await ops.lookup(d.st_ino, b"f")).st_ino == f.st_ino  # the number stays the name's
+        fh = (await ops.open(f.st_ino, 0, None)).fh
+        assert bytes(await ops.read(fh, 1, 3)) == b"ell"
+        await ops.release(fh)
+        with pytest.raises(pyfuse3.FUSEError):
+            await ops.read(fh, 0, 1)  # a released handle is gone
+
+    trio.run(main)
