@@ -23,6 +23,7 @@ from zvfs.formats import zv
 from zvfs.formats.zv import cells
 from zvfs.stores.base import KeyInfo, Listing, Store
 from zvfs.stores.directory import DirectoryStore
+from zvfs.views.context import MountContext
 from zvfs.views.node import DirNode, FileNode, NodeError
 from zvfs.views.vectors import build_vectors_dir
 
@@ -41,6 +42,11 @@ def store_dir(name: str) -> Path:
 def ref(name: str, fname: str) -> np.ndarray:
     tag = name.split("/")[0]
     return np.load(FIX / tag / MANIFEST[name]["ref"] / fname)
+
+
+async def vectors(store: Store) -> DirNode | None:
+    """The vectors view of ``store``, as a mount of it would build it."""
+    return await build_vectors_dir(store, MountContext(store=store))
 
 
 async def _node(root: DirNode, path: str) -> Any:
@@ -74,7 +80,7 @@ def read_file(store: Store | Path, path: str) -> bytes:
     st = store if isinstance(store, Store) else DirectoryStore(store)
 
     async def main() -> bytes:
-        root = await build_vectors_dir(st)
+        root = await vectors(st)
         assert root is not None
         return await _read(await _node(root, path))
 
@@ -87,7 +93,7 @@ def load_npy(store: Store | Path, path: str) -> np.ndarray:
 
 def listing(store: Path, path: str) -> list[str]:
     async def main() -> list[str]:
-        root = await build_vectors_dir(DirectoryStore(store))
+        root = await vectors(DirectoryStore(store))
         assert root is not None
         node = await _node(root, path) if path else root
         return [n for n, _ in await node.children()]
@@ -423,7 +429,7 @@ def test_sizes_come_without_reading_vertices(name: str) -> None:
     st = CountingStore(DirectoryStore(store_dir(name)))
 
     async def main() -> int:
-        root = await build_vectors_dir(st)
+        root = await vectors(st)
         assert root is not None
         lv = await root.lookup("0")
         size = (await lv.lookup("vertices.npy")).size
@@ -441,7 +447,7 @@ def test_sizes_come_without_reading_vertices(name: str) -> None:
 
 def test_no_zv_group_gives_none(tmp_path: Path) -> None:
     (tmp_path / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}))
-    assert trio.run(build_vectors_dir, DirectoryStore(tmp_path)) is None
+    assert trio.run(vectors, DirectoryStore(tmp_path)) is None
 
 
 def test_nested_zv_group_appears_under_its_path(tmp_path: Path) -> None:
@@ -527,7 +533,7 @@ def test_unknown_zv_version(tmp_path: Path) -> None:
         zv.open_group(DirectoryStore(d))
 
     async def main() -> None:
-        root = await build_vectors_dir(DirectoryStore(d))
+        root = await vectors(DirectoryStore(d))
         assert root is not None
         with pytest.raises(NodeError) as err:
             await root.children()
