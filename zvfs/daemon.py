@@ -22,7 +22,7 @@ from zvfs.cache.disk import DiskCachedStore
 from zvfs.fs import ZvfsOperations
 from zvfs.mounts import mount_device
 from zvfs.options import OPTIONS, format_value
-from zvfs.stats import counters
+from zvfs.stats import Counters
 from zvfs.stores.base import Store
 from zvfs.stores.counting import CountingStore
 from zvfs.stores.directory import DirectoryStore
@@ -106,10 +106,11 @@ def tame_malloc() -> None:
     libc.mallopt(m_arena_max, 2)
 
 
-def build_context(store: Store, opts: dict[str, Any], description: str = "",
+def build_context(store: Store, opts: dict[str, Any], counters: Counters, description: str = "",
                   metadata_mtimes: dict[str, float] | None = None) -> MountContext:
     """Stack the store wrappers: counting sits next to the real store, so stats.json counts
-    only real requests; the optional disk tier sits above it."""
+    only real requests; the optional disk tier sits above it. ``counters`` are the mount's
+    (the store was opened with them too): the context owns them from here on."""
     layered: Store = CountingStore(store, counters)
     if opts["cache_dir"]:
         layered = DiskCachedStore(
@@ -129,6 +130,7 @@ def build_context(store: Store, opts: dict[str, Any], description: str = "",
             enable_writes(Staging(opts["cache_dir"], opts["staging_max_size"], opts["staging_min_free"]),
                           opts["part_size"], opts["rewrite_max_size"])
     return MountContext(
+        counters=counters,
         writable=bool(opts.get("writable")),
         store=layered,
         metadata_ttl=opts["metadata_ttl"],
@@ -215,12 +217,13 @@ async def _serve(ctx: MountContext, root: MountRoot, mountpoint: str, ready_fd: 
         nursery.cancel_scope.cancel()
 
 
-def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
+def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any], counters: Counters,
           ready_fd: int | None = None, metadata_mtimes: dict[str, float] | None = None) -> None:
-    """Mount and serve until unmounted or signalled. Raises OSError if the mount fails."""
+    """Mount and serve until unmounted or signalled; ``counters`` are the mount's (the store
+    was opened with them). Raises OSError if the mount fails."""
     tame_malloc()
     set_worker_limit(opts["threads"])
-    ctx = build_context(store, opts, description, metadata_mtimes)
+    ctx = build_context(store, opts, counters, description, metadata_mtimes)
     root = build_root(ctx)
     usage = StoreUsage(ctx, store.root if isinstance(store, DirectoryStore) else None)
     ops = ZvfsOperations(root, ttl=opts["metadata_ttl"], usage=usage, derived=[f"/{CONTROL_NAME}/"])
