@@ -6,18 +6,19 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..codecs import CodecError, UnknownCodecError
-from ..stores.base import KeyNotFound, Store, StoreError
+from ..stores.base import KeyNotFound, Listing, Store, StoreError
 from . import keys, nczarr, zarr_v1, zarr_v2, zarr_v3
 from ._common import join, load_json, parse_json
 from .meta import ArrayMeta, FormatError, strict_json
 
 __all__ = [
     "ArrayMeta",
+    "ChunkReader",
     "FormatError",
     "GroupMeta",
     "Hierarchy",
@@ -82,13 +83,31 @@ class Hierarchy:
         return {p: m.error for p, m in self.arrays.items() if m.error}
 
 
+class ChunkReader(Protocol):
+    """What each format's ``Reader`` (zarr_v1, zarr_v2, zarr_v3, nczarr) does for one array:
+    blocking and thread-safe; ``idx`` is a checked index of the decoded chunk grid."""
+
+    def chunk_key(self, idx: tuple[int, ...]) -> str:
+        """Store key of the object holding chunk ``idx`` (the shard, for sharded arrays)."""
+        ...
+
+    def exists(self, idx: tuple[int, ...]) -> bool:
+        """True if chunk ``idx`` was written."""
+        ...
+
+    def read(self, idx: tuple[int, ...]) -> np.ndarray | None:
+        """Chunk ``idx`` decoded (full chunk shape), or None if it was never written."""
+        ...
+
+
 class ZarrArray:
     """One array: metadata plus a thread-safe reader for its decoded chunks."""
 
     def __init__(self, store: Store, meta: ArrayMeta):
         self.store = store
         self.meta = meta
-        self._reader: Any = None
+        #: None exactly when ``meta.error`` says why the array cannot be read
+        self._reader: ChunkReader | None = None
         self._fill: np.ndarray | None = None
         self._lock = threading.Lock()
         if meta.error is None:
@@ -100,25 +119,27 @@ class ZarrArray:
     def __repr__(self) -> str:
         return f"ZarrArray({self.meta.path!r}, {self.meta.format}, shape={self.meta.shape})"
 
-    def _check(self, idx: tuple[int, ...]) -> tuple[int, ...]:
-        if self.meta.error is not None:
-            raise FormatError(self.meta.error)
+    def _check(self, idx: tuple[int, ...]) -> tuple[ChunkReader, tuple[int, ...]]:
+        """The reader and the checked index; FormatError if the array or the index is bad."""
+        if self.meta.error is not None or self._reader is None:
+            raise FormatError(self.meta.error or f"{self.meta.metadata_key}: no reader")
         try:
-            return self.meta.check_index(idx)
+            return self._reader, self.meta.check_index(idx)
         except IndexError as exc:
             raise FormatError(str(exc)) from exc
 
     def chunk_key(self, idx: tuple[int, ...]) -> str:
         """Store key of the object holding chunk ``idx`` (the shard, for sharded arrays)."""
-        return self._reader.chunk_key(self._check(idx))
+        reader, idx = self._check(idx)
+        return reader.chunk_key(idx)
 
     def chunk_exists(self, idx: tuple[int, ...]) -> bool:
         """True if chunk ``idx`` was written (an inner chunk inside its shard, if sharded)."""
-        idx = self._check(idx)
+        reader, idx = self._check(idx)
         try:
-            return bool(self._reader.exists(idx))
+            return bool(reader.exists(idx))
         except (CodecError, StoreError) as exc:
-            raise FormatError(f"{self._reader.chunk_key(idx)}: {exc}") from exc
+            raise FormatError(f"{reader.chunk_key(idx)}: {exc}") from exc
 
     def fill_chunk(self) -> np.ndarray:
         """A read-only full chunk of fill_value: one element broadcast to the chunk shape,
@@ -134,19 +155,19 @@ class ZarrArray:
         Blocking (fetch + decode). Raises FormatError naming the key on corrupt
         data, a store failure, or an array whose metadata is unusable.
         """
-        idx = self._check(idx)
+        reader, idx = self._check(idx)
         try:
-            out = self._reader.read(idx)
+            out = reader.read(idx)
         except FormatError:
             raise
         except (CodecError, StoreError, ValueError, TypeError, IndexError, OverflowError) as exc:
             # readers wrap what they expect; this keeps any surprise to one failed read
-            raise FormatError(f"{self._reader.chunk_key(idx)}: {exc}") from exc
+            raise FormatError(f"{reader.chunk_key(idx)}: {exc}") from exc
         if out is None:
             return self.fill_chunk()
         if out.shape != self.meta.chunks:
             raise FormatError(
-                f"{self._reader.chunk_key(idx)}: decoded shape {out.shape}, expected {self.meta.chunks}"
+                f"{reader.chunk_key(idx)}: decoded shape {out.shape}, expected {self.meta.chunks}"
             )
         if out.dtype != self.meta.dtype:
             out = out.astype(self.meta.dtype)
@@ -164,7 +185,7 @@ class ZarrArray:
         return out
 
 
-def _make_reader(store: Store, meta: ArrayMeta) -> Any:
+def _make_reader(store: Store, meta: ArrayMeta) -> ChunkReader:
     if meta.format == "zarr_v3":
         return zarr_v3.Reader(store, meta)
     if meta.format == "zarr_v2":
@@ -176,7 +197,7 @@ def _make_reader(store: Store, meta: ArrayMeta) -> Any:
     raise FormatError(f"unknown format {meta.format!r}")
 
 
-_Node = Any  # ArrayMeta | GroupMeta | None, for _contained
+_Node = ArrayMeta | GroupMeta | None  # what _contained gives back
 
 
 # -- reading one node ------------------------------------------------------------
@@ -375,13 +396,13 @@ def _read_node(
     return None
 
 
-def _walk(store: Store, h: Hierarchy, root: Any) -> None:
+def _walk(store: Store, h: Hierarchy, root: Listing) -> None:
     """Breadth-first over groups (and a few levels of bare directories); arrays are leaves.
 
     A child is identified by fetching its metadata keys, never by listing it, so
     an array's directory (full of chunk keys) is never listed.
     """
-    queue: deque[tuple[str, Any, int]] = deque([("", root, 0)])
+    queue: deque[tuple[str, Listing | None, int]] = deque([("", root, 0)])
     listings = 1
     while queue:
         path, listing, bare = queue.popleft()
