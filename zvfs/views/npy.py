@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import struct
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from zvfs.formats.meta import ArrayMeta
-from zvfs.views.arrays import DecodedArray
 from zvfs.views.node import FileNode
+
+if TYPE_CHECKING:  # the header writer must not pull in the decoded-array machinery
+    from zvfs.views.arrays import DecodedArray
 
 NPY_ALIGN = 64
 
 
-def npy_header(meta: ArrayMeta) -> bytes:
-    """NPY format 1.0 header (2.0 when too long), padded so data starts 64-byte aligned."""
-    descr = np.lib.format.dtype_to_descr(meta.dtype)
-    text = repr({"descr": descr, "fortran_order": False, "shape": tuple(meta.shape)})
+def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """The one NPY header writer (data.npy, the vectors view): format 1.0 (2.0 when too long)
+    for a C-order array, padded so data starts 64-byte aligned."""
+    descr = np.lib.format.dtype_to_descr(np.dtype(dtype))
+    # plain ints: numpy 2 would write np.int64(3) into the header text
+    text = repr({"descr": descr, "fortran_order": False, "shape": tuple(int(n) for n in shape)})
     for version, fmt in (((1, 0), "<H"), ((2, 0), "<I")):
         prefix = 6 + 2 + struct.calcsize(fmt)
         pad = -(prefix + len(text) + 1) % NPY_ALIGN
@@ -29,7 +33,7 @@ def npy_header(meta: ArrayMeta) -> bytes:
 class NpyFile(FileNode):
     def __init__(self, array: DecodedArray) -> None:
         self.array = array
-        self.header = npy_header(array.meta)
+        self.header = npy_header(array.meta.dtype, array.meta.shape)
         self.mtime = array.ctx.node_mtime(array.meta.path)
         self.immutable = array.ctx.immutable
 

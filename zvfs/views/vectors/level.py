@@ -18,6 +18,7 @@ from zvfs.formats import zv
 from zvfs.formats.zv import Level, ZVGroup
 from zvfs.views.context import MountContext
 from zvfs.views.node import Node
+from zvfs.views.npy import npy_header
 from zvfs.views.vectors import encoders as enc
 from zvfs.views.vectors.nodes import (
     BuiltDir,
@@ -82,7 +83,7 @@ class LevelTree:
         D = L.ndim
         if ok:
             out["vertices.npy"] = rows_file(
-                ctx, (self.key, "vertices"), f"{self.what}/vertices", enc.npy_header(L.dtype, (n, D)),
+                ctx, (self.key, "vertices"), f"{self.what}/vertices", npy_header(L.dtype, (n, D)),
                 counts, L.dtype.itemsize * D, lambda i: L.vertices(chunks[i]).astype(L.dtype, copy=False).tobytes())
         else:
             out["vertices.npy"] = ErrorFile(ctx, f"{self.what}/vertices.npy", counts)
@@ -102,7 +103,7 @@ class LevelTree:
                 continue
             va[f"{name}.npy"] = rows_file(
                 ctx, (self.key, "va", name), f"{self.what}/vertex_attributes/{name}",
-                enc.npy_header(info.dtype, (n, *info.row_shape)), counts,
+                npy_header(info.dtype, (n, *info.row_shape)), counts,
                 info.dtype.itemsize * info.ncols,
                 lambda i, name=name: np.ascontiguousarray(L.vertex_attribute(name, chunks[i])).tobytes())
         if va:
