@@ -57,13 +57,6 @@ async def build_vectors_dir(store: Store, ctx: MountContext) -> DirNode | None:
         return _group_dir(ctx, token, "", found[0][1])
     root = StaticDir(mtime=ctx.stable_time)
     for path, group in found:
-        parent = root
-        parts = path.split("/")
-        for seg in parts[:-1]:
-            nxt = parent.entries.get(seg)
-            if not isinstance(nxt, StaticDir):
-                nxt = StaticDir(mtime=ctx.stable_time)
-                parent.entries[seg] = nxt
-            parent = nxt
-        parent.entries[parts[-1]] = _group_dir(ctx, token, path, group)
+        parent, _, name = path.rpartition("/")
+        root.place(parent).entries[name] = _group_dir(ctx, token, path, group)
     return root

@@ -41,7 +41,7 @@ OBJECT_CHECK_LIMIT = 100_000
 
 
 def level_dir(ctx: MountContext, key: Hashable, group: ZVGroup, name: str) -> BuiltDir:
-    what = f"{group.path + '/' if group.path else ''}{name}"
+    what = group.level_path(name)
     return BuiltDir(ctx, key, what, lambda: LevelTree(ctx, key, group, name).entries())
 
 
