@@ -1,4 +1,5 @@
-"""The formats' public API: one reader over every Zarr flavour (see the package docstring)."""
+"""The formats' public API: one reader over every Zarr flavour (the package docstring and
+``zvfs.formats.__all__`` name what is public; ``ChunkReader`` is the seam to each format)."""
 
 from __future__ import annotations
 
@@ -15,18 +16,6 @@ from ..stores.base import KeyNotFound, Listing, Store, StoreError
 from . import keys, nczarr, zarr_v1, zarr_v2, zarr_v3
 from ._common import join, load_json, parse_json
 from .meta import ArrayMeta, FormatError, strict_json
-
-__all__ = [
-    "ArrayMeta",
-    "ChunkReader",
-    "FormatError",
-    "GroupMeta",
-    "Hierarchy",
-    "ZarrArray",
-    "discover",
-    "open_array",
-    "read_array_meta",
-]
 
 
 @dataclass(slots=True)
@@ -275,13 +264,19 @@ def discover(store: Store) -> Hierarchy:
     return h
 
 
+def _root_doc(store: Store, key: str) -> dict[str, Any] | None:
+    """The root's consolidated metadata document ``key``; None when unusable (then we walk)."""
+    try:
+        doc = load_json(store, key)
+    except (FormatError, StoreError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def _from_zmetadata(store: Store, h: Hierarchy) -> bool:
     """Fill ``h`` from a v2 .zmetadata; False if it is unusable (then we walk)."""
-    try:
-        doc = load_json(store, keys.ZMETADATA)
-    except (FormatError, StoreError):
-        return False
-    entries = doc.get("metadata") if isinstance(doc, dict) else None
+    doc = _root_doc(store, keys.ZMETADATA)
+    entries = doc.get("metadata") if doc is not None else None
     if not isinstance(entries, dict):
         return False
     for key, value in entries.items():
@@ -298,11 +293,9 @@ def _from_zmetadata(store: Store, h: Hierarchy) -> bool:
 
 
 def _from_v3_consolidated(store: Store, h: Hierarchy) -> bool:
-    try:
-        doc = load_json(store, keys.ZARR_JSON)
-    except (FormatError, StoreError):
-        return False
-    if not isinstance(doc, dict) or doc.get("node_type") != "group":
+    """Fill ``h`` from the root zarr.json's consolidated_metadata; False if it has none."""
+    doc = _root_doc(store, keys.ZARR_JSON)
+    if doc is None or doc.get("node_type") != "group":
         return False
     cons = doc.get("consolidated_metadata")
     if not isinstance(cons, dict) or not isinstance(cons.get("metadata"), dict):
