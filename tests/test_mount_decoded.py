@@ -854,14 +854,16 @@ def test_bad_fixtures(mount, tmp_path) -> None:
 
 
 def test_npy_header_sizes() -> None:
-    """The NPY header keeps data 64-byte aligned, so mmap'ed loads see aligned data."""
-    from zvfs.formats.meta import ArrayMeta
+    """The NPY header keeps data 64-byte aligned, so mmap'ed loads see aligned data, and
+    numpy's reader finds the shape and dtype in it (numpy integers in the shape too)."""
+    from zarr_model import parse_npy_header
+
     from zvfs.views.npy import npy_header
 
-    for shape in [(), (3,), (2**40, 3), tuple(range(1, 30))]:
-        h = npy_header(ArrayMeta(path="x", format="zarr_v3", shape=shape, chunks=shape,
-                                 dtype=np.dtype(">f8")))
+    for shape in [(), (3,), (2**40, 3), tuple(range(1, 30)), (np.int64(7), np.int32(2))]:
+        h = npy_header(np.dtype(">f8"), shape)
         assert len(h) % 64 == 0
         assert h[:6] == b"\x93NUMPY"
         hl = struct.unpack("<H", h[8:10])[0] if h[6] == 1 else struct.unpack("<I", h[8:12])[0]
         assert len(h) == hl + (10 if h[6] == 1 else 12)
+        assert parse_npy_header(h) == (len(h), tuple(map(int, shape)), False, np.dtype(">f8"))

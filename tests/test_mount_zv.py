@@ -31,7 +31,18 @@ from conftest import (
     zip_with_cmd,
     zip_with_zarr,
 )
-from test_zv import assert_same_draco_mesh
+from test_zv import (
+    assert_graph_links_match,
+    assert_ply_vertex_attributes,
+    assert_same_draco_mesh,
+    assert_vertex_attributes_match,
+    canon_faces,
+    coord_edges,
+    edge_set,
+    level_cases,
+    ref,
+    store_dir,
+)
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "zv"
 MANIFEST = json.loads((FIX / "manifest.json").read_text())["stores"]
@@ -47,19 +58,9 @@ EIO = 5
 # --------------------------------------------------------------------------- helpers
 
 
-def store_dir(name: str) -> Path:
-    tag = name.split("/")[0]
-    return FIX / tag / MANIFEST[name]["store"]
-
-
 def store_rel(name: str) -> str:
     """Where a fixture store sits in the corpus (= below MNT/.zvfs/vectors)."""
     return f"{name.split('/')[0]}/{MANIFEST[name]['store']}"
-
-
-def ref(name: str, fname: str) -> np.ndarray:
-    tag = name.split("/")[0]
-    return np.load(FIX / tag / MANIFEST[name]["ref"] / fname)
 
 
 def load(p: Path) -> np.ndarray:
@@ -68,31 +69,6 @@ def load(p: Path) -> np.ndarray:
     data = p.read_bytes()
     assert len(data) == size, p
     return np.load(p, allow_pickle=False)
-
-
-def level_cases(pred=lambda e, le: True, draco: bool = False) -> list[tuple[str, str]]:
-    return [(n, lv) for n, e in sorted(MANIFEST.items()) for lv, le in sorted(e["levels"].items())
-            if (draco or e.get("encoding") != "draco") and pred(e, le)]
-
-
-def canon_faces(faces: np.ndarray) -> set[tuple[int, ...]]:
-    """Faces as rotation-normalized tuples: same set = same faces with the same winding."""
-    out = set()
-    for f in np.asarray(faces).tolist():
-        i = f.index(min(f))
-        out.add(tuple(f[i:] + f[:i]))
-    return out
-
-
-def edge_set(edges: np.ndarray) -> list[tuple[int, int]]:
-    return sorted(map(tuple, np.asarray(edges).reshape(-1, 2).tolist()))
-
-
-def coord_edges(pos: np.ndarray, edges: np.ndarray) -> list:
-    out = []
-    for a, b in np.asarray(edges).reshape(-1, 2).tolist():
-        out.append((tuple(np.round(pos[a].astype(float), 4)), tuple(np.round(pos[b].astype(float), 4))))
-    return sorted(out)
 
 
 def parse_swc(text: str) -> tuple[np.ndarray, list[tuple[int, int]], np.ndarray]:
@@ -273,15 +249,7 @@ def test_line_vertices_are_the_polylines(vec: Path, name: str) -> None:
 def test_vertex_attributes_equal_reference(vec: Path, name: str, lv: str) -> None:
     d = vec / store_rel(name) / lv
     meta = json.loads((d / "meta.json").read_text())
-    for attr, fname in MANIFEST[name]["levels"][lv]["vertex_attributes"].items():
-        want = ref(name, fname)
-        got = load(d / "vertex_attributes" / f"{attr}.npy")
-        cats = meta["vertex_attributes"][attr].get("categories")
-        if cats is not None:  # categorical: codes in the file, categories in meta.json
-            assert got.dtype.kind in "ui"
-            got = np.asarray(cats)[got]
-        assert got.shape == want.shape, attr
-        np.testing.assert_array_equal(got, want)
+    assert_vertex_attributes_match(name, lv, meta, lambda rel: load(d / rel))
 
 
 @pytest.mark.parametrize("name,lv", level_cases(lambda e, le: bool(le.get("objects") or le.get("polylines"))))
@@ -314,23 +282,7 @@ def test_object_attributes_and_groups(vec: Path, name: str, lv: str) -> None:
 @pytest.mark.parametrize("name", [n for n in STORES if MANIFEST[n]["kind"] == "graph"])
 def test_graph_links_and_weights(vec: Path, name: str) -> None:
     d = vec / store_rel(name) / "0"
-    links = load(d / "links" / "0.npy")
-    assert links.dtype == np.int64 and links.shape[1] == 2
-    assert edge_set(links) == edge_set(ref(name, "L0_edges.npy"))
-    w = load(d / "link_attributes" / "weight.npy")
-    assert len(w) == len(links)
-    # the written weights were edge_index + 0.5, per input edge: check them by endpoint coordinates
-    pos = load(d / "vertices.npy")
-    inp_pos, inp_edges = ref(name, "input_positions.npy"), ref(name, "input_edges.npy")
-    key = {coord_edges(inp_pos, inp_edges[i : i + 1])[0]: i + 0.5 for i in range(len(inp_edges))}
-    seen = 0
-    for row, weight in zip(links, w, strict=True):
-        if np.isnan(weight):  # 0.2.0 writes no attributes for cross-chunk edges
-            assert name.startswith("v07")
-            continue
-        assert key[coord_edges(pos, row[None])[0]] == weight
-        seen += 1
-    assert seen >= 1
+    assert_graph_links_match(name, lambda rel: load(d / rel))
 
 
 @pytest.mark.parametrize("name", [n for n in STORES if MANIFEST[n]["kind"] == "mesh" and
@@ -385,15 +337,7 @@ def test_level_ply_loads_with_plyfile(vec: Path, name: str) -> None:
         want_v = le.get("positions") or le.get("vertices")
         if want_v:
             np.testing.assert_array_equal(pos, ref(name, want_v))
-        props = {p.name for p in ply["vertex"].properties}
-        for attr in le.get("vertex_attributes", {}):
-            a = load(d / "vertex_attributes" / f"{attr}.npy")
-            if a.ndim == 1:
-                np.testing.assert_array_equal(ply["vertex"][attr], a)
-            else:
-                for j in range(a.shape[1]):
-                    assert f"{attr}_{j}" in props
-                    np.testing.assert_array_equal(ply["vertex"][f"{attr}_{j}"], a[:, j])
+        assert_ply_vertex_attributes(ply, name, lv, lambda rel, d=d: load(d / rel))
         elements = {e.name for e in ply.elements}
         if kind == "mesh":
             faces = np.stack(ply["face"]["vertex_indices"])

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from moto_server import DUMMY_ENV, MotoServer, put_many, s3_client, upload_tree  # noqa: E402
 
+from zvfs.stats import ERROR_KINDS, Counters  # noqa: E402
 from zvfs.stores.base import KeyInfo, KeyNotFound, SourceError, Store, StoreError  # noqa: E402
 from zvfs.stores.directory import DirectoryStore  # noqa: E402
 from zvfs.stores.retry import RetryPolicy  # noqa: E402
@@ -556,6 +557,39 @@ def test_s3_errors_after_open_name_the_key(moto: MotoServer) -> None:
     with pytest.raises(StoreError, match="^k: S3 GetObject failed: NoSuchBucket") as exc:
         st.get("k")
     assert not isinstance(exc.value, KeyNotFound)
+
+
+def test_stores_count_into_the_counters_they_are_given(moto: MotoServer, tmp_path: Path) -> None:
+    """What only a store sees (inflated bytes, failed requests) lands in the counters it was
+    opened with, the mount's; without them each store counts into a private set of its own."""
+    path = tmp_path / "deflated.zip"
+    data = bytes(range(256)) * 4000
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("k", data)
+    mine = Counters()
+    st = open_store(parse_source(str(path)), counters=mine)
+    assert st.get("k") == data
+    assert mine.snapshot()["zip_inflated_bytes"] == len(data)
+    other = ZipStore(path)
+    assert other.get("k") == data
+    assert other.counters is not mine and other.counters is not ZipStore(path).counters
+    assert mine.snapshot()["zip_inflated_bytes"] == len(data)
+    st.close()
+    other.close()
+
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket="zvfs-counted")
+    client.put_object(Bucket="zvfs-counted", Key="k", Body=b"v")
+    counted = Counters()
+    s3 = open_store(parse_source("s3://zvfs-counted", endpoint_url=moto.endpoint), RetryPolicy(attempts=1),
+                    counters=counted)
+    client.delete_object(Bucket="zvfs-counted", Key="k")
+    client.delete_bucket(Bucket="zvfs-counted")
+    with pytest.raises(StoreError):
+        s3.get("k")
+    snap = counted.snapshot()
+    assert snap["store_failures"] == 1
+    assert sum(snap[f"store_errors_{kind}"] for kind in ERROR_KINDS) == 1
 
 
 # -- URL parsing -------------------------------------------------------------------------

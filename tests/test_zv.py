@@ -12,6 +12,7 @@ import io
 import json
 import shutil
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from zvfs.formats import zv
 from zvfs.formats.zv import cells
 from zvfs.stores.base import KeyInfo, Listing, Store
 from zvfs.stores.directory import DirectoryStore
+from zvfs.views.context import MountContext
 from zvfs.views.node import DirNode, FileNode, NodeError
 from zvfs.views.vectors import build_vectors_dir
 
@@ -41,6 +43,11 @@ def store_dir(name: str) -> Path:
 def ref(name: str, fname: str) -> np.ndarray:
     tag = name.split("/")[0]
     return np.load(FIX / tag / MANIFEST[name]["ref"] / fname)
+
+
+async def vectors(store: Store) -> DirNode | None:
+    """The vectors view of ``store``, as a mount of it would build it."""
+    return await build_vectors_dir(store, MountContext(store=store))
 
 
 async def _node(root: DirNode, path: str) -> Any:
@@ -74,7 +81,7 @@ def read_file(store: Store | Path, path: str) -> bytes:
     st = store if isinstance(store, Store) else DirectoryStore(store)
 
     async def main() -> bytes:
-        root = await build_vectors_dir(st)
+        root = await vectors(st)
         assert root is not None
         return await _read(await _node(root, path))
 
@@ -87,7 +94,7 @@ def load_npy(store: Store | Path, path: str) -> np.ndarray:
 
 def listing(store: Path, path: str) -> list[str]:
     async def main() -> list[str]:
-        root = await build_vectors_dir(DirectoryStore(store))
+        root = await vectors(DirectoryStore(store))
         assert root is not None
         node = await _node(root, path) if path else root
         return [n for n, _ in await node.children()]
@@ -95,9 +102,10 @@ def listing(store: Path, path: str) -> list[str]:
     return trio.run(main)
 
 
-def level_cases(pred=lambda e, le: True) -> list[tuple[str, str]]:
+def level_cases(pred=lambda e, le: True, draco: bool = False) -> list[tuple[str, str]]:
+    """(store, level) pairs the predicate picks; Draco stores only when asked for."""
     return [(n, lv) for n, e in sorted(MANIFEST.items()) for lv, le in sorted(e["levels"].items())
-            if e.get("encoding") != "draco" and pred(e, le)]
+            if (draco or e.get("encoding") != "draco") and pred(e, le)]
 
 
 def canon_faces(faces: np.ndarray) -> set[tuple[int, ...]]:
@@ -110,12 +118,12 @@ def canon_faces(faces: np.ndarray) -> set[tuple[int, ...]]:
 
 
 def edge_set(edges: np.ndarray) -> list[tuple[int, int]]:
-    return sorted(map(tuple, np.asarray(edges).tolist()))
+    return sorted(map(tuple, np.asarray(edges).reshape(-1, 2).tolist()))
 
 
 def coord_edges(pos: np.ndarray, edges: np.ndarray, undirected: bool = False) -> list:
     out = []
-    for a, b in np.asarray(edges).tolist():
+    for a, b in np.asarray(edges).reshape(-1, 2).tolist():
         pa, pb = tuple(np.round(pos[a].astype(float), 4)), tuple(np.round(pos[b].astype(float), 4))
         out.append(tuple(sorted((pa, pb))) if undirected else (pa, pb))
     return sorted(out)
@@ -148,19 +156,25 @@ def test_vertices_equal_reference(name: str, lv: str) -> None:
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("name,lv", level_cases(lambda e, le: bool(le.get("vertex_attributes"))))
-def test_vertex_attributes_equal_reference(name: str, lv: str) -> None:
-    le = MANIFEST[name]["levels"][lv]
-    meta = json.loads(read_file(store_dir(name), f"{lv}/meta.json"))
-    for attr, fname in le["vertex_attributes"].items():
+def assert_vertex_attributes_match(name: str, lv: str, meta: dict[str, Any],
+                                   load: Callable[[str], np.ndarray]) -> None:
+    """vertex_attributes/<attr>.npy of level ``lv`` (``load`` reads a file below the level)
+    equal what zarr-vectors wrote; categorical ones through the categories in ``meta``."""
+    for attr, fname in MANIFEST[name]["levels"][lv]["vertex_attributes"].items():
         want = ref(name, fname)
-        got = load_npy(store_dir(name), f"{lv}/vertex_attributes/{attr}.npy")
+        got = load(f"vertex_attributes/{attr}.npy")
         cats = meta["vertex_attributes"][attr].get("categories")
         if cats is not None:  # categorical: codes in the file, categories in meta.json
             assert got.dtype.kind in "ui"
             got = np.asarray(cats)[got]
         assert got.shape == want.shape, attr
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("name,lv", level_cases(lambda e, le: bool(le.get("vertex_attributes"))))
+def test_vertex_attributes_equal_reference(name: str, lv: str) -> None:
+    meta = json.loads(read_file(store_dir(name), f"{lv}/meta.json"))
+    assert_vertex_attributes_match(name, lv, meta, lambda rel: load_npy(store_dir(name), f"{lv}/{rel}"))
     assert any("categories" in v for v in meta["vertex_attributes"].values())
     assert meta["vertex_attributes"]["rgb"]["shape"][1:] == [3]
 
@@ -188,15 +202,16 @@ def test_object_attributes_and_groups(name: str, lv: str) -> None:
         np.testing.assert_array_equal(got, ref(name, fname))
 
 
-@pytest.mark.parametrize("name", ["v07/graph", "v09/graph"])
-def test_graph_links_and_link_attributes(name: str) -> None:
-    links = load_npy(store_dir(name), "0/links/0.npy")
+def assert_graph_links_match(name: str, load: Callable[[str], np.ndarray]) -> None:
+    """Level 0's links/0.npy and link_attributes/weight.npy of graph store ``name`` (``load``
+    reads a file below the level) are the edges and weights zarr-vectors wrote."""
+    links = load("links/0.npy")
     assert links.dtype == np.int64 and links.shape[1] == 2
     assert edge_set(links) == edge_set(ref(name, "L0_edges.npy"))
-    w = load_npy(store_dir(name), "0/link_attributes/weight.npy")
+    w = load("link_attributes/weight.npy")
     assert len(w) == len(links)
     # the written weights were edge_index + 0.5, per input edge; check them by endpoints
-    pos = load_npy(store_dir(name), "0/vertices.npy")
+    pos = load("vertices.npy")
     inp_pos, inp_edges = ref(name, "input_positions.npy"), ref(name, "input_edges.npy")
     key = {coord_edges(inp_pos, inp_edges[i : i + 1])[0]: i + 0.5 for i in range(len(inp_edges))}
     seen = 0
@@ -207,6 +222,11 @@ def test_graph_links_and_link_attributes(name: str) -> None:
         assert key[coord_edges(pos, row[None])[0]] == weight
         seen += 1
     assert seen >= 1
+
+
+@pytest.mark.parametrize("name", ["v07/graph", "v09/graph"])
+def test_graph_links_and_link_attributes(name: str) -> None:
+    assert_graph_links_match(name, lambda rel: load_npy(store_dir(name), f"0/{rel}"))
 
 
 @pytest.mark.parametrize("name", ["v07/mesh", "v09/mesh"])
@@ -233,6 +253,20 @@ def test_skeleton_edges(name: str) -> None:
 # --------------------------------------------------------------------------- legacy formats
 
 
+def assert_ply_vertex_attributes(ply: Any, name: str, lv: str, load: Callable[[str], np.ndarray]) -> None:
+    """level.ply holds each vertex attribute of level ``lv`` (``load`` reads a file below the
+    level) as vertex properties: one named after it, or one per channel (<name>_<j>)."""
+    props = {p.name for p in ply["vertex"].properties}
+    for attr in MANIFEST[name]["levels"][lv].get("vertex_attributes", {}):
+        a = load(f"vertex_attributes/{attr}.npy")
+        if a.ndim == 1:
+            np.testing.assert_array_equal(ply["vertex"][attr], a)
+        else:
+            for j in range(a.shape[1]):
+                assert f"{attr}_{j}" in props
+                np.testing.assert_array_equal(ply["vertex"][f"{attr}_{j}"], a[:, j])
+
+
 @pytest.mark.parametrize("name", [n for n, e in sorted(MANIFEST.items()) if e.get("encoding") != "draco"])
 def test_level_ply_loads_with_plyfile(name: str) -> None:
     from plyfile import PlyData
@@ -243,15 +277,7 @@ def test_level_ply_loads_with_plyfile(name: str) -> None:
         verts = load_npy(d, f"{lv}/vertices.npy")
         got = np.stack([ply["vertex"][a] for a in "xyz"], axis=1)
         np.testing.assert_array_equal(got, verts)
-        names = {p.name for p in ply["vertex"].properties}
-        for attr in MANIFEST[name]["levels"][lv].get("vertex_attributes", {}):
-            a = load_npy(d, f"{lv}/vertex_attributes/{attr}.npy")
-            if a.ndim == 1:
-                np.testing.assert_array_equal(ply["vertex"][attr], a)
-            else:
-                for j in range(a.shape[1]):
-                    assert f"{attr}_{j}" in names
-                    np.testing.assert_array_equal(ply["vertex"][f"{attr}_{j}"], a[:, j])
+        assert_ply_vertex_attributes(ply, name, lv, lambda rel, lv=lv: load_npy(d, f"{lv}/{rel}"))
         kind = MANIFEST[name]["kind"]
         if kind == "mesh":
             faces = np.stack(ply["face"]["vertex_indices"])
@@ -423,7 +449,7 @@ def test_sizes_come_without_reading_vertices(name: str) -> None:
     st = CountingStore(DirectoryStore(store_dir(name)))
 
     async def main() -> int:
-        root = await build_vectors_dir(st)
+        root = await vectors(st)
         assert root is not None
         lv = await root.lookup("0")
         size = (await lv.lookup("vertices.npy")).size
@@ -441,7 +467,7 @@ def test_sizes_come_without_reading_vertices(name: str) -> None:
 
 def test_no_zv_group_gives_none(tmp_path: Path) -> None:
     (tmp_path / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}))
-    assert trio.run(build_vectors_dir, DirectoryStore(tmp_path)) is None
+    assert trio.run(vectors, DirectoryStore(tmp_path)) is None
 
 
 def test_nested_zv_group_appears_under_its_path(tmp_path: Path) -> None:
@@ -527,7 +553,7 @@ def test_unknown_zv_version(tmp_path: Path) -> None:
         zv.open_group(DirectoryStore(d))
 
     async def main() -> None:
-        root = await build_vectors_dir(DirectoryStore(d))
+        root = await vectors(DirectoryStore(d))
         assert root is not None
         with pytest.raises(NodeError) as err:
             await root.children()

@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 
 from zvfs import options as zopts
 from zvfs.mounts import is_dead, is_mounted, mount_entry
+from zvfs.stats import Counters
 
 log = logging.getLogger("zvfs")
 
@@ -170,7 +171,7 @@ def check_mountpoint(path: str, allow_non_empty: bool = False) -> str:
     return mp
 
 
-def _open_source(source: str, opts: dict[str, Any]):  # type: ignore[no-untyped-def]
+def _open_source(source: str, opts: dict[str, Any], counters: Counters):  # type: ignore[no-untyped-def]
     from zvfs.stores.base import SourceError, SourceUnavailable
     from zvfs.stores.retry import RetryPolicy
     from zvfs.stores.url import open_store, parse_source
@@ -180,7 +181,7 @@ def _open_source(source: str, opts: dict[str, Any]):  # type: ignore[no-untyped-
                             profile=opts["profile"], no_sign_request=opts["no_sign_request"])
         retry = RetryPolicy(attempts=opts["s3_attempts"], timeout=opts["s3_timeout"],
                             deadline=opts["s3_deadline"])
-        return open_store(spec, retry, allow_empty=opts["allow_empty"]), spec.describe()
+        return open_store(spec, retry, allow_empty=opts["allow_empty"], counters=counters), spec.describe()
     except SourceUnavailable as exc:
         raise CliError(str(exc), EXIT_FAIL) from None
     except (SourceError, ValueError) as exc:
@@ -282,12 +283,16 @@ def _check_writable(store: Any, description: str, opts: dict[str, Any], report: 
 def _mount_foreground(args: argparse.Namespace, opts: dict[str, Any]) -> int:
     daemon = args.ready_fd is not None
     report = _Reporter(args.ready_fd)
+    # the mount's counters, which the store, the wrappers and the views count into; the
+    # process-wide set while the fs layer still counts into that one (zvfs.stats.counters)
+    from zvfs.stats import counters
+
     try:
         where = _setup_logging(opts, daemon, args.mountpoint)
         if daemon and where:
             os.write(args.ready_fd, f"LOG {where}\n".encode())
         mountpoint = check_mountpoint(args.mountpoint, opts["allow_non_empty"])
-        store, description = _open_source(args.source, opts)
+        store, description = _open_source(args.source, opts, counters)
     except CliError as exc:
         return report.fail(exc)
     try:
@@ -302,7 +307,8 @@ def _mount_foreground(args: argparse.Namespace, opts: dict[str, Any]) -> int:
     scan = scanned()
 
     try:
-        serve(store, mountpoint, description, opts, ready_fd=args.ready_fd, metadata_mtimes=scan.mtimes)
+        serve(store, mountpoint, description, opts, counters, ready_fd=args.ready_fd,
+              metadata_mtimes=scan.mtimes)
     except Exception as exc:  # noqa: BLE001 - whatever it is, the user gets one line, not a traceback
         log.debug("mount failed", exc_info=True)
         return report.fail(CliError(f"cannot mount {args.source} at {mountpoint}: {exc}", EXIT_FAIL))

@@ -23,7 +23,7 @@ from zvfs.cache.disk import DiskCachedStore
 from zvfs.fs import ZvfsOperations
 from zvfs.mounts import mount_device
 from zvfs.options import OPTIONS, format_value
-from zvfs.stats import counters
+from zvfs.stats import Counters
 from zvfs.stores.base import Store
 from zvfs.stores.counting import CountingStore
 from zvfs.stores.directory import DirectoryStore
@@ -107,10 +107,11 @@ def tame_malloc() -> None:
     libc.mallopt(m_arena_max, 2)
 
 
-def build_context(store: Store, opts: dict[str, Any], description: str = "",
+def build_context(store: Store, opts: dict[str, Any], counters: Counters, description: str = "",
                   metadata_mtimes: dict[str, float] | None = None) -> MountContext:
     """Stack the store wrappers: counting sits next to the real store, so stats.json counts
-    only real requests; the optional disk tier sits above it."""
+    only real requests; the optional disk tier sits above it. ``counters`` are the mount's
+    (the store was opened with them too): the context owns them from here on."""
     layered: Store = CountingStore(store, counters)
     if opts["cache_dir"]:
         layered = DiskCachedStore(
@@ -130,6 +131,7 @@ def build_context(store: Store, opts: dict[str, Any], description: str = "",
             enable_writes(Staging(opts["cache_dir"], opts["staging_max_size"], opts["staging_min_free"]),
                           opts["part_size"], opts["rewrite_max_size"])
     return MountContext(
+        counters=counters,
         writable=bool(opts.get("writable")),
         store=layered,
         metadata_ttl=opts["metadata_ttl"],
@@ -220,16 +222,17 @@ async def _serve(ctx: MountContext, root: MountRoot, mountpoint: str, ready_fd: 
 SWITCH_INTERVAL = 0.0005
 
 
-def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
+def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any], counters: Counters,
           ready_fd: int | None = None, metadata_mtimes: dict[str, float] | None = None) -> None:
-    """Mount and serve until unmounted or signalled. Raises OSError if the mount fails."""
+    """Mount and serve until unmounted or signalled; ``counters`` are the mount's (the store
+    was opened with them). Raises OSError if the mount fails."""
     tame_malloc()
     # The trio thread holds the GIL between its awaits; a worker coming back from a decode
     # or a read waits up to one switch interval for it, at every return from C. The default
     # 5 ms made a 1 ms chunk decode take 10-20 ms under load: hand the GIL over sooner.
     sys.setswitchinterval(SWITCH_INTERVAL)
     set_worker_limit(opts["threads"])
-    ctx = build_context(store, opts, description, metadata_mtimes)
+    ctx = build_context(store, opts, counters, description, metadata_mtimes)
     root = build_root(ctx)
     usage = StoreUsage(ctx, store.root if isinstance(store, DirectoryStore) else None)
     ops = ZvfsOperations(root, ttl=opts["metadata_ttl"], usage=usage, derived=[f"/{CONTROL_NAME}/"])

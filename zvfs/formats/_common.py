@@ -17,8 +17,8 @@ from .meta import FormatError
 
 
 def join(path: str, name: str) -> str:
-    """Key of ``name`` inside array/group ``path`` ('' is the root)."""
-    return f"{path}/{name}" if path else name
+    """Key of ``name`` inside array/group ``path`` ('' is the root; an empty ``name`` is ``path``)."""
+    return f"{path}/{name}" if path and name else path or name
 
 
 #: metadata nested deeper than this is refused: Zarr documents need a handful of levels, and

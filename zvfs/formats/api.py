@@ -1,4 +1,5 @@
-"""The formats' public API: one reader over every Zarr flavour (see the package docstring)."""
+"""The formats' public API: one reader over every Zarr flavour (the package docstring and
+``zvfs.formats.__all__`` name what is public; ``ChunkReader`` is the seam to each format)."""
 
 from __future__ import annotations
 
@@ -6,26 +7,15 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..codecs import CodecError, UnknownCodecError
-from ..stores.base import KeyNotFound, Store, StoreError
+from ..stores.base import KeyNotFound, Listing, Store, StoreError
 from . import keys, nczarr, zarr_v1, zarr_v2, zarr_v3
 from ._common import join, load_json, parse_json
 from .meta import ArrayMeta, FormatError, strict_json
-
-__all__ = [
-    "ArrayMeta",
-    "FormatError",
-    "GroupMeta",
-    "Hierarchy",
-    "ZarrArray",
-    "discover",
-    "open_array",
-    "read_array_meta",
-]
 
 
 @dataclass(slots=True)
@@ -82,13 +72,31 @@ class Hierarchy:
         return {p: m.error for p, m in self.arrays.items() if m.error}
 
 
+class ChunkReader(Protocol):
+    """What each format's ``Reader`` (zarr_v1, zarr_v2, zarr_v3, nczarr) does for one array:
+    blocking and thread-safe; ``idx`` is a checked index of the decoded chunk grid."""
+
+    def chunk_key(self, idx: tuple[int, ...]) -> str:
+        """Store key of the object holding chunk ``idx`` (the shard, for sharded arrays)."""
+        ...
+
+    def exists(self, idx: tuple[int, ...]) -> bool:
+        """True if chunk ``idx`` was written."""
+        ...
+
+    def read(self, idx: tuple[int, ...]) -> np.ndarray | None:
+        """Chunk ``idx`` decoded (full chunk shape), or None if it was never written."""
+        ...
+
+
 class ZarrArray:
     """One array: metadata plus a thread-safe reader for its decoded chunks."""
 
     def __init__(self, store: Store, meta: ArrayMeta):
         self.store = store
         self.meta = meta
-        self._reader: Any = None
+        #: None exactly when ``meta.error`` says why the array cannot be read
+        self._reader: ChunkReader | None = None
         self._fill: np.ndarray | None = None
         self._lock = threading.Lock()
         if meta.error is None:
@@ -100,25 +108,27 @@ class ZarrArray:
     def __repr__(self) -> str:
         return f"ZarrArray({self.meta.path!r}, {self.meta.format}, shape={self.meta.shape})"
 
-    def _check(self, idx: tuple[int, ...]) -> tuple[int, ...]:
-        if self.meta.error is not None:
-            raise FormatError(self.meta.error)
+    def _check(self, idx: tuple[int, ...]) -> tuple[ChunkReader, tuple[int, ...]]:
+        """The reader and the checked index; FormatError if the array or the index is bad."""
+        if self.meta.error is not None or self._reader is None:
+            raise FormatError(self.meta.error or f"{self.meta.metadata_key}: no reader")
         try:
-            return self.meta.check_index(idx)
+            return self._reader, self.meta.check_index(idx)
         except IndexError as exc:
             raise FormatError(str(exc)) from exc
 
     def chunk_key(self, idx: tuple[int, ...]) -> str:
         """Store key of the object holding chunk ``idx`` (the shard, for sharded arrays)."""
-        return self._reader.chunk_key(self._check(idx))
+        reader, idx = self._check(idx)
+        return reader.chunk_key(idx)
 
     def chunk_exists(self, idx: tuple[int, ...]) -> bool:
         """True if chunk ``idx`` was written (an inner chunk inside its shard, if sharded)."""
-        idx = self._check(idx)
+        reader, idx = self._check(idx)
         try:
-            return bool(self._reader.exists(idx))
+            return bool(reader.exists(idx))
         except (CodecError, StoreError) as exc:
-            raise FormatError(f"{self._reader.chunk_key(idx)}: {exc}") from exc
+            raise FormatError(f"{reader.chunk_key(idx)}: {exc}") from exc
 
     def fill_chunk(self) -> np.ndarray:
         """A read-only full chunk of fill_value: one element broadcast to the chunk shape,
@@ -134,19 +144,19 @@ class ZarrArray:
         Blocking (fetch + decode). Raises FormatError naming the key on corrupt
         data, a store failure, or an array whose metadata is unusable.
         """
-        idx = self._check(idx)
+        reader, idx = self._check(idx)
         try:
-            out = self._reader.read(idx)
+            out = reader.read(idx)
         except FormatError:
             raise
         except (CodecError, StoreError, ValueError, TypeError, IndexError, OverflowError) as exc:
             # readers wrap what they expect; this keeps any surprise to one failed read
-            raise FormatError(f"{self._reader.chunk_key(idx)}: {exc}") from exc
+            raise FormatError(f"{reader.chunk_key(idx)}: {exc}") from exc
         if out is None:
             return self.fill_chunk()
         if out.shape != self.meta.chunks:
             raise FormatError(
-                f"{self._reader.chunk_key(idx)}: decoded shape {out.shape}, expected {self.meta.chunks}"
+                f"{reader.chunk_key(idx)}: decoded shape {out.shape}, expected {self.meta.chunks}"
             )
         if out.dtype != self.meta.dtype:
             out = out.astype(self.meta.dtype)
@@ -164,7 +174,7 @@ class ZarrArray:
         return out
 
 
-def _make_reader(store: Store, meta: ArrayMeta) -> Any:
+def _make_reader(store: Store, meta: ArrayMeta) -> ChunkReader:
     if meta.format == "zarr_v3":
         return zarr_v3.Reader(store, meta)
     if meta.format == "zarr_v2":
@@ -176,7 +186,7 @@ def _make_reader(store: Store, meta: ArrayMeta) -> Any:
     raise FormatError(f"unknown format {meta.format!r}")
 
 
-_Node = Any  # ArrayMeta | GroupMeta | None, for _contained
+_Node = ArrayMeta | GroupMeta | None  # what _contained gives back
 
 
 # -- reading one node ------------------------------------------------------------
@@ -254,13 +264,19 @@ def discover(store: Store) -> Hierarchy:
     return h
 
 
+def _root_doc(store: Store, key: str) -> dict[str, Any] | None:
+    """The root's consolidated metadata document ``key``; None when unusable (then we walk)."""
+    try:
+        doc = load_json(store, key)
+    except (FormatError, StoreError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def _from_zmetadata(store: Store, h: Hierarchy) -> bool:
     """Fill ``h`` from a v2 .zmetadata; False if it is unusable (then we walk)."""
-    try:
-        doc = load_json(store, keys.ZMETADATA)
-    except (FormatError, StoreError):
-        return False
-    entries = doc.get("metadata") if isinstance(doc, dict) else None
+    doc = _root_doc(store, keys.ZMETADATA)
+    entries = doc.get("metadata") if doc is not None else None
     if not isinstance(entries, dict):
         return False
     for key, value in entries.items():
@@ -277,11 +293,9 @@ def _from_zmetadata(store: Store, h: Hierarchy) -> bool:
 
 
 def _from_v3_consolidated(store: Store, h: Hierarchy) -> bool:
-    try:
-        doc = load_json(store, keys.ZARR_JSON)
-    except (FormatError, StoreError):
-        return False
-    if not isinstance(doc, dict) or doc.get("node_type") != "group":
+    """Fill ``h`` from the root zarr.json's consolidated_metadata; False if it has none."""
+    doc = _root_doc(store, keys.ZARR_JSON)
+    if doc is None or doc.get("node_type") != "group":
         return False
     cons = doc.get("consolidated_metadata")
     if not isinstance(cons, dict) or not isinstance(cons.get("metadata"), dict):
@@ -375,13 +389,13 @@ def _read_node(
     return None
 
 
-def _walk(store: Store, h: Hierarchy, root: Any) -> None:
+def _walk(store: Store, h: Hierarchy, root: Listing) -> None:
     """Breadth-first over groups (and a few levels of bare directories); arrays are leaves.
 
     A child is identified by fetching its metadata keys, never by listing it, so
     an array's directory (full of chunk keys) is never listed.
     """
-    queue: deque[tuple[str, Any, int]] = deque([("", root, 0)])
+    queue: deque[tuple[str, Listing | None, int]] = deque([("", root, 0)])
     listings = 1
     while queue:
         path, listing, bare = queue.popleft()

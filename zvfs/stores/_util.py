@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import logging
 import os
-import threading
 
+from zvfs.logonce import LogOnce as LogOnce  # the one log-once; re-exported for the stores
 from zvfs.stores.base import KeyNotFound, StoreError
 from zvfs.stores.keys import bad_segment
 
@@ -29,22 +28,6 @@ def check_prefix(prefix: str) -> None:
 def safe_name(name: str) -> bool:
     """True if ``name`` can be one path segment (listings drop the others)."""
     return bool(name) and "/" not in name and "\x00" not in name and name not in (".", "..")
-
-
-class LogOnce:
-    """Log a warning at most once per key, so a bad entry does not flood the log."""
-
-    def __init__(self, logger: logging.Logger) -> None:
-        self._logger = logger
-        self._seen: set[str] = set()
-        self._lock = threading.Lock()
-
-    def warning(self, key: str, msg: str, *args: object) -> None:
-        with self._lock:
-            if key in self._seen:
-                return
-            self._seen.add(key)
-        self._logger.warning(msg, *args)
 
 
 def pread_all(fd: int, start: int, length: int, key: str, *, until_eof: bool = False) -> bytes:

@@ -31,7 +31,7 @@ from botocore import UNSIGNED
 from botocore.config import Config
 from botocore.handlers import add_expect_header
 
-from zvfs.stats import counters
+from zvfs.stats import Counters
 from zvfs.stores._util import LogOnce, check_key, check_prefix, safe_name
 from zvfs.stores.base import (
     KeyInfo,
@@ -146,7 +146,9 @@ class S3Store(Store):
         retry: RetryPolicy | None = None,
         block_size: int = 4 << 20,
         allow_empty: bool = False,
+        counters: Counters | None = None,
     ) -> None:
+        """``counters``: the mount's, which retries and errors count into (a private set by default)."""
         if not bucket:
             raise SourceError("S3 source needs a bucket name: s3://bucket[/prefix]")
         prefix = prefix.lstrip("/")
@@ -157,6 +159,7 @@ class S3Store(Store):
         self.no_sign_request = no_sign_request
         self.retry = retry or RetryPolicy()
         self.allow_empty = allow_empty
+        self.counters = counters if counters is not None else Counters()
         self.block_size = block_size  # one GET serves many FUSE reads of the raw view
         self.description = f"s3://{bucket}/{prefix.rstrip('/')}" if prefix else f"s3://{bucket}"
         self._skipped = LogOnce(log)
@@ -500,7 +503,7 @@ class S3Store(Store):
                     continue
                 if kind not in TRANSIENT_KINDS or not tries.retry():
                     raise self._failure(key, op, exc, kind, tries) from None
-                counters.add("store_retries")
+                self.counters.add("store_retries")
 
     def _get(self, key: str, start: int, length: int | None, pin: str | None = None) -> bytes:
         """Bytes [start, start+length) of ``key`` (to the end when length is None).
@@ -569,14 +572,13 @@ class S3Store(Store):
                     continue
                 if kind not in TRANSIENT_KINDS or not tries.retry():
                     raise self._failure(key, "GetObject", exc, kind, tries) from None
-                counters.add("store_retries")
+                self.counters.add("store_retries")
                 if got:
                     log.debug("%s: %s after %d bytes; resuming from there", key, kind, got)
 
-    @staticmethod
-    def _count(exc: BaseException) -> str:
+    def _count(self, exc: BaseException) -> str:
         kind = fault_kind(exc)
-        counters.add(f"store_errors_{'denied' if kind == 'expired' else kind}")
+        self.counters.add(f"store_errors_{'denied' if kind == 'expired' else kind}")
         return kind
 
     def _failure(self, key: str, op: str, exc: BaseException, kind: str, tries: Attempts) -> StoreError:
@@ -588,7 +590,7 @@ class S3Store(Store):
                 return WriteRefused(errno.EEXIST, f"{key}: exists already")
             if _code(exc) == "NotImplemented" or _status(exc) == 501:
                 return WriteRefused(errno.ENOTSUP, f"{key}: S3 {op}: the server does not implement it")
-        counters.add("store_failures")
+        self.counters.add("store_failures")
         if isinstance(exc, bce.ClientError):
             code = _code(exc) or str(_status(exc))
             msg = exc.response.get("Error", {}).get("Message", "")

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from zvfs.stats import counters
+from zvfs.stats import Counters
 from zvfs.stores._util import pread_all, pwrite_all
 from zvfs.stores.base import KeyInfo, KeyWriter, StoreError, WriteRefused
 from zvfs.stores.staging import Staging
@@ -167,7 +167,7 @@ class S3Writer(KeyWriter):
         r = self.store._request(self.key, "UploadPart", lambda c: c.upload_part(
             Bucket=self.store.bucket, Key=self.store.prefix + self.key, UploadId=upload_id,
             PartNumber=part + 1, Body=data))
-        _count_put(len(data), time.perf_counter() - t0)
+        _count_put(self.store.counters, len(data), time.perf_counter() - t0)
         with self._lock:
             if self._upload_id == upload_id:
                 self._done[part] = (str(r["ETag"]), gen)
@@ -258,7 +258,7 @@ class S3Writer(KeyWriter):
                 pass
 
 
-def _count_put(nbytes: int, seconds: float) -> None:
+def _count_put(counters: Counters, nbytes: int, seconds: float) -> None:
     counters.add("store_requests")
     counters.add("store_requests_put")
     counters.add("store_bytes_put", nbytes)
@@ -325,7 +325,7 @@ def put_key(store: S3Store, key: str, data: bytes, if_absent: bool = False) -> N
         if store.exists(key):
             raise WriteRefused(errno.EEXIST, f"{key}: exists already") from None
         store._request(key, "PutObject", lambda c: c.put_object(**kw))
-    _count_put(len(data), time.perf_counter() - t0)
+    _count_put(store.counters, len(data), time.perf_counter() - t0)
 
 
 def rename_prefix(store: S3Store, src: str, dst: str) -> None:

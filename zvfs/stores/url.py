@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import unquote, urlsplit
 
+from zvfs.stats import Counters
 from zvfs.stores.base import SourceError, Store
 from zvfs.stores.retry import RetryPolicy
 
@@ -128,11 +129,14 @@ def parse_source(
     raise SourceError(f"unsupported source {source!r} (scheme {scheme}://); expected {ACCEPTED_FORMS}")
 
 
-def open_store(spec: SourceSpec, retry: RetryPolicy | None = None, *, allow_empty: bool = False) -> Store:
+def open_store(spec: SourceSpec, retry: RetryPolicy | None = None, *, allow_empty: bool = False,
+               counters: Counters | None = None) -> Store:
     """Open the store a spec names; raises SourceError if it cannot be opened at all
     (an S3 prefix with no keys too, unless ``allow_empty``).
 
-    ``retry`` bounds the requests of a remote store (local stores do not retry)."""
+    ``retry`` bounds the requests of a remote store (local stores do not retry).
+    ``counters`` are the mount's: what the store counts itself (retries, errors, uploads,
+    inflated bytes) lands there; without them, each store counts into a private set."""
     store: Store
     if spec.kind == "directory":
         from zvfs.stores.directory import DirectoryStore
@@ -141,14 +145,14 @@ def open_store(spec: SourceSpec, retry: RetryPolicy | None = None, *, allow_empt
     elif spec.kind == "zip":
         from zvfs.stores.zip import ZipStore
 
-        store = ZipStore(str(spec.path))
+        store = ZipStore(str(spec.path), counters=counters)
     elif spec.kind == "s3":
         from zvfs.stores.s3 import S3Store  # boto3 is imported only for S3 sources
 
         store = S3Store(
             str(spec.bucket), spec.prefix, endpoint_url=spec.endpoint_url, region=spec.region,
             profile=spec.profile, no_sign_request=spec.no_sign_request, retry=retry,
-            allow_empty=allow_empty,
+            allow_empty=allow_empty, counters=counters,
         )
     else:  # pragma: no cover - Kind is closed
         raise SourceError(f"unknown source kind {spec.kind!r}")

@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from zvfs.stats import counters
+from zvfs.stats import Counters
 from zvfs.stores._util import check_key, check_prefix
 from zvfs.stores.base import KeyInfo, KeyNotFound, Listing, SourceError, Store, StoreError
 from zvfs.stores.keys import bad_segment
@@ -83,7 +83,8 @@ class _Member:
 class ZipStore(Store):
     """Read-only store over the members of a zip archive (zip64 included)."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], counters: Counters | None = None) -> None:
+        """``counters``: the mount's, which inflated bytes count into (a private set by default)."""
         shown = os.path.abspath(os.fspath(path))
         self.path = shown
         self.description = shown
@@ -108,7 +109,8 @@ class ZipStore(Store):
         self._closed = False
         self._lock = threading.Lock()
         self._streams = _StreamPool()
-        self._inflate = _Inflater(self._fd)
+        self.counters = counters if counters is not None else Counters()
+        self._inflate = _Inflater(self._fd, self.counters)
         self._stored_crc = _SequentialCrc()
         if any(m.info.compress_type != zipfile.ZIP_STORED for m in self._members.values()):
             self.block_size = COMPRESSED_BLOCK_SIZE
@@ -393,8 +395,9 @@ class _Inflater:
     taken on the way, about every ``max(1 MiB, size/64)`` of output.
     """
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, counters: Counters) -> None:
         self._fd = fd
+        self._counters = counters
         self._cond = threading.Condition()
         self._parked: list[tuple[str, _InflateState]] = []  # oldest first
         #: reads in progress or waiting: (token, key, where their stream will stop)
@@ -531,7 +534,7 @@ class _Inflater:
             if out:
                 state.crc = zlib.crc32(out, state.crc)
                 state.out_pos += len(out)
-                counters.add("zip_inflated_bytes", len(out))
+                self._counters.add("zip_inflated_bytes", len(out))
                 if parts is not None:
                     parts.append(out)
             if big and out and state.out_pos % spacing == 0:

@@ -196,6 +196,17 @@ class StaticDir(DirNode):
         self.entries: dict[str, Node] = dict(entries or {})
         self.mtime = mtime
 
+    def place(self, path: str) -> StaticDir:
+        """The directory at ``path`` ('a/b', '' for this one) below this one, made where
+        missing (with this one's mtime): how a view puts a node at a store path."""
+        node = self
+        for part in (p for p in path.split("/") if p):
+            child = node.entries.get(part)
+            if not isinstance(child, StaticDir):
+                child = node.entries[part] = StaticDir(mtime=self.mtime)
+            node = child
+        return node
+
     async def lookup(self, name: str) -> Node | None:
         return self.entries.get(name)
 

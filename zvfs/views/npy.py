@@ -6,17 +6,18 @@ import struct
 
 import numpy as np
 
-from zvfs.formats.meta import ArrayMeta
 from zvfs.views.arrays import DecodedArray, RawDataFile
 from zvfs.views.readahead import ReadAhead
 
 NPY_ALIGN = 64
 
 
-def npy_header(meta: ArrayMeta) -> bytes:
-    """NPY format 1.0 header (2.0 when too long), padded so data starts 64-byte aligned."""
-    descr = np.lib.format.dtype_to_descr(meta.dtype)
-    text = repr({"descr": descr, "fortran_order": False, "shape": tuple(meta.shape)})
+def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """The one NPY header writer (data.npy, the vectors view): format 1.0 (2.0 when too long)
+    for a C-order array, padded so data starts 64-byte aligned."""
+    descr = np.lib.format.dtype_to_descr(np.dtype(dtype))
+    # plain ints: numpy 2 would write np.int64(3) into the header text
+    text = repr({"descr": descr, "fortran_order": False, "shape": tuple(int(n) for n in shape)})
     for version, fmt in (((1, 0), "<H"), ((2, 0), "<I")):
         prefix = 6 + 2 + struct.calcsize(fmt)
         pad = -(prefix + len(text) + 1) % NPY_ALIGN
@@ -31,7 +32,7 @@ class NpyFile(RawDataFile):
 
     def __init__(self, array: DecodedArray, ahead: ReadAhead | None = None) -> None:
         super().__init__(array, ahead)
-        self.header = npy_header(array.meta)
+        self.header = npy_header(array.meta.dtype, array.meta.shape)
 
     @property
     def size(self) -> int:

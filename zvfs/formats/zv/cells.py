@@ -18,16 +18,11 @@ import numpy as np
 from zvfs.codecs.errors import CodecError
 from zvfs.formats import ZarrArray
 from zvfs.formats import open_array as _open_zarr
-from zvfs.formats._common import parse_json
+from zvfs.formats._common import join, parse_json
 from zvfs.formats.meta import FormatError
 from zvfs.stores.base import KeyNotFound, Store, StoreError
 
 from .errors import ZVError
-
-
-def join(*parts: str) -> str:
-    """Store key from path parts, skipping empty ones."""
-    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
 
 
 def load_node(store: Store, path: str) -> dict[str, Any] | None:

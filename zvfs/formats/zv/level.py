@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from zvfs.formats._common import join
 from zvfs.stores.base import KeyNotFound, Store, StoreError
 
 from . import cells
@@ -86,7 +87,7 @@ def find_groups(store: Store, path: str = "", depth: int = 6) -> list[str]:
     out: list[str] = []
     _keys, prefixes = _ls(store, path)
     for name in sorted(prefixes):
-        out.extend(find_groups(store, cells.join(path, name), depth - 1))
+        out.extend(find_groups(store, join(path, name), depth - 1))
     return out
 
 
@@ -96,7 +97,7 @@ class ZVGroup:
     def __init__(self, store: Store, path: str, doc: dict[str, Any]) -> None:
         self.store = store
         self.path = path
-        key = cells.join(path, "zarr.json")
+        key = join(path, "zarr.json")
         attrs = doc.get("attributes") or {}
         self.zv: dict[str, Any] = attrs.get("zarr_vectors") or {}
         self.zv_version: str = str(self.zv.get("zv_version"))
@@ -113,9 +114,13 @@ class ZVGroup:
         _keys, prefixes = _ls(store, path)
         self.level_names = sorted((p for p in prefixes if p.isdigit()), key=int)
 
+    def level_path(self, name: str) -> str:
+        """Store path of level ``name`` (its directory key)."""
+        return join(self.path, name)
+
     def level(self, name: str) -> Level:
         if name not in self.level_names:
-            raise ZVError(cells.join(self.path, name), "no such level")
+            raise ZVError(self.level_path(name), "no such level")
         return Level(self, name)
 
 
@@ -167,7 +172,7 @@ class Level:
         self.group = group
         self.store = group.store
         self.name = name
-        self.path = cells.join(group.path, name)
+        self.path = group.level_path(name)
         self.new = group.layout == "0.9"
         self.ndim = group.ndim
         self._docs: dict[str, dict[str, Any] | None] = {}
@@ -189,7 +194,7 @@ class Level:
     # -- nodes ------------------------------------------------------------------------------
 
     def key(self, rel: str) -> str:
-        return cells.join(self.path, rel)
+        return join(self.path, rel)
 
     def doc(self, rel: str) -> dict[str, Any] | None:
         """zarr.json of the node ``rel`` below the level (cached; None if absent)."""

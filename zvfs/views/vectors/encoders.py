@@ -7,25 +7,18 @@ its encoder agree by construction (same header bytes, fixed row widths).
 
 from __future__ import annotations
 
-import io
 import struct
 from collections.abc import Sequence
 
 import numpy as np
 
+from zvfs.views.npy import npy_header
+
 # --- NPY -------------------------------------------------------------------------------------
 
 
-def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
-    """The NPY 1.0 header of a C-order array; data follows it directly."""
-    buf = io.BytesIO()
-    np.lib.format.write_array_header_1_0(
-        buf, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": tuple(shape)}
-    )
-    return buf.getvalue()
-
-
 def npy_bytes(arr: np.ndarray) -> bytes:
+    """A whole small array as an NPY file (the header is data.npy's)."""
     arr = np.ascontiguousarray(arr)
     return npy_header(arr.dtype, arr.shape) + arr.tobytes()
 

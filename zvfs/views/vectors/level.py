@@ -16,16 +16,18 @@ import numpy as np
 
 from zvfs.formats import zv
 from zvfs.formats.zv import Level, ZVGroup
+from zvfs.views.context import MountContext
 from zvfs.views.node import Node
+from zvfs.views.npy import npy_header
 from zvfs.views.vectors import encoders as enc
 from zvfs.views.vectors.nodes import (
     BuiltDir,
     BuiltFile,
-    Env,
     ErrorFile,
     MemFile,
     SegmentedFile,
     VDir,
+    fail,
     rows_file,
 )
 
@@ -38,20 +40,20 @@ TREE_CONVENTION = "implicit_sequential_with_branches"
 OBJECT_CHECK_LIMIT = 100_000
 
 
-def level_dir(env: Env, key: Hashable, group: ZVGroup, name: str) -> BuiltDir:
-    what = f"{group.path + '/' if group.path else ''}{name}"
-    return BuiltDir(env, key, what, lambda: LevelTree(env, key, group, name).entries())
+def level_dir(ctx: MountContext, key: Hashable, group: ZVGroup, name: str) -> BuiltDir:
+    what = group.level_path(name)
+    return BuiltDir(ctx, key, what, lambda: LevelTree(ctx, key, group, name).entries())
 
 
-def _npy_file(env: Env, arr: np.ndarray) -> MemFile:
-    return MemFile(enc.npy_bytes(arr), env)
+def _npy_file(ctx: MountContext, arr: np.ndarray) -> MemFile:
+    return MemFile(enc.npy_bytes(arr), ctx)
 
 
 class LevelTree:
     """Blocking builder of one level's entries (runs in a worker thread)."""
 
-    def __init__(self, env: Env, key: Hashable, group: ZVGroup, name: str) -> None:
-        self.env = env
+    def __init__(self, ctx: MountContext, key: Hashable, group: ZVGroup, name: str) -> None:
+        self.ctx = ctx
         self.key = key
         self.group = group
         self.level: Level = group.level(name)
@@ -64,14 +66,14 @@ class LevelTree:
             return fn()
         except zv.ZVError as exc:
             self.errors[part] = str(exc)
-            self.env.fail(f"{self.what}/{part}", exc)
+            fail(self.ctx, f"{self.what}/{part}", exc)
             return exc
 
     # -- the level directory ----------------------------------------------------------------
 
     def entries(self) -> dict[str, Node]:
         L = self.level
-        env = self.env
+        ctx = self.ctx
         out: dict[str, Node] = {}
         chunks = self._try("vertices.npy", L.chunks)
         counts = self._try("vertices.npy", lambda: L.vertex_counts(chunks)) \
@@ -81,10 +83,10 @@ class LevelTree:
         D = L.ndim
         if ok:
             out["vertices.npy"] = rows_file(
-                env, (self.key, "vertices"), f"{self.what}/vertices", enc.npy_header(L.dtype, (n, D)),
+                ctx, (self.key, "vertices"), f"{self.what}/vertices", npy_header(L.dtype, (n, D)),
                 counts, L.dtype.itemsize * D, lambda i: L.vertices(chunks[i]).astype(L.dtype, copy=False).tobytes())
         else:
-            out["vertices.npy"] = ErrorFile(env, f"{self.what}/vertices.npy", counts)
+            out["vertices.npy"] = ErrorFile(ctx, f"{self.what}/vertices.npy", counts)
 
         infos = {}
         for name in L.vertex_attribute_names():
@@ -97,39 +99,39 @@ class LevelTree:
         # vertices.npy: they are described in meta.json but not served
         for name, info in infos.items() if L.encoding != "draco" else ():
             if not ok:
-                va[f"{name}.npy"] = ErrorFile(env, f"{self.what}/vertex_attributes/{name}.npy", counts)
+                va[f"{name}.npy"] = ErrorFile(ctx, f"{self.what}/vertex_attributes/{name}.npy", counts)
                 continue
             va[f"{name}.npy"] = rows_file(
-                env, (self.key, "va", name), f"{self.what}/vertex_attributes/{name}",
-                enc.npy_header(info.dtype, (n, *info.row_shape)), counts,
+                ctx, (self.key, "va", name), f"{self.what}/vertex_attributes/{name}",
+                npy_header(info.dtype, (n, *info.row_shape)), counts,
                 info.dtype.itemsize * info.ncols,
                 lambda i, name=name: np.ascontiguousarray(L.vertex_attribute(name, chunks[i])).tobytes())
         if va:
-            out["vertex_attributes"] = VDir(va, mtime=env.mtime)
+            out["vertex_attributes"] = VDir(va, mtime=ctx.stable_time)
 
         deltas = self._try("links", L.link_deltas) or []
         if isinstance(deltas, Exception):
             deltas = []
         if deltas:
-            out["links"] = BuiltDir(env, (self.key, "links"), f"{self.what}/links", lambda: self._links(deltas))
+            out["links"] = BuiltDir(ctx, (self.key, "links"), f"{self.what}/links", lambda: self._links(deltas))
             if any(L.link_attribute_names(d) for d in deltas):
-                out["link_attributes"] = BuiltDir(env, (self.key, "link_attributes"),
+                out["link_attributes"] = BuiltDir(ctx, (self.key, "link_attributes"),
                                                   f"{self.what}/link_attributes", lambda: self._link_attrs(deltas))
         if "object_index" in L.members:
-            out["objects"] = BuiltDir(env, (self.key, "objects"), f"{self.what}/objects", self._objects)
+            out["objects"] = BuiltDir(ctx, (self.key, "objects"), f"{self.what}/objects", self._objects)
         if L.object_attribute_names():
-            out["object_attributes"] = BuiltDir(env, (self.key, "oa"), f"{self.what}/object_attributes",
+            out["object_attributes"] = BuiltDir(ctx, (self.key, "oa"), f"{self.what}/object_attributes",
                                                 self._object_attrs)
         if "groups" in L.members:
-            out["groups"] = BuiltDir(env, (self.key, "groups"), f"{self.what}/groups", self._groups)
+            out["groups"] = BuiltDir(ctx, (self.key, "groups"), f"{self.what}/groups", self._groups)
         if ok:
-            out["chunks"] = BuiltDir(env, (self.key, "chunks"), f"{self.what}/chunks",
+            out["chunks"] = BuiltDir(ctx, (self.key, "chunks"), f"{self.what}/chunks",
                                      lambda: self._chunks(chunks, infos))
             self._level_ply(out, chunks, counts, infos)
             self._trk(out)
         if ok and "object_index" in L.members:
             self._check_objects()
-        out["meta.json"] = MemFile(self._meta(n if ok else None, chunks, infos, deltas), env)
+        out["meta.json"] = MemFile(self._meta(n if ok else None, chunks, infos, deltas), ctx)
         return out
 
     def _check_objects(self) -> None:
@@ -166,7 +168,7 @@ class LevelTree:
         L = self.level
         conn = self._try("level.ply", self._connectivity)
         if isinstance(conn, Exception):
-            out["level.ply"] = ErrorFile(self.env, f"{self.what}/level.ply", conn)
+            out["level.ply"] = ErrorFile(self.ctx, f"{self.what}/level.ply", conn)
             return
         faces, edges = conn
         n = sum(counts)
@@ -195,7 +197,7 @@ class LevelTree:
             s = esteps[i - 1 - nc - nf]
             return enc.ply_edge_bytes(edges[s : s + PART_ROWS])
 
-        out["level.ply"] = SegmentedFile(self.env, (self.key, "level.ply"), f"{self.what}/level.ply",
+        out["level.ply"] = SegmentedFile(self.ctx, (self.key, "level.ply"), f"{self.what}/level.ply",
                                          sizes, load, literal={0: header})
 
     def _trk(self, out: dict[str, Node]) -> None:
@@ -210,7 +212,7 @@ class LevelTree:
 
         objs = self._try("streamlines.trk", plan)
         if isinstance(objs, Exception):
-            out["streamlines.trk"] = ErrorFile(self.env, f"{self.what}/streamlines.trk", objs)
+            out["streamlines.trk"] = ErrorFile(self.ctx, f"{self.what}/streamlines.trk", objs)
             return
         batches: list[list[tuple[int, list, int]]] = [[]]
         sizes = [enc.TRK_HEADER_SIZE, 0]
@@ -225,7 +227,7 @@ class LevelTree:
             cache: dict = {}
             return enc.trk_records([zv.object_vertices(L, oid, b, cache) for oid, b, _n in batches[i - 1]])
 
-        out["streamlines.trk"] = SegmentedFile(self.env, (self.key, "trk"), f"{self.what}/streamlines.trk",
+        out["streamlines.trk"] = SegmentedFile(self.ctx, (self.key, "trk"), f"{self.what}/streamlines.trk",
                                                sizes, load, literal={0: enc.trk_header(len(objs))})
 
     # -- links ---------------------------------------------------------------------------------
@@ -235,9 +237,9 @@ class LevelTree:
         for d in deltas:
             res = self._try(f"links/{d}.npy", lambda d=d: zv.level_links(self.level, d))
             if isinstance(res, Exception):
-                out[f"{d}.npy"] = ErrorFile(self.env, f"{self.what}/links/{d}.npy", res)
+                out[f"{d}.npy"] = ErrorFile(self.ctx, f"{self.what}/links/{d}.npy", res)
             else:
-                out[f"{d}.npy"] = _npy_file(self.env, res.rows)
+                out[f"{d}.npy"] = _npy_file(self.ctx, res.rows)
         return out
 
     def _link_attrs(self, deltas: list[str]) -> dict[str, Node]:
@@ -252,21 +254,21 @@ class LevelTree:
             for name in names:
                 what = f"{self.what}/link_attributes/{name}.npy"
                 if isinstance(links, Exception):
-                    target[f"{name}.npy"] = ErrorFile(self.env, what, links)
+                    target[f"{name}.npy"] = ErrorFile(self.ctx, what, links)
                     continue
                 arr = self._try(f"link_attributes/{name}",
                                 lambda d=d, name=name, links=links: zv.level_link_attribute(L, name, d, links))
-                target[f"{name}.npy"] = ErrorFile(self.env, what, arr) if isinstance(arr, Exception) \
-                    else _npy_file(self.env, arr)
+                target[f"{name}.npy"] = ErrorFile(self.ctx, what, arr) if isinstance(arr, Exception) \
+                    else _npy_file(self.ctx, arr)
             if d != "0" and target:
-                out[d] = VDir(target, mtime=self.env.mtime)
+                out[d] = VDir(target, mtime=self.ctx.stable_time)
         return out
 
     # -- objects, object attributes, groups --------------------------------------------------------
 
     def _objects(self) -> dict[str, Node]:
         L = self.level
-        env = self.env
+        ctx = self.ctx
         manifests = L.manifests()
         offsets = L.offsets()
         geom = self.group.geometry
@@ -286,15 +288,15 @@ class LevelTree:
             if isinstance(rows, Exception):  # one bad manifest fails that object's files only
                 for ext in (".npy", ".swc" if tree else "", ".ply" if faces is not None else ""):
                     if ext:
-                        out[f"{oid}{ext}"] = ErrorFile(env, base + ext, rows)
+                        out[f"{oid}{ext}"] = ErrorFile(ctx, base + ext, rows)
                 continue
             n = len(rows)
             out[f"{oid}.npy"] = BuiltFile(
-                env, (self.key, "obj", oid), base + ".npy", enc.npy_size(L.dtype, (n, L.ndim)),
+                ctx, (self.key, "obj", oid), base + ".npy", enc.npy_size(L.dtype, (n, L.ndim)),
                 lambda oid=oid, blocks=blocks: enc.npy_bytes(zv.object_vertices(L, oid, blocks)))
             if tree:
                 out[f"{oid}.swc"] = BuiltFile(
-                    env, (self.key, "swc", oid), base + ".swc", enc.swc_size(oid, n, L.dtype),
+                    ctx, (self.key, "swc", oid), base + ".swc", enc.swc_size(oid, n, L.dtype),
                     lambda oid=oid, blocks=blocks, rows=rows: self._swc(oid, blocks, rows, parents, attr_names))
             if faces is not None:
                 ofaces = per_object_faces.get(oid, np.empty((0, 3), np.int64))
@@ -302,7 +304,7 @@ class LevelTree:
                 comment = f"zvfs mesh object {oid}"
                 size = enc.ply_size(n, enc.vertex_columns(L.ndim, L.dtype, []), len(ofaces), width, 0, comment)
                 out[f"{oid}.ply"] = BuiltFile(
-                    env, (self.key, "oply", oid), base + ".ply", size,
+                    ctx, (self.key, "oply", oid), base + ".ply", size,
                     lambda oid=oid, blocks=blocks, ofaces=ofaces, comment=comment: enc.ply_bytes(
                         zv.object_vertices(L, oid, blocks), [], ofaces, np.empty((0, 2), np.int64), comment))
         return out
@@ -368,12 +370,12 @@ class LevelTree:
         out: dict[str, Node] = {}
         for name in self.level.object_attribute_names():
             arr = self._try(f"object_attributes/{name}.npy", lambda name=name: self.level.object_attribute(name))
-            out[f"{name}.npy"] = ErrorFile(self.env, f"{self.what}/object_attributes/{name}.npy", arr) \
-                if isinstance(arr, Exception) else _npy_file(self.env, arr)
+            out[f"{name}.npy"] = ErrorFile(self.ctx, f"{self.what}/object_attributes/{name}.npy", arr) \
+                if isinstance(arr, Exception) else _npy_file(self.ctx, arr)
         return out
 
     def _groups(self) -> dict[str, Node]:
-        return {f"{gid}.npy": _npy_file(self.env, members) for gid, members in self.level.groups().items()}
+        return {f"{gid}.npy": _npy_file(self.ctx, members) for gid, members in self.level.groups().items()}
 
     # -- chunks/<i.j.k>/ --------------------------------------------------------------------------------
 
@@ -381,30 +383,30 @@ class LevelTree:
         out: dict[str, Node] = {}
         for c in chunks:
             name = zv.chunk_name(c)
-            out[name] = BuiltDir(self.env, (self.key, "chunk", c), f"{self.what}/chunks/{name}",
+            out[name] = BuiltDir(self.ctx, (self.key, "chunk", c), f"{self.what}/chunks/{name}",
                                  lambda c=c: self._chunk(c, infos))
         return out
 
     def _chunk(self, c: tuple[int, ...], infos: dict) -> dict[str, Node]:
         L = self.level
-        env = self.env
+        ctx = self.ctx
         base = f"{self.what}/chunks/{zv.chunk_name(c)}"
         # sized from the fragment index (or metadata), so listing a chunk decodes no vertices
         n = L.vertex_count(c)
         out: dict[str, Node] = {"vertices.npy": BuiltFile(
-            env, (self.key, "cv", c), f"{base}/vertices.npy", enc.npy_size(L.dtype, (n, L.ndim)),
+            ctx, (self.key, "cv", c), f"{base}/vertices.npy", enc.npy_size(L.dtype, (n, L.ndim)),
             lambda: enc.npy_bytes(L.vertices(c).astype(L.dtype, copy=False)))}
         if infos and L.encoding != "draco":
             out["vertex_attributes"] = VDir({
                 f"{name}.npy": BuiltFile(
-                    env, (self.key, "cva", c, name), f"{base}/vertex_attributes/{name}.npy",
+                    ctx, (self.key, "cva", c, name), f"{base}/vertex_attributes/{name}.npy",
                     enc.npy_size(info.dtype, (n, *info.row_shape)),
                     lambda name=name: enc.npy_bytes(L.vertex_attribute(name, c)))
-                for name, info in infos.items()}, mtime=env.mtime)
+                for name, info in infos.items()}, mtime=ctx.stable_time)
         fi = L.fragments(c)
         if fi is not None:
             out["fragments.json"] = MemFile(json.dumps(
-                [fi.rows(f).tolist() for f in range(fi.count)]).encode() + b"\n", env)
+                [fi.rows(f).tolist() for f in range(fi.count)]).encode() + b"\n", ctx)
         links: dict[str, Node] = {}
         for d in L.link_deltas():
             parts = []
@@ -422,9 +424,9 @@ class LevelTree:
                 vi = np.concatenate([p[1] for p in parts])
                 # one row per record: for each endpoint, its chunk coordinates then its local index
                 rec = np.concatenate([ends, vi[:, :, None]], axis=2).reshape(len(vi), -1)
-                links[f"{d}.npy"] = _npy_file(env, rec)
+                links[f"{d}.npy"] = _npy_file(ctx, rec)
         if links:
-            out["links"] = VDir(links, mtime=env.mtime)
+            out["links"] = VDir(links, mtime=ctx.stable_time)
         return out
 
     # -- meta.json --------------------------------------------------------------------------------------

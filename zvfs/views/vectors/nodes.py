@@ -11,47 +11,38 @@ from __future__ import annotations
 import bisect
 import errno
 import json
-import logging
 import stat
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from typing import TypeVar
 
-from zvfs.cache import Cache
 from zvfs.formats.zv import ZVError
+from zvfs.views.context import MountContext
 from zvfs.views.node import BytesFile, DirNode, FileNode, Node, NodeError, StaticDir
 from zvfs.workers import gather, run_blocking
 
-log = logging.getLogger("zvfs")
+T = TypeVar("T")
 
 
-class Env:
-    """What every vectors node shares: the cache, mtime, and a log-once set."""
+def fail(ctx: MountContext, what: str, exc: BaseException) -> NodeError:
+    """Log one line naming the key (once per mount) and return the EIO to raise."""
+    msg = f"vectors: {what}: {exc}"
+    ctx.warn_once(msg, msg)
+    return NodeError(errno.EIO, msg)
 
-    def __init__(self, cache: Cache, mtime: float, immutable: bool) -> None:
-        self.cache = cache
-        self.mtime = mtime
-        self.immutable = immutable
-        self._logged: set[str] = set()
 
-    def fail(self, what: str, exc: BaseException) -> NodeError:
-        """Log one line naming the key and return the EIO to raise."""
-        msg = f"vectors: {what}: {exc}"
-        if msg not in self._logged:
-            self._logged.add(msg)
-            log.warning("%s", msg)
-        return NodeError(errno.EIO, msg)
+async def blocking(ctx: MountContext, what: str, fn: Callable[..., T], *args: object) -> T:
+    """Run ``fn(*args)`` in a worker; decoder errors become EIO naming the key."""
+    try:
+        return await run_blocking(fn, *args)
+    except NodeError:
+        raise
+    except (ZVError, ValueError, KeyError, IndexError, OSError) as exc:
+        raise fail(ctx, what, exc) from exc
 
-    async def blocking(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn(*args)`` in a worker; decoder errors become EIO naming the key."""
-        try:
-            return await run_blocking(fn, *args)
-        except NodeError:
-            raise
-        except (ZVError, ValueError, KeyError, IndexError, OSError) as exc:
-            raise self.fail(what, exc) from exc
 
-    async def cached(self, key: Hashable, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-        return await self.cache.get(key, lambda: self.blocking(what, fn, *args))
+async def cached(ctx: MountContext, key: Hashable, what: str, fn: Callable[..., T], *args: object) -> T:
+    """``fn(*args)`` built once in a worker and kept in the mount's chunk cache (rebuilt if evicted)."""
+    return await ctx.chunks.get(key, lambda: blocking(ctx, what, fn, *args))
 
 
 def _entries_size(entries: dict[str, Node]) -> int:
@@ -69,15 +60,15 @@ class _Entries(dict):
 class BuiltDir(DirNode):
     """A directory whose entries come from one blocking build, cached (rebuilt if evicted)."""
 
-    def __init__(self, env: Env, key: Hashable, what: str, build: Callable[[], dict[str, Node]]) -> None:
-        self.env = env
+    def __init__(self, ctx: MountContext, key: Hashable, what: str, build: Callable[[], dict[str, Node]]) -> None:
+        self.ctx = ctx
         self.key = key
         self.what = what
         self._build = build
-        self.mtime = env.mtime
+        self.mtime = ctx.stable_time
 
     async def entries(self) -> dict[str, Node]:
-        return await self.env.cached(self.key, self.what, lambda: _Entries(self._build()))
+        return await cached(self.ctx, self.key, self.what, lambda: _Entries(self._build()))
 
     async def lookup(self, name: str) -> Node | None:
         return _checked_entry((await self.entries()).get(name))
@@ -89,7 +80,7 @@ class BuiltDir(DirNode):
 def _checked_entry(node: Node | None) -> Node | None:
     """A broken file fails its lookup with EIO (so open, stat and cat all report it)."""
     if isinstance(node, ErrorFile):
-        raise node.env.fail(node.what, node.exc)
+        raise fail(node.ctx, node.what, node.exc)
     return node
 
 
@@ -107,41 +98,41 @@ class ErrorDir(DirNode):
     ``meta.json``, which opens by path and holds the error.
     """
 
-    def __init__(self, env: Env, what: str, exc: BaseException) -> None:
-        self.env = env
+    def __init__(self, ctx: MountContext, what: str, exc: BaseException) -> None:
+        self.ctx = ctx
         self.what = what
         self.exc = exc
-        self.mtime = env.mtime
+        self.mtime = ctx.stable_time
 
     async def lookup(self, name: str) -> Node | None:
         if name == "meta.json":  # opens by path and says why the rest fails
             doc = {"format": "zarr_vectors", "error": f"{self.what}: {self.exc}"}
-            return MemFile((json.dumps(doc, indent=1) + "\n").encode(), self.env)
-        raise self.env.fail(self.what, self.exc)
+            return MemFile((json.dumps(doc, indent=1) + "\n").encode(), self.ctx)
+        raise fail(self.ctx, self.what, self.exc)
 
     async def children(self) -> Sequence[tuple[str, Node]]:
-        raise self.env.fail(self.what, self.exc)
+        raise fail(self.ctx, self.what, self.exc)
 
 
 class MemFile(BytesFile):
     """Small content built together with its directory (held by the cached entries)."""
 
-    def __init__(self, data: bytes, env: Env) -> None:
-        super().__init__(data, env.mtime)
-        self.immutable = env.immutable
+    def __init__(self, data: bytes, ctx: MountContext) -> None:
+        super().__init__(data, ctx.stable_time)
+        self.immutable = ctx.immutable
 
 
 class BuiltFile(FileNode):
     """A file whose size is known up front and whose bytes come from one blocking build."""
 
-    def __init__(self, env: Env, key: Hashable, what: str, size: int, build: Callable[[], bytes]) -> None:
-        self.env = env
+    def __init__(self, ctx: MountContext, key: Hashable, what: str, size: int, build: Callable[[], bytes]) -> None:
+        self.ctx = ctx
         self.key = key
         self.what = what
         self._size = size
         self._build = build
-        self.mtime = env.mtime
-        self.immutable = env.immutable
+        self.mtime = ctx.stable_time
+        self.immutable = ctx.immutable
 
     @property
     def size(self) -> int:
@@ -156,7 +147,7 @@ class BuiltFile(FileNode):
     async def read(self, offset: int, length: int) -> bytes:
         if offset >= self._size or length <= 0:
             return b""
-        data = await self.env.cached(self.key, self.what, self._checked)
+        data = await cached(self.ctx, self.key, self.what, self._checked)
         return data[offset : offset + length]
 
 
@@ -169,11 +160,11 @@ class ErrorFile(FileNode):
 
     hidden = True
 
-    def __init__(self, env: Env, what: str, exc: BaseException) -> None:
-        self.env = env
+    def __init__(self, ctx: MountContext, what: str, exc: BaseException) -> None:
+        self.ctx = ctx
         self.what = what
         self.exc = exc
-        self.mtime = env.mtime
+        self.mtime = ctx.stable_time
 
     @property
     def mode(self) -> int:
@@ -184,7 +175,7 @@ class ErrorFile(FileNode):
         return 0
 
     async def read(self, offset: int, length: int) -> bytes:
-        raise self.env.fail(self.what, self.exc)
+        raise fail(self.ctx, self.what, self.exc)
 
 
 class SegmentedFile(FileNode):
@@ -197,9 +188,9 @@ class SegmentedFile(FileNode):
     instead of being built whole.
     """
 
-    def __init__(self, env: Env, key: Hashable, what: str, sizes: Sequence[int],
+    def __init__(self, ctx: MountContext, key: Hashable, what: str, sizes: Sequence[int],
                  load: Callable[[int], bytes], literal: dict[int, bytes] | None = None) -> None:
-        self.env = env
+        self.ctx = ctx
         self.key = key
         self.what = what
         self.starts = [0]
@@ -207,8 +198,8 @@ class SegmentedFile(FileNode):
             self.starts.append(self.starts[-1] + int(n))
         self._load = load
         self._literal = dict(literal or {})
-        self.mtime = env.mtime
-        self.immutable = env.immutable
+        self.mtime = ctx.stable_time
+        self.immutable = ctx.immutable
 
     @property
     def size(self) -> int:
@@ -225,7 +216,7 @@ class SegmentedFile(FileNode):
         lit = self._literal.get(i)
         if lit is not None:
             return lit
-        return await self.env.cached((self.key, i), self.what, self._checked, i)
+        return await cached(self.ctx, (self.key, i), self.what, self._checked, i)
 
     async def read(self, offset: int, length: int) -> bytes:
         lo, hi = offset, min(self.size, offset + length)
@@ -245,8 +236,8 @@ class SegmentedFile(FileNode):
         return b"".join(out)
 
 
-def rows_file(env: Env, key: Hashable, what: str, header: bytes, counts: Sequence[int],
+def rows_file(ctx: MountContext, key: Hashable, what: str, header: bytes, counts: Sequence[int],
               row_bytes: int, load: Callable[[int], bytes]) -> SegmentedFile:
     """A header, then ``counts[i]`` rows of ``row_bytes`` from ``load(i)`` per chunk (npy files)."""
-    return SegmentedFile(env, key, what, [len(header), *(int(c) * row_bytes for c in counts)],
+    return SegmentedFile(ctx, key, what, [len(header), *(int(c) * row_bytes for c in counts)],
                          lambda i: load(i - 1), literal={0: header})
