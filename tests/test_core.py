@@ -264,10 +264,10 @@ def test_any_byte_range_of_any_chunking_matches_zarr_python(tmp_path_factory, da
 # -- the inode table -----------------------------------------------------------------------
 
 
-def test_inodes_are_stable_per_name_and_nodes_go_when_the_kernel_forgets_them():
+def test_inodes_are_stable_per_name_and_nodes_go_when_the_kernel_forgets_them(tmp_path):
     leaf = BytesFile(b"hello")
     root = StaticDir({"d": StaticDir({"f": leaf}), "g": BytesFile(b"x")})
-    ops = ZvfsOperations(root, ttl=60)
+    ops = ZvfsOperations(root, MountContext(store=DirectoryStore(tmp_path)))
 
     async def main() -> None:
         d = await ops.lookup(pyfuse3.ROOT_INODE, b"d")

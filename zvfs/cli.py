@@ -283,9 +283,8 @@ def _check_writable(store: Any, description: str, opts: dict[str, Any], report: 
 def _mount_foreground(args: argparse.Namespace, opts: dict[str, Any]) -> int:
     daemon = args.ready_fd is not None
     report = _Reporter(args.ready_fd)
-    # the mount's counters, which the store, the wrappers and the views count into; the
-    # process-wide set while the fs layer still counts into that one (zvfs.stats.counters)
-    from zvfs.stats import counters
+    # the mount's counters, which the store, the wrappers, the views and the fs layer count into
+    counters = Counters()
 
     try:
         where = _setup_logging(opts, daemon, args.mountpoint)

@@ -30,7 +30,7 @@ from zvfs.stores.directory import DirectoryStore
 from zvfs.views.context import MountContext
 from zvfs.views.root import CONTROL_NAME, MountRoot, build_root, load_decoded_views
 from zvfs.views.usage import StoreUsage
-from zvfs.workers import run_abandonable, run_blocking, set_worker_limit
+from zvfs.workers import Workers, run_abandonable
 
 log = logging.getLogger("zvfs")
 
@@ -132,6 +132,7 @@ def build_context(store: Store, opts: dict[str, Any], counters: Counters, descri
                           opts["part_size"], opts["rewrite_max_size"])
     return MountContext(
         counters=counters,
+        workers=Workers(opts["threads"]),
         writable=bool(opts.get("writable")),
         store=layered,
         metadata_ttl=opts["metadata_ttl"],
@@ -144,12 +145,12 @@ def build_context(store: Store, opts: dict[str, Any], counters: Counters, descri
     )
 
 
-async def _announce_ready(mountpoint: str, ready_fd: int | None) -> None:
+async def _announce_ready(ctx: MountContext, mountpoint: str, ready_fd: int | None) -> None:
     # stat goes through FUSE, so it proves the loop answers; it must leave the trio thread.
     # The thread is abandoned if a signal stops the loop first: its stat would then wait
     # for an answer that never comes, until the unmount fails it.
     await run_abandonable(os.stat, mountpoint)
-    await run_blocking(tune_kernel, mountpoint)
+    await ctx.workers.run(tune_kernel, mountpoint)
     log.info("mounted %s", mountpoint)
     if ready_fd is not None:
         os.write(ready_fd, b"OK\n")
@@ -208,9 +209,9 @@ async def _serve(ctx: MountContext, root: MountRoot, mountpoint: str, ready_fd: 
     stop.attach()
     async with trio.open_nursery() as nursery:
         ctx.nursery = nursery
-        nursery.start_soon(_announce_ready, mountpoint, ready_fd)
+        nursery.start_soon(_announce_ready, ctx, mountpoint, ready_fd)
         if root.control is not None:
-            ctx.background(load_decoded_views)  # imported while the user types the first command
+            ctx.background(load_decoded_views, ctx)  # imported while the user types the first command
         if ctx.store.flat_listing:
             # like rclone's --vfs-refresh: list the store while the user types the first command
             ctx.background(root.raw.warm)
@@ -231,11 +232,10 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
     # or a read waits up to one switch interval for it, at every return from C. The default
     # 5 ms made a 1 ms chunk decode take 10-20 ms under load: hand the GIL over sooner.
     sys.setswitchinterval(SWITCH_INTERVAL)
-    set_worker_limit(opts["threads"])
     ctx = build_context(store, opts, counters, description, metadata_mtimes)
     root = build_root(ctx)
     usage = StoreUsage(ctx, store.root if isinstance(store, DirectoryStore) else None)
-    ops = ZvfsOperations(root, ttl=opts["metadata_ttl"], usage=usage, derived=[f"/{CONTROL_NAME}/"])
+    ops = ZvfsOperations(root, ctx, usage=usage, derived=[f"/{CONTROL_NAME}/"])
     ctx.on_change.append(ops.changed)
     metrics = None
     if opts.get("metrics_addr"):

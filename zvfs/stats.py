@@ -104,6 +104,3 @@ class Counters:
         with self._lock:
             return {n: (h.cumulative(), h.sum, h.count) for n, h in sorted(self._histograms.items())}
 
-
-#: the process-wide counters; one mount per process
-counters = Counters()

@@ -1,8 +1,5 @@
-"""The one way blocking work leaves the trio thread.
-
-Every store call and every decode goes through :func:`run_blocking`, so the
-number of worker threads (and thus of S3 connections and concurrent decodes)
-is bounded by one limiter that the CLI sizes.
+"""The one way blocking work leaves the trio thread: :class:`Workers` (one per mount, in
+its context), and :func:`run_abandonable` for calls that may wait on the mount itself.
 """
 
 from __future__ import annotations
@@ -14,21 +11,6 @@ from typing import Any, TypeVar
 import trio
 
 T = TypeVar("T")
-
-_limiter: trio.CapacityLimiter | None = None
-_limit = 16
-
-
-def set_worker_limit(n: int) -> None:
-    """Set the worker-thread bound; call before the trio loop starts."""
-    global _limit, _limiter
-    _limit = max(1, int(n))
-    _limiter = None
-
-
-def worker_limit() -> int:
-    return _limit
-
 
 # A cancelled caller (the daemon shutting down) does not wait for a thread stuck in a
 # socket read: the thread is abandoned, so SIGTERM unmounts at once even while the
@@ -47,12 +29,20 @@ async def run_abandonable(fn: Callable[..., T], *args: object) -> T:
     return await trio.to_thread.run_sync(fn, *args, **_ABANDON)
 
 
-async def run_blocking(fn: Callable[..., T], *args: object) -> T:
-    """Run ``fn(*args)`` in a worker thread (one hop) and return its result."""
-    global _limiter
-    if _limiter is None:
-        _limiter = trio.CapacityLimiter(_limit)
-    return await trio.to_thread.run_sync(fn, *args, limiter=_limiter, **_ABANDON)
+class Workers:
+    """The mount's worker threads: every store call and every decode goes through :meth:`run`,
+    so the number of threads (and thus of S3 connections and concurrent decodes) is
+    bounded by one limiter that the options size. The mount's context owns it."""
+
+    def __init__(self, limit: int = 16) -> None:
+        self.limit = max(1, int(limit))
+        self._limiter: trio.CapacityLimiter | None = None  # made in the trio run that uses it
+
+    async def run(self, fn: Callable[..., T], *args: object) -> T:
+        """Run ``fn(*args)`` in a worker thread (one hop) and return its result."""
+        if self._limiter is None:
+            self._limiter = trio.CapacityLimiter(self.limit)
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter, **_ABANDON)
 
 
 K = TypeVar("K")

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import pyfuse3
 import trio
 
-from zvfs.stats import counters
+from zvfs.views.context import MountContext
 from zvfs.views.node import DirNode, FileHandle, FileNode, Node, NodeError
 from zvfs.workers import run_abandonable
 
@@ -64,19 +64,23 @@ class _Open:
 
 
 class ZvfsOperations(pyfuse3.Operations):
-    """Read-only file system over ``root``; ``ttl`` is None for indefinite (immutable) data."""
+    """The file system over ``root``, for the mount whose context is ``ctx``: its counters and
+    log-once, and its metadata TTL (None: indefinite, the data is immutable)."""
 
     supports_dot_lookup = True
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, root: DirNode, ttl: float | None = 60.0,
+    def __init__(self, root: DirNode, ctx: MountContext,
                  usage: Callable[[], Awaitable[tuple[int, int]]] | None = None,
                  derived: Sequence[str] = ()) -> None:
         """``usage`` answers statfs (df): bytes the store holds, and bytes free where it lives.
         ``derived``: path prefixes ('/.zvfs/') whose kernel caches a write invalidates."""
         super().__init__()
+        ttl = ctx.metadata_ttl
         self.ttl = 365 * 86400.0 if ttl is None else float(ttl)
+        self._counters = ctx.counters
+        self._log_once = ctx.log_once
         self._usage = usage
         self._nodes: dict[int, Node] = {ROOT: root}
         self._paths: dict[int, str] = {ROOT: "/"}
@@ -86,7 +90,6 @@ class ZvfsOperations(pyfuse3.Operations):
         self._next_ino = itertools.count(ROOT + 1)
         self._dir_handles: dict[int, list[tuple[str, int, Node]]] = {}
         self._next_fh = itertools.count(1)
-        self._reported: set[str] = set()
         #: inode -> (node version, monotonic time) of the kernel's cached pages
         self._page_epochs: dict[int, tuple[object, float]] = {}
         self._files: dict[int, _Open] = {}
@@ -152,35 +155,26 @@ class ZvfsOperations(pyfuse3.Operations):
         try:
             return await coro
         except pyfuse3.FUSEError:
-            counters.add(f"fuse_errors_{op}")
+            self._counters.add(f"fuse_errors_{op}")
             raise
         except NodeError as exc:
             if exc.errno != errno.ENOENT:
-                counters.add(f"fuse_errors_{op}")
-                counters.note_error(f"{what}: {exc}")
-                if self._first_report(exc.key):
+                self._counters.add(f"fuse_errors_{op}")
+                self._counters.note_error(f"{what}: {exc}")
+                if exc.key is None or self._log_once.first(exc.key):
                     log.error("%s: %s", what, exc)
             raise pyfuse3.FUSEError(exc.errno) from None
         except Exception as exc:  # noqa: BLE001 - one bad file must not take the daemon down
-            counters.add(f"fuse_errors_{op}")
-            counters.note_error(f"{what}: {type(exc).__name__}: {exc}")
+            self._counters.add(f"fuse_errors_{op}")
+            self._counters.note_error(f"{what}: {type(exc).__name__}: {exc}")
             log.error("%s: %s: %s", what, type(exc).__name__, exc)
             raise pyfuse3.FUSEError(errno.EIO) from None
-
-    def _first_report(self, key: str | None) -> bool:
-        """True unless an error about ``key`` was logged already (errors without a key always log)."""
-        if key is None:
-            return True
-        if key in self._reported:
-            return False
-        self._reported.add(key)
-        return True
 
     # -- lookups -------------------------------------------------------------
 
     async def lookup(self, parent_inode: int, name: bytes, ctx=None) -> pyfuse3.EntryAttributes:  # type: ignore[override]
-        counters.add("fuse_lookups")
-        counters.add("fuse_ops_lookup")
+        self._counters.add("fuse_lookups")
+        self._counters.add("fuse_ops_lookup")
         sname = os.fsdecode(name)
         if sname == ".":
             return await self.getattr(parent_inode)
@@ -200,8 +194,8 @@ class ZvfsOperations(pyfuse3.Operations):
         return self._attrs(ino, child)
 
     async def getattr(self, inode: int, ctx=None) -> pyfuse3.EntryAttributes:  # type: ignore[override]
-        counters.add("fuse_getattrs")
-        counters.add("fuse_ops_getattr")
+        self._counters.add("fuse_getattrs")
+        self._counters.add("fuse_ops_getattr")
         return self._attrs(inode, self._node(inode))
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
@@ -220,7 +214,7 @@ class ZvfsOperations(pyfuse3.Operations):
     # -- directories ---------------------------------------------------------
 
     async def opendir(self, inode: int, ctx) -> int:  # type: ignore[override]
-        counters.add("fuse_ops_opendir")
+        self._counters.add("fuse_ops_opendir")
         node = self._node(inode)
         if not isinstance(node, DirNode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
@@ -237,8 +231,8 @@ class ZvfsOperations(pyfuse3.Operations):
         return fh
 
     async def readdir(self, fh: int, start_id: int, token) -> None:  # type: ignore[override]
-        counters.add("fuse_readdirs")
-        counters.add("fuse_ops_readdir")
+        self._counters.add("fuse_readdirs")
+        self._counters.add("fuse_ops_readdir")
         entries = self._dir_handles.get(fh)
         if entries is None:
             raise pyfuse3.FUSEError(errno.EBADF)
@@ -257,7 +251,7 @@ class ZvfsOperations(pyfuse3.Operations):
     # -- files ---------------------------------------------------------------
 
     async def open(self, inode: int, flags: int, ctx) -> pyfuse3.FileInfo:  # type: ignore[override]
-        counters.add("fuse_ops_open")
+        self._counters.add("fuse_ops_open")
         node = self._node(inode)
         if not isinstance(node, FileNode):
             raise pyfuse3.FUSEError(errno.EISDIR)
@@ -306,14 +300,14 @@ class ZvfsOperations(pyfuse3.Operations):
         return False
 
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:  # type: ignore[override]
-        counters.add("fuse_ops_read")
+        self._counters.add("fuse_ops_read")
         f = self._files.get(fh)
         if f is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         source = f.handle if f.handle is not None else f.node
         data = await self._call(f"read {self._paths.get(f.ino, f.ino)}", source.read(off, size))
-        counters.add("fuse_read_requests")
-        counters.add("fuse_read_bytes", data.nbytes if isinstance(data, memoryview) else len(data))
+        self._counters.add("fuse_read_requests")
+        self._counters.add("fuse_read_bytes", data.nbytes if isinstance(data, memoryview) else len(data))
         return data  # any contiguous buffer: pyfuse3 replies from it without a copy
 
     async def release(self, fh: int) -> None:
@@ -333,7 +327,7 @@ class ZvfsOperations(pyfuse3.Operations):
 
     async def statfs(self, ctx) -> pyfuse3.StatvfsData:  # type: ignore[override]
         """df: size = what the store holds + free space where it lives; used = the store."""
-        counters.add("fuse_ops_statfs")
+        self._counters.add("fuse_ops_statfs")
         used, free = await self._call("statfs /", self._usage()) if self._usage else (0, 0)
         s = pyfuse3.StatvfsData()
         s.f_bsize = 1 << 20  # the preferred I/O size
@@ -372,7 +366,7 @@ class ZvfsOperations(pyfuse3.Operations):
         return self._name_of.get(ino, (ROOT, ""))[0]
 
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx):  # type: ignore[no-untyped-def,override]
-        counters.add("fuse_ops_create")
+        self._counters.add("fuse_ops_create")
         sname = os.fsdecode(name)
         parent = self._dir(parent_inode)
         node, handle = await self._call(f"create {self._child_path(parent_inode, sname)}",
@@ -384,7 +378,7 @@ class ZvfsOperations(pyfuse3.Operations):
         return pyfuse3.FileInfo(fh=fh, direct_io=handle.direct_io), self._attrs(ino, node)
 
     async def write(self, fh: int, off: int, buf: bytes) -> int:
-        counters.add("fuse_ops_write")
+        self._counters.add("fuse_ops_write")
         f = self._files.get(fh)
         handle = self._handle(fh)
         return await self._call(f"write {self._paths.get(f.ino) if f else fh}", handle.write(off, buf))
@@ -394,19 +388,19 @@ class ZvfsOperations(pyfuse3.Operations):
         f = self._files.get(fh)
         if f is None or f.handle is None:
             return
-        counters.add("fuse_ops_flush")
+        self._counters.add("fuse_ops_flush")
         await self._call(f"flush {self._paths.get(f.ino)}", f.handle.flush())
         self._told[f.ino] = f.handle.size  # the kernel's size: what was written through it
 
     async def fsync(self, fh: int, datasync: bool) -> None:
-        counters.add("fuse_ops_fsync")
+        self._counters.add("fuse_ops_fsync")
         f = self._files.get(fh)
         if f is None or f.handle is None:
             return
         await self._call(f"fsync {self._paths.get(f.ino)}", f.handle.flush(durable=True))
 
     async def setattr(self, inode: int, attr, fields, fh, ctx):  # type: ignore[no-untyped-def,override]
-        counters.add("fuse_ops_setattr")
+        self._counters.add("fuse_ops_setattr")
         node = self._node(inode)
         path = self._paths.get(inode)
         if not node.writable:
@@ -425,7 +419,7 @@ class ZvfsOperations(pyfuse3.Operations):
         return self._attrs(inode, node)
 
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx):  # type: ignore[no-untyped-def,override]
-        counters.add("fuse_ops_mkdir")
+        self._counters.add("fuse_ops_mkdir")
         sname = os.fsdecode(name)
         parent = self._dir(parent_inode)
         node = await self._call(f"mkdir {self._child_path(parent_inode, sname)}", parent.mkdir(sname))
@@ -439,7 +433,7 @@ class ZvfsOperations(pyfuse3.Operations):
         await self._remove("rmdir", parent_inode, os.fsdecode(name))
 
     async def _remove(self, op: str, parent_inode: int, name: str) -> None:
-        counters.add(f"fuse_ops_{op}")
+        self._counters.add(f"fuse_ops_{op}")
         parent = self._dir(parent_inode)
         remove = parent.unlink if op == "unlink" else parent.rmdir
         await self._call(f"{op} {self._child_path(parent_inode, name)}", remove(name))
@@ -447,7 +441,7 @@ class ZvfsOperations(pyfuse3.Operations):
 
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,  # type: ignore[override]
                      name_new: bytes, flags: int, ctx) -> None:
-        counters.add("fuse_ops_rename")
+        self._counters.add("fuse_ops_rename")
         if flags & _RENAME_EXCHANGE:
             raise pyfuse3.FUSEError(errno.EINVAL)
         old, new = os.fsdecode(name_old), os.fsdecode(name_new)
@@ -472,7 +466,7 @@ class ZvfsOperations(pyfuse3.Operations):
                     self._nodes.pop(i, None)
 
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx):  # type: ignore[no-untyped-def,override]
-        counters.add("fuse_ops_link")
+        self._counters.add("fuse_ops_link")
         sname = os.fsdecode(new_name)
         node = self._node(inode)
         parent = self._dir(new_parent_inode)

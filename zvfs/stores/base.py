@@ -1,8 +1,8 @@
 """The abstract key/value store of the Zarr file-system store spec.
 
 A store knows keys and bytes, never Zarr. Every method is *blocking*: callers
-on the trio thread must go through :func:`zvfs.workers.run_blocking`, which hops to a
-worker thread once per call.
+on the trio thread must go through the mount's workers (:class:`zvfs.workers.Workers`),
+which hop to a worker thread once per call.
 """
 
 from __future__ import annotations

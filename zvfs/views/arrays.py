@@ -14,18 +14,18 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 import trio
 
+from zvfs.formats import ZarrArray
 from zvfs.formats.meta import ArrayMeta
 from zvfs.stores.base import KeyNotFound, StoreError
 from zvfs.views.context import MountContext
 from zvfs.views.layout import Box, chunks_in_box, range_boxes
 from zvfs.views.node import BytesFile, DirNode, FileNode, Node, NodeError
 from zvfs.views.readahead import ReadAhead
-from zvfs.workers import gather, run_blocking
+from zvfs.workers import gather
 
 log = logging.getLogger("zvfs")
 
@@ -51,12 +51,12 @@ class DecodedArray:
     Each entry lives for the metadata TTL, so a rewritten chunk shows within it.
     """
 
-    def __init__(self, ctx: MountContext, meta: ArrayMeta, opener: Callable[[], Any]) -> None:
+    def __init__(self, ctx: MountContext, meta: ArrayMeta, opener: Callable[[], ZarrArray]) -> None:
         self.ctx = ctx
         self.meta = meta
         self.identity = ("chunk", meta.path, hashlib.blake2b(meta.json_bytes(), digest_size=12).hexdigest())
         self._opener = opener
-        self._reader: Any = None
+        self._reader: ZarrArray | None = None
         self._reader_epoch = 0
         self._open_lock = trio.Lock()
 
@@ -79,17 +79,17 @@ class DecodedArray:
         meta = self.meta
         return meta.error is None and meta.vlen is None and not getattr(meta, "shape_unknown", False)
 
-    async def _open(self) -> Any:
+    async def _open(self) -> ZarrArray:
         """The reader, opened again after a write through the mount (it may hold shard indexes)."""
         epoch = self.ctx.epoch(self.meta.path)
         if self._reader is None or self._reader_epoch != epoch:
             async with self._open_lock:
                 if self._reader is None or self._reader_epoch != epoch:
-                    self._reader = await run_blocking(self._opener)
+                    self._reader = await self.ctx.workers.run(self._opener)
                     self._reader_epoch = epoch
         return self._reader
 
-    def _decode(self, reader: Any, idx: tuple[int, ...]) -> np.ndarray:
+    def _decode(self, reader: ZarrArray, idx: tuple[int, ...]) -> np.ndarray:
         """Worker-thread side: fetch and decode one chunk, as a C-contiguous array."""
         t0 = time.perf_counter()
         chunk = reader.read_chunk(idx)
@@ -119,19 +119,32 @@ class DecodedArray:
         async def load() -> np.ndarray:
             try:
                 reader = await self._open()
-                return await run_blocking(self._decode, reader, idx)
+                return await self.ctx.workers.run(self._decode, reader, idx)
             except NodeError:
                 raise
             except Exception as exc:  # corrupt chunk, unknown codec, store error: this read only
-                err = NodeError(errno.EIO, f"{self.meta.path or '/'} chunk {idx}: {exc}", key=str(exc))
-                if not _store_failure(exc):
-                    self.ctx.failures.put(key, (str(err), str(exc)))
+                # logged once per store key and kind of failure, not per message: a store
+                # failure's text changes from try to try (attempts, request ids)
+                transient = _store_failure(exc)
+                once = f"{self._store_key(idx)} {'store' if transient else 'data'}"
+                err = NodeError(errno.EIO, f"{self.meta.path or '/'} chunk {idx}: {exc}", key=once)
+                if not transient:
+                    self.ctx.failures.put(key, (str(err), once))
                 raise err from exc
 
         if key in self.ctx.prefetched:
             self.ctx.prefetched.discard(key)
             self.ctx.counters.add("prefetch_hits")
         return await self.ctx.chunks.get(key, load, ttl=self.ctx.metadata_ttl)
+
+    def _store_key(self, idx: tuple[int, ...]) -> str:
+        """The store key chunk ``idx`` is read from, or the array and index when unknown."""
+        try:
+            if self._reader is not None:
+                return self._reader.chunk_key(idx)
+        except Exception:  # noqa: BLE001 - only a name for the log
+            pass
+        return f"{self.meta.path or '/'} chunk {idx}"
 
     @staticmethod
     def _failure(message: str, cause: str) -> NodeError:
@@ -248,7 +261,7 @@ class DecodedArray:
         if missing and self.meta.chunk_nbytes * len(missing) <= BATCH_BYTES:
             try:
                 reader = await self._open()
-                loaded = await run_blocking(lambda: [self._decode(reader, i) for i in missing])
+                loaded = await self.ctx.workers.run(lambda: [self._decode(reader, i) for i in missing])
             except Exception:  # noqa: BLE001 - retried one by one below, which reports it
                 loaded = None
             if loaded is not None:

@@ -12,8 +12,10 @@ from typing import Any
 import trio
 
 from zvfs.cache import Cache
-from zvfs.stats import Counters, counters
+from zvfs.logonce import LogOnce
+from zvfs.stats import Counters
 from zvfs.stores.base import KeyInfo, Listing, Store
+from zvfs.workers import Workers
 
 log = logging.getLogger("zvfs")
 
@@ -35,12 +37,14 @@ class MountContext:
     options: dict[str, Any] = field(default_factory=dict)
     #: node path -> newest mtime of its metadata keys, from the scan at mount (formats.probe)
     metadata_mtimes: dict[str, float] = field(default_factory=dict)
-    counters: Counters = counters
+    #: the mount's shared services: its counters, its worker threads, its log-once
+    counters: Counters = field(default_factory=Counters)
+    workers: Workers = field(default_factory=Workers)
+    log_once: LogOnce = field(default_factory=lambda: LogOnce(log), init=False)
     listings: Cache = field(init=False)
     chunks: Cache = field(init=False)
     #: chunks whose bytes could not be decoded: (message, cause), for the metadata TTL
     failures: Cache = field(init=False)
-    _logged: set[str] = field(default_factory=set, init=False)
     #: set by the daemon while serving; background prefetches run in it
     nursery: trio.Nursery | None = field(default=None, init=False)
     #: cache keys loaded ahead of any reader, to count prefetch hits
@@ -214,6 +218,4 @@ class MountContext:
 
     def warn_once(self, tag: str, message: str) -> None:
         """Log ``message`` the first time ``tag`` is seen, so a bad key is one line, not one per lookup."""
-        if tag not in self._logged:
-            self._logged.add(tag)
-            log.warning("%s", message)
+        self.log_once.warning(tag, "%s", message)

@@ -28,7 +28,6 @@ from zvfs.views.v2mirror import (
     mirror_group_files,
 )
 from zvfs.views.vectors import build_vectors_dir
-from zvfs.workers import run_blocking
 
 log = logging.getLogger("zvfs")
 
@@ -71,7 +70,7 @@ def _discover(ctx: MountContext) -> Decoded:
     return out
 
 
-def _opener(ctx: MountContext, meta: ArrayMeta) -> Callable[[], Any]:
+def _opener(ctx: MountContext, meta: ArrayMeta) -> Callable[[], formats.ZarrArray]:
     return lambda: formats.open_array(ctx.store, meta.path, meta)
 
 
@@ -79,36 +78,18 @@ async def decoded(ctx: MountContext) -> Decoded:
     """The current discovery. One that met a store failure is never kept past
     INCOMPLETE_TTL, whatever the metadata TTL: a 403 or a timeout while listing
     must not hide arrays for a minute, or forever with ``metadata_ttl=indefinite``."""
-    d: Decoded = await ctx.listings.get(("decoded",), lambda: run_blocking(_discover, ctx))
+    d: Decoded = await ctx.listings.get(("decoded",), lambda: ctx.workers.run(_discover, ctx))
     if d.incomplete and time.monotonic() - d.made > INCOMPLETE_TTL:
         ctx.listings.invalidate(("decoded",))
-        d = await ctx.listings.get(("decoded",), lambda: run_blocking(_discover, ctx))
+        d = await ctx.listings.get(("decoded",), lambda: ctx.workers.run(_discover, ctx))
     return d
-
-
-def _place(root: StaticDir, path: str, mtime: float) -> StaticDir:
-    """The directory for ``path`` below ``root``, creating intermediate ones."""
-    node = root
-    for part in [p for p in path.split("/") if p]:
-        child = node.entries.get(part)
-        if not isinstance(child, StaticDir):
-            child = StaticDir(mtime=mtime)
-            node.entries[part] = child
-        node = child
-    return node
-
-
-def _set_dir(root: StaticDir, path: str, node: DirNode) -> None:
-    parts = [p for p in path.split("/") if p]
-    parent = _place(root, "/".join(parts[:-1]), root.mtime)
-    parent.entries[parts[-1]] = node
 
 
 async def build_arrays_dir(ctx: MountContext) -> DirNode:
     d = await decoded(ctx)
     root = StaticDir(mtime=ctx.stable_time)
     for path, array in sorted(d.arrays.items()):
-        _place(root, path, ctx.stable_time).entries.update(array_files(array))
+        root.place(path).entries.update(array_files(array))
     return root
 
 
@@ -117,12 +98,13 @@ async def build_v2_dir(ctx: MountContext) -> DirNode:
     mtime = ctx.stable_time
     root = StaticDir(mtime=mtime)
     for path, attrs in sorted(d.groups.items()):
-        _place(root, path, mtime).entries.update(mirror_group_files(attrs, mtime, d.group_types.get(path)))
+        root.place(path).entries.update(mirror_group_files(attrs, mtime, d.group_types.get(path)))
     arrays = {p: a for p, a in d.arrays.items() if a.readable and not a.meta.error}
     dims = consistent_dimensions({p: a.meta for p, a in arrays.items()})
     for path, array in sorted(arrays.items()):
         if path:
-            _set_dir(root, path, mirror_array_dir(array, dims=dims[path]))
+            parent, _, name = path.rpartition("/")
+            root.place(parent).entries[name] = mirror_array_dir(array, dims=dims[path])
         else:  # a root array: the mirror's root is that array
             root_files = {k: v for k, v in root.entries.items() if k not in (".zgroup", ".zattrs")}
             return mirror_array_dir(array, root_files, dims[path])
@@ -142,7 +124,7 @@ async def build_netcdf_dir(ctx: MountContext) -> DirNode:
         parent, name = names[group]
         arrays = {v: d.arrays[p] for v, p in variables.items()}
         node = netcdf_file(d.groups.get(group, {}), arrays, mtime, d.group_types.get(group))
-        _place(root, parent, mtime).entries[name] = node
+        root.place(parent).entries[name] = node
     return root
 
 

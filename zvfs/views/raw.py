@@ -21,7 +21,7 @@ from zvfs.views.context import MountContext
 from zvfs.views.node import DirNode, FileHandle, FileNode, Node, NodeError
 from zvfs.views.readahead import ReadAhead
 from zvfs.views.writing import WriteHandle, store_call
-from zvfs.workers import gather, run_blocking
+from zvfs.workers import Workers, gather
 
 log = logging.getLogger("zvfs")
 
@@ -93,9 +93,9 @@ class RawFile(FileNode):
         staged = self.ctx.writable and store.stages_writes
         local = None
         if store.opens_readers and not staged:
-            local = await store_call(self.key, store.open_reader, self.key)
+            local = await store_call(self.ctx, self.key, store.open_reader, self.key)
         if local is not None:
-            node = LocalReader(self.key, local, self._mtime)
+            node = LocalReader(self.key, local, self._mtime, self.ctx.workers)
             # written through the mount since the kernel met this inode: the kernel's size
             # for it may be another version's, so the reader reads to its own end
             node.direct_io = self._epoch != self._born
@@ -133,7 +133,7 @@ class RawFile(FileNode):
         if not self.writable:
             raise NodeError(errno.EROFS)
         store = self.ctx.store
-        writer = await store_call(self.key, store.open_writer, self.key, truncate=truncate, create=False)
+        writer = await store_call(self.ctx, self.key, store.open_writer, self.key, truncate=truncate, create=False)
         return WriteHandle(self.ctx, self.key, writer)
 
     async def set_size(self, size: int) -> None:
@@ -147,7 +147,7 @@ class RawFile(FileNode):
     async def set_mtime(self, mtime: float) -> None:
         if not self.writable:
             raise NodeError(errno.EROFS)
-        await store_call(self.key, self.ctx.store.set_mtime, self.key, mtime)
+        await store_call(self.ctx, self.key, self.ctx.store.set_mtime, self.key, mtime)
         if not self.ctx.store.implicit_dirs:  # S3 keeps its own LastModified
             info = KeyInfo(self.size, mtime)
             self.ctx.listing_put(self.key, info)
@@ -158,7 +158,7 @@ class RawFile(FileNode):
         # the whole object in one block: a plain get, which S3 checks against its CRC
         whole = bool(store.block_size) and start == 0 and length >= self._size
         try:
-            data = await run_blocking(store.get_version, self.key, start, None if whole else length,
+            data = await self.ctx.workers.run(store.get_version, self.key, start, None if whole else length,
                                       self._version)
         except KeyNotFound as exc:
             raise NodeError(errno.ENOENT, f"{self.key}: vanished from the store") from exc
@@ -235,9 +235,10 @@ class RawFile(FileNode):
 class LocalReader(FileNode):
     """One open of a local file (directory store): reads go to the descriptor opened at open."""
 
-    def __init__(self, key: str, reader: KeyReader, mtime: float) -> None:
+    def __init__(self, key: str, reader: KeyReader, mtime: float, workers: Workers) -> None:
         self.key = key
         self._reader = reader
+        self._workers = workers
         self.mtime = mtime
         self.immutable = False
 
@@ -252,7 +253,7 @@ class LocalReader(FileNode):
         if length <= 0 or offset >= self._reader.size:
             return b""
         try:
-            return await run_blocking(self._reader.read, offset, length)
+            return await self._workers.run(self._reader.read, offset, length)
         except StoreError as exc:
             raise NodeError(errno.EIO, str(exc), key=self.key) from exc
 
@@ -331,13 +332,13 @@ class RawDir(DirNode):
 
         async def load() -> Listing:
             try:
-                return await run_blocking(store.list_dir, self.prefix)
+                return await self.ctx.workers.run(store.list_dir, self.prefix)
             except StoreError as exc:
                 raise NodeError(errno.EIO, f"listing {self.prefix or '/'}: {exc}") from exc
 
         async def load_tree() -> dict[str, Listing] | bool:
             try:
-                return await run_blocking(build_tree_index, store, TREE_INDEX_LIMIT) or False
+                return await self.ctx.workers.run(build_tree_index, store, TREE_INDEX_LIMIT) or False
             except StoreError as exc:
                 raise NodeError(errno.EIO, f"listing /: {exc}") from exc
 
@@ -410,7 +411,7 @@ class RawDir(DirNode):
             raise NodeError(errno.EISDIR)
         if exclusive and name in listing.keys:
             raise NodeError(errno.EEXIST)
-        writer = await store_call(key, self.ctx.store.open_writer, key, truncate=True, create=True,
+        writer = await store_call(self.ctx, key, self.ctx.store.open_writer, key, truncate=True, create=True,
                                   exclusive=exclusive, mode=mode)
         handle = WriteHandle(self.ctx, key, writer)
         info = KeyInfo(0, time.time())
@@ -423,7 +424,7 @@ class RawDir(DirNode):
         listing = await self._listing()
         if name in listing.prefixes or name in listing.keys:
             raise NodeError(errno.EEXIST)
-        await store_call(key, self.ctx.store.make_dir, key + "/")
+        await store_call(self.ctx, key, self.ctx.store.make_dir, key + "/")
         if self.ctx.store.implicit_dirs:
             self.ctx.made_dirs.setdefault(self.prefix, set()).add(name)
         self.ctx.listing_put(key, None)
@@ -439,7 +440,7 @@ class RawDir(DirNode):
             raise NodeError(errno.ENOENT)
         for handle in self.ctx.writers.get(key, ()):
             handle.unlinked()  # a file unlinked while written is not stored after all
-        await store_call(key, self.ctx.store.delete, key)
+        await store_call(self.ctx, key, self.ctx.store.delete, key)
         self.ctx.listing_drop(key)
         self.ctx.note_write(key)
 
@@ -451,7 +452,7 @@ class RawDir(DirNode):
         inside = await RawDir(self.ctx, key + "/")._listing()
         if inside.keys or inside.prefixes:
             raise NodeError(errno.ENOTEMPTY)
-        await store_call(key, self.ctx.store.remove_dir, key + "/")
+        await store_call(self.ctx, key, self.ctx.store.remove_dir, key + "/")
         self.ctx.made_dirs.get(self.prefix, set()).discard(name)
         self.ctx.listing_drop(key, directory=True)
         self.ctx.note_write(key)
@@ -484,7 +485,7 @@ class RawDir(DirNode):
                     raise NodeError(errno.ENOTEMPTY)
                 if store.implicit_dirs:
                     target.ctx.made_dirs.get(target.prefix, set()).discard(new_name)
-            await store_call(src, store.rename_dir, src + "/", dst + "/")
+            await store_call(self.ctx, src, store.rename_dir, src + "/", dst + "/")
             if store.implicit_dirs and name in self.ctx.made_dirs.get(self.prefix, ()):
                 self.ctx.made_dirs[self.prefix].discard(name)
                 self.ctx.made_dirs.setdefault(target.prefix, set()).add(new_name)
@@ -495,7 +496,7 @@ class RawDir(DirNode):
         else:
             if dst_dir:
                 raise NodeError(errno.EISDIR)
-            await store_call(src, store.rename, src, dst)
+            await store_call(self.ctx, src, store.rename, src, dst)
             info = listing.keys[name]
             self.ctx.listing_drop(src)
             self.ctx.listing_put(dst, info)
@@ -509,7 +510,7 @@ class RawDir(DirNode):
         listing = await self._listing()
         if name in listing.keys or name in listing.prefixes:
             raise NodeError(errno.EEXIST)
-        await store_call(dst, self.ctx.store.link, node.key, dst)
+        await store_call(self.ctx, dst, self.ctx.store.link, node.key, dst)
         info = KeyInfo(node.size, node.mtime)
         self.ctx.listing_put(dst, info)
         self.ctx.note_write(dst, info)
@@ -519,7 +520,7 @@ class RawDir(DirNode):
         if not self.writable:
             raise NodeError(errno.EROFS)
         if not self.ctx.store.implicit_dirs:
-            await store_call(self.prefix, self.ctx.store.set_mtime, self.prefix, mtime)
+            await store_call(self.ctx, self.prefix, self.ctx.store.set_mtime, self.prefix, mtime)
 
 
 class RawDirHolder(DirNode):

@@ -20,7 +20,6 @@ from types import ModuleType
 from zvfs.views.context import MountContext
 from zvfs.views.node import DirNode, FileHandle, FileNode, Node, NodeError, StaticDir
 from zvfs.views.raw import RawDir, RawDirHolder
-from zvfs.workers import run_blocking
 
 CONTROL_NAME = ".zvfs"
 DECODED_MODULE = "zvfs.views.decoded"
@@ -30,11 +29,11 @@ DECODED_FAMILIES = ("arrays", "v2", "netcdf", "vectors")
 _decoded_views: list[ModuleType] = []
 
 
-async def load_decoded_views() -> ModuleType:
+async def load_decoded_views(ctx: MountContext) -> ModuleType:
     """The decoded views' module, imported off the trio thread. Not sys.modules: a module
     another thread is still importing is there half-made; import_module waits for it."""
     if not _decoded_views:
-        _decoded_views.append(await run_blocking(import_module, DECODED_MODULE))
+        _decoded_views.append(await ctx.workers.run(import_module, DECODED_MODULE))
     return _decoded_views[0]
 
 
@@ -47,7 +46,7 @@ class DecodedDir(DirNode):
         self.mtime = ctx.stable_time
 
     async def _target(self) -> DirNode:
-        return await (await load_decoded_views()).family(self.ctx, self.tag)
+        return await (await load_decoded_views(self.ctx)).family(self.ctx, self.tag)
 
     async def lookup(self, name: str) -> Node | None:
         return await (await self._target()).lookup(name)

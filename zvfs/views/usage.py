@@ -9,7 +9,6 @@ from itertools import islice
 import trio
 
 from zvfs.views.context import MountContext
-from zvfs.workers import run_blocking
 
 #: keys summed at most for one answer (a bucket of millions of keys is reported from its first ones)
 MAX_KEYS = 1_000_000
@@ -40,7 +39,7 @@ class StoreUsage:
 
     async def _count(self) -> None:
         try:
-            self._value = await run_blocking(self._measure)
+            self._value = await self.ctx.workers.run(self._measure)
             self._when = trio.current_time()
         finally:
             done, self._counting = self._counting, None

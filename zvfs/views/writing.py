@@ -18,15 +18,15 @@ from typing import TypeVar
 from zvfs.stores.base import KeyNotFound, KeyWriter, StoreError, WriteRefused
 from zvfs.views.context import MountContext
 from zvfs.views.node import FileHandle, NodeError
-from zvfs.workers import run_blocking
 
 T = TypeVar("T")
 
 
-async def store_call(what: str, fn: Callable[..., T], *args: object, **kw: object) -> T:
-    """One blocking store call in a worker; its failure as the errno the application sees."""
+async def store_call(ctx: MountContext, what: str, fn: Callable[..., T], *args: object, **kw: object) -> T:
+    """One blocking store call in one of the mount's workers; its failure as the errno the
+    application sees."""
     try:
-        return await run_blocking(lambda: fn(*args, **kw))
+        return await ctx.workers.run(lambda: fn(*args, **kw))
     except WriteRefused as exc:
         raise NodeError(exc.errno, str(exc)) from exc
     except KeyNotFound as exc:
@@ -56,22 +56,22 @@ class WriteHandle(FileHandle):
         return self.writer.size
 
     async def read(self, offset: int, length: int) -> bytes:
-        return await store_call(self.key, self.writer.read, offset, length)
+        return await store_call(self.ctx, self.key, self.writer.read, offset, length)
 
     async def write(self, offset: int, data: bytes) -> int:
-        n = await store_call(self.key, self.writer.write, offset, data)
+        n = await store_call(self.ctx, self.key, self.writer.write, offset, data)
         self.ctx.counters.add("fuse_write_bytes", n)
         for job in self.writer.background_work():  # an S3 writer's finished parts
-            self.ctx.background(run_blocking, job)
+            self.ctx.background(self.ctx.workers.run, job)
         return n
 
     async def truncate(self, size: int) -> None:
-        await store_call(self.key, self.writer.truncate, size)
+        await store_call(self.ctx, self.key, self.writer.truncate, size)
 
     async def flush(self, durable: bool = False) -> None:
         if self._unlinked:
             return
-        info = await store_call(self.key, self.writer.commit, durable)
+        info = await store_call(self.ctx, self.key, self.writer.commit, durable)
         if info is not None:
             self.ctx.listing_put(self.key, info)
             self.ctx.note_write(self.key, info)
@@ -82,4 +82,4 @@ class WriteHandle(FileHandle):
             handles.remove(self)
         if not handles:
             self.ctx.writers.pop(self.key, None)
-        await store_call(self.key, self.writer.close)
+        await store_call(self.ctx, self.key, self.writer.close)

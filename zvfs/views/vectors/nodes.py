@@ -1,6 +1,6 @@
 """Generic nodes for the vectors view: lazily built directories and files.
 
-Everything blocking runs through :func:`zvfs.workers.run_blocking` (one worker
+Everything blocking runs through the mount's workers (``ctx.workers``, one worker
 hop per directory build, per file build or per chunk); results land in the
 mount's shared byte-bounded cache, so built files count against the same
 memory budget as decoded chunks and are rebuilt if evicted.
@@ -18,7 +18,7 @@ from typing import TypeVar
 from zvfs.formats.zv import ZVError
 from zvfs.views.context import MountContext
 from zvfs.views.node import BytesFile, DirNode, FileNode, Node, NodeError, StaticDir
-from zvfs.workers import gather, run_blocking
+from zvfs.workers import gather
 
 T = TypeVar("T")
 
@@ -33,7 +33,7 @@ def fail(ctx: MountContext, what: str, exc: BaseException) -> NodeError:
 async def blocking(ctx: MountContext, what: str, fn: Callable[..., T], *args: object) -> T:
     """Run ``fn(*args)`` in a worker; decoder errors become EIO naming the key."""
     try:
-        return await run_blocking(fn, *args)
+        return await ctx.workers.run(fn, *args)
     except NodeError:
         raise
     except (ZVError, ValueError, KeyError, IndexError, OSError) as exc:
