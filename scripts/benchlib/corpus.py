@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import struct
 import subprocess
 import time
 from collections.abc import Iterator
@@ -61,12 +60,17 @@ def params(size_bytes: int, tiny: bool) -> Params:
     return Params(size_bytes, (40, 50), (200, 100))  # 2,000 and 20,000 keys
 
 
-def key_grids(tiny: bool) -> dict[str, tuple[int, int]]:
-    """Chunk grids of the big-key rows' stores: 1,000,000 keys on disk and 200,000 in S3
-    (--tiny: 2,000 and 1,000), and the 4-key store that gives the idle RSS."""
-    if tiny:
-        return {KEYS_DIR: (40, 50), KEYS_S3: (20, 50), KEYS_IDLE: (2, 2)}
-    return {KEYS_DIR: (1000, 1000), KEYS_S3: (400, 500), KEYS_IDLE: (2, 2)}
+def key_grid(n: int) -> tuple[int, int]:
+    """The chunk grid of an ``n``-key store: rows of 500 keys (50 below 10,000 keys)."""
+    cols = 50 if n < 10_000 else 500
+    return max(1, n // cols), cols
+
+
+def key_grids(n_dir: int, n_s3: int) -> dict[str, tuple[int, int]]:
+    """Chunk grids of the big-key rows' stores (scripts/bench --keys: 1,000,000 keys on disk
+    and 200,000 in S3; --tiny: 2,000 and 1,000), and the 4-key store that gives the idle
+    RSS."""
+    return {KEYS_DIR: key_grid(n_dir), KEYS_S3: key_grid(n_s3), KEYS_IDLE: (2, 2)}
 
 
 def v2_items(grid: tuple[int, int]) -> Iterator[tuple[str, bytes]]:
@@ -82,7 +86,7 @@ def v2_items(grid: tuple[int, int]) -> Iterator[tuple[str, bytes]]:
     n = KEY_CHUNK[0] * KEY_CHUNK[1]
     for i in range(rows):
         for j in range(cols):
-            yield f"{SMALL_ARRAY}/{i}/{j}", struct.pack(f"<{n}i", *([i * cols + j] * n))
+            yield f"{SMALL_ARRAY}/{i}/{j}", (i * cols + j).to_bytes(4, "little", signed=True) * n
 
 
 def n_items(grid: tuple[int, int]) -> int:
@@ -103,18 +107,25 @@ def build_keys(work: Path, name: str, grid: tuple[int, int]) -> tuple[Path, floa
         shutil.rmtree(root)
     log(f"writing {grid[0] * grid[1]:,} chunk keys to {root}")
     t0 = time.monotonic()
-    made: set[str] = set()
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-    for key, data in v2_items(grid):
-        parent = os.path.join(root, os.path.dirname(key))
-        if parent not in made:
-            os.makedirs(parent, exist_ok=True)
-            made.add(parent)
-        fd = os.open(os.path.join(root, key), flags, 0o644)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
+    cur, dfd = None, -1
+    try:
+        for key, data in v2_items(grid):  # keys come directory by directory
+            parent, _, leaf = key.rpartition("/")
+            if parent != cur:  # open each directory once: no path walk per file
+                if dfd >= 0:
+                    os.close(dfd)
+                    dfd = -1
+                os.makedirs(root / parent, exist_ok=True)
+                dfd, cur = os.open(root / parent, os.O_RDONLY | os.O_DIRECTORY), parent
+            fd = os.open(leaf, flags, 0o644, dir_fd=dfd)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+    finally:
+        if dfd >= 0:
+            os.close(dfd)
     took = time.monotonic() - t0
     manifest.write_text(want)
     log(f"wrote {grid[0] * grid[1]:,} chunk keys in {took:.1f}s")
