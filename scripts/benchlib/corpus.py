@@ -6,6 +6,11 @@ Layout under WORK/corpus:
   keys-large/    the same with N_LARGE chunks
   zip/<name>.zip each of the above, made with `zip -0 -r` from inside the store
 A manifest records the parameters, so an unchanged corpus is reused.
+
+The many-key stores of the big-key rows live apart, under WORK/corpus-keys/<name>, each with
+its own manifest (a 1,000,000-key store outlives a change of --size). They are written by
+a plain loop (see v2_items), not by zarr-python key by key, and the same items seed the
+S3 bucket of the same name.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ import json
 import os
 import shutil
 import subprocess
-from dataclasses import asdict, dataclass
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +32,10 @@ CHUNK_ROWS, COLS = 256, 1024  # int32 -> 256*1024*4 = 1 MiB per chunk
 BIG_ARRAY = "arr"
 SMALL_ARRAY = "a"
 STORES = ("big", "keys-small", "keys-large")
+KEYS_IDLE = "keys-idle"  # a 4-key store: the daemon's idle RSS after the same first listing
+KEYS_DIR = "keys-dir"  # the big-key directory store
+KEYS_S3 = "keys-s3"  # the big-key bucket (only in moto, never on disk)
+KEY_CHUNK = (8, 8)  # int32, uncompressed: 256 bytes per chunk key
 
 
 @dataclass(frozen=True)
@@ -49,13 +60,86 @@ def params(size_bytes: int, tiny: bool) -> Params:
     return Params(size_bytes, (40, 50), (200, 100))  # 2,000 and 20,000 keys
 
 
+def key_grid(n: int) -> tuple[int, int]:
+    """The chunk grid of an ``n``-key store: rows of 500 keys (50 below 10,000 keys)."""
+    cols = 50 if n < 10_000 else 500
+    return max(1, n // cols), cols
+
+
+def key_grids(n_dir: int, n_s3: int) -> dict[str, tuple[int, int]]:
+    """Chunk grids of the big-key rows' stores (scripts/bench --keys: 1,000,000 keys on disk
+    and 200,000 in S3; --tiny: 2,000 and 1,000), and the 4-key store that gives the idle
+    RSS."""
+    return {KEYS_DIR: key_grid(n_dir), KEYS_S3: key_grid(n_s3), KEYS_IDLE: (2, 2)}
+
+
+def v2_items(grid: tuple[int, int]) -> Iterator[tuple[str, bytes]]:
+    """(key, bytes) of a Zarr v2 group holding one int32 array ``a`` of ``grid`` chunks
+    (uncompressed, "/" separator), chunk (i, j) filled with i * grid[1] + j: a real store
+    that zarr-python reads, made a thousand times faster than by writing it through zarr."""
+    rows, cols = grid
+    yield ".zgroup", json.dumps({"zarr_format": 2}).encode()
+    yield f"{SMALL_ARRAY}/.zarray", json.dumps({
+        "shape": [rows * KEY_CHUNK[0], cols * KEY_CHUNK[1]], "chunks": list(KEY_CHUNK),
+        "dtype": "<i4", "fill_value": 0, "order": "C", "filters": None,
+        "dimension_separator": "/", "compressor": None, "zarr_format": 2}).encode()
+    n = KEY_CHUNK[0] * KEY_CHUNK[1]
+    for i in range(rows):
+        for j in range(cols):
+            yield f"{SMALL_ARRAY}/{i}/{j}", (i * cols + j).to_bytes(4, "little", signed=True) * n
+
+
+def n_items(grid: tuple[int, int]) -> int:
+    """How many keys v2_items(grid) yields (chunks and the two metadata keys)."""
+    return grid[0] * grid[1] + 2
+
+
+def build_keys(work: Path, name: str, grid: tuple[int, int]) -> tuple[Path, float]:
+    """The directory store ``name`` of ``grid`` chunk keys, reused when its manifest matches:
+    (path, seconds spent writing it, 0 when reused)."""
+    root = work / "corpus-keys" / name
+    manifest = root.with_name(name + ".json")
+    want = json.dumps({"grid": list(grid), "chunk": list(KEY_CHUNK), "version": 1})
+    if manifest.exists() and manifest.read_text() == want and root.is_dir():
+        return root, 0.0
+    manifest.unlink(missing_ok=True)
+    if root.exists():
+        shutil.rmtree(root)
+    log(f"writing {grid[0] * grid[1]:,} chunk keys to {root}")
+    t0 = time.monotonic()
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    cur, dfd = None, -1
+    try:
+        for key, data in v2_items(grid):  # keys come directory by directory
+            parent, _, leaf = key.rpartition("/")
+            if parent != cur:  # open each directory once: no path walk per file
+                if dfd >= 0:
+                    os.close(dfd)
+                    dfd = -1
+                os.makedirs(root / parent, exist_ok=True)
+                dfd, cur = os.open(root / parent, os.O_RDONLY | os.O_DIRECTORY), parent
+            fd = os.open(leaf, flags, 0o644, dir_fd=dfd)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+    finally:
+        if dfd >= 0:
+            os.close(dfd)
+    took = time.monotonic() - t0
+    manifest.write_text(want)
+    log(f"wrote {grid[0] * grid[1]:,} chunk keys in {took:.1f}s")
+    return root, took
+
+
 @dataclass
 class Corpus:
     root: Path
     params: Params
+    extra: dict[str, Path] = field(default_factory=dict)  # stores kept outside root
 
     def store(self, name: str) -> Path:
-        return self.root / name
+        return self.extra.get(name) or self.root / name
 
     def zip(self, name: str) -> Path:
         return self.root / "zip" / f"{name}.zip"

@@ -14,7 +14,7 @@ from .procs import log
 APT = {"rclone": "rclone", "s3fs": "s3fs", "fuse-zip": "fuse-zip", "zip": "zip", "fuse3": "fusermount3"}
 # PyPI requirement -> importable module (or console script, prefixed with "bin:")
 PIP = {"ratarmount": "bin:ratarmount", "tensorstore": "tensorstore", "moto[server]": "moto.server",
-       "zarr>=3": "zarr"}
+       "zarr>=3": "zarr", "zarrs": "zarrs"}
 
 
 def _have_module(name: str) -> bool:
@@ -24,6 +24,15 @@ def _have_module(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
+
+
+def importable(module: str) -> bool:
+    """Whether ``module`` imports in this interpreter (a peer library is there and works)."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
 
 
 def _apt_candidate(pkg: str) -> bool:
@@ -116,8 +125,8 @@ def versions() -> dict[str, str]:
     cmd("s3fs", ["s3fs", "--version"])
     for pkg in ("rclone", "s3fs", "fuse-zip", "fuse3", "zip"):
         cmd(f"{pkg} (Debian package)", ["dpkg-query", "-W", "-f", "${Version}", pkg])
-    for dist in ("zvfs", "ratarmount", "tensorstore", "zarr", "numcodecs", "moto", "pyfuse3",
-                 "boto3", "numpy"):
+    for dist in ("zvfs", "ratarmount", "tensorstore", "zarr", "zarrs", "numcodecs", "moto",
+                 "pyfuse3", "boto3", "numpy"):
         try:
             from importlib.metadata import version
             out[dist] = version(dist)

@@ -1,7 +1,10 @@
 """Workload processes, run as children so a hung mount can be ended without hanging the bench.
 
   reader.py files LISTFILE NREADERS        read every listed file (path<TAB>size lines)
-  reader.py zarr STORE_DIR ARRAY_PATH N    zarr.open_array(...)[:] N times in one process
+  reader.py zarr STORE ARRAY_PATH N        zarr.open_array(...)[:] N times in one process
+                                           (STORE: a directory, or a .zip read by ZipStore)
+  reader.py zarrs STORE ARRAY_PATH N       the same with the zarrs codec pipeline (strict:
+                                           an unsupported case fails, never falls back)
   reader.py tensorstore SPEC_JSON N        tensorstore .read() of the whole array N times
   reader.py xarray KIND PATH VAR N         xarray .load() of one variable N times: KIND zarr
                                            (open_zarr(PATH)) or netcdf (open_dataset(PATH))
@@ -71,13 +74,22 @@ def read_files(listfile: str, nreaders: int) -> dict:
     return {"bytes": total[0], "seconds": [dt], "errors": errors[:5], "nerrors": len(errors)}
 
 
-def read_zarr(store: str, path: str, repeat: int) -> dict:
+def read_zarr(store: str, path: str, repeat: int, zarrs: bool = False) -> dict:
     import zarr
 
+    if zarrs:
+        import zarrs as _zarrs  # noqa: F401  (fails here, not later, when it is missing)
+
+        zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline",
+                         "codec_pipeline.strict": True})
+    src = zarr.storage.ZipStore(store, mode="r") if store.endswith(".zip") else store
     times, nbytes = [], 0
     for _ in range(repeat):
         t0 = time.perf_counter()
-        a = zarr.open_array(store, path=path, mode="r")
+        a = zarr.open_array(src, path=path, mode="r")
+        pipeline = getattr(getattr(a, "_async_array", None), "codec_pipeline", None)
+        if zarrs and pipeline is not None and not type(pipeline).__module__.startswith("zarrs"):
+            raise SystemExit(f"the zarrs pipeline is not in use: {type(pipeline)}")
         data = a[:]
         times.append(time.perf_counter() - t0)
         nbytes = data.nbytes
@@ -121,8 +133,8 @@ def main(argv: list[str]) -> None:
     cmd = argv[0]
     if cmd == "files":
         out = read_files(argv[1], int(argv[2]))
-    elif cmd == "zarr":
-        out = read_zarr(argv[1], argv[2], int(argv[3]))
+    elif cmd in ("zarr", "zarrs"):
+        out = read_zarr(argv[1], argv[2], int(argv[3]), zarrs=cmd == "zarrs")
     elif cmd == "tensorstore":
         out = read_tensorstore(argv[1], int(argv[2]))
     elif cmd == "xarray":

@@ -3,6 +3,7 @@ before the cold part, and returns a number (or raises)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -83,6 +84,49 @@ class Bench:
         if per_file:
             return len(self.corpus.files(store)) / res["seconds"][0], rss
         return res["bytes"] / MiB / res["seconds"][0], rss
+
+    def read_twice(self, system: System | None, store: str) -> tuple[float, float]:
+        """Cold, then warm, read of every file of ``store`` (1 reader), through a fresh mount
+        of ``system``, or straight from the directory when ``system`` is None: (cold MiB/s,
+        warm MiB/s). Warm is the second pass, page cache kept (zvfs: the same mount)."""
+        procs.drop_caches()
+        with contextlib.ExitStack() as stack:
+            if system is None:
+                base, mt = self.corpus.store(store), None
+            else:
+                mt = stack.enter_context(self.m.mount(system, store))
+                base = mt.path
+            lf = self._listfile(base, store)
+            stack.callback(lf.unlink, missing_ok=True)
+            rates = []
+            for _ in range(2):
+                res = _reader(["files", str(lf), "1"], self.timeout, mt)
+                rates.append(res["bytes"] / MiB / res["seconds"][0])
+        return rates[0], rates[1]
+
+    def mount_time(self, system: System, store: str) -> float:
+        """Seconds from starting the mounter until the mount point answers a stat, caches
+        dropped first."""
+        procs.drop_caches()
+        with self.m.mount(system, store):
+            return self.m.last_mount_seconds
+
+    def mount_find(self, system: System, store: str, expect: int) -> tuple[float, int | None]:
+        """Caches dropped, then mount + ``find MNT | wc -l`` until it prints: (seconds from
+        starting the mounter, daemon peak RSS in KiB after the listing)."""
+        procs.drop_caches()
+        with self.m.mount(system, store) as mt:
+            r = _run_child(["sh", "-c", 'find "$1" | wc -l', "sh", str(mt.path)], self.timeout,
+                           mt)
+            dt = time.perf_counter() - self.m.last_mount_start
+            if r.returncode != 0:
+                raise WorkloadError(f"find | wc -l exited {r.returncode}: "
+                                    f"{r.stderr.strip()[-300:]}")
+            seen = int(r.stdout.split()[0]) - 1  # find prints the mount point itself too
+            if seen < expect:
+                raise WorkloadError(f"find saw {seen} entries, the store has {expect} keys")
+            rss = procs.peak_rss_kib(mt.pid)
+        return dt, rss
 
     def write_copy(self, system: System, s3env, store: str,
                    source: str = "big") -> tuple[float, int, float]:
@@ -219,14 +263,21 @@ class Bench:
             return procs.peak_rss_kib(mt.pid), done
 
     def in_process(self, lib: str, backend: str, s3env=None) -> tuple[float, float]:
-        """zarr-python or tensorstore reading the whole big array in-process:
-        (cold MiB/s, warm MiB/s) - warm is a second read in the same process."""
+        """An in-process reader of the whole big array: (cold MiB/s, warm MiB/s), warm being
+        a second read in the same process. ``lib``: zarr (zarr-python), zarrs (zarr-python
+        with the zarrs codec pipeline) or tensorstore; ``backend``: dir, zip or s3."""
         store = self.corpus.store("big")
-        if lib == "zarr":
-            args = ["zarr", str(store), BIG_ARRAY, "2"]
+        if lib in ("zarr", "zarrs"):
+            if backend == "s3":
+                raise ValueError("the zarr-python peers read the directory and the zip only")
+            src = self.corpus.zip("big") if backend == "zip" else store
+            args = [lib, str(src), BIG_ARRAY, "2"]
         else:
             if backend == "dir":
                 kv = {"driver": "file", "path": f"{store}/{BIG_ARRAY}/"}
+            elif backend == "zip":
+                kv = {"driver": "zip", "base": f"file://{self.corpus.zip('big')}",
+                      "path": f"{BIG_ARRAY}/"}
             else:
                 from .s3 import bucket
                 kv = {"driver": "s3", "bucket": bucket("big"), "path": f"{BIG_ARRAY}/",
