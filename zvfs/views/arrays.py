@@ -150,52 +150,63 @@ class DecodedArray:
     def _failure(message: str, cause: str) -> NodeError:
         return NodeError(errno.EIO, message, key=cause)
 
-    async def chunk_as(self, idx: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        """Chunk ``idx`` converted to ``dtype`` (e.g. another byte order), cached as well."""
-        if dtype == self.meta.dtype and dtype.byteorder == self.meta.dtype.byteorder:
+    def _other(self, dtype: np.dtype | None) -> np.dtype | None:
+        """``dtype`` when it differs from the array's own (byte order included), else None."""
+        return None if dtype is None or dtype == self.meta.dtype else np.dtype(dtype)
+
+    def _key(self, idx: tuple[int, ...], dtype: np.dtype | None) -> tuple[object, ...]:
+        return self.cache_key(idx) if dtype is None else self.cache_key(idx, dtype.str)
+
+    async def chunk_as(self, idx: tuple[int, ...], dtype: np.dtype | None) -> np.ndarray:
+        """Chunk ``idx`` converted to ``dtype`` (another byte order, netCDF's types), cached as
+        well; the conversion runs in a worker, like the decode."""
+        dt = self._other(dtype)
+        if dt is None:
             return await self.chunk(idx)
 
         async def convert() -> np.ndarray:
-            return convert_chunk(await self.chunk(idx), dtype)
+            return await self.ctx.workers.run(convert_chunk, await self.chunk(idx), dt)
 
-        return await self.ctx.chunks.get(self.cache_key(idx, dtype.str), convert, ttl=self.ctx.metadata_ttl)
+        return await self.ctx.chunks.get(self._key(idx, dt), convert, ttl=self.ctx.metadata_ttl)
 
-    def _peek(self, idx: tuple[int, ...]) -> np.ndarray | None:
-        """Chunk ``idx`` if it is decoded already (a read then needs no task and no hop)."""
-        key = self.cache_key(idx)
+    def _peek(self, idx: tuple[int, ...], dtype: np.dtype | None = None) -> np.ndarray | None:
+        """Chunk ``idx`` (as ``dtype``) if it is ready already (a read then needs no task and no hop)."""
+        key = self._key(idx, dtype)
         chunk = self.ctx.chunks.peek(key)
         if chunk is not None and key in self.ctx.prefetched:
             self.ctx.prefetched.discard(key)
             self.ctx.counters.add("prefetch_hits")
         return chunk
 
-    def _prefetch(self, start: int, stop: int) -> None:
-        """Decode ahead the chunks under bytes [start, stop) of the C-order array, as far as
-        the mount's prefetch budget allows (what it refuses, the reader decodes on demand)."""
-        item = self.meta.dtype.itemsize
+    def _prefetch(self, start: int, stop: int, dtype: np.dtype | None = None) -> None:
+        """Decode ahead (as ``dtype``) the chunks under bytes [start, stop) of the C-order array,
+        as far as the mount's prefetch budget allows (what it refuses, the reader decodes on demand)."""
+        item = (dtype or self.meta.dtype).itemsize
         boxes = range_boxes(self.meta.shape, start // item, -(-stop // item))
         for idx in dict.fromkeys(i for b in boxes for i in chunks_in_box(b, self.meta.chunks)):
-            key = self.cache_key(idx)
+            key = self._key(idx, dtype)
             if self.ctx.chunks.contains(key):
                 continue
-            if not self.ctx.prefetch(self.meta.chunk_nbytes, self.chunk, idx):
+            if not self.ctx.prefetch(self.meta.chunk_nbytes, self.chunk_as, idx, dtype):
                 return
             self.ctx.prefetched.add(key)
             self.ctx.counters.add("prefetch_requests")
 
-    async def chunks(self, indices: list[tuple[int, ...]]) -> dict[tuple[int, ...], np.ndarray]:
-        """Several chunks at once: the decoded ones at once, the rest fetched and decoded
-        concurrently (one worker hop each, so both cores decode)."""
+    async def chunks(
+        self, indices: list[tuple[int, ...]], dtype: np.dtype | None = None
+    ) -> dict[tuple[int, ...], np.ndarray]:
+        """Several chunks (as ``dtype``) at once: the ready ones at once, the rest fetched and
+        decoded concurrently (one worker hop each, so both cores decode)."""
         out: dict[tuple[int, ...], np.ndarray] = {}
         missing = []
         for idx in indices:
-            chunk = self._peek(idx)
+            chunk = self._peek(idx, dtype)
             if chunk is None:
                 missing.append(idx)
             else:
                 out[idx] = chunk
         if missing:
-            out.update(await gather(missing, self.chunk))
+            out.update(await gather(missing, lambda i: self.chunk_as(i, dtype)))
         return out
 
     def read_ahead(self) -> ReadAhead:
@@ -209,8 +220,9 @@ class DecodedArray:
         stripe = meta.chunk_nbytes * (math.prod(meta.grid_shape[1:]) if meta.ndim else 1)
         return ReadAhead(initial=min(ceiling, max(4 << 20, stripe)), ceiling=ceiling)
 
-    async def read_elements(self, start: int, stop: int) -> memoryview:
-        """C-order elements [start, stop) of the whole array, in the declared byte order, as bytes.
+    async def read_elements(self, start: int, stop: int, dtype: np.dtype | None = None) -> memoryview:
+        """C-order elements [start, stop) of the whole array as bytes: in the declared dtype and
+        byte order, or converted to ``dtype`` (chunk by chunk, in the workers, cached).
 
         One copy at most: a range inside one decoded chunk whose bytes are contiguous there
         (an array chunked by whole rows, read in step) is that chunk's own memory; any other
@@ -221,17 +233,18 @@ class DecodedArray:
         1 MiB read of an array of 1-byte chunks costs bounded memory, not a million tasks.
         """
         meta = self.meta
+        dt = self._other(dtype)
         boxes = list(range_boxes(meta.shape, start, stop))
         needed = list(dict.fromkeys(i for b in boxes for i in chunks_in_box(b, meta.chunks)))
         if len(needed) == 1:
             idx = needed[0]
-            chunk = self._peek(idx)
+            chunk = self._peek(idx, dt)
             if chunk is None:
-                chunk = await self.chunk(idx)
+                chunk = await self.chunk_as(idx, dt)
             view = _contiguous_part(meta, idx, chunk, start, stop, boxes)
             if view is not None:
                 return view
-        out = np.empty(stop - start, dtype=meta.dtype)
+        out = np.empty(stop - start, dtype=dt or meta.dtype)
         views, at = [], 0
         for lo, hi in boxes:
             shape = tuple(h - lo_ for lo_, h in zip(lo, hi, strict=True))
@@ -240,7 +253,8 @@ class DecodedArray:
             at += n
         for n in range(0, len(needed), CHUNK_BATCH):
             group = needed[n : n + CHUNK_BATCH]
-            decoded = await (self.chunks(group) if len(group) < CHUNK_BATCH else self._batch(group))
+            batch = len(group) == CHUNK_BATCH and dt is None
+            decoded = await (self._batch(group) if batch else self.chunks(group, dt))
             for idx in group:
                 _copy_chunk(meta.chunks, idx, decoded[idx], boxes, views)
         return byte_view(out)
@@ -273,20 +287,23 @@ class DecodedArray:
             out.update(await self.chunks(missing))
         return out
 
-    async def read_bytes(self, offset: int, length: int, ahead: ReadAhead | None = None) -> memoryview | bytes:
-        """Bytes [offset, offset+length) of the C-order array, clipped to its size. ``ahead``
-        is the reading open's own sequential detector (see :meth:`read_ahead`)."""
-        total = self.meta.nbytes
+    async def read_bytes(
+        self, offset: int, length: int, ahead: ReadAhead | None = None, dtype: np.dtype | None = None
+    ) -> memoryview | bytes:
+        """Bytes [offset, offset+length) of the C-order array (as ``dtype``, when given), clipped
+        to its size. ``ahead`` is the reading open's own sequential detector (:meth:`read_ahead`)."""
+        dt = self._other(dtype)
+        item = (dt or self.meta.dtype).itemsize
+        total = self.meta.nbytes // self.meta.dtype.itemsize * item
         if offset >= total or length <= 0:
             return b""
         end = min(total, offset + length)
         if ahead is not None:
             window = ahead.advise(offset, end, total)
             if window is not None:
-                self._prefetch(*window)
-        item = self.meta.dtype.itemsize
+                self._prefetch(*window, dt)
         first, last = offset // item, -(-end // item)
-        data = await self.read_elements(first, last)
+        data = await self.read_elements(first, last, dt)
         skip = offset - first * item
         return data[skip : skip + (end - offset)]
 
@@ -320,7 +337,7 @@ def _contiguous_part(
         return None
     if meta.chunks[1:] == meta.shape[1:]:  # the chunk is a slab of whole rows: C order within it too
         base = idx[0] * meta.chunks[0] * math.prod(meta.shape[1:]) if meta.ndim else 0
-        item = meta.dtype.itemsize
+        item = chunk.dtype.itemsize
         return byte_view(chunk)[(start - base) * item : (stop - base) * item]
     if len(boxes) == 1:
         where = _chunk_part(meta.chunks, idx, boxes[0])
@@ -415,7 +432,12 @@ class ChunkFile(FileNode):
 
 
 def convert_chunk(chunk: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """``chunk`` as ``dtype``; a broadcast fill chunk (all strides 0) stays a broadcast."""
+    """``chunk`` as ``dtype``; a broadcast fill chunk (all strides 0) stays a broadcast, and
+    integers of the same size and byte order (uint8 as netCDF's byte) are a view, not a copy."""
+    src = chunk.dtype
+    if src.kind in "iub" and dtype.kind in "iu" and src.itemsize == dtype.itemsize and (
+            src.itemsize == 1 or src.str[0] == dtype.str[0]):
+        return chunk.view(dtype)
     if chunk.ndim and not any(chunk.strides):
         return np.broadcast_to(chunk.reshape(-1)[:1].astype(dtype).reshape(()), chunk.shape)
     return chunk.astype(dtype)

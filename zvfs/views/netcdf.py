@@ -410,30 +410,14 @@ def _assemble(version: int, dims: dict[str, int], gattrs: list[NcAttr], variable
 async def read_var(var: NcVar, offset: int, length: int, ahead: ReadAhead | None = None) -> bytes | memoryview:
     """Bytes [offset, offset+length) of one variable's data as served (big-endian, netCDF type).
 
-    The range is widened to whole elements, read from the array in its own
-    dtype through the decoded-chunk cache (``read_bytes``, read ahead by ``ahead``),
-    converted in one numpy pass (none when the bytes already are the served
-    ones), and cut back without another copy.
+    The array's chunks are read already converted to the served type (converted once per
+    chunk in a worker and cached, read ahead by ``ahead``), so a read inside one chunk is a
+    view of it, with no conversion on the trio thread.
     """
-    meta = var.array.meta
-    out_size = var.vtype.served.itemsize
     end = min(offset + length, var.nbytes)
     if offset >= end:
         return b""
-    first, last = offset // out_size, -(-end // out_size)
-    src_size = meta.dtype.itemsize
-    raw = await var.array.read_bytes(first * src_size, (last - first) * src_size, ahead)
-    src = meta.dtype
-    if src.kind in "mM":
-        src = np.dtype(src.byteorder + "i8")
-    if src.kind != "b" and src.str == var.vtype.served.str or src.itemsize == 1 and src.kind in "iu":
-        served: bytes | memoryview = raw  # already big-endian (or single bytes): as stored
-    else:
-        served = memoryview(np.frombuffer(raw, dtype=src).astype(var.vtype.served)).cast("B")
-    skip = offset - first * out_size
-    if skip == 0 and len(served) == end - offset:
-        return served
-    return memoryview(served)[skip : skip + (end - offset)]
+    return await var.array.read_bytes(offset, end - offset, ahead, var.vtype.served)
 
 
 class NetcdfFile(FileNode):
