@@ -828,3 +828,32 @@ def test_edge_option_values(args, zarr_dir, zarr_zip_cmd, mount) -> None:
         m = mount(src, *args)
         res = run(["diff", "-r", zarr_dir, m.path])
         assert res.returncode == 0 and res.stdout == "", (src, args, res.stdout, res.stderr)
+
+
+def test_directory_file_pages_are_kept_past_the_ttl_while_the_file_is_unchanged(tmp_path, mount) -> None:
+    """A local file's version is its fstat at open: an unchanged file keeps the kernel's pages
+    however long ago they were read (the second read never reaches the daemon), and a file
+    changed outside the mount is read anew."""
+    import json
+
+    src = tmp_path / "store"
+    src.mkdir()
+    data = os.urandom(3 << 20)
+    (src / "blob").write_bytes(data)
+    m = mount(src, "--metadata-ttl", "1")
+    f = m.path / "blob"
+
+    def reads() -> int:
+        return json.loads((m.path / ".zvfs" / "stats.json").read_text())["fuse_read_requests"]
+
+    assert f.read_bytes() == data
+    before = reads()
+    own = reads() - before  # reading stats.json is itself counted
+    time.sleep(1.5)  # past the metadata TTL
+    assert f.read_bytes() == data
+    assert reads() == before + 2 * own  # served from the page cache
+    new = os.urandom(3 << 20)
+    (src / "blob").write_bytes(new)
+    time.sleep(1.5)  # the kernel's attributes and entry expire with the TTL
+    assert f.read_bytes() == new
+    assert reads() > before + 3 * own

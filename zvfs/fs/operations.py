@@ -294,8 +294,12 @@ class ZvfsOperations(pyfuse3.Operations):
         if version is None:
             return False
         epoch = self._page_epochs.get(inode)
-        if epoch is not None and epoch[0] == version and now - epoch[1] < self.ttl:
-            return True
+        if epoch is not None and epoch[0] == version:
+            if node.validated:  # checked against the source at this open: current however old
+                self._page_epochs[inode] = (version, now)
+                return True
+            if now - epoch[1] < self.ttl:
+                return True
         self._page_epochs[inode] = (version, now)
         return False
 

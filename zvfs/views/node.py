@@ -96,6 +96,9 @@ class FileNode(Node):
     immutable: bool = True
     #: True when the size is only a hint (live files): the kernel then reads until EOF
     direct_io: bool = False
+    #: True when ``version()`` was read from the source at this open (a local file's fstat),
+    #: not from a cached listing: an unchanged version then proves the kernel's pages current
+    validated: bool = False
 
     @property
     def mode(self) -> int:

@@ -241,6 +241,7 @@ class LocalReader(FileNode):
         self._workers = workers
         self.mtime = mtime
         self.immutable = False
+        self.validated = True  # the descriptor's fstat, taken at this open
 
     @property
     def size(self) -> int:
