@@ -38,36 +38,65 @@ class RawFile(FileNode):
     of it, so latency is paid once per window instead of once per read.
     """
 
+    # one per file the kernel knows: a store of a million keys has a million of them
+    __slots__ = ("ctx", "prefix", "name", "listing", "_info", "_pinned", "_epoch", "_born",
+                 "_ahead", "direct_io")
+
     def __init__(self, ctx: MountContext, key: str, info: KeyInfo, listing: Listing | None = None,
                  *, pinned: bool = False) -> None:
         self.ctx = ctx
-        self.key = key
+        # the key is kept as its directory's prefix (shared) and the listing's name (shared)
+        prefix, _, name = key.rpartition("/")
+        self.prefix = prefix + "/" if prefix else ""
+        self.name = name
         self.listing = listing  # the parent's listing, for walking siblings ahead
-        self._size = info.size
-        self._mtime = info.mtime
-        self._version = info.version  # S3's ETag: reads are pinned to it
+        self._info = info  # size, mtime and version (S3's ETag: reads are pinned to it)
         self._pinned = pinned
         self._epoch = self._born = ctx.epoch(key)
-        self.immutable = ctx.immutable
-        self.writable = ctx.writable
+        self._ahead: ReadAhead | None = None  # made by the first read that wants it
+        self.direct_io = False
+
+    @classmethod
+    def child(cls, ctx: MountContext, prefix: str, name: str, listing: Listing) -> RawFile:
+        """The file ``name`` of ``listing``, the directory ``prefix``: its strings are shared."""
+        node = cls.__new__(cls)
+        node.ctx, node.prefix, node.name, node.listing = ctx, prefix, name, listing
+        node._info = listing.keys[name]
+        node._pinned = False
+        node._epoch = node._born = ctx.epoch(prefix + name)
+        node._ahead = None
+        node.direct_io = False
+        return node
+
+    @property
+    def key(self) -> str:
+        return self.prefix + self.name
+
+    @property  # type: ignore[override]
+    def immutable(self) -> bool:
+        return self.ctx.immutable
+
+    @property  # type: ignore[override]
+    def writable(self) -> bool:
+        return self.ctx.writable
+
+    def _read_ahead(self) -> ReadAhead:
         # a window as large as the cache evicts the blocks fetched ahead before they are
         # read, and they are fetched (for zip: decompressed) again; a quarter of it, as
         # for the decoded arrays
-        self._ahead = self._read_ahead()
-
-    def _read_ahead(self) -> ReadAhead:
         return ReadAhead(ceiling=max(self.ctx.store.block_size, min(64 << 20, self.ctx.cache_size // 4)))
 
     def _refresh(self) -> None:
         """Pick up a write through the mount since this node was made (or last refreshed)."""
         if self._pinned:
             return
-        epoch = self.ctx.epoch(self.key)
+        key = self.key
+        epoch = self.ctx.epoch(key)
         if epoch != self._epoch:
             self._epoch = epoch
-            info = self.ctx.written(self.key)
+            info = self.ctx.written(key)
             if info is not None:
-                self._size, self._mtime, self._version = info.size, info.mtime, info.version
+                self._info = info
 
     def detach(self) -> None:
         self._pinned = True
@@ -95,17 +124,16 @@ class RawFile(FileNode):
         if store.opens_readers and not staged:
             local = await store_call(self.ctx, self.key, store.open_reader, self.key)
         if local is not None:
-            node = LocalReader(self.key, local, self._mtime, self.ctx.workers)
+            node = LocalReader(self.key, local, self._info.mtime, self.ctx.workers)
             # written through the mount since the kernel met this inode: the kernel's size
             # for it may be another version's, so the reader reads to its own end
             node.direct_io = self._epoch != self._born
             return node
-        if self._version is None and not staged:  # zip: the same bytes, read ahead for this open
+        if self._info.version is None and not staged:  # zip: the same bytes, read ahead for this open
             mine = copy.copy(self)
             mine._ahead = self._read_ahead()
             return mine
-        info = KeyInfo(self._size, self._mtime, self._version)
-        pinned = RawFile(self.ctx, self.key, info, self.listing, pinned=True)
+        pinned = RawFile(self.ctx, self.key, self._info, self.listing, pinned=True)
         pinned._epoch = self._epoch
         pinned.direct_io = staged
         return pinned
@@ -116,16 +144,16 @@ class RawFile(FileNode):
         if handles:
             return handles[-1].size
         self._refresh()
-        return self._size
+        return self._info.size
 
     @property  # type: ignore[override]
     def mtime(self) -> float:
         self._refresh()
-        return self._mtime
+        return self._info.mtime
 
     def version(self) -> object:
         self._refresh()
-        return (self.key, self._size, self._mtime, self._epoch)
+        return (self.key, self._info.size, self._info.mtime, self._epoch)
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -156,10 +184,10 @@ class RawFile(FileNode):
     async def _get_range(self, start: int, length: int) -> bytes:
         store = self.ctx.store
         # the whole object in one block: a plain get, which S3 checks against its CRC
-        whole = bool(store.block_size) and start == 0 and length >= self._size
+        whole = bool(store.block_size) and start == 0 and length >= self._info.size
         try:
             data = await self.ctx.workers.run(store.get_version, self.key, start, None if whole else length,
-                                      self._version)
+                                      self._info.version)
         except KeyNotFound as exc:
             raise NodeError(errno.ENOENT, f"{self.key}: vanished from the store") from exc
         except Stale as exc:
@@ -171,7 +199,8 @@ class RawFile(FileNode):
 
     async def _block(self, n: int, prefetch: bool = False) -> bytes:
         bs = self.ctx.store.block_size
-        key = ("raw", self.key, self._size, self._mtime, self._epoch, n)
+        info = self._info
+        key = ("raw", self.key, info.size, info.mtime, self._epoch, n)
         if prefetch:
             if self.ctx.chunks.contains(key):
                 return b""
@@ -181,19 +210,22 @@ class RawFile(FileNode):
             self.ctx.prefetched.discard(key)
             self.ctx.counters.add("prefetch_hits")
         start = n * bs
-        return await self.ctx.chunks.get(key, lambda: self._get_range(start, min(bs, self._size - start)))
+        return await self.ctx.chunks.get(key, lambda: self._get_range(start, min(bs, info.size - start)))
 
     async def read(self, offset: int, length: int) -> bytes | memoryview:
         self._refresh()
-        if offset >= self._size or length <= 0:
+        size = self._info.size
+        if offset >= size or length <= 0:
             return b""
-        end = min(self._size, offset + length)
+        end = min(size, offset + length)
         bs = self.ctx.store.block_size
         if bs <= 0:
             return await self._get_range(offset, end - offset)
         if offset == 0:
             self._siblings_ahead()
-        ahead = self._ahead.advise(offset, end, self._size)
+        if self._ahead is None:
+            self._ahead = self._read_ahead()
+        ahead = self._ahead.advise(offset, end, size)
         if ahead is not None:
             for n in range(ahead[0] // bs, (ahead[1] - 1) // bs + 1):
                 if not self.ctx.prefetch(bs, self._block, n, True):
@@ -321,6 +353,8 @@ class FileWalk:
 class RawDir(DirNode):
     """The store prefix ``prefix`` ('' for the root, else ending in '/')."""
 
+    __slots__ = ("ctx", "prefix", "mtime", "writable")
+
     def __init__(self, ctx: MountContext, prefix: str = "") -> None:
         self.ctx = ctx
         self.prefix = prefix
@@ -378,7 +412,7 @@ class RawDir(DirNode):
     def _child(self, name: str, listing: Listing) -> Node:
         if name in listing.prefixes:
             return RawDir(self.ctx, self.prefix + name + "/")
-        return RawFile(self.ctx, self.prefix + name, listing.keys[name], listing)
+        return RawFile.child(self.ctx, self.prefix, name, listing)
 
     async def warm(self) -> None:
         """Load this directory's listing (the whole tree index on S3) into the cache now."""
