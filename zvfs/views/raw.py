@@ -8,7 +8,6 @@ directory wins (also logged once), as in the Zarr file-system store.
 
 from __future__ import annotations
 
-import copy
 import errno
 import logging
 import time
@@ -38,34 +37,29 @@ class RawFile(FileNode):
     of it, so latency is paid once per window instead of once per read.
     """
 
-    # one per file the kernel knows: a store of a million keys has a million of them
-    __slots__ = ("ctx", "prefix", "name", "listing", "_info", "_pinned", "_epoch", "_born",
-                 "_ahead", "direct_io")
+    # one per file the kernel knows: a store of a million keys has a million of them, so
+    # what only an open needs (read-ahead, direct_io) lives on the reader (RawReader)
+    __slots__ = ("ctx", "prefix", "name", "_info", "_pinned", "_epoch", "_born")
+    _ahead: ReadAhead | None = None
 
-    def __init__(self, ctx: MountContext, key: str, info: KeyInfo, listing: Listing | None = None,
-                 *, pinned: bool = False) -> None:
+    def __init__(self, ctx: MountContext, key: str, info: KeyInfo, *, pinned: bool = False) -> None:
         self.ctx = ctx
         # the key is kept as its directory's prefix (shared) and the listing's name (shared)
         prefix, _, name = key.rpartition("/")
         self.prefix = prefix + "/" if prefix else ""
         self.name = name
-        self.listing = listing  # the parent's listing, for walking siblings ahead
         self._info = info  # size, mtime and version (S3's ETag: reads are pinned to it)
         self._pinned = pinned
         self._epoch = self._born = ctx.epoch(key)
-        self._ahead: ReadAhead | None = None  # made by the first read that wants it
-        self.direct_io = False
 
     @classmethod
     def child(cls, ctx: MountContext, prefix: str, name: str, listing: Listing) -> RawFile:
         """The file ``name`` of ``listing``, the directory ``prefix``: its strings are shared."""
         node = cls.__new__(cls)
-        node.ctx, node.prefix, node.name, node.listing = ctx, prefix, name, listing
+        node.ctx, node.prefix, node.name = ctx, prefix, name
         node._info = listing.keys[name]
         node._pinned = False
         node._epoch = node._born = ctx.epoch(prefix + name)
-        node._ahead = None
-        node.direct_io = False
         return node
 
     @property
@@ -129,14 +123,12 @@ class RawFile(FileNode):
             # for it may be another version's, so the reader reads to its own end
             node.direct_io = self._epoch != self._born
             return node
-        if self._info.version is None and not staged:  # zip: the same bytes, read ahead for this open
-            mine = copy.copy(self)
-            mine._ahead = self._read_ahead()
-            return mine
-        pinned = RawFile(self.ctx, self.key, self._info, self.listing, pinned=True)
-        pinned._epoch = self._epoch
-        pinned.direct_io = staged
-        return pinned
+        # zip: the same bytes, following writes as this node does; else pinned to this version
+        mine = RawReader(self.ctx, self.key, self._info,
+                         pinned=self._pinned or self._info.version is not None or staged)
+        mine._epoch, mine._born = self._epoch, self._born
+        mine.direct_io = staged
+        return mine
 
     @property
     def size(self) -> int:
@@ -223,9 +215,7 @@ class RawFile(FileNode):
             return await self._get_range(offset, end - offset)
         if offset == 0:
             self._siblings_ahead()
-        if self._ahead is None:
-            self._ahead = self._read_ahead()
-        ahead = self._ahead.advise(offset, end, size)
+        ahead = self._ahead.advise(offset, end, size) if self._ahead is not None else None
         if ahead is not None:
             for n in range(ahead[0] // bs, (ahead[1] - 1) // bs + 1):
                 if not self.ctx.prefetch(bs, self._block, n, True):
@@ -248,8 +238,8 @@ class RawFile(FileNode):
         tree = self.ctx.listings.peek(("tree",))
         if tree:
             scope, source = "", tree
-        elif self.listing is not None:
-            scope, source = self.key.rpartition("/")[0], self.listing
+        elif (listing := self.ctx.listings.peek(self.prefix)) is not None:
+            scope, source = self.prefix.rstrip("/"), listing
         else:
             return
         walk = self.ctx.walks.get(scope)
@@ -262,6 +252,18 @@ class RawFile(FileNode):
             node = RawFile(self.ctx, key, info)
             if not self.ctx.prefetch(min(info.size, self.ctx.store.block_size), node._block, 0, True):
                 break
+
+
+class RawReader(RawFile):
+    """One open of a RawFile: with its own read-ahead, and direct_io when its bytes are not
+    what the kernel caches (staged writes on S3)."""
+
+    __slots__ = ("_ahead", "direct_io")
+
+    def __init__(self, ctx: MountContext, key: str, info: KeyInfo, *, pinned: bool = False) -> None:
+        super().__init__(ctx, key, info, pinned=pinned)
+        self._ahead = self._read_ahead()
+        self.direct_io = False
 
 
 class LocalReader(FileNode):
@@ -451,7 +453,7 @@ class RawDir(DirNode):
         info = KeyInfo(0, time.time())
         self.ctx.listing_put(key, info)
         self.ctx.note_write(key, info)
-        return RawFile(self.ctx, key, info, listing), handle
+        return RawFile(self.ctx, key, info), handle
 
     async def mkdir(self, name: str) -> DirNode:
         key = self._key(name)
@@ -548,7 +550,7 @@ class RawDir(DirNode):
         info = KeyInfo(node.size, node.mtime)
         self.ctx.listing_put(dst, info)
         self.ctx.note_write(dst, info)
-        return RawFile(self.ctx, dst, info, listing)
+        return RawFile(self.ctx, dst, info)
 
     async def set_mtime(self, mtime: float) -> None:
         if not self.writable:
