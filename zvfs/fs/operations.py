@@ -35,6 +35,7 @@ import logging
 import os
 import time
 from array import array
+from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -89,7 +90,7 @@ class ZvfsOperations(pyfuse3.Operations):
         #: the name each number was given under, and its parent: kept after an unbind, so an
         #: open of a removed name is told ESTALE
         self._root = root
-        self._parent_of = array("q", [0])
+        self._parent_of = array("I", [0])  # 4 bytes: past 2**32 inodes the mount fails EIO
         self._name_at: list[str] = [""]
         #: the node the kernel knows the number by (None once it forgets it)
         self._node_at: list[Node | None] = [root]
@@ -97,7 +98,14 @@ class ZvfsOperations(pyfuse3.Operations):
         self._lookups = array("q", [0])
         #: the size the kernel knows (our last answer, or what was written through it); -1: none
         self._told = array("q", [-1])
-        #: parent inode -> name -> inode: the live bindings
+        # the live bindings (parent, name) -> inode. Most are made by an opendir, which
+        # numbers the names it meets first in sorted order: one run per directory, a list of
+        # names (8 bytes a name) searched by bisection; the others one by one in a dict
+        #: parent inode -> runs (first inode, sorted names): names[i] is inode first + i ...
+        self._runs: dict[int, list[tuple[int, list[str]]]] = {}
+        #: ... unless removed or replaced through the mount since
+        self._unbound: set[int] = set()
+        #: parent inode -> name -> inode: the bindings made one at a time
         self._ino_of: dict[int, dict[str, int]] = {}
         self._dir_handles: dict[int, list[tuple[str, int, Node]]] = {}
         self._next_fh = itertools.count(1)
@@ -126,32 +134,83 @@ class ZvfsOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOENT)
         return node
 
+    def _find(self, parent: int, name: str) -> int | None:
+        """The inode bound to ``name`` under ``parent``, or None."""
+        names = self._ino_of.get(parent)
+        if names:
+            ino = names.get(name)
+            if ino is not None:
+                return ino
+        for first, run in self._runs.get(parent, ()):
+            i = bisect_left(run, name)
+            if i < len(run) and run[i] == name and first + i not in self._unbound:
+                return first + i
+        return None
+
+    def _pop(self, parent: int, name: str) -> int | None:
+        """Unbind ``name`` under ``parent``: its inode, or None if it had none."""
+        names = self._ino_of.get(parent)
+        if names and name in names:
+            return names.pop(name)
+        ino = self._find(parent, name)
+        if ino is not None:
+            self._unbound.add(ino)
+        return ino
+
+    def _bound_children(self, parent: int) -> list[int]:
+        """The inodes bound under ``parent``."""
+        inos = list(self._ino_of.get(parent, {}).values())
+        for first, run in self._runs.get(parent, ()):
+            inos.extend(i for i in range(first, first + len(run)) if i not in self._unbound)
+        return inos
+
+    def _new(self, parent: int, name: str, node: Node | None) -> int:
+        """A new inode number for ``name`` under ``parent`` (not bound here: the caller does)."""
+        ino = ROOT + len(self._node_at)
+        self._parent_of.append(parent)
+        self._name_at.append(name)
+        self._node_at.append(node)
+        self._lookups.append(0)
+        self._told.append(-1)
+        if parent in self._derived:
+            self._derived.add(ino)
+        elif parent in self._toward_derived:
+            path = self._child_path(parent, name)
+            if path.startswith(self._derived_prefixes):
+                self._derived.add(ino)
+            elif any(p.startswith(path + "/") for p in self._derived_prefixes):
+                self._toward_derived.add(ino)
+        return ino
+
     def _remember(self, parent: int, name: str, node: Node, count: bool = True) -> int:
         """Inode for ``name`` under ``parent``: the same number every time."""
-        names = self._ino_of.get(parent)
-        if names is None:
-            names = self._ino_of[parent] = {}
-        ino = names.get(name)
+        ino = self._find(parent, name)
         if ino is None:
-            ino = names[name] = ROOT + len(self._node_at)
-            self._parent_of.append(parent)
-            self._name_at.append(name)
-            self._node_at.append(node)
-            self._lookups.append(0)
-            self._told.append(-1)
-            if parent in self._derived:
-                self._derived.add(ino)
-            elif parent in self._toward_derived:
-                path = self._child_path(parent, name)
-                if path.startswith(self._derived_prefixes):
-                    self._derived.add(ino)
-                elif any(p.startswith(path + "/") for p in self._derived_prefixes):
-                    self._toward_derived.add(ino)
+            ino = self._new(parent, name, node)
+            self._ino_of.setdefault(parent, {})[name] = ino
         else:
             self._node_at[ino - ROOT] = node
         if count:
             self._lookups[ino - ROOT] += 1
         return ino
+
+    def _remember_all(self, parent: int, entries: Sequence[tuple[str, Node]]) -> list[int]:
+        """Inodes for a directory's ``entries``: the names never met before are numbered as
+        one run, in sorted order."""
+        found = [self._find(parent, name) for name, _ in entries]
+        new = sorted({name for (name, _), ino in zip(entries, found, strict=True) if ino is None})
+        if new:
+            first = ROOT + len(self._node_at)
+            for name in new:
+                self._new(parent, name, None)
+            self._runs.setdefault(parent, []).append((first, new))
+        inos = []
+        for (name, node), ino in zip(entries, found, strict=True):
+            if ino is None:
+                ino = first + bisect_left(new, name)
+            self._node_at[ino - ROOT] = node
+            inos.append(ino)
+        return inos
 
     def _path(self, ino: int) -> str:
         """The path ``ino`` was last bound to (for log lines): walked up its parents."""
@@ -166,7 +225,7 @@ class ZvfsOperations(pyfuse3.Operations):
         i = ino - ROOT
         if not 0 < i < len(self._name_at):
             return False
-        return self._ino_of.get(self._parent_of[i], {}).get(self._name_at[i]) == ino
+        return self._find(self._parent_of[i], self._name_at[i]) == ino
 
     def _attrs(self, ino: int, node: Node) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()
@@ -274,8 +333,7 @@ class ZvfsOperations(pyfuse3.Operations):
         # lookup reference for them (fuse_direntplus_link skips them), so neither do we
         above = self._known(parent)
         snapshot = [(".", inode, node), ("..", parent, node if above is None else above)]
-        for name, child in entries:
-            ino = self._remember(inode, name, child, count=False)
+        for (name, child), ino in zip(entries, self._remember_all(inode, entries), strict=True):
             snapshot.append((name, ino, child))
         self._dir_handles[fh] = snapshot
         return fh
@@ -501,7 +559,7 @@ class ZvfsOperations(pyfuse3.Operations):
         what = f"rename {self._child_path(parent_inode_old, old)} -> {self._child_path(parent_inode_new, new)}"
         await self._call(what, src.rename(old, dst, new, not flags & _RENAME_NOREPLACE))
         self._unbind(parent_inode_new, new)
-        ino = self._ino_of.get(parent_inode_old, {}).pop(old, None)
+        ino = self._pop(parent_inode_old, old)
         if ino is None:
             return
         # the number moves with the entry (the kernel moved its dentry), and so do the names
@@ -511,11 +569,11 @@ class ZvfsOperations(pyfuse3.Operations):
         moved = await dst.lookup(new)
         if moved is not None:
             self._node_at[ino - ROOT] = moved
-        below = list(self._ino_of.get(ino, {}).values())
+        below = self._bound_children(ino)
         while below:  # a node below a moved directory names its old key: made anew
             i = below.pop()
             self._node_at[i - ROOT] = None
-            below.extend(self._ino_of.get(i, {}).values())
+            below.extend(self._bound_children(i))
 
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx):  # type: ignore[no-untyped-def,override]
         self._counters.add("fuse_ops_link")
@@ -536,7 +594,7 @@ class ZvfsOperations(pyfuse3.Operations):
 
     def _unbind(self, parent: int, name: str) -> None:
         """The entry ``name`` is gone or replaced: a new one there gets a new inode number."""
-        ino = self._ino_of.get(parent, {}).pop(name, None)
+        ino = self._pop(parent, name)
         if ino is not None:
             self._page_epochs.pop(ino, None)
             node = self._node_at[ino - ROOT]
