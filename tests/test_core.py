@@ -8,6 +8,7 @@ test_mount_decoded.py.
 
 from __future__ import annotations
 
+import errno
 import math
 from pathlib import Path
 
@@ -290,5 +291,42 @@ def test_inodes_are_stable_per_name_and_nodes_go_when_the_kernel_forgets_them(tm
         await ops.release(fh)
         with pytest.raises(pyfuse3.FUSEError):
             await ops.read(fh, 0, 1)  # a released handle is gone
+
+    trio.run(main)
+
+
+def test_inode_numbers_from_listings_and_lookups_agree_and_stay(tmp_path):
+    """A directory's names are numbered in one run at its first listing; a name looked up
+    before, or added after, keeps its own number; a removed name's number never comes back,
+    and an open of it is told ESTALE."""
+    files = {name: BytesFile(name.encode()) for name in ("m", "b", "z", "a")}
+    d = StaticDir(dict(files))
+    ops = ZvfsOperations(StaticDir({"d": d}), MountContext(store=DirectoryStore(tmp_path)))
+
+    async def listed(ino: int) -> dict[str, int]:
+        fh = await ops.opendir(ino, None)
+        names = {name: n for name, n, _ in ops._dir_handles[fh] if name not in (".", "..")}
+        await ops.releasedir(fh)
+        return names
+
+    async def main() -> None:
+        dino = (await ops.lookup(pyfuse3.ROOT_INODE, b"d")).st_ino
+        m = (await ops.lookup(dino, b"m")).st_ino
+        first = await listed(dino)
+        assert sorted(first) == sorted(files) and first["m"] == m
+        assert len(set(first.values()) | {dino, pyfuse3.ROOT_INODE}) == len(files) + 2
+        for name, ino in first.items():
+            assert (await ops.lookup(dino, name.encode())).st_ino == ino
+        d.entries["c"] = BytesFile(b"c")
+        second = await listed(dino)
+        assert {k: v for k, v in second.items() if k != "c"} == first
+        assert second["c"] not in first.values()
+        ops._unbind(dino, "b")  # as unlink does
+        with pytest.raises(pyfuse3.FUSEError) as stale:
+            await ops.open(first["b"], 0, None)
+        assert stale.value.errno == errno.ESTALE
+        again = (await ops.lookup(dino, b"b")).st_ino
+        assert again not in second.values()
+        assert (await listed(dino)) == {**second, "b": again}
 
     trio.run(main)

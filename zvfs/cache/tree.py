@@ -9,7 +9,7 @@ per-directory listings.
 
 from __future__ import annotations
 
-from zvfs.stores.base import Listing, Store
+from zvfs.stores.base import KeyInfo, Listing, Store
 
 
 def build_tree_index(store: Store, limit: int) -> dict[str, Listing] | None:
@@ -17,17 +17,31 @@ def build_tree_index(store: Store, limit: int) -> dict[str, Listing] | None:
 
     Blocking: run it in a worker thread. Names are not filtered here; the raw
     view skips (and logs) those that cannot be paths, as it does for any listing.
+    The index is held for the mount's life, so it is kept small: the keys of one
+    upload share a few modification times (S3 keeps seconds), kept once each.
     """
     index: dict[str, Listing] = {"": Listing()}
+    mtimes: dict[float, float] = {}
+    last_prefix, listing = "", index[""]
     for n, (key, info) in enumerate(store.list_tree("")):
         if n >= limit:
             return None
-        parts = key.split("/")
-        prefix = ""
-        for part in parts[:-1]:
-            index.setdefault(prefix, Listing()).prefixes.add(part)
-            prefix += part + "/"
-            index.setdefault(prefix, Listing())
-        if parts[-1] or len(parts) == 1:
-            index.setdefault(prefix, Listing()).keys[parts[-1]] = info
+        prefix = key[: key.rfind("/") + 1]  # '' or 'a/b/'
+        if prefix != last_prefix:  # keys come sorted: most share the last key's directory
+            last_prefix, listing = prefix, index.get(prefix) or _add_dir(index, prefix)
+        name = key[len(prefix):]
+        if name or not prefix:  # 'a/b/' (a directory marker) is no key of its own
+            mtime = mtimes.setdefault(info.mtime, info.mtime)
+            if mtime is not info.mtime:
+                info = KeyInfo(info.size, mtime, info.version)
+            listing.keys[name] = info
     return index
+
+
+def _add_dir(index: dict[str, Listing], prefix: str) -> Listing:
+    """The listing of ``prefix`` (ending in '/'), made with its parents as needed."""
+    listing = index[prefix] = Listing()
+    cut = prefix.rfind("/", 0, len(prefix) - 1) + 1
+    parent_prefix, name = prefix[:cut], prefix[cut:-1]
+    (index.get(parent_prefix) or _add_dir(index, parent_prefix)).prefixes.add(name)
+    return listing

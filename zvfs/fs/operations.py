@@ -34,6 +34,8 @@ import itertools
 import logging
 import os
 import time
+from array import array
+from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -82,21 +84,38 @@ class ZvfsOperations(pyfuse3.Operations):
         self._counters = ctx.counters
         self._log_once = ctx.log_once
         self._usage = usage
-        self._nodes: dict[int, Node] = {ROOT: root}
-        self._paths: dict[int, str] = {ROOT: "/"}
-        self._ino_of: dict[tuple[int, str], int] = {}
-        self._name_of: dict[int, tuple[int, str]] = {}
-        self._lookups: dict[int, int] = {}
-        self._next_ino = itertools.count(ROOT + 1)
+        # the inode table, compact for stores of millions of keys: inode numbers are dealt
+        # out in order and never reused, so per-inode facts are arrays indexed by
+        # ino - ROOT; the names are the listings' own strings, shared
+        #: the name each number was given under, and its parent: kept after an unbind, so an
+        #: open of a removed name is told ESTALE
+        self._root = root
+        self._parent_of = array("I", [0])  # 4 bytes: past 2**32 inodes the mount fails EIO
+        self._name_at: list[str] = [""]
+        #: the node the kernel knows the number by (None once it forgets it)
+        self._node_at: list[Node | None] = [root]
+        #: the kernel's lookup count
+        self._lookups = array("q", [0])
+        #: the size the kernel knows (our last answer, or what was written through it); -1: none
+        self._told = array("q", [-1])
+        # the live bindings (parent, name) -> inode. Most are made by an opendir, which
+        # numbers the names it meets first in sorted order: one run per directory, a list of
+        # names (8 bytes a name) searched by bisection; the others one by one in a dict
+        #: parent inode -> runs (first inode, sorted names): names[i] is inode first + i ...
+        self._runs: dict[int, list[tuple[int, list[str]]]] = {}
+        #: ... unless removed or replaced through the mount since
+        self._unbound: set[int] = set()
+        #: parent inode -> name -> inode: the bindings made one at a time
+        self._ino_of: dict[int, dict[str, int]] = {}
         self._dir_handles: dict[int, list[tuple[str, int, Node]]] = {}
         self._next_fh = itertools.count(1)
         #: inode -> (node version, monotonic time) of the kernel's cached pages
         self._page_epochs: dict[int, tuple[object, float]] = {}
         self._files: dict[int, _Open] = {}
-        #: inode -> the size the kernel knows (our last answer, or what was written through it)
-        self._told: dict[int, int] = {}
         self._derived_prefixes = tuple(derived)
         self._derived: set[int] = set()
+        #: directories whose path leads to a derived prefix (the root, '/.zvfs')
+        self._toward_derived: set[int] = {ROOT} if self._derived_prefixes else set()
         self._invalidating = False
         self._invalidate_again = False
         self._uid = os.getuid()
@@ -104,27 +123,109 @@ class ZvfsOperations(pyfuse3.Operations):
 
     # -- inode table ---------------------------------------------------------
 
+    def _known(self, ino: int) -> Node | None:
+        """The node of ``ino`` while the kernel knows it, else None."""
+        i = ino - ROOT
+        return self._node_at[i] if 0 <= i < len(self._node_at) else None
+
     def _node(self, ino: int) -> Node:
-        node = self._nodes.get(ino)
+        node = self._known(ino)
         if node is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         return node
 
+    def _find(self, parent: int, name: str) -> int | None:
+        """The inode bound to ``name`` under ``parent``, or None."""
+        names = self._ino_of.get(parent)
+        if names:
+            ino = names.get(name)
+            if ino is not None:
+                return ino
+        for first, run in self._runs.get(parent, ()):
+            i = bisect_left(run, name)
+            if i < len(run) and run[i] == name and first + i not in self._unbound:
+                return first + i
+        return None
+
+    def _pop(self, parent: int, name: str) -> int | None:
+        """Unbind ``name`` under ``parent``: its inode, or None if it had none."""
+        names = self._ino_of.get(parent)
+        if names and name in names:
+            return names.pop(name)
+        ino = self._find(parent, name)
+        if ino is not None:
+            self._unbound.add(ino)
+        return ino
+
+    def _bound_children(self, parent: int) -> list[int]:
+        """The inodes bound under ``parent``."""
+        inos = list(self._ino_of.get(parent, {}).values())
+        for first, run in self._runs.get(parent, ()):
+            inos.extend(i for i in range(first, first + len(run)) if i not in self._unbound)
+        return inos
+
+    def _new(self, parent: int, name: str, node: Node | None) -> int:
+        """A new inode number for ``name`` under ``parent`` (not bound here: the caller does)."""
+        ino = ROOT + len(self._node_at)
+        self._parent_of.append(parent)
+        self._name_at.append(name)
+        self._node_at.append(node)
+        self._lookups.append(0)
+        self._told.append(-1)
+        if parent in self._derived:
+            self._derived.add(ino)
+        elif parent in self._toward_derived:
+            path = self._child_path(parent, name)
+            if path.startswith(self._derived_prefixes):
+                self._derived.add(ino)
+            elif any(p.startswith(path + "/") for p in self._derived_prefixes):
+                self._toward_derived.add(ino)
+        return ino
+
     def _remember(self, parent: int, name: str, node: Node, count: bool = True) -> int:
         """Inode for ``name`` under ``parent``: the same number every time."""
-        key = (parent, name)
-        ino = self._ino_of.get(key)
+        ino = self._find(parent, name)
         if ino is None:
-            ino = next(self._next_ino)
-            self._ino_of[key] = ino
-            self._name_of[ino] = key
-            path = self._paths[ino] = self._child_path(parent, name)
-            if self._derived_prefixes and path.startswith(self._derived_prefixes):
-                self._derived.add(ino)
-        self._nodes[ino] = node
+            ino = self._new(parent, name, node)
+            self._ino_of.setdefault(parent, {})[name] = ino
+        else:
+            self._node_at[ino - ROOT] = node
         if count:
-            self._lookups[ino] = self._lookups.get(ino, 0) + 1
+            self._lookups[ino - ROOT] += 1
         return ino
+
+    def _remember_all(self, parent: int, entries: Sequence[tuple[str, Node]]) -> list[int]:
+        """Inodes for a directory's ``entries``: the names never met before are numbered as
+        one run, in sorted order."""
+        found = [self._find(parent, name) for name, _ in entries]
+        new = sorted({name for (name, _), ino in zip(entries, found, strict=True) if ino is None})
+        if new:
+            first = ROOT + len(self._node_at)
+            for name in new:
+                self._new(parent, name, None)
+            self._runs.setdefault(parent, []).append((first, new))
+        inos = []
+        for (name, node), ino in zip(entries, found, strict=True):
+            if ino is None:
+                ino = first + bisect_left(new, name)
+            self._node_at[ino - ROOT] = node
+            inos.append(ino)
+        return inos
+
+    def _path(self, ino: int) -> str:
+        """The path ``ino`` was last bound to (for log lines): walked up its parents."""
+        parts = []
+        while ino != ROOT and 0 < ino - ROOT < len(self._name_at):
+            parts.append(self._name_at[ino - ROOT])
+            ino = self._parent_of[ino - ROOT]
+        return "/" + "/".join(reversed(parts))
+
+    def _bound(self, ino: int) -> bool:
+        """True while ``ino``'s name still names it (not removed or replaced through the mount)."""
+        i = ino - ROOT
+        if not 0 < i < len(self._name_at):
+            return False
+        return self._find(self._parent_of[i], self._name_at[i]) == ino
 
     def _attrs(self, ino: int, node: Node) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()
@@ -139,7 +240,8 @@ class ZvfsOperations(pyfuse3.Operations):
         a.st_rdev = 0
         if isinstance(node, FileNode):
             a.st_nlink = 1
-            a.st_size = self._told[ino] = node.size
+            a.st_size = node.size
+            self._told[ino - ROOT] = a.st_size
         else:
             a.st_nlink = 2
             a.st_size = 0
@@ -149,23 +251,26 @@ class ZvfsOperations(pyfuse3.Operations):
         a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = ns
         return a
 
-    async def _call(self, what: str, coro):  # type: ignore[no-untyped-def]
-        """Await a node call; map its failure to one errno and one log line."""
-        op = what.split(" ", 1)[0]
+    async def _call(self, what: str | Callable[[], str], coro):  # type: ignore[no-untyped-def]
+        """Await a node call; map its failure to one errno and one log line.
+
+        ``what`` ('lookup /a/b') may be a function making it: paths are made only for errors."""
         try:
             return await coro
         except pyfuse3.FUSEError:
-            self._counters.add(f"fuse_errors_{op}")
+            self._counters.add(f"fuse_errors_{_op(what)}")
             raise
         except NodeError as exc:
             if exc.errno != errno.ENOENT:
-                self._counters.add(f"fuse_errors_{op}")
+                what = what() if callable(what) else what
+                self._counters.add(f"fuse_errors_{_op(what)}")
                 self._counters.note_error(f"{what}: {exc}")
                 if exc.key is None or self._log_once.first(exc.key):
                     log.error("%s: %s", what, exc)
             raise pyfuse3.FUSEError(exc.errno) from None
         except Exception as exc:  # noqa: BLE001 - one bad file must not take the daemon down
-            self._counters.add(f"fuse_errors_{op}")
+            what = what() if callable(what) else what
+            self._counters.add(f"fuse_errors_{_op(what)}")
             self._counters.note_error(f"{what}: {type(exc).__name__}: {exc}")
             log.error("%s: %s: %s", what, type(exc).__name__, exc)
             raise pyfuse3.FUSEError(errno.EIO) from None
@@ -183,8 +288,8 @@ class ZvfsOperations(pyfuse3.Operations):
         parent = self._node(parent_inode)
         if not isinstance(parent, DirNode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
-        path = self._child_path(parent_inode, sname)
-        child = await self._call(f"lookup {path}", parent.lookup(sname))
+        child = await self._call(lambda: f"lookup {self._child_path(parent_inode, sname)}",
+                                 parent.lookup(sname))
         if child is None:
             neg = pyfuse3.EntryAttributes()
             neg.st_ino = 0
@@ -200,16 +305,19 @@ class ZvfsOperations(pyfuse3.Operations):
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for ino, n in inode_list:
-            left = self._lookups.get(ino, 0) - n
-            if left > 0:
-                self._lookups[ino] = left
+            i = ino - ROOT
+            if not 0 <= i < len(self._node_at):
                 continue
-            self._lookups.pop(ino, None)
+            left = self._lookups[i] - n
+            if left > 0:
+                self._lookups[i] = left
+                continue
+            self._lookups[i] = 0
             self._page_epochs.pop(ino, None)  # the kernel's inode, and its pages, are gone
-            self._told.pop(ino, None)
+            self._told[i] = -1
             if ino != ROOT:
-                # the number stays bound to its path (_ino_of); only the node object goes
-                self._nodes.pop(ino, None)
+                # the number stays bound to its name (_ino_of); only the node object goes
+                self._node_at[i] = None
 
     # -- directories ---------------------------------------------------------
 
@@ -218,14 +326,14 @@ class ZvfsOperations(pyfuse3.Operations):
         node = self._node(inode)
         if not isinstance(node, DirNode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
-        entries = await self._call(f"readdir {self._paths[inode]}", node.children())
+        entries = await self._call(lambda: f"readdir {self._path(inode)}", node.children())
         fh = next(self._next_fh)
         parent = self._parent(inode)
         # '.' and '..' come first, as on every POSIX file system; the kernel takes no
         # lookup reference for them (fuse_direntplus_link skips them), so neither do we
-        snapshot = [(".", inode, node), ("..", parent, self._nodes.get(parent, node))]
-        for name, child in entries:
-            ino = self._remember(inode, name, child, count=False)
+        above = self._known(parent)
+        snapshot = [(".", inode, node), ("..", parent, node if above is None else above)]
+        for (name, child), ino in zip(entries, self._remember_all(inode, entries), strict=True):
             snapshot.append((name, ino, child))
         self._dir_handles[fh] = snapshot
         return fh
@@ -242,8 +350,9 @@ class ZvfsOperations(pyfuse3.Operations):
                 return
             if name in (".", ".."):
                 continue
-            self._lookups[ino] = self._lookups.get(ino, 0) + 1
-            self._nodes.setdefault(ino, node)  # it may have been forgotten since opendir
+            self._lookups[ino - ROOT] += 1
+            if self._node_at[ino - ROOT] is None:  # it may have been forgotten since opendir
+                self._node_at[ino - ROOT] = node
 
     async def releasedir(self, fh: int) -> None:
         self._dir_handles.pop(fh, None)
@@ -255,7 +364,7 @@ class ZvfsOperations(pyfuse3.Operations):
         node = self._node(inode)
         if not isinstance(node, FileNode):
             raise pyfuse3.FUSEError(errno.EISDIR)
-        if self._ino_of.get(self._name_of.get(inode, (0, ""))) != inode:
+        if not self._bound(inode):
             # its name was removed or replaced through the mount after the kernel looked it
             # up: ESTALE makes the kernel look the path up again and open what is there now
             raise pyfuse3.FUSEError(errno.ESTALE)
@@ -264,11 +373,11 @@ class ZvfsOperations(pyfuse3.Operations):
             if not node.writable:
                 raise pyfuse3.FUSEError(errno.EROFS)
             truncate = bool(flags & os.O_TRUNC)
-            handle = await self._call(f"open {self._paths.get(inode)}", node.open_write(truncate))
+            handle = await self._call(lambda: f"open {self._path(inode)}", node.open_write(truncate))
             keep = self._keep_pages(inode, node)
         else:
             node.opened()
-            node = await self._call(f"open {self._paths.get(inode)}", node.reader())
+            node = await self._call(lambda: f"open {self._path(inode)}", node.reader())
             # after reader(): the pages kept are those of the content this open reads
             before = self._page_epochs.get(inode)
             keep = self._keep_pages(inode, node)
@@ -280,7 +389,7 @@ class ZvfsOperations(pyfuse3.Operations):
         # unpadded, unmixed
         direct = node.direct_io or (handle is not None and handle.direct_io)
         if handle is None and not direct:
-            direct = node.size != self._told.get(inode) or (
+            direct = node.size != self._told[inode - ROOT] or (
                 before is not None and not keep and before[0] != node.version())
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep and not direct, direct_io=direct)
 
@@ -309,7 +418,7 @@ class ZvfsOperations(pyfuse3.Operations):
         if f is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         source = f.handle if f.handle is not None else f.node
-        data = await self._call(f"read {self._paths.get(f.ino, f.ino)}", source.read(off, size))
+        data = await self._call(lambda: f"read {self._path(f.ino)}", source.read(off, size))
         self._counters.add("fuse_read_requests")
         self._counters.add("fuse_read_bytes", data.nbytes if isinstance(data, memoryview) else len(data))
         return data  # any contiguous buffer: pyfuse3 replies from it without a copy
@@ -322,7 +431,7 @@ class ZvfsOperations(pyfuse3.Operations):
             f.node.released()
         else:
             try:
-                await self._call(f"release {self._paths.get(f.ino, f.ino)}", f.handle.release())
+                await self._call(lambda: f"release {self._path(f.ino)}", f.handle.release())
             except pyfuse3.FUSEError:
                 pass  # logged; release has no one to tell
 
@@ -336,13 +445,13 @@ class ZvfsOperations(pyfuse3.Operations):
         s = pyfuse3.StatvfsData()
         s.f_bsize = 1 << 20  # the preferred I/O size
         s.f_frsize = STATFS_BLOCK
-        if free == 0 and self._nodes[ROOT].writable:
+        if free == 0 and self._root.writable:
             free = _UNBOUNDED_FREE  # S3: no bound but staging's, which ENOSPC reports
         s.f_bfree = s.f_bavail = free // STATFS_BLOCK
         # at least one block even when empty: df leaves out file systems of size 0
         s.f_blocks = max(1, -(-used // STATFS_BLOCK) + s.f_bfree)
-        s.f_files = len(self._paths)
-        s.f_ffree = s.f_favail = (1 << 32) if self._nodes[ROOT].writable else 0
+        s.f_files = len(self._node_at)
+        s.f_ffree = s.f_favail = (1 << 32) if self._root.writable else 0
         s.f_namemax = 255
         return s
 
@@ -364,16 +473,17 @@ class ZvfsOperations(pyfuse3.Operations):
         return node
 
     def _child_path(self, parent: int, name: str) -> str:
-        return self._paths.get(parent, "/").rstrip("/") + "/" + name
+        return self._path(parent).rstrip("/") + "/" + name
 
     def _parent(self, ino: int) -> int:
-        return self._name_of.get(ino, (ROOT, ""))[0]
+        i = ino - ROOT
+        return self._parent_of[i] if 0 < i < len(self._parent_of) else ROOT
 
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx):  # type: ignore[no-untyped-def,override]
         self._counters.add("fuse_ops_create")
         sname = os.fsdecode(name)
         parent = self._dir(parent_inode)
-        node, handle = await self._call(f"create {self._child_path(parent_inode, sname)}",
+        node, handle = await self._call(lambda: f"create {self._child_path(parent_inode, sname)}",
                                         parent.create(sname, mode, bool(flags & os.O_EXCL)))
         self._unbind(parent_inode, sname)
         ino = self._remember(parent_inode, sname, node)
@@ -385,7 +495,7 @@ class ZvfsOperations(pyfuse3.Operations):
         self._counters.add("fuse_ops_write")
         f = self._files.get(fh)
         handle = self._handle(fh)
-        return await self._call(f"write {self._paths.get(f.ino) if f else fh}", handle.write(off, buf))
+        return await self._call(lambda: f"write {self._path(f.ino) if f else fh}", handle.write(off, buf))
 
     async def flush(self, fh: int) -> None:
         """close(): a write that could not be stored is the application's error here."""
@@ -393,20 +503,20 @@ class ZvfsOperations(pyfuse3.Operations):
         if f is None or f.handle is None:
             return
         self._counters.add("fuse_ops_flush")
-        await self._call(f"flush {self._paths.get(f.ino)}", f.handle.flush())
-        self._told[f.ino] = f.handle.size  # the kernel's size: what was written through it
+        await self._call(lambda: f"flush {self._path(f.ino)}", f.handle.flush())
+        self._told[f.ino - ROOT] = f.handle.size  # the kernel's size: what was written through it
 
     async def fsync(self, fh: int, datasync: bool) -> None:
         self._counters.add("fuse_ops_fsync")
         f = self._files.get(fh)
         if f is None or f.handle is None:
             return
-        await self._call(f"fsync {self._paths.get(f.ino)}", f.handle.flush(durable=True))
+        await self._call(lambda: f"fsync {self._path(f.ino)}", f.handle.flush(durable=True))
 
     async def setattr(self, inode: int, attr, fields, fh, ctx):  # type: ignore[no-untyped-def,override]
         self._counters.add("fuse_ops_setattr")
         node = self._node(inode)
-        path = self._paths.get(inode)
+        path = self._path(inode)
         if not node.writable:
             raise pyfuse3.FUSEError(errno.EROFS)
         if fields.update_size:
@@ -426,7 +536,7 @@ class ZvfsOperations(pyfuse3.Operations):
         self._counters.add("fuse_ops_mkdir")
         sname = os.fsdecode(name)
         parent = self._dir(parent_inode)
-        node = await self._call(f"mkdir {self._child_path(parent_inode, sname)}", parent.mkdir(sname))
+        node = await self._call(lambda: f"mkdir {self._child_path(parent_inode, sname)}", parent.mkdir(sname))
         self._unbind(parent_inode, sname)
         return self._attrs(self._remember(parent_inode, sname, node), node)
 
@@ -440,7 +550,7 @@ class ZvfsOperations(pyfuse3.Operations):
         self._counters.add(f"fuse_ops_{op}")
         parent = self._dir(parent_inode)
         remove = parent.unlink if op == "unlink" else parent.rmdir
-        await self._call(f"{op} {self._child_path(parent_inode, name)}", remove(name))
+        await self._call(lambda: f"{op} {self._child_path(parent_inode, name)}", remove(name))
         self._unbind(parent_inode, name)
 
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,  # type: ignore[override]
@@ -453,21 +563,21 @@ class ZvfsOperations(pyfuse3.Operations):
         what = f"rename {self._child_path(parent_inode_old, old)} -> {self._child_path(parent_inode_new, new)}"
         await self._call(what, src.rename(old, dst, new, not flags & _RENAME_NOREPLACE))
         self._unbind(parent_inode_new, new)
-        ino = self._ino_of.pop((parent_inode_old, old), None)
+        ino = self._pop(parent_inode_old, old)
         if ino is None:
             return
-        # the number moves with the entry (the kernel moved its dentry), and so do the paths below
-        self._ino_of[(parent_inode_new, new)] = ino
-        self._name_of[ino] = (parent_inode_new, new)
-        old_path, new_path = self._paths[ino], self._child_path(parent_inode_new, new)
+        # the number moves with the entry (the kernel moved its dentry), and so do the names
+        # below it, which hang from it
+        self._ino_of.setdefault(parent_inode_new, {})[new] = ino
+        self._parent_of[ino - ROOT], self._name_at[ino - ROOT] = parent_inode_new, new
         moved = await dst.lookup(new)
         if moved is not None:
-            self._nodes[ino] = moved
-        for i, p in list(self._paths.items()):
-            if p == old_path or p.startswith(old_path + "/"):
-                self._paths[i] = new_path + p[len(old_path):]
-                if i != ino:  # a node below a moved directory names its old key: made anew
-                    self._nodes.pop(i, None)
+            self._node_at[ino - ROOT] = moved
+        below = self._bound_children(ino)
+        while below:  # a node below a moved directory names its old key: made anew
+            i = below.pop()
+            self._node_at[i - ROOT] = None
+            below.extend(self._bound_children(i))
 
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx):  # type: ignore[no-untyped-def,override]
         self._counters.add("fuse_ops_link")
@@ -476,22 +586,22 @@ class ZvfsOperations(pyfuse3.Operations):
         parent = self._dir(new_parent_inode)
         if not isinstance(node, FileNode):
             raise pyfuse3.FUSEError(errno.EPERM)
-        made = await self._call(f"link {self._child_path(new_parent_inode, sname)}", parent.link(node, sname))
+        made = await self._call(lambda: f"link {self._child_path(new_parent_inode, sname)}", parent.link(node, sname))
         self._unbind(new_parent_inode, sname)
         return self._attrs(self._remember(new_parent_inode, sname, made), made)
 
     async def symlink(self, *args: object, **kwargs: object) -> None:
-        raise pyfuse3.FUSEError(errno.EPERM if self._nodes[ROOT].writable else errno.EROFS)
+        raise pyfuse3.FUSEError(errno.EPERM if self._root.writable else errno.EROFS)
 
     async def mknod(self, *args: object, **kwargs: object) -> None:
-        raise pyfuse3.FUSEError(errno.EPERM if self._nodes[ROOT].writable else errno.EROFS)
+        raise pyfuse3.FUSEError(errno.EPERM if self._root.writable else errno.EROFS)
 
     def _unbind(self, parent: int, name: str) -> None:
         """The entry ``name`` is gone or replaced: a new one there gets a new inode number."""
-        ino = self._ino_of.pop((parent, name), None)
+        ino = self._pop(parent, name)
         if ino is not None:
             self._page_epochs.pop(ino, None)
-            node = self._nodes.get(ino)
+            node = self._node_at[ino - ROOT]
             if node is not None:
                 node.detach()
 
@@ -512,11 +622,10 @@ class ZvfsOperations(pyfuse3.Operations):
         try:
             while True:
                 self._invalidate_again = False
-                inodes = [i for i in self._derived if i in self._lookups]
+                inodes = [i for i in self._derived if self._lookups[i - ROOT]]
                 tops = [i for i in inodes
-                        if self._paths.get(i, "").rstrip("/").rpartition("/")[0] + "/"
-                        in self._derived_prefixes]
-                entries = [(p, os.fsencode(n)) for p, n in map(self._name_of.__getitem__, tops)]
+                        if self._path(self._parent(i)).rstrip("/") + "/" in self._derived_prefixes]
+                entries = [(self._parent(i), os.fsencode(self._name_at[i - ROOT])) for i in tops]
                 for ino in inodes:
                     self._page_epochs.pop(ino, None)
                 await run_abandonable(_invalidate, inodes, entries)
@@ -524,6 +633,11 @@ class ZvfsOperations(pyfuse3.Operations):
                     return
         finally:
             self._invalidating = False
+
+
+def _op(what: str | Callable[[], str]) -> str:
+    """The operation a ``what`` names ('lookup' of 'lookup /a/b')."""
+    return (what() if callable(what) else what).split(" ", 1)[0]
 
 
 def _invalidate(inodes: list[int], entries: list[tuple[int, bytes]]) -> None:

@@ -71,6 +71,8 @@ class FileHandle(ABC):
 class Node(ABC):
     """Anything with a name in the tree."""
 
+    __slots__ = ()  # a subclass may keep its nodes small (a store of millions of keys)
+
     mtime: float = 0.0
     #: shown by readdir; a hidden node still answers lookup (like ZFS's .zfs)
     hidden: bool = False
@@ -91,6 +93,8 @@ class Node(ABC):
 
 class FileNode(Node):
     """A regular read-only file: a size known without reading, and ranged reads."""
+
+    __slots__ = ()
 
     #: True when the bytes can never change while mounted, so the kernel page cache may keep them
     immutable: bool = True
@@ -142,6 +146,8 @@ class FileNode(Node):
 
 class DirNode(Node):
     """A directory. Children are looked up by name and listed sorted by name."""
+
+    __slots__ = ()
 
     @property
     def mode(self) -> int:

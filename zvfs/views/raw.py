@@ -8,7 +8,6 @@ directory wins (also logged once), as in the Zarr file-system store.
 
 from __future__ import annotations
 
-import copy
 import errno
 import logging
 import time
@@ -38,36 +37,60 @@ class RawFile(FileNode):
     of it, so latency is paid once per window instead of once per read.
     """
 
-    def __init__(self, ctx: MountContext, key: str, info: KeyInfo, listing: Listing | None = None,
-                 *, pinned: bool = False) -> None:
+    # one per file the kernel knows: a store of a million keys has a million of them, so
+    # what only an open needs (read-ahead, direct_io) lives on the reader (RawReader)
+    __slots__ = ("ctx", "prefix", "name", "_info", "_pinned", "_epoch", "_born")
+    _ahead: ReadAhead | None = None
+
+    def __init__(self, ctx: MountContext, key: str, info: KeyInfo, *, pinned: bool = False) -> None:
         self.ctx = ctx
-        self.key = key
-        self.listing = listing  # the parent's listing, for walking siblings ahead
-        self._size = info.size
-        self._mtime = info.mtime
-        self._version = info.version  # S3's ETag: reads are pinned to it
+        # the key is kept as its directory's prefix (shared) and the listing's name (shared)
+        prefix, _, name = key.rpartition("/")
+        self.prefix = prefix + "/" if prefix else ""
+        self.name = name
+        self._info = info  # size, mtime and version (S3's ETag: reads are pinned to it)
         self._pinned = pinned
         self._epoch = self._born = ctx.epoch(key)
-        self.immutable = ctx.immutable
-        self.writable = ctx.writable
+
+    @classmethod
+    def child(cls, ctx: MountContext, prefix: str, name: str, listing: Listing) -> RawFile:
+        """The file ``name`` of ``listing``, the directory ``prefix``: its strings are shared."""
+        node = cls.__new__(cls)
+        node.ctx, node.prefix, node.name = ctx, prefix, name
+        node._info = listing.keys[name]
+        node._pinned = False
+        node._epoch = node._born = ctx.epoch(prefix + name)
+        return node
+
+    @property
+    def key(self) -> str:
+        return self.prefix + self.name
+
+    @property  # type: ignore[override]
+    def immutable(self) -> bool:
+        return self.ctx.immutable
+
+    @property  # type: ignore[override]
+    def writable(self) -> bool:
+        return self.ctx.writable
+
+    def _read_ahead(self) -> ReadAhead:
         # a window as large as the cache evicts the blocks fetched ahead before they are
         # read, and they are fetched (for zip: decompressed) again; a quarter of it, as
         # for the decoded arrays
-        self._ahead = self._read_ahead()
-
-    def _read_ahead(self) -> ReadAhead:
         return ReadAhead(ceiling=max(self.ctx.store.block_size, min(64 << 20, self.ctx.cache_size // 4)))
 
     def _refresh(self) -> None:
         """Pick up a write through the mount since this node was made (or last refreshed)."""
         if self._pinned:
             return
-        epoch = self.ctx.epoch(self.key)
+        key = self.key
+        epoch = self.ctx.epoch(key)
         if epoch != self._epoch:
             self._epoch = epoch
-            info = self.ctx.written(self.key)
+            info = self.ctx.written(key)
             if info is not None:
-                self._size, self._mtime, self._version = info.size, info.mtime, info.version
+                self._info = info
 
     def detach(self) -> None:
         self._pinned = True
@@ -95,20 +118,17 @@ class RawFile(FileNode):
         if store.opens_readers and not staged:
             local = await store_call(self.ctx, self.key, store.open_reader, self.key)
         if local is not None:
-            node = LocalReader(self.key, local, self._mtime, self.ctx.workers)
+            node = LocalReader(self.key, local, self._info.mtime, self.ctx.workers)
             # written through the mount since the kernel met this inode: the kernel's size
             # for it may be another version's, so the reader reads to its own end
             node.direct_io = self._epoch != self._born
             return node
-        if self._version is None and not staged:  # zip: the same bytes, read ahead for this open
-            mine = copy.copy(self)
-            mine._ahead = self._read_ahead()
-            return mine
-        info = KeyInfo(self._size, self._mtime, self._version)
-        pinned = RawFile(self.ctx, self.key, info, self.listing, pinned=True)
-        pinned._epoch = self._epoch
-        pinned.direct_io = staged
-        return pinned
+        # zip: the same bytes, following writes as this node does; else pinned to this version
+        mine = RawReader(self.ctx, self.key, self._info,
+                         pinned=self._pinned or self._info.version is not None or staged)
+        mine._epoch, mine._born = self._epoch, self._born
+        mine.direct_io = staged
+        return mine
 
     @property
     def size(self) -> int:
@@ -116,16 +136,16 @@ class RawFile(FileNode):
         if handles:
             return handles[-1].size
         self._refresh()
-        return self._size
+        return self._info.size
 
     @property  # type: ignore[override]
     def mtime(self) -> float:
         self._refresh()
-        return self._mtime
+        return self._info.mtime
 
     def version(self) -> object:
         self._refresh()
-        return (self.key, self._size, self._mtime, self._epoch)
+        return (self.key, self._info.size, self._info.mtime, self._epoch)
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -156,10 +176,10 @@ class RawFile(FileNode):
     async def _get_range(self, start: int, length: int) -> bytes:
         store = self.ctx.store
         # the whole object in one block: a plain get, which S3 checks against its CRC
-        whole = bool(store.block_size) and start == 0 and length >= self._size
+        whole = bool(store.block_size) and start == 0 and length >= self._info.size
         try:
             data = await self.ctx.workers.run(store.get_version, self.key, start, None if whole else length,
-                                      self._version)
+                                      self._info.version)
         except KeyNotFound as exc:
             raise NodeError(errno.ENOENT, f"{self.key}: vanished from the store") from exc
         except Stale as exc:
@@ -171,7 +191,8 @@ class RawFile(FileNode):
 
     async def _block(self, n: int, prefetch: bool = False) -> bytes:
         bs = self.ctx.store.block_size
-        key = ("raw", self.key, self._size, self._mtime, self._epoch, n)
+        info = self._info
+        key = ("raw", self.key, info.size, info.mtime, self._epoch, n)
         if prefetch:
             if self.ctx.chunks.contains(key):
                 return b""
@@ -181,19 +202,20 @@ class RawFile(FileNode):
             self.ctx.prefetched.discard(key)
             self.ctx.counters.add("prefetch_hits")
         start = n * bs
-        return await self.ctx.chunks.get(key, lambda: self._get_range(start, min(bs, self._size - start)))
+        return await self.ctx.chunks.get(key, lambda: self._get_range(start, min(bs, info.size - start)))
 
     async def read(self, offset: int, length: int) -> bytes | memoryview:
         self._refresh()
-        if offset >= self._size or length <= 0:
+        size = self._info.size
+        if offset >= size or length <= 0:
             return b""
-        end = min(self._size, offset + length)
+        end = min(size, offset + length)
         bs = self.ctx.store.block_size
         if bs <= 0:
             return await self._get_range(offset, end - offset)
         if offset == 0:
             self._siblings_ahead()
-        ahead = self._ahead.advise(offset, end, self._size)
+        ahead = self._ahead.advise(offset, end, size) if self._ahead is not None else None
         if ahead is not None:
             for n in range(ahead[0] // bs, (ahead[1] - 1) // bs + 1):
                 if not self.ctx.prefetch(bs, self._block, n, True):
@@ -216,8 +238,8 @@ class RawFile(FileNode):
         tree = self.ctx.listings.peek(("tree",))
         if tree:
             scope, source = "", tree
-        elif self.listing is not None:
-            scope, source = self.key.rpartition("/")[0], self.listing
+        elif (listing := self.ctx.listings.peek(self.prefix)) is not None:
+            scope, source = self.prefix.rstrip("/"), listing
         else:
             return
         walk = self.ctx.walks.get(scope)
@@ -230,6 +252,18 @@ class RawFile(FileNode):
             node = RawFile(self.ctx, key, info)
             if not self.ctx.prefetch(min(info.size, self.ctx.store.block_size), node._block, 0, True):
                 break
+
+
+class RawReader(RawFile):
+    """One open of a RawFile: with its own read-ahead, and direct_io when its bytes are not
+    what the kernel caches (staged writes on S3)."""
+
+    __slots__ = ("_ahead", "direct_io")
+
+    def __init__(self, ctx: MountContext, key: str, info: KeyInfo, *, pinned: bool = False) -> None:
+        super().__init__(ctx, key, info, pinned=pinned)
+        self._ahead = self._read_ahead()
+        self.direct_io = False
 
 
 class LocalReader(FileNode):
@@ -322,6 +356,8 @@ class FileWalk:
 class RawDir(DirNode):
     """The store prefix ``prefix`` ('' for the root, else ending in '/')."""
 
+    __slots__ = ("ctx", "prefix", "mtime", "writable")
+
     def __init__(self, ctx: MountContext, prefix: str = "") -> None:
         self.ctx = ctx
         self.prefix = prefix
@@ -379,7 +415,7 @@ class RawDir(DirNode):
     def _child(self, name: str, listing: Listing) -> Node:
         if name in listing.prefixes:
             return RawDir(self.ctx, self.prefix + name + "/")
-        return RawFile(self.ctx, self.prefix + name, listing.keys[name], listing)
+        return RawFile.child(self.ctx, self.prefix, name, listing)
 
     async def warm(self) -> None:
         """Load this directory's listing (the whole tree index on S3) into the cache now."""
@@ -418,7 +454,7 @@ class RawDir(DirNode):
         info = KeyInfo(0, time.time())
         self.ctx.listing_put(key, info)
         self.ctx.note_write(key, info)
-        return RawFile(self.ctx, key, info, listing), handle
+        return RawFile(self.ctx, key, info), handle
 
     async def mkdir(self, name: str) -> DirNode:
         key = self._key(name)
@@ -515,7 +551,7 @@ class RawDir(DirNode):
         info = KeyInfo(node.size, node.mtime)
         self.ctx.listing_put(dst, info)
         self.ctx.note_write(dst, info)
-        return RawFile(self.ctx, dst, info, listing)
+        return RawFile(self.ctx, dst, info)
 
     async def set_mtime(self, mtime: float) -> None:
         if not self.writable:
