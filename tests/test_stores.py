@@ -188,6 +188,17 @@ def test_get_range(store: Store) -> None:
     assert store.get_range("a/c/0/1", 4990, 100) == b"x" * 10
 
 
+def test_get_suffix(store: Store) -> None:
+    """The last n bytes and the key's size, whatever n (0, inside, the whole value, beyond it)."""
+    for key, value in SAMPLE.items():
+        for n in (0, 1, 16, 777, len(value), len(value) + 5):
+            got = store.get_suffix(key, n)
+            assert got == (value[max(0, len(value) - n):], len(value)), (key, n)
+    for key in ("nope", "a/c", "../x", ""):
+        with pytest.raises(KeyNotFound):
+            store.get_suffix(key, 4)
+
+
 def test_missing_and_unsafe_keys(store: Store) -> None:
     for key in ["nope", "a/nope", "a", "a/c", "a/c/0", "g/h/deep/leaf.bin/x"]:
         with pytest.raises(KeyNotFound):
@@ -556,6 +567,87 @@ def test_s3_errors_after_open_name_the_key(moto: MotoServer) -> None:
     with pytest.raises(StoreError, match="^k: S3 GetObject failed: NoSuchBucket") as exc:
         st.get("k")
     assert not isinstance(exc.value, KeyNotFound)
+
+
+def test_s3_sharded_chunk_costs_two_requests(moto: MotoServer, tmp_path: Path) -> None:
+    """A cold read of one inner chunk of a sharded v3 array: the shard index (one suffix GET,
+    no HEAD for the size) and the inner chunk, counted by the server side (a proxy) and by
+    the counting wrapper alike; a second chunk of the same shard costs one GET more."""
+    import numpy as np
+    import zarr
+    from faultproxy import FaultProxy
+
+    from zvfs.formats import discover, open_array
+    from zvfs.stats import Counters
+    from zvfs.stores.counting import CountingStore
+
+    root = tmp_path / "sharded.zarr"
+    arr = zarr.create_array(str(root), shape=(64, 64), chunks=(16, 16), shards=(32, 32), dtype="<u2")
+    arr[:] = np.arange(64 * 64, dtype="<u2").reshape(64, 64)
+    ref = zarr.open_array(str(root), mode="r")
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket="zvfs-shards")
+    upload_tree(client, "zvfs-shards", "p/", root)
+    with FaultProxy(moto.port) as proxy:
+        counters = Counters()
+        store = CountingStore(S3Store("zvfs-shards", "p", endpoint_url=proxy.endpoint), counters)
+        meta = discover(store).arrays[""]
+        before = counters.snapshot()["store_requests"]
+        proxy.reset_stats()
+        chunk = open_array(store, "", meta)
+        assert (chunk.read_chunk((1, 2)) == ref[16:32, 32:48]).all()
+        st = proxy.stats()
+        assert (st.get("requests_get"), st.get("requests_head", 0)) == (2, 0), st
+        assert counters.snapshot()["store_requests"] - before == 2
+        assert (chunk.read_chunk((1, 3)) == ref[16:32, 48:64]).all()
+        assert proxy.stats().get("requests_get") == 3
+        store.close()
+
+
+def test_s3_suffix_read_resumes_a_broken_body(moto: MotoServer) -> None:
+    """A suffix GET whose body breaks off is resumed from the byte it stopped at (an absolute
+    range of the same version), not started over and not returned short."""
+    from faultproxy import FaultProxy
+
+    data = os.urandom(1 << 20)
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket="zvfs-tail")
+    client.put_object(Bucket="zvfs-tail", Key="k", Body=data)
+    with FaultProxy(moto.port) as proxy:
+        st = S3Store("zvfs-tail", "", endpoint_url=proxy.endpoint)
+        proxy.reset_stats()
+        proxy.set({"kind": "truncate", "count": 1, "ops": ["get"]})
+        assert st.get_suffix("k", 300_000) == (data[-300_000:], len(data))
+        stats = proxy.stats()
+        assert stats["fault_truncate"] == 1 and stats["requests_get"] == 2, stats
+        assert stats["body_bytes_get"] == 300_000, stats  # half, then the other half
+        proxy.set({"kind": "503", "count": 2, "ops": ["get"]})
+        assert st.get_suffix("k", 10) == (data[-10:], len(data))
+        st.close()
+    client.put_object(Bucket="zvfs-tail", Key="empty", Body=b"")
+    st = S3Store("zvfs-tail", "", endpoint_url=moto.endpoint)
+    assert st.get_suffix("empty", 10) == (b"", 0)
+
+
+def test_disk_cache_keeps_suffixes(tree: Path, tmp_path: Path) -> None:
+    """The disk tier serves a repeated suffix read with its size, and keeps it apart from
+    the whole value and from other lengths."""
+    from zvfs.cache.disk import DiskCachedStore
+    from zvfs.stats import Counters
+    from zvfs.stores.counting import CountingStore
+
+    counters = Counters()
+    store = DiskCachedStore(CountingStore(DirectoryStore(tree), counters), tmp_path / "cache",
+                            max_bytes=1 << 30, min_free_bytes=0, persistent=False, counters=counters)
+    big = SAMPLE["a/big"]
+    assert store.get_suffix("a/big", 100) == (big[-100:], len(big))
+    requests = counters.snapshot()["store_requests"]
+    assert store.get_suffix("a/big", 100) == (big[-100:], len(big))
+    assert counters.snapshot()["store_requests"] == requests
+    assert counters.snapshot()["disk_cache_hits"] == 1
+    assert store.get_suffix("a/big", 0) == (b"", len(big))
+    assert store.get("a/big") == big
+    assert store.get_suffix("a/big", 7) == (big[-7:], len(big))
 
 
 # -- URL parsing -------------------------------------------------------------------------

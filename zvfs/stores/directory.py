@@ -160,6 +160,16 @@ class DirectoryStore(Store):
         finally:
             os.close(fd)
 
+    def get_suffix(self, key: str, length: int) -> tuple[bytes, int]:
+        if length < 0:
+            raise StoreError(f"{key}: bad suffix length {length}")
+        fd, st = self._open(key)
+        try:
+            start = max(0, st.st_size - length)
+            return pread_all(fd, start, st.st_size - start, key), st.st_size
+        finally:
+            os.close(fd)
+
     def open_reader(self, key: str) -> KeyReader:
         fd, st = self._open(key)
         return _FileReader(key, fd, st)
