@@ -317,6 +317,96 @@ def test_directory_symlinks(tmp_path: Path, caplog: pytest.LogCaptureFixture) ->
     assert "outside the source" in escape_logs[0].getMessage()
 
 
+def _open_below(root: Path) -> list[str]:
+    """What this process's descriptors name below ``root`` (a '(deleted)' suffix included)."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(root) + "/"):
+            out.append(target)
+    return out
+
+
+def test_directory_kept_files_follow_the_names(tmp_path: Path) -> None:
+    """Kept descriptors are used only while the name still means the same file: replaced
+    or removed behind the store's back, through the store, or retargeted out of it."""
+    root = tmp_path / "root"
+    (root / "a").mkdir(parents=True)
+    (tmp_path / "outside").write_bytes(b"secret outside")
+    (root / "a" / "k").write_bytes(b"first")
+    (root / "real").write_bytes(b"inside")
+    os.symlink("real", root / "link")
+    st = DirectoryStore(root)
+    assert st.get("a/k") == b"first" and st.get("link") == b"inside"
+    assert len(_open_below(root)) == 2  # kept open
+    # replaced by another process (a new file renamed over it)
+    (root / "new").write_bytes(b"second, longer")
+    os.replace(root / "new", root / "a" / "k")
+    assert st.get("a/k") == b"second, longer"
+    assert st.get_suffix("a/k", 6) == (b"longer", 14)
+    # changed in place (same file): read as it is now, its size too
+    with open(root / "a" / "k", "ab") as f:
+        f.write(b"!!")
+    assert st.get("a/k") == b"second, longer!!"
+    assert st.get_suffix("a/k", 3) == (b"r!!", 16)
+    # removed by another process
+    os.unlink(root / "a" / "k")
+    with pytest.raises(KeyNotFound):
+        st.get_range("a/k", 0, 1)
+    # a kept link retargeted out of the store is refused, not read through the old descriptor
+    os.unlink(root / "link")
+    os.symlink(tmp_path / "outside", root / "link")
+    with pytest.raises(KeyNotFound):
+        st.get("link")
+    # removed through the store: its descriptor goes at once (the space is freed)
+    (root / "a" / "gone").write_bytes(b"x" * 1000)
+    assert st.get("a/gone") == b"x" * 1000
+    st.delete("a/gone")
+    assert not [t for t in _open_below(root) if "gone" in t]
+    # renamed over through the store
+    (root / "a" / "src").write_bytes(b"src")
+    (root / "a" / "dst").write_bytes(b"dst")
+    assert st.get("a/dst") == b"dst"
+    st.rename("a/src", "a/dst")
+    assert st.get("a/dst") == b"src"
+    assert not [t for t in _open_below(root) if t.endswith("(deleted)")]
+    st.close()
+    assert _open_below(root) == []
+
+
+def test_directory_kept_files_are_bounded_and_shared_by_threads(tmp_path: Path) -> None:
+    """At most ``open_files`` descriptors stay open; one evicted while another thread reads
+    it is closed after that read, so every read gets its own key's bytes."""
+    root = tmp_path / "many"
+    root.mkdir()
+    values = {f"k{i}": os.urandom(4096 + i) for i in range(60)}
+    for key, value in values.items():
+        (root / key).write_bytes(value)
+    st = DirectoryStore(root, open_files=4)
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        try:
+            for n in range(400):
+                key = f"k{(seed * 7 + n * 13) % 60}"
+                start = n % 1000
+                assert st.get_range(key, start, 500) == values[key][start:start + 500], key
+        except BaseException as e:  # noqa: BLE001 - report in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert len(_open_below(root)) <= 4
+    st.close()
+
+
 def test_directory_source_errors(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match=f"source directory {tmp_path}/missing does not exist"):
         DirectoryStore(tmp_path / "missing")
