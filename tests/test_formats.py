@@ -44,6 +44,10 @@ class RecordingStore(Store):
         self.calls.append(("get_range", key, (start, length)))
         return self.inner.get_range(key, start, length)
 
+    def get_suffix(self, key: str, length: int) -> tuple[bytes, int]:
+        self.calls.append(("get_suffix", key, length))
+        return self.inner.get_suffix(key, length)
+
     def info(self, key: str) -> KeyInfo:
         self.calls.append(("info", key, None))
         return self.inner.info(key)
@@ -181,19 +185,26 @@ def test_sharded_read_uses_ranged_reads_only() -> None:
         arr = open_array(rec, path, meta)
         for idx in meta.chunk_indices():
             arr.read_chunk(idx)
-        assert not [c for c in rec.calls if c[0] == "get"], path
+        assert not [c for c in rec.calls if c[0] in ("get", "info")], path
         assert [c for c in rec.calls if c[0] == "get_range"], path
 
 
 def test_shard_index_is_cached() -> None:
+    """An index at the end is read as the shard's suffix (its size comes with it: no size
+    lookup), once per shard; each inner chunk is one ranged read."""
     rec = RecordingStore(store_of("zarr3_v3.zarr"))
     meta = hierarchy_of("zarr3_v3.zarr").arrays["shards/end"]
     arr = open_array(rec, "shards/end", meta)
     arr.read_chunk((0, 0))
     arr.read_chunk((0, 1))
-    ranged = [c for c in rec.calls if c[0] == "get_range"]
-    assert len(ranged) == 3  # one index, two inner chunks
-    assert len([c for c in rec.calls if c[0] == "info"]) == 1  # the shard size, once
+    assert [c[0] for c in rec.calls] == ["get_suffix", "get_range", "get_range"]
+
+
+def test_v3_reader_reuses_the_metadata_pipeline() -> None:
+    """The codec pipeline parse_array built serves the reader: not built twice per array."""
+    meta = hierarchy_of("zarr3_v3.zarr").arrays["shards/nested"]
+    arr = open_array(store_of("zarr3_v3.zarr"), "shards/nested", meta)
+    assert arr._reader.pipeline is meta.source["pipeline"]
 
 
 def test_sharded_meta_reports_inner_chunks_and_missing() -> None:

@@ -189,6 +189,17 @@ def test_get_range(store: Store) -> None:
     assert store.get_range("a/c/0/1", 4990, 100) == b"x" * 10
 
 
+def test_get_suffix(store: Store) -> None:
+    """The last n bytes and the key's size, whatever n (0, inside, the whole value, beyond it)."""
+    for key, value in SAMPLE.items():
+        for n in (0, 1, 16, 777, len(value), len(value) + 5):
+            got = store.get_suffix(key, n)
+            assert got == (value[max(0, len(value) - n):], len(value)), (key, n)
+    for key in ("nope", "a/c", "../x", ""):
+        with pytest.raises(KeyNotFound):
+            store.get_suffix(key, 4)
+
+
 def test_missing_and_unsafe_keys(store: Store) -> None:
     for key in ["nope", "a/nope", "a", "a/c", "a/c/0", "g/h/deep/leaf.bin/x"]:
         with pytest.raises(KeyNotFound):
@@ -305,6 +316,96 @@ def test_directory_symlinks(tmp_path: Path, caplog: pytest.LogCaptureFixture) ->
     escape_logs = [r for r in caplog.records if "'escape'" in r.getMessage()]
     assert len(escape_logs) == 1, escape_logs
     assert "outside the source" in escape_logs[0].getMessage()
+
+
+def _open_below(root: Path) -> list[str]:
+    """What this process's descriptors name below ``root`` (a '(deleted)' suffix included)."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(root) + "/"):
+            out.append(target)
+    return out
+
+
+def test_directory_kept_files_follow_the_names(tmp_path: Path) -> None:
+    """Kept descriptors are used only while the name still means the same file: replaced
+    or removed behind the store's back, through the store, or retargeted out of it."""
+    root = tmp_path / "root"
+    (root / "a").mkdir(parents=True)
+    (tmp_path / "outside").write_bytes(b"secret outside")
+    (root / "a" / "k").write_bytes(b"first")
+    (root / "real").write_bytes(b"inside")
+    os.symlink("real", root / "link")
+    st = DirectoryStore(root)
+    assert st.get("a/k") == b"first" and st.get("link") == b"inside"
+    assert len(_open_below(root)) == 2  # kept open
+    # replaced by another process (a new file renamed over it)
+    (root / "new").write_bytes(b"second, longer")
+    os.replace(root / "new", root / "a" / "k")
+    assert st.get("a/k") == b"second, longer"
+    assert st.get_suffix("a/k", 6) == (b"longer", 14)
+    # changed in place (same file): read as it is now, its size too
+    with open(root / "a" / "k", "ab") as f:
+        f.write(b"!!")
+    assert st.get("a/k") == b"second, longer!!"
+    assert st.get_suffix("a/k", 3) == (b"r!!", 16)
+    # removed by another process
+    os.unlink(root / "a" / "k")
+    with pytest.raises(KeyNotFound):
+        st.get_range("a/k", 0, 1)
+    # a kept link retargeted out of the store is refused, not read through the old descriptor
+    os.unlink(root / "link")
+    os.symlink(tmp_path / "outside", root / "link")
+    with pytest.raises(KeyNotFound):
+        st.get("link")
+    # removed through the store: its descriptor goes at once (the space is freed)
+    (root / "a" / "gone").write_bytes(b"x" * 1000)
+    assert st.get("a/gone") == b"x" * 1000
+    st.delete("a/gone")
+    assert not [t for t in _open_below(root) if "gone" in t]
+    # renamed over through the store
+    (root / "a" / "src").write_bytes(b"src")
+    (root / "a" / "dst").write_bytes(b"dst")
+    assert st.get("a/dst") == b"dst"
+    st.rename("a/src", "a/dst")
+    assert st.get("a/dst") == b"src"
+    assert not [t for t in _open_below(root) if t.endswith("(deleted)")]
+    st.close()
+    assert _open_below(root) == []
+
+
+def test_directory_kept_files_are_bounded_and_shared_by_threads(tmp_path: Path) -> None:
+    """At most ``open_files`` descriptors stay open; one evicted while another thread reads
+    it is closed after that read, so every read gets its own key's bytes."""
+    root = tmp_path / "many"
+    root.mkdir()
+    values = {f"k{i}": os.urandom(4096 + i) for i in range(60)}
+    for key, value in values.items():
+        (root / key).write_bytes(value)
+    st = DirectoryStore(root, open_files=4)
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        try:
+            for n in range(400):
+                key = f"k{(seed * 7 + n * 13) % 60}"
+                start = n % 1000
+                assert st.get_range(key, start, 500) == values[key][start:start + 500], key
+        except BaseException as e:  # noqa: BLE001 - report in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert len(_open_below(root)) <= 4
+    st.close()
 
 
 def test_directory_source_errors(tmp_path: Path) -> None:
@@ -590,6 +691,87 @@ def test_stores_count_into_the_counters_they_are_given(moto: MotoServer, tmp_pat
     snap = counted.snapshot()
     assert snap["store_failures"] == 1
     assert sum(snap[f"store_errors_{kind}"] for kind in ERROR_KINDS) == 1
+
+
+def test_s3_sharded_chunk_costs_two_requests(moto: MotoServer, tmp_path: Path) -> None:
+    """A cold read of one inner chunk of a sharded v3 array: the shard index (one suffix GET,
+    no HEAD for the size) and the inner chunk, counted by the server side (a proxy) and by
+    the counting wrapper alike; a second chunk of the same shard costs one GET more."""
+    import numpy as np
+    import zarr
+    from faultproxy import FaultProxy
+
+    from zvfs.formats import discover, open_array
+    from zvfs.stats import Counters
+    from zvfs.stores.counting import CountingStore
+
+    root = tmp_path / "sharded.zarr"
+    arr = zarr.create_array(str(root), shape=(64, 64), chunks=(16, 16), shards=(32, 32), dtype="<u2")
+    arr[:] = np.arange(64 * 64, dtype="<u2").reshape(64, 64)
+    ref = zarr.open_array(str(root), mode="r")
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket="zvfs-shards")
+    upload_tree(client, "zvfs-shards", "p/", root)
+    with FaultProxy(moto.port) as proxy:
+        counters = Counters()
+        store = CountingStore(S3Store("zvfs-shards", "p", endpoint_url=proxy.endpoint), counters)
+        meta = discover(store).arrays[""]
+        before = counters.snapshot()["store_requests"]
+        proxy.reset_stats()
+        chunk = open_array(store, "", meta)
+        assert (chunk.read_chunk((1, 2)) == ref[16:32, 32:48]).all()
+        st = proxy.stats()
+        assert (st.get("requests_get"), st.get("requests_head", 0)) == (2, 0), st
+        assert counters.snapshot()["store_requests"] - before == 2
+        assert (chunk.read_chunk((1, 3)) == ref[16:32, 48:64]).all()
+        assert proxy.stats().get("requests_get") == 3
+        store.close()
+
+
+def test_s3_suffix_read_resumes_a_broken_body(moto: MotoServer) -> None:
+    """A suffix GET whose body breaks off is resumed from the byte it stopped at (an absolute
+    range of the same version), not started over and not returned short."""
+    from faultproxy import FaultProxy
+
+    data = os.urandom(1 << 20)
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket="zvfs-tail")
+    client.put_object(Bucket="zvfs-tail", Key="k", Body=data)
+    with FaultProxy(moto.port) as proxy:
+        st = S3Store("zvfs-tail", "", endpoint_url=proxy.endpoint)
+        proxy.reset_stats()
+        proxy.set({"kind": "truncate", "count": 1, "ops": ["get"]})
+        assert st.get_suffix("k", 300_000) == (data[-300_000:], len(data))
+        stats = proxy.stats()
+        assert stats["fault_truncate"] == 1 and stats["requests_get"] == 2, stats
+        assert stats["body_bytes_get"] == 300_000, stats  # half, then the other half
+        proxy.set({"kind": "503", "count": 2, "ops": ["get"]})
+        assert st.get_suffix("k", 10) == (data[-10:], len(data))
+        st.close()
+    client.put_object(Bucket="zvfs-tail", Key="empty", Body=b"")
+    st = S3Store("zvfs-tail", "", endpoint_url=moto.endpoint)
+    assert st.get_suffix("empty", 10) == (b"", 0)
+
+
+def test_disk_cache_keeps_suffixes(tree: Path, tmp_path: Path) -> None:
+    """The disk tier serves a repeated suffix read with its size, and keeps it apart from
+    the whole value and from other lengths."""
+    from zvfs.cache.disk import DiskCachedStore
+    from zvfs.stats import Counters
+    from zvfs.stores.counting import CountingStore
+
+    counters = Counters()
+    store = DiskCachedStore(CountingStore(DirectoryStore(tree), counters), tmp_path / "cache",
+                            max_bytes=1 << 30, min_free_bytes=0, persistent=False, counters=counters)
+    big = SAMPLE["a/big"]
+    assert store.get_suffix("a/big", 100) == (big[-100:], len(big))
+    requests = counters.snapshot()["store_requests"]
+    assert store.get_suffix("a/big", 100) == (big[-100:], len(big))
+    assert counters.snapshot()["store_requests"] == requests
+    assert counters.snapshot()["disk_cache_hits"] == 1
+    assert store.get_suffix("a/big", 0) == (b"", len(big))
+    assert store.get("a/big") == big
+    assert store.get_suffix("a/big", 7) == (big[-7:], len(big))
 
 
 # -- URL parsing -------------------------------------------------------------------------

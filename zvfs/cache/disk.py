@@ -1,7 +1,7 @@
 """An optional disk tier under the memory cache, for objects fetched from a slow store.
 
 It wraps a store (so it sits between the views and the network) and keeps
-what ``get`` and ``get_range`` returned as files under ``--cache-dir``,
+what ``get``, ``get_range`` and ``get_suffix`` returned as files under ``--cache-dir``,
 bounded by ``--cache-max-size`` and by a floor of free space on that disk.
 Entries are named by a hash of (key, range). They are only trusted for the
 life of one mount, unless the mount declares the data immutable
@@ -15,6 +15,7 @@ import hashlib
 import logging
 import os
 import shutil
+import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -24,6 +25,9 @@ from zvfs.stats import Counters
 from zvfs.stores.base import KeyInfo, KeyWriter, Store, WrappedStore
 
 log = logging.getLogger("zvfs")
+
+#: the key's size after a cached tail (get_suffix)
+_SIZE = struct.Struct("<Q")
 
 
 class DiskCachedStore(WrappedStore):
@@ -140,6 +144,16 @@ class DiskCachedStore(WrappedStore):
     def get_range(self, key: str, start: int, length: int) -> bytes:
         return self._cached(key, self._name(key, start, length),
                             lambda: self.inner.get_range(key, start, length))
+
+    def get_suffix(self, key: str, length: int) -> tuple[bytes, int]:
+        """Kept as the tail followed by the key's size (8 bytes), so a hit needs no request."""
+
+        def fetch() -> bytes:
+            data, size = self.inner.get_suffix(key, length)
+            return data + _SIZE.pack(size)
+
+        entry = self._cached(key, self._name(key, -2, length), fetch)  # -2: no range starts there
+        return entry[: -_SIZE.size], _SIZE.unpack(entry[-_SIZE.size:])[0]
 
     def get_version(self, key: str, start: int, length: int | None, version: str | None) -> bytes:
         name = self._name(key) if length is None else self._name(key, start, length)

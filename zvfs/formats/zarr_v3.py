@@ -114,6 +114,7 @@ def _fill_meta(meta: ArrayMeta, doc: Any, key: str) -> None:
     meta.codecs = doc["codecs"] if isinstance(doc["codecs"], list) else []
     fill = fill_scalar(doc.get("fill_value"), logical, key)
     pipeline = build_pipeline(doc["codecs"], outer, logical, fill)
+    meta.source["pipeline"] = pipeline  # the reader decodes with it: built once per array
     levels, leaf = sharding_levels(pipeline)
     meta.dtype = pipeline.dtype
     meta.fill_value = fill if fill is None or meta.vlen else np.array(fill, dtype=meta.dtype)[()]
@@ -165,12 +166,15 @@ class Reader:
         self.store = store
         self.meta = meta
         doc = meta.source["doc"]
-        outer = tuple(doc["chunk_grid"]["configuration"]["chunk_shape"])
-        logical, _ = parse_data_type(doc["data_type"], meta.metadata_key)
-        fill = fill_scalar(doc.get("fill_value"), logical, meta.metadata_key)
-        self.pipeline = build_pipeline(doc["codecs"], outer, logical, fill)
+        self.outer = tuple(doc["chunk_grid"]["configuration"]["chunk_shape"])
+        pipeline = meta.source.get("pipeline")
+        if pipeline is None:  # a meta not made by parse_array: parse it to build its pipeline
+            parsed = parse_array(meta.path, doc, meta.metadata_key)
+            if parsed.error is not None:
+                raise FormatError(parsed.error)
+            pipeline = parsed.source["pipeline"]
+        self.pipeline: Pipeline = pipeline
         self.levels, self.leaf = sharding_levels(self.pipeline)
-        self.outer = outer
         self._lock = threading.Lock()
         # (key, level, start) -> (decoded index, byte length of that shard or None)
         self._indexes: OrderedDict[tuple[str, int, int], tuple[np.ndarray, int | None]] = (
@@ -192,17 +196,21 @@ class Reader:
         self, key: str, level: int, codec: ShardingCodec, start: int, length: int | None
     ) -> tuple[np.ndarray, int | None]:
         """Decoded index of the shard at ``start`` (and its length), cached: one ranged
-        read (plus one size lookup for an index at the end) per shard, not per chunk."""
+        read per shard, not per chunk. An index at the end of a whole stored shard is its
+        suffix, whose read tells the shard's size too (one request, no size lookup)."""
         cache_key = (key, level, start)
         with self._lock:
             hit = self._indexes.get(cache_key)
             if hit is not None:
                 self._indexes.move_to_end(cache_key)
                 return hit
+        ilen = codec.index_nbytes
         if length is None and codec.index_location == "end":
-            length = self.store.info(key).size
-        istart, ilen = codec.index_range(length)
-        raw = self.store.get_range(key, start + istart, ilen)
+            raw, length = self.store.get_suffix(key, ilen)
+            codec.index_range(length)  # refuses a shard shorter than its index
+        else:
+            istart, ilen = codec.index_range(length)
+            raw = self.store.get_range(key, start + istart, ilen)
         if len(raw) != ilen:
             raise CodecError(f"shard index truncated ({len(raw)} of {ilen} bytes)")
         index = codec.decode_index(raw)

@@ -189,6 +189,20 @@ class Store(ABC):
     def get_range(self, key: str, start: int, length: int) -> bytes:
         """``length`` bytes of ``key`` from ``start`` (fewer at the end); raises KeyNotFound."""
 
+    def get_suffix(self, key: str, length: int) -> tuple[bytes, int]:
+        """The last ``length`` bytes of ``key`` (all of it when it is shorter) and the key's
+        size; raises KeyNotFound.
+
+        For what sits at the end of a value (a shard index): stores that can read a tail
+        without knowing the size first (S3's ``Range: bytes=-N``, an open file, a zip member)
+        do it in one request; the default asks the size, then the range.
+        """
+        if length < 0:
+            raise StoreError(f"{key}: bad suffix length {length}")
+        size = self.info(key).size
+        start = max(0, size - length)
+        return (self.get_range(key, start, size - start) if size > start else b""), size
+
     def open_reader(self, key: str) -> KeyReader | None:
         """``key`` opened for reading, pinned to its content now; None where the store has
         no such handle (then readers pin by ``version``). Raises KeyNotFound."""
@@ -294,6 +308,9 @@ class WrappedStore(Store):
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
         return self.inner.get_range(key, start, length)
+
+    def get_suffix(self, key: str, length: int) -> tuple[bytes, int]:
+        return self.inner.get_suffix(key, length)
 
     def get_version(self, key: str, start: int, length: int | None, version: str | None) -> bytes:
         return self.inner.get_version(key, start, length, version)

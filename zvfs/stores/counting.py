@@ -45,6 +45,11 @@ class CountingStore(WrappedStore):
         with self._timed("get_range"):
             return self._got("get_range", self.inner.get_range(key, start, length))
 
+    def get_suffix(self, key: str, length: int) -> tuple[bytes, int]:
+        with self._timed("get_range"):  # one ranged GET, where the store can
+            data, size = self.inner.get_suffix(key, length)
+            return self._got("get_range", data), size
+
     def get_version(self, key: str, start: int, length: int | None, version: str | None) -> bytes:
         op = "get" if length is None else "get_range"
         with self._timed(op):

@@ -9,6 +9,18 @@ Symlinks to *directories* are never followed, even inside the root (as find,
 cp -r and rsync do by default): a link such as ``sub/up -> ..`` would otherwise
 make the tree endless, and discovery with it. Such a link is absent from the
 listings and logged once.
+
+Opening a key checks those rules with the kernel's name for the opened file
+(``/proc/self/fd``): when it is the path as given, no symlink was on the way;
+otherwise the path is resolved component by component. Reads keep a bounded
+set of files open (:class:`_OpenFiles`), so a repeated read (the inner chunks
+of one shard, a raw file read block by block) is one ``stat`` of its path and
+one ``pread``, not an open and a close. A kept descriptor is used only while the
+key's path still names the same file (device and inode, checked by that
+``stat`` on every read): a file replaced or removed by anyone, through the
+mount or not, is resolved and opened afresh under the escape rules above, and
+changes made in place are read as they are. Writes through the store (unlink,
+rename, link) let go of the descriptors of the names they change at once.
 """
 
 from __future__ import annotations
@@ -17,8 +29,12 @@ import errno
 import logging
 import os
 import stat
+import threading
 import time
+import weakref
+from collections import OrderedDict
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from zvfs.stores._util import LogOnce, check_key, check_prefix, pread_all, pwrite_all, safe_name
 from zvfs.stores.base import (
@@ -42,6 +58,84 @@ _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW
 # errors that mean "this key is not a regular file here"
 _ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EISDIR, errno.ENAMETOOLONG)
 
+#: files kept open for reading, at most (a small share of the usual 1024 descriptors)
+OPEN_FILES = 128
+
+
+@dataclass(slots=True, eq=False)
+class _Open:
+    """A descriptor kept for reading ``key``: closed once dropped and no reader uses it."""
+
+    key: str
+    fd: int
+    ident: tuple[int, int]  # (st_dev, st_ino) of the file the descriptor reads
+    users: int = 0
+    dropped: bool = False
+
+
+class _OpenFiles:
+    """A bounded LRU of read descriptors by key, shared by the worker threads.
+
+    pread needs no file position, so threads share a descriptor; a reader borrows it
+    and gives it back, and a descriptor evicted or dropped meanwhile is closed by its
+    last reader (never under one: its number could name another file by then).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = max(1, limit)
+        self._lock = threading.Lock()
+        self._open: OrderedDict[str, _Open] = OrderedDict()
+
+    def borrow(self, key: str) -> _Open | None:
+        with self._lock:
+            entry = self._open.get(key)
+            if entry is not None:
+                self._open.move_to_end(key)
+                entry.users += 1
+            return entry
+
+    def keep(self, key: str, fd: int, ident: tuple[int, int]) -> _Open:
+        """Keep ``fd`` (just opened for ``key``), borrowed by the caller."""
+        entry = _Open(key, fd, ident, users=1)
+        with self._lock:
+            old = self._open.pop(key, None)
+            if old is not None:  # another thread opened it at the same time
+                self._retire(old)
+            self._open[key] = entry
+            while len(self._open) > self._limit:
+                self._retire(self._open.popitem(last=False)[1])
+        return entry
+
+    def give_back(self, entry: _Open) -> None:
+        with self._lock:
+            entry.users -= 1
+            if entry.dropped and entry.users == 0:
+                os.close(entry.fd)
+
+    def drop(self, key: str, entry: _Open | None = None) -> None:
+        """Let go of ``key``'s descriptor (only ``entry``'s, when given)."""
+        with self._lock:
+            current = self._open.get(key)
+            if current is not None and (entry is None or current is entry):
+                self._retire(self._open.pop(key))
+
+    def drop_prefix(self, prefix: str) -> None:
+        with self._lock:
+            for key in [k for k in self._open if k.startswith(prefix)]:
+                self._retire(self._open.pop(key))
+
+    def close(self) -> None:
+        with self._lock:
+            for entry in self._open.values():
+                self._retire(entry)
+            self._open.clear()
+
+    def _retire(self, entry: _Open) -> None:
+        """Under the lock: close now, or when the last reader gives it back."""
+        entry.dropped = True
+        if entry.users == 0:
+            os.close(entry.fd)
+
 
 class DirectoryStore(Store):
     """Store over a directory tree (the Zarr file-system store layout).
@@ -54,7 +148,7 @@ class DirectoryStore(Store):
     can_write = True
     opens_readers = True
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], open_files: int = OPEN_FILES) -> None:
         shown = os.path.abspath(os.fspath(root))
         if not os.path.exists(shown):
             raise SourceError(f"source directory {shown} does not exist")
@@ -66,6 +160,9 @@ class DirectoryStore(Store):
         self._root_sep = self.root if self.root.endswith("/") else self.root + "/"
         self.description = shown
         self._escapes = LogOnce(log)
+        self._files = _OpenFiles(open_files)
+        self._proc_fd = True  # /proc/self/fd names opened files (see _open_direct)
+        weakref.finalize(self, self._files.close)  # a store dropped unclosed closes its files
 
     # -- path resolution -------------------------------------------------------------------
 
@@ -99,6 +196,32 @@ class DirectoryStore(Store):
         )
         return None
 
+    def _open_direct(self, key: str) -> int | None:
+        """``key``'s path opened where no symlink is on the way, or None (then resolve it).
+
+        The kernel names the file it opened (/proc/self/fd): the path as given means no
+        symlink was followed, which is what a resolution component by component would
+        establish, for two system calls instead of one per component.
+        """
+        if not self._proc_fd:
+            return None
+        path = os.path.join(self.root, key)
+        try:
+            fd = os.open(path, _OPEN_FLAGS)  # O_NOFOLLOW: a link at the end is ELOOP
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                return None
+            if e.errno in _ABSENT:
+                raise KeyNotFound(key) from None
+            raise StoreError(f"{key}: cannot open: {e.strerror}") from e
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == path:
+                return fd
+        except OSError:
+            self._proc_fd = False  # no /proc here: always resolve
+        os.close(fd)
+        return None
+
     def _first_link(self, rel: str) -> str:
         """The shortest prefix of ``rel`` that is a symlink (for the log line)."""
         parts = rel.split("/")
@@ -111,15 +234,17 @@ class DirectoryStore(Store):
     def _open(self, key: str) -> tuple[int, os.stat_result]:
         """Open ``key`` as a regular file; the caller closes the fd."""
         check_key(key)
-        real = self._resolve(key)
-        if real is None:
-            raise KeyNotFound(key)
-        try:
-            fd = os.open(real, _OPEN_FLAGS)
-        except OSError as e:
-            if e.errno in _ABSENT:
-                raise KeyNotFound(key) from None
-            raise StoreError(f"{key}: cannot open: {e.strerror}") from e
+        fd = self._open_direct(key)
+        if fd is None:  # a symlink on the way: the full rules decide
+            real = self._resolve(key)
+            if real is None:
+                raise KeyNotFound(key)
+            try:
+                fd = os.open(real, _OPEN_FLAGS)
+            except OSError as e:
+                if e.errno in _ABSENT:
+                    raise KeyNotFound(key) from None
+                raise StoreError(f"{key}: cannot open: {e.strerror}") from e
         try:
             st = os.fstat(fd)
         except OSError as e:
@@ -132,33 +257,61 @@ class DirectoryStore(Store):
 
     # -- Store API ---------------------------------------------------------------------------
 
-    def get(self, key: str) -> bytes:
+    def _borrow(self, key: str) -> tuple[_Open, os.stat_result]:
+        """A kept descriptor of ``key`` and the file's stat now; give it back when done.
+
+        Kept: used while a stat of the key's path finds the same file; else the key is
+        resolved and opened afresh (and kept). The caller gives the entry back."""
+        entry = self._files.borrow(key)
+        if entry is not None:
+            try:
+                st = os.stat(os.path.join(self.root, key))
+                if (st.st_dev, st.st_ino) == entry.ident:
+                    return entry, st
+            except OSError:
+                pass
+            self._files.give_back(entry)
+            self._files.drop(key, entry)  # replaced or gone: the name means something else now
         fd, st = self._open(key)
+        return self._files.keep(key, fd, (st.st_dev, st.st_ino)), st
+
+    def get(self, key: str) -> bytes:
+        entry, st = self._borrow(key)
         try:
-            return pread_all(fd, 0, max(st.st_size, 0), key, until_eof=True)
+            return pread_all(entry.fd, 0, max(st.st_size, 0), key, until_eof=True)
         finally:
-            os.close(fd)
+            self._files.give_back(entry)
 
     def get_at_most(self, key: str, limit: int) -> bytes:
-        fd, st = self._open(key)
+        entry, st = self._borrow(key)
         try:
             if st.st_size > limit:
                 raise StoreError(f"{key}: file holds {st.st_size} bytes, more than the {limit} it may")
-            data = pread_all(fd, 0, limit + 1, key)
+            data = pread_all(entry.fd, 0, limit + 1, key)
         finally:
-            os.close(fd)
-        if len(data) > limit:  # grew since fstat
+            self._files.give_back(entry)
+        if len(data) > limit:  # grew since the stat
             raise StoreError(f"{key}: file holds more than the {limit} bytes it may")
         return data
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
         if start < 0 or length < 0:
             raise StoreError(f"{key}: bad range start={start} length={length}")
-        fd, _st = self._open(key)
+        entry, _st = self._borrow(key)
         try:
-            return pread_all(fd, start, length, key)
+            return pread_all(entry.fd, start, length, key)
         finally:
-            os.close(fd)
+            self._files.give_back(entry)
+
+    def get_suffix(self, key: str, length: int) -> tuple[bytes, int]:
+        if length < 0:
+            raise StoreError(f"{key}: bad suffix length {length}")
+        entry, st = self._borrow(key)
+        try:
+            start = max(0, st.st_size - length)
+            return pread_all(entry.fd, start, st.st_size - start, key), st.st_size
+        finally:
+            self._files.give_back(entry)
 
     def open_reader(self, key: str) -> KeyReader:
         fd, st = self._open(key)
@@ -256,6 +409,7 @@ class DirectoryStore(Store):
 
     def delete(self, key: str) -> None:
         path = self._writable_path(key)
+        self._files.drop(key)
         try:
             if os.path.isdir(path) and not os.path.islink(path):
                 raise WriteRefused(errno.EISDIR, f"{key}: is a directory")
@@ -265,16 +419,21 @@ class DirectoryStore(Store):
 
     def rename(self, src: str, dst: str) -> None:
         a, b = self._writable_path(src), self._writable_path(dst)
+        self._files.drop(src)
+        self._files.drop(dst)
         try:
             os.rename(a, b)
         except OSError as e:
             raise _refused(src, e) from None
 
     def rename_dir(self, src: str, dst: str) -> None:
+        self._files.drop_prefix(src)
+        self._files.drop_prefix(dst)
         self.rename(src.rstrip("/"), dst.rstrip("/"))
 
     def link(self, src: str, dst: str) -> None:
         a, b = self._writable_path(src), self._writable_path(dst)
+        self._files.drop(dst)
         try:
             os.link(a, b, follow_symlinks=False)
         except OSError as e:
@@ -302,6 +461,9 @@ class DirectoryStore(Store):
             os.utime(path, ns=(time.time_ns(), int(mtime * 1e9)), follow_symlinks=False)
         except OSError as e:
             raise _refused(key, e) from None
+
+    def close(self) -> None:
+        self._files.close()
 
     # -- internals ---------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -69,6 +70,9 @@ _CONDITIONAL_WRITES = frozenset({"PutObject", "CompleteMultipartUpload"})
 #: bytes read from a response body per call: the unit a broken body is resumed at
 _BODY_PIECE = 1 << 20
 
+#: "bytes FIRST-LAST/SIZE", what a ranged GET answers
+_CONTENT_RANGE = re.compile(r"bytes \d+-\d+/(\d+)$")
+
 T = TypeVar("T")
 
 
@@ -109,6 +113,12 @@ def fault_kind(exc: BaseException) -> str:
 def _info(obj: dict[str, Any]) -> KeyInfo:
     """A listed object's info; its ETag names the content (pinned reads use it)."""
     return KeyInfo(int(obj["Size"]), obj["LastModified"].timestamp(), obj.get("ETag"))
+
+
+def _object_size(resp: dict[str, Any], received: int) -> int:
+    """The whole object's size: Content-Range's total for a range, else the body's length."""
+    m = _CONTENT_RANGE.match(resp.get("ContentRange") or "")
+    return int(m.group(1)) if m else received
 
 
 def _code(e: bce.ClientError) -> str:
@@ -297,7 +307,7 @@ class S3Store(Store):
 
     def get(self, key: str) -> bytes:
         check_key(key)
-        return self._get(key, 0, None)
+        return self._get(key, 0, None)[0]
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
         if start < 0 or length < 0:
@@ -306,13 +316,24 @@ class S3Store(Store):
         if length == 0:
             self.info(key)  # still report a missing key
             return b""
-        return self._get(key, start, length)
+        return self._get(key, start, length)[0]
+
+    def get_suffix(self, key: str, length: int) -> tuple[bytes, int]:
+        """One GET with ``Range: bytes=-length``: its Content-Range gives the size too."""
+        if length < 0:
+            raise StoreError(f"{key}: bad suffix length {length}")
+        check_key(key)
+        if length == 0:
+            return b"", self.info(key).size
+        data, size = self._get(key, 0, None, suffix=length)
+        assert size is not None  # a suffix read always learns it
+        return data, size
 
     def get_version(self, key: str, start: int, length: int | None, version: str | None) -> bytes:
         check_key(key)
         if length == 0:
             return b""
-        return self._get(key, start, length, pin=version)
+        return self._get(key, start, length, pin=version)[0]
 
     def info(self, key: str) -> KeyInfo:
         check_key(key)
@@ -505,22 +526,30 @@ class S3Store(Store):
                     raise self._failure(key, op, exc, kind, tries) from None
                 self.counters.add("store_retries")
 
-    def _get(self, key: str, start: int, length: int | None, pin: str | None = None) -> bytes:
-        """Bytes [start, start+length) of ``key`` (to the end when length is None).
+    def _get(self, key: str, start: int, length: int | None, pin: str | None = None,
+             suffix: int | None = None) -> tuple[bytes, int | None]:
+        """Bytes [start, start+length) of ``key`` (to the end when length is None), or its
+        last ``suffix`` bytes (one ``Range: bytes=-N`` request); with the object's size when
+        the response told it (a suffix read always does).
 
         A body that breaks off is resumed where it stopped, pinned to the first
-        response's ETag so the pieces come from one version of the object; a
-        checksum mismatch discards what was read and starts again.
+        response's ETag so the pieces come from one version of the object (a suffix
+        read resumes the absolute range its first response named); a checksum
+        mismatch discards what was read and starts again.
         """
         parts: list[bytes] = []
         got = 0
         etag: str | None = pin
+        size: int | None = None
+        tail = suffix  # still to be placed: the first response says where the suffix starts
         tries = Attempts(self.retry)
         refreshed = False
         while True:
             kw: dict[str, Any] = {"Bucket": self.bucket, "Key": self.prefix + key}
             pos = start + got
-            if length is not None:
+            if tail is not None:
+                kw["Range"] = f"bytes=-{tail}"
+            elif length is not None:
                 kw["Range"] = f"bytes={pos}-{start + length - 1}"
             elif pos:
                 kw["Range"] = f"bytes={pos}-"
@@ -533,6 +562,10 @@ class S3Store(Store):
                 resp = client.get_object(**kw)
                 etag = etag or resp.get("ETag")
                 expected = int(resp.get("ContentLength", -1))
+                if tail is not None or length is None:
+                    size = _object_size(resp, expected)
+                if tail is not None:  # from now on an absolute range: a resume asks the rest
+                    start, length, tail = size - expected, expected, None
                 body = resp["Body"]
                 received = 0
                 try:
@@ -547,25 +580,31 @@ class S3Store(Store):
                     body.close()
                 if 0 <= received < expected:
                     raise _ShortBody(f"body ended after {received} of {expected} bytes")
-                return b"".join(parts)
+                return b"".join(parts), size
             except Exception as exc:  # noqa: BLE001 - classified below; anything else is re-raised
                 if not isinstance(exc, (*_REQUEST_ERRORS, _ShortBody)):
                     raise
                 if isinstance(exc, bce.ClientError):
                     code = _code(exc)
+                    if code == "InvalidRange" and tail is not None:
+                        return b"", 0  # a suffix of an empty object (RFC 9110: unsatisfiable)
                     if code == "InvalidRange" and (length is not None or got):
-                        return b"".join(parts)  # at or past the end: fewer bytes, like pread
+                        return b"".join(parts), size  # at or past the end: fewer bytes, like pread
                     if (code == "PreconditionFailed" or _status(exc) == 412) and pin:
                         raise Stale(f"{key}: replaced since it was opened; open it again") from None
                     if code == "PreconditionFailed" or _status(exc) == 412:
                         # the object changed between two pieces: start over on the new version
                         log.info("%s: object changed while it was read; reading it again", key)
                         parts, got, etag = [], 0, None
+                        if suffix is not None:
+                            tail = suffix
                         if tries.retry():
                             continue
                 kind = self._count(exc)
                 if kind == "checksum":
                     parts, got, etag = [], 0, pin
+                    if suffix is not None:
+                        tail = suffix
                 if kind == "expired" and not refreshed:
                     refreshed = True
                     self._refresh_client(client)

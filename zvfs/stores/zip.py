@@ -204,6 +204,14 @@ class ZipStore(Store):
             return b""
         return self._read(key, m, start, min(length, size - start))
 
+    def get_suffix(self, key: str, length: int) -> tuple[bytes, int]:
+        if length < 0:
+            raise StoreError(f"{key}: bad suffix length {length}")
+        m = self._member(key)
+        size = m.info.file_size  # from the central directory: no request for it
+        start = max(0, size - length)
+        return (self._read(key, m, start, size - start) if size > start else b""), size
+
     def close(self) -> None:
         with self._lock:
             if not self._closed:
@@ -520,17 +528,20 @@ class _Inflater:
             if not feed:
                 if dec.eof:
                     return
+                # with every compressed byte given, zlib may still hold output (a read that
+                # stopped short of the end): decompress(b"") drains it
                 n = min(_IN_STEP, zi.compress_size - state.in_pos)
-                if n <= 0:
-                    raise _Corrupt("compressed data ends before the deflate stream does")
-                feed = os.pread(self._fd, n, off + state.in_pos)
-                if len(feed) != n:
-                    raise _Corrupt("zip member data is truncated")
-                state.in_pos += n
+                if n > 0:
+                    feed = os.pread(self._fd, n, off + state.in_pos)
+                    if len(feed) != n:
+                        raise _Corrupt("zip member data is truncated")
+                    state.in_pos += n
             want = min(_OUT_STEP, until - state.out_pos)
             if big:  # stop on checkpoint boundaries, so checkpoints sit exactly on them
                 want = min(want, spacing - state.out_pos % spacing)
             out = dec.decompress(feed, want)
+            if not out and not feed and not dec.eof:
+                raise _Corrupt("compressed data ends before the deflate stream does")
             if out:
                 state.crc = zlib.crc32(out, state.crc)
                 state.out_pos += len(out)
@@ -550,14 +561,15 @@ class _Inflater:
                 feed = dec.unconsumed_tail
                 if not feed:
                     n = min(_IN_STEP, zi.compress_size - state.in_pos)
-                    if n <= 0:
-                        raise _Corrupt("compressed data ends before the deflate stream does")
-                    feed = os.pread(self._fd, n, off + state.in_pos)
-                    state.in_pos += len(feed)
-                    if not feed:
-                        raise _Corrupt("zip member data is truncated")
+                    if n > 0:  # else zlib holds the rest already (see _forward)
+                        feed = os.pread(self._fd, n, off + state.in_pos)
+                        state.in_pos += len(feed)
+                        if not feed:
+                            raise _Corrupt("zip member data is truncated")
                 if dec.decompress(feed, 1):
                     raise _Corrupt("deflate stream holds more bytes than declared")
+                if not feed and not dec.eof:
+                    raise _Corrupt("compressed data ends before the deflate stream does")
         if state.crc != zi.CRC:
             raise _Corrupt(
                 f"CRC-32 mismatch (computed {state.crc:08x}, zip directory says {zi.CRC:08x})"
