@@ -123,9 +123,15 @@ class RawFile(FileNode):
             # for it may be another version's, so the reader reads to its own end
             node.direct_io = self._epoch != self._born
             return node
+        info = self._info
+        if staged and info.version is None:
+            # written through the mount, which does not learn the new object's ETag: pin this
+            # open to the object there is now (size and ETag from one HEAD), so a later
+            # overwrite can never mix into its reads
+            info = await store_call(self.ctx, self.key, store.info, self.key)
         # zip: the same bytes, following writes as this node does; else pinned to this version
-        mine = RawReader(self.ctx, self.key, self._info,
-                         pinned=self._pinned or self._info.version is not None or staged)
+        mine = RawReader(self.ctx, self.key, info,
+                         pinned=self._pinned or info.version is not None or staged)
         mine._epoch, mine._born = self._epoch, self._born
         mine.direct_io = staged
         return mine
