@@ -132,9 +132,7 @@ class DecodedArray:
                     self.ctx.failures.put(key, (str(err), once))
                 raise err from exc
 
-        if key in self.ctx.prefetched:
-            self.ctx.prefetched.discard(key)
-            self.ctx.counters.add("prefetch_hits")
+        self.ctx.prefetch_hit(key)
         return await self.ctx.chunks.get(key, load, ttl=self.ctx.metadata_ttl)
 
     def _store_key(self, idx: tuple[int, ...]) -> str:
@@ -167,15 +165,16 @@ class DecodedArray:
         async def convert() -> np.ndarray:
             return await self.ctx.workers.run(convert_chunk, await self.chunk(idx), dt)
 
-        return await self.ctx.chunks.get(self._key(idx, dt), convert, ttl=self.ctx.metadata_ttl)
+        key = self._key(idx, dt)
+        self.ctx.prefetch_hit(key)
+        return await self.ctx.chunks.get(key, convert, ttl=self.ctx.metadata_ttl)
 
     def _peek(self, idx: tuple[int, ...], dtype: np.dtype | None = None) -> np.ndarray | None:
         """Chunk ``idx`` (as ``dtype``) if it is ready already (a read then needs no task and no hop)."""
         key = self._key(idx, dtype)
         chunk = self.ctx.chunks.peek(key)
-        if chunk is not None and key in self.ctx.prefetched:
-            self.ctx.prefetched.discard(key)
-            self.ctx.counters.add("prefetch_hits")
+        if chunk is not None:
+            self.ctx.prefetch_hit(key)
         return chunk
 
     def _prefetch(self, start: int, stop: int, dtype: np.dtype | None = None) -> None:
@@ -192,11 +191,10 @@ class DecodedArray:
             self.ctx.prefetched.add(key)
             self.ctx.counters.add("prefetch_requests")
 
-    async def chunks(
+    def _ready(
         self, indices: list[tuple[int, ...]], dtype: np.dtype | None = None
-    ) -> dict[tuple[int, ...], np.ndarray]:
-        """Several chunks (as ``dtype``) at once: the ready ones at once, the rest fetched and
-        decoded concurrently (one worker hop each, so both cores decode)."""
+    ) -> tuple[dict[tuple[int, ...], np.ndarray], list[tuple[int, ...]]]:
+        """The chunks of ``indices`` that are ready (as ``dtype``), and those still to load."""
         out: dict[tuple[int, ...], np.ndarray] = {}
         missing = []
         for idx in indices:
@@ -205,6 +203,14 @@ class DecodedArray:
                 missing.append(idx)
             else:
                 out[idx] = chunk
+        return out, missing
+
+    async def chunks(
+        self, indices: list[tuple[int, ...]], dtype: np.dtype | None = None
+    ) -> dict[tuple[int, ...], np.ndarray]:
+        """Several chunks (as ``dtype``) at once: the ready ones at once, the rest fetched and
+        decoded concurrently (one worker hop each, so both cores decode)."""
+        out, missing = self._ready(indices, dtype)
         if missing:
             out.update(await gather(missing, lambda i: self.chunk_as(i, dtype)))
         return out
@@ -264,14 +270,7 @@ class DecodedArray:
 
         Any failure falls back to one chunk at a time, so errors are reported and
         remembered exactly as for a single chunk."""
-        out: dict[tuple[int, ...], np.ndarray] = {}
-        missing = []
-        for idx in indices:
-            chunk = self._peek(idx)
-            if chunk is None:
-                missing.append(idx)
-            else:
-                out[idx] = chunk
+        out, missing = self._ready(indices)
         if missing and self.meta.chunk_nbytes * len(missing) <= BATCH_BYTES:
             try:
                 reader = await self._open()

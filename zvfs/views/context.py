@@ -208,13 +208,17 @@ class MountContext:
         async def ahead() -> None:
             try:
                 await fn(*args)
-            except Exception as exc:  # noqa: BLE001 - the read that needs it retries and reports
-                log.debug("prefetch failed: %s", exc)
             finally:
                 self._prefetching -= nbytes
 
-        self.nursery.start_soon(ahead)
+        self.background(ahead)
         return True
+
+    def prefetch_hit(self, key: object) -> None:
+        """A reader asks for ``key``: count it once as a hit if read-ahead loaded (or is loading) it."""
+        if key in self.prefetched:
+            self.prefetched.discard(key)
+            self.counters.add("prefetch_hits")
 
     def warn_once(self, tag: str, message: str) -> None:
         """Log ``message`` the first time ``tag`` is seen, so a bad key is one line, not one per lookup."""

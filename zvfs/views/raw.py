@@ -204,9 +204,8 @@ class RawFile(FileNode):
                 return b""
             self.ctx.prefetched.add(key)
             self.ctx.counters.add("prefetch_requests")
-        elif key in self.ctx.prefetched:
-            self.ctx.prefetched.discard(key)
-            self.ctx.counters.add("prefetch_hits")
+        else:
+            self.ctx.prefetch_hit(key)
         start = n * bs
         return await self.ctx.chunks.get(key, lambda: self._get_range(start, min(bs, info.size - start)))
 
