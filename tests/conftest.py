@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 import zipfile
 from collections.abc import Iterator
@@ -53,6 +54,26 @@ def tool(name: str) -> str:
 
 def zvfs_cmd() -> list[str]:
     return [tool("zvfs")]
+
+
+def in_threads(fn, n: int, timeout: float = 120) -> list[BaseException]:
+    """Run ``fn(i)`` for i in range(n) in n threads at once; what they raised, for the main
+    thread to report (a thread still running after ``timeout`` fails the test as hung)."""
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        try:
+            fn(i)
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    return errors
 
 
 def run(cmd, *, check: bool = False, timeout: float = 120, **kw) -> subprocess.CompletedProcess:

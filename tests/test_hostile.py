@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import Mounted, daemon_pids, is_mounted, run, tool
+from conftest import Mounted, daemon_pids, in_threads, is_mounted, run, tool
 
 MiB = 1 << 20
 
@@ -749,29 +749,20 @@ def test_zip_inflater_under_concurrent_readers(tmp_path: Path) -> None:
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
         zf.writestr("m", data)
     st = ZipStore(path)
-    errors: list[BaseException] = []
 
     def reader(seed: int) -> None:
         rng = random.Random(seed)
-        try:
-            if seed % 3 == 0:
-                offsets = list(range(0, len(data), 256 << 10))
-            elif seed % 3 == 1:
-                offsets = list(reversed(range(0, len(data), 256 << 10)))
-            else:
-                offsets = [rng.randrange(len(data)) for _ in range(40)]
-            for off in offsets:
-                n = rng.randrange(1, 600_000)
-                assert st.get_range("m", off, n) == data[off:off + n], (seed, off, n)
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-            errors.append(exc)
+        if seed % 3 == 0:
+            offsets = list(range(0, len(data), 256 << 10))
+        elif seed % 3 == 1:
+            offsets = list(reversed(range(0, len(data), 256 << 10)))
+        else:
+            offsets = [rng.randrange(len(data)) for _ in range(40)]
+        for off in offsets:
+            n = rng.randrange(1, 600_000)
+            assert st.get_range("m", off, n) == data[off:off + n], (seed, off, n)
 
-    threads = [threading.Thread(target=reader, args=(i,)) for i in range(12)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "a reader hung"
+    errors = in_threads(reader, 12, timeout=120)  # fails the test if a reader hangs
     assert not errors, errors[:3]
     assert st.get("m") == data
     st.close()

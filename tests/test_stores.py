@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import zipfile
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from conftest import in_threads  # noqa: E402
 from moto_server import DUMMY_ENV, MotoServer, put_many, s3_client, upload_tree  # noqa: E402
 
 from zvfs.stats import ERROR_KINDS, Counters  # noqa: E402
@@ -246,21 +246,13 @@ def test_list_tree(store: Store) -> None:
 
 def test_parallel_reads(store: Store) -> None:
     """One store serves many threads (one fd / one boto3 client)."""
-    errors: list[BaseException] = []
 
     def work(i: int) -> None:
-        try:
-            for key, value in SAMPLE.items():
-                s = (i * 37) % (len(value) or 1)
-                assert store.get_range(key, s, 777) == value[s:s + 777]
-        except BaseException as e:  # noqa: BLE001 - report in the main thread
-            errors.append(e)
+        for key, value in SAMPLE.items():
+            s = (i * 37) % (len(value) or 1)
+            assert store.get_range(key, s, 777) == value[s:s + 777]
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = in_threads(work, 8)
     assert not errors, errors
 
 
@@ -387,22 +379,14 @@ def test_directory_kept_files_are_bounded_and_shared_by_threads(tmp_path: Path) 
     for key, value in values.items():
         (root / key).write_bytes(value)
     st = DirectoryStore(root, open_files=4)
-    errors: list[BaseException] = []
 
     def work(seed: int) -> None:
-        try:
-            for n in range(400):
-                key = f"k{(seed * 7 + n * 13) % 60}"
-                start = n % 1000
-                assert st.get_range(key, start, 500) == values[key][start:start + 500], key
-        except BaseException as e:  # noqa: BLE001 - report in the main thread
-            errors.append(e)
+        for n in range(400):
+            key = f"k{(seed * 7 + n * 13) % 60}"
+            start = n % 1000
+            assert st.get_range(key, start, 500) == values[key][start:start + 500], key
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = in_threads(work, 8)
     assert not errors, errors[:3]
     assert len(_open_below(root)) <= 4
     st.close()
