@@ -15,17 +15,20 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 from conftest import (
     S3_BUCKET,
+    S3_PREFIX,
     _pid_alive,
     daemon_pids,
     force_unmount,
     mount_entry,
     run,
+    s3_client,
     tool,
     wait_until,
     zvfs_cmd,
@@ -210,14 +213,61 @@ def test_directory_without_zarr_warns_once(zarr_dir, tmp_path) -> None:
 
 def test_the_mount_path_imports_nothing_heavy() -> None:
     """What runs before the mount answers (the CLI, the metadata scan, the daemon and the
-    root of the tree) must not import numpy, the codecs, the formats' readers or the
-    decoded views: those took half of the start-up time, and load after the mount answers."""
+    root of the tree, an S3 source still being opened) must not import numpy, the codecs,
+    the formats' readers, the decoded views or botocore: those took half of the start-up
+    time, and load after the mount answers."""
     code = (
         "import sys, zvfs.cli, zvfs.formats.probe, zvfs.daemon, zvfs.stores.url, zvfs.stores.zip\n"
-        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'numcodecs', 'boto3')\n"
+        "import zvfs.stores.pending\n"
+        "heavy = sorted(m for m in sys.modules\n"
+        "               if m.split('.')[0] in ('numpy', 'numcodecs', 'boto3', 'botocore')\n"
         "               or m in ('zvfs.formats.api', 'zvfs.views.decoded', 'zvfs.codecs'))\n"
         "print(' '.join(heavy))\n"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          check=True)
     assert res.stdout.split() == [], res.stdout
+
+
+def test_s3_mount_answers_before_its_source_is_open(zarr_s3, zarr_dir, moto, s3_env, tmp_path) -> None:
+    """The mount answers the kernel while the S3 source is still being opened (here its
+    probe hangs, held by the fault proxy): a stat answers, a listing waits for the store;
+    `zvfs mount` returns only once the source is open (and would fail then, unmounting);
+    the tree's mtimes are then the newest metadata key's, as S3 lists it."""
+    from faultproxy import FaultProxy
+
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    listed: list[object] = []
+    with FaultProxy(moto.port) as proxy:
+        proxy.set({"kind": "silent", "ops": ["list"]})  # every listing hangs until cleared
+        proc = subprocess.Popen([*zvfs_cmd(), "mount", zarr_s3, str(mnt), "--endpoint-url", proxy.endpoint,
+                                 "--log-file", str(tmp_path / "log")], env=s3_env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert wait_until(lambda: mount_entry(mnt) is not None, 60), proc.poll()
+            assert os.stat(mnt).st_dev != os.stat(tmp_path).st_dev  # answered by the mount
+            assert proc.poll() is None  # the source is not open yet: not announced
+            assert wait_until(lambda: proxy.stats().get("requests_list", 0) >= 1, 60)  # the probe hangs
+            assert proc.poll() is None
+            reader = threading.Thread(target=lambda: listed.append(sorted(os.listdir(mnt))))
+            reader.start()
+            time.sleep(0.3)
+            assert not listed  # a listing needs the store: it waits
+            proxy.clear()
+            _out, err = proc.communicate(timeout=90)
+            assert proc.returncode == 0, err
+            reader.join(60)
+            assert listed == [sorted(p.name for p in zarr_dir.iterdir())]
+            client = s3_client(moto.endpoint)
+            newest = max(o["LastModified"].timestamp()
+                         for page in client.get_paginator("list_objects_v2").paginate(
+                             Bucket=S3_BUCKET, Prefix=S3_PREFIX + "/")
+                         for o in page.get("Contents", ())
+                         if o["Key"].rsplit("/", 1)[-1] in ("zarr.json", ".zarray", ".zgroup", ".zattrs"))
+            assert os.stat(mnt).st_mtime == pytest.approx(newest, abs=1e-3)
+            assert os.stat(mnt / ".zvfs").st_mtime == pytest.approx(newest, abs=1e-3)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            force_unmount(mnt)

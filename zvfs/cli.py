@@ -1,8 +1,10 @@
 """Command line: ``zvfs mount``, ``zvfs unmount`` and the ``mount.zvfs`` helper for mount(8).
 
-``zvfs mount`` daemonizes by starting itself again with ``-f`` in a new
-session and waiting on a pipe: it returns 0 only once the mount answers a
-``stat``, and otherwise prints the child's one-line reason and exits non-zero.
+``zvfs mount`` checks what it can at once (options, mountpoint, source), then
+daemonizes: it forks a child in a new session and waits on a pipe. It returns 0
+only once the mount answers a ``stat`` and its source is open, and otherwise
+prints the child's one-line reason and exits non-zero. (A fork, not a new
+interpreter: the child starts with the modules the parent has imported.)
 
 Exit status: 0 mounted; 1 a failure that may go away (endpoint unreachable,
 FUSE refused); 2 a command line argparse cannot read; 78 (EX_CONFIG) a
@@ -16,21 +18,20 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
-import logging.handlers
 import os
 import select
-import shutil
-import subprocess
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from zvfs import options as zopts
 from zvfs.mounts import is_dead, is_mounted, mount_entry
 from zvfs.stats import Counters
 
 log = logging.getLogger("zvfs")
+T = TypeVar("T")
 
 READY_TIMEOUT = 120.0
 EXIT_FAIL = 1
@@ -81,7 +82,6 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("mountpoint")
     m.add_argument("-f", "--foreground", action="store_true",
                    help="stay in the foreground (for systemd and debugging)")
-    m.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
     zopts.add_arguments(m)
     u = sub.add_parser("unmount", aliases=["umount"], help="unmount MOUNTPOINT")
     u.add_argument("mountpoint")
@@ -116,7 +116,9 @@ def _setup_logging(opts: dict[str, Any], daemon: bool, mountpoint: str) -> str:
         if where == "syslog":
             if not os.path.exists("/dev/log"):  # the handler would drop every line silently
                 raise FileNotFoundError(errno.ENOENT, "no syslog daemon listens there")
-            handler = logging.handlers.SysLogHandler("/dev/log")
+            from logging.handlers import SysLogHandler
+
+            handler = SysLogHandler("/dev/log")
             fmt = "zvfs[%(process)d]: %(levelname)s %(message)s"
         elif where:
             os.makedirs(os.path.dirname(where), exist_ok=True)
@@ -171,21 +173,42 @@ def check_mountpoint(path: str, allow_non_empty: bool = False) -> str:
     return mp
 
 
-def _open_source(source: str, opts: dict[str, Any], counters: Counters):  # type: ignore[no-untyped-def]
-    from zvfs.stores.base import SourceError, SourceUnavailable
-    from zvfs.stores.retry import RetryPolicy
-    from zvfs.stores.url import open_store, parse_source
+def _source_spec(source: str, opts: dict[str, Any]) -> Any:
+    """SOURCE parsed, local paths checked (cheap: no store is opened, nothing is asked of S3)."""
+    from zvfs.stores.base import SourceError
+    from zvfs.stores.url import parse_source
 
     try:
-        spec = parse_source(source, endpoint_url=opts["endpoint_url"], region=opts["region"],
+        return parse_source(source, endpoint_url=opts["endpoint_url"], region=opts["region"],
                             profile=opts["profile"], no_sign_request=opts["no_sign_request"])
-        retry = RetryPolicy(attempts=opts["s3_attempts"], timeout=opts["s3_timeout"],
-                            deadline=opts["s3_deadline"])
-        return open_store(spec, retry, allow_empty=opts["allow_empty"], counters=counters), spec.describe()
+    except (SourceError, ValueError) as exc:
+        raise CliError(str(exc)) from None
+
+
+def _source_errors(fn: Callable[[], T]) -> T:
+    """``fn()``, with a source that cannot be opened as the CLI's error (1 if it may pass)."""
+    from zvfs.stores.base import SourceError, SourceUnavailable
+
+    try:
+        return fn()
     except SourceUnavailable as exc:
         raise CliError(str(exc), EXIT_FAIL) from None
     except (SourceError, ValueError) as exc:
         raise CliError(str(exc)) from None
+
+
+def _open_source(spec: Any, opts: dict[str, Any], counters: Counters) -> Any:
+    """The store, open when that is cheap (local); an S3 store is a PendingStore, opened by
+    ``prepare`` once the mount answers."""
+    from zvfs.stores.retry import RetryPolicy
+    from zvfs.stores.url import open_store
+
+    def make() -> Any:
+        retry = RetryPolicy(attempts=opts["s3_attempts"], timeout=opts["s3_timeout"],
+                            deadline=opts["s3_deadline"])
+        return open_store(spec, retry, allow_empty=opts["allow_empty"], counters=counters, pending=True)
+
+    return _source_errors(make)
 
 
 class _Reporter:
@@ -210,47 +233,28 @@ class _Reporter:
         return exc.code
 
 
-def _scan(store: Any, description: str, report: _Reporter) -> Callable[[], Any]:
+def _scan(store: Any, description: str, report: _Reporter) -> dict[str, float]:
     """Look at the store's key names once: warn when it holds no Zarr metadata at all (its
-    plain files still mount), and learn the metadata mtimes the decoded views show.
-
-    The listing runs in a thread while the daemon's modules import (on S3 it is a round
-    trip or more); the returned call waits for it, warns, and gives the scan.
-    """
-    import threading
-
-    from zvfs.formats.probe import MetadataScan, scan_metadata
+    plain files still mount), and learn the metadata mtimes the decoded views show."""
+    from zvfs.formats.probe import scan_metadata
     from zvfs.stores.base import StoreError
 
-    out: list[Any] = []
-
-    def work() -> None:
-        try:
-            out.append(scan_metadata(store))
-        except StoreError as exc:  # listing fails later too, with its own message; not worth a refusal
-            log.debug("could not look for Zarr metadata: %s", exc)
-        except Exception:  # noqa: BLE001 - the scan only informs; the mount goes on without it
-            log.debug("metadata scan failed", exc_info=True)
-
-    thread = threading.Thread(target=work, name="zvfs-scan", daemon=True)
-    thread.start()
-
-    def result() -> Any:
-        thread.join()
-        scan = out[0] if out else MetadataScan(found=None)
-        if scan.found is False:
-            report.warn(f"{description} holds no Zarr metadata (zarr.json, .zarray, .zgroup); "
-                        "mounting its plain files, and .zvfs/ will have no arrays")
-        return scan
-
-    return result
+    try:
+        scan = scan_metadata(store)
+    except StoreError as exc:  # listing fails later too, with its own message; not worth a refusal
+        log.debug("could not look for Zarr metadata: %s", exc)
+        return {}
+    except Exception:  # noqa: BLE001 - the scan only informs; the mount goes on without it
+        log.debug("metadata scan failed", exc_info=True)
+        return {}
+    if scan.found is False:
+        report.warn(f"{description} holds no Zarr metadata (zarr.json, .zarray, .zgroup); "
+                    "mounting its plain files, and .zvfs/ will have no arrays")
+    return scan.mtimes
 
 
-def _check_writable(store: Any, description: str, opts: dict[str, Any], report: _Reporter) -> None:
-    """--writable: refuse a store that cannot write, and tell of (or abort) the multipart
-    uploads an earlier writer left unfinished."""
-    from zvfs.stores.base import StoreError
-
+def _refuse_read_only(store: Any, description: str) -> None:
+    """--writable on a store that cannot write: refused before mounting."""
     if not store.can_write:
         raise CliError(f"{description} is a zip file, and zip sources are read-only: "
                        "mount it without --writable (-o writable)")
@@ -258,6 +262,12 @@ def _check_writable(store: Any, description: str, opts: dict[str, Any], report: 
     if root is not None and not os.access(root, os.W_OK):
         raise CliError(f"{description} is not writable by this user: mount it without --writable, "
                        "or fix its permissions")
+
+
+def _check_uploads(store: Any, description: str, opts: dict[str, Any], report: _Reporter) -> None:
+    """--writable: tell of (or abort) the multipart uploads an earlier writer left unfinished."""
+    from zvfs.stores.base import StoreError
+
     unfinished = getattr(store, "unfinished_uploads", None)
     if unfinished is None:
         return
@@ -280,71 +290,89 @@ def _check_writable(store: Any, description: str, opts: dict[str, Any], report: 
                 "mount with --abort-uploads (-o abort_uploads) to abort them")
 
 
-def _mount_foreground(args: argparse.Namespace, opts: dict[str, Any]) -> int:
-    daemon = args.ready_fd is not None
-    report = _Reporter(args.ready_fd)
+def _mount_foreground(args: argparse.Namespace, opts: dict[str, Any], spec: Any = None,
+                      ready_fd: int | None = None) -> int:
+    """Mount and serve here; ``ready_fd``: the daemon's pipe to the waiting parent."""
+    daemon = ready_fd is not None
+    report = _Reporter(ready_fd)
     # the mount's counters, which the store, the wrappers, the views and the fs layer count into
     counters = Counters()
-
     try:
         where = _setup_logging(opts, daemon, args.mountpoint)
-        if daemon and where:
-            os.write(args.ready_fd, f"LOG {where}\n".encode())
+        if ready_fd is not None and where:
+            os.write(ready_fd, f"LOG {where}\n".encode())
         mountpoint = check_mountpoint(args.mountpoint, opts["allow_non_empty"])
-        store, description = _open_source(args.source, opts, counters)
+        spec = spec or _source_spec(args.source, opts)
+        store = _open_source(spec, opts, counters)
     except CliError as exc:
         return report.fail(exc)
+    description = spec.describe()
     try:
         if opts["writable"]:
-            _check_writable(store, description, opts, report)
+            _refuse_read_only(store, description)
     except CliError as exc:
         store.close()
         return report.fail(exc)
-    scanned = _scan(store, description, report)
+
+    def prepare() -> dict[str, float]:
+        """Once the mount answers: the source opened (S3), checked, and scanned."""
+        opening = getattr(store, "open", None)
+        opened = store if opening is None else _source_errors(opening)
+        if opts["writable"]:
+            _check_uploads(opened, description, opts, report)
+        return _scan(opened, description, report)
+
     from zvfs.daemon import serve
 
-    scan = scanned()
-
     try:
-        serve(store, mountpoint, description, opts, counters, ready_fd=args.ready_fd,
-              metadata_mtimes=scan.mtimes)
+        serve(store, mountpoint, description, opts, counters, ready_fd=ready_fd, prepare=prepare)
+    except CliError as exc:
+        return report.fail(exc)
     except Exception as exc:  # noqa: BLE001 - whatever it is, the user gets one line, not a traceback
         log.debug("mount failed", exc_info=True)
         return report.fail(CliError(f"cannot mount {args.source} at {mountpoint}: {exc}", EXIT_FAIL))
     return 0
 
 
-def _child_argv(args: argparse.Namespace, opts: dict[str, Any], mountpoint: str) -> list[str]:
-    """The same mount as a command line of resolved options and absolute paths (the child runs in /)."""
-    source = args.source
-    if "://" not in source:  # a local path, existing or not: the child must see the caller's one
-        source = os.path.abspath(os.path.expanduser(source))
-    out = ["mount", source, mountpoint]
-    for opt in zopts.OPTIONS:
-        value = opts[opt.name]
-        if value == opt.default:
-            continue
-        flag = "--" + opt.name.replace("_", "-")
-        out += [flag] if opt.parse is None else [flag, zopts.format_value(opt, value)]
-    return out
-
-
 def _mount_daemon(args: argparse.Namespace, opts: dict[str, Any]) -> int:
-    # cheap checks first, so the common mistakes answer at once
+    # cheap checks first, so the common mistakes answer at once, before any child exists
     mountpoint = check_mountpoint(args.mountpoint, opts["allow_non_empty"])
+    spec = _source_spec(args.source, opts)
     read_fd, write_fd = os.pipe()
-    child_argv = [sys.executable, "-m", "zvfs", *_child_argv(args, opts, mountpoint), "--ready-fd", str(write_fd)]
-    with open(os.devnull, "rb") as devnull_in, open(os.devnull, "wb") as devnull_out:
-        proc = subprocess.Popen(child_argv, stdin=devnull_in, stdout=devnull_out, stderr=devnull_out,
-                                pass_fds=(write_fd,), start_new_session=True, cwd="/")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        _daemon(args, opts, spec, mountpoint, write_fd)
     os.close(write_fd)
     try:
-        return _await_ready(proc, read_fd, mountpoint, tell_log=not opts["log_file"])
+        return _await_ready(pid, read_fd, mountpoint, tell_log=not opts["log_file"])
     finally:
         os.close(read_fd)
 
 
-def _ready_lines(proc: subprocess.Popen[bytes], read_fd: int) -> Iterator[str]:
+def _daemon(args: argparse.Namespace, opts: dict[str, Any], spec: Any, mountpoint: str,
+            ready_fd: int) -> NoReturn:
+    """The forked child: its own session, no terminal, in /; serves the mount, then exits."""
+    code = EXIT_FAIL
+    try:
+        os.setsid()
+        os.chdir("/")
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.close(null)
+        args.mountpoint = mountpoint
+        code = _mount_foreground(args, opts, spec, ready_fd)
+    except BaseException:  # noqa: BLE001 - the parent hears of it when the pipe closes
+        log.debug("the mount process failed", exc_info=True)
+    finally:
+        logging.shutdown()
+        os._exit(code)
+
+
+def _ready_lines(pid: int, read_fd: int) -> Iterator[str]:
     """The child's report lines (LOG/WARN/OK/ERR) until it closes the pipe."""
     buf = b""
     deadline = time.monotonic() + READY_TIMEOUT
@@ -354,7 +382,7 @@ def _ready_lines(proc: subprocess.Popen[bytes], read_fd: int) -> Iterator[str]:
             yield line.decode(errors="replace")
         left = deadline - time.monotonic()
         if left <= 0:
-            proc.terminate()
+            os.kill(pid, signal.SIGTERM)
             raise CliError(f"the mount did not become ready within {READY_TIMEOUT:.0f} s; "
                            "run with -f --log-level debug to see why", EXIT_FAIL)
         ready, _, _ = select.select([read_fd], [], [], left)
@@ -365,9 +393,21 @@ def _ready_lines(proc: subprocess.Popen[bytes], read_fd: int) -> Iterator[str]:
             buf += chunk
 
 
-def _await_ready(proc: subprocess.Popen[bytes], read_fd: int, mountpoint: str, tell_log: bool) -> int:
+def _exit_status(pid: int, timeout: float = 30.0) -> int:
+    """The child's exit status, once it has exited (-1 if it has not within ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            return -1
+        time.sleep(0.01)
+
+
+def _await_ready(pid: int, read_fd: int, mountpoint: str, tell_log: bool) -> int:
     log_where = ""
-    for line in _ready_lines(proc, read_fd):
+    for line in _ready_lines(pid, read_fd):
         kind, _, rest = line.partition(" ")
         if kind == "LOG":
             log_where = rest
@@ -378,15 +418,18 @@ def _await_ready(proc: subprocess.Popen[bytes], read_fd: int, mountpoint: str, t
                 print(f"zvfs: mounted at {mountpoint}; its log goes to {log_where}", file=sys.stderr)
             return 0
         elif kind == "ERR":
-            proc.wait(timeout=30)
+            _exit_status(pid)
             code, _, message = rest.partition(" ")
             raise CliError(message, int(code) if code.isdigit() else EXIT_FAIL)
-    code = proc.wait(timeout=30)
+    code = _exit_status(pid)
     hint = f"; see the log in {log_where}" if log_where else "; run with -f --log-level debug to see why"
     raise CliError(f"the mount process exited ({code}) before the mount was ready{hint}", EXIT_FAIL)
 
 
 def _fusermount(path: str, lazy: bool) -> None:
+    import shutil
+    import subprocess
+
     tool = shutil.which("fusermount3") or shutil.which("fusermount")
     if tool is None:
         raise CliError("fusermount3 not found; install the fuse3 package (apt-get install fuse3)")
@@ -422,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
             opts = zopts.resolve(args)
         except ValueError as exc:
             raise CliError(str(exc)) from None
-        if args.foreground or args.ready_fd is not None:
+        if args.foreground:
             return _mount_foreground(args, opts)
         return _mount_daemon(args, opts)
     except CliError as exc:

@@ -1,34 +1,37 @@
 """Serving one mount in this process: FUSE session, trio loop, signals, readiness.
 
-The CLI's daemon mode starts this module in a child process and waits on a
-pipe for the word that the mount answers; ``-f`` runs it in place (systemd
-``Type=notify`` gets ``READY=1`` at the same moment).
+The CLI's daemon mode forks a child that runs this and waits on a pipe for the
+word that the mount is ready; ``-f`` runs it in place (systemd ``Type=notify``
+gets ``READY=1`` at the same moment).
+
+Start-up answers the kernel first: nothing on the way to ``pyfuse3.init`` and
+the first answer lists the store, and nothing imports what only reads need
+(botocore, numpy, the codecs). What the mount still needs from the source (an
+S3 store's opening, the metadata scan) runs once the mount answers, and the
+mount is announced ready (``OK``, ``READY=1``) after it; a request that needs the
+store meanwhile waits for it.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
-import socket
-import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import pyfuse3
 import trio
 
-from zvfs.cache.disk import DiskCachedStore
 from zvfs.fs import ZvfsOperations
 from zvfs.mounts import mount_device
 from zvfs.options import OPTIONS, format_value
 from zvfs.stats import Counters
 from zvfs.stores.base import Store
 from zvfs.stores.counting import CountingStore
-from zvfs.stores.directory import DirectoryStore
 from zvfs.views.context import MountContext
-from zvfs.views.root import CONTROL_NAME, MountRoot, build_root, load_decoded_views
+from zvfs.views.root import CONTROL_NAME, DecodedDir, MountRoot, build_root, load_decoded_views
 from zvfs.views.usage import StoreUsage
 from zvfs.workers import Workers, run_abandonable
 
@@ -57,6 +60,8 @@ def sd_notify(message: str) -> None:
     addr = os.environ.get("NOTIFY_SOCKET")
     if not addr:
         return
+    import socket
+
     if addr.startswith("@"):
         addr = "\0" + addr[1:]
     try:
@@ -76,6 +81,8 @@ def tune_kernel(mountpoint: str) -> None:
     conn_dir = "/sys/fs/fuse/connections"
     if os.geteuid() == 0 and os.path.isdir(conn_dir) and not os.listdir(conn_dir):
         # fusectl is where max_background lives; systemd mounts it, bare containers may not
+        import subprocess
+
         subprocess.run(["mount", "-t", "fusectl", "fusectl", conn_dir], capture_output=True)
     for path, value in (
         (f"/sys/class/bdi/{dev}/read_ahead_kb", READ_AHEAD_KB),
@@ -98,6 +105,8 @@ def tame_malloc() -> None:
     size. A fixed threshold sends every large buffer back to the kernel on
     free, and two arenas are plenty for 2-core decoding.
     """
+    import ctypes
+
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:  # not glibc: nothing to tune
@@ -107,13 +116,15 @@ def tame_malloc() -> None:
     libc.mallopt(m_arena_max, 2)
 
 
-def build_context(store: Store, opts: dict[str, Any], counters: Counters, description: str = "",
-                  metadata_mtimes: dict[str, float] | None = None) -> MountContext:
+def build_context(store: Store, opts: dict[str, Any], counters: Counters,
+                  description: str = "") -> MountContext:
     """Stack the store wrappers: counting sits next to the real store, so stats.json counts
     only real requests; the optional disk tier sits above it. ``counters`` are the mount's
     (the store was opened with them too): the context owns them from here on."""
     layered: Store = CountingStore(store, counters)
     if opts["cache_dir"]:
+        from zvfs.cache.disk import DiskCachedStore
+
         layered = DiskCachedStore(
             layered,
             opts["cache_dir"],
@@ -139,23 +150,61 @@ def build_context(store: Store, opts: dict[str, Any], counters: Counters, descri
         cache_size=opts["cache_size"],
         decoded=opts["decoded"],
         source=description or store.description,
-        metadata_mtimes=dict(metadata_mtimes or {}),
         options={o.name: format_value(o, opts[o.name]) if o.parse else opts[o.name]
                  for o in OPTIONS if opts.get(o.name) is not None},
     )
 
 
-async def _announce_ready(ctx: MountContext, mountpoint: str, ready_fd: int | None) -> None:
+def settle_mtimes(ctx: MountContext, root: MountRoot, mtimes: dict[str, float]) -> None:
+    """Give the tree the mtimes the metadata scan found: the context (for every node made from
+    now on) and the nodes made before it came, which took the mount time."""
+    before = ctx.learn_mtimes(mtimes)
+    control = root.control.entries.values() if root.control is not None else ()
+    for node in (root, root.raw, root.control, *(d for d in control if isinstance(d, DecodedDir))):
+        if node is not None and node.mtime == before:
+            node.mtime = ctx.stable_time
+
+
+async def _announce_ready(ctx: MountContext, root: MountRoot, mountpoint: str, ready_fd: int | None,
+                          prepare: Callable[[], dict[str, float]] | None,
+                          failed: list[BaseException]) -> None:
     # stat goes through FUSE, so it proves the loop answers; it must leave the trio thread.
     # The thread is abandoned if a signal stops the loop first: its stat would then wait
     # for an answer that never comes, until the unmount fails it.
     await run_abandonable(os.stat, mountpoint)
+    log.debug("answering at %s", mountpoint)
     await ctx.workers.run(tune_kernel, mountpoint)
+    if prepare is not None:
+        try:
+            mtimes = await run_abandonable(prepare)
+        except Exception as exc:  # noqa: BLE001 - the caller of serve reports it, after unmounting
+            failed.append(exc)
+            pyfuse3.terminate()
+            return
+        if mtimes:
+            settle_mtimes(ctx, root, mtimes)
+            # our own stat above had the kernel keep the root's attributes: not those any more
+            await run_abandonable(_forget_root_attributes)
+    if ctx.store.flat_listing:
+        # like rclone's --vfs-refresh: list the store (S3) while the user types the first
+        # command (after the scan: the two listings would slow each other down)
+        ctx.background(root.raw.warm)
     log.info("mounted %s", mountpoint)
     if ready_fd is not None:
         os.write(ready_fd, b"OK\n")
         os.close(ready_fd)
     sd_notify("READY=1\nSTATUS=mounted")
+    # what the first decoded reads need, imported while the user types the first command
+    # (not before: it would hold the interpreter while the source is being opened)
+    if root.control is not None:
+        ctx.background(load_decoded_views, ctx)
+
+
+def _forget_root_attributes() -> None:
+    try:
+        pyfuse3.invalidate_inode(pyfuse3.ROOT_INODE, attr_only=True)
+    except OSError:
+        pass  # nothing cached
 
 
 class SignalStop:
@@ -205,16 +254,12 @@ class SignalStop:
 
 
 async def _serve(ctx: MountContext, root: MountRoot, mountpoint: str, ready_fd: int | None,
-                 stop: SignalStop) -> None:
+                 stop: SignalStop, prepare: Callable[[], dict[str, float]] | None,
+                 failed: list[BaseException]) -> None:
     stop.attach()
     async with trio.open_nursery() as nursery:
         ctx.nursery = nursery
-        nursery.start_soon(_announce_ready, ctx, mountpoint, ready_fd)
-        if root.control is not None:
-            ctx.background(load_decoded_views, ctx)  # imported while the user types the first command
-        if ctx.store.flat_listing:
-            # like rclone's --vfs-refresh: list the store while the user types the first command
-            ctx.background(root.raw.warm)
+        nursery.start_soon(_announce_ready, ctx, root, mountpoint, ready_fd, prepare, failed)
         await pyfuse3.main(min_tasks=8, max_tasks=256)
         nursery.cancel_scope.cancel()
 
@@ -224,17 +269,23 @@ SWITCH_INTERVAL = 0.0005
 
 
 def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any], counters: Counters,
-          ready_fd: int | None = None, metadata_mtimes: dict[str, float] | None = None) -> None:
+          ready_fd: int | None = None,
+          prepare: Callable[[], dict[str, float]] | None = None) -> None:
     """Mount and serve until unmounted or signalled; ``counters`` are the mount's (the store
-    was opened with them). Raises OSError if the mount fails."""
+    was opened with them). Raises OSError if the mount fails.
+
+    ``prepare`` (blocking) runs in a thread once the mount answers: it finishes what the
+    mount needs of the source (opening it, the metadata scan) and returns the metadata
+    mtimes. The mount is announced ready after it; if it raises, the mount is undone and
+    serve raises that."""
     tame_malloc()
     # The trio thread holds the GIL between its awaits; a worker coming back from a decode
     # or a read waits up to one switch interval for it, at every return from C. The default
     # 5 ms made a 1 ms chunk decode take 10-20 ms under load: hand the GIL over sooner.
     sys.setswitchinterval(SWITCH_INTERVAL)
-    ctx = build_context(store, opts, counters, description, metadata_mtimes)
+    ctx = build_context(store, opts, counters, description)
     root = build_root(ctx)
-    usage = StoreUsage(ctx, store.root if isinstance(store, DirectoryStore) else None)
+    usage = StoreUsage(ctx, getattr(store, "root", None))  # a directory store: df shows its disk
     ops = ZvfsOperations(root, ctx, usage=usage, derived=[f"/{CONTROL_NAME}/"])
     ctx.on_change.append(ops.changed)
     metrics = None
@@ -244,10 +295,11 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
         metrics = serve_metrics(opts["metrics_addr"], ctx, opts.get("metrics_label") or description)
     stop = SignalStop()
     unmounted = False
+    failed: list[BaseException] = []
     try:
         pyfuse3.init(ops, mountpoint, fuse_options(description, opts["allow_other"], ctx.writable))
         try:
-            trio.run(_serve, ctx, root, mountpoint, ready_fd, stop)
+            trio.run(_serve, ctx, root, mountpoint, ready_fd, stop, prepare, failed)
             unmounted = True
         finally:
             # after a clean terminate() we unmount; after a crash too, so no dead mount stays behind
@@ -257,4 +309,7 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
         if metrics is not None:
             metrics.shutdown()
         store.close()
+    if failed:
+        log.info("unmounted %s: the source could not be opened", mountpoint)
+        raise failed[0]
     log.info("unmounted %s%s", mountpoint, "" if unmounted else " after an error")

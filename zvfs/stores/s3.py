@@ -47,6 +47,7 @@ from zvfs.stores.base import (
 )
 from zvfs.stores.keys import bad_segment, is_safe_key
 from zvfs.stores.retry import TRANSIENT_KINDS, Attempts, RetryPolicy
+from zvfs.stores.url import S3_BLOCK_SIZE
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,7 @@ class S3Store(Store):
         no_sign_request: bool = False,
         max_pool: int = 32,
         retry: RetryPolicy | None = None,
-        block_size: int = 4 << 20,
+        block_size: int = S3_BLOCK_SIZE,
         allow_empty: bool = False,
         counters: Counters | None = None,
     ) -> None:

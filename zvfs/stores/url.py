@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import re
-import zipfile
 from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import unquote, urlsplit
@@ -29,6 +28,9 @@ from zvfs.stores.base import SourceError, Store
 from zvfs.stores.retry import RetryPolicy
 
 Kind = Literal["directory", "zip", "s3"]
+
+#: the raw view's read unit on S3: one GET serves many FUSE reads
+S3_BLOCK_SIZE = 4 << 20
 
 ACCEPTED_FORMS = (
     "a directory path, a .zip file, s3://bucket[/prefix], "
@@ -130,13 +132,16 @@ def parse_source(
 
 
 def open_store(spec: SourceSpec, retry: RetryPolicy | None = None, *, allow_empty: bool = False,
-               counters: Counters | None = None) -> Store:
+               counters: Counters | None = None, pending: bool = False) -> Store:
     """Open the store a spec names; raises SourceError if it cannot be opened at all
     (an S3 prefix with no keys too, unless ``allow_empty``).
 
     ``retry`` bounds the requests of a remote store (local stores do not retry).
     ``counters`` are the mount's: what the store counts itself (retries, errors, uploads,
-    inflated bytes) lands there; without them, each store counts into a private set."""
+    inflated bytes) lands there; without them, each store counts into a private set.
+    ``pending``: an S3 store comes as a :class:`PendingStore` whose ``open()`` the caller
+    runs later (it imports botocore and asks the server); local stores open at once, as
+    that costs a stat (a directory) or one read of the central directory (a zip)."""
     store: Store
     if spec.kind == "directory":
         from zvfs.stores.directory import DirectoryStore
@@ -146,13 +151,20 @@ def open_store(spec: SourceSpec, retry: RetryPolicy | None = None, *, allow_empt
         from zvfs.stores.zip import ZipStore
 
         store = ZipStore(str(spec.path), counters=counters)
+    elif spec.kind == "s3" and pending:
+        from zvfs.stores.pending import PendingStore
+
+        return PendingStore(lambda: open_store(spec, retry, allow_empty=allow_empty, counters=counters),
+                            description=spec.describe(), block_size=S3_BLOCK_SIZE,
+                            flat_listing=True, can_write=True, implicit_dirs=True,
+                            stages_writes=True)
     elif spec.kind == "s3":
         from zvfs.stores.s3 import S3Store  # boto3 is imported only for S3 sources
 
         store = S3Store(
             str(spec.bucket), spec.prefix, endpoint_url=spec.endpoint_url, region=spec.region,
             profile=spec.profile, no_sign_request=spec.no_sign_request, retry=retry,
-            allow_empty=allow_empty, counters=counters,
+            block_size=S3_BLOCK_SIZE, allow_empty=allow_empty, counters=counters,
         )
     else:  # pragma: no cover - Kind is closed
         raise SourceError(f"unknown source kind {spec.kind!r}")
@@ -194,7 +206,11 @@ def _local(raw: str, *, modes: set[str]) -> SourceSpec:
         raise SourceError(f"source {path} is neither a directory nor a regular file")
     if want_dir:
         raise SourceError(f"mode=file was given but {path} is a file, not a directory")
-    if want_zip or looks_zip or zipfile.is_zipfile(path):
+    if want_zip or looks_zip:
+        return SourceSpec("zip", path=path)
+    import zipfile  # only for a file whose name does not say (a directory mount never needs it)
+
+    if zipfile.is_zipfile(path):
         return SourceSpec("zip", path=path)
     raise SourceError(f"source {path} is a regular file but not a zip archive; "
                       "mount a Zarr directory, a .zip file or s3://bucket/prefix")

@@ -84,6 +84,15 @@ class MountContext:
         metadata mtime, so it survives a remount of unchanged data (the mount time otherwise)."""
         return self._stable_time
 
+    def learn_mtimes(self, mtimes: dict[str, float]) -> float:
+        """Take the metadata mtimes a scan found after the context was built (the daemon
+        scans once the mount answers); returns the stable time before them, so the caller
+        can move the nodes that were made with it."""
+        before = self._stable_time
+        self.metadata_mtimes.update(mtimes)
+        self._stable_time = max(self.metadata_mtimes.values(), default=self.mount_time)
+        return before
+
     def node_mtime(self, path: str) -> float:
         """The mtime of the views of the array or group at ``path``: its metadata's."""
         return self.metadata_mtimes.get(path.strip("/"), self.stable_time)

@@ -1,0 +1,85 @@
+"""A store still being opened, so that a mount can answer the kernel first.
+
+Opening an S3 source imports botocore and asks the server about the bucket: a
+third of a second and more, which the mount need not wait for before it answers.
+A :class:`PendingStore` stands in for the store from the start. It carries the
+properties the layers above read at once (given by whoever knows the kind of
+source, and checked against the real store once it is open), and every call
+waits, in the worker thread that makes it, until :meth:`PendingStore.open` is
+done; after a failed open, every call fails with that open's error.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from zvfs.stores.base import Store, StoreError, WrappedStore
+
+_TRAITS = ("description", "block_size", "flat_listing", "can_write", "implicit_dirs",
+           "stages_writes", "opens_readers")
+
+
+class PendingStore(WrappedStore):
+    """``opener()`` makes the store when :meth:`open` is called (once, blocking)."""
+
+    def __init__(self, opener: Callable[[], Store], *, description: str, block_size: int = 0,
+                 flat_listing: bool = False, can_write: bool = False, implicit_dirs: bool = False,
+                 stages_writes: bool = False, opens_readers: bool = False) -> None:
+        # no WrappedStore.__init__: there is no inner store to take the traits from yet
+        self.description = description
+        self.block_size = block_size
+        self.flat_listing = flat_listing
+        self.can_write = can_write
+        self.implicit_dirs = implicit_dirs
+        self.stages_writes = stages_writes
+        self.opens_readers = opens_readers
+        self._opener = opener
+        self._opened = threading.Event()
+        self._store: Store | None = None
+        self._error: BaseException | None = None
+        self._writes: tuple[Any, ...] | None = None
+        self._closed = False
+
+    def open(self) -> Store:
+        """Open the store now; raises what opening raised (SourceError, ...)."""
+        try:
+            store = self._opener()
+            differ = [t for t in _TRAITS if getattr(store, t) != getattr(self, t)]
+            if differ:
+                store.close()
+                raise StoreError(f"{self.description}: opened as a store whose {', '.join(differ)} "
+                                 "differ from what was announced")
+            if self._writes is not None:
+                store.enable_writes(*self._writes)  # type: ignore[attr-defined]
+            self._store = store
+        except BaseException as exc:
+            self._error = exc
+            raise
+        finally:
+            self._opened.set()  # after _store or _error: waiters read one of them
+        if self._closed:  # closed while it was opening
+            store.close()
+        return store
+
+    @property  # type: ignore[override]
+    def inner(self) -> Store:
+        """The store, once open (waits for it)."""
+        self._opened.wait()
+        if self._store is None:
+            raise StoreError(f"{self.description} could not be opened: {self._error}")
+        return self._store
+
+    def enable_writes(self, staging: Any, part_size: int, rewrite_max: int) -> None:
+        """Writes for a store that stages them (S3): passed on once it is open."""
+        self._writes = (staging, part_size, rewrite_max)
+        if self._store is not None:
+            self._store.enable_writes(staging, part_size, rewrite_max)  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        self._closed = True
+        if self._store is not None:
+            self._store.close()
+        elif self._opened.is_set() and self._writes is not None:
+            self._writes[0].cleanup()  # never opened: the staging area is ours to remove
