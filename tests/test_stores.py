@@ -392,6 +392,30 @@ def test_directory_kept_files_are_bounded_and_shared_by_threads(tmp_path: Path) 
     st.close()
 
 
+def test_pread_all_reads_what_is_asked_then_on_past_a_grown_file(tmp_path: Path) -> None:
+    """The directory store's reads ask for the size the file had at its stat, then read on
+    (``beyond``) for a file that grew since; at EOF they return what there is."""
+    from zvfs.stores._util import pread_all
+
+    path = tmp_path / "f"
+    data = os.urandom(300 << 10)
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert pread_all(fd, 0, 100 << 10, "f") == data[: 100 << 10]
+        assert pread_all(fd, 0, 100 << 10, "f", beyond=sys.maxsize) == data  # grew to 300 KiB
+        assert pread_all(fd, 0, 100 << 10, "f", beyond=50 << 10) == data[: 150 << 10]
+        assert pread_all(fd, 1000, 500 << 10, "f", beyond=sys.maxsize) == data[1000:]  # EOF first
+        assert pread_all(fd, len(data), 10, "f", beyond=10) == b""
+    finally:
+        os.close(fd)
+    st = DirectoryStore(tmp_path)
+    assert st.get_at_most("f", len(data)) == data
+    with pytest.raises(StoreError, match="more than"):
+        st.get_at_most("f", len(data) - 1)
+    st.close()
+
+
 def test_directory_source_errors(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match=f"source directory {tmp_path}/missing does not exist"):
         DirectoryStore(tmp_path / "missing")

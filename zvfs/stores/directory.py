@@ -29,6 +29,7 @@ import errno
 import logging
 import os
 import stat
+import sys
 import threading
 import time
 import weakref
@@ -278,7 +279,7 @@ class DirectoryStore(Store):
     def get(self, key: str) -> bytes:
         entry, st = self._borrow(key)
         try:
-            return pread_all(entry.fd, 0, max(st.st_size, 0), key, until_eof=True)
+            return pread_all(entry.fd, 0, max(st.st_size, 0), key, beyond=sys.maxsize)
         finally:
             self._files.give_back(entry)
 
@@ -287,7 +288,8 @@ class DirectoryStore(Store):
         try:
             if st.st_size > limit:
                 raise StoreError(f"{key}: file holds {st.st_size} bytes, more than the {limit} it may")
-            data = pread_all(entry.fd, 0, limit + 1, key)
+            size = max(st.st_size, 0)
+            data = pread_all(entry.fd, 0, size, key, beyond=limit + 1 - size)
         finally:
             self._files.give_back(entry)
         if len(data) > limit:  # grew since the stat
