@@ -370,6 +370,28 @@ def test_s3_more_than_1000_keys_in_one_directory(moto, s3_env, mount) -> None:
     assert res.stdout.strip() == "2500"
 
 
+def test_s3_mount_lists_the_bucket_once(moto, s3_env, mount) -> None:
+    """The mount's metadata scan and the raw tree's index share one flat listing: a bucket
+    of 2,502 keys (3 pages) costs the store's opening probe and 3 LISTs, however much is
+    then listed or looked up (the scan used to list it again, 3 more round trips)."""
+    from faultproxy import FaultProxy
+
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket="listed-once")
+    items = {f"store/c/{i:05d}": b"x" for i in range(2500)}
+    items["store/zarr.json"] = b'{"zarr_format": 3, "node_type": "group"}'
+    items["store/d/zz"] = b"after"
+    put_many(client, "listed-once", items)
+    with FaultProxy(moto.port) as proxy:
+        m = mount("s3://listed-once/store", "--endpoint-url", proxy.endpoint, env=s3_env)
+        res = run(["sh", "-c", f"find '{m.path}' -not -path '*/.zvfs*' | wc -l"], check=True, timeout=120)
+        assert int(res.stdout) == 2502 + 3  # the keys, the root, c/ and d/
+        assert sorted(os.listdir(m.path / "c"))[-1] == "02499"
+        assert (m.path / "d" / "zz").read_bytes() == b"after"
+        lists = proxy.stats().get("requests_list", 0)
+    assert lists <= 1 + 3, f"{lists} LIST requests for a 3-page bucket"
+
+
 def test_directory_store_with_10000_keys(tmp_path, mount) -> None:
     import zarr
 

@@ -233,24 +233,31 @@ class _Reporter:
         return exc.code
 
 
-def _scan(store: Any, description: str, report: _Reporter) -> dict[str, float]:
+def _scan(store: Any, description: str, report: _Reporter) -> Any:
     """Look at the store's key names once: warn when it holds no Zarr metadata at all (its
-    plain files still mount), and learn the metadata mtimes the decoded views show."""
-    from zvfs.formats.probe import scan_metadata
+    plain files still mount), and learn the metadata mtimes the decoded views show.
+    Returns a daemon.Prepared: the mtimes, and for a store listed flat (S3) that listing,
+    resumed, for the raw tree's index."""
+    from zvfs.daemon import Prepared
+    from zvfs.formats.probe import scan_flat, scan_metadata
     from zvfs.stores.base import StoreError
 
+    listing = None
     try:
-        scan = scan_metadata(store)
+        if store.flat_listing:
+            scan, listing = scan_flat(store)
+        else:
+            scan = scan_metadata(store)
     except StoreError as exc:  # listing fails later too, with its own message; not worth a refusal
         log.debug("could not look for Zarr metadata: %s", exc)
-        return {}
+        return Prepared({}, None)
     except Exception:  # noqa: BLE001 - the scan only informs; the mount goes on without it
         log.debug("metadata scan failed", exc_info=True)
-        return {}
+        return Prepared({}, None)
     if scan.found is False:
         report.warn(f"{description} holds no Zarr metadata (zarr.json, .zarray, .zgroup); "
                     "mounting its plain files, and .zvfs/ will have no arrays")
-    return scan.mtimes
+    return Prepared(scan.mtimes, listing)
 
 
 def _refuse_read_only(store: Any, description: str) -> None:
@@ -314,13 +321,14 @@ def _mount_foreground(args: argparse.Namespace, opts: dict[str, Any], spec: Any 
         store.close()
         return report.fail(exc)
 
-    def prepare() -> dict[str, float]:
-        """Once the mount answers: the source opened (S3), checked, and scanned."""
+    def prepare(counted: Any) -> Any:
+        """Once the mount answers: the source opened (S3), checked, and scanned; ``counted`` is
+        the store as the mount reads it, so the scan's requests show in stats.json."""
         opening = getattr(store, "open", None)
         opened = store if opening is None else _source_errors(opening)
         if opts["writable"]:
             _check_uploads(opened, description, opts, report)
-        return _scan(opened, description, report)
+        return _scan(counted, description, report)
 
     from zvfs.daemon import serve
 

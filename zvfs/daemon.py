@@ -18,8 +18,8 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import pyfuse3
 import trio
@@ -28,7 +28,7 @@ from zvfs.fs import ZvfsOperations
 from zvfs.mounts import mount_device
 from zvfs.options import OPTIONS, format_value
 from zvfs.stats import Counters
-from zvfs.stores.base import Store
+from zvfs.stores.base import KeyInfo, Store
 from zvfs.stores.counting import CountingStore
 from zvfs.views.context import MountContext
 from zvfs.views.root import CONTROL_NAME, DecodedDir, MountRoot, build_root, load_decoded_views
@@ -38,9 +38,24 @@ from zvfs.workers import Workers, run_abandonable
 log = logging.getLogger("zvfs")
 
 READ_AHEAD_KB = 4096
+
 #: malloc's mmap threshold in the daemon (see tame_malloc)
 MMAP_THRESHOLD = 1 << 20
 MAX_BACKGROUND = 64
+
+
+class Prepared(NamedTuple):
+    """What ``prepare`` (the CLI's, run once the mount answers) learnt of the source."""
+
+    #: node path -> newest mtime of its metadata keys (formats.probe)
+    mtimes: dict[str, float]
+    #: a store listed flat (S3): the scan's listing, resumed from its start, for the raw
+    #: tree's index (so the mount lists the bucket once); None otherwise
+    listing: Iterator[tuple[str, KeyInfo]] | None = None
+
+
+#: what the daemon calls once the mount answers, with the mount's (counted) store
+Prepare = Callable[[Store], Prepared]
 
 
 def fuse_options(description: str, allow_other: bool, writable: bool = False) -> set[str]:
@@ -172,17 +187,17 @@ def settle_mtimes(ctx: MountContext, root: MountRoot, mtimes: dict[str, float]) 
 
 
 async def _announce_ready(ctx: MountContext, root: MountRoot, mountpoint: str, ready_fd: int | None,
-                          prepare: Callable[[], dict[str, float]] | None,
-                          failed: list[BaseException]) -> None:
+                          prepare: Prepare | None, failed: list[BaseException]) -> None:
     # stat goes through FUSE, so it proves the loop answers; it must leave the trio thread.
     # The thread is abandoned if a signal stops the loop first: its stat would then wait
     # for an answer that never comes, until the unmount fails it.
     await run_abandonable(os.stat, mountpoint)
     log.debug("answering at %s", mountpoint)
     await ctx.workers.run(tune_kernel, mountpoint)
+    listing = None
     if prepare is not None:
         try:
-            mtimes = await run_abandonable(prepare)
+            mtimes, listing = await run_abandonable(prepare, ctx.store)
         except Exception as exc:  # noqa: BLE001 - the caller of serve reports it, after unmounting
             failed.append(exc)
             pyfuse3.terminate()
@@ -193,8 +208,8 @@ async def _announce_ready(ctx: MountContext, root: MountRoot, mountpoint: str, r
             await run_abandonable(_forget_root_attributes)
     if ctx.store.flat_listing:
         # like rclone's --vfs-refresh: list the store (S3) while the user types the first
-        # command (after the scan: the two listings would slow each other down)
-        ctx.background(root.raw.warm)
+        # command, going on with the listing the scan began
+        ctx.background(root.raw.warm, listing)
     log.info("mounted %s", mountpoint)
     if ready_fd is not None:
         os.write(ready_fd, b"OK\n")
@@ -260,8 +275,7 @@ class SignalStop:
 
 
 async def _serve(ctx: MountContext, root: MountRoot, mountpoint: str, ready_fd: int | None,
-                 stop: SignalStop, prepare: Callable[[], dict[str, float]] | None,
-                 failed: list[BaseException]) -> None:
+                 stop: SignalStop, prepare: Prepare | None, failed: list[BaseException]) -> None:
     stop.attach()
     async with trio.open_nursery() as nursery:
         ctx.nursery = nursery
@@ -276,14 +290,14 @@ SWITCH_INTERVAL = 0.0005
 
 def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any], counters: Counters,
           ready_fd: int | None = None,
-          prepare: Callable[[], dict[str, float]] | None = None) -> None:
+          prepare: Prepare | None = None) -> None:
     """Mount and serve until unmounted or signalled; ``counters`` are the mount's (the store
     was opened with them). Raises OSError if the mount fails.
 
-    ``prepare`` (blocking) runs in a thread once the mount answers: it finishes what the
-    mount needs of the source (opening it, the metadata scan) and returns the metadata
-    mtimes. The mount is announced ready after it; if it raises, the mount is undone and
-    serve raises that."""
+    ``prepare`` (blocking) runs in a thread once the mount answers, given the mount's store:
+    it finishes what the mount needs of the source (opening it, the metadata scan) and
+    returns a :class:`Prepared`. The mount is announced ready after it; if it raises, the
+    mount is undone and serve raises that."""
     tame_malloc()
     # The trio thread holds the GIL between its awaits; a worker coming back from a decode
     # or a read waits up to one switch interval for it, at every return from C. The default
@@ -291,7 +305,8 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
     sys.setswitchinterval(SWITCH_INTERVAL)
     ctx = build_context(store, opts, counters, description)
     root = build_root(ctx)
-    usage = StoreUsage(ctx, getattr(store, "root", None))  # a directory store: df shows its disk
+    # a directory store: df shows its disk's free space; S3: the tree's index has the sizes
+    usage = StoreUsage(ctx, getattr(store, "root", None), tree=root.raw.tree_index)
     ops = ZvfsOperations(root, ctx, usage=usage, derived=[f"/{CONTROL_NAME}/"])
     ctx.on_change.append(ops.changed)
     metrics = None

@@ -9,11 +9,17 @@ per-directory listings.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from zvfs.stores.base import KeyInfo, Listing, Store
 
 
-def build_tree_index(store: Store, limit: int) -> dict[str, Listing] | None:
+def build_tree_index(store: Store, limit: int,
+                     keys: Iterable[tuple[str, KeyInfo]] | None = None) -> dict[str, Listing] | None:
     """prefix ('' or ending in '/') -> Listing for the whole store, or None if over ``limit`` keys.
+
+    ``keys``: the store's flat listing, when one is already under way (the mount's scan
+    began it); otherwise the store is listed here.
 
     Blocking: run it in a worker thread. Names are not filtered here; the raw
     view skips (and logs) those that cannot be paths, as it does for any listing.
@@ -23,7 +29,7 @@ def build_tree_index(store: Store, limit: int) -> dict[str, Listing] | None:
     index: dict[str, Listing] = {"": Listing()}
     mtimes: dict[float, float] = {}
     last_prefix, listing = "", index[""]
-    for n, (key, info) in enumerate(store.list_tree("")):
+    for n, (key, info) in enumerate(store.list_tree("") if keys is None else keys):
         if n >= limit:
             return None
         prefix = key[: key.rfind("/") + 1]  # '' or 'a/b/'

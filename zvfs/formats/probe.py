@@ -8,10 +8,11 @@ from it, so they stay the same across remounts of unchanged data).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import chain, islice
 
-from ..stores.base import Store
+from ..stores.base import KeyInfo, Store
 from .keys import ZARR_JSON, ZARRAY, ZATTR, ZATTRS, ZGROUP, ZMETA, ZMETADATA
 
 #: the key names that make a prefix a Zarr node, whatever the version (NCZarr uses v2's)
@@ -38,9 +39,25 @@ class MetadataScan:
 
 
 def scan_metadata(store: Store, limit: int = SCAN_LIMIT) -> MetadataScan:
+    """The scan of the store's first ``limit`` keys."""
+    return scan_keys(islice(store.list_tree(""), limit), limit)
+
+
+def scan_flat(store: Store, limit: int = SCAN_LIMIT) -> tuple[MetadataScan, Iterator[tuple[str, KeyInfo]]]:
+    """For a store listed flat (S3): the scan, and the same listing resumed from its start
+    (the keys the scan saw, then the rest as they come), for the raw tree's index. A
+    bucket is then listed once at mount, not once for the scan and again for the tree:
+    on S3 each page of 1,000 keys is a round trip, and the scan reads up to 10 of them."""
+    listing = store.list_tree("")
+    first = list(islice(listing, limit))
+    return scan_keys(first, limit), chain(first, listing)
+
+
+def scan_keys(keys: Iterable[tuple[str, KeyInfo]], limit: int = SCAN_LIMIT) -> MetadataScan:
+    """The scan of these keys (at most ``limit`` of them are expected)."""
     out = MetadataScan()
     seen = 0
-    for key, info in islice(store.list_tree(""), limit):
+    for key, info in keys:
         seen += 1
         parent, _, name = key.rpartition("/")
         if name in DESCRIBING_NAMES:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from zvfs.cache.tree import build_tree_index
 from zvfs.stores.base import KeyInfo, KeyNotFound, KeyReader, Listing, Stale, StoreError
@@ -369,26 +369,37 @@ class RawDir(DirNode):
         self.mtime = ctx.stable_time
         self.writable = ctx.writable
 
-    async def _listing(self) -> Listing:
-        store = self.ctx.store
+    async def _listing(self, keys: Iterable[tuple[str, KeyInfo]] | None = None) -> Listing:
+        """This directory's listing; on a store listed flat, from the whole tree's index
+        (built from ``keys`` when a flat listing of the store is already under way)."""
+        tree = await self.tree_index(keys)
+        if tree is not None:
+            return self._with_made_dirs(tree.get(self.prefix) or Listing())
 
         async def load() -> Listing:
             try:
-                return await self.ctx.workers.run(store.list_dir, self.prefix)
+                return await self.ctx.workers.run(self.ctx.store.list_dir, self.prefix)
             except StoreError as exc:
                 raise NodeError(errno.EIO, f"listing {self.prefix or '/'}: {exc}") from exc
 
+        return self._with_made_dirs(await self.ctx.listings.get(self.prefix, load))
+
+    async def tree_index(self, keys: Iterable[tuple[str, KeyInfo]] | None = None) -> dict[str, Listing] | None:
+        """The whole store's listing index (prefix -> Listing), loaded once per metadata TTL
+        and shared by every directory; None for a store listed per directory, or one with
+        more keys than the index holds."""
+        store = self.ctx.store
+        if not store.flat_listing:
+            return None
+
         async def load_tree() -> dict[str, Listing] | bool:
             try:
-                return await self.ctx.workers.run(build_tree_index, store, TREE_INDEX_LIMIT) or False
+                return await self.ctx.workers.run(build_tree_index, store, TREE_INDEX_LIMIT, keys) or False
             except StoreError as exc:
                 raise NodeError(errno.EIO, f"listing /: {exc}") from exc
 
-        if store.flat_listing:
-            tree = await self.ctx.listings.get(("tree",), load_tree)
-            if tree is not False:
-                return self._with_made_dirs(tree.get(self.prefix) or Listing())
-        return self._with_made_dirs(await self.ctx.listings.get(self.prefix, load))
+        tree = await self.ctx.listings.get(("tree",), load_tree)
+        return None if tree is False else tree
 
     def _with_made_dirs(self, listing: Listing) -> Listing:
         """What the mount holds that the store does not list yet shows too: directories
@@ -422,9 +433,10 @@ class RawDir(DirNode):
             return RawDir(self.ctx, self.prefix + name + "/")
         return RawFile.child(self.ctx, self.prefix, name, listing)
 
-    async def warm(self) -> None:
-        """Load this directory's listing (the whole tree index on S3) into the cache now."""
-        await self._listing()
+    async def warm(self, keys: Iterable[tuple[str, KeyInfo]] | None = None) -> None:
+        """Load this directory's listing (the whole tree index on S3) into the cache now;
+        ``keys``: the store's flat listing, begun by the mount's scan, to go on with."""
+        await self._listing(keys)
 
     async def lookup(self, name: str) -> Node | None:
         listing = await self._listing()

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 import shutil
+from collections.abc import Awaitable, Callable
 from itertools import islice
 
 import trio
 
+from zvfs.stores.base import Listing
 from zvfs.views.context import MountContext
 
 #: keys summed at most for one answer (a bucket of millions of keys is reported from its first ones)
@@ -18,18 +20,33 @@ WAIT = 1.0
 
 
 class StoreUsage:
-    """Sums the key sizes once per metadata TTL (one flat listing on S3), in the background;
-    ``free_path`` is the directory whose disk's free space df shows, or None (nothing free)."""
+    """Sums the key sizes once per metadata TTL, in the background; ``free_path`` is the
+    directory whose disk's free space df shows, or None (nothing free).
 
-    def __init__(self, ctx: MountContext, free_path: str | None = None) -> None:
+    ``tree`` gives the raw tree's index of a store listed flat (S3), which already holds
+    every key's size: summing it costs no request. Listing the bucket again for it did,
+    and ``find`` calls statfs (to choose how to walk), so each ``find`` of a fresh S3 mount
+    listed the whole bucket a second time and waited up to ``WAIT`` for it.
+    """
+
+    def __init__(self, ctx: MountContext, free_path: str | None = None,
+                 tree: Callable[[], Awaitable[dict[str, Listing] | None]] | None = None) -> None:
         self.ctx = ctx
         self.free_path = free_path
+        self.tree = tree
         self._value: tuple[int, int] | None = None
         self._when = -math.inf
         self._counting: trio.Event | None = None
 
-    def _measure(self) -> tuple[int, int]:
-        used = sum(info.size for _key, info in islice(self.ctx.store.list_tree(""), MAX_KEYS))
+    def _measure(self, index: dict[str, Listing] | None) -> tuple[int, int]:
+        used = None
+        if index is not None:
+            try:
+                used = sum(info.size for listing in index.values() for info in listing.keys.values())
+            except RuntimeError:  # a write through the mount changed the index meanwhile
+                used = None
+        if used is None:
+            used = sum(info.size for _key, info in islice(self.ctx.store.list_tree(""), MAX_KEYS))
         free = shutil.disk_usage(self.free_path).free if self.free_path else 0
         return used, free
 
@@ -39,7 +56,8 @@ class StoreUsage:
 
     async def _count(self) -> None:
         try:
-            self._value = await self.ctx.workers.run(self._measure)
+            index = await self.tree() if self.tree is not None else None
+            self._value = await self.ctx.workers.run(self._measure, index)
             self._when = trio.current_time()
         finally:
             done, self._counting = self._counting, None
