@@ -23,6 +23,7 @@ from conftest import (
     S3_BUCKET,
     S3_PREFIX,
     Mounted,
+    force_unmount,
     mount_entry,
     put_many,
     run,
@@ -32,6 +33,7 @@ from conftest import (
     upload_tree,
     wait_until,
     zip_with_cmd,
+    zvfs_cmd,
 )
 
 BACKENDS = ["dir", "zip-zarrpy", "zip-cmd", "zip64", "s3"]
@@ -370,10 +372,12 @@ def test_s3_more_than_1000_keys_in_one_directory(moto, s3_env, mount) -> None:
     assert res.stdout.strip() == "2500"
 
 
-def test_s3_mount_lists_the_bucket_once(moto, s3_env, mount) -> None:
-    """The mount's metadata scan and the raw tree's index share one flat listing: a bucket
-    of 2,502 keys (3 pages) costs the store's opening probe and 3 LISTs, however much is
-    then listed or looked up (the scan used to list it again, 3 more round trips)."""
+def test_s3_mount_lists_the_bucket_once(moto, s3_env, tmp_path) -> None:
+    """The mount's metadata scan, the raw tree's index and df share one flat listing: a
+    bucket of 2,502 keys (3 pages) costs the store's opening probe and 3 LISTs. Here a
+    `find` starts as soon as the mount answers, while the scan's first LIST is still held
+    by the proxy: its listing waits for the scan's and goes on with it (it used to start a
+    second one alongside, and find's statfs a third)."""
     from faultproxy import FaultProxy
 
     client = s3_client(moto.endpoint)
@@ -382,14 +386,36 @@ def test_s3_mount_lists_the_bucket_once(moto, s3_env, mount) -> None:
     items["store/zarr.json"] = b'{"zarr_format": 3, "node_type": "group"}'
     items["store/d/zz"] = b"after"
     put_many(client, "listed-once", items)
+    mnt = tmp_path / "m"
+    mnt.mkdir()
     with FaultProxy(moto.port) as proxy:
-        m = mount("s3://listed-once/store", "--endpoint-url", proxy.endpoint, env=s3_env)
-        res = run(["sh", "-c", f"find '{m.path}' -not -path '*/.zvfs*' | wc -l"], check=True, timeout=120)
-        assert int(res.stdout) == 2502 + 3  # the keys, the root, c/ and d/
-        assert sorted(os.listdir(m.path / "c"))[-1] == "02499"
-        assert (m.path / "d" / "zz").read_bytes() == b"after"
-        lists = proxy.stats().get("requests_list", 0)
-    assert lists <= 1 + 3, f"{lists} LIST requests for a 3-page bucket"
+        proxy.set({"kind": "silent", "ops": ["list"]})  # every LIST hangs until cleared
+        proc = subprocess.Popen([*zvfs_cmd(), "mount", "s3://listed-once/store", str(mnt),
+                                 "--endpoint-url", proxy.endpoint, "--log-file", str(tmp_path / "log")],
+                                env=s3_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        finder = None
+        try:
+            assert wait_until(lambda: mount_entry(mnt) is not None, 60), proc.poll()
+            finder = subprocess.Popen(["sh", "-c", f"find '{mnt}' | wc -l"], stdout=subprocess.PIPE, text=True)
+            assert wait_until(lambda: proxy.stats().get("requests_list", 0) >= 1, 60)  # the probe hangs
+            time.sleep(0.5)  # find is waiting for the root's listing
+            assert finder.poll() is None
+            proxy.clear()
+            _out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+            out, _ = finder.communicate(timeout=120)
+            assert int(out) == 2502 + 3  # the keys, the root, c/ and d/
+            assert sorted(os.listdir(mnt / "c"))[-1] == "02499"
+            assert (mnt / "d" / "zz").read_bytes() == b"after"
+            os.statvfs(mnt)
+            lists = proxy.stats().get("requests_list", 0)
+        finally:
+            for p in (proc, finder):
+                if p is not None and p.poll() is None:
+                    p.kill()
+            force_unmount(mnt)
+    # the probe the proxy held is sent twice (its retry); the bucket's 3 pages once
+    assert lists <= 2 + 3, f"{lists} LIST requests for a 3-page bucket"
 
 
 def test_directory_store_with_10000_keys(tmp_path, mount) -> None:

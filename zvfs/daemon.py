@@ -186,30 +186,54 @@ def settle_mtimes(ctx: MountContext, root: MountRoot, mtimes: dict[str, float]) 
             node.mtime = ctx.stable_time
 
 
+class _ListingHandoff:
+    """The flat listing the mount's scan begins (in ``prepare``), handed to the raw tree's
+    index: a ``find`` started as soon as the mount answers must not list the bucket a second
+    time alongside the scan (on moto that doubled the time of each page), so the index's
+    first load waits here for the scan's listing and goes on with it."""
+
+    def __init__(self) -> None:
+        self._given = trio.Event()
+        self._listing: Iterator[tuple[str, KeyInfo]] | None = None
+
+    def give(self, listing: Iterator[tuple[str, KeyInfo]] | None) -> None:
+        self._listing = listing
+        self._given.set()
+
+    async def take(self) -> Iterator[tuple[str, KeyInfo]] | None:
+        await self._given.wait()
+        listing, self._listing = self._listing, None
+        return listing
+
+
 async def _announce_ready(ctx: MountContext, root: MountRoot, mountpoint: str, ready_fd: int | None,
-                          prepare: Prepare | None, failed: list[BaseException]) -> None:
+                          prepare: Prepare | None, failed: list[BaseException],
+                          handoff: _ListingHandoff | None = None) -> None:
     # stat goes through FUSE, so it proves the loop answers; it must leave the trio thread.
     # The thread is abandoned if a signal stops the loop first: its stat would then wait
     # for an answer that never comes, until the unmount fails it.
     await run_abandonable(os.stat, mountpoint)
     log.debug("answering at %s", mountpoint)
     await ctx.workers.run(tune_kernel, mountpoint)
-    listing = None
     if prepare is not None:
         try:
             mtimes, listing = await run_abandonable(prepare, ctx.store)
         except Exception as exc:  # noqa: BLE001 - the caller of serve reports it, after unmounting
             failed.append(exc)
+            if handoff is not None:
+                handoff.give(None)
             pyfuse3.terminate()
             return
+        if handoff is not None:
+            handoff.give(listing)
         if mtimes:
             settle_mtimes(ctx, root, mtimes)
             # our own stat above had the kernel keep the root's attributes: not those any more
             await run_abandonable(_forget_root_attributes)
     if ctx.store.flat_listing:
         # like rclone's --vfs-refresh: list the store (S3) while the user types the first
-        # command, going on with the listing the scan began
-        ctx.background(root.raw.warm, listing)
+        # command (going on with the listing the scan began)
+        ctx.background(root.raw.warm)
     log.info("mounted %s", mountpoint)
     if ready_fd is not None:
         os.write(ready_fd, b"OK\n")
@@ -279,7 +303,12 @@ async def _serve(ctx: MountContext, root: MountRoot, mountpoint: str, ready_fd: 
     stop.attach()
     async with trio.open_nursery() as nursery:
         ctx.nursery = nursery
-        nursery.start_soon(_announce_ready, ctx, root, mountpoint, ready_fd, prepare, failed)
+        handoff = None
+        if prepare is not None and ctx.store.flat_listing:
+            # before any request is served: the first listing of the tree must find it
+            handoff = _ListingHandoff()
+            ctx.listing_under_way = handoff.take
+        nursery.start_soon(_announce_ready, ctx, root, mountpoint, ready_fd, prepare, failed, handoff)
         await pyfuse3.main(min_tasks=8, max_tasks=256)
         nursery.cancel_scope.cancel()
 

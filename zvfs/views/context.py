@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +61,10 @@ class MountContext:
     #: directories made by mkdir on a store whose directories are implicit (S3):
     #: parent prefix -> names; they exist in the mount until removed
     made_dirs: dict[str, set[str]] = field(default_factory=dict, init=False)
+    #: set by the daemon while the mount's metadata scan lists a flat store (S3): what the
+    #: tree index's first load awaits, to go on with that listing (None after, or never)
+    listing_under_way: Callable[[], Awaitable[Iterable[tuple[str, KeyInfo]] | None]] | None = \
+        field(default=None, init=False)
     #: called after a write through the mount changed what derived views show
     on_change: list[Callable[[], None]] = field(default_factory=list, init=False)
     #: path -> (serial of its last write, the key's info after it); see epoch()

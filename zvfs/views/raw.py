@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from zvfs.cache.tree import build_tree_index
 from zvfs.stores.base import KeyInfo, KeyNotFound, KeyReader, Listing, Stale, StoreError
@@ -369,10 +369,9 @@ class RawDir(DirNode):
         self.mtime = ctx.stable_time
         self.writable = ctx.writable
 
-    async def _listing(self, keys: Iterable[tuple[str, KeyInfo]] | None = None) -> Listing:
-        """This directory's listing; on a store listed flat, from the whole tree's index
-        (built from ``keys`` when a flat listing of the store is already under way)."""
-        tree = await self.tree_index(keys)
+    async def _listing(self) -> Listing:
+        """This directory's listing; on a store listed flat, from the whole tree's index."""
+        tree = await self.tree_index()
         if tree is not None:
             return self._with_made_dirs(tree.get(self.prefix) or Listing())
 
@@ -384,21 +383,25 @@ class RawDir(DirNode):
 
         return self._with_made_dirs(await self.ctx.listings.get(self.prefix, load))
 
-    async def tree_index(self, keys: Iterable[tuple[str, KeyInfo]] | None = None) -> dict[str, Listing] | None:
+    async def tree_index(self) -> dict[str, Listing] | None:
         """The whole store's listing index (prefix -> Listing), loaded once per metadata TTL
         and shared by every directory; None for a store listed per directory, or one with
-        more keys than the index holds."""
-        store = self.ctx.store
-        if not store.flat_listing:
+        more keys than the index holds. The first load goes on with the listing the mount's
+        scan began (``ctx.listing_under_way``), waiting for it, rather than list the store
+        a second time alongside it."""
+        ctx = self.ctx
+        if not ctx.store.flat_listing:
             return None
 
         async def load_tree() -> dict[str, Listing] | bool:
+            under_way, ctx.listing_under_way = ctx.listing_under_way, None
+            keys = await under_way() if under_way is not None else None
             try:
-                return await self.ctx.workers.run(build_tree_index, store, TREE_INDEX_LIMIT, keys) or False
+                return await ctx.workers.run(build_tree_index, ctx.store, TREE_INDEX_LIMIT, keys) or False
             except StoreError as exc:
                 raise NodeError(errno.EIO, f"listing /: {exc}") from exc
 
-        tree = await self.ctx.listings.get(("tree",), load_tree)
+        tree = await ctx.listings.get(("tree",), load_tree)
         return None if tree is False else tree
 
     def _with_made_dirs(self, listing: Listing) -> Listing:
@@ -433,10 +436,9 @@ class RawDir(DirNode):
             return RawDir(self.ctx, self.prefix + name + "/")
         return RawFile.child(self.ctx, self.prefix, name, listing)
 
-    async def warm(self, keys: Iterable[tuple[str, KeyInfo]] | None = None) -> None:
-        """Load this directory's listing (the whole tree index on S3) into the cache now;
-        ``keys``: the store's flat listing, begun by the mount's scan, to go on with."""
-        await self._listing(keys)
+    async def warm(self) -> None:
+        """Load this directory's listing (the whole tree index on S3) into the cache now."""
+        await self._listing()
 
     async def lookup(self, name: str) -> Node | None:
         listing = await self._listing()
