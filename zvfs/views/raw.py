@@ -24,8 +24,11 @@ from zvfs.workers import Workers, gather
 
 log = logging.getLogger("zvfs")
 
-#: stores (with cheap flat listings) of up to this many keys are listed in one pass
-TREE_INDEX_LIMIT = 200_000
+#: stores (with cheap flat listings) of up to this many keys are listed in one pass and
+#: held as one index (about 160 bytes a key); a bigger one is listed per directory. At
+#: 200,000, a 200,000-chunk array with its two metadata keys went past it after the whole
+#: bucket had been listed, and was then listed again, directory by directory.
+TREE_INDEX_LIMIT = 1_000_000
 
 
 class RawFile(FileNode):
