@@ -39,12 +39,7 @@ class StoreUsage:
         self._counting: trio.Event | None = None
 
     def _measure(self, index: dict[str, Listing] | None) -> tuple[int, int]:
-        used = None
-        if index is not None:
-            try:
-                used = sum(info.size for listing in index.values() for info in listing.keys.values())
-            except RuntimeError:  # a write through the mount changed the index meanwhile
-                used = None
+        used = _index_size(index) if index is not None else None
         if used is None:
             used = sum(info.size for _key, info in islice(self.ctx.store.list_tree(""), MAX_KEYS))
         free = shutil.disk_usage(self.free_path).free if self.free_path else 0
@@ -74,3 +69,12 @@ class StoreUsage:
             with trio.move_on_after(WAIT):
                 await counting.wait()
         return self._value or (0, 0)
+
+
+def _index_size(index: dict[str, Listing]) -> int | None:
+    """The bytes of every key in a tree index; None if a write through the mount changed
+    the index while it was summed (the caller then lists the store)."""
+    try:
+        return sum(info.size for listing in index.values() for info in listing.keys.values())
+    except RuntimeError:  # dictionary changed size during iteration
+        return None
