@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
 from numcodecs import blosc as _nc_blosc
 
 from .errors import CodecError
@@ -30,12 +31,19 @@ def frame_sizes(data: bytes | memoryview) -> tuple[int, int]:
     return nbytes, cbytes
 
 
-def decompress(data: bytes | memoryview, max_nbytes: int | None = None) -> bytes:
-    """Decompress one blosc (v1 format) frame, validating the header first."""
+def decompress(data: bytes | memoryview, max_nbytes: int | None = None) -> np.ndarray:
+    """Decompress one blosc (v1 format) frame, validating the header first.
+
+    The result is a fresh, writable uint8 array that the caller owns: the frame is
+    decompressed straight into it (no intermediate bytes object), and a later byte-order
+    change can happen in place (views/arrays.convert_chunk)."""
     nbytes, cbytes = frame_sizes(data)
     if max_nbytes is not None and nbytes > max_nbytes:
         raise CodecError(f"blosc frame decompresses to {nbytes} bytes, expected <= {max_nbytes}")
+    frame = data if cbytes == len(data) else memoryview(data)[:cbytes]
+    out = np.empty(nbytes, dtype=np.uint8)
     try:
-        return bytes(_nc_blosc.decompress(bytes(data[:cbytes])))
+        _nc_blosc.decompress(frame, out)
     except Exception as exc:  # numcodecs raises RuntimeError on bad frames
         raise CodecError(f"blosc: {exc}") from exc
+    return out

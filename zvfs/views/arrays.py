@@ -89,20 +89,33 @@ class DecodedArray:
                     self._reader_epoch = epoch
         return self._reader
 
-    def _decode(self, reader: ZarrArray, idx: tuple[int, ...]) -> np.ndarray:
-        """Worker-thread side: fetch and decode one chunk, as a C-contiguous array."""
+    def _decode(self, reader: ZarrArray, idx: tuple[int, ...], dtype: np.dtype | None = None) -> np.ndarray:
+        """Worker-thread side: fetch and decode one chunk, as a C-contiguous array (converted
+        to ``dtype`` in the same hop, in place when the decoded buffer is this call's own)."""
         t0 = time.perf_counter()
         chunk = reader.read_chunk(idx)
         if not chunk.flags.c_contiguous and any(chunk.strides):  # a broadcast fill stays one
             # not np.ascontiguousarray: it turns 0-d into 1-d
             chunk = chunk.copy(order="C")
+        if dtype is not None:
+            chunk = convert_chunk(chunk, dtype, owned=True)
         self.ctx.counters.add("decode_seconds", time.perf_counter() - t0)
         self.ctx.counters.add("chunks_decoded")
         self.ctx.counters.add("bytes_decoded", chunk.nbytes)
         return chunk
 
     async def chunk(self, idx: tuple[int, ...]) -> np.ndarray:
-        """Decoded chunk ``idx`` (full chunk shape); raises NodeError(EIO) naming the key.
+        """Decoded chunk ``idx`` (full chunk shape); raises NodeError(EIO) naming the key."""
+        return await self._cached(idx, None)
+
+    async def chunk_as(self, idx: tuple[int, ...], dtype: np.dtype | None) -> np.ndarray:
+        """Chunk ``idx`` converted to ``dtype`` (another byte order, netCDF's types), cached
+        under its own key. Decoded and converted in one worker hop (a byte-order change in
+        place, so no second buffer), or converted from the decoded chunk when that is cached."""
+        return await self._cached(idx, self._other(dtype))
+
+    async def _cached(self, idx: tuple[int, ...], dt: np.dtype | None) -> np.ndarray:
+        """Chunk ``idx`` (as ``dt``, None for the declared dtype) through the cache.
 
         A chunk whose bytes are corrupt stays failed for the metadata TTL: later
         reads fail at once without fetching again. A store failure (timeout,
@@ -111,15 +124,19 @@ class DecodedArray:
         """
         if self.meta.error is not None:
             raise self._failure(f"{self.meta.path or '/'}: {self.meta.error}", self.meta.error)
-        key = self.cache_key(idx)
-        failed = self.ctx.failures.peek(key)
+        native = self.cache_key(idx)
+        failed = self.ctx.failures.peek(native)
         if failed is not None:
             raise self._failure(*failed)
 
         async def load() -> np.ndarray:
+            if dt is not None:
+                decoded = self.ctx.chunks.peek(native)
+                if decoded is not None:
+                    return await self.ctx.workers.run(convert_chunk, decoded, dt)
             try:
                 reader = await self._open()
-                return await self.ctx.workers.run(self._decode, reader, idx)
+                return await self.ctx.workers.run(self._decode, reader, idx, dt)
             except NodeError:
                 raise
             except Exception as exc:  # corrupt chunk, unknown codec, store error: this read only
@@ -129,9 +146,10 @@ class DecodedArray:
                 once = f"{self._store_key(idx)} {'store' if transient else 'data'}"
                 err = NodeError(errno.EIO, f"{self.meta.path or '/'} chunk {idx}: {exc}", key=once)
                 if not transient:
-                    self.ctx.failures.put(key, (str(err), once))
+                    self.ctx.failures.put(native, (str(err), once))
                 raise err from exc
 
+        key = self._key(idx, dt)
         self.ctx.prefetch_hit(key)
         return await self.ctx.chunks.get(key, load, ttl=self.ctx.metadata_ttl)
 
@@ -154,20 +172,6 @@ class DecodedArray:
 
     def _key(self, idx: tuple[int, ...], dtype: np.dtype | None) -> tuple[object, ...]:
         return self.cache_key(idx) if dtype is None else self.cache_key(idx, dtype.str)
-
-    async def chunk_as(self, idx: tuple[int, ...], dtype: np.dtype | None) -> np.ndarray:
-        """Chunk ``idx`` converted to ``dtype`` (another byte order, netCDF's types), cached as
-        well; the conversion runs in a worker, like the decode."""
-        dt = self._other(dtype)
-        if dt is None:
-            return await self.chunk(idx)
-
-        async def convert() -> np.ndarray:
-            return await self.ctx.workers.run(convert_chunk, await self.chunk(idx), dt)
-
-        key = self._key(idx, dt)
-        self.ctx.prefetch_hit(key)
-        return await self.ctx.chunks.get(key, convert, ttl=self.ctx.metadata_ttl)
 
     def _peek(self, idx: tuple[int, ...], dtype: np.dtype | None = None) -> np.ndarray | None:
         """Chunk ``idx`` (as ``dtype``) if it is ready already (a read then needs no task and no hop)."""
@@ -430,16 +434,33 @@ class ChunkFile(FileNode):
         return region_bytes(chunk[tuple(slice(0, s) for s in region)], offset, length)
 
 
-def convert_chunk(chunk: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def convert_chunk(chunk: np.ndarray, dtype: np.dtype, owned: bool = False) -> np.ndarray:
     """``chunk`` as ``dtype``; a broadcast fill chunk (all strides 0) stays a broadcast, and
-    integers of the same size and byte order (uint8 as netCDF's byte) are a view, not a copy."""
+    integers of the same size and byte order (uint8 as netCDF's byte) are a view, not a copy.
+
+    ``owned``: the caller has just decoded ``chunk`` and nothing else holds it, so a change
+    of byte order alone swaps its bytes in place (when its memory is numpy's own, not a
+    buffer a store or a cache may share) instead of filling a second buffer."""
     src = chunk.dtype
     if src.kind in "iub" and dtype.kind in "iu" and src.itemsize == dtype.itemsize and (
             src.itemsize == 1 or src.str[0] == dtype.str[0]):
         return chunk.view(dtype)
     if chunk.ndim and not any(chunk.strides):
         return np.broadcast_to(chunk.reshape(-1)[:1].astype(dtype).reshape(()), chunk.shape)
+    if owned and dtype == src.newbyteorder() and _own_memory(chunk):
+        return chunk.byteswap(inplace=True).view(dtype)
     return chunk.astype(dtype)
+
+
+def _own_memory(a: np.ndarray) -> bool:
+    """True when ``a`` is writable, C-contiguous and its memory was allocated by numpy (the
+    end of its chain of views owns its data): then a decode made it, not a store's bytes."""
+    if not (a.flags.writeable and a.flags.c_contiguous):
+        return False
+    root = a
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    return root.base is None and root.flags.owndata
 
 
 def byte_view(a: np.ndarray) -> memoryview:
