@@ -241,6 +241,39 @@ def test_a_read_inside_one_chunk_is_served_from_the_chunk_without_a_copy(tmp_pat
     trio.run(main)
 
 
+def test_a_byte_order_change_swaps_only_a_buffer_the_decode_owns(tmp_path):
+    """netCDF's big-endian view of a little-endian array: a chunk decoded for it is swapped
+    in place (no second buffer), while a chunk already cached for data.raw, or memory a
+    store handed over, is copied and left as it was."""
+    from zarr.codecs import BloscCodec
+
+    from zvfs.views.arrays import convert_chunk
+
+    ref = (np.arange(64 * 256) % 251).astype("<i4").reshape(64, 256) - 100
+    zarr.create_array(str(tmp_path / "a.zarr"), shape=ref.shape, chunks=(8, 256), dtype="<i4",
+                      compressors=[BloscCodec(cname="zstd")])[:] = ref
+    ctx = MountContext(store=DirectoryStore(tmp_path / "a.zarr"))
+    big = np.dtype(">i4")
+
+    async def main() -> None:
+        array = await _decoded_array(ctx)
+        fresh = await array.chunk_as((0, 0), big)  # decoded for the conversion: swapped in place
+        assert fresh.dtype == big and fresh.tobytes() == ref[0:8].astype(big).tobytes()
+        native = await array.chunk((1, 0))  # cached for data.raw first
+        before = native.tobytes()
+        converted = await array.chunk_as((1, 0), big)
+        assert converted.tobytes() == ref[8:16].astype(big).tobytes()
+        assert not np.shares_memory(converted, native) and native.tobytes() == before
+        assert (await array.chunk((0, 0))).tobytes() == ref[0:8].tobytes()  # its own entry
+
+    trio.run(main)
+    owned = ref.copy()
+    assert np.shares_memory(convert_chunk(owned, big, owned=True), owned)
+    shared = bytearray(ref.tobytes())  # writable, but a store's buffer, not numpy's own
+    out = convert_chunk(np.frombuffer(shared, "<i4").reshape(ref.shape), big, owned=True)
+    assert bytes(shared) == ref.tobytes() and out.tobytes() == ref.astype(big).tobytes()
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.data())
 def test_any_byte_range_of_any_chunking_matches_zarr_python(tmp_path_factory, data):
