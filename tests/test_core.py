@@ -274,6 +274,47 @@ def test_a_byte_order_change_swaps_only_a_buffer_the_decode_owns(tmp_path):
     assert bytes(shared) == ref.tobytes() and out.tobytes() == ref.astype(big).tobytes()
 
 
+def test_a_streamed_raw_file_leaves_no_blocks_behind_a_seeking_reader_keeps_them(tmp_path):
+    """Raw blocks (zip, S3) a sequential open has read to their end are dropped from the
+    mount's cache (the kernel's page cache has them): the daemon's memory stays at what is
+    in flight, not at the bytes streamed. A partly read block and a seeking reader's
+    blocks stay."""
+    import zipfile
+
+    from zvfs.stores.zip import ZipStore
+    from zvfs.views.raw import RawFile
+
+    want = np.random.default_rng(3).integers(0, 4, 3_500_000, dtype=np.uint8).tobytes()
+    with zipfile.ZipFile(tmp_path / "s.zip", "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("f", want)
+    store = ZipStore(tmp_path / "s.zip")
+    bs = store.block_size
+    assert bs and len(want) > 3 * bs  # deflated: read through blocks
+    ctx = MountContext(store=store, cache_size=64 << 20)
+    node = RawFile(ctx, "f", store.info("f"))
+
+    def cached() -> list[int]:
+        return [n for n in range(4) if ctx.chunks.contains(node._block_key(n))]
+
+    async def main() -> None:
+        streamed = await node.reader()
+        got, step = [], 300_000
+        for off in range(0, 2 * bs + step, step):  # into block 2
+            got.append(bytes(await streamed.read(off, step)))
+        end = len(b"".join(got))
+        assert 2 * bs < end < 3 * bs and b"".join(got) == want[:end]
+        assert 0 not in cached() and 1 not in cached() and 2 in cached()  # 2: read in part
+        got.append(bytes(await streamed.read(end, len(want))))  # on to the end of the file
+        assert b"".join(got) == want and cached() == []
+        seeking = await node.reader()
+        for off in (3 * bs + 10, bs + 5, 20):
+            assert bytes(await seeking.read(off, 1000)) == want[off : off + 1000]
+        assert cached() == [0, 1, 3]
+
+    trio.run(main)
+    store.close()
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.data())
 def test_any_byte_range_of_any_chunking_matches_zarr_python(tmp_path_factory, data):

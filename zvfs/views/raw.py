@@ -44,6 +44,7 @@ class RawFile(FileNode):
     # what only an open needs (read-ahead, direct_io) lives on the reader (RawReader)
     __slots__ = ("ctx", "prefix", "name", "_info", "_pinned", "_epoch", "_born")
     _ahead: ReadAhead | None = None
+    _run: tuple[int, int] | None = None
 
     def __init__(self, ctx: MountContext, key: str, info: KeyInfo, *, pinned: bool = False) -> None:
         self.ctx = ctx
@@ -201,7 +202,7 @@ class RawFile(FileNode):
     async def _block(self, n: int, prefetch: bool = False) -> bytes:
         bs = self.ctx.store.block_size
         info = self._info
-        key = ("raw", self.key, info.size, info.mtime, self._epoch, n)
+        key = self._block_key(n)
         if prefetch:
             if self.ctx.chunks.contains(key):
                 return b""
@@ -230,10 +231,33 @@ class RawFile(FileNode):
                     break
         first, last = offset // bs, (end - 1) // bs
         if first == last:  # a view of the cached block: no copy
-            return memoryview(await self._block(first))[offset - first * bs : end - first * bs]
-        blocks = await gather(list(range(first, last + 1)), self._block)
-        data = b"".join(blocks[n] for n in range(first, last + 1))
-        return memoryview(data)[offset - first * bs : end - first * bs]
+            data: bytes | memoryview = memoryview(await self._block(first))
+        else:
+            blocks = await gather(list(range(first, last + 1)), self._block)
+            data = memoryview(b"".join(blocks[n] for n in range(first, last + 1)))
+        if self._ahead is not None:
+            self._release(offset, end, size)
+        return data[offset - first * bs : end - first * bs]
+
+    def _release(self, offset: int, end: int, size: int) -> None:
+        """Drop the blocks this open has now read to their end in one sequential run.
+
+        A streamed file's bytes are in the kernel's page cache by then (or read once, with
+        direct_io), so keeping them here too only doubled the daemon's memory: reading
+        110 MiB of S3 objects left 195 MiB resident. Blocks read in part, fetched ahead and
+        not read yet, or read by a seeking reader, stay under the cache's LRU bound."""
+        bs = self.ctx.store.block_size
+        run = self._run
+        start = run[0] if run is not None and run[1] == offset else offset
+        self._run = (start, end)
+        done = end if end == size else end - end % bs
+        for n in range(-(-start // bs), done // bs + (done == size and done % bs != 0)):
+            self.ctx.chunks.invalidate(self._block_key(n))
+
+    def _block_key(self, n: int) -> tuple[object, ...]:
+        """Block ``n`` of this version of the file, in the mount's cache."""
+        info = self._info
+        return ("raw", self.key, info.size, info.mtime, self._epoch, n)
 
 
     def _siblings_ahead(self) -> None:
@@ -266,11 +290,13 @@ class RawReader(RawFile):
     """One open of a RawFile: with its own read-ahead, and direct_io when its bytes are not
     what the kernel caches (staged writes on S3)."""
 
-    __slots__ = ("_ahead", "direct_io")
+    __slots__ = ("_ahead", "_run", "direct_io")
 
     def __init__(self, ctx: MountContext, key: str, info: KeyInfo, *, pinned: bool = False) -> None:
         super().__init__(ctx, key, info, pinned=pinned)
         self._ahead = self._read_ahead()
+        #: (start, end) of this open's current sequential run of reads (see _release)
+        self._run: tuple[int, int] | None = None
         self.direct_io = False
 
 
