@@ -436,6 +436,42 @@ def test_zip_cmd_has_directory_entries_and_deflate(zips: dict[str, Path]) -> Non
         assert all(i.compress_type == zipfile.ZIP_STORED for i in zf.infolist())
 
 
+def test_zip_member_names_info_zip_unicode_path_and_plain_ascii(tmp_path: Path) -> None:
+    """An Info-ZIP Unicode Path field (0x7075) names the member even when the stored name
+    is plain ASCII (a tool's stand-in for characters cp437 lacks); without one, an ASCII
+    name is taken as it is, and UTF-8 bytes without the UTF-8 flag are read as UTF-8."""
+    import struct
+    import zlib
+
+    real = "data/\u6570\u636e.bin"  # two CJK characters, which cp437 lacks
+    cafe = "caf\u00e9"
+    field = bytes([1]) + struct.pack("<I", zlib.crc32(b"data/__.bin")) + real.encode()
+    stand_in = zipfile.ZipInfo("data/__.bin")
+    stand_in.extra = struct.pack("<HH", 0x7075, len(field)) + field
+    stale = zipfile.ZipInfo("data/stale.bin")  # a field whose CRC does not match is ignored
+    stale.extra = struct.pack("<HH", 0x7075, len(field)) + field
+    path = tmp_path / "names.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(stand_in, b"u")
+        zf.writestr(stale, b"s")
+        zf.writestr("data/plain.bin", b"p")
+        zf.writestr(cafe, b"c")
+    with zipfile.ZipFile(path) as zf:  # zipfile flagged that name UTF-8: clear the flag
+        at = zf.getinfo(cafe).header_offset
+    raw = bytearray(path.read_bytes())
+    for off in (at + 6, raw.rfind(b"PK\x01\x02", 0, raw.rfind(b"caf")) + 8):  # local, central flags
+        raw[off : off + 2] = struct.pack("<H", struct.unpack_from("<H", raw, off)[0] & ~0x800)
+    path.write_bytes(bytes(raw))
+    st = ZipStore(path)
+    try:
+        assert st.get(real) == b"u"
+        assert st.get("data/stale.bin") == b"s" and st.get("data/plain.bin") == b"p"
+        assert st.get(cafe) == b"c"
+        assert sorted(st.list_dir("data/").keys) == sorted([real[5:], "plain.bin", "stale.bin"])
+    finally:
+        st.close()
+
+
 def test_zip_mtime_from_date_time(zips: dict[str, Path], tree: Path) -> None:
     st = ZipStore(zips["zip_cmd"])
     # DOS time: local time, 2-second resolution
