@@ -880,8 +880,13 @@ def test_edge_option_values(args, zarr_dir, zarr_zip_cmd, mount) -> None:
 
 def test_directory_file_pages_are_kept_past_the_ttl_while_the_file_is_unchanged(tmp_path, mount) -> None:
     """A local file's version is its fstat at open: an unchanged file keeps the kernel's pages
-    however long ago they were read (the second read never reaches the daemon), and a file
-    changed outside the mount is read anew."""
+    however long ago they were read (the open answers keep_cache, and the second read needs
+    at most the pages the kernel itself let go), and a file changed outside the mount is
+    read anew.
+
+    What is asserted is the daemon's answer and the bytes it served, not that the kernel
+    kept every page: the kernel may reclaim page-cache pages at any time (this machine's
+    DAMON pageout took a few 4 KiB pages of a 1.5 s old read, one run in three)."""
     import json
 
     src = tmp_path / "store"
@@ -891,23 +896,26 @@ def test_directory_file_pages_are_kept_past_the_ttl_while_the_file_is_unchanged(
     m = mount(src, "--metadata-ttl", "1")
     f = m.path / "blob"
 
-    def reads() -> int:
-        """The daemon's read count; one read of stats.json (counted too), whatever its size."""
+    def counts() -> tuple[int, int]:
+        """(opens answered with keep_cache, bytes the daemon served), stats.json included."""
         fd = os.open(m.path / ".zvfs" / "stats.json", os.O_RDONLY)
         try:
-            return json.loads(os.read(fd, 1 << 20))["fuse_read_requests"]
+            snap = json.loads(os.read(fd, 1 << 20))
         finally:
             os.close(fd)
+        return snap["fuse_opens_cached"], snap["fuse_read_bytes"]
 
     assert f.read_bytes() == data
-    before = reads()
-    own = reads() - before  # reading stats.json is itself counted (once)
-    assert own == 1
+    kept, served = counts()
     time.sleep(1.5)  # past the metadata TTL
     assert f.read_bytes() == data
-    assert reads() == before + 2 * own  # served from the page cache
+    kept2, served2 = counts()
+    assert kept2 == kept + 1  # the second open of blob kept its pages (stats.json never does)
+    assert served2 - served < len(data)  # stats.json and any reclaimed pages, not the whole file
     new = os.urandom(3 << 20)
     (src / "blob").write_bytes(new)
     time.sleep(1.5)  # the kernel's attributes and entry expire with the TTL
     assert f.read_bytes() == new
-    assert reads() > before + 3 * own
+    kept3, served3 = counts()
+    assert kept3 == kept2  # changed: its pages were dropped, not kept
+    assert served3 - served2 >= len(new)  # and the new bytes came from the daemon

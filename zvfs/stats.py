@@ -33,6 +33,8 @@ KNOWN_COUNTERS: tuple[str, ...] = (
     "prefetch_requests", "prefetch_hits",
     "disk_cache_hits", "disk_cache_misses", "disk_cache_evictions",
     "fuse_lookups", "fuse_getattrs", "fuse_readdirs", "fuse_read_requests", "fuse_read_bytes",
+    # opens answered with keep_cache: the kernel may serve them from the pages it has
+    "fuse_opens_cached",
     *(f"fuse_ops_{op}" for op in FUSE_OPS),
     *(f"fuse_errors_{op}" for op in FUSE_OPS),
 )

@@ -391,7 +391,10 @@ class ZvfsOperations(pyfuse3.Operations):
         if handle is None and not direct:
             direct = node.size != self._told[inode - ROOT] or (
                 before is not None and not keep and before[0] != node.version())
-        return pyfuse3.FileInfo(fh=fh, keep_cache=keep and not direct, direct_io=direct)
+        keep = keep and not direct
+        if keep:
+            self._counters.add("fuse_opens_cached")
+        return pyfuse3.FileInfo(fh=fh, keep_cache=keep, direct_io=direct)
 
     def _keep_pages(self, inode: int, node: FileNode) -> bool:
         """keep_cache for this open; False makes the kernel drop the file's cached pages."""
