@@ -681,17 +681,12 @@ def _member_name(zi: zipfile.ZipInfo) -> str:
         return name
 
 
-def _zip_mtime(date_time: tuple[int, int, int, int, int, int], fallback: float) -> float:
-    """Member time as zipfile gives it (local time, no zone); the archive's mtime if invalid."""
-    t = _local_time(date_time)
-    return fallback if t is None else t
-
-
 @functools.lru_cache(maxsize=1024)
-def _local_time(date_time: tuple[int, int, int, int, int, int]) -> float | None:
-    """mktime of a zip date and time, remembered: the members of an archive mostly share a
-    handful of times, and mktime (a time-zone lookup) was a fifth of opening 20,000 members."""
+def _zip_mtime(date_time: tuple[int, int, int, int, int, int], fallback: float) -> float:
+    """Member time as zipfile gives it (local time, no zone); the archive's mtime if invalid.
+    Remembered: an archive's members mostly share a handful of times, and mktime (a
+    time-zone lookup) was a fifth of opening 20,000 members."""
     try:
         return time.mktime((*date_time, 0, 0, -1))
     except (OverflowError, ValueError):
-        return None
+        return fallback

@@ -149,7 +149,7 @@ class DecodedArray:
                     self.ctx.failures.put(native, (str(err), once))
                 raise err from exc
 
-        key = self._key(idx, dt)
+        key = native if dt is None else self._key(idx, dt)
         self.ctx.prefetch_hit(key)
         return await self.ctx.chunks.get(key, load, ttl=self.ctx.metadata_ttl)
 

@@ -44,7 +44,6 @@ class RawFile(FileNode):
     # what only an open needs (read-ahead, direct_io) lives on the reader (RawReader)
     __slots__ = ("ctx", "prefix", "name", "_info", "_pinned", "_epoch", "_born")
     _ahead: ReadAhead | None = None
-    _run: tuple[int, int] | None = None
 
     def __init__(self, ctx: MountContext, key: str, info: KeyInfo, *, pinned: bool = False) -> None:
         self.ctx = ctx
@@ -236,22 +235,20 @@ class RawFile(FileNode):
             blocks = await gather(list(range(first, last + 1)), self._block)
             data = memoryview(b"".join(blocks[n] for n in range(first, last + 1)))
         if self._ahead is not None:
-            self._release(offset, end, size)
+            self._release(self._ahead.run_start, end, size)
         return data[offset - first * bs : end - first * bs]
 
-    def _release(self, offset: int, end: int, size: int) -> None:
-        """Drop the blocks this open has now read to their end in one sequential run.
+    def _release(self, start: int, end: int, size: int) -> None:
+        """Drop the blocks this open has now read to their end, in the sequential run of
+        reads that began at ``start`` and has reached ``end``.
 
         A streamed file's bytes are in the kernel's page cache by then (or read once, with
         direct_io), so keeping them here too only doubled the daemon's memory: reading
         110 MiB of S3 objects left 195 MiB resident. Blocks read in part, fetched ahead and
         not read yet, or read by a seeking reader, stay under the cache's LRU bound."""
         bs = self.ctx.store.block_size
-        run = self._run
-        start = run[0] if run is not None and run[1] == offset else offset
-        self._run = (start, end)
-        done = end if end == size else end - end % bs
-        for n in range(-(-start // bs), done // bs + (done == size and done % bs != 0)):
+        stop = -(-end // bs) if end == size else end // bs  # the last block ends at the file's end
+        for n in range(-(-start // bs), stop):
             self.ctx.chunks.invalidate(self._block_key(n))
 
     def _block_key(self, n: int) -> tuple[object, ...]:
@@ -290,13 +287,11 @@ class RawReader(RawFile):
     """One open of a RawFile: with its own read-ahead, and direct_io when its bytes are not
     what the kernel caches (staged writes on S3)."""
 
-    __slots__ = ("_ahead", "_run", "direct_io")
+    __slots__ = ("_ahead", "direct_io")
 
     def __init__(self, ctx: MountContext, key: str, info: KeyInfo, *, pinned: bool = False) -> None:
         super().__init__(ctx, key, info, pinned=pinned)
         self._ahead = self._read_ahead()
-        #: (start, end) of this open's current sequential run of reads (see _release)
-        self._run: tuple[int, int] | None = None
         self.direct_io = False
 
 

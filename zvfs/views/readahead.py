@@ -18,12 +18,15 @@ class ReadAhead:
     _next: int = -1
     _window: int = 0
     _ahead_to: int = 0
+    #: where the current run of sequential reads began (the raw view releases what it passed)
+    run_start: int = 0
 
     def advise(self, offset: int, end: int, size: int) -> tuple[int, int] | None:
         """Record a read of [offset, end); return a byte range to prefetch, or None."""
         sequential = offset == self._next
         self._next = end
         if not sequential:
+            self.run_start = offset
             self._window = 0
             self._ahead_to = end
             return None
