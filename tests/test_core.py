@@ -16,6 +16,7 @@ import numpy as np
 import pyfuse3
 import pytest
 import trio
+import trio.testing
 import zarr
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -102,6 +103,42 @@ def test_cache_loads_once_for_concurrent_callers_and_never_keeps_a_failure():
         assert len(errors) == 3 and len(loads) == 2  # one load, every waiter saw its error
         assert not c.contains("bad")
         assert await c.get("bad", load) == b"value"  # tried again, not remembered
+
+    trio.run(main)
+
+
+def test_a_load_invalidated_while_under_way_is_not_kept_nor_joined():
+    """A write lands while a listing (or discovery) of the old store is loading: that load's
+    value must not be cached after the invalidation, and a caller after it loads anew."""
+    c = Cache(max_bytes=1000)
+    release = trio.Event()
+    loads: list[str] = []
+
+    async def old() -> str:
+        loads.append("old")
+        await release.wait()
+        return "before the write"
+
+    async def new() -> str:
+        loads.append("new")
+        return "after the write"
+
+    async def main() -> None:
+        got: list[str] = []
+
+        async def first() -> None:
+            got.append(await c.get("k", old))
+
+        async with trio.open_nursery() as n:
+            n.start_soon(first)
+            await trio.testing.wait_all_tasks_blocked()
+            c.invalidate("k")  # the write
+            with trio.fail_after(5):  # joined to the old load, it would wait for ever
+                assert await c.get("k", new) == "after the write"
+            release.set()
+        assert got == ["before the write"]  # its own caller still gets it
+        assert loads == ["old", "new"]
+        assert c.peek("k") == "after the write"  # the old value did not overwrite the new
 
     trio.run(main)
 

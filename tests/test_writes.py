@@ -879,6 +879,31 @@ def test_decoded_views_follow_writes(store: Store, mount, tmp_path) -> None:
     assert raw.read_bytes() == want.astype("<i4").tobytes()
 
 
+def test_a_write_replies_after_the_views_forgot_the_old_metadata(dirstore: Store, mount, tmp_path) -> None:
+    """Thousands of view files known to the kernel make dropping its caches take a while; a
+    write must not reply before that is done, or the writer's next read of meta.json walks a
+    stale directory entry to the old metadata (the race behind a CI failure of the test
+    above)."""
+    import zarr
+
+    seed = tmp_path / "seed"
+    many = zarr.create_array(zarr.storage.LocalStore(str(seed / "many")), shape=(64, 64), chunks=(1, 1),
+                             dtype="u1", fill_value=0, compressors=None)
+    many[:] = 1
+    zarr.create_array(zarr.storage.LocalStore(str(seed / "arr")), shape=(8,), chunks=(4,), dtype="<i2",
+                      fill_value=0)
+    dirstore.put_tree(seed)
+    m = dirstore.mount(mount)
+    views = m.path / ".zvfs/arrays"
+    assert len([e.stat() for e in os.scandir(views / "many/chunks")]) == 64 * 64  # 4096 inodes known
+    meta_file = views / "arr/meta.json"
+    assert json.loads(meta_file.read_text())["attributes"] == {}
+    a = zarr.open_array(zarr.storage.LocalStore(str(m.path / "arr")), mode="r+")
+    for i in range(3):
+        a.attrs["step"] = i
+        assert json.loads(meta_file.read_text())["attributes"] == {"step": i}
+
+
 def test_zarr_python_writes_a_hierarchy(store: Store, mount, tmp_path) -> None:
     """zarr-python 3 writes v3 arrays (one sharded) and a v2 array through the mount with a
     plain LocalStore; zarr reading the store directly and the mount's data.raw agree."""

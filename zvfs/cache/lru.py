@@ -45,6 +45,8 @@ class _Flight:
     done: trio.Event = field(default_factory=trio.Event)
     value: Any = None
     error: BaseException | None = None
+    #: invalidated while loading: its callers get the value, the cache does not keep it
+    stale: bool = False
 
 
 class Cache:
@@ -117,9 +119,11 @@ class Cache:
             self.stats.load_errors += 1
             raise
         finally:
-            del self._flights[key]
+            if self._flights.get(key) is flight:
+                del self._flights[key]
             flight.done.set()
-        self.put(key, flight.value, ttl)
+        if not flight.stale:
+            self.put(key, flight.value, ttl)
         return flight.value
 
     def put(self, key: Hashable, value: Any, ttl: float | None | bool = True) -> None:
@@ -140,8 +144,13 @@ class Cache:
             self.stats.evictions += 1
 
     def invalidate(self, key: Hashable) -> None:
+        """Forget ``key``. A load of it under way began before the change: its value is
+        not kept, and later callers start a load of their own instead of joining it."""
         if key in self._entries:
             self._drop(key)
+        flight = self._flights.pop(key, None)
+        if flight is not None:
+            flight.stale = True
 
     def _drop(self, key: Hashable) -> None:
         _, size, _ = self._entries.pop(key)

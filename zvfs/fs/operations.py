@@ -19,6 +19,8 @@ read), never formats or stores. Its concurrency rules, all on the trio thread:
 - After a write through the mount, the kernel's caches of the *derived* files
   (paths below ``derived``, the decoded views) are dropped: their pages and
   attributes, and their directory entries, so new arrays are found at once.
+  One pass in a thread serves a burst of writes, and every write op replies
+  only after it: the writer's next read of a view never meets the old bytes.
 - The kernel's page cache of a file is kept across opens (``keep_cache``) when
   its data is immutable, or while the node's ``version()`` is the one the cached
   pages were read under and that was less than the metadata TTL ago; otherwise
@@ -118,6 +120,9 @@ class ZvfsOperations(pyfuse3.Operations):
         self._toward_derived: set[int] = {ROOT} if self._derived_prefixes else set()
         self._invalidating = False
         self._invalidate_again = False
+        #: set when the kernel's caches of the derived files hold no write's old bytes
+        self._settled = trio.Event()
+        self._settled.set()
         self._uid = os.getuid()
         self._gid = os.getgid()
 
@@ -492,6 +497,7 @@ class ZvfsOperations(pyfuse3.Operations):
         ino = self._remember(parent_inode, sname, node)
         fh = next(self._next_fh)
         self._files[fh] = _Open(ino, node, handle)
+        await self._settle()
         return pyfuse3.FileInfo(fh=fh, direct_io=handle.direct_io), self._attrs(ino, node)
 
     async def write(self, fh: int, off: int, buf: bytes) -> int:
@@ -508,6 +514,7 @@ class ZvfsOperations(pyfuse3.Operations):
         self._counters.add("fuse_ops_flush")
         await self._call(lambda: f"flush {self._path(f.ino)}", f.handle.flush())
         self._told[f.ino - ROOT] = f.handle.size  # the kernel's size: what was written through it
+        await self._settle()
 
     async def fsync(self, fh: int, datasync: bool) -> None:
         self._counters.add("fuse_ops_fsync")
@@ -515,6 +522,7 @@ class ZvfsOperations(pyfuse3.Operations):
         if f is None or f.handle is None:
             return
         await self._call(lambda: f"fsync {self._path(f.ino)}", f.handle.flush(durable=True))
+        await self._settle()
 
     async def setattr(self, inode: int, attr, fields, fh, ctx):  # type: ignore[no-untyped-def,override]
         self._counters.add("fuse_ops_setattr")
@@ -533,6 +541,7 @@ class ZvfsOperations(pyfuse3.Operations):
         if fields.update_mtime:
             await self._call(f"utimens {path}", node.set_mtime(attr.st_mtime_ns / 1e9))
         # mode, owner and atime are the mount's, not the store's: accepted and not kept
+        await self._settle()
         return self._attrs(inode, node)
 
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx):  # type: ignore[no-untyped-def,override]
@@ -541,6 +550,7 @@ class ZvfsOperations(pyfuse3.Operations):
         parent = self._dir(parent_inode)
         node = await self._call(lambda: f"mkdir {self._child_path(parent_inode, sname)}", parent.mkdir(sname))
         self._unbind(parent_inode, sname)
+        await self._settle()
         return self._attrs(self._remember(parent_inode, sname, node), node)
 
     async def unlink(self, parent_inode: int, name: bytes, ctx) -> None:  # type: ignore[override]
@@ -555,6 +565,7 @@ class ZvfsOperations(pyfuse3.Operations):
         remove = parent.unlink if op == "unlink" else parent.rmdir
         await self._call(lambda: f"{op} {self._child_path(parent_inode, name)}", remove(name))
         self._unbind(parent_inode, name)
+        await self._settle()
 
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,  # type: ignore[override]
                      name_new: bytes, flags: int, ctx) -> None:
@@ -567,8 +578,12 @@ class ZvfsOperations(pyfuse3.Operations):
         await self._call(what, src.rename(old, dst, new, not flags & _RENAME_NOREPLACE))
         self._unbind(parent_inode_new, new)
         ino = self._pop(parent_inode_old, old)
-        if ino is None:
-            return
+        if ino is not None:
+            await self._move(ino, parent_inode_new, new, dst)
+        await self._settle()
+
+    async def _move(self, ino: int, parent_inode_new: int, new: str, dst: DirNode) -> None:
+        """The inode table after ``ino`` was renamed to ``new`` under ``parent_inode_new``."""
         # the number moves with the entry (the kernel moved its dentry), and so do the names
         # below it, which hang from it
         self._ino_of.setdefault(parent_inode_new, {})[new] = ino
@@ -591,6 +606,7 @@ class ZvfsOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EPERM)
         made = await self._call(lambda: f"link {self._child_path(new_parent_inode, sname)}", parent.link(node, sname))
         self._unbind(new_parent_inode, sname)
+        await self._settle()
         return self._attrs(self._remember(new_parent_inode, sname, made), made)
 
     async def symlink(self, *args: object, **kwargs: object) -> None:
@@ -619,7 +635,13 @@ class ZvfsOperations(pyfuse3.Operations):
             self._invalidate_again = True
             return
         self._invalidating = True
+        self._settled = trio.Event()
         trio.lowlevel.spawn_system_task(self._invalidate_derived)
+
+    async def _settle(self) -> None:
+        """Wait until the kernel has dropped its caches of the derived files: a write's reply
+        comes after, so the application that wrote reads the new views at once."""
+        await self._settled.wait()
 
     async def _invalidate_derived(self) -> None:
         try:
@@ -636,6 +658,7 @@ class ZvfsOperations(pyfuse3.Operations):
                     return
         finally:
             self._invalidating = False
+            self._settled.set()
 
 
 def _op(what: str | Callable[[], str]) -> str:
@@ -652,4 +675,7 @@ def _invalidate(inodes: list[int], entries: list[tuple[int, bytes]]) -> None:
         except OSError:
             pass  # the kernel forgot it already
     for parent, name in entries:
-        pyfuse3.invalidate_entry_async(parent, name, ignore_enoent=True)
+        try:  # waits for a lookup in that directory to be answered (by the trio thread)
+            pyfuse3.invalidate_entry(parent, name)
+        except OSError:
+            pass  # the kernel forgot it already
