@@ -120,8 +120,13 @@ def cleanup() -> None:
 
 
 def _on_signal(signum, _frame):
+    """Clean up, then leave at once: a SystemExit would wait at interpreter exit for the
+    workload's pool threads (a reader blocked in a read of a mount just ended), so the
+    first SIGTERM did not end the run."""
     cleanup()
-    sys.exit(128 + signum)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(128 + signum)
 
 
 def install_handlers() -> None:
