@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import calendar
 import errno
+import json
 import os
 import stat
 import subprocess
@@ -919,3 +920,27 @@ def test_directory_file_pages_are_kept_past_the_ttl_while_the_file_is_unchanged(
     kept3, served3 = counts()
     assert kept3 == kept2  # changed: its pages were dropped, not kept
     assert served3 - served2 >= len(new)  # and the new bytes came from the daemon
+
+
+@pytest.mark.parametrize("compression", [zipfile.ZIP_DEFLATED, zipfile.ZIP_STORED])
+def test_zip_opened_after_the_mount_answers_reads_as_its_members_need(tmp_path, mount,
+                                                                       compression) -> None:
+    """The zip's central directory is read once the mount answers, so the raw view learns
+    then whether members need inflating: a deflated zip is read through cached blocks
+    fetched ahead (inflated once), a stored one straight from the archive."""
+    z = tmp_path / "members.zip"
+    rng = np.random.default_rng(7)
+    members = {f"d/f{i}": rng.integers(0, 4, size=3 << 20, dtype=np.uint8).tobytes() for i in range(3)}
+    with zipfile.ZipFile(z, "w", compression) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    m = mount(z)
+    for name, data in members.items():
+        assert (m.path / name).read_bytes() == data, name
+    stats = json.loads((m.path / ".zvfs/stats.json").read_text())
+    if compression == zipfile.ZIP_DEFLATED:
+        assert stats["prefetch_requests"] > 0, stats
+        assert stats["zip_inflated_bytes"] <= 1.5 * sum(map(len, members.values())), stats
+    else:
+        assert stats["prefetch_requests"] == 0, stats
+        assert stats.get("zip_inflated_bytes", 0) == 0, stats

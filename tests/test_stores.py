@@ -912,3 +912,38 @@ def test_open_store_all_kinds(tree: Path, zips: dict[str, Path], moto: MotoServe
         st.close()
     with pytest.raises(SourceError, match="does not exist"):
         open_store(parse_source("s3://no-such-bucket-x/p", endpoint_url=moto.endpoint))
+
+
+@pytest.mark.parametrize("compression", [zipfile.ZIP_DEFLATED, zipfile.ZIP_STORED])
+def test_a_zip_opened_later_learns_its_block_size(tmp_path: Path, compression: int) -> None:
+    """A mount opens its zip after it answers: until then the wrappers above see the announced
+    block size (none), and from then on the open zip's own, without waiting for it."""
+    from zvfs.stores.counting import CountingStore
+    from zvfs.stores.pending import PendingStore
+    from zvfs.stores.zip import COMPRESSED_BLOCK_SIZE
+
+    path = tmp_path / "z.zip"
+    with zipfile.ZipFile(path, "w", compression) as zf:
+        zf.writestr("a/x", b"x" * 10_000)
+    pending = open_store(parse_source(str(path)), pending=True)
+    assert isinstance(pending, PendingStore)
+    counted = CountingStore(pending, Counters())
+    assert counted.block_size == 0
+    pending.open()
+    want = COMPRESSED_BLOCK_SIZE if compression == zipfile.ZIP_DEFLATED else 0
+    assert counted.block_size == want
+    assert counted.get("a/x") == b"x" * 10_000
+    counted.close()
+
+
+def test_a_truncated_zip_opened_later_fails_its_open_and_every_call(zips: dict[str, Path],
+                                                                     tmp_path: Path) -> None:
+    bad = tmp_path / "cut.zip"
+    data = zips["zip_cmd"].read_bytes()
+    bad.write_bytes(data[: len(data) // 2])
+    pending = open_store(parse_source(str(bad)), pending=True)
+    with pytest.raises(SourceError, match="not a valid zip archive"):
+        pending.open()
+    with pytest.raises(StoreError, match="could not be opened"):
+        pending.get("a/big")
+    pending.close()

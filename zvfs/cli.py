@@ -198,8 +198,8 @@ def _source_errors(fn: Callable[[], T]) -> T:
 
 
 def _open_source(spec: Any, opts: dict[str, Any], counters: Counters) -> Any:
-    """The store, open when that is cheap (local); an S3 store is a PendingStore, opened by
-    ``prepare`` once the mount answers."""
+    """The store, open when that is cheap (a directory); an S3 store or a zip is a
+    PendingStore, opened by ``prepare`` once the mount answers."""
     from zvfs.stores.retry import RetryPolicy
     from zvfs.stores.url import open_store
 

@@ -293,12 +293,16 @@ class WrappedStore(Store):
     def __init__(self, inner: Store) -> None:
         self.inner = inner
         self.description = inner.description
-        self.block_size = inner.block_size
         self.flat_listing = inner.flat_listing
         self.can_write = inner.can_write
         self.implicit_dirs = inner.implicit_dirs
         self.stages_writes = inner.stages_writes
         self.opens_readers = inner.opens_readers
+
+    @property  # type: ignore[override]
+    def block_size(self) -> int:
+        """Asked of the inner store each time: a store still opening (a zip) learns its own."""
+        return self.inner.block_size
 
     def get(self, key: str) -> bytes:
         return self.inner.get(key)

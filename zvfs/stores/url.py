@@ -139,10 +139,18 @@ def open_store(spec: SourceSpec, retry: RetryPolicy | None = None, *, allow_empt
     ``retry`` bounds the requests of a remote store (local stores do not retry).
     ``counters`` are the mount's: what the store counts itself (retries, errors, uploads,
     inflated bytes) lands there; without them, each store counts into a private set.
-    ``pending``: an S3 store comes as a :class:`PendingStore` whose ``open()`` the caller
-    runs later (it imports botocore and asks the server); local stores open at once, as
-    that costs a stat (a directory) or one read of the central directory (a zip)."""
+    ``pending``: an S3 store or a zip comes as a :class:`PendingStore` whose ``open()`` the
+    caller runs later (S3: it imports botocore and asks the server; a zip: its central
+    directory is parsed, which grows with its members); a directory opens at once, as
+    that costs a stat."""
     store: Store
+    if pending and spec.kind in ("s3", "zip"):
+        from zvfs.stores.pending import PendingStore
+
+        s3 = spec.kind == "s3"
+        return PendingStore(lambda: open_store(spec, retry, allow_empty=allow_empty, counters=counters),
+                            description=spec.describe(), block_size=S3_BLOCK_SIZE if s3 else 0,
+                            flat_listing=s3, can_write=s3, implicit_dirs=s3, stages_writes=s3)
     if spec.kind == "directory":
         from zvfs.stores.directory import DirectoryStore
 
@@ -151,13 +159,6 @@ def open_store(spec: SourceSpec, retry: RetryPolicy | None = None, *, allow_empt
         from zvfs.stores.zip import ZipStore
 
         store = ZipStore(str(spec.path), counters=counters)
-    elif spec.kind == "s3" and pending:
-        from zvfs.stores.pending import PendingStore
-
-        return PendingStore(lambda: open_store(spec, retry, allow_empty=allow_empty, counters=counters),
-                            description=spec.describe(), block_size=S3_BLOCK_SIZE,
-                            flat_listing=True, can_write=True, implicit_dirs=True,
-                            stages_writes=True)
     elif spec.kind == "s3":
         from zvfs.stores.s3 import S3Store  # boto3 is imported only for S3 sources
 
