@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from .procs import log
 
@@ -138,3 +139,12 @@ def versions() -> dict[str, str]:
 def pip_install(reqs: list[str]) -> None:
     log(f"pip install {' '.join(reqs)}")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", *reqs], check=False)
+
+
+def compile_zvfs(package: Path) -> None:
+    """zvfs's bytecode, as pip writes it for a regular install (not for an editable one):
+    without it, with PYTHONDONTWRITEBYTECODE set or a read-only checkout, every mount would
+    compile the package from source first, and the mount-time rows would time the compiler."""
+    import compileall
+
+    compileall.compile_dir(str(package), quiet=1)
