@@ -9,6 +9,8 @@ from __future__ import annotations
 
 def bad_segment(key: str) -> str | None:
     """Return why ``key`` cannot be a POSIX path, or None if it can."""
+    if key and "/" not in key and "\x00" not in key and key not in (".", ".."):
+        return None  # one plain segment (every name of a listing): decided without a split
     if not key:
         return "empty key"
     if "\x00" in key:

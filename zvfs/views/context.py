@@ -125,6 +125,12 @@ class MountContext:
         entry = self._epochs.get(path)
         return self._floor if entry is None else entry[0]
 
+    @property
+    def unwritten(self) -> bool:
+        """True until the first write through the mount: every epoch is 0 until then, so a
+        walk of a million files need not build their paths to ask."""
+        return not self._epochs
+
     def written(self, key: str) -> KeyInfo | None:
         """The key's info after its last write through the mount, if remembered."""
         entry = self._epochs.get(key)

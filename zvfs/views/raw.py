@@ -62,7 +62,7 @@ class RawFile(FileNode):
         node.ctx, node.prefix, node.name = ctx, prefix, name
         node._info = listing.keys[name]
         node._pinned = False
-        node._epoch = node._born = ctx.epoch(prefix + name)
+        node._epoch = node._born = 0 if ctx.unwritten else ctx.epoch(prefix + name)
         return node
 
     @property
@@ -85,7 +85,7 @@ class RawFile(FileNode):
 
     def _refresh(self) -> None:
         """Pick up a write through the mount since this node was made (or last refreshed)."""
-        if self._pinned:
+        if self._pinned or self.ctx.unwritten:
             return
         key = self.key
         epoch = self.ctx.epoch(key)
