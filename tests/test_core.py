@@ -441,3 +441,92 @@ def test_inode_numbers_from_listings_and_lookups_agree_and_stay(tmp_path):
         assert (await listed(dino)) == {**second, "b": again}
 
     trio.run(main)
+
+
+# --------------------------------------------------------------------------- worker hops
+
+
+def test_a_worker_hop_returns_the_result_or_raises_the_error_itself():
+    from zvfs.workers import Workers
+
+    class Boom(Exception):
+        pass
+
+    def fails() -> None:
+        raise Boom("x")
+
+    async def main() -> None:
+        workers = Workers(2)
+        assert await workers.run(lambda a, b: a + b, 2, 3) == 5
+        with pytest.raises(Boom, match="x"):
+            await workers.run(fails)
+        assert workers._limiter.borrowed_tokens == 0
+
+    trio.run(main)
+
+
+def test_worker_hops_never_exceed_the_limit():
+    import threading
+
+    from zvfs.workers import Workers
+
+    running, peak = [0], [0]
+    lock = threading.Lock()
+    release = threading.Event()
+
+    def work(i: int) -> int:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        release.wait(5)
+        with lock:
+            running[0] -= 1
+        return i
+
+    async def main() -> None:
+        workers = Workers(3)
+        out: dict[int, int] = {}
+
+        async def one(i: int) -> None:
+            out[i] = await workers.run(work, i)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(10):
+                nursery.start_soon(one, i)
+            with trio.fail_after(5):
+                while running[0] < 3:
+                    await trio.sleep(0.01)
+            await trio.sleep(0.1)  # room for a fourth to start, if the limit let it
+            assert running[0] == 3
+            release.set()
+        assert out == {i: i for i in range(10)} and peak[0] == 3
+
+    trio.run(main)
+
+
+def test_a_cancelled_worker_hop_is_abandoned_and_gives_its_place_back_when_it_ends():
+    import threading
+
+    from zvfs.workers import Workers
+
+    release, ended = threading.Event(), threading.Event()
+
+    def stuck() -> str:
+        release.wait(5)
+        ended.set()
+        return "late"
+
+    async def main() -> None:
+        workers = Workers(1)
+        with trio.fail_after(5):
+            with trio.move_on_after(0.1) as scope:
+                await workers.run(stuck)
+            assert scope.cancelled_caught  # the caller went on while the thread is stuck
+            assert workers._limiter.borrowed_tokens == 1
+            release.set()
+            while workers._limiter.borrowed_tokens:  # given back once the thread ends
+                await trio.sleep(0.01)
+            assert ended.is_set()
+            assert await workers.run(lambda: "next") == "next"
+
+    trio.run(main)

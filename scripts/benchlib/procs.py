@@ -114,6 +114,8 @@ def cleanup() -> None:
     for m in list(reversed(_mounts)):
         with contextlib.suppress(Exception):
             unmount(m, timeout=5)
+        with contextlib.suppress(OSError):
+            os.rmdir(m)  # an empty mount point left behind would fail a later run's cell
     for p in list(_procs.values()):
         with contextlib.suppress(Exception):
             stop(p, timeout=5)

@@ -124,8 +124,11 @@ class Mounter:
         slug = "".join(ch if ch.isalnum() else "-" for ch in system.name)
         mnt = self.work / "mnt" / f"{n:04d}-{slug}-{store}"
         scratch = self.work / "scratch" / f"{n:04d}-{slug}"
-        mnt.mkdir(parents=True)
-        scratch.mkdir(parents=True)
+        if procs.is_mounted(mnt):
+            raise RuntimeError(f"{mnt} is still mounted by an earlier run: unmount it first")
+        # exist_ok: an empty mount point left by a run that was killed (SIGKILL) is reused
+        mnt.mkdir(parents=True, exist_ok=True)
+        scratch.mkdir(parents=True, exist_ok=True)
         log_path = self.work / "logs" / f"{slug}.log"
         with open(log_path, "a") as f:
             f.write(f"\n=== mount {n} {store}\n")
