@@ -25,11 +25,6 @@ def check_prefix(prefix: str) -> None:
     check_key(prefix[:-1])
 
 
-def safe_name(name: str) -> bool:
-    """True if ``name`` can be one path segment (listings drop the others)."""
-    return bool(name) and "/" not in name and "\x00" not in name and name not in (".", "..")
-
-
 #: what a read past a file's known size asks for first: a file that did not grow since
 #: its size was taken then costs one small read, not a buffer as big as the rest could be
 _PROBE = 64 << 10

@@ -37,7 +37,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from zvfs.stores._util import LogOnce, check_key, check_prefix, pread_all, pwrite_all, safe_name
+from zvfs.stores._util import LogOnce, check_key, check_prefix, pread_all, pwrite_all
 from zvfs.stores.base import (
     KeyInfo,
     KeyNotFound,
@@ -49,6 +49,7 @@ from zvfs.stores.base import (
     StoreError,
     WriteRefused,
 )
+from zvfs.stores.keys import safe_name
 
 log = logging.getLogger(__name__)
 

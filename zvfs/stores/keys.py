@@ -7,9 +7,14 @@ another key (empty segment, ``.``) or cut a C string (NUL) is refused here, once
 from __future__ import annotations
 
 
+def safe_name(name: str) -> bool:
+    """True if ``name`` can be one path segment (listings drop the others)."""
+    return bool(name) and "/" not in name and "\x00" not in name and name not in (".", "..")
+
+
 def bad_segment(key: str) -> str | None:
     """Return why ``key`` cannot be a POSIX path, or None if it can."""
-    if key and "/" not in key and "\x00" not in key and key not in (".", ".."):
+    if safe_name(key):
         return None  # one plain segment (every name of a listing): decided without a split
     if not key:
         return "empty key"

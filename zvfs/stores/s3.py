@@ -33,7 +33,7 @@ from botocore.config import Config
 from botocore.handlers import add_expect_header
 
 from zvfs.stats import Counters
-from zvfs.stores._util import LogOnce, check_key, check_prefix, safe_name
+from zvfs.stores._util import LogOnce, check_key, check_prefix
 from zvfs.stores.base import (
     KeyInfo,
     KeyNotFound,
@@ -45,7 +45,7 @@ from zvfs.stores.base import (
     StoreError,
     WriteRefused,
 )
-from zvfs.stores.keys import bad_segment, is_safe_key
+from zvfs.stores.keys import bad_segment, is_safe_key, safe_name
 from zvfs.stores.retry import TRANSIENT_KINDS, Attempts, RetryPolicy
 from zvfs.stores.url import S3_BLOCK_SIZE
 
