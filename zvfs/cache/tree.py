@@ -23,11 +23,10 @@ def build_tree_index(store: Store, limit: int,
 
     Blocking: run it in a worker thread. Names are not filtered here; the raw
     view skips (and logs) those that cannot be paths, as it does for any listing.
-    The index is held for the mount's life, so it is kept small: the keys of one
-    upload share a few modification times (S3 keeps seconds), kept once each.
+    The index is held for the mount's life, so it is kept small: each listing's keys
+    are a :class:`~zvfs.stores.listing.KeyTable` (arrays, not an object per key).
     """
     index: dict[str, Listing] = {"": Listing()}
-    mtimes: dict[float, float] = {}
     last_prefix, listing = "", index[""]
     for n, (key, info) in enumerate(store.list_tree("") if keys is None else keys):
         if n >= limit:
@@ -37,9 +36,6 @@ def build_tree_index(store: Store, limit: int,
             last_prefix, listing = prefix, index.get(prefix) or _add_dir(index, prefix)
         name = key[len(prefix):]
         if name or not prefix:  # 'a/b/' (a directory marker) is no key of its own
-            mtime = mtimes.setdefault(info.mtime, info.mtime)
-            if mtime is not info.mtime:
-                info = KeyInfo(info.size, mtime, info.version)
             listing.keys[name] = info
     return index
 

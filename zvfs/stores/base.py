@@ -10,7 +10,8 @@ from __future__ import annotations
 import errno
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+
+from zvfs.stores.listing import KeyInfo, Listing
 
 
 class StoreError(Exception):
@@ -47,29 +48,6 @@ class SourceUnavailable(SourceError):
 
 class Stale(StoreError):
     """The key no longer holds the version a read was pinned to (replaced while open)."""
-
-
-@dataclass(frozen=True, slots=True)
-class KeyInfo:
-    """Size and modification time of one key; mtime is seconds since the epoch.
-    ``version`` names the content where the store has such a name (S3's ETag)."""
-
-    size: int
-    mtime: float
-    version: str | None = None
-
-
-@dataclass(slots=True)
-class Listing:
-    """One level of the key hierarchy below a prefix.
-
-    ``keys`` maps child names (no slash) that are keys to their info; ``prefixes``
-    holds child names that have keys below them. A name may appear in both: the
-    fs layer decides which wins.
-    """
-
-    keys: dict[str, KeyInfo] = field(default_factory=dict)
-    prefixes: set[str] = field(default_factory=set)
 
 
 class KeyWriter(ABC):

@@ -177,7 +177,7 @@ class ZipStore(Store):
         listing = self._dirs.get(prefix)
         if listing is None:
             return Listing()
-        return Listing(dict(listing.keys), set(listing.prefixes))
+        return Listing(listing.keys.copy(), set(listing.prefixes))
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
         if prefix:

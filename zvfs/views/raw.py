@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from zvfs.cache.tree import build_tree_index
 from zvfs.stores.base import KeyInfo, KeyNotFound, KeyReader, Listing, Stale, StoreError
 from zvfs.stores.keys import bad_segment
+from zvfs.stores.listing import KeyTable
 from zvfs.views.context import MountContext
 from zvfs.views.node import DirNode, FileHandle, FileNode, Node, NodeError
 from zvfs.views.readahead import ReadAhead
@@ -42,7 +43,7 @@ class RawFile(FileNode):
 
     # one per file the kernel knows: a store of a million keys has a million of them, so
     # what only an open needs (read-ahead, direct_io) lives on the reader (RawReader)
-    __slots__ = ("ctx", "prefix", "name", "_info", "_pinned", "_epoch", "_born")
+    __slots__ = ("ctx", "prefix", "name", "_src", "_pinned", "_epoch", "_born")
     _ahead: ReadAhead | None = None
 
     def __init__(self, ctx: MountContext, key: str, info: KeyInfo, *, pinned: bool = False) -> None:
@@ -51,7 +52,7 @@ class RawFile(FileNode):
         prefix, _, name = key.rpartition("/")
         self.prefix = prefix + "/" if prefix else ""
         self.name = name
-        self._info = info  # size, mtime and version (S3's ETag: reads are pinned to it)
+        self._src: KeyInfo | KeyTable = info
         self._pinned = pinned
         self._epoch = self._born = ctx.epoch(key)
 
@@ -60,7 +61,7 @@ class RawFile(FileNode):
         """The file ``name`` of ``listing``, the directory ``prefix``: its strings are shared."""
         node = cls.__new__(cls)
         node.ctx, node.prefix, node.name = ctx, prefix, name
-        node._info = listing.keys[name]
+        node._src = listing.keys.source(name)  # the listing's table: no KeyInfo per node
         node._pinned = False
         node._epoch = node._born = 0 if ctx.unwritten else ctx.epoch(prefix + name)
         return node
@@ -68,6 +69,13 @@ class RawFile(FileNode):
     @property
     def key(self) -> str:
         return self.prefix + self.name
+
+    @property
+    def _info(self) -> KeyInfo:
+        """Size, mtime and version (S3's ETag: reads are pinned to it) of the entry this node
+        was made from, or of the write through the mount it has seen since."""
+        src = self._src
+        return src if isinstance(src, KeyInfo) else src.made_from(self.name)
 
     @property  # type: ignore[override]
     def immutable(self) -> bool:
@@ -93,7 +101,7 @@ class RawFile(FileNode):
             self._epoch = epoch
             info = self.ctx.written(key)
             if info is not None:
-                self._info = info
+                self._src = info
 
     def detach(self) -> None:
         self._pinned = True

@@ -75,6 +75,6 @@ def _index_size(index: dict[str, Listing]) -> int | None:
     """The bytes of every key in a tree index; None if a write through the mount changed
     the index while it was summed (the caller then lists the store)."""
     try:
-        return sum(info.size for listing in index.values() for info in listing.keys.values())
+        return sum(listing.keys.total_size() for listing in index.values())
     except RuntimeError:  # dictionary changed size during iteration
         return None

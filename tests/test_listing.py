@@ -1,0 +1,147 @@
+"""KeyTable, the compact listing: it must behave as the dict it replaces, whatever the
+order of adds, sets and deletes, and a node's view of the entry it was made from must
+survive later writes, as a KeyInfo of its own did."""
+
+from __future__ import annotations
+
+import gc
+import os
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from zvfs.stores.listing import KeyInfo, KeyTable, Listing
+
+_names = st.text(alphabet="ab.0", min_size=1, max_size=3)
+_versions = st.one_of(
+    st.none(),
+    st.just('"' + "0123456789abcdef" * 2 + '"'),  # a plain ETag: kept as 16 bytes
+    st.binary(min_size=16, max_size=16).map(lambda b: '"' + b.hex() + '"'),
+    st.just('"d41d8cd98f00b204e9800998ecf8427e-2"'),  # multipart: kept as it is
+    st.just("v1"),
+)
+_infos = st.builds(KeyInfo, st.integers(0, 2**40), st.floats(0, 2e9, allow_nan=False), _versions)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_names, _infos), max_size=40))
+def test_built_in_any_order_it_is_the_dict_of_the_same_sets(items: list[tuple[str, KeyInfo]]) -> None:
+    """A store adds in its own order (scandir's, a zip's with duplicate members): the last
+    set of a name wins, and iteration is sorted."""
+    table, model = KeyTable(), {}
+    for name, info in items:
+        table[name] = info
+        model[name] = info
+    assert dict(table) == model
+    assert list(table) == sorted(model)
+    assert len(table) == len(model)
+    for name, info in model.items():
+        assert name in table and table[name] == info
+    assert "zz" not in table and table.get("zz") is None
+    assert table.total_size() == sum(i.size for i in model.values())
+    assert table.copy() == table
+
+
+class TableAgainstDict(RuleBasedStateMachine):
+    """Built, read, then changed through the mount (sets and deletes after the first read)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table: KeyTable = KeyTable()
+        self.model: dict[str, KeyInfo] = {}
+        self.nodes: list[tuple[str, KeyTable | KeyInfo, KeyInfo]] = []
+
+    @rule(name=_names, info=_infos)
+    def set(self, name: str, info: KeyInfo) -> None:
+        self.table[name] = info
+        self.model[name] = info
+
+    @rule(name=_names)
+    def delete(self, name: str) -> None:
+        if name in self.model:
+            del self.table[name]
+            del self.model[name]
+        else:
+            assert self.table.pop(name, None) is None
+
+    @rule(name=_names)
+    def make_node(self, name: str) -> None:
+        """What RawFile.child keeps for a name the listing has."""
+        if name in self.model:
+            self.nodes.append((name, self.table.source(name), self.model[name]))
+
+    @invariant()
+    def same_mapping(self) -> None:
+        assert dict(self.table.items()) == self.model
+        assert list(self.table) == sorted(self.model)
+        assert len(self.table) == len(self.model)
+        assert self.table.total_size() == sum(i.size for i in self.model.values())
+
+    @invariant()
+    def nodes_keep_what_they_were_made_from(self) -> None:
+        for name, src, made in self.nodes:
+            got = src if isinstance(src, KeyInfo) else src.made_from(name)
+            assert got == made
+
+
+TestTableAgainstDict = TableAgainstDict.TestCase
+TestTableAgainstDict.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+
+
+def test_a_version_that_is_not_an_etag_turns_the_digests_into_strings() -> None:
+    etag = '"' + "ab" * 16 + '"'
+    table = KeyTable([("a", KeyInfo(1, 1.0, etag)), ("b", KeyInfo(2, 2.0, etag)),
+                      ("c", KeyInfo(3, 3.0, None)), ("d", KeyInfo(4, 4.0, etag))])
+    assert [i.version for i in table.values()] == [etag, etag, None, etag]
+
+
+def test_a_listing_given_a_dict_keeps_a_table() -> None:
+    listing = Listing({"b": KeyInfo(2, 0.0), "a": KeyInfo(1, 0.0)})
+    assert isinstance(listing.keys, KeyTable)
+    assert list(listing.keys) == ["a", "b"]
+    assert listing == Listing(KeyTable([("a", KeyInfo(1, 0.0)), ("b", KeyInfo(2, 0.0))]))
+
+
+def _heap_bytes(make) -> float:
+    """Bytes the Python heap grows by while ``make()``'s result is alive, per key of 100,000."""
+    import tracemalloc
+
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        held = make()
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    del held
+    return (after - before) / 100_000
+
+
+def test_a_table_costs_a_fraction_of_the_dict_of_keyinfos_it_replaces() -> None:
+    """The names are the listing's own either way; what a key costs beyond its name is
+    measured, for a directory store's entries (size, distinct mtime) and S3's (an ETag)."""
+    rng = random.Random(7)
+    names = [f"{i // 500}.{i % 500}" for i in range(100_000)]
+    rng.shuffle(names)  # scandir's order, not sorted
+    mtimes = [1.7e9 + rng.random() for _ in names]
+    etags = ['"' + os.urandom(16).hex() + '"' for _ in names]
+
+    def table(with_etags: bool):
+        t = KeyTable()
+        for name, m, e in zip(names, mtimes, etags, strict=True):
+            t[name] = KeyInfo(256, m, e if with_etags else None)
+        len(t)  # built and sorted, as on its first lookup
+        return t
+
+    def dict_of(with_etags: bool):
+        return {name: KeyInfo(256, m + 0.0, (e + " ")[:-1] if with_etags else None)
+                for name, m, e in zip(names, mtimes, etags, strict=True)}
+
+    directory, directory_dict = _heap_bytes(lambda: table(False)), _heap_bytes(lambda: dict_of(False))
+    s3, s3_dict = _heap_bytes(lambda: table(True)), _heap_bytes(lambda: dict_of(True))
+    assert directory <= 30, directory  # a name's reference, a size and an mtime: 24 bytes
+    assert s3 <= 46, s3  # and a 16-byte digest
+    assert directory_dict >= 3 * directory and s3_dict >= 3 * s3, (directory_dict, s3_dict)

@@ -1,0 +1,258 @@
+"""One level of a store's key hierarchy, kept small for stores of millions of keys.
+
+A listing lives as long as the mount caches it, and every file the kernel knows
+points into one; at a million keys a dict of small objects per key (a KeyInfo,
+its float, the dict's own slot) came to more than the rest of the daemon. So a
+:class:`KeyTable` keeps a directory's keys in sorted parallel arrays, about 24
+bytes a key plus its name (16 more for an S3 ETag), and makes a KeyInfo only
+when one is asked for.
+
+The arrays are filled while the listing is built (the stores only add), sorted
+once on the first read, and never changed after: a later set or delete (a write
+through the mount) goes to a small overlay. So a file node can keep the table and
+its own name instead of a KeyInfo of its own (see :meth:`KeyTable.source`), and
+still reads the entry it was made from when the key is replaced or removed later,
+as it would with its own copy.
+"""
+
+from __future__ import annotations
+
+import heapq
+from array import array
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class KeyInfo:
+    """Size and modification time of one key; mtime is seconds since the epoch.
+    ``version`` names the content where the store has such a name (S3's ETag)."""
+
+    size: int
+    mtime: float
+    version: str | None = None
+
+
+#: an S3 ETag of a single-part upload: its MD5 in hex, quoted; kept as its 16 bytes
+_ETAG_LEN = 34
+_HEX = frozenset("0123456789abcdef")
+
+
+def _compact_etag(version: str) -> bytes | None:
+    if len(version) == _ETAG_LEN and version[0] == version[-1] == '"' and _HEX.issuperset(version[1:-1]):
+        return bytes.fromhex(version[1:-1])
+    return None
+
+
+class KeyTable(MutableMapping[str, KeyInfo]):
+    """name -> :class:`KeyInfo` for one directory level, as a dict would be, in arrays.
+
+    Iteration is in sorted name order. Lookups bisect the sorted names.
+    """
+
+    __slots__ = ("_names", "_sizes", "_mtimes", "_versions", "_building", "_in_order", "_over", "_dead")
+
+    def __init__(self, items: Mapping[str, KeyInfo] | Iterable[tuple[str, KeyInfo]] = ()) -> None:
+        self._names: list[str] = []
+        self._sizes = array("q")
+        self._mtimes = array("d")
+        #: None while every version is None; bytes of 16-byte digests while every one is a
+        #: plain ETag (None never mixed in); else one entry per key
+        self._versions: bytearray | list[str | None] | None = None
+        #: still being filled: sets append (the stores only add while they list)
+        self._building = True
+        self._in_order = True
+        #: sets and deletes once built: name -> new info, and names of the arrays now gone
+        self._over: dict[str, KeyInfo] = {}
+        self._dead: set[str] = set()
+        self.update(items)
+
+    # -- building ------------------------------------------------------------------------
+
+    def _append(self, name: str, info: KeyInfo) -> None:
+        names = self._names
+        if names and name <= names[-1]:
+            if name == names[-1]:  # the same name again: the last one wins, in place
+                self._sizes[-1], self._mtimes[-1] = info.size, info.mtime
+                self._set_version(len(names) - 1, info.version, replace=True)
+                return
+            self._in_order = False
+        names.append(name)
+        self._sizes.append(info.size)
+        self._mtimes.append(info.mtime)
+        self._set_version(len(names) - 1, info.version)
+
+    def _set_version(self, i: int, version: str | None, replace: bool = False) -> None:
+        vs = self._versions
+        if vs is None:
+            if version is None:
+                return
+            digest = _compact_etag(version)
+            if i == 0 and digest is not None:
+                self._versions = bytearray(digest)
+                return
+            vs = self._versions = [None] * (i + 1 if replace else i)
+        elif isinstance(vs, bytearray):
+            digest = None if version is None else _compact_etag(version)
+            if digest is not None:
+                if replace:
+                    vs[16 * i : 16 * i + 16] = digest
+                else:
+                    vs += digest
+                return
+            vs = self._versions = [self._version_at(j) for j in range(len(vs) // 16)]
+        if replace:
+            vs[i] = version
+        else:
+            vs.append(version)
+
+    def _version_at(self, i: int) -> str | None:
+        vs = self._versions
+        if vs is None:
+            return None
+        if isinstance(vs, bytearray):
+            return '"' + vs[16 * i : 16 * i + 16].hex() + '"'
+        return vs[i]
+
+    def _seal(self) -> None:
+        """Built: sort by name, the last of equal names winning (a zip's duplicate members)."""
+        self._building = False
+        if self._in_order:
+            return
+        n = len(self._names)
+        order = sorted(range(n), key=self._names.__getitem__)  # stable: equal names keep order
+        keep = [i for k, i in enumerate(order)
+                if k + 1 == n or self._names[order[k + 1]] != self._names[i]]
+        versions = [self._version_at(i) for i in keep] if self._versions is not None else None
+        self._names = [self._names[i] for i in keep]
+        self._sizes = array("q", [self._sizes[i] for i in keep])
+        self._mtimes = array("d", [self._mtimes[i] for i in keep])
+        self._versions = None
+        self._in_order = True
+        if versions is not None:
+            for i, v in enumerate(versions):
+                self._set_version(i, v)
+
+    def _index(self, name: str) -> int:
+        """Where ``name`` is in the arrays, or -1 (the arrays' entry, dead or not)."""
+        if self._building:
+            self._seal()
+        names = self._names
+        i = bisect_left(names, name)
+        return i if i < len(names) and names[i] == name else -1
+
+    def _at(self, i: int) -> KeyInfo:
+        return KeyInfo(self._sizes[i], self._mtimes[i], self._version_at(i))
+
+    # -- for the nodes that point into it -------------------------------------------------
+
+    def source(self, name: str) -> KeyTable | KeyInfo:
+        """What a file node keeps for ``name`` instead of a KeyInfo of its own: this table
+        (read back with :meth:`made_from`) when the entry is in the arrays, else the KeyInfo
+        of the later set. Raises KeyError if there is no such key."""
+        info = self._over.get(name)
+        if info is not None:
+            return info
+        if name in self._dead or self._index(name) < 0:
+            raise KeyError(name)
+        return self
+
+    def made_from(self, name: str) -> KeyInfo:
+        """The entry of the arrays for ``name``, even when it was replaced or removed since."""
+        i = self._index(name)
+        if i < 0:
+            raise KeyError(name)
+        return self._at(i)
+
+    def total_size(self) -> int:
+        """The sum of every key's size (df's figure), without a KeyInfo per key."""
+        if self._building:
+            self._seal()
+        total = sum(self._sizes)
+        for name in self._dead:
+            total -= self._sizes[self._index(name)]
+        for name, info in self._over.items():
+            i = self._index(name)
+            total += info.size - (self._sizes[i] if i >= 0 and name not in self._dead else 0)
+        return total
+
+    def copy(self) -> KeyTable:
+        if self._building:
+            self._seal()
+        out = KeyTable()
+        out._names, out._sizes, out._mtimes = list(self._names), array("q", self._sizes), array("d", self._mtimes)
+        vs = self._versions
+        out._versions = None if vs is None else (bytearray(vs) if isinstance(vs, bytearray) else list(vs))
+        out._building = False
+        out._over, out._dead = dict(self._over), set(self._dead)
+        return out
+
+    # -- the mapping ----------------------------------------------------------------------
+
+    def __getitem__(self, name: str) -> KeyInfo:
+        info = self._over.get(name)
+        if info is not None:
+            return info
+        if name in self._dead:
+            raise KeyError(name)
+        i = self._index(name)
+        if i < 0:
+            raise KeyError(name)
+        return self._at(i)
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        if name in self._over:
+            return True
+        return name not in self._dead and self._index(name) >= 0
+
+    def __setitem__(self, name: str, info: KeyInfo) -> None:
+        if self._building:
+            self._append(name, info)
+            return
+        self._dead.discard(name)
+        self._over[name] = info
+
+    def __delitem__(self, name: str) -> None:
+        in_arrays = name not in self._dead and self._index(name) >= 0
+        if self._over.pop(name, None) is None and not in_arrays:
+            raise KeyError(name)
+        if in_arrays:
+            self._dead.add(name)
+
+    def __iter__(self) -> Iterator[str]:
+        if self._building:
+            self._seal()
+        over, dead = self._over, self._dead
+        if not over and not dead:
+            return iter(self._names)
+        base = (n for n in self._names if n not in dead and n not in over)
+        return heapq.merge(base, sorted(over))
+
+    def __len__(self) -> int:
+        if self._building:
+            self._seal()
+        added = sum(1 for n in self._over if n in self._dead or self._index(n) < 0)
+        return len(self._names) - len(self._dead) + added
+
+    def __repr__(self) -> str:
+        return f"KeyTable({dict(self.items())!r})"
+
+
+@dataclass(slots=True)
+class Listing:
+    """One level of the key hierarchy below a prefix.
+
+    ``keys`` maps child names (no slash) that are keys to their info; ``prefixes``
+    holds child names that have keys below them. A name may appear in both: the
+    fs layer decides which wins.
+    """
+
+    keys: KeyTable = field(default_factory=KeyTable)
+    prefixes: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.keys, KeyTable):
+            self.keys = KeyTable(self.keys)
