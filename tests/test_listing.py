@@ -42,6 +42,8 @@ def test_built_in_any_order_it_is_the_dict_of_the_same_sets(items: list[tuple[st
     assert "zz" not in table and table.get("zz") is None
     assert table.total_size() == sum(i.size for i in model.values())
     assert table.copy() == table
+    prefixes = {name[:2] for name, _ in items[::3]}
+    assert Listing(table, prefixes).names() == sorted(set(model) | prefixes)
 
 
 class TableAgainstDict(RuleBasedStateMachine):

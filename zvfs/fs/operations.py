@@ -40,6 +40,7 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import pyfuse3
 import trio
@@ -56,6 +57,15 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 _RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
 #: free space a writable store with no bound of its own (S3) reports to df and cp
 _UNBOUNDED_FREE = 1 << 50
+
+
+class _DirSnapshot(NamedTuple):
+    """One open directory: '.' and '..', then its entries as read at opendir and their inodes
+    (kept apart, not as a tuple per entry: this is held while a reader walks the directory)."""
+
+    dots: tuple[tuple[str, int, Node], tuple[str, int, Node]]
+    entries: Sequence[tuple[str, Node]]
+    inos: array
 
 
 @dataclass(slots=True)
@@ -109,7 +119,8 @@ class ZvfsOperations(pyfuse3.Operations):
         self._unbound: set[int] = set()
         #: parent inode -> name -> inode: the bindings made one at a time
         self._ino_of: dict[int, dict[str, int]] = {}
-        self._dir_handles: dict[int, list[tuple[str, int, Node]]] = {}
+        #: open directories: their entries as read at opendir, and the inode of each
+        self._dir_handles: dict[int, _DirSnapshot] = {}
         self._next_fh = itertools.count(1)
         #: inode -> (node version, monotonic time) of the kernel's cached pages
         self._page_epochs: dict[int, tuple[object, float]] = {}
@@ -199,9 +210,10 @@ class ZvfsOperations(pyfuse3.Operations):
             self._lookups[ino - ROOT] += 1
         return ino
 
-    def _remember_all(self, parent: int, entries: Sequence[tuple[str, Node]]) -> list[int]:
+    def _remember_all(self, parent: int, entries: Sequence[tuple[str, Node]]) -> array:
         """Inodes for a directory's ``entries``: the names never met before are numbered as
-        one run, in sorted order."""
+        one run, in sorted order. (An array, not a list of ints: a directory of 200,000
+        keys would hold 200,000 int objects while it is open.)"""
         found = [self._find(parent, name) for name, _ in entries]
         new = sorted({name for (name, _), ino in zip(entries, found, strict=True) if ino is None})
         if new:
@@ -209,7 +221,7 @@ class ZvfsOperations(pyfuse3.Operations):
             for name in new:
                 self._new(parent, name, None)
             self._runs.setdefault(parent, []).append((first, new))
-        inos = []
+        inos = array("q")
         for (name, node), ino in zip(entries, found, strict=True):
             if ino is None:
                 ino = first + bisect_left(new, name)
@@ -337,24 +349,27 @@ class ZvfsOperations(pyfuse3.Operations):
         # '.' and '..' come first, as on every POSIX file system; the kernel takes no
         # lookup reference for them (fuse_direntplus_link skips them), so neither do we
         above = self._known(parent)
-        snapshot = [(".", inode, node), ("..", parent, node if above is None else above)]
-        for (name, child), ino in zip(entries, self._remember_all(inode, entries), strict=True):
-            snapshot.append((name, ino, child))
-        self._dir_handles[fh] = snapshot
+        self._dir_handles[fh] = _DirSnapshot(
+            ((".", inode, node), ("..", parent, node if above is None else above)),
+            entries, self._remember_all(inode, entries))
         return fh
 
     async def readdir(self, fh: int, start_id: int, token) -> None:  # type: ignore[override]
         self._counters.add("fuse_readdirs")
         self._counters.add("fuse_ops_readdir")
-        entries = self._dir_handles.get(fh)
-        if entries is None:
+        snap = self._dir_handles.get(fh)
+        if snap is None:
             raise pyfuse3.FUSEError(errno.EBADF)
-        for i in range(start_id, len(entries)):
-            name, ino, node = entries[i]
+        for i in range(start_id, 2):
+            name, ino, node = snap.dots[i]
             if not pyfuse3.readdir_reply(token, os.fsencode(name), self._attrs(ino, node), i + 1):
                 return
-            if name in (".", ".."):
-                continue
+        entries, inos = snap.entries, snap.inos
+        for i in range(max(start_id - 2, 0), len(entries)):
+            name, node = entries[i]
+            ino = inos[i]
+            if not pyfuse3.readdir_reply(token, os.fsencode(name), self._attrs(ino, node), i + 3):
+                return
             self._lookups[ino - ROOT] += 1
             if self._node_at[ino - ROOT] is None:  # it may have been forgotten since opendir
                 self._node_at[ino - ROOT] = node

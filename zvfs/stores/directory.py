@@ -480,7 +480,7 @@ class DirectoryStore(Store):
             return
         listing, dirs = self._scan(prefix, real)
         inner = ancestors | {ident}
-        names = sorted(set(listing.keys) | listing.prefixes)
+        names = listing.names()
         for name in names:
             if name in listing.keys:
                 yield prefix + name

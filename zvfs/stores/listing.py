@@ -256,3 +256,14 @@ class Listing:
     def __post_init__(self) -> None:
         if not isinstance(self.keys, KeyTable):
             self.keys = KeyTable(self.keys)
+
+    def names(self) -> list[str]:
+        """Every child name, keys and prefixes, sorted, each once (without a set of them all:
+        a directory of 200,000 keys has a handful of prefixes at most)."""
+        if not self.prefixes:
+            return list(self.keys)
+        out: list[str] = []
+        for name in heapq.merge(self.keys, sorted(self.prefixes)):
+            if not out or out[-1] != name:
+                out.append(name)
+        return out

@@ -339,7 +339,7 @@ def _files_in_order(tree: dict[str, Listing], prefix: str = "") -> list[tuple[st
     listing = tree.get(prefix)
     if listing is None:
         return out
-    for name in sorted(set(listing.keys) | listing.prefixes):
+    for name in listing.names():
         if name in listing.prefixes:
             out.extend(_files_in_order(tree, prefix + name + "/"))
         else:
@@ -483,7 +483,7 @@ class RawDir(DirNode):
 
     async def children(self) -> Sequence[tuple[str, Node]]:
         listing = await self._listing()
-        names = sorted(set(listing.keys) | listing.prefixes)
+        names = listing.names()
         return [(n, self._child(n, listing)) for n in names if self._usable(n, listing)]
 
     # -- writing ----------------------------------------------------------------------------
