@@ -168,6 +168,21 @@ def peak_rss_kib(pid: int) -> int | None:
     return total if found else None
 
 
+def settled_peak_rss_kib(pid: int, quiet: float = 1.0, limit: float = 15.0) -> int | None:
+    """VmHWM of ``pid`` (as :func:`peak_rss_kib`) once it has stopped growing for ``quiet``
+    seconds (at most ``limit`` seconds): the work a daemon does in the background after a
+    workload (zvfs imports its decoded views after it answers) belongs to its footprint."""
+    last = peak_rss_kib(pid)
+    stable_since = deadline = time.monotonic()
+    deadline += limit
+    while time.monotonic() < deadline and time.monotonic() - stable_since < quiet:
+        time.sleep(0.1)
+        now = peak_rss_kib(pid)
+        if now != last:
+            last, stable_since = now, time.monotonic()
+    return last
+
+
 def children(pid: int) -> list[int]:
     """All descendants of ``pid`` (via /proc/PID/task/*/children)."""
     out: list[int] = []

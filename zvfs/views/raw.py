@@ -42,8 +42,9 @@ class RawFile(FileNode):
     """
 
     # one per file the kernel knows: a store of a million keys has a million of them, so
-    # what only an open needs (read-ahead, direct_io) lives on the reader (RawReader)
-    __slots__ = ("ctx", "prefix", "name", "_src", "_pinned", "_epoch", "_born")
+    # what only an open needs (read-ahead, direct_io) lives on the reader (RawReader), and
+    # what only a write changes is one slot, None until then (see _marks)
+    __slots__ = ("ctx", "prefix", "name", "_src", "_marks")
     _ahead: ReadAhead | None = None
 
     def __init__(self, ctx: MountContext, key: str, info: KeyInfo, *, pinned: bool = False) -> None:
@@ -53,8 +54,8 @@ class RawFile(FileNode):
         self.prefix = prefix + "/" if prefix else ""
         self.name = name
         self._src: KeyInfo | KeyTable = info
-        self._pinned = pinned
-        self._epoch = self._born = ctx.epoch(key)
+        epoch = ctx.epoch(key)
+        self._set_marks(pinned, epoch, epoch)
 
     @classmethod
     def child(cls, ctx: MountContext, prefix: str, name: str, listing: Listing) -> RawFile:
@@ -62,9 +63,29 @@ class RawFile(FileNode):
         node = cls.__new__(cls)
         node.ctx, node.prefix, node.name = ctx, prefix, name
         node._src = listing.keys.source(name)  # the listing's table: no KeyInfo per node
-        node._pinned = False
-        node._epoch = node._born = 0 if ctx.unwritten else ctx.epoch(prefix + name)
+        epoch = 0 if ctx.unwritten else ctx.epoch(prefix + name)
+        node._set_marks(False, epoch, epoch)
         return node
+
+    # -- what writes through the mount change: (pinned, epoch, born), None for (False, 0, 0)
+
+    def _set_marks(self, pinned: bool, epoch: int, born: int) -> None:
+        self._marks = None if not pinned and epoch == 0 and born == 0 else (pinned, epoch, born)
+
+    @property
+    def _pinned(self) -> bool:
+        """Reads stay with the version this node was made for (an open, or a removed key)."""
+        return self._marks is not None and self._marks[0]
+
+    @property
+    def _epoch(self) -> int:
+        """The key's write epoch this node's info is of."""
+        return 0 if self._marks is None else self._marks[1]
+
+    @property
+    def _born(self) -> int:
+        """The key's write epoch when the kernel met this node."""
+        return 0 if self._marks is None else self._marks[2]
 
     @property
     def key(self) -> str:
@@ -98,13 +119,13 @@ class RawFile(FileNode):
         key = self.key
         epoch = self.ctx.epoch(key)
         if epoch != self._epoch:
-            self._epoch = epoch
+            self._set_marks(self._pinned, epoch, self._born)
             info = self.ctx.written(key)
             if info is not None:
                 self._src = info
 
     def detach(self) -> None:
-        self._pinned = True
+        self._set_marks(True, self._epoch, self._born)
 
     async def reader(self) -> FileNode:
         """An open reads the version there is now, whatever happens to the key meanwhile.
@@ -143,7 +164,7 @@ class RawFile(FileNode):
         # zip: the same bytes, following writes as this node does; else pinned to this version
         mine = RawReader(self.ctx, self.key, info,
                          pinned=self._pinned or info.version is not None or staged)
-        mine._epoch, mine._born = self._epoch, self._born
+        mine._set_marks(mine._pinned, self._epoch, self._born)
         mine.direct_io = staged
         return mine
 
