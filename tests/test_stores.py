@@ -14,10 +14,13 @@ import sys
 import time
 import zipfile
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -947,3 +950,22 @@ def test_a_truncated_zip_opened_later_fails_its_open_and_every_call(zips: dict[s
     with pytest.raises(StoreError, match="could not be opened"):
         pending.get("a/big")
     pending.close()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.datetimes(min_value=datetime(1971, 1, 1), max_value=datetime(2200, 1, 1),
+                    timezones=st.sampled_from([UTC, timezone(timedelta(hours=5, minutes=30))])),
+       st.sampled_from(["%Y-%m-%dT%H:%M:%S.%fZ", "%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dT%H:%M:%S%z",
+                        "%a, %d %b %Y %H:%M:%S GMT", "%Y-%m-%dT%H:%M:%S"]))
+def test_the_fast_timestamp_parser_reads_what_botocores_reads(when: datetime, fmt: str) -> None:
+    """S3's ListObjectsV2 LastModified ('...000Z'), HeadObject's RFC 1123 header, an offset,
+    a naive time: the same datetime as botocore's own (dateutil) parser."""
+    from botocore.utils import parse_timestamp
+
+    from zvfs.stores.s3 import fast_timestamp
+
+    if fmt.endswith("%fZ"):  # S3's own: milliseconds
+        text = when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
+    else:
+        text = when.strftime(fmt)
+    assert fast_timestamp(text) == parse_timestamp(text), text

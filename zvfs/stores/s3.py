@@ -23,14 +23,17 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Any, TypeVar
 
 import boto3
 import botocore.exceptions as bce
+import botocore.session
 import urllib3.exceptions as u3e
 from botocore import UNSIGNED
 from botocore.config import Config
 from botocore.handlers import add_expect_header
+from botocore.utils import parse_timestamp
 
 from zvfs.stats import Counters
 from zvfs.stores._util import LogOnce, check_key, check_prefix
@@ -109,6 +112,21 @@ def fault_kind(exc: BaseException) -> str:
     if isinstance(exc, OSError):  # urllib3's protocol errors are OSErrors too
         return "reset"
     return "other"
+
+
+def fast_timestamp(value: str) -> datetime:
+    """A timestamp of a response, as botocore's own parser reads it, but ISO 8601 with a zone
+    (a listing's LastModified: '2026-11-26T10:41:01.000Z') by ``datetime.fromisoformat``.
+
+    botocore hands every timestamp to dateutil, which took two thirds of the CPU of
+    parsing a ListObjectsV2 page of 1,000 keys (~55 ms a page): at 200,000 keys that is
+    seconds of the daemon's one GIL. Anything else (HeadObject's RFC 1123 Last-Modified,
+    a naive time) still goes to botocore's parser."""
+    try:
+        parsed = datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        return parse_timestamp(value)
+    return parsed if parsed.tzinfo is not None else parse_timestamp(value)
 
 
 def _info(obj: dict[str, Any]) -> KeyInfo:
@@ -221,8 +239,10 @@ class S3Store(Store):
 
     def _session(self) -> Any:
         """A new session: it reads the credential chain (env, files, credential_process) afresh."""
+        core = botocore.session.get_session()
+        core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=fast_timestamp)
         try:
-            return boto3.session.Session(profile_name=self._profile)
+            return boto3.session.Session(botocore_session=core, profile_name=self._profile)
         except bce.ProfileNotFound:
             raise SourceError(
                 f"AWS profile '{self._profile}' is not configured (see ~/.aws/config or "
