@@ -969,3 +969,32 @@ def test_the_fast_timestamp_parser_reads_what_botocores_reads(when: datetime, fm
     else:
         text = when.strftime(fmt)
     assert fast_timestamp(text) == parse_timestamp(text), text
+
+
+@pytest.mark.parametrize("endpoint", [None, "http://127.0.0.1:9"])
+def test_a_buckets_endpoint_is_resolved_once_for_all_its_keys(endpoint: str | None) -> None:
+    """reuse_endpoints: the same endpoint, URL, headers and signing, for every key as
+    botocore's own resolution gives, with S3's rule set evaluated once per bucket."""
+    import boto3
+    from botocore.config import Config
+
+    from zvfs.stores.s3 import reuse_endpoints
+
+    def client() -> Any:
+        return boto3.client("s3", region_name="us-east-1", endpoint_url=endpoint,
+                            aws_access_key_id="x", aws_secret_access_key="y",
+                            config=Config(s3={"addressing_style": "path"} if endpoint else {}))
+
+    plain, tuned = client(), client()
+    assert reuse_endpoints(tuned)  # botocore still laid out as the optimisation expects
+    ruleset = tuned._ruleset_resolver._provider.ruleset
+    evaluate, calls = ruleset.evaluate, []
+    ruleset.evaluate = lambda params: calls.append(params) or evaluate(params)
+    for op_name, extra in (("GetObject", {}), ("PutObject", {"Body": b""}), ("HeadObject", {})):
+        op = plain.meta.service_model.operation_model(op_name)
+        for bucket in ("bucket-one", "bucket.two"):
+            for key in ("a/0.0", "zarr.json", "x/y/z"):
+                args = {"Bucket": bucket, "Key": key, **extra}
+                assert tuned._resolve_endpoint_ruleset(op, args, {}) == \
+                    plain._resolve_endpoint_ruleset(op, args, {}), (op_name, bucket, key)
+    assert len(calls) <= 2 * 3  # a bucket per operation at most, not one per key

@@ -19,6 +19,7 @@ once, so rotating keys need no remount.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import re
 import threading
@@ -28,6 +29,7 @@ from typing import Any, TypeVar
 
 import boto3
 import botocore.exceptions as bce
+import botocore.loaders
 import botocore.session
 import urllib3.exceptions as u3e
 from botocore import UNSIGNED
@@ -129,6 +131,48 @@ def fast_timestamp(value: str) -> datetime:
     return parsed if parsed.tzinfo is not None else parse_timestamp(value)
 
 
+@functools.cache
+def _ruleset_refs() -> frozenset[str]:
+    """The parameters S3's endpoint rules refer to (botocore's data, loaded once)."""
+    data = botocore.loaders.create_loader().load_service_model("s3", "endpoint-rule-set-1")
+    refs: set[str] = set()
+    stack: list[Any] = [data["rules"]]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if isinstance(item.get("ref"), str):
+                refs.add(item["ref"])
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return frozenset(refs)
+
+
+def reuse_endpoints(client: Any) -> bool:
+    """Let the client's resolved endpoint serve every key of a bucket.
+
+    botocore resolves the endpoint of each request by evaluating S3's rule set, behind a
+    cache keyed by all the request's parameters, ``Key`` included: a new key is a miss, and
+    the evaluation was a sixth of a GET's CPU. ``Key``, ``Prefix`` and ``CopySource`` are
+    declared by the rule set but no rule reads them, so they are dropped from what the
+    cache sees; any parameter a rule does read still is. Returns False (and changes nothing)
+    where botocore is not laid out as expected."""
+    provider = getattr(getattr(client, "_ruleset_resolver", None), "_provider", None)
+    resolve = getattr(provider, "resolve_endpoint", None)
+    if resolve is None:
+        return False
+    try:
+        used = _ruleset_refs()
+    except Exception:  # noqa: BLE001 - an optimisation: without it the client is as botocore made it
+        return False
+
+    def resolve_endpoint(**params: Any) -> Any:
+        return resolve(**{k: v for k, v in params.items() if k in used})
+
+    provider.resolve_endpoint = resolve_endpoint
+    return True
+
+
 def _info(obj: dict[str, Any]) -> KeyInfo:
     """A listed object's info; its ETag names the content (pinned reads use it)."""
     return KeyInfo(int(obj["Size"]), obj["LastModified"].timestamp(), obj.get("ETag"))
@@ -220,6 +264,7 @@ class S3Store(Store):
             # no "Expect: 100-continue" on uploads: it costs a round trip per PUT and part,
             # and saves nothing here (a refused upload is retried whole anyway)
             client.meta.events.unregister("before-call.s3", add_expect_header)
+            reuse_endpoints(client)
             return client
 
         # our retry loop is the only one, so the user's attempts and deadline are the real bounds
