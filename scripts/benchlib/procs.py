@@ -79,6 +79,8 @@ def is_mounted(path: str | Path) -> bool:
 
 
 def wait_mounted(path: str | Path, proc: subprocess.Popen | None, timeout: float) -> None:
+    """Poll the mount table every 2 ms until ``path`` is mounted: the mount-time rows are
+    0.07-0.3 s, and a 20 ms poll added 10 ms on average (up to 20) to every system's."""
     path = os.path.realpath(path)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -86,7 +88,7 @@ def wait_mounted(path: str | Path, proc: subprocess.Popen | None, timeout: float
             return
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"mount process exited with {proc.returncode} before {path} was mounted")
-        time.sleep(0.02)
+        time.sleep(0.002)
     raise RuntimeError(f"{path} not mounted after {timeout:.0f}s")
 
 
