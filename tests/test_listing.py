@@ -86,6 +86,8 @@ class TableAgainstDict(RuleBasedStateMachine):
         for name, src, made in self.nodes:
             got = src if isinstance(src, KeyInfo) else src.made_from(name)
             assert got == made
+            if isinstance(src, KeyTable):
+                assert (src.made_size(name), src.made_mtime(name)) == (made.size, made.mtime)
 
 
 TestTableAgainstDict = TableAgainstDict.TestCase
@@ -147,3 +149,46 @@ def test_a_table_costs_a_fraction_of_the_dict_of_keyinfos_it_replaces() -> None:
     assert directory <= 30, directory  # a name's reference, a size and an mtime: 24 bytes
     assert s3 <= 46, s3  # and a 16-byte digest
     assert directory_dict >= 3 * directory and s3_dict >= 3 * s3, (directory_dict, s3_dict)
+
+
+def test_threads_that_read_a_fresh_table_at_once_all_see_it_whole() -> None:
+    """The first read sorts the table; the trio thread and a worker (df's count) may make it
+    together. Each must see every key, in order, never a table half sorted."""
+    import sys
+    import threading
+
+    rng = random.Random(3)
+    names = [f"{i}.{j}" for i in range(200) for j in range(200)]
+    for _ in range(5):
+        rng.shuffle(names)
+        table = KeyTable((n, KeyInfo(i, float(i))) for i, n in enumerate(names))
+        start, failures = threading.Barrier(6), []
+
+        def reader(table: KeyTable = table, start: threading.Barrier = start,
+                   failures: list[BaseException] = failures) -> None:
+            start.wait()
+            try:
+                assert table["199.199"].size == names.index("199.199")
+                assert list(table) == sorted(names)
+            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+                failures.append(exc)
+
+        old = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)  # hand the GIL over as often as CPython can
+        try:
+            threads = [threading.Thread(target=reader) for _ in range(6)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            sys.setswitchinterval(old)
+        assert not failures, failures[0]
+
+
+def test_a_nodes_size_and_mtime_are_its_entrys() -> None:
+    table = KeyTable([("b", KeyInfo(2, 2.5, '"' + "cd" * 16 + '"')), ("a", KeyInfo(1, 1.5))])
+    for name in ("a", "b", "a"):
+        assert (table.made_size(name), table.made_mtime(name)) == (table[name].size, table[name].mtime)
+    table["a"] = KeyInfo(9, 9.5)  # a write: the node still reads what it was made from
+    assert table.made_size("a") == 1 and table["a"].size == 9

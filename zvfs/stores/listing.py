@@ -18,6 +18,7 @@ as it would with its own copy.
 from __future__ import annotations
 
 import heapq
+import threading
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
@@ -33,6 +34,9 @@ class KeyInfo:
     mtime: float
     version: str | None = None
 
+
+#: one table is sealed at a time (rarely more than one thread reads a fresh listing at once)
+_SEAL_LOCK = threading.Lock()
 
 #: an S3 ETag of a single-part upload: its MD5 in hex, quoted; kept as its 16 bytes
 _ETAG_LEN = 34
@@ -51,7 +55,8 @@ class KeyTable(MutableMapping[str, KeyInfo]):
     Iteration is in sorted name order. Lookups bisect the sorted names.
     """
 
-    __slots__ = ("_names", "_sizes", "_mtimes", "_versions", "_building", "_in_order", "_over", "_dead")
+    __slots__ = ("_names", "_sizes", "_mtimes", "_versions", "_building", "_in_order", "_over", "_dead",
+                 "_memo")
 
     def __init__(self, items: Mapping[str, KeyInfo] | Iterable[tuple[str, KeyInfo]] = ()) -> None:
         self._names: list[str] = []
@@ -66,6 +71,7 @@ class KeyTable(MutableMapping[str, KeyInfo]):
         #: sets and deletes once built: name -> new info, and names of the arrays now gone
         self._over: dict[str, KeyInfo] = {}
         self._dead: set[str] = set()
+        self._memo: tuple[str, int] | None = None
         self.update(items)
 
     # -- building ------------------------------------------------------------------------
@@ -116,23 +122,25 @@ class KeyTable(MutableMapping[str, KeyInfo]):
         return vs[i]
 
     def _seal(self) -> None:
-        """Built: sort by name, the last of equal names winning (a zip's duplicate members)."""
-        self._building = False
-        if self._in_order:
-            return
-        n = len(self._names)
-        order = sorted(range(n), key=self._names.__getitem__)  # stable: equal names keep order
-        keep = [i for k, i in enumerate(order)
-                if k + 1 == n or self._names[order[k + 1]] != self._names[i]]
-        versions = [self._version_at(i) for i in keep] if self._versions is not None else None
-        self._names = [self._names[i] for i in keep]
-        self._sizes = array("q", [self._sizes[i] for i in keep])
-        self._mtimes = array("d", [self._mtimes[i] for i in keep])
-        self._versions = None
-        self._in_order = True
-        if versions is not None:
-            for i, v in enumerate(versions):
-                self._set_version(i, v)
+        """Built: sorted by name, the last of equal names winning (a zip's duplicate members).
+
+        The first read seals, from whichever thread makes it (the raw tree's on the trio
+        thread, df's count in a worker): one sorts, the others wait for it, and none sees
+        the arrays before they are whole."""
+        with _SEAL_LOCK:
+            if not self._building:
+                return
+            if not self._in_order:
+                names, n = self._names, len(self._names)
+                order = sorted(range(n), key=names.__getitem__)  # stable: equal names keep order
+                ordered = KeyTable()
+                for k, i in enumerate(order):
+                    if k + 1 == n or names[order[k + 1]] != names[i]:
+                        ordered._append(names[i], self._at(i))
+                self._names, self._sizes, self._mtimes = ordered._names, ordered._sizes, ordered._mtimes
+                self._versions = ordered._versions
+                self._in_order = True
+            self._building = False
 
     def _index(self, name: str) -> int:
         """Where ``name`` is in the arrays, or -1 (the arrays' entry, dead or not)."""
@@ -144,6 +152,18 @@ class KeyTable(MutableMapping[str, KeyInfo]):
 
     def _at(self, i: int) -> KeyInfo:
         return KeyInfo(self._sizes[i], self._mtimes[i], self._version_at(i))
+
+    def _made_index(self, name: str) -> int:
+        """:meth:`_index` of a name that must be there, remembering the last one asked:
+        a getattr asks a node's size and then its mtime."""
+        memo = self._memo
+        if memo is not None and memo[0] is name:
+            return memo[1]
+        i = self._index(name)
+        if i < 0:
+            raise KeyError(name)
+        self._memo = (name, i)  # one tuple: a reader in another thread sees both or neither
+        return i
 
     # -- for the nodes that point into it -------------------------------------------------
 
@@ -160,10 +180,17 @@ class KeyTable(MutableMapping[str, KeyInfo]):
 
     def made_from(self, name: str) -> KeyInfo:
         """The entry of the arrays for ``name``, even when it was replaced or removed since."""
-        i = self._index(name)
-        if i < 0:
-            raise KeyError(name)
-        return self._at(i)
+        return self._at(self._made_index(name))
+
+    def made_size(self, name: str) -> int:
+        """``made_from(name).size``, without making a KeyInfo."""
+        i = self._made_index(name)  # first: it may sort the arrays
+        return self._sizes[i]
+
+    def made_mtime(self, name: str) -> float:
+        """``made_from(name).mtime``, without making a KeyInfo."""
+        i = self._made_index(name)
+        return self._mtimes[i]
 
     def total_size(self) -> int:
         """The sum of every key's size (df's figure), without a KeyInfo per key."""

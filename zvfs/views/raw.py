@@ -174,12 +174,14 @@ class RawFile(FileNode):
         if handles:
             return handles[-1].size
         self._refresh()
-        return self._info.size
+        src = self._src
+        return src.size if isinstance(src, KeyInfo) else src.made_size(self.name)
 
     @property  # type: ignore[override]
     def mtime(self) -> float:
         self._refresh()
-        return self._info.mtime
+        src = self._src
+        return src.mtime if isinstance(src, KeyInfo) else src.made_mtime(self.name)
 
     def version(self) -> object:
         self._refresh()
