@@ -175,9 +175,8 @@ def settled_peak_rss_kib(pid: int, quiet: float = 1.0, limit: float = 15.0) -> i
     seconds (at most ``limit`` seconds): the work a daemon does in the background after a
     workload (zvfs imports its decoded views after it answers) belongs to its footprint."""
     last = peak_rss_kib(pid)
-    stable_since = deadline = time.monotonic()
-    deadline += limit
-    while time.monotonic() < deadline and time.monotonic() - stable_since < quiet:
+    start = stable_since = time.monotonic()
+    while time.monotonic() - stable_since < quiet and time.monotonic() - start < limit:
         time.sleep(0.1)
         now = peak_rss_kib(pid)
         if now != last:

@@ -69,6 +69,7 @@ class KeyTable(MutableMapping[str, KeyInfo]):
         self._building = True
         self._in_order = True
         #: sets and deletes once built: name -> new info, and names of the arrays now gone
+        #: (never both: a set takes a name out of _dead)
         self._over: dict[str, KeyInfo] = {}
         self._dead: set[str] = set()
         self._memo: tuple[str, int] | None = None
@@ -78,40 +79,30 @@ class KeyTable(MutableMapping[str, KeyInfo]):
 
     def _append(self, name: str, info: KeyInfo) -> None:
         names = self._names
-        if names and name <= names[-1]:
-            if name == names[-1]:  # the same name again: the last one wins, in place
-                self._sizes[-1], self._mtimes[-1] = info.size, info.mtime
-                self._set_version(len(names) - 1, info.version, replace=True)
-                return
+        if names and name <= names[-1]:  # out of order, or a name again: the seal sorts it out
             self._in_order = False
         names.append(name)
         self._sizes.append(info.size)
         self._mtimes.append(info.mtime)
-        self._set_version(len(names) - 1, info.version)
+        self._add_version(info.version)
 
-    def _set_version(self, i: int, version: str | None, replace: bool = False) -> None:
-        vs = self._versions
+    def _add_version(self, version: str | None) -> None:
+        """The version of the key just appended (the arrays' last)."""
+        vs, held = self._versions, len(self._names) - 1
+        digest = None if version is None else _compact_etag(version)
         if vs is None:
             if version is None:
                 return
-            digest = _compact_etag(version)
-            if i == 0 and digest is not None:
+            if held == 0 and digest is not None:
                 self._versions = bytearray(digest)
                 return
-            vs = self._versions = [None] * (i + 1 if replace else i)
+            vs = self._versions = [None] * held
         elif isinstance(vs, bytearray):
-            digest = None if version is None else _compact_etag(version)
             if digest is not None:
-                if replace:
-                    vs[16 * i : 16 * i + 16] = digest
-                else:
-                    vs += digest
+                vs += digest
                 return
-            vs = self._versions = [self._version_at(j) for j in range(len(vs) // 16)]
-        if replace:
-            vs[i] = version
-        else:
-            vs.append(version)
+            vs = self._versions = [self._version_at(j) for j in range(held)]
+        vs.append(version)
 
     def _version_at(self, i: int) -> str | None:
         vs = self._versions
@@ -127,6 +118,8 @@ class KeyTable(MutableMapping[str, KeyInfo]):
         The first read seals, from whichever thread makes it (the raw tree's on the trio
         thread, df's count in a worker): one sorts, the others wait for it, and none sees
         the arrays before they are whole."""
+        if not self._building:  # sealed long ago: no lock to take
+            return
         with _SEAL_LOCK:
             if not self._building:
                 return
@@ -144,8 +137,7 @@ class KeyTable(MutableMapping[str, KeyInfo]):
 
     def _index(self, name: str) -> int:
         """Where ``name`` is in the arrays, or -1 (the arrays' entry, dead or not)."""
-        if self._building:
-            self._seal()
+        self._seal()
         names = self._names
         i = bisect_left(names, name)
         return i if i < len(names) and names[i] == name else -1
@@ -194,23 +186,22 @@ class KeyTable(MutableMapping[str, KeyInfo]):
 
     def total_size(self) -> int:
         """The sum of every key's size (df's figure), without a KeyInfo per key."""
-        if self._building:
-            self._seal()
+        self._seal()
         total = sum(self._sizes)
         for name in self._dead:
             total -= self._sizes[self._index(name)]
-        for name, info in self._over.items():
+        for name, info in self._over.items():  # a new key, or one replaced (never one dead)
             i = self._index(name)
-            total += info.size - (self._sizes[i] if i >= 0 and name not in self._dead else 0)
+            total += info.size - (self._sizes[i] if i >= 0 else 0)
         return total
 
     def copy(self) -> KeyTable:
-        if self._building:
-            self._seal()
+        """A table of its own for later sets and deletes; the sealed arrays, which never
+        change, are shared (a zip's listing is handed out once per list_dir)."""
+        self._seal()
         out = KeyTable()
-        out._names, out._sizes, out._mtimes = list(self._names), array("q", self._sizes), array("d", self._mtimes)
-        vs = self._versions
-        out._versions = None if vs is None else (bytearray(vs) if isinstance(vs, bytearray) else list(vs))
+        out._names, out._sizes, out._mtimes, out._versions = (
+            self._names, self._sizes, self._mtimes, self._versions)
         out._building = False
         out._over, out._dead = dict(self._over), set(self._dead)
         return out
@@ -250,8 +241,7 @@ class KeyTable(MutableMapping[str, KeyInfo]):
             self._dead.add(name)
 
     def __iter__(self) -> Iterator[str]:
-        if self._building:
-            self._seal()
+        self._seal()
         over, dead = self._over, self._dead
         if not over and not dead:
             return iter(self._names)
@@ -259,9 +249,8 @@ class KeyTable(MutableMapping[str, KeyInfo]):
         return heapq.merge(base, sorted(over))
 
     def __len__(self) -> int:
-        if self._building:
-            self._seal()
-        added = sum(1 for n in self._over if n in self._dead or self._index(n) < 0)
+        self._seal()
+        added = sum(1 for n in self._over if self._index(n) < 0)
         return len(self._names) - len(self._dead) + added
 
     def __repr__(self) -> str:

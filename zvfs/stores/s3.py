@@ -19,7 +19,6 @@ once, so rotating keys need no remount.
 from __future__ import annotations
 
 import errno
-import functools
 import logging
 import re
 import threading
@@ -29,7 +28,6 @@ from typing import Any, TypeVar
 
 import boto3
 import botocore.exceptions as bce
-import botocore.loaders
 import botocore.session
 import urllib3.exceptions as u3e
 from botocore import UNSIGNED
@@ -131,21 +129,27 @@ def fast_timestamp(value: str) -> datetime:
     return parsed if parsed.tzinfo is not None else parse_timestamp(value)
 
 
-@functools.cache
-def _ruleset_refs() -> frozenset[str]:
-    """The parameters S3's endpoint rules refer to (botocore's data, loaded once)."""
-    data = botocore.loaders.create_loader().load_service_model("s3", "endpoint-rule-set-1")
-    refs: set[str] = set()
-    stack: list[Any] = [data["rules"]]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            if isinstance(item.get("ref"), str):
-                refs.add(item["ref"])
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return frozenset(refs)
+#: the parameters S3's endpoint rules refer to (found once a process)
+_RULESET_REFS: frozenset[str] | None = None
+
+
+def _ruleset_refs(loader: Any) -> frozenset[str]:
+    """The parameters S3's endpoint rules refer to, from the rule set the client's own
+    loader read to build it (its cache: no second read of botocore's data)."""
+    global _RULESET_REFS
+    if _RULESET_REFS is None:
+        refs: set[str] = set()
+        stack: list[Any] = [loader.load_service_model("s3", "endpoint-rule-set-1")["rules"]]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, dict):
+                if isinstance(item.get("ref"), str):
+                    refs.add(item["ref"])
+                stack.extend(item.values())
+            elif isinstance(item, list):
+                stack.extend(item)
+        _RULESET_REFS = frozenset(refs)
+    return _RULESET_REFS
 
 
 def reuse_endpoints(client: Any) -> bool:
@@ -159,10 +163,11 @@ def reuse_endpoints(client: Any) -> bool:
     where botocore is not laid out as expected."""
     provider = getattr(getattr(client, "_ruleset_resolver", None), "_provider", None)
     resolve = getattr(provider, "resolve_endpoint", None)
-    if resolve is None:
+    loader = getattr(client, "_loader", None)
+    if resolve is None or loader is None:
         return False
     try:
-        used = _ruleset_refs()
+        used = _ruleset_refs(loader)
     except Exception:  # noqa: BLE001 - an optimisation: without it the client is as botocore made it
         return False
 
