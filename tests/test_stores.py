@@ -646,6 +646,28 @@ def test_s3_paginated_listing(moto: MotoServer) -> None:
     assert st.get("many/k00042") == b"42"
 
 
+def test_s3_the_probes_page_is_the_first_page_of_the_first_whole_listing(moto: MotoServer) -> None:
+    """The open's probe lists the first page of the store: the first flat listing of the
+    whole store starts from it (one request fewer) and gives every key once, across pages;
+    later listings, and listings of anything else, ask the bucket."""
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket="zvfs-probed")
+    want = {f"p/k{i:05d}": b"%d" % i for i in range(2345)}
+    put_many(client, "zvfs-probed", want | {"other/x": b"outside"})
+    st = S3Store("zvfs-probed", "p", endpoint_url=moto.endpoint)
+    calls: list[dict[str, Any]] = []
+    st._client.meta.events.register("before-call.s3.ListObjectsV2",
+                                    lambda params, **_: calls.append(params))
+    first = dict(st.list_tree(""))
+    assert first.keys() == {k[2:] for k in want}
+    assert first["k01234"].size == len(b"1234")
+    assert len(calls) == 2  # pages 2 and 3: the first was the probe's
+    assert all("continuation-token" in c["query_string"] for c in calls), calls
+    assert sorted(st.list_prefix("")) == sorted(first)  # asked again: three pages
+    assert len(calls) == 5
+    st.close()
+
+
 def test_s3_missing_bucket(moto: MotoServer) -> None:
     with pytest.raises(SourceError, match=rf"S3 bucket 'no-such-bucket' does not exist \(at endpoint {moto.endpoint}\)"):
         S3Store("no-such-bucket", "", endpoint_url=moto.endpoint)
@@ -962,7 +984,7 @@ def test_the_fast_timestamp_parser_reads_what_botocores_reads(when: datetime, fm
     a naive time: the same datetime as botocore's own (dateutil) parser."""
     from botocore.utils import parse_timestamp
 
-    from zvfs.stores.s3 import fast_timestamp
+    from zvfs.stores.s3_client import fast_timestamp
 
     if fmt.endswith("%fZ"):  # S3's own: milliseconds
         text = when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
@@ -978,7 +1000,7 @@ def test_a_buckets_endpoint_is_resolved_once_for_all_its_keys(endpoint: str | No
     import boto3
     from botocore.config import Config
 
-    from zvfs.stores.s3 import reuse_endpoints
+    from zvfs.stores.s3_client import reuse_endpoints
 
     def client() -> Any:
         return boto3.client("s3", region_name="us-east-1", endpoint_url=endpoint,
@@ -998,3 +1020,32 @@ def test_a_buckets_endpoint_is_resolved_once_for_all_its_keys(endpoint: str | No
                 assert tuned._resolve_endpoint_ruleset(op, args, {}) == \
                     plain._resolve_endpoint_ruleset(op, args, {}), (op_name, bucket, key)
     assert len(calls) <= 2 * 3  # a bucket per operation at most, not one per key
+
+
+def test_a_client_is_made_without_walking_every_service_and_knows_the_same_services() -> None:
+    """quick_service_lookup: botocore's "is this service known?" answered from the one
+    service's directory; the answer is the walk's, for every service and model type."""
+    import boto3
+    import botocore.session
+    from botocore.exceptions import UnknownServiceError
+
+    from zvfs.stores.s3_client import quick_service_lookup
+
+    core = botocore.session.get_session()
+    loader = core.get_component("data_loader")
+    walk, walks = loader.list_available_services, []
+    loader.list_available_services = lambda type_name: walks.append(type_name) or walk(type_name)
+    assert quick_service_lookup(loader)  # botocore still laid out as the optimisation expects
+    client = boto3.session.Session(botocore_session=core).client(
+        "s3", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y")
+    assert client.meta.service_model.service_name == "s3"
+    assert walks == []  # the client was made, and nothing walked every service
+    with pytest.raises(UnknownServiceError):
+        core.create_client("no-such-service", region_name="us-east-1")
+    reference = botocore.session.get_session().get_component("data_loader")
+    for type_name in ("service-2", "endpoint-rule-set-1", "paginators-1", "waiters-2"):
+        everything = reference.list_available_services(type_name)
+        known = loader.list_available_services(type_name)
+        names = set(everything) | {"no-such-service", "", "../s3", ".", "s3/2006-03-01"}
+        assert {n for n in names if n in known} == set(everything), type_name
+        assert list(known) == everything  # iterating still gives the whole, sorted list

@@ -22,8 +22,8 @@ import errno
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
-from datetime import datetime
 from typing import Any, TypeVar
 
 import boto3
@@ -33,7 +33,6 @@ import urllib3.exceptions as u3e
 from botocore import UNSIGNED
 from botocore.config import Config
 from botocore.handlers import add_expect_header
-from botocore.utils import parse_timestamp
 
 from zvfs.stats import Counters
 from zvfs.stores._util import LogOnce, check_key, check_prefix
@@ -50,6 +49,7 @@ from zvfs.stores.base import (
 )
 from zvfs.stores.keys import bad_segment, is_safe_key, safe_name
 from zvfs.stores.retry import TRANSIENT_KINDS, Attempts, RetryPolicy
+from zvfs.stores.s3_client import fast_timestamp, quick_service_lookup, reuse_endpoints
 from zvfs.stores.url import S3_BLOCK_SIZE
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,8 @@ _BODY_PIECE = 1 << 20
 _CONTENT_RANGE = re.compile(r"bytes \d+-\d+/(\d+)$")
 
 T = TypeVar("T")
+#: how long the probe's first listing page may stand in for the first flat listing
+FIRST_PAGE_TTL = 5.0
 
 
 class _ShortBody(Exception):
@@ -112,70 +114,6 @@ def fault_kind(exc: BaseException) -> str:
     if isinstance(exc, OSError):  # urllib3's protocol errors are OSErrors too
         return "reset"
     return "other"
-
-
-def fast_timestamp(value: str) -> datetime:
-    """A timestamp of a response, as botocore's own parser reads it, but ISO 8601 with a zone
-    (a listing's LastModified: '2026-11-26T10:41:01.000Z') by ``datetime.fromisoformat``.
-
-    botocore hands every timestamp to dateutil, which took two thirds of the CPU of
-    parsing a ListObjectsV2 page of 1,000 keys (~55 ms a page): at 200,000 keys that is
-    seconds of the daemon's one GIL. Anything else (HeadObject's RFC 1123 Last-Modified,
-    a naive time) still goes to botocore's parser."""
-    try:
-        parsed = datetime.fromisoformat(value)
-    except (TypeError, ValueError):
-        return parse_timestamp(value)
-    return parsed if parsed.tzinfo is not None else parse_timestamp(value)
-
-
-#: the parameters S3's endpoint rules refer to (found once a process)
-_RULESET_REFS: frozenset[str] | None = None
-
-
-def _ruleset_refs(loader: Any) -> frozenset[str]:
-    """The parameters S3's endpoint rules refer to, from the rule set the client's own
-    loader read to build it (its cache: no second read of botocore's data)."""
-    global _RULESET_REFS
-    if _RULESET_REFS is None:
-        refs: set[str] = set()
-        stack: list[Any] = [loader.load_service_model("s3", "endpoint-rule-set-1")["rules"]]
-        while stack:
-            item = stack.pop()
-            if isinstance(item, dict):
-                if isinstance(item.get("ref"), str):
-                    refs.add(item["ref"])
-                stack.extend(item.values())
-            elif isinstance(item, list):
-                stack.extend(item)
-        _RULESET_REFS = frozenset(refs)
-    return _RULESET_REFS
-
-
-def reuse_endpoints(client: Any) -> bool:
-    """Let the client's resolved endpoint serve every key of a bucket.
-
-    botocore resolves the endpoint of each request by evaluating S3's rule set, behind a
-    cache keyed by all the request's parameters, ``Key`` included: a new key is a miss, and
-    the evaluation was a sixth of a GET's CPU. ``Key``, ``Prefix`` and ``CopySource`` are
-    declared by the rule set but no rule reads them, so they are dropped from what the
-    cache sees; any parameter a rule does read still is. Returns False (and changes nothing)
-    where botocore is not laid out as expected."""
-    provider = getattr(getattr(client, "_ruleset_resolver", None), "_provider", None)
-    resolve = getattr(provider, "resolve_endpoint", None)
-    loader = getattr(client, "_loader", None)
-    if resolve is None or loader is None:
-        return False
-    try:
-        used = _ruleset_refs(loader)
-    except Exception:  # noqa: BLE001 - an optimisation: without it the client is as botocore made it
-        return False
-
-    def resolve_endpoint(**params: Any) -> Any:
-        return resolve(**{k: v for k, v in params.items() if k in used})
-
-    provider.resolve_endpoint = resolve_endpoint
-    return True
 
 
 def _info(obj: dict[str, Any]) -> KeyInfo:
@@ -244,6 +182,7 @@ class S3Store(Store):
         self.flat_listing = True
         self._profile = profile
         self._client_lock = threading.Lock()
+        self._first_page: tuple[float, dict[str, Any]] | None = None
         if endpoint_url and "://" not in endpoint_url:
             raise SourceError(
                 f"the S3 endpoint URL {endpoint_url!r} has no scheme: "
@@ -292,7 +231,9 @@ class S3Store(Store):
         core = botocore.session.get_session()
         core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=fast_timestamp)
         try:
-            return boto3.session.Session(botocore_session=core, profile_name=self._profile)
+            session = boto3.session.Session(botocore_session=core, profile_name=self._profile)
+            quick_service_lookup(core.get_component("data_loader"))  # reads the profile's data_path
+            return session
         except bce.ProfileNotFound:
             raise SourceError(
                 f"AWS profile '{self._profile}' is not configured (see ~/.aws/config or "
@@ -309,13 +250,17 @@ class S3Store(Store):
     # -- open-time validation ---------------------------------------------------------------
 
     def _probe(self, client: Any) -> None:
-        """One small ListObjectsV2 that turns every way of failing into a SourceError
-        (SourceUnavailable for what may pass), and refuses a prefix with no keys."""
+        """The first page of the store's flat listing, which turns every way of failing into a
+        SourceError (SourceUnavailable for what may pass), and refuses a prefix with no keys.
+
+        The page is kept for the first flat listing of the whole store (the mount's tree,
+        made right after the open): the probe then costs no request of its own, a round trip
+        off the path to the first ``ls``."""
         from zvfs.stores.base import SourceUnavailable  # local: leaves the import block to others
 
         where = f"at endpoint {self.endpoint}"
         try:
-            page = client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix, Delimiter="/", MaxKeys=1)
+            page = client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix)
         except bce.ClientError as e:
             code, status = _code(e), _status(e)
             msg = e.response.get("Error", {}).get("Message", "")
@@ -373,6 +318,15 @@ class S3Store(Store):
                 f"{self.description} holds no keys ({where}); check the bucket and prefix for a typo, "
                 "or pass --allow-empty (-o allow_empty) to mount it empty"
             )
+        self._first_page = (time.monotonic(), page)
+
+    def _probed_page(self) -> dict[str, Any] | None:
+        """The probe's page, once, while it is fresh (after that, listings ask the bucket)."""
+        with self._client_lock:
+            first, self._first_page = self._first_page, None
+        if first is None or time.monotonic() - first[0] > FIRST_PAGE_TTL:
+            return None
+        return first[1]
 
     # -- Store API ---------------------------------------------------------------------------
 
@@ -567,11 +521,14 @@ class S3Store(Store):
         resumes at that page's continuation token, never yields a partial listing)."""
         token: str | None = None
         where = prefix or "/"
+        whole = kw == {"Prefix": self.prefix}  # the whole store, flat: what the probe listed
         while True:
             args = dict(kw, Bucket=self.bucket)
             if token:
                 args["ContinuationToken"] = token
-            page = self._request(where, "ListObjectsV2", lambda c, a=args: c.list_objects_v2(**a))
+            page = self._probed_page() if whole and not token else None
+            if page is None:
+                page = self._request(where, "ListObjectsV2", lambda c, a=args: c.list_objects_v2(**a))
             yield page
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
