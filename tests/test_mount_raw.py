@@ -518,6 +518,23 @@ def test_zip_invalid_names_and_collisions(tmp_path, mount) -> None:
 # --------------------------------------------------------------------------- lifecycle
 
 
+def test_a_read_only_mount_is_asked_to_flush_once(zarr_dir, mount) -> None:
+    """A read-only mount answers the kernel's first flush with ENOSYS, so close() costs no
+    more round trips to the daemon; a writable one is still asked at every close."""
+    files = sorted(p for p in zarr_dir.rglob("*") if p.is_file())[:5]
+    assert len(files) == 5
+    for writable in (False, True):
+        m = mount(zarr_dir, *(["--writable"] if writable else []))
+        for _ in range(2):
+            for f in files:
+                assert (m.path / f.relative_to(zarr_dir)).read_bytes() == f.read_bytes()
+        flushes = json.loads((m.path / ".zvfs/stats.json").read_text())["fuse_ops_flush"]
+        if writable:
+            assert flushes >= 2 * len(files)
+        else:
+            assert flushes == 1
+
+
 def test_zvfs_unmount_unmounts_and_daemon_exits(zarr_dir, mount) -> None:
     from conftest import daemon_pids
 
