@@ -515,6 +515,44 @@ def test_zip_invalid_names_and_collisions(tmp_path, mount) -> None:
     assert "'x'" in log, log
 
 
+def test_small_stored_members_read_in_order_come_in_batches(tmp_path, mount) -> None:
+    """A zip of stored members (`zip -0`), its small files read in tree order: every byte
+    is the member's, the next files come in the hop of the one asked for (far fewer
+    worker reads than files), and a member with a broken local header fails alone, with
+    EIO, as it does read on its own."""
+    src = tmp_path / "src"
+    rng = np.random.default_rng(3)
+    want: dict[str, bytes] = {}
+    for d in range(3):
+        for i in range(40):
+            name = f"d{d}/f{i:03d}"
+            want[name] = rng.integers(0, 256, size=int(rng.integers(0, 3000)), dtype=np.uint8).tobytes()
+            (src / f"d{d}").mkdir(parents=True, exist_ok=True)
+            (src / name).write_bytes(want[name])
+    z = tmp_path / "small.zip"
+    subprocess.run([tool("zip"), "-q", "-0", "-r", str(z), "."], cwd=src, check=True)
+    bad = "d1/f020"
+    raw = bytearray(z.read_bytes())
+    with zipfile.ZipFile(z) as zf:
+        offset = zf.getinfo(bad).header_offset
+    raw[offset:offset + 4] = b"XXXX"
+    z.write_bytes(bytes(raw))
+    m = mount(z, log_level=None)
+    for name in sorted(want):
+        if name == bad:
+            with pytest.raises(OSError) as exc:
+                (m.path / name).read_bytes()
+            assert exc.value.errno == errno.EIO
+        else:
+            assert (m.path / name).read_bytes() == want[name], name
+    stats = json.loads((m.path / ".zvfs/stats.json").read_text())
+    hops = stats.get("store_requests_get_range", 0)
+    assert stats["store_requests_get"] > 0, stats  # members read whole, with the one asked for
+    assert hops < len(want) // 3, stats
+    assert stats["chunk_cache"]["bytes"] == 0, stats  # what was kept is let go once read
+    assert bad in m.log_text()
+
+
 # --------------------------------------------------------------------------- lifecycle
 
 

@@ -30,6 +30,10 @@ log = logging.getLogger("zvfs")
 #: 200,000, a 200,000-chunk array with its two metadata keys went past it after the whole
 #: bucket had been listed, and was then listed again, directory by directory.
 TREE_INDEX_LIMIT = 1_000_000
+#: a store without a block cache reads the next small files with the one a reader asks
+#: for, in one worker hop: files of at most BATCH_MEMBER bytes, BATCH_BYTES in all
+BATCH_MEMBER = 256 << 10
+BATCH_BYTES = 4 << 20
 
 
 class RawFile(FileNode):
@@ -251,7 +255,7 @@ class RawFile(FileNode):
         end = min(size, offset + length)
         bs = self.ctx.store.block_size
         if bs <= 0:
-            return await self._get_range(offset, end - offset)
+            return await self._read_unblocked(offset, end)
         if offset == 0:
             self._siblings_ahead()
         ahead = self._ahead.advise(offset, end, size) if self._ahead is not None else None
@@ -288,9 +292,9 @@ class RawFile(FileNode):
         return ("raw", self.key, info.size, info.mtime, self._epoch, n)
 
 
-    def _siblings_ahead(self) -> None:
-        """A reader that starts files in tree order (cp -r, rsync, gsutil, find | xargs)
-        gets the next files' first blocks fetched ahead, with a window that grows.
+    def _walk(self) -> FileWalk | None:
+        """How far a reader that starts files in tree order (cp -r, rsync, gsutil,
+        find | xargs) has got, or None where no listing gives the order.
 
         The order is the whole store's when its tree index is known (Zarr v3 keeps one
         chunk per directory, so the next chunk is rarely a sibling), else the directory's.
@@ -301,17 +305,77 @@ class RawFile(FileNode):
         elif (listing := self.ctx.listings.peek(self.prefix)) is not None:
             scope, source = self.prefix.rstrip("/"), listing
         else:
-            return
+            return None
         walk = self.ctx.walks.get(scope)
         if walk is None or walk.source is not source:
             if len(self.ctx.walks) > 1000:
                 self.ctx.walks.clear()
             walk = FileWalk(source, scope)
             self.ctx.walks[scope] = walk
-        for key, info in walk.advise(self.key):
+        return walk
+
+    def _siblings_ahead(self) -> None:
+        """The next files' first blocks, fetched ahead in the background, with a window that
+        grows, for a reader that starts files in tree order."""
+        walk = self._walk()
+        for key, info in walk.advise(self.key) if walk else ():
             node = RawFile(self.ctx, key, info)
             if not self.ctx.prefetch(min(info.size, self.ctx.store.block_size), node._block, 0, True):
                 break
+
+    async def _read_unblocked(self, offset: int, end: int) -> bytes | memoryview:
+        """A read of a store without a block cache (a zip of stored members): a range of the
+        member in one worker hop, or its bytes, read already with a file before it.
+
+        A reader that starts small files in tree order has the next ones read whole in the
+        same hop as this one, and kept until it reads them: a member of a few hundred bytes
+        costs a hop, and 20,000 of them cost 20,000 hops one by one. What is kept is let go
+        once read to its end (the kernel's page cache has it then)."""
+        walk = self._walk() if offset == 0 else None
+        streaming = bool(walk.advise(self.key)) if walk is not None else False
+        key = self._block_key(0)
+        kept = self.ctx.chunks.peek(key)
+        if kept is not None:
+            if end >= len(kept):
+                self.ctx.chunks.invalidate(key)
+            return memoryview(kept)[offset:end]
+        batch: list[RawFile] = [self]
+        total = self._info.size
+        if streaming and walk is not None and total <= BATCH_MEMBER:
+            for k, info in walk.following(self.key, FileWalk.MAX_WINDOW):
+                if info.size > BATCH_MEMBER or total + info.size > BATCH_BYTES:
+                    break
+                node = RawFile(self.ctx, k, info)
+                if not self.ctx.chunks.contains(node._block_key(0)):
+                    batch.append(node)
+                    total += info.size
+        if len(batch) == 1:
+            return await self._get_range(offset, end - offset)
+        store = self.ctx.store
+
+        def read_all() -> list[bytes | None]:
+            out: list[bytes | None] = []
+            for node in batch:
+                try:
+                    out.append(store.get_version(node.key, 0, None, node._info.version))
+                except StoreError:
+                    if node is self:
+                        raise
+                    out.append(None)  # read on its own when asked, and fails there
+            return out
+
+        try:
+            data = await self.ctx.workers.run(read_all)
+        except KeyNotFound as exc:
+            raise NodeError(errno.ENOENT, f"{self.key}: vanished from the store") from exc
+        except Stale as exc:
+            raise NodeError(errno.ESTALE, str(exc)) from exc
+        except StoreError as exc:
+            raise NodeError(errno.EIO, str(exc), key=self.key) from exc
+        for node, got in zip(batch[1:], data[1:], strict=True):
+            if got is not None and len(got) == node._info.size:
+                self.ctx.chunks.put(node._block_key(0), got)
+        return memoryview(data[0] or b"")[offset:end]
 
 
 class RawReader(RawFile):
@@ -396,6 +460,11 @@ class FileWalk:
         self.last = -(self.SPREAD + 1)  # the first file read is no evidence of a walk
         self.window = 0
         self.ahead_to = 0
+
+    def following(self, key: str, n: int) -> list[tuple[str, KeyInfo]]:
+        """The ``n`` files after ``key`` in this walk's order."""
+        i = self.position.get(key)
+        return [] if i is None else self.files[i + 1 : i + 1 + n]
 
     def advise(self, key: str) -> list[tuple[str, KeyInfo]]:
         """Record that ``key`` is being read from its start; return the files to fetch ahead."""
