@@ -271,3 +271,44 @@ def test_s3_mount_answers_before_its_source_is_open(zarr_s3, zarr_dir, moto, s3_
             if proc.poll() is None:
                 proc.kill()
             force_unmount(mnt)
+
+
+# --------------------------------------------------------------------------- start-up read-ahead
+
+
+def test_a_mount_records_what_it_imported_and_the_next_start_reads_it_ahead(
+        zarr_dir, mount, tmp_path, monkeypatch) -> None:
+    """The mount writes the files it had imported when it answered (pyfuse3's and trio's
+    among them, no decoded view's) to its manifest under XDG_CACHE_HOME; the next start
+    hands them to the kernel from a thread, which a missing file, a directory or a FIFO
+    in the list neither stops nor holds; the manifest is rewritten only when it changes."""
+    from zvfs import warmup
+
+    cache = tmp_path / "cache"
+    mount(zarr_dir, env={**os.environ, "XDG_CACHE_HOME": str(cache)})
+    assert wait_until(lambda: any((cache / "zvfs").glob("startup-*.txt")), 10)
+    (manifest,) = (cache / "zvfs").glob("startup-*.txt")
+    files = manifest.read_text().splitlines()
+    assert any("/pyfuse3" in f for f in files) and any("/trio/" in f for f in files), files[:20]
+    assert not [f for f in files if "/zvfs/views/decoded" in f or "/numpy/" in f]
+    assert all(os.path.isabs(f) and os.path.isfile(f) for f in files)
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    monkeypatch.delenv("ZVFS_NO_WARMUP", raising=False)
+    assert Path(warmup.manifest_path() or "") == manifest  # this interpreter's manifest
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    listed = [files[0], str(tmp_path / "missing"), str(tmp_path), str(fifo), files[-1]]
+    manifest.write_text("".join(f"{f}\n" for f in listed))
+    thread = warmup.start()
+    assert thread is not None
+    thread.join(timeout=10)
+    assert not thread.is_alive()  # the FIFO did not hold it
+    warmup.record(listed)
+    assert manifest.read_text().splitlines() == [files[0], files[-1]]  # the files that exist
+    first = manifest.stat()
+    warmup.record(listed)  # the same list: the file is not replaced
+    again = manifest.stat()
+    assert (again.st_ino, again.st_mtime_ns) == (first.st_ino, first.st_mtime_ns)
+    monkeypatch.setenv("ZVFS_NO_WARMUP", "1")
+    assert warmup.start() is None

@@ -1,5 +1,5 @@
 import sys
 
-from zvfs.cli import main
+from zvfs.entry import main
 
 sys.exit(main())

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 import pyfuse3
 import trio
 
+from zvfs import warmup
 from zvfs.fs import ZvfsOperations
 from zvfs.mounts import mount_device
 from zvfs.options import OPTIONS, format_value
@@ -214,6 +215,8 @@ async def _announce_ready(ctx: MountContext, root: MountRoot, mountpoint: str, r
     # for an answer that never comes, until the unmount fails it.
     await run_abandonable(os.stat, mountpoint)
     log.debug("answering at %s", mountpoint)
+    # what this start imported to answer: the next start reads it ahead (zvfs.warmup)
+    ctx.background(ctx.workers.run, warmup.record, warmup.imported_files())
     await ctx.workers.run(tune_kernel, mountpoint)
     if prepare is not None:
         try:

@@ -1,0 +1,89 @@
+"""Start-up read-ahead: the files a mount imports, read from disk together rather than
+one import at a time.
+
+Before a mount answers, the interpreter imports some 300 modules (trio and pyfuse3 are
+most of them). With a cold page cache each one is a disk read, and the reads come one
+after another. So the files the last start had imported when its mount answered are
+listed in a manifest under the user's cache directory; the next ``zvfs mount`` hands them
+to ``posix_fadvise(WILLNEED)`` from a thread at once (the kernel starts every read and
+returns; the calls release the GIL), and its imports then find them in memory. The
+manifest is rewritten when the list changes. Any failure is ignored: this only saves time.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import zlib
+
+
+def manifest_path() -> str | None:
+    """Where this interpreter's manifest lives, or None without a cache directory."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    if not os.path.isabs(base):
+        return None
+    tag = f"{sys.implementation.cache_tag}-{zlib.crc32(sys.prefix.encode()):08x}"  # one per environment
+    return os.path.join(base, "zvfs", f"startup-{tag}.txt")
+
+
+def start() -> threading.Thread | None:
+    """Ask the kernel for the files of the manifest, in a thread; None when there is none."""
+    if os.environ.get("ZVFS_NO_WARMUP"):
+        return None
+    path = manifest_path()
+    try:
+        with open(path or "", encoding="utf-8") as f:
+            files = f.read().splitlines()
+    except (OSError, ValueError):
+        return None
+    thread = threading.Thread(target=_advise, args=(files,), name="zvfs-warmup", daemon=True)
+    thread.start()
+    return thread
+
+
+def _advise(files: list[str]) -> None:
+    for name in files:
+        try:
+            # O_NONBLOCK: a name that became a FIFO must not hold the thread
+            fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except (OSError, ValueError):
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def imported_files() -> list[str]:
+    """The source and bytecode files of every module imported so far (cheap: no I/O)."""
+    out: set[str] = set()
+    for module in list(sys.modules.values()):
+        for name in (getattr(module, "__file__", None), getattr(module, "__cached__", None)):
+            if isinstance(name, str) and os.path.isabs(name):
+                out.add(name)
+    return sorted(out)
+
+
+def record(files: list[str]) -> None:
+    """Write ``files`` (those that exist) as the manifest, unless it already says that."""
+    path = manifest_path()
+    if path is None:
+        return
+    text = "".join(f"{name}\n" for name in files if os.path.isfile(name))
+    try:
+        with open(path, encoding="utf-8") as f:
+            if f.read() == text:
+                return
+    except OSError:
+        pass
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        pass
