@@ -216,7 +216,9 @@ async def _announce_ready(ctx: MountContext, root: MountRoot, mountpoint: str, r
     await run_abandonable(os.stat, mountpoint)
     log.debug("answering at %s", mountpoint)
     # what this start imported to answer: the next start reads it ahead (zvfs.warmup)
-    ctx.background(ctx.workers.run, warmup.record, warmup.imported_files())
+    imported = warmup.imported_files()
+    if not warmup.unchanged(imported):
+        ctx.background(ctx.workers.run, warmup.record, imported)
     await ctx.workers.run(tune_kernel, mountpoint)
     if prepare is not None:
         try:

@@ -27,8 +27,13 @@ def manifest_path() -> str | None:
     return os.path.join(base, "zvfs", f"startup-{tag}.txt")
 
 
+#: the manifest as this process's start read it (a forked daemon inherits it)
+_read: list[str] | None = None
+
+
 def start() -> threading.Thread | None:
     """Ask the kernel for the files of the manifest, in a thread; None when there is none."""
+    global _read
     if os.environ.get("ZVFS_NO_WARMUP"):
         return None
     path = manifest_path()
@@ -37,6 +42,7 @@ def start() -> threading.Thread | None:
             files = f.read().splitlines()
     except (OSError, ValueError):
         return None
+    _read = files
     thread = threading.Thread(target=_advise, args=(files,), name="zvfs-warmup", daemon=True)
     thread.start()
     return thread
@@ -65,6 +71,12 @@ def imported_files() -> list[str]:
             if isinstance(name, str) and os.path.isabs(name):
                 out.add(name)
     return sorted(out)
+
+
+def unchanged(files: list[str]) -> bool:
+    """True when ``files`` is what this process's start read: nothing to record, and
+    nothing to check on disk."""
+    return files == _read
 
 
 def record(files: list[str]) -> None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import errno
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from zvfs.cache.tree import build_tree_index
 from zvfs.stores.base import KeyInfo, KeyNotFound, KeyReader, Listing, Stale, StoreError
@@ -24,6 +25,7 @@ from zvfs.views.writing import WriteHandle, store_call
 from zvfs.workers import Workers, gather
 
 log = logging.getLogger("zvfs")
+T = TypeVar("T")
 
 #: stores (with cheap flat listings) of up to this many keys are listed in one pass and
 #: held as one index (about 160 bytes a key); a bigger one is listed per directory. At
@@ -217,19 +219,24 @@ class RawFile(FileNode):
             self.ctx.listing_put(self.key, info)
             self.ctx.note_write(self.key, info)
 
-    async def _get_range(self, start: int, length: int) -> bytes:
-        store = self.ctx.store
-        # the whole object in one block: a plain get, which S3 checks against its CRC
-        whole = bool(store.block_size) and start == 0 and length >= self._info.size
+    async def _from_store(self, fn: Callable[[], T]) -> T:
+        """``fn()``, this file's store calls, in one worker hop; a store failure as the
+        errno the application sees."""
         try:
-            data = await self.ctx.workers.run(store.get_version, self.key, start, None if whole else length,
-                                      self._info.version)
+            return await self.ctx.workers.run(fn)
         except KeyNotFound as exc:
             raise NodeError(errno.ENOENT, f"{self.key}: vanished from the store") from exc
         except Stale as exc:
             raise NodeError(errno.ESTALE, str(exc)) from exc
         except StoreError as exc:
             raise NodeError(errno.EIO, str(exc), key=self.key) from exc  # store errors name the key
+
+    async def _get_range(self, start: int, length: int) -> bytes:
+        store = self.ctx.store
+        # the whole object in one block: a plain get, which S3 checks against its CRC
+        whole = bool(store.block_size) and start == 0 and length >= self._info.size
+        data = await self._from_store(
+            lambda: store.get_version(self.key, start, None if whole else length, self._info.version))
         # a whole-object get of an object that grew since it was listed: what a range gives
         return data[:length] if len(data) > length else data
 
@@ -364,14 +371,7 @@ class RawFile(FileNode):
                     out.append(None)  # read on its own when asked, and fails there
             return out
 
-        try:
-            data = await self.ctx.workers.run(read_all)
-        except KeyNotFound as exc:
-            raise NodeError(errno.ENOENT, f"{self.key}: vanished from the store") from exc
-        except Stale as exc:
-            raise NodeError(errno.ESTALE, str(exc)) from exc
-        except StoreError as exc:
-            raise NodeError(errno.EIO, str(exc), key=self.key) from exc
+        data = await self._from_store(read_all)
         for node, got in zip(batch[1:], data[1:], strict=True):
             if got is not None and len(got) == node._info.size:
                 self.ctx.chunks.put(node._block_key(0), got)
