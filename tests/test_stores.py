@@ -1022,6 +1022,25 @@ def test_a_buckets_endpoint_is_resolved_once_for_all_its_keys(endpoint: str | No
     assert len(calls) <= 2 * 3  # a bucket per operation at most, not one per key
 
 
+def test_the_s3_store_imports_botocore_without_pyopenssl_and_with_the_same_ssl_context() -> None:
+    """s3_client hides urllib3.contrib.pyopenssl while botocore is imported: pyOpenSSL and
+    cryptography stay out of the daemon, botocore's SSLContext is still urllib3's original
+    one (what it imported pyopenssl for), and the module can still be imported after."""
+    import importlib.util
+
+    assert importlib.util.find_spec("OpenSSL"), "pyOpenSSL (a test dependency, via gsutil) is missing"
+    code = (
+        "import sys, zvfs.stores.s3\n"
+        "assert 'botocore.httpsession' in sys.modules\n"
+        "print(sorted(m for m in ('OpenSSL', 'cryptography', 'urllib3.contrib.pyopenssl') if m in sys.modules))\n"
+        "import botocore.httpsession as h, urllib3.util.ssl_ as plain\n"
+        "import urllib3.contrib.pyopenssl as p\n"
+        "print(h.SSLContext is plain.SSLContext is p.orig_util_SSLContext)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:2] == ["[]", "True"], out.stdout + out.stderr
+
+
 def test_a_client_is_made_without_walking_every_service_and_knows_the_same_services() -> None:
     """quick_service_lookup: botocore's "is this service known?" answered from the one
     service's directory; the answer is the walk's, for every service and model type."""

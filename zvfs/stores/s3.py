@@ -18,6 +18,10 @@ once, so rotating keys need no remount.
 
 from __future__ import annotations
 
+# first, before botocore is imported: it keeps botocore from importing pyOpenSSL
+from zvfs.stores import s3_client
+
+# isort: split
 import errno
 import logging
 import re
@@ -49,7 +53,6 @@ from zvfs.stores.base import (
 )
 from zvfs.stores.keys import bad_segment, is_safe_key, safe_name
 from zvfs.stores.retry import TRANSIENT_KINDS, Attempts, RetryPolicy
-from zvfs.stores.s3_client import fast_timestamp, quick_service_lookup, reuse_endpoints
 from zvfs.stores.url import S3_BLOCK_SIZE
 
 log = logging.getLogger(__name__)
@@ -208,7 +211,7 @@ class S3Store(Store):
             # no "Expect: 100-continue" on uploads: it costs a round trip per PUT and part,
             # and saves nothing here (a refused upload is retried whole anyway)
             client.meta.events.unregister("before-call.s3", add_expect_header)
-            reuse_endpoints(client)
+            s3_client.reuse_endpoints(client)
             return client
 
         # our retry loop is the only one, so the user's attempts and deadline are the real bounds
@@ -229,10 +232,10 @@ class S3Store(Store):
     def _session(self) -> Any:
         """A new session: it reads the credential chain (env, files, credential_process) afresh."""
         core = botocore.session.get_session()
-        core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=fast_timestamp)
+        core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=s3_client.fast_timestamp)
         try:
             session = boto3.session.Session(botocore_session=core, profile_name=self._profile)
-            quick_service_lookup(core.get_component("data_loader"))  # reads the profile's data_path
+            s3_client.quick_service_lookup(core.get_component("data_loader"))  # reads the profile's data_path
             return session
         except bce.ProfileNotFound:
             raise SourceError(

@@ -7,17 +7,47 @@ leaves botocore as it is where botocore is not laid out as expected:
 - :func:`fast_timestamp`: timestamps parsed without dateutil (listing CPU);
 - :func:`reuse_endpoints`: one endpoint resolution per bucket, not per key (GET CPU);
 - :func:`quick_service_lookup`: a client made without walking the directory of every
-  AWS service botocore ships (the store's open, on the path to the first listing).
+  AWS service botocore ships (the store's open, on the path to the first listing);
+- :func:`_import_without_pyopenssl`: botocore imported without pyOpenSSL (35 ms of the
+  mount and 10 MiB of the daemon's memory, where pyOpenSSL is installed).
+
+Import this module before anything imports botocore, as :mod:`zvfs.stores.s3` does.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
-from botocore.exceptions import DataNotFoundError
-from botocore.utils import parse_timestamp
+
+def _import_without_pyopenssl() -> None:
+    """Import botocore with ``urllib3.contrib.pyopenssl`` hidden.
+
+    botocore imports that module only to take from it urllib3's *original* SSLContext,
+    the one pyOpenSSL's injection would replace. Where pyOpenSSL is installed (gsutil and
+    the Google libraries pull it in), the import loads pyOpenSSL and cryptography: 35 ms
+    and 10 MiB of RSS here. No one injects pyOpenSSL into the daemon, so urllib3's own
+    SSLContext, which botocore falls back to when the import fails, is the same class.
+    The module is hidden only while botocore is imported, so a later import of it works.
+    """
+    name = "urllib3.contrib.pyopenssl"
+    if "botocore.httpsession" in sys.modules or name in sys.modules:
+        return  # botocore is already in, or pyOpenSSL is: nothing to save
+    sys.modules[name] = None  # type: ignore[assignment]  # an import of it now fails
+    try:
+        import botocore.httpsession  # noqa: F401
+    finally:
+        if name in sys.modules and sys.modules[name] is None:
+            del sys.modules[name]
+
+
+_import_without_pyopenssl()
+
+# isort: split
+from botocore.exceptions import DataNotFoundError  # noqa: E402
+from botocore.utils import parse_timestamp  # noqa: E402
 
 
 def fast_timestamp(value: str) -> datetime:
