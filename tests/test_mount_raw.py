@@ -8,8 +8,10 @@ with directory entries), one by `zip -r -fz` (zip64), and an S3 copy in moto.
 from __future__ import annotations
 
 import calendar
+import ctypes
 import errno
 import json
+import mmap
 import os
 import stat
 import subprocess
@@ -551,6 +553,72 @@ def test_small_stored_members_read_in_order_come_in_batches(tmp_path, mount) -> 
     assert hops < len(want) // 3, stats
     assert stats["chunk_cache"]["bytes"] == 0, stats  # what was kept is let go once read
     assert bad in m.log_text()
+
+
+def test_bigger_stored_members_read_in_tree_order_are_read_ahead_by_the_kernel(tmp_path, mount) -> None:
+    """A zip of stored members of 300 kB, one per directory as Zarr v3 lays chunks out,
+    stored in shuffled order (`zip` adds them in the order given), read file after file in
+    tree order: a member the reader's walk reaches is in the page cache before it is asked
+    for (the daemon hands its range of the zip to the kernel, Store.will_need), though it
+    lies megabytes away from every member read so far, out of the kernel's own read-ahead;
+    every byte is the member's."""
+    src = tmp_path / "src"
+    rng = np.random.default_rng(5)
+    want: dict[str, bytes] = {}
+    for i in range(48):
+        name = f"c/{i}/0"
+        (src / f"c/{i}").mkdir(parents=True)
+        want[name] = rng.integers(0, 256, size=300_000, dtype=np.uint8).tobytes()
+        (src / name).write_bytes(want[name])
+    z = tmp_path / "chunks.zip"
+    stored = [str(n) for n in rng.permutation(sorted(want))]
+    subprocess.run([tool("zip"), "-q", "-0", str(z), *stored], cwd=src, check=True)
+    with zipfile.ZipFile(z) as zf:
+        offsets = {n: zf.getinfo(n).header_offset for n in want}
+        sizes = {n: zf.getinfo(n).compress_size for n in want}
+    order = sorted(want)  # the tree's order: names of digits sort the same whole or split
+    read_first = order[:4]
+    # of the files the walk has reached after four, the one farthest from those four
+    target = max(order[6:19], key=lambda n: min(abs(offsets[n] - offsets[r]) for r in read_first))
+    gap = min(abs(offsets[target] - offsets[r]) for r in read_first)
+    assert gap >= 3 << 20, f"the shuffle left {target} only {gap} bytes from a member read first"
+    fd = os.open(z, os.O_RDONLY)
+    os.fsync(fd)  # DONTNEED lets go of clean pages only
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    view = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+    os.close(fd)
+    try:
+        def cached(name: str) -> bool:
+            return page_cache_holds(view, offsets[name], sizes[name])
+
+        assert not cached(target), f"{z} stays in the page cache after DONTNEED: not a disk file system"
+        m = mount(z)
+        for name in read_first:
+            assert (m.path / name).read_bytes() == want[name], name
+        deadline = time.monotonic() + 10
+        while not cached(target) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cached(target), f"{target}, ahead of the reader, was not read ahead"
+        for name in order[4:]:
+            assert (m.path / name).read_bytes() == want[name], name
+    finally:
+        view.close()
+
+
+def page_cache_holds(view: mmap.mmap, offset: int, length: int) -> bool:
+    """Whether every page of ``view[offset:offset + length]`` is in the page cache, asked
+    with mincore(2), which (unlike a read, even an RWF_NOWAIT one) starts no read-ahead."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    page = mmap.PAGESIZE
+    first, last = offset // page, (offset + length - 1) // page
+    pages = np.frombuffer(view, dtype=np.uint8)  # its address (a read-only mapping)
+    base = pages.ctypes.data + first * page
+    del pages
+    vec = ctypes.create_string_buffer(last - first + 1)
+    if libc.mincore(ctypes.c_void_p(base), (last - first + 1) * page, vec) != 0:
+        raise OSError(ctypes.get_errno(), "mincore")
+    return all(b & 1 for b in vec.raw)
 
 
 # --------------------------------------------------------------------------- lifecycle

@@ -961,6 +961,38 @@ def test_a_zip_opened_later_learns_its_block_size(tmp_path: Path, compression: i
     counted.close()
 
 
+def test_a_zip_lists_from_memory_once_open_and_a_directory_never(tmp_path: Path) -> None:
+    """lists_in_memory (the raw view then lists without a worker hop) and listings() (a
+    reader's walk follows the whole tree): False and None while a zip is still opening,
+    then its central directory's listings, the same as list_dir gives; never for a
+    directory store, whose listings are read from the disk."""
+    from zvfs.stores.counting import CountingStore
+
+    path = tmp_path / "z.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        for key in ("a/x", "a/b/y", "c/0/0"):
+            zf.writestr(key, key.encode())
+    pending = open_store(parse_source(str(path)), pending=True)
+    counted = CountingStore(pending, Counters())
+    assert not counted.lists_in_memory and counted.listings() is None
+    pending.open()
+    assert counted.lists_in_memory
+    tree = counted.listings()
+    assert tree is not None and set(tree) == {"", "a/", "a/b/", "c/", "c/0/"}
+    for prefix, listing in tree.items():
+        got = counted.list_dir(prefix)
+        assert (set(got.keys), got.prefixes) == (set(listing.keys), listing.prefixes), prefix
+    counted.will_need(["a/x", "no/such/key", "c/0/0"])  # a hint: unknown keys are passed over
+    counted.close()
+    plain = tmp_path / "plain"
+    (plain / "a").mkdir(parents=True)
+    (plain / "a" / "x").write_bytes(b"x")
+    directory = open_store(parse_source(str(plain)))
+    assert not directory.lists_in_memory and directory.listings() is None
+    directory.will_need(["a/x"])  # no-op
+    directory.close()
+
+
 def test_a_truncated_zip_opened_later_fails_its_open_and_every_call(zips: dict[str, Path],
                                                                      tmp_path: Path) -> None:
     bad = tmp_path / "cut.zip"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import errno
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from zvfs.stores.listing import KeyInfo, Listing
 
@@ -133,6 +133,10 @@ class Store(ABC):
     #: preferred read unit in bytes for raw files: 0 reads exactly what is asked (local
     #: files); remote or compressed stores set a block size so one request serves many reads
     block_size: int = 0
+    #: True when list_dir answers from memory, at once and without I/O (a zip's central
+    #: directory, parsed at open): the raw view then lists on its own thread, not in a
+    #: worker, as a thread hop costs more than the answer
+    lists_in_memory: bool = False
     #: True when one flat listing of many keys is much cheaper than a listing per
     #: directory (S3: 1,000 keys per request whatever the nesting)
     flat_listing: bool = False
@@ -185,6 +189,17 @@ class Store(ABC):
         """``key`` opened for reading, pinned to its content now; None where the store has
         no such handle (then readers pin by ``version``). Raises KeyNotFound."""
         return None
+
+    def listings(self) -> Mapping[str, Listing] | None:
+        """Every directory's listing (prefix -> Listing, '' the root), where the store holds
+        them all in memory (see ``lists_in_memory``), else None. Read only: it is the
+        store's own. A reader's walk follows the whole tree's order with it."""
+        return None
+
+    def will_need(self, keys: Sequence[str]) -> None:  # noqa: B027 - optional
+        """A hint that ``keys`` are about to be read, in this order: a store whose bytes sit
+        in a local file has the kernel read them ahead (in the background), so a reader
+        that goes from file to file does not wait on the disk for each. Never an error."""
 
     def get_version(self, key: str, start: int, length: int | None, version: str | None) -> bytes:
         """Bytes of ``key`` from ``start`` (``length`` of them, or to the end), only from
@@ -282,6 +297,12 @@ class WrappedStore(Store):
         """Asked of the inner store each time: a store still opening (a zip) learns its own."""
         return self.inner.block_size
 
+    @property  # type: ignore[override]
+    def lists_in_memory(self) -> bool:
+        """Asked of the inner store each time, as block_size is (a store still opening lists
+        from nothing yet: its callers must wait for it in a worker)."""
+        return self.inner.lists_in_memory
+
     def get(self, key: str) -> bytes:
         return self.inner.get(key)
 
@@ -296,6 +317,12 @@ class WrappedStore(Store):
 
     def get_version(self, key: str, start: int, length: int | None, version: str | None) -> bytes:
         return self.inner.get_version(key, start, length, version)
+
+    def will_need(self, keys: Sequence[str]) -> None:
+        self.inner.will_need(keys)
+
+    def listings(self) -> Mapping[str, Listing] | None:
+        return self.inner.listings() if self.lists_in_memory else None  # never waits
 
     def open_reader(self, key: str) -> KeyReader | None:
         return self.inner.open_reader(key)

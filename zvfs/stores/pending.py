@@ -9,10 +9,11 @@ source, and checked against the real store once it is open), and every call
 waits, in the worker thread that makes it, until :meth:`PendingStore.open` is
 done; after a failed open, every call fails with that open's error.
 
-``block_size`` alone is learnt, not announced: a zip reads through blocks only
-when some member is compressed, which its central directory tells. Until the
-open it is the announced value, and the views read it at each read, so a read
-made before the open simply goes unblocked.
+``block_size`` and ``lists_in_memory`` are learnt, not announced: a zip reads
+through blocks only when some member is compressed, which its central directory
+tells, and lists from memory once that directory is parsed. Until the open they
+are the announced block size and False, and the views read them at each call, so a
+read made before the open simply goes unblocked, and a listing waits in a worker.
 """
 
 from __future__ import annotations
@@ -74,6 +75,12 @@ class PendingStore(WrappedStore):
         """The open store's (never waits): the announced value until it is open."""
         store = self._store
         return self._block_size if store is None else store.block_size
+
+    @property  # type: ignore[override]
+    def lists_in_memory(self) -> bool:
+        """The open store's (never waits): False until it is open, as a listing would wait."""
+        store = self._store
+        return False if store is None else store.lists_in_memory
 
     @property  # type: ignore[override]
     def inner(self) -> Store:

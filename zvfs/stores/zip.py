@@ -42,7 +42,7 @@ import time
 import zipfile
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,6 +115,7 @@ class ZipStore(Store):
         self._stored_crc = _SequentialCrc()
         if any(m.info.compress_type != zipfile.ZIP_STORED for m in self._members.values()):
             self.block_size = COMPRESSED_BLOCK_SIZE
+        self.lists_in_memory = True  # the central directory, parsed above
 
     def _read_central_directory(self, fallback_mtime: float) -> None:
         """Parse the central directory once (through a private file object) and build the tree."""
@@ -222,6 +223,26 @@ class ZipStore(Store):
                 os.close(self._fd)
 
     # -- internals ---------------------------------------------------------------------------
+
+    def listings(self) -> Mapping[str, Listing]:
+        return self._dirs
+
+    def will_need(self, keys: Sequence[str]) -> None:
+        """Have the kernel read these members ahead, local headers included: a stored
+        member read cold otherwise waits on the disk twice (its header, then its data),
+        and the kernel's own read-ahead does not reach past one ``pread`` to the next."""
+        for key in keys:
+            m = self._members.get(key)
+            if m is None:
+                continue
+            zi = m.info
+            # the local header's name and extra field can differ from the central ones:
+            # a page of slack covers them
+            length = _LOCAL_HEADER.size + len(zi.orig_filename.encode()) + len(zi.extra) + zi.compress_size
+            try:
+                os.posix_fadvise(self._fd, zi.header_offset, length + 4096, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                return  # only a hint
 
     def _member(self, key: str) -> _Member:
         check_key(key)

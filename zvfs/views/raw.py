@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from zvfs.cache.tree import build_tree_index
@@ -231,12 +231,20 @@ class RawFile(FileNode):
         except StoreError as exc:
             raise NodeError(errno.EIO, str(exc), key=self.key) from exc  # store errors name the key
 
-    async def _get_range(self, start: int, length: int) -> bytes:
+    async def _get_range(self, start: int, length: int, ahead: Sequence[str] = ()) -> bytes:
+        """``ahead``: keys to hint to the store as read next, in the same hop, after the read
+        (before it, their reads would queue in front of this one)."""
         store = self.ctx.store
         # the whole object in one block: a plain get, which S3 checks against its CRC
         whole = bool(store.block_size) and start == 0 and length >= self._info.size
-        data = await self._from_store(
-            lambda: store.get_version(self.key, start, None if whole else length, self._info.version))
+
+        def fetch() -> bytes:
+            got = store.get_version(self.key, start, None if whole else length, self._info.version)
+            if ahead:
+                store.will_need(ahead)
+            return got
+
+        data = await self._from_store(fetch)
         # a whole-object get of an object that grew since it was listed: what a range gives
         return data[:length] if len(data) > length else data
 
@@ -303,10 +311,11 @@ class RawFile(FileNode):
         """How far a reader that starts files in tree order (cp -r, rsync, gsutil,
         find | xargs) has got, or None where no listing gives the order.
 
-        The order is the whole store's when its tree index is known (Zarr v3 keeps one
-        chunk per directory, so the next chunk is rarely a sibling), else the directory's.
+        The order is the whole store's when its tree index is known, or the store holds
+        every listing in memory (a zip): Zarr v3 keeps one chunk per directory, so the next
+        chunk is rarely a sibling. Otherwise it is the directory's.
         """
-        tree = self.ctx.listings.peek(("tree",))
+        tree = self.ctx.listings.peek(("tree",)) or self.ctx.store.listings()
         if tree:
             scope, source = "", tree
         elif (listing := self.ctx.listings.peek(self.prefix)) is not None:
@@ -334,12 +343,17 @@ class RawFile(FileNode):
         """A read of a store without a block cache (a zip of stored members): a range of the
         member in one worker hop, or its bytes, read already with a file before it.
 
+        A reader that starts bigger files in tree order has the store read the files ahead
+        of it that its walk now reaches (``Store.will_need``: the kernel reads them in the
+        background), so it does not wait on the disk for each file in turn.
+
         A reader that starts small files in tree order has the next ones read whole in the
         same hop as this one, and kept until it reads them: a member of a few hundred bytes
         costs a hop, and 20,000 of them cost 20,000 hops one by one. What is kept is let go
         once read to its end (the kernel's page cache has it then)."""
         walk = self._walk() if offset == 0 else None
-        streaming = bool(walk.advise(self.key)) if walk is not None else False
+        ahead = walk.advise(self.key) if walk is not None else []
+        streaming = bool(ahead)
         key = self._block_key(0)
         kept = self.ctx.chunks.peek(key)
         if kept is not None:
@@ -356,8 +370,8 @@ class RawFile(FileNode):
                 if not self.ctx.chunks.contains(node._block_key(0)):
                     batch.append(node)
                     total += info.size
-        if len(batch) == 1:
-            return await self._get_range(offset, end - offset)
+        if len(batch) == 1:  # a bigger file: the files the walk now reaches are read ahead
+            return await self._get_range(offset, end - offset, [k for k, _ in ahead])
         store = self.ctx.store
 
         def read_all() -> list[bytes | None]:
@@ -420,7 +434,7 @@ class LocalReader(FileNode):
         self._reader.close()
 
 
-def _files_in_order(tree: dict[str, Listing], prefix: str = "") -> list[tuple[str, KeyInfo]]:
+def _files_in_order(tree: Mapping[str, Listing], prefix: str = "") -> list[tuple[str, KeyInfo]]:
     """Every file key in the order a sorted depth-first walk (find, cp -r) meets it."""
     out: list[tuple[str, KeyInfo]] = []
     listing = tree.get(prefix)
@@ -448,7 +462,7 @@ class FileWalk:
     #: every object of a bucket went from about 92 to 100 MiB) for no gain in speed
     MAX_WINDOW = 16
 
-    def __init__(self, source: dict[str, Listing] | Listing, scope: str) -> None:
+    def __init__(self, source: Mapping[str, Listing] | Listing, scope: str) -> None:
         self.source = source
         if isinstance(source, Listing):
             base = scope + "/" if scope else ""
@@ -503,8 +517,11 @@ class RawDir(DirNode):
             return self._with_made_dirs(tree.get(self.prefix) or Listing())
 
         async def load() -> Listing:
+            store = self.ctx.store
             try:
-                return await self.ctx.workers.run(self.ctx.store.list_dir, self.prefix)
+                if store.lists_in_memory:
+                    return store.list_dir(self.prefix)
+                return await self.ctx.workers.run(store.list_dir, self.prefix)
             except StoreError as exc:
                 raise NodeError(errno.EIO, f"listing {self.prefix or '/'}: {exc}") from exc
 
