@@ -313,6 +313,49 @@ def test_directory_symlinks(tmp_path: Path, caplog: pytest.LogCaptureFixture) ->
     assert "outside the source" in escape_logs[0].getMessage()
 
 
+def test_directory_opens_at_once_only_a_cached_path_with_no_symlink(tmp_path: Path) -> None:
+    """open_reader_at_once (a directory store's open on the caller's thread, openat2 with
+    RESOLVE_CACHED | RESOLVE_NO_SYMLINKS): a reader of the very file for a plain key whose
+    path the kernel has cached; None, leaving the decision to open_reader in a worker, for
+    every link (in or out of the store), a missing key, a directory, a FIFO, an unsafe key,
+    and a path the kernel no longer has cached (dentries dropped)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"secret")
+    root = tmp_path / "root"
+    (root / "sub" / "deep").mkdir(parents=True)
+    (root / "sub" / "real").write_bytes(b"real")
+    (root / "sub" / "deep" / "file").write_bytes(b"deep")
+    os.symlink(outside / "secret", root / "escape")
+    os.symlink("sub/real", root / "inside")
+    os.symlink("sub", root / "inside_dir")
+    os.mkfifo(root / "fifo")
+    st = DirectoryStore(root)
+    try:
+        os.stat(root / "sub" / "real")  # the path is in the dentry cache now
+        reader = st.open_reader_at_once("sub/real")
+        assert reader is not None
+        try:
+            assert (reader.size, reader.read(0, 100)) == (4, b"real")
+            assert reader.version[:2] == (os.stat(root / "sub" / "real").st_dev,
+                                          os.stat(root / "sub" / "real").st_ino)
+        finally:
+            reader.close()
+        for key in ["escape", "inside", "inside_dir/real", "missing", "sub", "fifo", "sub/../sub/real"]:
+            assert st.open_reader_at_once(key) is None, key
+        assert st.get("inside") == b"real"  # what the worker's full resolution allows still opens
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("2")  # dentries and inodes
+        assert st.open_reader_at_once("sub/deep/file") is None  # would have to read the disk
+        reader = st.open_reader("sub/deep/file")
+        reader.close()
+        reader = st.open_reader_at_once("sub/deep/file")  # cached by that open
+        assert reader is not None
+        reader.close()
+    finally:
+        st.close()
+
+
 def _open_below(root: Path) -> list[str]:
     """What this process's descriptors name below ``root`` (a '(deleted)' suffix included)."""
     out = []

@@ -190,6 +190,12 @@ class Store(ABC):
         no such handle (then readers pin by ``version``). Raises KeyNotFound."""
         return None
 
+    def open_reader_at_once(self, key: str) -> KeyReader | None:
+        """``open_reader(key)`` where that cannot block (nothing to read from the disk to
+        find the file), so the caller's own thread may do it; else None, and the caller
+        calls ``open_reader`` in a worker, which decides every case (errors included)."""
+        return None
+
     def listings(self) -> Mapping[str, Listing] | None:
         """Every directory's listing (prefix -> Listing, '' the root), where the store holds
         them all in memory (see ``lists_in_memory``), else None. Read only: it is the
@@ -326,6 +332,9 @@ class WrappedStore(Store):
 
     def open_reader(self, key: str) -> KeyReader | None:
         return self.inner.open_reader(key)
+
+    def open_reader_at_once(self, key: str) -> KeyReader | None:
+        return self.inner.open_reader_at_once(key)
 
     def info(self, key: str) -> KeyInfo:
         return self.inner.info(key)

@@ -49,7 +49,8 @@ from zvfs.stores.base import (
     StoreError,
     WriteRefused,
 )
-from zvfs.stores.keys import safe_name
+from zvfs.stores.cached_open import open_if_cached
+from zvfs.stores.keys import bad_segment, safe_name
 
 log = logging.getLogger(__name__)
 
@@ -318,6 +319,24 @@ class DirectoryStore(Store):
 
     def open_reader(self, key: str) -> KeyReader:
         fd, st = self._open(key)
+        return _FileReader(key, fd, st)
+
+    def open_reader_at_once(self, key: str) -> KeyReader | None:
+        """Opened on the caller's thread when the kernel has the whole path cached and no
+        symlink is on it (see :mod:`zvfs.stores.cached_open`); None sends the caller to
+        ``open_reader``, in a worker, for everything else."""
+        if bad_segment(key) is not None:
+            return None
+        fd = open_if_cached(self._root_sep + key, _OPEN_FLAGS)
+        if fd is None:
+            return None
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            st = None
+        if st is None or not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            return None
         return _FileReader(key, fd, st)
 
     def info(self, key: str) -> KeyInfo:

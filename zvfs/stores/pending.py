@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from zvfs.stores.base import Store, StoreError, WrappedStore
+from zvfs.stores.base import KeyReader, Store, StoreError, WrappedStore
 
 _TRAITS = ("description", "flat_listing", "can_write", "implicit_dirs",
            "stages_writes", "opens_readers")
@@ -75,6 +75,11 @@ class PendingStore(WrappedStore):
         """The open store's (never waits): the announced value until it is open."""
         store = self._store
         return self._block_size if store is None else store.block_size
+
+    def open_reader_at_once(self, key: str) -> KeyReader | None:
+        """The open store's (never waits): None until it is open."""
+        store = self._store
+        return None if store is None else store.open_reader_at_once(key)
 
     @property  # type: ignore[override]
     def lists_in_memory(self) -> bool:

@@ -154,7 +154,10 @@ class RawFile(FileNode):
         staged = self.ctx.writable and store.stages_writes
         local = None
         if store.opens_readers and not staged:
-            local = await store_call(self.ctx, self.key, store.open_reader, self.key)
+            # on this thread where that cannot block (a path the kernel has cached), as a
+            # thread hop is most of what such an open costs; else in a worker
+            local = store.open_reader_at_once(self.key) or \
+                await store_call(self.ctx, self.key, store.open_reader, self.key)
         if local is not None:
             node = LocalReader(self.key, local, self._info.mtime, self.ctx.workers)
             # written through the mount since the kernel met this inode: the kernel's size
