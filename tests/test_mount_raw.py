@@ -555,6 +555,32 @@ def test_small_stored_members_read_in_order_come_in_batches(tmp_path, mount) -> 
     assert bad in m.log_text()
 
 
+def test_a_tree_of_more_files_than_are_listed_at_once_is_walked_from_a_worker(tmp_path, mount) -> None:
+    """A zip of 1,500 small stored members, one per directory: more files than the raw view
+    lists in order on the trio thread (FileWalk.CHEAP_FILES), so the walk over the whole
+    tree is listed in a worker while the first files are read without it. Read in tree
+    order, every byte is the member's, and once the walk is there the members come in
+    batches: far fewer worker reads than files."""
+    from zvfs.views.raw import FileWalk
+
+    n = 1_500
+    assert n > FileWalk.CHEAP_FILES
+    src = tmp_path / "src"
+    want: dict[str, bytes] = {}
+    for i in range(n):
+        name = f"c/{i}/0"
+        (src / f"c/{i}").mkdir(parents=True)
+        want[name] = f"chunk {i} ".encode() * 8
+        (src / name).write_bytes(want[name])
+    z = tmp_path / "many.zip"
+    subprocess.run([tool("zip"), "-q", "-0", "-r", str(z), "c"], cwd=src, check=True)
+    m = mount(z)
+    for name in sorted(want):  # the tree's order: names of digits sort the same whole or split
+        assert (m.path / name).read_bytes() == want[name], name
+    stats = json.loads((m.path / ".zvfs/stats.json").read_text())
+    assert stats.get("store_requests_get_range", 0) < n // 4, stats
+
+
 def test_bigger_stored_members_read_in_tree_order_are_read_ahead_by_the_kernel(tmp_path, mount) -> None:
     """A zip of stored members of 300 kB, one per directory as Zarr v3 lays chunks out,
     stored in shuffled order (`zip` adds them in the order given), read file after file in

@@ -112,6 +112,11 @@ class KeyTable(MutableMapping[str, KeyInfo]):
             return '"' + vs[16 * i : 16 * i + 16].hex() + '"'
         return vs[i]
 
+    def seal(self) -> None:
+        """Sort now, where it costs nothing to wait (a zip store's open, in a worker),
+        rather than at the first read, which may be on the trio thread."""
+        self._seal()
+
     def _seal(self) -> None:
         """Built: sorted by name, the last of equal names winning (a zip's duplicate members).
 

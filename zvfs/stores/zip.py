@@ -115,6 +115,8 @@ class ZipStore(Store):
         self._stored_crc = _SequentialCrc()
         if any(m.info.compress_type != zipfile.ZIP_STORED for m in self._members.values()):
             self.block_size = COMPRESSED_BLOCK_SIZE
+        for listing in self._dirs.values():  # sorted here, so a listing costs nothing later
+            listing.keys.seal()
         self.lists_in_memory = True  # the central directory, parsed above
 
     def _read_central_directory(self, fallback_mtime: float) -> None:
