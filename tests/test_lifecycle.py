@@ -312,3 +312,39 @@ def test_a_mount_records_what_it_imported_and_the_next_start_reads_it_ahead(
     assert (again.st_ino, again.st_mtime_ns) == (first.st_ino, first.st_mtime_ns)
     monkeypatch.setenv("ZVFS_NO_WARMUP", "1")
     assert warmup.start() is None
+
+
+def test_start_up_work_waits_until_the_kernel_stops_sending_requests() -> None:
+    """when_quiet (the decoded views' import after the mount answers): not while a reader
+    that began at once is still sending requests, one every quarter of QUIET_SECONDS for
+    ten spans, but within two spans of its stopping. Trio's MockClock: no real time."""
+    from types import SimpleNamespace
+
+    import trio
+    import trio.testing
+
+    from zvfs.daemon import QUIET_SECONDS, when_quiet
+    from zvfs.stats import Counters
+
+    ctx = SimpleNamespace(counters=Counters())
+    times: dict[str, float] = {}
+
+    async def main() -> None:
+        times["start"] = trio.current_time()
+
+        async def reader() -> None:
+            for _ in range(40):
+                ctx.counters.add("fuse_ops_read")
+                await trio.sleep(QUIET_SECONDS / 4)
+            times["stopped"] = trio.current_time()
+
+        async def work() -> None:
+            times["work"] = trio.current_time()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader)
+            nursery.start_soon(when_quiet, ctx, work)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert times["stopped"] - times["start"] >= 10 * QUIET_SECONDS * 0.99
+    assert times["stopped"] <= times["work"] <= times["stopped"] + 2 * QUIET_SECONDS
