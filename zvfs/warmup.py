@@ -23,7 +23,11 @@ def manifest_path() -> str | None:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     if not os.path.isabs(base):
         return None
-    tag = f"{sys.implementation.cache_tag}-{zlib.crc32(sys.prefix.encode()):08x}"  # one per environment
+    # one per environment and per copy of zvfs in it: two checkouts run in turn (a
+    # worktree's tests, then an install's mounts) each keep their own list, rather than
+    # each start reading the other's files and writing its own list back
+    where = f"{sys.prefix}\0{os.path.dirname(os.path.abspath(__file__))}"
+    tag = f"{sys.implementation.cache_tag}-{zlib.crc32(where.encode()):08x}"
     return os.path.join(base, "zvfs", f"startup-{tag}.txt")
 
 
