@@ -361,11 +361,15 @@ class RawFile(FileNode):
         walk = self._walk() if offset == 0 else None
         ahead = walk.advise(self.key) if walk is not None else []
         streaming = bool(ahead)
+        # the files the walk now reaches that no batch will read: the kernel reads them ahead
+        later = [k for k, info in ahead if info.size > BATCH_MEMBER]
         key = self._block_key(0)
         kept = self.ctx.chunks.peek(key)
         if kept is not None:
             if end >= len(kept):
                 self.ctx.chunks.invalidate(key)
+            if later:  # this file was read already: the hint goes in a hop of its own
+                self.ctx.background(self.ctx.workers.run, self.ctx.store.will_need, later)
             return memoryview(kept)[offset:end]
         batch: list[RawFile] = [self]
         total = self._info.size
@@ -377,8 +381,8 @@ class RawFile(FileNode):
                 if not self.ctx.chunks.contains(node._block_key(0)):
                     batch.append(node)
                     total += info.size
-        if len(batch) == 1:  # a bigger file: the files the walk now reaches are read ahead
-            return await self._get_range(offset, end - offset, [k for k, _ in ahead])
+        if len(batch) == 1:
+            return await self._get_range(offset, end - offset, later)
         store = self.ctx.store
 
         def read_all() -> list[bytes | None]:
@@ -390,6 +394,8 @@ class RawFile(FileNode):
                     if node is self:
                         raise
                     out.append(None)  # read on its own when asked, and fails there
+            if later:
+                store.will_need(later)
             return out
 
         data = await self._from_store(read_all)
