@@ -8,6 +8,7 @@ a missing tool fails the test, it never skips.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -353,6 +354,38 @@ def test_directory_opens_at_once_only_a_cached_path_with_no_symlink(tmp_path: Pa
         assert reader is not None
         reader.close()
     finally:
+        st.close()
+
+
+def test_directory_reader_reads_at_once_only_what_the_page_cache_holds(tmp_path: Path) -> None:
+    """KeyReader.read_at_once (a local read on the caller's thread, preadv2 RWF_NOWAIT):
+    None for a file the page cache does not hold, whole or in part (a worker reads it then);
+    the very bytes once it is cached, a short answer only at the end of the file."""
+    root = tmp_path / "root"
+    root.mkdir()
+    data = random.Random(11).randbytes(3 << 20)
+    (root / "f").write_bytes(data)
+    st = DirectoryStore(root)
+    reader = st.open_reader("f")
+    fd = os.open(root / "f", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # clean pages: dropped
+        assert reader.read_at_once(0, 1 << 20) is None  # (it starts a read-ahead: let it end)
+        assert reader.read(0, len(data)) == data
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        # the first MiB alone in the page cache: read on a descriptor with no read-ahead
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        assert os.pread(fd, 1 << 20, 0) == data[: 1 << 20]
+        got = reader.read_at_once(4096, 100_000)
+        assert got is not None and bytes(got) == data[4096:104_096]
+        assert reader.read_at_once((1 << 20) - 4096, 8192) is None  # half of it is not cached
+        assert reader.read(0, len(data)) == data  # (after the read-ahead that one started)
+        tail = reader.read_at_once(len(data) - 1000, 1 << 20)  # past the end: the rest, short
+        assert tail is not None and bytes(tail) == data[-1000:]
+    finally:
+        os.close(fd)
+        reader.close()
         st.close()
 
 

@@ -112,6 +112,12 @@ class KeyReader(ABC):
     @abstractmethod
     def read(self, offset: int, length: int) -> bytes: ...
 
+    def read_at_once(self, offset: int, length: int) -> bytes | memoryview | None:
+        """``read(offset, length)`` where that cannot block (every byte in the page cache),
+        so the caller's own thread may do it; else None, and the caller calls ``read`` in
+        a worker."""
+        return None
+
     @abstractmethod
     def close(self) -> None: ...
 

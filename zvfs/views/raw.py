@@ -435,9 +435,13 @@ class LocalReader(FileNode):
     def version(self) -> object:
         return self._reader.version
 
-    async def read(self, offset: int, length: int) -> bytes:
+    async def read(self, offset: int, length: int) -> bytes | memoryview:
         if length <= 0 or offset >= self._reader.size:
             return b""
+        # on this thread when the page cache holds the bytes (no hop); else in a worker
+        data = self._reader.read_at_once(offset, length)
+        if data is not None:
+            return data
         try:
             return await self._workers.run(self._reader.read, offset, length)
         except StoreError as exc:
