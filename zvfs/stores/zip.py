@@ -84,6 +84,9 @@ class _Member:
 class ZipStore(Store):
     """Read-only store over the members of a zip archive (zip64 included)."""
 
+    #: every listing is the central directory's, parsed and sorted in __init__
+    lists_in_memory = True
+
     def __init__(self, path: str | os.PathLike[str], counters: Counters | None = None) -> None:
         """``counters``: the mount's, which inflated bytes count into (a private set by default)."""
         shown = os.path.abspath(os.fspath(path))
@@ -117,7 +120,6 @@ class ZipStore(Store):
             self.block_size = COMPRESSED_BLOCK_SIZE
         for listing in self._dirs.values():  # sorted here, so a listing costs nothing later
             listing.keys.seal()
-        self.lists_in_memory = True  # the central directory, parsed above
 
     def _read_central_directory(self, fallback_mtime: float) -> None:
         """Parse the central directory once (through a private file object) and build the tree."""
@@ -182,6 +184,26 @@ class ZipStore(Store):
             return Listing()
         return Listing(listing.keys.copy(), set(listing.prefixes))
 
+    def listings(self) -> Mapping[str, Listing]:
+        return self._dirs
+
+    def will_need(self, keys: Sequence[str]) -> None:
+        """Have the kernel read these members ahead, local headers included: a stored
+        member read cold otherwise waits on the disk twice (its header, then its data),
+        and the kernel's own read-ahead does not reach past one ``pread`` to the next."""
+        for key in keys:
+            m = self._members.get(key)
+            if m is None:
+                continue
+            zi = m.info
+            # the local header's name and extra field can differ from the central ones:
+            # a page of slack covers them
+            length = _LOCAL_HEADER.size + len(zi.orig_filename.encode()) + len(zi.extra) + zi.compress_size
+            try:
+                os.posix_fadvise(self._fd, zi.header_offset, length + 4096, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                return  # only a hint
+
     def list_prefix(self, prefix: str) -> Iterator[str]:
         if prefix:
             check_prefix(prefix)
@@ -225,26 +247,6 @@ class ZipStore(Store):
                 os.close(self._fd)
 
     # -- internals ---------------------------------------------------------------------------
-
-    def listings(self) -> Mapping[str, Listing]:
-        return self._dirs
-
-    def will_need(self, keys: Sequence[str]) -> None:
-        """Have the kernel read these members ahead, local headers included: a stored
-        member read cold otherwise waits on the disk twice (its header, then its data),
-        and the kernel's own read-ahead does not reach past one ``pread`` to the next."""
-        for key in keys:
-            m = self._members.get(key)
-            if m is None:
-                continue
-            zi = m.info
-            # the local header's name and extra field can differ from the central ones:
-            # a page of slack covers them
-            length = _LOCAL_HEADER.size + len(zi.orig_filename.encode()) + len(zi.extra) + zi.compress_size
-            try:
-                os.posix_fadvise(self._fd, zi.header_offset, length + 4096, os.POSIX_FADV_WILLNEED)
-            except OSError:
-                return  # only a hint
 
     def _member(self, key: str) -> _Member:
         check_key(key)
