@@ -1176,3 +1176,138 @@ def test_a_client_is_made_without_walking_every_service_and_knows_the_same_servi
         names = set(everything) | {"no-such-service", "", "../s3", ".", "s3/2006-03-01"}
         assert {n for n in names if n in known} == set(everything), type_name
         assert list(known) == everything  # iterating still gives the whole, sorted list
+
+
+# -- S3: a chunk grid listed directory by directory, several at once --------------------------
+
+
+def _flat_dirs(keys: list[str]):
+    """What ListObjectsV2 with Delimiter='/' gives for each prefix of a sorted key set."""
+
+    def list_dir(prefix: str) -> tuple[list[tuple[str, int]], list[str]]:
+        own, subdirs = [], set()
+        for k in keys:
+            if k.startswith(prefix):
+                cut = k.find("/", len(prefix))
+                if cut < 0:
+                    own.append((k, len(k)))
+                else:
+                    subdirs.add(k[: cut + 1])
+        return own, sorted(subdirs)
+
+    return list_dir
+
+
+_walk_names = st.text(alphabet="ab.-/é", min_size=1, max_size=6).filter(
+    lambda k: "//" not in k and not k.startswith("/"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(keys=st.sets(_walk_names, max_size=40), after=st.text(alphabet="ab.-/é", max_size=5),
+       threads=st.integers(1, 4))
+def test_s3_walk_yields_the_flat_listing_after_a_key(keys: set[str], after: str, threads: int) -> None:
+    """Whatever the names ('.' and '-' sort before '/', markers end in '/'), the walk gives
+    exactly the keys a flat listing has after ``after``, in its order."""
+    from zvfs.stores import s3_walk
+
+    flat = sorted(keys)
+    got = list(s3_walk.walk(_flat_dirs(flat), "", after, threads))
+    assert [k for k, _ in got] == [k for k in flat if k > after]
+    assert all(size == len(k) for k, size in got)
+
+
+def test_s3_walk_skips_the_directories_the_first_page_had_whole() -> None:
+    from zvfs.stores import s3_walk
+
+    keys = sorted(f"a/{i}/{j}" for i in range(5) for j in range(3)) + ["z"]
+    listed: list[str] = []
+    inner = _flat_dirs(keys)
+
+    def list_dir(prefix: str):
+        listed.append(prefix)
+        return inner(prefix)
+
+    got = [k for k, _ in s3_walk.walk(list_dir, "", "a/2/1")]
+    assert got == ["a/2/2", *(f"a/{i}/{j}" for i in (3, 4) for j in range(3)), "z"]
+    assert sorted(listed) == ["", "a/", "a/2/", "a/3/", "a/4/"]  # not a/0/ nor a/1/
+
+
+def test_s3_walk_is_taken_for_big_directories_only() -> None:
+    from zvfs.stores.s3_walk import walk_pays
+
+    grid = [f"c/{i}/{j}" for i in range(3) for j in range(300)][:1000]
+    assert walk_pays(["zarr.json", *grid][:1000], 1000)
+    sparse = [f"c/{i}/{j}" for i in range(500) for j in range(2)][:1000]
+    assert not walk_pays(sparse, 1000)
+    one_dir = [f"k{i:05d}" for i in range(1000)]
+    assert not walk_pays(one_dir, 1000)  # still in the first directory: nothing to run beside it
+
+
+def _grid_bucket(moto: MotoServer, bucket: str, rows: int, cols: int) -> dict[str, bytes]:
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket=bucket)
+    items = {"p/.zgroup": b"{}", "p/a/.zarray": b"{}", "p/a-b.txt": b"dash", "p/a/0.txt": b"dot",
+             "p/z/": b"", "p/z/\u00fc": b"unicode"}
+    items |= {f"p/a/{i}/{j}": b"%d.%d" % (i, j) for i in range(rows) for j in range(cols)}
+    put_many(client, bucket, items)
+    return items
+
+
+def _reference_listing(moto: MotoServer, bucket: str) -> list[tuple[str, int, str]]:
+    """The bucket's flat listing as boto3's own paginator gives it: (key, size, etag)."""
+    client = s3_client(moto.endpoint)
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="p/")
+    return [(o["Key"][2:], o["Size"], o["ETag"]) for page in pages for o in page.get("Contents", ())]
+
+
+def test_s3_a_chunk_grid_is_listed_by_directory_in_the_flat_order(moto: MotoServer) -> None:
+    """A bucket of big directories, past its first page, is listed directory by directory,
+    several at once, and gives what the flat listing gives: every key once, in S3's
+    order, sizes and ETags, the folder marker too. The first page's whole directories are
+    not listed again."""
+    _grid_bucket(moto, "zvfs-walk", 12, 25)
+    want = _reference_listing(moto, "zvfs-walk")
+    st = S3Store("zvfs-walk", "p", endpoint_url=moto.endpoint, page_keys=60)
+    calls: list[dict[str, Any]] = []
+    st._client.meta.events.register("before-call.s3.ListObjectsV2",
+                                    lambda params, **_: calls.append(params["query_string"]))
+    got = [(k, info.size, info.version) for k, info in st.list_tree("")]
+    assert got == want
+    assert calls and all(c.get("delimiter") == "/" for c in calls), calls
+    listed = {c["prefix"] for c in calls}
+    # the first page: 4 keys, a/0/ and a/1/ whole, and a/10/ begun ('/' sorts before '0')
+    assert not {"p/a/0/", "p/a/1/"} & listed and {"p/a/10/", "p/a/11/", "p/a/2/"} <= listed, listed
+    assert len(calls) < len(want) // 60 * 16  # at most THREADS times the flat pages
+    st.close()
+
+
+def test_s3_small_directories_are_listed_flat(moto: MotoServer) -> None:
+    _grid_bucket(moto, "zvfs-nowalk", 120, 2)  # 2 keys a directory: fewer than 100 / 16
+    want = _reference_listing(moto, "zvfs-nowalk")
+    st = S3Store("zvfs-nowalk", "p", endpoint_url=moto.endpoint, page_keys=100)
+    calls: list[dict[str, Any]] = []
+    st._client.meta.events.register("before-call.s3.ListObjectsV2",
+                                    lambda params, **_: calls.append(params["query_string"]))
+    got = [(k, info.size, info.version) for k, info in st.list_tree("")]
+    assert got == want
+    assert len(calls) == -(-len(want) // 100) - 1  # the probe had the first page
+    assert all("delimiter" not in c and "continuation-token" in c for c in calls), calls
+    st.close()
+
+
+def test_s3_a_directory_that_cannot_be_listed_fails_the_walk(moto: MotoServer) -> None:
+    """One directory's listing failing after its retries fails the whole listing with an
+    error naming that directory: never a listing with a hole in it."""
+    from faultproxy import FaultProxy
+
+    _grid_bucket(moto, "zvfs-walkfault", 12, 25)
+    with FaultProxy(moto.port) as proxy:
+        st = S3Store("zvfs-walkfault", "p", endpoint_url=proxy.endpoint, page_keys=60,
+                     retry=RetryPolicy(attempts=2))
+        proxy.set({"kind": "500", "ops": ["list"], "key": "prefix=p%2Fa%2F7%2F"})
+        with pytest.raises(StoreError, match="a/7/"):
+            list(st.list_tree(""))
+        assert proxy.stats()["fault_500"] == 2
+        proxy.clear()
+        assert [k for k, _ in st.list_tree("")] == [k for k, _, _ in _reference_listing(moto, "zvfs-walkfault")]
+        st.close()

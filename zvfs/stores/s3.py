@@ -39,6 +39,7 @@ from botocore.config import Config
 from botocore.handlers import add_expect_header
 
 from zvfs.stats import Counters
+from zvfs.stores import s3_walk
 from zvfs.stores._util import LogOnce, check_key, check_prefix
 from zvfs.stores.base import (
     KeyInfo,
@@ -166,6 +167,7 @@ class S3Store(Store):
         block_size: int = S3_BLOCK_SIZE,
         allow_empty: bool = False,
         counters: Counters | None = None,
+        page_keys: int = 1000,
     ) -> None:
         """``counters``: the mount's, which retries and errors count into (a private set by default)."""
         if not bucket:
@@ -183,6 +185,7 @@ class S3Store(Store):
         self.description = f"s3://{bucket}/{prefix.rstrip('/')}" if prefix else f"s3://{bucket}"
         self._skipped = LogOnce(log)
         self.flat_listing = True
+        self.page_keys = page_keys  # keys a listing page asks for (S3's most, unless testing)
         self._profile = profile
         self._client_lock = threading.Lock()
         self._first_page: tuple[float, dict[str, Any]] | None = None
@@ -263,7 +266,7 @@ class S3Store(Store):
 
         where = f"at endpoint {self.endpoint}"
         try:
-            page = client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix)
+            page = client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix, MaxKeys=self.page_keys)
         except bce.ClientError as e:
             code, status = _code(e), _status(e)
             msg = e.response.get("Error", {}).get("Message", "")
@@ -404,13 +407,35 @@ class S3Store(Store):
                     yield key
 
     def list_tree(self, prefix: str) -> Iterator[tuple[str, KeyInfo]]:
-        """Every key below ``prefix`` with size and mtime, from one flat paginated listing."""
+        """Every key below ``prefix`` with size and mtime, in S3's order: one flat paginated
+        listing, or, when its first page shows a chunk grid's big directories, the rest of
+        it directory by directory, many at once (:mod:`zvfs.stores.s3_walk`)."""
         if prefix:
             check_prefix(prefix)
         skip = len(self.prefix)
-        for page in self._pages(prefix, Prefix=self.prefix + prefix):
-            for obj in page.get("Contents", ()):
+        pages = self._pages(prefix, Prefix=self.prefix + prefix)
+        for n, page in enumerate(pages):
+            contents = page.get("Contents", ())
+            for obj in contents:
                 yield obj["Key"][skip:], _info(obj)
+            if n == 0 and page.get("IsTruncated") and contents:
+                keys = [obj["Key"][skip:] for obj in contents]
+                if s3_walk.walk_pays(keys, self.page_keys):
+                    pages.close()
+                    yield from s3_walk.walk(self._dir_entries, prefix, keys[-1])
+                    return
+
+    def _dir_entries(self, prefix: str) -> s3_walk.DirListing[KeyInfo]:
+        """One directory for the walk: its keys with their infos, and its subdirectories,
+        unfiltered and spelled from the store's root, as the flat listing has them."""
+        full = self.prefix + prefix
+        skip = len(self.prefix)
+        keys: list[tuple[str, KeyInfo]] = []
+        subdirs: list[str] = []
+        for page in self._pages(prefix, Prefix=full, Delimiter="/"):
+            keys.extend((obj["Key"][skip:], _info(obj)) for obj in page.get("Contents", ()))
+            subdirs.extend(cp["Prefix"][skip:] for cp in page.get("CommonPrefixes", ()))
+        return keys, subdirs
 
     def close(self) -> None:
         self._client.close()
@@ -526,7 +551,7 @@ class S3Store(Store):
         where = prefix or "/"
         whole = kw == {"Prefix": self.prefix}  # the whole store, flat: what the probe listed
         while True:
-            args = dict(kw, Bucket=self.bucket)
+            args = dict(kw, Bucket=self.bucket, MaxKeys=self.page_keys)
             if token:
                 args["ContinuationToken"] = token
             page = self._probed_page() if whole and not token else None
