@@ -7,6 +7,7 @@ a missing tool fails the test, it never skips.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import shutil
@@ -1311,3 +1312,26 @@ def test_s3_a_directory_that_cannot_be_listed_fails_the_walk(moto: MotoServer) -
         proxy.clear()
         assert [k for k, _ in st.list_tree("")] == [k for k, _, _ in _reference_listing(moto, "zvfs-walkfault")]
         st.close()
+
+
+def test_s3_walk_stops_listing_once_its_reader_lets_go() -> None:
+    """A caller that stops early (a scan of the first keys) closes the walk: the threads
+    finish the listings they are in and start no other."""
+    from zvfs.stores import s3_walk
+
+    keys = sorted(f"d{i:03d}/k{j}" for i in range(200) for j in range(3))
+    inner = _flat_dirs(keys)
+    calls: list[str] = []
+
+    def list_dir(prefix: str):
+        calls.append(prefix)
+        time.sleep(0.01)
+        return inner(prefix)
+
+    it = s3_walk.walk(list_dir, "", "", threads=4)
+    assert [k for k, _ in itertools.islice(it, 5)] == keys[:5]
+    it.close()
+    time.sleep(0.2)  # the listings under way (10 ms each) end
+    settled = len(calls)
+    time.sleep(0.2)
+    assert len(calls) == settled < 100, settled
