@@ -8,6 +8,8 @@ by PID, and everything mounted is unmounted, also when a test fails.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import mmap
 import os
 import re
 import shutil
@@ -456,3 +458,19 @@ def zarr_s3_public(moto, zarr_dir) -> str:
         client.put_object(Bucket=S3_PUBLIC_BUCKET, Key=f"{S3_PREFIX}/{key}",
                           Body=path.read_bytes(), ACL="public-read")
     return f"s3://{S3_PUBLIC_BUCKET}/{S3_PREFIX}"
+
+
+def page_cache_holds(view: mmap.mmap, offset: int, length: int) -> bool:
+    """Whether every page of ``view[offset:offset + length]`` is in the page cache, asked
+    with mincore(2), which (unlike a read, even an RWF_NOWAIT one) starts no read-ahead."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    page = mmap.PAGESIZE
+    first, last = offset // page, (offset + length - 1) // page
+    pages = np.frombuffer(view, dtype=np.uint8)  # its address (a read-only mapping)
+    base = pages.ctypes.data + first * page
+    del pages
+    vec = ctypes.create_string_buffer(last - first + 1)
+    if libc.mincore(ctypes.c_void_p(base), (last - first + 1) * page, vec) != 0:
+        raise OSError(ctypes.get_errno(), "mincore")
+    return all(b & 1 for b in vec.raw)

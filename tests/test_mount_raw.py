@@ -8,7 +8,6 @@ with directory entries), one by `zip -r -fz` (zip64), and an S3 copy in moto.
 from __future__ import annotations
 
 import calendar
-import ctypes
 import errno
 import json
 import mmap
@@ -28,6 +27,7 @@ from conftest import (
     Mounted,
     force_unmount,
     mount_entry,
+    page_cache_holds,
     put_many,
     run,
     s3_client,
@@ -652,22 +652,6 @@ def test_bigger_stored_members_read_in_tree_order_are_read_ahead_by_the_kernel(
             assert (m.path / name).read_bytes() == want[name], name
     finally:
         view.close()
-
-
-def page_cache_holds(view: mmap.mmap, offset: int, length: int) -> bool:
-    """Whether every page of ``view[offset:offset + length]`` is in the page cache, asked
-    with mincore(2), which (unlike a read, even an RWF_NOWAIT one) starts no read-ahead."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-    page = mmap.PAGESIZE
-    first, last = offset // page, (offset + length - 1) // page
-    pages = np.frombuffer(view, dtype=np.uint8)  # its address (a read-only mapping)
-    base = pages.ctypes.data + first * page
-    del pages
-    vec = ctypes.create_string_buffer(last - first + 1)
-    if libc.mincore(ctypes.c_void_p(base), (last - first + 1) * page, vec) != 0:
-        raise OSError(ctypes.get_errno(), "mincore")
-    return all(b & 1 for b in vec.raw)
 
 
 # --------------------------------------------------------------------------- lifecycle

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import mmap
+import os
 from pathlib import Path
 
 import numpy as np
 import zarr
-from conftest import run, store_files, tool
+from conftest import page_cache_holds, run, store_files, tool, wait_until
 
 
 def _stats(mnt: Path) -> dict:
@@ -95,3 +97,128 @@ def test_concurrent_readers_of_one_decoded_file_each_get_their_bytes(mount, tmp_
     assert not errors, errors
     s = _stats(m.path)
     assert s["prefetch_hits"] > 0, s
+
+
+# -- a directory store, read in tree order ------------------------------------------------
+
+
+def _tree_order(keys) -> list[str]:
+    """find's and cp -r's order over a directory store served by zvfs (each directory's
+    names sorted): the keys sorted by their path components."""
+    return sorted(keys, key=lambda k: k.split("/"))
+
+
+def _chunk_tree(root: Path, n: int, size: int, seed: int = 7) -> dict[str, bytes]:
+    """Zarr v3's layout: one chunk file per directory (a/c/<i>/0)."""
+    rng = np.random.default_rng(seed)
+    want = {}
+    for i in range(n):
+        d = root / "a" / "c" / str(i)
+        d.mkdir(parents=True)
+        want[f"a/c/{i}/0"] = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        (d / "0").write_bytes(want[f"a/c/{i}/0"])
+    return want
+
+
+def _drop_from_page_cache(root: Path, keys) -> None:
+    for k in keys:
+        fd = os.open(root / k, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # DONTNEED lets go of clean pages only
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def test_a_directory_store_read_in_tree_order_is_read_ahead(mount, tmp_path):
+    """48 chunk files of 300 kB, one per directory, read file after file in tree order:
+    a file ahead of the reader is in the page cache before it is asked for (the daemon
+    had the kernel read it), and the directories ahead are listed before the reader looks
+    them up (their lookups wait for no listing). Every byte is the file's."""
+    src = tmp_path / "src"
+    want = _chunk_tree(src, 48, 300_000)
+    order = _tree_order(want)
+    target = order[10]
+    _drop_from_page_cache(src, want)
+    fd = os.open(src / target, os.O_RDONLY)
+    view = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+    os.close(fd)
+    try:
+        assert not page_cache_holds(view, 0, len(view)), "DONTNEED kept the pages: not a disk file system"
+        m = mount(src)
+        for k in order[:4]:
+            assert (m.path / k).read_bytes() == want[k], k
+        assert wait_until(lambda: page_cache_holds(view, 0, len(view)), 10), f"{target} was not read ahead"
+        # the listings made on the way to it reach the cache just after: '', a/, a/c/, and
+        # the directories of the first 11 files
+        assert wait_until(lambda: _stats(m.path)["listing_cache"]["entries"] >= 3 + 11, 10)
+        before = _stats(m.path)["listing_cache"]["misses"]
+        for k in order[4:11]:
+            assert (m.path / k).read_bytes() == want[k], k
+        assert _stats(m.path)["listing_cache"]["misses"] == before  # no lookup waited for a listing
+        for k in order[11:]:
+            assert (m.path / k).read_bytes() == want[k], k
+        assert _stats(m.path)["prefetch_requests"] >= 11
+    finally:
+        view.close()
+
+
+def test_a_directory_store_read_out_of_order_is_not_read_ahead(mount, tmp_path):
+    """Files opened against the tree's order (last first) are no walk: nothing is listed
+    or read ahead of them."""
+    src = tmp_path / "src"
+    want = _chunk_tree(src, 12, 1000)
+    m = mount(src)
+    for k in reversed(_tree_order(want)):
+        assert (m.path / k).read_bytes() == want[k], k
+    s = _stats(m.path)
+    assert s["prefetch_requests"] == 0 and s["prefetch_hits"] == 0, s
+
+
+def test_files_after_follow_the_tree_order_of_a_directory(tmp_path):
+    """files_after gives the files that follow a key in tree order (names sorted in each
+    directory, '.' and '-' before '/' or not), crossing into and out of directories, with
+    its count and byte bounds, and stops where a listing is not at hand."""
+    from zvfs.stores.directory import DirectoryStore
+    from zvfs.views.tree_ahead import files_after
+
+    names = ["a.b", "a/x", "a/y/1", "a/y/2", "a/z", "a-c", "b/0/0", "b/1/0", "b/10/0", "b/2/0",
+             "c", "d/e/f/g", "d/e/h", "zz"]
+    for i, k in enumerate(names):
+        (tmp_path / k).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / k).write_bytes(b"x" * (i + 1))
+    order = _tree_order(names)
+    assert order.index("a/x") < order.index("a-c") < order.index("a.b")  # directory 'a' sorts first
+    store = DirectoryStore(tmp_path)
+    listed: list[str] = []
+
+    def list_dir(prefix: str):
+        listed.append(prefix)
+        return store.list_dir(prefix)
+
+    for i, start in enumerate(order):
+        for count in (1, 3, 20):
+            assert files_after(list_dir, start, count, 1 << 20) == (order[i + 1 : i + 1 + count], True)
+    listed.clear()
+    assert files_after(list_dir, "b/0/0", 2, 1 << 20) == (["b/1/0", "b/10/0"], True)
+    assert listed == ["b/0/", "b/", "b/1/", "b/10/"]  # no more than it needs
+    sizes = {k: i + 1 for i, k in enumerate(names)}
+    assert files_after(list_dir, "a/x", 20, sizes["a/y/1"] + sizes["a/y/2"])[0] == ["a/y/1", "a/y/2"]
+    assert files_after(list_dir, "a/x", 20, 0)[0] == ["a/y/1"]  # one file at least
+
+    def some(prefix: str):
+        return None if prefix == "b/10/" else store.list_dir(prefix)
+
+    assert files_after(some, "a.b", 20, 1 << 20) == (["b/0/0", "b/1/0"], False)
+
+
+def test_a_listing_gives_its_names_after_one_lazily() -> None:
+    from zvfs.stores.listing import KeyInfo, Listing
+
+    lst = Listing({n: KeyInfo(1, 0.0) for n in ("a", "b.c", "d", "f")}, {"b", "d", "e"})
+    assert list(lst.names_after("")) == lst.names() == ["a", "b", "b.c", "d", "e", "f"]
+    assert list(lst.names_after("b")) == ["b.c", "d", "e", "f"]
+    assert list(lst.names_after("c")) == ["d", "e", "f"]
+    lst.keys["c"] = KeyInfo(2, 0.0)  # a set after the table was built
+    del lst.keys["f"]
+    assert list(lst.names_after("b.c")) == ["c", "d", "e"]

@@ -77,8 +77,9 @@ class Cache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def peek(self, key: Hashable) -> Any | None:
-        """The cached value or None, without loading (counts as a hit when found)."""
+    def peek(self, key: Hashable, count: bool = True) -> Any | None:
+        """The cached value or None, without loading (counted as a hit when found, unless
+        ``count`` is False: a look ahead of any reader's request)."""
         entry = self._entries.get(key)
         if entry is None:
             return None
@@ -87,7 +88,8 @@ class Cache:
             self._drop(key)
             return None
         self._entries.move_to_end(key)
-        self.stats.hits += 1
+        if count:
+            self.stats.hits += 1
         return value
 
     def contains(self, key: Hashable) -> bool:

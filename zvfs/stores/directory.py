@@ -34,7 +34,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from zvfs.stores._util import LogOnce, check_key, check_prefix, pread_all, pwrite_all
@@ -320,6 +320,22 @@ class DirectoryStore(Store):
     def open_reader(self, key: str) -> KeyReader:
         fd, st = self._open(key)
         return _FileReader(key, fd, st)
+
+    def will_need(self, keys: Sequence[str]) -> None:
+        """Have the kernel read these files ahead. Each is opened under the same rules as
+        a read (no symlink out of the store), which also leaves its path in the kernel's
+        cache, so the reader's own open of it is answered at once (open_reader_at_once)."""
+        for key in keys:
+            try:
+                fd, _st = self._open(key)
+            except StoreError:  # gone, or not a file: only a hint
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
 
     def open_reader_at_once(self, key: str) -> KeyReader | None:
         """Opened on the caller's thread when the kernel has the whole path cached and no

@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 import threading
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 
@@ -253,6 +253,15 @@ class KeyTable(MutableMapping[str, KeyInfo]):
         base = (n for n in self._names if n not in dead and n not in over)
         return heapq.merge(base, sorted(over))
 
+    def names_after(self, name: str) -> Iterator[str]:
+        """The names that sort after ``name``, in order, found by bisection and given one by
+        one: a walk that takes a few from a directory of 200,000 copies none of them."""
+        self._seal()
+        names = self._names
+        if self._over or self._dead:
+            return (n for n in self if n > name)
+        return (names[i] for i in range(bisect_right(names, name), len(names)))
+
     def __len__(self) -> int:
         self._seal()
         added = sum(1 for n in self._over if self._index(n) < 0)
@@ -278,13 +287,25 @@ class Listing:
         if not isinstance(self.keys, KeyTable):
             self.keys = KeyTable(self.keys)
 
+    def names_after(self, name: str) -> Iterator[str]:
+        """Like :meth:`names`, only those after ``name``, lazily (see KeyTable.names_after)."""
+        after = self.keys.names_after(name)
+        if not self.prefixes:
+            return after
+        return _unique(heapq.merge(after, sorted(p for p in self.prefixes if p > name)))
+
     def names(self) -> list[str]:
         """Every child name, keys and prefixes, sorted, each once (without a set of them all:
         a directory of 200,000 keys has a handful of prefixes at most)."""
         if not self.prefixes:
             return list(self.keys)
-        out: list[str] = []
-        for name in heapq.merge(self.keys, sorted(self.prefixes)):
-            if not out or out[-1] != name:
-                out.append(name)
-        return out
+        return list(_unique(heapq.merge(self.keys, sorted(self.prefixes))))
+
+
+def _unique(names: Iterator[str]) -> Iterator[str]:
+    """Sorted ``names`` with repeats (a name both a key and a prefix) given once."""
+    last = None
+    for name in names:
+        if name != last:
+            yield name
+            last = name

@@ -54,6 +54,8 @@ class MountContext:
     _prefetching: int = field(default=0, init=False)
     #: per raw directory (or '' for the whole tree): a reader's progress (views.raw.FileWalk)
     walks: dict[str, Any] = field(default_factory=dict, init=False)
+    #: a reader's progress through a directory store's tree (views.tree_ahead.TreeAhead)
+    tree_ahead: Any = field(default=None, init=False)
     #: the raw tree takes writes (--writable)
     writable: bool = False
     #: key -> the handles that have it open for writing (views.writing.WriteHandle)

@@ -21,6 +21,7 @@ from zvfs.stores.listing import KeyTable
 from zvfs.views.context import MountContext
 from zvfs.views.node import DirNode, FileHandle, FileNode, Node, NodeError
 from zvfs.views.readahead import ReadAhead
+from zvfs.views.tree_ahead import TreeAhead
 from zvfs.views.writing import WriteHandle, store_call
 from zvfs.workers import Workers, gather
 
@@ -159,6 +160,8 @@ class RawFile(FileNode):
             local = store.open_reader_at_once(self.key) or \
                 await store_call(self.ctx, self.key, store.open_reader, self.key)
         if local is not None:
+            if not self.ctx.writable and not store.lists_in_memory:
+                self._tree_ahead().opened(self.key)
             node = LocalReader(self.key, local, self._info.mtime, self.ctx.workers)
             # written through the mount since the kernel met this inode: the kernel's size
             # for it may be another version's, so the reader reads to its own end
@@ -176,6 +179,12 @@ class RawFile(FileNode):
         mine._set_marks(mine._pinned, self._epoch, self._born)
         mine.direct_io = staged
         return mine
+
+    def _tree_ahead(self) -> TreeAhead:
+        ahead = self.ctx.tree_ahead
+        if ahead is None:
+            ahead = self.ctx.tree_ahead = TreeAhead(self.ctx)
+        return ahead
 
     @property
     def size(self) -> int:
