@@ -17,6 +17,8 @@ import sys
 import threading
 import zlib
 
+from zvfs.pagecache import read_ahead_and_close
+
 
 def manifest_path() -> str | None:
     """Where this interpreter's manifest lives, or None without a cache directory."""
@@ -59,12 +61,7 @@ def _advise(files: list[str]) -> None:
             fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except (OSError, ValueError):
             continue
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        read_ahead_and_close(fd)
 
 
 def imported_files() -> list[str]:

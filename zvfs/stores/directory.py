@@ -37,6 +37,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from zvfs.pagecache import read_ahead_and_close
 from zvfs.stores._util import LogOnce, check_key, check_prefix, pread_all, pwrite_all
 from zvfs.stores.base import (
     KeyInfo,
@@ -330,12 +331,7 @@ class DirectoryStore(Store):
                 fd, _st = self._open(key)
             except StoreError:  # gone, or not a file: only a hint
                 continue
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+            read_ahead_and_close(fd)
 
     def open_reader_at_once(self, key: str) -> KeyReader | None:
         """Opened on the caller's thread when the kernel has the whole path cached and no
