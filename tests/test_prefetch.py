@@ -222,3 +222,22 @@ def test_a_listing_gives_its_names_after_one_lazily() -> None:
     lst.keys["c"] = KeyInfo(2, 0.0)  # a set after the table was built
     del lst.keys["f"]
     assert list(lst.names_after("b.c")) == ["c", "d", "e"]
+
+
+def test_a_long_walk_keeps_a_bounded_part_of_its_order(tmp_path):
+    """Going through a million files, the walk remembers only the files near the reader:
+    what it has passed is dropped, and the positions stay right."""
+    from zvfs.stores.directory import DirectoryStore
+    from zvfs.views.context import MountContext
+    from zvfs.views.tree_ahead import TreeAhead
+
+    ahead = TreeAhead(MountContext(store=DirectoryStore(tmp_path)))  # no daemon: no hint is sent
+    keys = [f"c/{i:06d}" for i in range(5000)]
+    ahead.order, ahead.position = list(keys), {k: i for i, k in enumerate(keys)}
+    ahead.last, ahead.previous, ahead.window = 0, keys[0], 4
+    for k in keys[1:4001]:
+        ahead.opened(k)
+        assert ahead.order[ahead.last] == k
+    assert len(ahead.order) <= 5000 - 4000 + TreeAhead.KEEP + TreeAhead.SPREAD
+    assert all(ahead.position[k] == i for i, k in enumerate(ahead.order))
+    assert ahead.window == TreeAhead.MAX_WINDOW and not ahead.busy

@@ -8,9 +8,13 @@ side instead of in a row. S3-compatible servers that sort every key under a pref
 each page (moto, some small servers) are also spared most of that work, as each request
 then covers one directory, not the whole store.
 
-For directories of a few keys each the walk would cost a request per directory, many
-more than the flat pages, so it is taken only when the flat listing's first page shows
-directories of at least ``page_keys / THREADS`` keys on average (:func:`walk_pays`).
+For directories of fewer keys the walk would cost a request per directory, many more
+than the flat pages; it is taken only when the flat listing's first page shows
+directories of at least half a page of keys on average (:func:`walk_pays`), so that it
+asks at most about twice the requests. On S3 itself smaller directories would still
+gain (16 requests at once), but each request also costs the server work of its own: on
+moto, which scans the whole bucket for each, a 20,000-key bucket of 100-key directories
+took 5.9 s walked against 4.9 s flat.
 The walk yields exactly what the flat listing would, in the same order, after the
 first page's last key: a caller cannot tell them apart.
 """
@@ -37,14 +41,14 @@ DirListing = tuple[list[tuple[str, T]], list[str]]
 def walk_pays(keys: Sequence[str], page_keys: int) -> bool:
     """Whether a flat listing whose first page (truncated, in order) held ``keys`` is
     better finished directory by directory: its complete directories (those the page
-    left, not the ones its last key is still in) hold ``page_keys / THREADS`` keys or
-    more on average, so the walk asks no more requests than ``THREADS`` times the pages."""
+    left, not the ones its last key is still in) hold half a page of keys or more on
+    average, so the walk asks at most about twice the requests the pages would."""
     if not keys:
         return False
     last = keys[-1]
     sizes = Counter(k[: k.rfind("/") + 1] for k in keys)
     complete = [n for d, n in sizes.items() if not last.startswith(d)]
-    return bool(complete) and sum(complete) * THREADS >= page_keys * len(complete)
+    return bool(complete) and sum(complete) * 2 >= page_keys * len(complete)
 
 
 def walk(list_dir: Callable[[str], DirListing[T]], root: str, after: str,

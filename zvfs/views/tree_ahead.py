@@ -42,6 +42,8 @@ class TreeAhead:
     MAX_BYTES = 64 << 20
     #: files remembered as hinted
     HINTED = 8192
+    #: files of the walk kept behind the reader at most (then all but SPREAD are dropped)
+    KEEP = 1024
 
     def __init__(self, ctx: MountContext) -> None:
         self.ctx = ctx
@@ -75,10 +77,18 @@ class TreeAhead:
             self.previous = key
             return
         self.previous = key
+        if self.last > self.KEEP:  # a long walk: forget the files it has passed
+            self._forget(self.last - self.SPREAD)
         known = len(self.order) - 1 - self.last
-        if not self.busy and known < self.window // 2 + 1:
+        if not self.busy and known < self.window // 2 + 1 and self.ctx.nursery is not None:
             self.busy = True
             self.ctx.background(self._extend, self.order[-1], self.window - known)
+
+    def _forget(self, cut: int) -> None:
+        """Drop the first ``cut`` files of the walk (memory stays bounded over a million)."""
+        self.order = self.order[cut:]
+        self.position = {key: i for i, key in enumerate(self.order)}
+        self.last -= cut
 
     async def _extend(self, start: str, count: int) -> None:
         """Find and hint the ``count`` files after ``start``: from the listings the mount has
