@@ -241,3 +241,35 @@ def test_a_long_walk_keeps_a_bounded_part_of_its_order(tmp_path):
     assert len(ahead.order) <= 5000 - 4000 + TreeAhead.KEEP + TreeAhead.SPREAD
     assert all(ahead.position[k] == i for i, k in enumerate(ahead.order))
     assert ahead.window == TreeAhead.MAX_WINDOW and not ahead.busy
+
+
+def test_reading_ahead_opens_nothing_outside_a_directory_store(mount, tmp_path):
+    """Symlinks out of the store, to a directory or to a file, are not followed by the
+    read-ahead either: a reader going through the tree in order never has the kernel read
+    the file out there (it stays out of the page cache)."""
+    src, outside = tmp_path / "src", tmp_path / "outside"
+    want = _chunk_tree(src, 12, 100_000)
+    (outside / "0").mkdir(parents=True)
+    (outside / "0" / "0").write_bytes(os.urandom(300_000))
+    (src / "a" / "c" / "5b").symlink_to(outside / "0")  # between c/5 and c/6 in tree order
+    (src / "a" / "c" / "7" / "1").symlink_to(outside / "0" / "0")  # just after c/7/0
+    _drop_from_page_cache(outside, ["0/0"])
+    fd = os.open(outside / "0" / "0", os.O_RDONLY)
+    view = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+    os.close(fd)
+    try:
+        assert not page_cache_holds(view, 0, len(view))
+        m = mount(src)
+        for k in _tree_order(want):
+            assert (m.path / k).read_bytes() == want[k], k
+        assert not (m.path / "a" / "c" / "5b" / "0").exists()
+        assert not (m.path / "a" / "c" / "7" / "1").exists()
+        s = _stats(m.path)
+        assert s["prefetch_requests"] >= 8, s  # it did read ahead, around the link
+        assert not page_cache_holds(view, 0, len(view)), "a file outside the store was read ahead"
+        from zvfs.stores.directory import DirectoryStore
+
+        DirectoryStore(src).will_need(["a/c/7/1", "a/c/5b/0"])  # asked outright, it refuses too
+        assert not page_cache_holds(view, 0, len(view)), "will_need followed a link out of the store"
+    finally:
+        view.close()
