@@ -1263,39 +1263,42 @@ def _reference_listing(moto: MotoServer, bucket: str) -> list[tuple[str, int, st
     return [(o["Key"][2:], o["Size"], o["ETag"]) for page in pages for o in page.get("Contents", ())]
 
 
+def _listed_tree(moto: MotoServer, bucket: str, page_keys: int):
+    """(the reference listing, the store's list_tree as (key, size, ETag), the query of each
+    ListObjectsV2 after the store's open) for the bucket's prefix p/, ``page_keys`` a page."""
+    want = _reference_listing(moto, bucket)
+    st = S3Store(bucket, "p", endpoint_url=moto.endpoint, page_keys=page_keys)
+    calls: list[dict[str, Any]] = []
+    st._client.meta.events.register("before-call.s3.ListObjectsV2",
+                                    lambda params, **_: calls.append(params["query_string"]))
+    try:
+        got = [(k, info.size, info.version) for k, info in st.list_tree("")]
+    finally:
+        st.close()
+    return want, got, calls
+
+
 def test_s3_a_chunk_grid_is_listed_by_directory_in_the_flat_order(moto: MotoServer) -> None:
     """A bucket of big directories, past its first page, is listed directory by directory,
     several at once, and gives what the flat listing gives: every key once, in S3's
     order, sizes and ETags, the folder marker too. The first page's whole directories are
     not listed again."""
     _grid_bucket(moto, "zvfs-walk", 12, 25)
-    want = _reference_listing(moto, "zvfs-walk")
-    st = S3Store("zvfs-walk", "p", endpoint_url=moto.endpoint, page_keys=40)
-    calls: list[dict[str, Any]] = []
-    st._client.meta.events.register("before-call.s3.ListObjectsV2",
-                                    lambda params, **_: calls.append(params["query_string"]))
-    got = [(k, info.size, info.version) for k, info in st.list_tree("")]
+    want, got, calls = _listed_tree(moto, "zvfs-walk", 40)
     assert got == want
     assert calls and all(c.get("delimiter") == "/" for c in calls), calls
     listed = {c["prefix"] for c in calls}
     # the first page: 4 keys, a/0/ whole, and a/1/ begun
     assert "p/a/0/" not in listed and {"p/a/1/", "p/a/10/", "p/a/11/", "p/a/2/"} <= listed, listed
     assert len(calls) <= 2 * -(-len(want) // 40)  # at most twice the flat pages
-    st.close()
 
 
 def test_s3_small_directories_are_listed_flat(moto: MotoServer) -> None:
-    _grid_bucket(moto, "zvfs-nowalk", 120, 2)  # 2 keys a directory: fewer than 100 / 16
-    want = _reference_listing(moto, "zvfs-nowalk")
-    st = S3Store("zvfs-nowalk", "p", endpoint_url=moto.endpoint, page_keys=100)
-    calls: list[dict[str, Any]] = []
-    st._client.meta.events.register("before-call.s3.ListObjectsV2",
-                                    lambda params, **_: calls.append(params["query_string"]))
-    got = [(k, info.size, info.version) for k, info in st.list_tree("")]
+    _grid_bucket(moto, "zvfs-nowalk", 120, 2)  # 2 keys a directory: less than half a page
+    want, got, calls = _listed_tree(moto, "zvfs-nowalk", 100)
     assert got == want
     assert len(calls) == -(-len(want) // 100) - 1  # the probe had the first page
     assert all("delimiter" not in c and "continuation-token" in c for c in calls), calls
-    st.close()
 
 
 def test_s3_a_directory_that_cannot_be_listed_fails_the_walk(moto: MotoServer) -> None:

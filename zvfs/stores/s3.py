@@ -373,21 +373,20 @@ class S3Store(Store):
 
     def list_dir(self, prefix: str) -> Listing:
         check_prefix(prefix)
-        full = self.prefix + prefix
         listing = Listing()
-        for page in self._pages(prefix, Prefix=full, Delimiter="/"):
-            for obj in page.get("Contents", ()):
-                name = obj["Key"][len(full):]
-                if safe_name(name):
-                    listing.keys[name] = _info(obj)
-                elif name:  # '' is a folder marker object ("dir/"): normal, not worth a line
-                    self._skip(prefix + name)
-            for cp in page.get("CommonPrefixes", ()):
-                name = cp["Prefix"][len(full):-1]
-                if safe_name(name):
-                    listing.prefixes.add(name)
-                else:
-                    self._skip(prefix + name)
+        keys, subdirs = self._dir_entries(prefix)
+        for key, info in keys:
+            name = key[len(prefix):]
+            if safe_name(name):
+                listing.keys[name] = info
+            elif name:  # '' is a folder marker object ("dir/"): normal, not worth a line
+                self._skip(key)
+        for sub in subdirs:
+            name = sub[len(prefix):-1]
+            if safe_name(name):
+                listing.prefixes.add(name)
+            else:
+                self._skip(sub[:-1])
         return listing
 
     def _skip(self, key: str) -> None:
@@ -426,8 +425,9 @@ class S3Store(Store):
                     return
 
     def _dir_entries(self, prefix: str) -> s3_walk.DirListing[KeyInfo]:
-        """One directory for the walk: its keys with their infos, and its subdirectories,
-        unfiltered and spelled from the store's root, as the flat listing has them."""
+        """One directory (``Delimiter='/'``): its keys with their infos, and its
+        subdirectories, unfiltered and spelled from the store's root, as the flat listing
+        has them (the walk's; list_dir filters them into a Listing)."""
         full = self.prefix + prefix
         skip = len(self.prefix)
         keys: list[tuple[str, KeyInfo]] = []

@@ -20,7 +20,7 @@ from zvfs.stores.keys import bad_segment
 from zvfs.stores.listing import KeyTable
 from zvfs.views.context import MountContext
 from zvfs.views.node import DirNode, FileHandle, FileNode, Node, NodeError
-from zvfs.views.readahead import ReadAhead
+from zvfs.views.readahead import FILES_SPREAD, FILES_WINDOW, ReadAhead, files_window
 from zvfs.views.tree_ahead import TreeAhead
 from zvfs.views.writing import WriteHandle, store_call
 from zvfs.workers import Workers, gather
@@ -160,7 +160,7 @@ class RawFile(FileNode):
             local = store.open_reader_at_once(self.key) or \
                 await store_call(self.ctx, self.key, store.open_reader, self.key)
         if local is not None:
-            if not self.ctx.writable and not store.lists_in_memory:
+            if not self.ctx.writable:
                 self._tree_ahead().opened(self.key)
             node = LocalReader(self.key, local, self._info.mtime, self.ctx.workers)
             # written through the mount since the kernel met this inode: the kernel's size
@@ -506,11 +506,8 @@ class FileWalk:
     file started.
     """
 
-    SPREAD = 8
-    #: files fetched ahead at most: 16, as many as the worker threads, keeps every worker
-    #: busy; 32 held twice the bytes ready and waiting (the daemon's peak while reading
-    #: every object of a bucket went from about 92 to 100 MiB) for no gain in speed
-    MAX_WINDOW = 16
+    SPREAD = FILES_SPREAD
+    MAX_WINDOW = FILES_WINDOW
 
     def __init__(self, source: Mapping[str, Listing] | Listing, scope: str) -> None:
         self.source = source
@@ -548,7 +545,7 @@ class FileWalk:
         if i is None:
             return []
         if 0 < i - self.last <= self.SPREAD:
-            self.window = min(self.MAX_WINDOW, max(4, self.window * 2))
+            self.window = files_window(self.window)
         else:
             self.window = 0
             self.ahead_to = i + 1

@@ -37,3 +37,20 @@ class ReadAhead:
             return None
         self._ahead_to = stop
         return start, stop
+
+
+# -- a reader that starts files in tree order (cp -r, rsync, tar) ----------------------------
+
+#: a file started at most this many places after the last one still counts as in order:
+#: several readers sharing a file list (4 copy threads) start files a few places apart
+FILES_SPREAD = 8
+#: files read ahead at most: 16, as many as the worker threads, keeps every worker busy;
+#: 32 held twice the bytes ready and waiting (the daemon's peak while reading every object
+#: of a bucket went from about 92 to 100 MiB) for no gain in speed
+FILES_WINDOW = 16
+
+
+def files_window(window: int) -> int:
+    """The next window of files read ahead of a reader going in order: 4, then doubling
+    up to FILES_WINDOW."""
+    return min(FILES_WINDOW, max(4, window * 2))

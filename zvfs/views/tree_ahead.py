@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from zvfs.stores.base import Listing, Store
 from zvfs.views.context import MountContext
+from zvfs.views.readahead import FILES_SPREAD, FILES_WINDOW, files_window
 
 log = logging.getLogger("zvfs")
 
@@ -34,11 +35,9 @@ class TreeAhead:
     """How far a reader of a directory store has got in tree order, and how far ahead of it
     the next files are being read."""
 
-    #: a file opened at most this many places after the last one still counts as in order
-    #: (several copy threads start files a few places apart)
-    SPREAD = 8
-    #: files hinted ahead at most, and their bytes at most (as raw.FileWalk)
-    MAX_WINDOW = 16
+    SPREAD = FILES_SPREAD
+    MAX_WINDOW = FILES_WINDOW
+    #: bytes hinted by one extension at most
     MAX_BYTES = 64 << 20
     #: files remembered as hinted
     HINTED = 8192
@@ -64,14 +63,14 @@ class TreeAhead:
         if i is not None:
             if i > self.last:
                 grow = i - self.last <= self.SPREAD  # else a jump forward: go on from there
-                self.window = min(self.MAX_WINDOW, max(4, self.window * 2)) if grow else 4
+                self.window = files_window(self.window) if grow else 4
                 self.last = i
                 self.ctx.counters.add("prefetch_hits")
             # else: a file behind the furthest one (another copy thread): nothing learnt
         elif self.previous is not None and _next_in_tree(self.previous, key):
             # a walk starts here (one file is no evidence), or goes on past the files its
             # worker has found so far: from here, with the window it had
-            self.window = min(self.MAX_WINDOW, max(4, self.window * 2)) if self.order else 4
+            self.window = files_window(self.window) if self.order else 4
             self.order, self.position, self.last = [key], {key: 0}, 0
         else:
             self.previous = key
@@ -172,8 +171,7 @@ def files_after(listing_of: Callable[[str], Listing | None], start: str, count: 
 
     parts = start.split("/")
     try:
-        for depth in range(len(parts) - 1, -1, -1):
-            prefix = "/".join(parts[:depth]) + "/" if depth else ""
+        for depth, prefix in reversed(list(enumerate(_ancestors(start)))):
             here = listing(prefix)
             if not take(prefix, here.names_after(parts[depth]), here):
                 break
