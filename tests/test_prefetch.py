@@ -284,3 +284,48 @@ def test_reading_ahead_opens_nothing_outside_a_directory_store(mount, tmp_path):
         assert not page_cache_holds(view, 0, len(view)), "will_need followed a link out of the store"
     finally:
         view.close()
+
+
+def test_a_second_pass_over_the_tree_starts_no_search_at_every_open(tmp_path, monkeypatch):
+    """A reader going over the whole tree again (a warm re-read) opens files the walk has
+    passed: once a search after the tree's last file has found nothing, no open starts
+    another (each was a task and a search of the listings, for nothing)."""
+    import trio
+    import trio.testing
+
+    from zvfs.stores.directory import DirectoryStore
+    from zvfs.views import tree_ahead
+    from zvfs.views.context import MountContext
+    from zvfs.views.tree_ahead import TreeAhead
+
+    want = _chunk_tree(tmp_path / "src", 40, 100)
+    order = _tree_order(want)
+    searches: list[str] = []
+    real = tree_ahead.files_after
+
+    def counted(listing_of, start, count, max_bytes):
+        searches.append(start)
+        return real(listing_of, start, count, max_bytes)
+
+    monkeypatch.setattr(tree_ahead, "files_after", counted)
+
+    async def main() -> list[int]:
+        per_pass = []
+        async with trio.open_nursery() as nursery:
+            ctx = MountContext(store=DirectoryStore(tmp_path / "src"))
+            ctx.nursery = nursery
+            ahead = TreeAhead(ctx)
+            for _ in range(3):
+                before = len(searches)
+                for k in order:
+                    ahead.opened(k)
+                    await trio.testing.wait_all_tasks_blocked()
+                    while ahead.busy:  # its worker (not a task trio waits for) is listing
+                        await trio.sleep(0.001)
+                per_pass.append(len(searches) - before)
+            assert ahead.order[-1] == order[-1]  # the walk found the whole tree
+        return per_pass
+
+    per_pass = trio.run(main)
+    assert per_pass[0] > 0
+    assert per_pass[1:] == [0, 0], per_pass

@@ -26,6 +26,7 @@ import trio
 
 from zvfs import warmup
 from zvfs.fs import ZvfsOperations
+from zvfs.fs import loop as fs_loop
 from zvfs.mounts import mount_device
 from zvfs.options import OPTIONS, format_value
 from zvfs.stats import Counters
@@ -378,12 +379,15 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
     failed: list[BaseException] = []
     try:
         pyfuse3.init(ops, mountpoint, fuse_options(description, opts["allow_other"], ctx.writable))
+        undo_loop = fs_loop.install(counters)
         try:
             trio.run(_serve, ctx, root, mountpoint, ready_fd, stop, prepare, failed)
             unmounted = True
         finally:
             # after a clean terminate() we unmount; after a crash too, so no dead mount stays behind
             pyfuse3.close(unmount=True)
+            if undo_loop is not None:
+                undo_loop()
     finally:
         stop.restore()
         if metrics is not None:

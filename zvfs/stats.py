@@ -35,6 +35,8 @@ KNOWN_COUNTERS: tuple[str, ...] = (
     "fuse_lookups", "fuse_getattrs", "fuse_readdirs", "fuse_read_requests", "fuse_read_bytes",
     # opens answered with keep_cache: the kernel may serve them from the pages it has
     "fuse_opens_cached",
+    # requests read as soon as the last was answered, with no wait (zvfs.fs.loop)
+    "fuse_requests_queued",
     *(f"fuse_ops_{op}" for op in FUSE_OPS),
     *(f"fuse_errors_{op}" for op in FUSE_OPS),
 )

@@ -52,6 +52,9 @@ class TreeAhead:
         self.window = 0
         self.previous: str | None = None  # the last file opened, in order or not
         self.busy = False
+        #: the last file of the tree, once a search after it found nothing (a reader going
+        #: over the tree again must not start a search at every open)
+        self.end: str | None = None
         #: the files hinted lately (a second pass over a tree finds them in the page cache:
         #: hinting them again would only cost a hop and an open each)
         self.hinted: dict[str, None] = {}
@@ -79,7 +82,8 @@ class TreeAhead:
         if self.last > self.KEEP:  # a long walk: forget the files it has passed
             self._forget(self.last - self.SPREAD)
         known = len(self.order) - 1 - self.last
-        if not self.busy and known < self.window // 2 + 1 and self.ctx.nursery is not None:
+        if not self.busy and known < self.window // 2 + 1 and self.order[-1] != self.end \
+                and self.ctx.nursery is not None:
             self.busy = True
             self.ctx.background(self._extend, self.order[-1], self.window - known)
 
@@ -116,6 +120,8 @@ class TreeAhead:
         for prefix, listing in made.items():
             if not ctx.listings.contains(prefix):
                 ctx.listings.put(prefix, listing)
+        if done and not files:
+            self.end = start
         if self.order and self.order[-1] == start:  # still the same walk
             for key in files + more:
                 self.position.setdefault(key, len(self.order))
