@@ -199,6 +199,8 @@ def test_unknown_option(zarr_dir, mnt) -> None:
     (["--metadata-ttl", "-5"], r"ttl"),
     (["--decoded", "sideways"], r"decoded"),
     (["--log-level", "chatty"], r"log"),
+    (["--busy-poll", "-1"], r"busy.poll.*microseconds"),
+    (["-o", "busy_poll=forever"], r"busy.poll.*microseconds"),
 ])
 def test_bad_option_values(zarr_dir, mnt, args, pattern) -> None:
     res = zvfs_mount(zarr_dir, mnt, *args)

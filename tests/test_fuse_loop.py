@@ -139,6 +139,69 @@ def test_the_device_end_ends_the_wait(monkeypatch, pipe) -> None:
     assert fake.calls == 0
 
 
+class _Clock:
+    """perf_counter_ns stood in for: each reading is ``step`` ns after the last; at reading
+    ``arrive_at`` a request arrives (a byte in the pipe)."""
+
+    def __init__(self, w: int, step: int, arrive_at: int | None = None) -> None:
+        self.w, self.step, self.arrive_at = w, step, arrive_at
+        self.now = self.readings = 0
+
+    def __call__(self) -> int:
+        self.readings += 1
+        if self.readings == self.arrive_at:
+            os.write(self.w, b"r")
+        self.now += self.step
+        return self.now
+
+
+def _polling(monkeypatch, pipe, clock: _Clock, idle_for: float = 1.0, cpus: int = 2):
+    r, _w = pipe
+    fake = _FakeWait(pipe[1], arrive_at=1)  # the sleeping wait: a request comes at once
+    counters = Counters()
+    monkeypatch.setattr(loop.time, "perf_counter_ns", clock)
+    monkeypatch.setattr(loop, "usable_cpus", lambda: cpus)
+    monkeypatch.setattr(pyfuse3, loop.WAIT_NAME, fake)
+    assert loop.install(counters, fd=r, busy_poll=100e-6, idle_for=lambda: idle_for) is not None
+    wait = getattr(pyfuse3, loop.WAIT_NAME)
+
+    async def main() -> bool:
+        return await wait()
+
+    assert trio.run(main) is True
+    assert os.read(r, 8) == b"r"
+    return fake.calls, counters.snapshot()
+
+
+def test_busy_polling_catches_a_request_that_comes_soon(monkeypatch, pipe) -> None:
+    """The next request comes 50 us after the wait began (the 5th reading of a clock
+    stepping 10 us): the daemon, polling for up to 100 us, reads it without sleeping."""
+    clock = _Clock(pipe[1], 10_000, arrive_at=5)
+    calls, stats = _polling(monkeypatch, pipe, clock)
+    assert calls == 0
+    assert stats["fuse_requests_polled"] == 1 and stats["fuse_requests_queued"] == 0
+    assert clock.readings == 5  # polled until it came, no longer
+
+
+def test_busy_polling_gives_up_after_its_time(monkeypatch, pipe) -> None:
+    """Nothing comes within 100 us: the daemon stops polling then, and sleeps in
+    pyfuse3's wait."""
+    clock = _Clock(pipe[1], 10_000)
+    calls, stats = _polling(monkeypatch, pipe, clock)
+    assert calls == 1 and stats["fuse_requests_polled"] == 0
+    assert 10 <= clock.readings <= 12
+
+
+@pytest.mark.parametrize("idle_for,cpus", [(0.0, 2), (loop.QUIET / 2, 2), (1.0, 1)])
+def test_no_busy_polling_while_workers_work_or_on_one_cpu(monkeypatch, pipe, idle_for, cpus) -> None:
+    """A worker's job running or just ended (its CPU is needed), or one CPU only (the
+    reader could not run meanwhile): the daemon sleeps at once."""
+    clock = _Clock(pipe[1], 10_000, arrive_at=2)
+    calls, stats = _polling(monkeypatch, pipe, clock, idle_for=idle_for, cpus=cpus)
+    assert calls == 1 and stats["fuse_requests_polled"] == 0
+    assert clock.readings < 2  # no polling began
+
+
 def test_pyfuse3_without_its_wait_is_left_alone(monkeypatch, pipe) -> None:
     monkeypatch.delattr(pyfuse3, loop.WAIT_NAME)
     assert loop.install(fd=pipe[0]) is None
@@ -173,3 +236,20 @@ def test_many_readers_at_once_get_every_byte_and_the_daemon_ends(mount, zarr_dir
     assert len(pids) == 1, pids
     run([tool("fusermount3"), "-u", m.path], check=True)
     assert wait_until(lambda: not _pid_alive(pids[0]), 10), "the daemon did not end at unmount"
+
+
+@pytest.mark.parametrize("busy_poll", ["0", "2000"])
+def test_a_reader_going_file_by_file_is_answered_by_busy_polling(mount, zarr_dir, busy_poll) -> None:
+    """One reader opens and reads the store's files one after the other, again and again
+    (the bytes are then in the page cache: each open is answered from memory). With a
+    2 ms busy poll its requests come while the daemon polls; with 0, never."""
+    ref = {k: p.read_bytes() for k, p in store_files(zarr_dir).items()}
+    m = mount(zarr_dir, "--busy-poll", busy_poll)
+    for _ in range(10):
+        for key, want in sorted(ref.items()):
+            assert (m.path / key).read_bytes() == want, key
+    stats = json.loads((m.path / ".zvfs" / "stats.json").read_text())
+    if busy_poll == "0":
+        assert stats["fuse_requests_polled"] == 0, stats
+    else:
+        assert stats["fuse_requests_polled"] > 0, stats

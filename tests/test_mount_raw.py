@@ -1027,7 +1027,8 @@ def test_file_larger_than_4gib(tmp_path, mount) -> None:
 
 
 @pytest.mark.parametrize("args", [["--cache-size", "0"], ["--metadata-ttl", "0"], ["-o", "threads=1"],
-                                  ["-o", "metadata_ttl=0,cache_size=1"]])
+                                  ["-o", "metadata_ttl=0,cache_size=1"], ["--busy-poll", "0"],
+                                  ["-o", "busy_poll=10000"]])
 def test_edge_option_values(args, zarr_dir, zarr_zip_cmd, mount) -> None:
     for src in (zarr_dir, zarr_zip_cmd):
         m = mount(src, *args)

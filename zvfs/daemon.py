@@ -379,7 +379,8 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
     failed: list[BaseException] = []
     try:
         pyfuse3.init(ops, mountpoint, fuse_options(description, opts["allow_other"], ctx.writable))
-        undo_loop = fs_loop.install(counters)
+        undo_loop = fs_loop.install(counters, busy_poll=opts["busy_poll"] / 1e6,
+                                    idle_for=ctx.workers.idle_for)
         try:
             trio.run(_serve, ctx, root, mountpoint, ready_fd, stop, prepare, failed)
             unmounted = True

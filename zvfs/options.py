@@ -53,6 +53,14 @@ def parse_seconds(text: str) -> float:
     return value
 
 
+def parse_micros(text: str) -> int:
+    """A short wait in microseconds: an integer from 0 to 10000."""
+    value = _number(text, int)
+    if not 0 <= value <= 10_000:  # NaN too
+        raise ValueError(f"{text!r} is not a number of microseconds from 0 to 10000")
+    return int(value)
+
+
 def parse_count(text: str) -> int:
     """A count of workers or tries: an integer of at least 1 (0 threads would hang every read)."""
     value = _number(text, int)
@@ -160,6 +168,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("s3_timeout", parse_seconds, 10.0, "seconds an S3 try waits to connect or for the next bytes"),
     Option("s3_deadline", parse_seconds, 60.0, "seconds after which an S3 request stops retrying: a read fails with EIO within about s3_deadline + s3_timeout + 2 seconds"),
     Option("threads", parse_count, 16, "worker threads for store I/O and decoding (at least 1)"),
+    Option("busy_poll", parse_micros, 100, "microseconds the daemon polls for the next request after "
+           "answering one before it sleeps, when nothing else needs it (a reader going file by file asks "
+           "again sooner than a sleeping daemon wakes); needs 2 CPUs; 0: never"),
     Option("allow_other", None, False, "let other users access the mount (needs user_allow_other in /etc/fuse.conf for non-root)"),
     Option("log_file", parse_log_file, None, "write the log here, or 'syslog'",
            shown_default="stderr with -f; a daemon logs to /var/log/zvfs/ (root) or "

@@ -37,6 +37,8 @@ KNOWN_COUNTERS: tuple[str, ...] = (
     "fuse_opens_cached",
     # requests read as soon as the last was answered, with no wait (zvfs.fs.loop)
     "fuse_requests_queued",
+    # requests that came while the daemon busy-polled for them (--busy-poll)
+    "fuse_requests_polled",
     *(f"fuse_ops_{op}" for op in FUSE_OPS),
     *(f"fuse_errors_{op}" for op in FUSE_OPS),
 )

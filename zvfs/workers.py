@@ -5,6 +5,7 @@ its context), and :func:`run_abandonable` for calls that may wait on the mount i
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -37,12 +38,26 @@ class Workers:
     def __init__(self, limit: int = 16) -> None:
         self.limit = max(1, int(limit))
         self._limiter: trio.CapacityLimiter | None = None  # made in the trio run that uses it
+        self._busy = 0
+        self._last = 0.0
+
+    def idle_for(self) -> float:
+        """Seconds since the last job ended; 0 while any is running (each will hand a result
+        back to the trio thread)."""
+        if self._busy:
+            return 0.0
+        return time.monotonic() - self._last
 
     async def run(self, fn: Callable[..., T], *args: object) -> T:
         """Run ``fn(*args)`` in a worker thread (one hop) and return its result."""
         if self._limiter is None:
             self._limiter = trio.CapacityLimiter(self.limit)
-        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter, **_ABANDON)
+        self._busy += 1
+        try:
+            return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter, **_ABANDON)
+        finally:
+            self._busy -= 1
+            self._last = time.monotonic()
 
 
 K = TypeVar("K")
