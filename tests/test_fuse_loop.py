@@ -253,3 +253,39 @@ def test_a_reader_going_file_by_file_is_answered_by_busy_polling(mount, zarr_dir
         assert stats["fuse_requests_polled"] == 0, stats
     else:
         assert stats["fuse_requests_polled"] > 0, stats
+
+
+def _cgroup_tree(tmp_path, files: dict[str, str], cgroup_lines: list[str]):
+    root = tmp_path / "sys-fs-cgroup"
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    proc = tmp_path / "cgroup"
+    proc.write_text("\n".join(cgroup_lines) + "\n")
+    return str(proc), str(root)
+
+
+def test_a_cgroup_quota_bounds_the_cpus_for_busy_polling(tmp_path) -> None:
+    """A systemd unit's CPUQuota= or a container's --cpus is a cgroup CPU quota: the
+    smallest on the cgroup's path counts, in cgroup v2 and v1 alike; none set, None."""
+    proc, root = _cgroup_tree(tmp_path, {
+        "cpu.max": "max 100000\n",
+        "system.slice/cpu.max": "150000 100000\n",
+        "system.slice/zvfs@a.service/cpu.max": "max 100000\n",
+    }, ["0::/system.slice/zvfs@a.service"])
+    assert loop.cgroup_cpu_quota(proc, root) == 1.5
+    assert loop.usable_cpus(proc, root) <= 1.5  # too few to poll: the reader needs a CPU
+
+    proc, root = _cgroup_tree(tmp_path / "v1", {
+        "cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "250000\n",
+        "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n",
+        "cpu,cpuacct/cpu.cfs_quota_us": "-1\n",
+        "cpu,cpuacct/cpu.cfs_period_us": "100000\n",
+    }, ["4:memory:/docker/abc", "2:cpu,cpuacct:/docker/abc", "0::/"])
+    assert loop.cgroup_cpu_quota(proc, root) == 2.5
+
+    proc, root = _cgroup_tree(tmp_path / "none", {"cpu.max": "max 100000\n"}, ["0::/"])
+    assert loop.cgroup_cpu_quota(proc, root) is None
+    assert loop.cgroup_cpu_quota(str(tmp_path / "missing"), root) is None
+    assert loop.usable_cpus(proc, root) == len(os.sched_getaffinity(0))

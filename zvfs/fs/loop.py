@@ -23,8 +23,9 @@ go to sleep in epoll and be woken, which with trio's two scheduler passes is muc
 such a request costs. So the daemon busy-polls for the next request (``busy_poll``
 seconds, the mount option of that name) before it goes to sleep, as network stacks
 busy-poll their sockets. Only when nothing else waits for the trio thread (no task ready
-to run, no worker's result coming) and the process may use two CPUs or more: on one CPU
-the reader could not run while the daemon polled. And only once the mount's workers have
+to run, no worker's result coming) and the process may use two CPUs or more (its CPU
+affinity and its cgroup's CPU quota both count): on one CPU the reader could not run
+while the daemon polled. And only once the mount's workers have
 been idle for a while (QUIET): while their jobs come and go, a polling daemon takes the
 CPU from them and from the reader (a cold read of a zip was 8% slower so).
 
@@ -95,11 +96,57 @@ def queued_check(fd: int) -> Callable[[], bool]:
     return queued
 
 
-def usable_cpus() -> int:
+def usable_cpus(cgroups: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> float:
+    """The CPUs this process may use: those it may run on, or fewer if a cgroup's CPU quota
+    (a systemd unit's CPUQuota=, a container's --cpus) allows less."""
     try:
-        return len(os.sched_getaffinity(0))
+        cpus: float = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        cpus = os.cpu_count() or 1
+    quota = cgroup_cpu_quota(cgroups, root)
+    return cpus if quota is None else min(cpus, quota)
+
+
+def cgroup_cpu_quota(cgroups: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> float | None:
+    """The smallest CPU quota (in CPUs) on the path of this process's cgroup, cgroup v2
+    (``cpu.max``) or v1 (``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``); None if none is set
+    or none can be read."""
+    try:
+        with open(cgroups) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    limits: list[float] = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        parts = [p for p in path.split("/") if p and p not in (".", "..")]
+        if controllers == "":
+            bases, v2 = [root, os.path.join(root, "unified")], True
+        elif "cpu" in controllers.split(","):
+            bases, v2 = [os.path.join(root, controllers), os.path.join(root, "cpu")], False
+        else:
+            continue
+        for base in bases:
+            for depth in range(len(parts), -1, -1):
+                limit = _quota_in(os.path.join(base, *parts[:depth]), v2)
+                if limit is not None:
+                    limits.append(limit)
+    return min(limits) if limits else None
+
+
+def _quota_in(directory: str, v2: bool) -> float | None:
+    try:
+        if v2:
+            with open(os.path.join(directory, "cpu.max")) as f:
+                quota, period = f.read().split()[:2]
+            return None if quota == "max" else int(quota) / int(period)
+        with open(os.path.join(directory, "cpu.cfs_quota_us")) as f:
+            quota_us = int(f.read())
+        with open(os.path.join(directory, "cpu.cfs_period_us")) as f:
+            period_us = int(f.read())
+        return quota_us / period_us if quota_us > 0 and period_us > 0 else None
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
 
 
 def install(counters: Counters | None = None, fd: int | None = None, busy_poll: float = 0.0,
