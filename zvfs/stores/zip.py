@@ -41,7 +41,7 @@ import threading
 import time
 import zipfile
 import zlib
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +67,10 @@ _CHECKPOINTS = 192
 _CHECKPOINT_MIN_SPACING = 1 << 20
 #: parked (live) deflate streams kept in all
 _PARKED = 16
+#: pieces of output that a read decompressed only to pass them, kept for a read of them that
+#: comes later (read-ahead tasks may start out of order: the one past a block can run before
+#: the block's own read, which would then decompress it again); about 1 MiB each
+_SKIPPED = 8
 #: block size the raw view uses when the archive has compressed members (decoded blocks
 #: are cached, so re-reads do not decompress again); 0 for all-stored archives: pread is cheap
 COMPRESSED_BLOCK_SIZE = 1 << 20
@@ -420,13 +424,33 @@ class _InflateState:
         return _InflateState(self.dec.copy(), self.out_pos, self.in_pos, self.crc)
 
 
+class _Passed:
+    """The last ``limit`` bytes (or a little more) of output a read passes over, from ``pos``."""
+
+    def __init__(self, pos: int, limit: int) -> None:
+        self.pos = pos
+        self.limit = limit
+        self.pieces: deque[bytes] = deque()
+        self.size = 0
+
+    def append(self, out: bytes) -> None:
+        self.pieces.append(out)
+        self.size += len(out)
+        while self.size - len(self.pieces[0]) >= self.limit:
+            first = self.pieces.popleft()
+            self.size -= len(first)
+            self.pos += len(first)
+
+
 class _Inflater:
     """Random access into deflated members: checkpoints, parked streams, CRC at the end.
 
     A read continues the parked stream or the checkpoint nearest before its start
     (or one still being used by another thread that will stop there), decompresses
     forward in bounded steps, and parks the stream where it stopped. Checkpoints are
-    taken on the way, about every ``max(1 MiB, size/64)`` of output.
+    taken on the way, about every ``max(1 MiB, size/64)`` of output. The whole blocks of
+    output it passes over on its way (the last ``_SKIPPED``) are kept for a read of them
+    that comes later: read-ahead may ask for the block after next before the next.
     """
 
     def __init__(self, fd: int, counters: Counters) -> None:
@@ -438,12 +462,28 @@ class _Inflater:
         self._active: list[tuple[object, str, int]] = []
         self._checkpoints: OrderedDict[str, dict[int, _InflateState]] = OrderedDict()
         self._ncheckpoints = 0
+        #: (key, output offset) -> output a read passed over (see _SKIPPED)
+        self._skipped: OrderedDict[tuple[str, int], bytes] = OrderedDict()
 
     def clear(self) -> None:
         with self._cond:
             self._parked.clear()
             self._checkpoints.clear()
             self._ncheckpoints = 0
+            self._skipped.clear()
+
+    def _keep_skipped(self, key: str, passed: _Passed, until: int) -> None:
+        """Keep the whole blocks of what a read passed over on its way to ``until``."""
+        if not passed.pieces:
+            return
+        data = b"".join(passed.pieces)
+        bs = COMPRESSED_BLOCK_SIZE
+        with self._cond:
+            for at in range(-(-passed.pos // bs) * bs, until - bs + 1, bs):
+                self._skipped[(key, at)] = data[at - passed.pos : at - passed.pos + bs]
+                self._skipped.move_to_end((key, at))
+            while len(self._skipped) > _SKIPPED:
+                self._skipped.popitem(last=False)
 
     # -- finding a state to start from -------------------------------------------------------
 
@@ -521,13 +561,19 @@ class _Inflater:
         """``length`` decompressed bytes at ``start`` of the deflated member ``m``."""
         zi = m.info
         end = start + length
+        with self._cond:
+            passed = self._skipped.pop((key, start), None)
+        if passed is not None and len(passed) >= length and end < zi.file_size:
+            return passed[:length]  # decompressed already by a read that went past it
         spacing = max(_CHECKPOINT_MIN_SPACING, -(-zi.file_size // _CHECKPOINTS_PER_MEMBER))
         me = object()
         state = self._start_state(key, start, end, me)
         keep: _InflateState | None = None
         try:
             parts: list[bytes] = []
-            self._forward(key, m, off, state, start, None, spacing)
+            passed = _Passed(state.out_pos, _SKIPPED * COMPRESSED_BLOCK_SIZE)
+            self._forward(key, m, off, state, start, passed, spacing)
+            self._keep_skipped(key, passed, start)
             self._forward(key, m, off, state, end, parts, spacing)
             if state.out_pos != end:
                 raise _Corrupt("deflate stream ended early (fewer bytes than declared)")
@@ -544,7 +590,7 @@ class _Inflater:
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _forward(self, key: str, m: _Member, off: int, state: _InflateState, until: int,
-                 parts: list[bytes] | None, spacing: int) -> None:
+                 parts: list[bytes] | _Passed | None, spacing: int) -> None:
         """Decompress until ``until`` output bytes, keeping them in ``parts`` (or dropping them)."""
         zi = m.info
         dec = state.dec
