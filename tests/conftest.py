@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import json
 import mmap
 import os
 import re
@@ -373,6 +374,11 @@ def build_zarr_store(root: Path) -> Path:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(data)
     return root
+
+
+def mount_stats(mnt: os.PathLike | str) -> dict:
+    """A mount's ``.zvfs/stats.json``, parsed."""
+    return json.loads((Path(mnt) / ".zvfs" / "stats.json").read_text())
 
 
 def store_files(root: Path) -> dict[str, Path]:

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
+from conftest import mount_stats as _stats
 from conftest import store_files
 
 
 def _read_all(mnt: Path, ref: Path) -> None:
     for key, path in sorted(store_files(ref).items()):
         assert (mnt / key).read_bytes() == path.read_bytes(), key
-
-
-def _stats(mnt: Path) -> dict:
-    return json.loads((mnt / ".zvfs" / "stats.json").read_text())
 
 
 def _cache_bytes(cache_dir: Path) -> int:

@@ -4,14 +4,22 @@ through a real mount, many readers at once get every byte and the daemon ends at
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 
 import pyfuse3
 import pytest
 import trio
-from conftest import _pid_alive, daemon_pids, in_threads, run, store_files, tool, wait_until
+from conftest import (
+    _pid_alive,
+    daemon_pids,
+    in_threads,
+    mount_stats,
+    run,
+    store_files,
+    tool,
+    wait_until,
+)
 
 from zvfs.fs import loop
 from zvfs.stats import Counters
@@ -242,15 +250,11 @@ def test_pyfuse3_without_its_wait_is_left_alone(monkeypatch, pipe) -> None:
     assert not hasattr(pyfuse3, loop.WAIT_NAME)
 
 
-def test_many_readers_at_once_get_every_byte_and_the_daemon_ends(mount, zarr_dir) -> None:
-    """Sixteen threads read every file of the store through one mount, over and over: the
-    requests queue up, the loop reads them at once (counted), and every byte is the
-    file's. Then the daemon exits at unmount."""
-    ref = {k: p.read_bytes() for k, p in store_files(zarr_dir).items()}
-    m = mount(zarr_dir)
-    keys = sorted(ref) * 20
+def _read_at_once(root, ref: dict[str, bytes], rounds: int, threads: int) -> list[BaseException]:
+    """``threads`` threads share ``rounds`` passes over the files ``ref`` names under
+    ``root``, each checking every byte; what they raised."""
+    keys = sorted(ref) * rounds
     lock = threading.Lock()
-    bad: list[str] = []
 
     def reader(_i: int) -> None:
         while True:
@@ -258,13 +262,19 @@ def test_many_readers_at_once_get_every_byte_and_the_daemon_ends(mount, zarr_dir
                 if not keys:
                     return
                 key = keys.pop()
-            with open(m.path / key, "rb") as f:
-                if f.read() != ref[key]:
-                    bad.append(key)
+            assert (root / key).read_bytes() == ref[key], key
 
-    assert in_threads(reader, 16) == []
-    assert bad == []
-    stats = json.loads((m.path / ".zvfs" / "stats.json").read_text())
+    return in_threads(reader, threads)
+
+
+def test_many_readers_at_once_get_every_byte_and_the_daemon_ends(mount, zarr_dir) -> None:
+    """Sixteen threads read every file of the store through one mount, over and over: the
+    requests queue up, the loop reads them at once (counted), and every byte is the
+    file's. Then the daemon exits at unmount."""
+    ref = {k: p.read_bytes() for k, p in store_files(zarr_dir).items()}
+    m = mount(zarr_dir)
+    assert _read_at_once(m.path, ref, rounds=20, threads=16) == []
+    stats = mount_stats(m.path)
     assert stats["fuse_requests_queued"] > 0, stats
     pids = daemon_pids(m.path)
     assert len(pids) == 1, pids
@@ -282,23 +292,12 @@ def test_a_reader_going_file_by_file_is_answered_by_busy_polling(mount, zarr_dir
     m = mount(zarr_dir, "--busy-poll", busy_poll)
     # first 16 readers at once: pyfuse3 starts more session tasks, which end once idle
     # again; the daemon must still see when it has nothing but the next request to wait for
-    keys = sorted(ref) * 8
-    lock = threading.Lock()
-
-    def burst(_i: int) -> None:
-        while True:
-            with lock:
-                if not keys:
-                    return
-                key = keys.pop()
-            assert (m.path / key).read_bytes() == ref[key], key
-
-    assert in_threads(burst, 16) == []
-    before = json.loads((m.path / ".zvfs" / "stats.json").read_text())["fuse_requests_polled"]
+    assert _read_at_once(m.path, ref, rounds=8, threads=16) == []
+    before = mount_stats(m.path)["fuse_requests_polled"]
     for _ in range(10):
         for key, want in sorted(ref.items()):
             assert (m.path / key).read_bytes() == want, key
-    stats = json.loads((m.path / ".zvfs" / "stats.json").read_text())
+    stats = mount_stats(m.path)
     if busy_poll == "0":
         assert stats["fuse_requests_polled"] == 0, stats
     else:

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
 from pathlib import Path
 
 import numpy as np
 import zarr
+from conftest import mount_stats as _stats
 from conftest import page_cache_holds, run, store_files, tool, wait_until
-
-
-def _stats(mnt: Path) -> dict:
-    return json.loads((mnt / ".zvfs" / "stats.json").read_text())
 
 
 def _files_in_find_order(root: Path) -> list[Path]:
