@@ -352,6 +352,103 @@ def test_a_streamed_raw_file_leaves_no_blocks_behind_a_seeking_reader_keeps_them
     store.close()
 
 
+def test_cache_hands_every_value_it_lets_go_to_on_drop():
+    dropped: list[bytes] = []
+    c = Cache(max_bytes=100, on_drop=dropped.append)
+    c.put("a", b"a" * 40)
+    c.put("b", b"b" * 40)
+    c.put("c", b"c" * 40)  # evicts a
+    c.invalidate("b")
+    c.put("c", b"C" * 40)  # replaces c
+    assert dropped == [b"a" * 40, b"b" * 40, b"c" * 40] and c.peek("c") == b"C" * 40
+
+
+def test_the_buffer_pool_lends_a_buffer_only_once_nothing_refers_to_it():
+    """A dropped chunk's memory is lent to a decode only when no view, memoryview or cache
+    entry refers to it any more (a reply may still be going out from it), only at its exact
+    size, never twice, and only while the pool's bound keeps it."""
+    from zvfs.cache import BufferPool
+    from zvfs.cache.buffers import MIN_BYTES
+
+    size = MIN_BYTES * 2
+    pool = BufferPool(max_bytes=3 * size)
+    buf = np.empty(size, np.uint8)
+    typed = np.frombuffer(buf, "<i4").reshape(-1, 64)  # what a decode caches
+    reply = memoryview(typed.reshape(-1).view(np.uint8))[100:200]  # what a read returns
+    pool.give(typed)
+    pool.give(typed)  # once only
+    del typed, buf
+    assert len(pool) == 1 and pool.take(size) is None  # the reply still refers to it
+    del reply
+    assert pool.take(size - 1) is None  # another size
+    lent = pool.take(size)
+    assert lent is not None and lent.nbytes == size and pool.take(size) is None and pool.lent == 1
+    pool.give(np.empty(size, "<i4"))  # not a uint8 buffer: left to be freed
+    pool.give(np.empty(MIN_BYTES // 2, np.uint8))  # too small to be worth keeping
+    pool.give(np.broadcast_to(np.uint8(0), (size,)))  # owns no memory
+    assert len(pool) == 0
+    kept = [np.empty(size, np.uint8) for _ in range(4)]
+    for b in kept:
+        pool.give(b)
+    assert len(pool) == 3  # the oldest went past the bound
+    del kept
+    assert pool.take(size) is not None
+
+
+def test_a_streamed_decoded_file_leaves_no_chunks_behind_and_decodes_into_their_memory(tmp_path):
+    """Chunks a sequential open of data.raw has read whole leave the cache (the kernel's
+    page cache has their bytes) and their buffers take the chunks decoded next: no fresh
+    memory per chunk. A view a read returned keeps its bytes while later chunks are decoded
+    (its memory is not lent while it refers to it); a chunk read in part, a tile only some
+    of whose rows were read, and a seeking reader's chunks stay cached."""
+    from zarr.codecs import BloscCodec
+
+    rows, cols = 256, 4096
+    ref = np.random.default_rng(4).integers(-(2**31), 2**31 - 1, (rows, cols), dtype="<i4")
+    for name, chunks in (("slabs", (8, cols)), ("tiles", (16, cols // 2))):
+        zarr.create_array(str(tmp_path / name), shape=ref.shape, chunks=chunks, dtype="<i4",
+                          compressors=[BloscCodec(cname="zstd")])[:] = ref
+    want = zarr.open_array(str(tmp_path / "slabs"), mode="r")[:].tobytes()
+    assert want == ref.tobytes()
+    row = cols * 4
+
+    async def stream(name: str, chunks: tuple[int, int]) -> None:
+        ctx = MountContext(store=DirectoryStore(tmp_path / name), cache_size=256 << 20)
+        async with trio.open_nursery() as nursery:
+            ctx.nursery = nursery
+            array = await _decoded_array(ctx)
+            grid = [(i, j) for i in range(rows // chunks[0]) for j in range(cols // chunks[1])]
+
+            def cached() -> set[tuple[int, int]]:
+                return {idx for idx in grid if ctx.chunks.contains(array.cache_key(idx))}
+
+            f = await RawDataFile(array).reader()
+            step = 3 * row + 512  # reads end inside rows, and inside chunks
+            first = await f.read(0, step)
+            held = bytes(first)
+            got = [held]
+            end = step
+            while end < 100 * row:
+                got.append(bytes(await f.read(end, step)))
+                end += step
+            assert b"".join(got) == want[:end]
+            assert bytes(first) == held  # still its bytes, however many chunks came after
+            done = end // row // chunks[0]  # chunk rows read whole
+            assert not any(i < done for i, _ in cached())
+            assert any(i == done for i, _ in cached())  # read in part: kept
+            got.append(bytes(await f.read(end, len(want))))
+            assert b"".join(got) == want
+            assert ctx.buffers.lent > 0
+            seeking = await RawDataFile(array).reader()
+            for off in (200 * row, 3 * row):
+                assert bytes(await seeking.read(off, 2 * row)) == want[off : off + 2 * row]
+            assert {i for i, _ in cached()} >= {200 // chunks[0], 3 // chunks[0]}
+            nursery.cancel_scope.cancel()
+
+    trio.run(stream, "slabs", (8, cols))
+    trio.run(stream, "tiles", (16, cols // 2))
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.data())
 def test_any_byte_range_of_any_chunking_matches_zarr_python(tmp_path_factory, data):

@@ -1,5 +1,7 @@
-"""Caches between views and stores: byte-bounded LRU with single-flight loads."""
+"""Caches between views and stores: byte-bounded LRU with single-flight loads, and the
+pool that lends the buffers of dropped chunks to the next decodes."""
 
+from zvfs.cache.buffers import BufferPool
 from zvfs.cache.lru import Cache
 
-__all__ = ["Cache"]
+__all__ = ["BufferPool", "Cache"]

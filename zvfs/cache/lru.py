@@ -56,6 +56,8 @@ class Cache:
     ``get``/``put`` may give its own ``ttl`` for that entry. ``sizeof`` measures an
     entry; by default ``.nbytes`` or ``len()``, plus ``overhead`` bytes for the
     bookkeeping, so a million tiny entries cannot outgrow the bound unnoticed.
+    ``on_drop`` is given every value the cache lets go (evicted, invalidated, expired,
+    replaced): the chunk cache hands its buffers to the mount's BufferPool.
     """
 
     def __init__(
@@ -64,11 +66,13 @@ class Cache:
         ttl: float | None = None,
         sizeof: Callable[[Any], int] = _default_size,
         overhead: int = 0,
+        on_drop: Callable[[Any], None] | None = None,
     ) -> None:
         self.max_bytes = max_bytes
         self.ttl = ttl
         self._sizeof = sizeof
         self._overhead = overhead
+        self._on_drop = on_drop
         self._entries: OrderedDict[Hashable, tuple[Any, int, float | None]] = OrderedDict()
         self._flights: dict[Hashable, _Flight] = {}
         self.current_bytes = 0
@@ -155,5 +159,7 @@ class Cache:
             flight.stale = True
 
     def _drop(self, key: Hashable) -> None:
-        _, size, _ = self._entries.pop(key)
+        value, size, _ = self._entries.pop(key)
         self.current_bytes -= size
+        if self._on_drop is not None:
+            self._on_drop(value)

@@ -18,11 +18,12 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import trio
 
+from zvfs.codecs.blosc import buffers_from
 from zvfs.formats import ZarrArray
 from zvfs.formats.meta import ArrayMeta
 from zvfs.stores.base import KeyNotFound, StoreError
 from zvfs.views.context import MountContext
-from zvfs.views.layout import Box, chunks_in_box, range_boxes
+from zvfs.views.layout import Box, chunk_span, chunks_in_box, range_boxes
 from zvfs.views.node import BytesFile, DirNode, FileNode, Node, NodeError
 from zvfs.views.readahead import ReadAhead
 from zvfs.workers import gather
@@ -93,7 +94,8 @@ class DecodedArray:
         """Worker-thread side: fetch and decode one chunk, as a C-contiguous array (converted
         to ``dtype`` in the same hop, in place when the decoded buffer is this call's own)."""
         t0 = time.perf_counter()
-        chunk = reader.read_chunk(idx)
+        with buffers_from(self.ctx.buffers.take):  # into the memory of chunks read past
+            chunk = reader.read_chunk(idx)
         if not chunk.flags.c_contiguous and any(chunk.strides):  # a broadcast fill stays one
             # not np.ascontiguousarray: it turns 0-d into 1-d
             chunk = chunk.copy(order="C")
@@ -230,7 +232,9 @@ class DecodedArray:
         stripe = meta.chunk_nbytes * (math.prod(meta.grid_shape[1:]) if meta.ndim else 1)
         return ReadAhead(initial=min(ceiling, max(4 << 20, stripe)), ceiling=ceiling)
 
-    async def read_elements(self, start: int, stop: int, dtype: np.dtype | None = None) -> memoryview:
+    async def read_elements(
+        self, start: int, stop: int, dtype: np.dtype | None = None, passed_from: int | None = None
+    ) -> memoryview:
         """C-order elements [start, stop) of the whole array as bytes: in the declared dtype and
         byte order, or converted to ``dtype`` (chunk by chunk, in the workers, cached).
 
@@ -241,6 +245,9 @@ class DecodedArray:
         However many chunks the range touches, at most ``CHUNK_BATCH`` of them are held
         by this read at a time, and tiny chunks are decoded a batch per worker hop: a
         1 MiB read of an array of 1-byte chunks costs bounded memory, not a million tasks.
+
+        ``passed_from``: this read ends a sequential run of reads that began at that element.
+        The chunks the run has now read whole leave the cache (see :meth:`_release`).
         """
         meta = self.meta
         dt = self._other(dtype)
@@ -253,6 +260,8 @@ class DecodedArray:
                 chunk = await self.chunk_as(idx, dt)
             view = _contiguous_part(meta, idx, chunk, start, stop, boxes)
             if view is not None:
+                if passed_from is not None:
+                    self._release(needed, passed_from, stop, dt)
                 return view
         out = np.empty(stop - start, dtype=dt or meta.dtype)
         views, at = [], 0
@@ -267,7 +276,27 @@ class DecodedArray:
             decoded = await (self._batch(group) if batch else self.chunks(group, dt))
             for idx in group:
                 _copy_chunk(meta.chunks, idx, decoded[idx], boxes, views)
+        if passed_from is not None:
+            self._release(needed, passed_from, stop, dt)
         return byte_view(out)
+
+    def _release(self, touched: list[tuple[int, ...]], start: int, stop: int, dt: np.dtype | None) -> None:
+        """Drop from the cache the chunks of ``touched`` whose every element lies in [start,
+        stop), which a sequential run of reads has now read whole.
+
+        A streamed file's bytes are in the kernel's page cache by then (or read once, with
+        direct_io), so keeping the chunks too only doubled the daemon's memory, and their
+        buffers now take the next chunks the run decodes (zvfs.cache.buffers) instead of
+        fresh pages faulted in one by one. Chunks read in part, decoded ahead, or read by
+        a seeking reader stay under the cache's LRU bound; so do small ones (their buffers
+        are not worth it)."""
+        meta = self.meta
+        if meta.chunk_nbytes < RELEASE_MIN_BYTES:
+            return
+        for idx in touched:
+            first, end = chunk_span(meta.shape, meta.chunks, idx)
+            if start <= first and end <= stop:
+                self.ctx.chunks.invalidate(self._key(idx, dt))
 
     async def _batch(self, indices: list[tuple[int, ...]]) -> dict[tuple[int, ...], np.ndarray]:
         """Many (small) chunks: the cached ones, and the rest decoded in one worker hop.
@@ -306,13 +335,18 @@ class DecodedArray:
             if window is not None:
                 self._prefetch(*window, dt)
         first, last = offset // item, -(-end // item)
-        data = await self.read_elements(first, last, dt)
+        # what the run has read whole, in elements: none when it ends inside one
+        passed = None if ahead is None or end % item else -(-ahead.run_start // item)
+        data = await self.read_elements(first, last, dt, passed)
         skip = offset - first * item
         return data[skip : skip + (end - offset)]
 
 
 #: chunks one read holds at a time (bounds a read's memory whatever the chunk count)
 CHUNK_BATCH = 256
+#: chunks smaller than this stay cached after a streaming reader passed them (see _release)
+RELEASE_MIN_BYTES = 64 << 10
+
 #: decoded bytes one batch hop may produce; larger chunks go one hop each, in parallel
 BATCH_BYTES = 4 << 20
 

@@ -11,13 +11,17 @@ from typing import Any
 
 import trio
 
-from zvfs.cache import Cache
+from zvfs.cache import BufferPool, Cache
 from zvfs.logonce import LogOnce
 from zvfs.stats import Counters
 from zvfs.stores.base import KeyInfo, Listing, Store
 from zvfs.workers import Workers
 
 log = logging.getLogger("zvfs")
+
+
+#: the most memory the buffer pool keeps (see zvfs.cache.buffers)
+BUFFER_POOL_MAX = 16 << 20
 
 
 @dataclass
@@ -43,6 +47,8 @@ class MountContext:
     log_once: LogOnce = field(default_factory=lambda: LogOnce(log), init=False)
     listings: Cache = field(init=False)
     chunks: Cache = field(init=False)
+    #: the buffers of decoded chunks the cache dropped, lent to the next decodes
+    buffers: BufferPool = field(init=False)
     #: chunks whose bytes could not be decoded: (message, cause), for the metadata TTL
     failures: Cache = field(init=False)
     #: set by the daemon while serving; background prefetches run in it
@@ -78,8 +84,11 @@ class MountContext:
         self._stable_time = max(self.metadata_mtimes.values(), default=self.mount_time)
         # listings are small; bound them by entry count via sizeof=1
         self.listings = Cache(max_bytes=100_000, ttl=self.metadata_ttl, sizeof=lambda _v: 1)
+        # memory kept outside the cache's bound for reuse: a streaming reader needs a few
+        # chunks' worth (what it passed comes back as fast as read-ahead takes it)
+        self.buffers = BufferPool(max_bytes=min(BUFFER_POOL_MAX, self.cache_size // 8))
         # 256 bytes of bookkeeping per entry: a million 1-byte chunks must still count
-        self.chunks = Cache(max_bytes=self.cache_size, overhead=256)
+        self.chunks = Cache(max_bytes=self.cache_size, overhead=256, on_drop=self.buffers.give)
         self.failures = Cache(max_bytes=10_000, ttl=self.metadata_ttl, sizeof=lambda _v: 1)
         # half the cache: what is fetched ahead must still be there when its reader arrives
         self.prefetch_budget = max(4 << 20, self.cache_size // 2)

@@ -59,3 +59,14 @@ def _product(ranges: list[range]) -> Iterator[tuple[int, ...]]:
     for i in ranges[0]:
         for rest in _product(ranges[1:]):
             yield (i, *rest)
+
+
+def chunk_span(shape: tuple[int, ...], chunks: tuple[int, ...], idx: tuple[int, ...]) -> tuple[int, int]:
+    """[first, end) of the flat C-order element indices chunk ``idx`` spans: its elements
+    all lie there (with others' between them, unless the chunk is a slab of whole rows)."""
+    first = last = 0
+    for n, c, i in zip(shape, chunks, idx, strict=True):
+        lo = i * c
+        first = first * n + lo
+        last = last * n + min(lo + c, n) - 1
+    return first, last + 1

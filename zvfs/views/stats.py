@@ -48,8 +48,10 @@ class StatsFile(FileNode):
             time=round(time.time(), 3),
         )
         chunks, listings = self.ctx.chunks, self.ctx.listings
+        pool = self.ctx.buffers
         snap["chunk_cache"] = {**_cache_stats(chunks), "bytes": chunks.current_bytes,
-                               "max_bytes": chunks.max_bytes}
+                               "max_bytes": chunks.max_bytes,
+                               "buffers_kept": len(pool), "buffers_reused": pool.lent}
         # the listing cache is bounded by its number of entries, not bytes
         snap["listing_cache"] = {**_cache_stats(listings), "max_entries": listings.max_bytes}
         return dict(sorted(snap.items()))
