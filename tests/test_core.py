@@ -363,6 +363,22 @@ def test_cache_hands_every_value_it_lets_go_to_on_drop():
     assert dropped == [b"a" * 40, b"b" * 40, b"c" * 40] and c.peek("c") == b"C" * 40
 
 
+def test_the_buffer_pool_ignores_values_while_numpy_is_half_imported(monkeypatch):
+    """The chunk cache drops raw blocks (bytes) while the decoded views may still be
+    importing numpy in the background: the pool must not touch the half-made module."""
+    import sys
+    import types
+
+    from zvfs.cache import BufferPool
+
+    pool = BufferPool(max_bytes=1 << 20)
+    monkeypatch.setitem(sys.modules, "numpy", types.ModuleType("numpy"))  # no ndarray yet
+    pool.give(b"x" * 100_000)
+    monkeypatch.delitem(sys.modules, "numpy")
+    pool.give(b"x" * 100_000)
+    assert len(pool) == 0
+
+
 def test_the_buffer_pool_lends_a_buffer_only_once_nothing_refers_to_it():
     """A dropped chunk's memory is lent to a decode only when no view, memoryview or cache
     entry refers to it any more (a reply may still be going out from it), only at its exact

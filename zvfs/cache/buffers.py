@@ -40,13 +40,16 @@ def _unused() -> int:
 
 def _root(value: object) -> np.ndarray | None:
     """The array that owns the memory under ``value``, if it is a whole uint8 buffer."""
-    np = sys.modules.get("numpy")
-    if np is None:  # nothing decoded yet: no array to keep
+    # numpy may not be imported yet, or be half-way through its import in another thread
+    # (the decoded views load in the background while raw blocks come and go): then no
+    # value can be one of its arrays
+    ndarray = getattr(sys.modules.get("numpy"), "ndarray", None)
+    if ndarray is None or not isinstance(value, ndarray):
         return None
     root = value
-    while isinstance(root, np.ndarray) and root.base is not None:
+    while isinstance(root.base, ndarray):
         root = root.base
-    if not isinstance(root, np.ndarray) or root.dtype != np.uint8 or root.ndim != 1:
+    if root.base is not None or root.dtype.str != "|u1" or root.ndim != 1:
         return None
     flags = root.flags
     if not (flags.owndata and flags.writeable and flags.c_contiguous):
