@@ -691,6 +691,49 @@ def test_zip_member_with_bad_local_header(tmp_path: Path) -> None:
     st.close()
 
 
+def test_zip_stored_member_reads_at_once_only_what_the_page_cache_holds(tmp_path: Path) -> None:
+    """get_range_at_once (a stored member's range on the caller's thread, preadv2
+    RWF_NOWAIT, its local header too the first time): None while the zip's pages are not
+    cached, or for a deflated member; the very bytes once they are, CRC-checked as reads
+    cover the member; a member whose CRC fails is refused at once and then reported by
+    get_range, naming it. The zip is made by the `zip` command (-0: stored)."""
+    data = random.Random(5).randbytes(3 << 20)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "big").write_bytes(data)
+    (src / "bad").write_bytes(b"x" * 200_000)
+    (src / "text").write_bytes(b"compress me " * 20_000)
+    subprocess.run(["zip", "-q", "-0", "-r", str(tmp_path / "s.zip"), "big", "bad"], cwd=src, check=True)
+    subprocess.run(["zip", "-q", "-9", str(tmp_path / "s.zip"), "text"], cwd=src, check=True)
+    with zipfile.ZipFile(tmp_path / "s.zip") as zf:
+        bad = zf.getinfo("bad")
+    raw = bytearray((tmp_path / "s.zip").read_bytes())
+    # a byte of its data (the local extra field may be a little longer than the central one)
+    raw[bad.header_offset + 30 + len("bad") + len(bad.extra) + 1000] ^= 0xFF
+    (tmp_path / "s.zip").write_bytes(bytes(raw))
+    fd = os.open(tmp_path / "s.zip", os.O_RDONLY)
+    st = ZipStore(tmp_path / "s.zip")
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # clean pages: dropped
+        assert st.get_range_at_once("big", 0, 1 << 20) is None  # not cached: a worker reads it
+        os.pread(fd, os.fstat(fd).st_size, 0)  # the whole zip in the page cache now
+        pieces = [st.get_range_at_once("big", off, 1 << 20) for off in range(0, len(data), 1 << 20)]
+        assert all(p is not None for p in pieces) and b"".join(pieces) == data
+        tail = st.get_range_at_once("big", len(data) - 10, 1 << 20)  # past the end: the rest
+        assert tail is not None and bytes(tail) == data[-10:]
+        assert st.get_range_at_once("text", 0, 100) is None  # deflated: inflated in a worker
+        assert st.get_range_at_once("nothing", 0, 100) is None
+        assert st.get_range_at_once("bad", 0, 200_000) is None  # its CRC fails
+        with pytest.raises(StoreError, match="bad"):
+            st.get_range("bad", 0, 200_000)
+        assert st.get_range("text", 0, 12) == b"compress me "
+    finally:
+        os.close(fd)
+        st.close()
+    assert st.get_range_at_once("big", 0, 100) is None  # closed
+
+
 # -- S3 store ------------------------------------------------------------------------------
 
 

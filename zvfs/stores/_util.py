@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 
 from zvfs.logonce import LogOnce as LogOnce  # the one log-once; re-exported for the stores
@@ -54,6 +55,37 @@ def pread_all(fd: int, start: int, length: int, key: str, *, beyond: int = 0) ->
     except OSError as e:
         raise StoreError(f"{key}: read failed: {e.strerror}") from e
     return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+#: preadv2's RWF_NOWAIT works here (cleared at the first refusal of it)
+_nowait = hasattr(os, "RWF_NOWAIT")
+
+
+def pread_at_once(fd: int, offset: int, length: int, size: int) -> memoryview | None:
+    """preadv2 with RWF_NOWAIT: the ``length`` bytes at ``offset`` of a file of ``size``
+    bytes (fewer at its end) when the page cache holds them all, else None (EAGAIN, or only
+    some cached; the kernel starts reading the rest ahead meanwhile). Never blocks, never
+    raises: the caller then reads in a worker, which reports any error."""
+    global _nowait
+    if not _nowait or length <= 0:
+        return None
+    try:
+        # the last byte first: a range read cold misses there too, and then this costs
+        # one small read, not a buffer of the whole length filled with zeros for nothing
+        last = min(offset + length, size) - 1
+        if last > offset and not os.preadv(fd, [bytearray(1)], last, os.RWF_NOWAIT):
+            return None
+        buf = bytearray(length)
+        n = os.preadv(fd, [buf], offset, os.RWF_NOWAIT)
+    except BlockingIOError:
+        return None
+    except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            _nowait = False  # not on this file system or kernel: always in a worker
+        return None
+    if n < length and offset + n < size:
+        return None  # part of it cached; the rest would wait
+    return memoryview(buf)[:n]
 
 
 def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> int:

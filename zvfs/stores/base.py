@@ -202,6 +202,13 @@ class Store(ABC):
         calls ``open_reader`` in a worker, which decides every case (errors included)."""
         return None
 
+    def get_range_at_once(self, key: str, start: int, length: int) -> bytes | None:
+        """``get_range(key, start, length)`` where that cannot block (bytes of a local file
+        all in the page cache), so the caller's own thread may do it: no worker hop, whose
+        two thread hand-offs cost more than copying a few hundred KiB. Else None, and the
+        caller calls ``get_range`` in a worker, which decides every case (errors included)."""
+        return None
+
     def listings(self) -> Mapping[str, Listing] | None:
         """Every directory's listing (prefix -> Listing, '' the root), where the store holds
         them all in memory (see ``lists_in_memory``), else None. Read only: it is the
@@ -341,6 +348,9 @@ class WrappedStore(Store):
 
     def open_reader_at_once(self, key: str) -> KeyReader | None:
         return self.inner.open_reader_at_once(key)
+
+    def get_range_at_once(self, key: str, start: int, length: int) -> bytes | None:
+        return self.inner.get_range_at_once(key, start, length)
 
     def info(self, key: str) -> KeyInfo:
         return self.inner.info(key)

@@ -55,6 +55,16 @@ class CountingStore(WrappedStore):
         with self._timed(op):
             return self._got(op, self.inner.get_version(key, start, length, version))
 
+    def get_range_at_once(self, key: str, start: int, length: int) -> bytes | None:
+        t0 = time.perf_counter()
+        data = self.inner.get_range_at_once(key, start, length)
+        if data is not None:  # a request served; a refusal is none (the worker's read counts)
+            self.counters.add("store_requests")
+            self.counters.add("store_requests_get_range")
+            self.counters.observe("store_seconds_get_range", time.perf_counter() - t0)
+            self._got("get_range", data)
+        return data
+
     def info(self, key: str) -> KeyInfo:
         with self._timed("info"):
             return self.inner.info(key)

@@ -38,7 +38,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from zvfs.pagecache import read_ahead_and_close
-from zvfs.stores._util import LogOnce, check_key, check_prefix, pread_all, pwrite_all
+from zvfs.stores._util import LogOnce, check_key, check_prefix, pread_all, pread_at_once, pwrite_all
 from zvfs.stores.base import (
     KeyInfo,
     KeyNotFound,
@@ -578,10 +578,6 @@ def _refused(key: str, e: OSError) -> StoreError:
     return WriteRefused(e.errno, f"{key}: {e.strerror}")
 
 
-#: preadv2's RWF_NOWAIT works here (cleared at the first refusal of it)
-_nowait = hasattr(os, "RWF_NOWAIT")
-
-
 class _FileReader(KeyReader):
     """A file of the directory open for reading: one descriptor for the whole open, so a
     rename over the key does not change what this reader reads (as on the directory)."""
@@ -596,29 +592,9 @@ class _FileReader(KeyReader):
         return pread_all(self._fd, offset, length, self.key)
 
     def read_at_once(self, offset: int, length: int) -> memoryview | None:
-        """preadv2 with RWF_NOWAIT: the bytes when the page cache holds them all (a file
-        read before, through this mount or not), else None (EAGAIN, or only some cached;
-        the kernel starts reading the rest ahead meanwhile)."""
-        global _nowait
-        if not _nowait or length <= 0:
-            return None
-        try:
-            # the last byte first: a file read cold misses there too, and then this costs
-            # one small read, not a buffer of the whole length filled with zeros for nothing
-            last = min(offset + length, self.size) - 1
-            if last > offset and not os.preadv(self._fd, [bytearray(1)], last, os.RWF_NOWAIT):
-                return None
-            buf = bytearray(length)
-            n = os.preadv(self._fd, [buf], offset, os.RWF_NOWAIT)
-        except BlockingIOError:
-            return None
-        except OSError as e:
-            if e.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-                _nowait = False  # not on this file system or kernel: always in a worker
-            return None
-        if n < length and offset + n < self.size:
-            return None  # part of it cached; the rest would wait
-        return memoryview(buf)[:n]
+        """The bytes when the page cache holds them all (a file read before, through this
+        mount or not), else None."""
+        return pread_at_once(self._fd, offset, length, self.size)
 
     def close(self) -> None:
         if self._fd >= 0:

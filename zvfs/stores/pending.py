@@ -81,6 +81,11 @@ class PendingStore(WrappedStore):
         store = self._store
         return None if store is None else store.open_reader_at_once(key)
 
+    def get_range_at_once(self, key: str, start: int, length: int) -> bytes | None:
+        """The open store's (never waits): None until it is open."""
+        store = self._store
+        return None if store is None else store.get_range_at_once(key, start, length)
+
     @property  # type: ignore[override]
     def lists_in_memory(self) -> bool:
         """The open store's (never waits): False until it is open, as a listing would wait."""

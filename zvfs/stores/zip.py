@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zvfs.stats import Counters
-from zvfs.stores._util import check_key, check_prefix
+from zvfs.stores._util import check_key, check_prefix, pread_at_once
 from zvfs.stores.base import KeyInfo, KeyNotFound, Listing, SourceError, Store, StoreError
 from zvfs.stores.keys import bad_segment
 
@@ -263,11 +263,15 @@ class ZipStore(Store):
         """Where the member's data starts: after its local header (read once, then kept)."""
         if m.data_offset >= 0:
             return m.data_offset
-        zi = m.info
         try:
-            raw = os.pread(self._fd, _LOCAL_HEADER.size, zi.header_offset)
+            raw = os.pread(self._fd, _LOCAL_HEADER.size, m.info.header_offset)
         except OSError as e:
             raise StoreError(f"{key}: cannot read zip local header: {e.strerror}") from e
+        return self._local_header(key, m, raw)
+
+    def _local_header(self, key: str, m: _Member, raw: bytes | memoryview) -> int:
+        """The data offset a member's local header gives (kept on the member)."""
+        zi = m.info
         if len(raw) != _LOCAL_HEADER.size:
             raise StoreError(f"{key}: zip local header is truncated")
         magic, name_len, extra_len = _LOCAL_HEADER.unpack(raw)
@@ -278,6 +282,37 @@ class ZipStore(Store):
             raise StoreError(f"{key}: member data extends past the end of the zip file")
         m.data_offset = off  # benign race: every thread computes the same value
         return off
+
+    def get_range_at_once(self, key: str, start: int, length: int) -> bytes | None:
+        """A range of a stored member when the page cache holds it (and its local header,
+        the first time): what ``will_need`` asked the kernel to read ahead. Anything else
+        (a compressed member, bytes not cached, a member found bad) is left to
+        ``get_range`` in a worker, which reports every error."""
+        m = self._members.get(key)
+        if m is None or m.bad is not None or self._closed:
+            return None
+        zi = m.info
+        size = zi.file_size
+        if (zi.compress_type != zipfile.ZIP_STORED or zi.flag_bits & 0x1
+                or zi.compress_size != size or start < 0 or length <= 0 or start >= size):
+            return None
+        try:
+            off = m.data_offset
+            if off < 0:
+                raw = pread_at_once(self._fd, zi.header_offset, _LOCAL_HEADER.size, self._size)
+                if raw is None:
+                    return None
+                off = self._local_header(key, m, raw)
+            length = min(length, size - start)
+            data = pread_at_once(self._fd, off + start, length, self._size)
+            if data is None or len(data) != length:
+                return None
+            self._stored_crc.update(key, start, data, size, zi.CRC)
+        except (StoreError, _Corrupt) as exc:
+            if isinstance(exc, _Corrupt):
+                m.bad = str(exc)  # the worker's read reports it
+            return None
+        return data
 
     def _read(self, key: str, m: _Member, start: int, length: int) -> bytes:
         zi = m.info

@@ -390,9 +390,15 @@ class RawFile(FileNode):
                 if not self.ctx.chunks.contains(node._block_key(0)):
                     batch.append(node)
                     total += info.size
-        if len(batch) == 1:
-            return await self._get_range(offset, end - offset, later)
         store = self.ctx.store
+        if len(batch) == 1:
+            # bytes the kernel has read ahead already: on this thread, no hop to wait for
+            data = store.get_range_at_once(self.key, offset, end - offset)
+            if data is None:
+                return await self._get_range(offset, end - offset, later)
+            if later:
+                self.ctx.background(self.ctx.workers.run, store.will_need, later)
+            return data
 
         def read_all() -> list[bytes | None]:
             out: list[bytes | None] = []
