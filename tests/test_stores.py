@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from conftest import in_threads  # noqa: E402
+from conftest import in_threads, wait_until  # noqa: E402
 from moto_server import DUMMY_ENV, MotoServer, put_many, s3_client, upload_tree  # noqa: E402
 
 from zvfs.stats import ERROR_KINDS, Counters  # noqa: E402
@@ -1407,4 +1407,55 @@ def test_zip_blocks_read_out_of_order_are_inflated_once(tmp_path: Path) -> None:
             assert store.get_range("m", n * mib, mib) == data[n * mib : (n + 1) * mib], n
         assert store.get("m") == data  # to the end: the CRC is checked there
     finally:
+        store.close()
+
+
+def test_zip_block_asked_for_while_a_read_passes_over_it_is_inflated_once(tmp_path: Path,
+                                                                        monkeypatch) -> None:
+    """The read of a block that arrives while another read is decompressing past it, on
+    its way to a later block, waits for that read to keep it rather than inflate the same
+    bytes in a stream of its own. The far read is held where it has passed over the blocks
+    and not yet kept them, so the order is certain."""
+    import threading
+
+    from zvfs.stores.zip import _Inflater
+
+    mib = 1 << 20
+    data = bytes(random.Random(6).choices(range(4), k=8 * mib))
+    path = tmp_path / "deflated.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("m", data)
+    arrived, go = threading.Event(), threading.Event()
+    keep = _Inflater._keep_skipped
+
+    def held(self, key, passed, until):
+        if until == 6 * mib:  # the far read only
+            arrived.set()
+            assert go.wait(30)
+        return keep(self, key, passed, until)
+
+    monkeypatch.setattr(_Inflater, "_keep_skipped", held)
+    counters = Counters()
+    store = ZipStore(path, counters)
+    inflater = store._inflate
+    got: dict[int, bytes] = {}
+
+    def read(n: int) -> None:
+        got[n] = store.get_range("m", n * mib, mib)
+
+    try:
+        far = threading.Thread(target=read, args=(6,))
+        far.start()
+        assert arrived.wait(30)  # blocks 0-5 passed over, not kept yet
+        near = threading.Thread(target=read, args=(1,))
+        near.start()
+        # it waits for the far read (or, wrongly, inflates blocks 0-1 itself and is done)
+        assert wait_until(lambda: not near.is_alive() or any(a[2] == -1 for a in inflater._active), 10)
+        go.set()
+        far.join(30)
+        near.join(30)
+        assert got[1] == data[mib : 2 * mib] and got[6] == data[6 * mib : 7 * mib]
+        assert counters.snapshot()["zip_inflated_bytes"] == 7 * mib
+    finally:
+        go.set()
         store.close()

@@ -493,8 +493,9 @@ class _Inflater:
         self._counters = counters
         self._cond = threading.Condition()
         self._parked: list[tuple[str, _InflateState]] = []  # oldest first
-        #: reads in progress or waiting: (token, key, where their stream will stop)
-        self._active: list[tuple[object, str, int]] = []
+        #: reads in progress or waiting: (token, key, where their stream starts (-1 while
+        #: waiting), where it stops passing over and starts keeping, where it stops)
+        self._active: list[tuple[object, str, int, int, int]] = []
         self._checkpoints: OrderedDict[str, dict[int, _InflateState]] = OrderedDict()
         self._ncheckpoints = 0
         #: (key, output offset) -> output a read passed over (see _SKIPPED)
@@ -519,20 +520,34 @@ class _Inflater:
                 self._skipped.move_to_end((key, at))
             while len(self._skipped) > _SKIPPED:
                 self._skipped.popitem(last=False)
+            self._cond.notify_all()  # a read of one of them may be waiting for it
 
     # -- finding a state to start from -------------------------------------------------------
 
-    def _start_state(self, key: str, start: int, end: int, me: object) -> _InflateState:
-        """The best state at or before ``start``.
+    def _start_state(self, key: str, start: int, end: int, size: int, me: object) -> _InflateState | bytes:
+        """The best state at or before ``start``, or the bytes themselves when a read that
+        went past them kept them.
 
         A reader waits, rather than decompress the same bytes twice, while another
         read of the member (running or itself waiting) will stop after the best state
-        available and at or before ``start``: its stream is parked there. Waits only
-        ever point to reads that start earlier, so they cannot form a cycle.
+        available and at or before ``start``: its stream is parked there; and while a
+        running read passes over its bytes on the way to its own, which it keeps (the
+        block read-ahead asks for after next may start first). Waits only ever point to
+        reads that start earlier, or already run, so they cannot form a cycle.
         """
+        bs = COMPRESSED_BLOCK_SIZE
         with self._cond:
-            self._active.append((me, key, end))
+            self._active.append((me, key, -1, -1, end))
             while True:
+                if end < size:  # the member's last bytes go through the stream: its CRC
+                    kept = self._skipped.pop((key, start), None)
+                    if kept is not None and len(kept) >= end - start:
+                        self._active = [a for a in self._active if a[0] is not me]
+                        return kept[: end - start]
+                if any(t is not me and k == key and 0 <= f <= start and end <= s <= start + _SKIPPED * bs
+                       for t, k, f, s, _ in self._active):
+                    self._cond.wait(timeout=30)
+                    continue
                 parked = max(
                     (i for i, (k, st) in enumerate(self._parked) if k == key and st.out_pos <= start),
                     key=lambda i: self._parked[i][1].out_pos,
@@ -548,7 +563,7 @@ class _Inflater:
                     have = cp.out_pos
                     parked = None
                 if have < start and any(
-                    t is not me and k == key and have < e <= start for t, k, e in self._active
+                    t is not me and k == key and have < e <= start for t, k, _, _, e in self._active
                 ):
                     self._cond.wait(timeout=30)
                     continue
@@ -556,11 +571,14 @@ class _Inflater:
                     state = self._parked.pop(parked)[1]
                     if state.out_pos < start:  # leave a copy for a reader of the bytes skipped
                         self._parked.append((key, state.copy()))
-                    return state
-                if cp is not None:
+                elif cp is not None:
                     self._checkpoints.move_to_end(key)
-                    return cp.copy()
-                return _InflateState(zlib.decompressobj(-zlib.MAX_WBITS), 0, 0, 0)
+                    state = cp.copy()
+                else:
+                    state = _InflateState(zlib.decompressobj(-zlib.MAX_WBITS), 0, 0, 0)
+                self._active = [(me, key, state.out_pos, start, end) if a[0] is me else a
+                                for a in self._active]
+                return state
 
     def _done(self, me: object, key: str, state: _InflateState | None) -> None:
         with self._cond:
@@ -596,13 +614,11 @@ class _Inflater:
         """``length`` decompressed bytes at ``start`` of the deflated member ``m``."""
         zi = m.info
         end = start + length
-        with self._cond:
-            passed = self._skipped.pop((key, start), None)
-        if passed is not None and len(passed) >= length and end < zi.file_size:
-            return passed[:length]  # decompressed already by a read that went past it
         spacing = max(_CHECKPOINT_MIN_SPACING, -(-zi.file_size // _CHECKPOINTS_PER_MEMBER))
         me = object()
-        state = self._start_state(key, start, end, me)
+        state = self._start_state(key, start, end, zi.file_size, me)
+        if isinstance(state, bytes):
+            return state  # decompressed already by a read that went past it
         keep: _InflateState | None = None
         try:
             parts: list[bytes] = []
