@@ -304,8 +304,15 @@ def test_a_mount_records_what_it_imported_and_the_next_start_reads_it_ahead(
     assert thread is not None
     thread.join(timeout=10)
     assert not thread.is_alive()  # the FIFO did not hold it
+    # what a start killed while writing its manifest leaves (no process has that PID), and
+    # one being written by a live process (ours, as it stands for any other)
+    stale = manifest.with_name(f"{manifest.name}.{2**22 + 1}")
+    stale.write_text("half")
+    writing = manifest.with_name(f"{manifest.name}.{os.getppid()}")
+    writing.write_text("half")
     warmup.record(listed)
     assert manifest.read_text().splitlines() == [files[0], files[-1]]  # the files that exist
+    assert not stale.exists() and writing.exists()
     first = manifest.stat()
     warmup.record(listed)  # the same list: the file is not replaced
     again = manifest.stat()

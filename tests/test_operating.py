@@ -27,6 +27,7 @@ from conftest import (
     daemon_pids,
     force_unmount,
     mount_entry,
+    mount_stats,
     run,
     store_files,
     tool,
@@ -206,15 +207,11 @@ def test_daemon_logs_to_a_default_file_it_names(zarr_dir, tmp_path) -> None:
 # --------------------------------------------------------------------------- stats.json
 
 
-def read_stats(mnt: Path) -> dict:
-    return json.loads((mnt / ".zvfs" / "stats.json").read_bytes())
-
-
 def test_stats_json_keys_are_stable_and_size_is_true(zarr_dir, mount) -> None:
     from zvfs.stats import ERROR_KINDS
 
     m: Mounted = mount(zarr_dir)
-    before = read_stats(m.path)
+    before = mount_stats(m.path)
     for kind in ERROR_KINDS:
         assert before[f"store_errors_{kind}"] == 0
     assert before["store_retries"] == 0
@@ -225,7 +222,7 @@ def test_stats_json_keys_are_stable_and_size_is_true(zarr_dir, mount) -> None:
     assert before["pid"] == daemon_pids(m.path)[0]
     data = (m.path / ".zvfs" / "arrays" / "temperature" / "data.raw").read_bytes()
     assert data
-    after = read_stats(m.path)
+    after = mount_stats(m.path)
     assert set(after) == set(before)
     assert after["chunks_decoded"] > before["chunks_decoded"]
     # the size stat reports is the size of what a read returns

@@ -98,5 +98,19 @@ def record(files: list[str]) -> None:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
+        _sweep(path)
     except OSError:
         pass
+
+
+def _sweep(path: str) -> None:
+    """Remove the temporary manifests (``path.<pid>``) that starts killed while writing
+    theirs left behind: those of processes that are gone."""
+    directory, base = os.path.split(path)
+    for name in os.listdir(directory):
+        pid = name[len(base) + 1:]
+        if name.startswith(base + ".") and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass  # another start swept it first
