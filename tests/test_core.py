@@ -278,6 +278,31 @@ def test_a_read_inside_one_chunk_is_served_from_the_chunk_without_a_copy(tmp_pat
     trio.run(main)
 
 
+def test_a_read_across_chunks_goes_out_from_recycled_memory_and_keeps_its_bytes(tmp_path):
+    """A read that spans chunks is assembled in a buffer an earlier such read went out
+    from, once nothing refers to that one any more; a reply still held keeps its bytes
+    however many reads come after it."""
+    shape = (96, 8192)
+    path, ref = _array(tmp_path, shape=shape, chunks=(8, 8192))
+    want, row = ref.tobytes(), shape[1] * 4
+    ctx = MountContext(store=DirectoryStore(path))
+
+    async def main() -> None:
+        array = await _decoded_array(ctx)
+        span = 4 * row  # 128 KiB: rows 6-9 of each 8-row chunk pair, across a boundary
+        first = await array.read_bytes(6 * row, span)
+        held = bytes(first)
+        assert held == want[6 * row : 6 * row + span]
+        for k in range(1, 10):
+            off = (8 * k + 6) * row
+            got = await array.read_bytes(off, span)
+            assert bytes(got) == want[off : off + span], k
+        assert bytes(first) == held  # its memory was never lent while it was held
+        assert ctx.buffers.lent > 0
+
+    trio.run(main)
+
+
 def test_a_byte_order_change_swaps_only_a_buffer_the_decode_owns(tmp_path):
     """netCDF's big-endian view of a little-endian array: a chunk decoded for it is swapped
     in place (no second buffer), while a chunk already cached for data.raw, or memory a
@@ -429,7 +454,9 @@ def test_a_streamed_decoded_file_leaves_no_chunks_behind_and_decodes_into_their_
     row = cols * 4
 
     async def stream(name: str, chunks: tuple[int, int]) -> None:
-        ctx = MountContext(store=DirectoryStore(tmp_path / name), cache_size=256 << 20)
+        # a cache of 8 MiB reads 2 MiB ahead: the later chunks are decoded after the
+        # reader has passed (and released) the first ones
+        ctx = MountContext(store=DirectoryStore(tmp_path / name), cache_size=8 << 20)
         async with trio.open_nursery() as nursery:
             ctx.nursery = nursery
             array = await _decoded_array(ctx)
