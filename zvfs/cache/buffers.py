@@ -1,11 +1,11 @@
-"""Decoded-chunk buffers handed back by the chunk cache, lent to the next decode of the
-same size.
+"""Buffers the daemon is done with, lent to the next decode or reply of the same size.
 
 A cold decoded read writes every chunk into fresh memory, and the kernel faults that in
 a page at a time: in a cold `cat data.raw` of 256 MiB that was 65,536 page faults, about
 half of the daemon's system time. A streaming reader's chunks are dropped from the cache
 once it has passed them (the kernel's page cache holds those bytes), so their buffers
-can take the next chunks instead, already mapped.
+can take the next chunks instead, already mapped; and a read assembled from several
+chunks goes out from a buffer an earlier such read went out from.
 
 A buffer is lent only when nothing refers to it any more: no cache entry, no view being
 replied from, no reader's copy. Every numpy view or memoryview of a buffer holds a
@@ -60,8 +60,9 @@ def _root(value: object) -> np.ndarray | None:
 class BufferPool:
     """At most ``max_bytes`` of buffers kept for reuse (the oldest are let go past it).
 
-    ``give`` runs on the trio thread (the cache dropping an entry), ``take`` in the worker
-    threads (a decode); a lock keeps the list whole between them."""
+    ``give`` runs on the trio thread (the cache dropping an entry, a read's reply made),
+    ``take`` there too (a reply) and in the worker threads (a decode); a lock keeps the
+    list whole between them."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
@@ -69,15 +70,16 @@ class BufferPool:
         self._bytes = 0
         self._lock = threading.Lock()
         self._unused: int | None = None
-        #: buffers lent (a decode that needed no fresh memory)
+        #: buffers lent (a decode or reply that needed no fresh memory)
         self.lent = 0
 
     def __len__(self) -> int:
         return len(self._bufs)
 
     def give(self, value: object) -> None:
-        """Keep the memory under ``value`` (a decoded chunk the cache dropped) for a later
-        decode, when it is a uint8 buffer of its own; anything else is left to be freed."""
+        """Keep the memory under ``value`` (a decoded chunk the cache dropped, a reply's
+        buffer) for a later decode or reply, when it is a uint8 buffer of its own; anything
+        else is left to be freed."""
         root = _root(value)
         if root is None or not MIN_BYTES <= root.nbytes <= self.max_bytes:
             return

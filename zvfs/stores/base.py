@@ -202,7 +202,7 @@ class Store(ABC):
         calls ``open_reader`` in a worker, which decides every case (errors included)."""
         return None
 
-    def get_range_at_once(self, key: str, start: int, length: int) -> bytes | None:
+    def get_range_at_once(self, key: str, start: int, length: int) -> bytes | memoryview | None:
         """``get_range(key, start, length)`` where that cannot block (bytes of a local file
         all in the page cache), so the caller's own thread may do it: no worker hop, whose
         two thread hand-offs cost more than copying a few hundred KiB. Else None, and the
@@ -349,7 +349,7 @@ class WrappedStore(Store):
     def open_reader_at_once(self, key: str) -> KeyReader | None:
         return self.inner.open_reader_at_once(key)
 
-    def get_range_at_once(self, key: str, start: int, length: int) -> bytes | None:
+    def get_range_at_once(self, key: str, start: int, length: int) -> bytes | memoryview | None:
         return self.inner.get_range_at_once(key, start, length)
 
     def info(self, key: str) -> KeyInfo:

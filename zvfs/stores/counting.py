@@ -28,7 +28,7 @@ class CountingStore(WrappedStore):
         finally:
             self.counters.observe(f"store_seconds_{op}", time.perf_counter() - t0)
 
-    def _got(self, op: str, data: bytes) -> bytes:
+    def _got(self, op: str, data: bytes | memoryview) -> bytes | memoryview:
         self.counters.add("store_bytes", len(data))
         self.counters.add(f"store_bytes_{op}", len(data))
         return data
@@ -55,7 +55,7 @@ class CountingStore(WrappedStore):
         with self._timed(op):
             return self._got(op, self.inner.get_version(key, start, length, version))
 
-    def get_range_at_once(self, key: str, start: int, length: int) -> bytes | None:
+    def get_range_at_once(self, key: str, start: int, length: int) -> bytes | memoryview | None:
         t0 = time.perf_counter()
         data = self.inner.get_range_at_once(key, start, length)
         if data is not None:  # a request served; a refusal is none (the worker's read counts)

@@ -81,7 +81,7 @@ class PendingStore(WrappedStore):
         store = self._store
         return None if store is None else store.open_reader_at_once(key)
 
-    def get_range_at_once(self, key: str, start: int, length: int) -> bytes | None:
+    def get_range_at_once(self, key: str, start: int, length: int) -> bytes | memoryview | None:
         """The open store's (never waits): None until it is open."""
         store = self._store
         return None if store is None else store.get_range_at_once(key, start, length)

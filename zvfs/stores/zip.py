@@ -283,7 +283,7 @@ class ZipStore(Store):
         m.data_offset = off  # benign race: every thread computes the same value
         return off
 
-    def get_range_at_once(self, key: str, start: int, length: int) -> bytes | None:
+    def get_range_at_once(self, key: str, start: int, length: int) -> memoryview | None:
         """A range of a stored member when the page cache holds it (and its local header,
         the first time): what ``will_need`` asked the kernel to read ahead. Anything else
         (a compressed member, bytes not cached, a member found bad) is left to
