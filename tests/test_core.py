@@ -492,6 +492,33 @@ def test_a_streamed_decoded_file_leaves_no_chunks_behind_and_decodes_into_their_
     trio.run(stream, "tiles", (16, cols // 2))
 
 
+def test_a_walk_hints_the_files_it_reaches_in_batches_once_at_full_window():
+    """Store hints (a worker hop each) go out as the walk reaches files: at once while its
+    window grows, then HINT_BATCH at a time, each still files ahead of the reader, and
+    what is held back goes out when the window reaches the last file."""
+    from zvfs.stores.base import KeyInfo
+    from zvfs.stores.listing import Listing
+    from zvfs.views.raw import FileWalk
+
+    n = 60
+    walk = FileWalk(Listing({f"f{i:02d}": KeyInfo(1 << 20, 0.0) for i in range(n)}), "d")
+    hinted: dict[str, int] = {}  # file -> the file being read when it was hinted
+    batched: list[int] = []  # how far ahead of the reader each batched hint was
+    for i in range(n):
+        fresh = [k for k, _ in walk.advise(f"d/f{i:02d}")]
+        out = walk.hints(fresh)
+        if walk.window < walk.MAX_WINDOW:
+            assert out == fresh  # growing: hinted at once
+        elif walk.ahead_to < n:
+            assert out == [] or len(out) >= walk.HINT_BATCH
+            batched += [int(k[3:]) - i for k in out]
+        for k in out:
+            hinted[k] = i
+    # every file from the third (the second read is the first evidence of a walk), once
+    assert sorted(hinted) == [f"d/f{i:02d}" for i in range(2, n)]
+    assert batched and min(batched) >= walk.MAX_WINDOW - walk.HINT_BATCH  # well before it is read
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.data())
 def test_any_byte_range_of_any_chunking_matches_zarr_python(tmp_path_factory, data):

@@ -371,7 +371,7 @@ class RawFile(FileNode):
         ahead = walk.advise(self.key) if walk is not None else []
         streaming = bool(ahead)
         # the files the walk now reaches that no batch will read: the kernel reads them ahead
-        later = [k for k, info in ahead if info.size > BATCH_MEMBER]
+        later = walk.hints([k for k, info in ahead if info.size > BATCH_MEMBER]) if walk else []
         key = self._block_key(0)
         kept = self.ctx.chunks.peek(key)
         if kept is not None:
@@ -527,6 +527,7 @@ class FileWalk:
         self.last = -(self.SPREAD + 1)  # the first file read is no evidence of a walk
         self.window = 0
         self.ahead_to = 0
+        self._held: list[str] = []  # hints held back (see hints)
 
     #: files listed on the caller's own thread at most (about 3 ms); more go to a worker
     CHEAP_FILES = 1_000
@@ -544,6 +545,23 @@ class FileWalk:
         """The ``n`` files after ``key`` in this walk's order."""
         i = self.position.get(key)
         return [] if i is None else self.files[i + 1 : i + 1 + n]
+
+    #: hints for files this far ahead are held back until there are this many of them
+    HINT_BATCH = FILES_WINDOW // 2
+
+    def hints(self, keys: list[str]) -> list[str]:
+        """The files to hint to the store now (``Store.will_need``): ``keys``, those the
+        walk has just reached, with those held back before; held back while the walk runs
+        at its full window and there are fewer than HINT_BATCH of them. Each hint costs a
+        worker hop, and a hop per file took a quarter of four readers' speed through a zip
+        (warm: 526-549 MiB/s, 654-705 without the hints); a file hinted HINT_BATCH files
+        later is still that many files ahead of the reader."""
+        self._held.extend(keys)
+        if (len(self._held) < self.HINT_BATCH and self.window >= self.MAX_WINDOW
+                and self.ahead_to < len(self.files)):
+            return []
+        out, self._held = self._held, []
+        return out
 
     def advise(self, key: str) -> list[tuple[str, KeyInfo]]:
         """Record that ``key`` is being read from its start; return the files to fetch ahead."""
