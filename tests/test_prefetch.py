@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import zarr
+from conftest import in_threads, page_cache_holds, run, store_files, tool, wait_until
 from conftest import mount_stats as _stats
-from conftest import page_cache_holds, run, store_files, tool, wait_until
 
 
 def _files_in_find_order(root: Path) -> list[Path]:
@@ -100,8 +100,6 @@ def test_streamed_decoded_files_read_at_once_reuse_chunk_memory_and_stay_right(m
     between): the chunks each stream has passed leave the cache, and their buffers are
     decoded into again while the other streams' replies go out. Every byte is
     zarr-python's, and the memory was reused."""
-    import threading
-
     from zarr.codecs import BloscCodec
 
     src = tmp_path / "four.zarr"
@@ -112,23 +110,17 @@ def test_streamed_decoded_files_read_at_once_reuse_chunk_memory_and_stay_right(m
         a[:] = np.random.default_rng(n).standard_normal((128, 8192)).round(2)
         refs[n] = zarr.open_array(str(src), path=f"a{n}", mode="r")[:].tobytes()
     m = mount(src, "--cache-size", "64M")
-    errors: list[str] = []
 
     def stream(n: int) -> None:
         path = m.path / ".zvfs" / "arrays" / f"a{n}" / "data.raw"
         with open(path, "rb", buffering=0) as f:
             got = b"".join(iter(lambda: f.read(1 << 16), b""))
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-        if got != refs[n]:
-            errors.append(f"a{n}: wrong bytes")
+        assert got == refs[n], f"a{n}: wrong bytes"
 
     for _ in range(2):
-        threads = [threading.Thread(target=stream, args=(n,)) for n in refs]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    assert not errors, errors
+        errors = in_threads(stream, len(refs))
+        assert not errors, errors
     s = _stats(m.path)
     assert s["chunks_decoded"] >= 2 * 4 * 32 and s["chunk_cache"]["buffers_reused"] > 0, s
 

@@ -543,6 +543,7 @@ class _Inflater:
                     kept = self._skipped.pop((key, start), None)
                     if kept is not None and len(kept) >= end - start:
                         self._active = [a for a in self._active if a[0] is not me]
+                        self._cond.notify_all()  # a read waiting for this one waits no more
                         return kept[: end - start]
                 if any(t is not me and k == key and 0 <= f <= start and end <= s <= start + _SKIPPED * bs
                        for t, k, f, s, _ in self._active):
