@@ -17,11 +17,14 @@ class CountingStore(WrappedStore):
         super().__init__(inner)
         self.counters = counters
 
+    def _request(self, op: str) -> None:
+        self.counters.add("store_list_requests" if op == "list" else "store_requests")
+        self.counters.add(f"store_requests_{op}")
+
     @contextmanager
     def _timed(self, op: str) -> Iterator[None]:
         """Count one ``op`` request and time it (failures too: a slow error is latency)."""
-        self.counters.add("store_list_requests" if op == "list" else "store_requests")
-        self.counters.add(f"store_requests_{op}")
+        self._request(op)
         t0 = time.perf_counter()
         try:
             yield
@@ -59,8 +62,7 @@ class CountingStore(WrappedStore):
         t0 = time.perf_counter()
         data = self.inner.get_range_at_once(key, start, length)
         if data is not None:  # a request served; a refusal is none (the worker's read counts)
-            self.counters.add("store_requests")
-            self.counters.add("store_requests_get_range")
+            self._request("get_range")
             self.counters.observe("store_seconds_get_range", time.perf_counter() - t0)
             self._got("get_range", data)
         return data

@@ -355,6 +355,12 @@ class RawFile(FileNode):
             if not self.ctx.prefetch(min(info.size, self.ctx.store.block_size), node._block, 0, True):
                 break
 
+    def _hint(self, keys: list[str]) -> None:
+        """``Store.will_need(keys)`` in a worker hop of its own, in the background (for a
+        read that needs no hop to carry it)."""
+        if keys:
+            self.ctx.background(self.ctx.workers.run, self.ctx.store.will_need, keys)
+
     async def _read_unblocked(self, offset: int, end: int) -> bytes | memoryview:
         """A read of a store without a block cache (a zip of stored members): a range of the
         member in one worker hop, or its bytes, read already with a file before it.
@@ -377,8 +383,7 @@ class RawFile(FileNode):
         if kept is not None:
             if end >= len(kept):
                 self.ctx.chunks.invalidate(key)
-            if later:  # this file was read already: the hint goes in a hop of its own
-                self.ctx.background(self.ctx.workers.run, self.ctx.store.will_need, later)
+            self._hint(later)  # this file was read already
             return memoryview(kept)[offset:end]
         batch: list[RawFile] = [self]
         total = self._info.size
@@ -396,8 +401,7 @@ class RawFile(FileNode):
             data = store.get_range_at_once(self.key, offset, end - offset)
             if data is None:
                 return await self._get_range(offset, end - offset, later)
-            if later:
-                self.ctx.background(self.ctx.workers.run, store.will_need, later)
+            self._hint(later)
             return data
 
         def read_all() -> list[bytes | None]:
