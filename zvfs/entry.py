@@ -6,9 +6,16 @@ and everything after it is imported, not after: those imports are what it speeds
 
 from __future__ import annotations
 
+import os
 import sys
 
-from zvfs import warmup
+# zvfs does no linear algebra, but numpy's OpenBLAS starts a thread per core when numpy
+# is first imported (during a mount's first decoded read) and that thread spins for a
+# while before it sleeps: on 2 cores it took a tenth of the daemon's CPU during a cold
+# read. Set before anything imports numpy; a user's own setting wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+from zvfs import warmup  # noqa: E402
 
 
 def main() -> int:
