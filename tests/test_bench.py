@@ -79,6 +79,9 @@ def _number(text: str) -> float:
 
 def test_bench_tiny_run(tmp_path: Path) -> None:
     out = tmp_path / "out"
+    knobs = Path("/sys/module/page_reporting/parameters")
+    before = {k: (knobs / k).read_text() for k in ("min_free_ms", "max_waiting_mib")
+              if (knobs / k).exists()}
     proc = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "bench"), "--tiny", "--runs", "1",
          "--out", str(out), "--work", str(tmp_path / "work")],
@@ -89,6 +92,9 @@ def test_bench_tiny_run(tmp_path: Path) -> None:
 
     md = (out / "benchmarks.md").read_text()
     assert "## Machine" in md and "kernel:" in md and "nproc" in md
+    # a VM's free page reporting: held for the run, said in the report, put back after
+    assert "- free page reporting" in md
+    assert {k: (knobs / k).read_text() for k in before} == before
 
     # the summary table: | workload | unit | better | zvfs | best peer | peer value | ratio |
     summary = md.split("## Summary", 1)[1].split("\n## ", 1)[0]
