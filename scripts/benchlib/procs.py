@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 _procs: dict[int, subprocess.Popen] = {}
@@ -112,7 +113,16 @@ def unmount(path: str | Path, timeout: float = 20.0) -> None:
         _mounts.remove(path)
 
 
+#: called after every drop of the page cache (benchlib.memory: pages for the cell to come)
+AFTER_DROP: list[Callable[[], None]] = []
+#: called by cleanup(), even on a signal (benchlib.memory: the machine's settings put back)
+AT_CLEANUP: list[Callable[[], None]] = []
+
+
 def cleanup() -> None:
+    for fn in list(AT_CLEANUP):
+        with contextlib.suppress(Exception):
+            fn()
     for m in list(reversed(_mounts)):
         with contextlib.suppress(Exception):
             unmount(m, timeout=5)
@@ -149,6 +159,8 @@ def drop_caches() -> None:
         if not _warned:
             log(f"cannot drop the page cache ({e}); cold runs are not cold")
             _warned = True
+    for fn in AFTER_DROP:
+        fn()
 
 
 _warned = False
