@@ -303,10 +303,10 @@ def test_a_read_across_chunks_goes_out_from_recycled_memory_and_keeps_its_bytes(
     trio.run(main)
 
 
-def test_a_byte_order_change_swaps_only_a_buffer_the_decode_owns(tmp_path):
-    """netCDF's big-endian view of a little-endian array: a chunk decoded for it is swapped
-    in place (no second buffer), while a chunk already cached for data.raw, or memory a
-    store handed over, is copied and left as it was."""
+def test_a_byte_order_change_is_a_copy_that_leaves_its_source_alone(tmp_path):
+    """netCDF's big-endian view of a little-endian array: a chunk is converted into memory
+    the buffer pool lends (or a new array), never swapped in place, so a chunk already
+    cached for data.raw, or memory a store handed over, is left as it was."""
     from zarr.codecs import BloscCodec
 
     from zvfs.views.arrays import convert_chunk
@@ -319,7 +319,7 @@ def test_a_byte_order_change_swaps_only_a_buffer_the_decode_owns(tmp_path):
 
     async def main() -> None:
         array = await _decoded_array(ctx)
-        fresh = await array.chunk_as((0, 0), big)  # decoded for the conversion: swapped in place
+        fresh = await array.chunk_as((0, 0), big)  # decoded for the conversion, then converted
         assert fresh.dtype == big and fresh.tobytes() == ref[0:8].astype(big).tobytes()
         native = await array.chunk((1, 0))  # cached for data.raw first
         before = native.tobytes()
@@ -329,11 +329,17 @@ def test_a_byte_order_change_swaps_only_a_buffer_the_decode_owns(tmp_path):
         assert (await array.chunk((0, 0))).tobytes() == ref[0:8].tobytes()  # its own entry
 
     trio.run(main)
-    owned = ref.copy()
-    assert np.shares_memory(convert_chunk(owned, big, owned=True), owned)
-    shared = bytearray(ref.tobytes())  # writable, but a store's buffer, not numpy's own
-    out = convert_chunk(np.frombuffer(shared, "<i4").reshape(ref.shape), big, owned=True)
-    assert bytes(shared) == ref.tobytes() and out.tobytes() == ref.astype(big).tobytes()
+    # a conversion is a copy into the memory ``into`` lends (the pool), or a new array;
+    # the source, a store's bytes or a decoded buffer, is left as it was
+    src = ref.copy()
+    lent = np.empty(ref.nbytes, np.uint8)
+    out = convert_chunk(src, big, into=lambda n: lent if n == lent.nbytes else None)
+    assert np.shares_memory(out, lent) and out.tobytes() == ref.astype(big).tobytes()
+    assert src.tobytes() == ref.tobytes()
+    shared = bytearray(ref.tobytes())
+    out = convert_chunk(np.frombuffer(shared, "<i4").reshape(ref.shape), big, into=lambda n: None)
+    assert not np.shares_memory(out, src) and out.tobytes() == ref.astype(big).tobytes()
+    assert bytes(shared) == ref.tobytes()
 
 
 def test_a_streamed_raw_file_leaves_no_blocks_behind_a_seeking_reader_keeps_them(tmp_path):

@@ -54,7 +54,7 @@ def decompress(data: bytes | memoryview, max_nbytes: int | None = None) -> np.nd
 
     The result is a writable uint8 array that the caller owns (fresh, or lent: see
     buffers_from): the frame is decompressed straight into it (no intermediate bytes
-    object), and a later byte-order change can happen in place (views/arrays.convert_chunk)."""
+    object), and once the chunk has been converted it can be lent again (the buffer pool)."""
     nbytes, cbytes = frame_sizes(data)
     if max_nbytes is not None and nbytes > max_nbytes:
         raise CodecError(f"blosc frame decompresses to {nbytes} bytes, expected <= {max_nbytes}")

@@ -92,7 +92,8 @@ class DecodedArray:
 
     def _decode(self, reader: ZarrArray, idx: tuple[int, ...], dtype: np.dtype | None = None) -> np.ndarray:
         """Worker-thread side: fetch and decode one chunk, as a C-contiguous array (converted
-        to ``dtype`` in the same hop, in place when the decoded buffer is this call's own)."""
+        to ``dtype`` in the same hop, into a pooled buffer; the decoded one, this call's own,
+        then goes back to the pool for the next decode)."""
         t0 = time.perf_counter()
         with buffers_from(self.ctx.buffers.take):  # into the memory of chunks read past
             chunk = reader.read_chunk(idx)
@@ -100,7 +101,10 @@ class DecodedArray:
             # not np.ascontiguousarray: it turns 0-d into 1-d
             chunk = chunk.copy(order="C")
         if dtype is not None:
-            chunk = convert_chunk(chunk, dtype, owned=True)
+            decoded = chunk
+            chunk = convert_chunk(decoded, dtype, into=self.ctx.buffers.take)
+            if not np.may_share_memory(chunk, decoded) and _own_memory(decoded):
+                self.ctx.buffers.give(decoded)
         self.ctx.counters.add("decode_seconds", time.perf_counter() - t0)
         self.ctx.counters.add("chunks_decoded")
         self.ctx.counters.add("bytes_decoded", chunk.nbytes)
@@ -112,8 +116,8 @@ class DecodedArray:
 
     async def chunk_as(self, idx: tuple[int, ...], dtype: np.dtype | None) -> np.ndarray:
         """Chunk ``idx`` converted to ``dtype`` (another byte order, netCDF's types), cached
-        under its own key. Decoded and converted in one worker hop (a byte-order change in
-        place, so no second buffer), or converted from the decoded chunk when that is cached."""
+        under its own key. Decoded and converted in one worker hop, or converted from the
+        decoded chunk when that is cached."""
         return await self._cached(idx, self._other(dtype))
 
     async def _cached(self, idx: tuple[int, ...], dt: np.dtype | None) -> np.ndarray:
@@ -175,50 +179,48 @@ class DecodedArray:
     def _key(self, idx: tuple[int, ...], dtype: np.dtype | None) -> tuple[object, ...]:
         return self.cache_key(idx) if dtype is None else self.cache_key(idx, dtype.str)
 
-    def _peek(self, idx: tuple[int, ...], dtype: np.dtype | None = None) -> np.ndarray | None:
-        """Chunk ``idx`` (as ``dtype``) if it is ready already (a read then needs no task and no hop)."""
-        key = self._key(idx, dtype)
+    def _peek(self, idx: tuple[int, ...]) -> np.ndarray | None:
+        """Decoded chunk ``idx`` if it is ready already (a read then needs no task and no hop)."""
+        key = self.cache_key(idx)
         chunk = self.ctx.chunks.peek(key)
         if chunk is not None:
             self.ctx.prefetch_hit(key)
         return chunk
 
-    def _prefetch(self, start: int, stop: int, dtype: np.dtype | None = None) -> None:
-        """Decode ahead (as ``dtype``) the chunks under bytes [start, stop) of the C-order array,
-        as far as the mount's prefetch budget allows (what it refuses, the reader decodes on demand)."""
-        item = (dtype or self.meta.dtype).itemsize
+    def _prefetch(self, start: int, stop: int, item: int) -> None:
+        """Decode ahead the chunks under bytes [start, stop) of the C-order array served with
+        ``item`` bytes an element (netCDF's may be wider than the stored ones), as far as the
+        mount's prefetch budget allows (what it refuses, the reader decodes on demand)."""
         boxes = range_boxes(self.meta.shape, start // item, -(-stop // item))
         for idx in dict.fromkeys(i for b in boxes for i in chunks_in_box(b, self.meta.chunks)):
-            key = self._key(idx, dtype)
+            key = self.cache_key(idx)
             if self.ctx.chunks.contains(key):
                 continue
-            if not self.ctx.prefetch(self.meta.chunk_nbytes, self.chunk_as, idx, dtype):
+            if not self.ctx.prefetch(self.meta.chunk_nbytes, self.chunk, idx):
                 return
             self.ctx.prefetched.add(key)
             self.ctx.counters.add("prefetch_requests")
 
     def _ready(
-        self, indices: list[tuple[int, ...]], dtype: np.dtype | None = None
+        self, indices: list[tuple[int, ...]]
     ) -> tuple[dict[tuple[int, ...], np.ndarray], list[tuple[int, ...]]]:
-        """The chunks of ``indices`` that are ready (as ``dtype``), and those still to load."""
+        """The decoded chunks of ``indices`` that are ready, and those still to load."""
         out: dict[tuple[int, ...], np.ndarray] = {}
         missing = []
         for idx in indices:
-            chunk = self._peek(idx, dtype)
+            chunk = self._peek(idx)
             if chunk is None:
                 missing.append(idx)
             else:
                 out[idx] = chunk
         return out, missing
 
-    async def chunks(
-        self, indices: list[tuple[int, ...]], dtype: np.dtype | None = None
-    ) -> dict[tuple[int, ...], np.ndarray]:
-        """Several chunks (as ``dtype``) at once: the ready ones at once, the rest fetched and
+    async def chunks(self, indices: list[tuple[int, ...]]) -> dict[tuple[int, ...], np.ndarray]:
+        """Several decoded chunks at once: the ready ones at once, the rest fetched and
         decoded concurrently (one worker hop each, so both cores decode)."""
-        out, missing = self._ready(indices, dtype)
+        out, missing = self._ready(indices)
         if missing:
-            out.update(await gather(missing, lambda i: self.chunk_as(i, dtype)))
+            out.update(await gather(missing, self.chunk))
         return out
 
     def read_ahead(self) -> ReadAhead:
@@ -236,11 +238,15 @@ class DecodedArray:
         self, start: int, stop: int, dtype: np.dtype | None = None, passed_from: int | None = None
     ) -> memoryview:
         """C-order elements [start, stop) of the whole array as bytes: in the declared dtype and
-        byte order, or converted to ``dtype`` (chunk by chunk, in the workers, cached).
+        byte order, or converted to ``dtype`` as they are copied out of the decoded chunks.
 
         One copy at most: a range inside one decoded chunk whose bytes are contiguous there
         (an array chunked by whole rows, read in step) is that chunk's own memory; any other
-        range is assembled in one buffer, each chunk's part copied straight into its place.
+        range, and any converted one, is assembled in one buffer, each chunk's part copied
+        (and converted: another byte order for netCDF) straight into its place. So a netCDF
+        read costs one pass over its bytes, and its chunks are the ones data.raw caches:
+        converting them whole in the workers, cached apart, was a second pass, twice the
+        memory, and a byteswap that held the GIL.
 
         However many chunks the range touches, at most ``CHUNK_BATCH`` of them are held
         by this read at a time, and tiny chunks are decoded a batch per worker hop: a
@@ -253,15 +259,15 @@ class DecodedArray:
         dt = self._other(dtype)
         boxes = list(range_boxes(meta.shape, start, stop))
         needed = list(dict.fromkeys(i for b in boxes for i in chunks_in_box(b, meta.chunks)))
-        if len(needed) == 1:
+        if len(needed) == 1 and dt is None:
             idx = needed[0]
-            chunk = self._peek(idx, dt)
+            chunk = self._peek(idx)
             if chunk is None:
-                chunk = await self.chunk_as(idx, dt)
+                chunk = await self.chunk(idx)
             view = _contiguous_part(meta, idx, chunk, start, stop, boxes)
             if view is not None:
                 if passed_from is not None:
-                    self._release(needed, passed_from, stop, dt)
+                    self._release(needed, passed_from, stop)
                 return view
         # the reply's buffer: memory an earlier reply went out from, when the pool has one
         # (a fresh MiB is 256 page faults, and unmapped again after the reply)
@@ -278,16 +284,15 @@ class DecodedArray:
             at += n
         for n in range(0, len(needed), CHUNK_BATCH):
             group = needed[n : n + CHUNK_BATCH]
-            batch = len(group) == CHUNK_BATCH and dt is None
-            decoded = await (self._batch(group) if batch else self.chunks(group, dt))
+            decoded = await (self._batch(group) if len(group) == CHUNK_BATCH else self.chunks(group))
             for idx in group:
                 _copy_chunk(meta.chunks, idx, decoded[idx], boxes, views)
         if passed_from is not None:
-            self._release(needed, passed_from, stop, dt)
+            self._release(needed, passed_from, stop)
         self.ctx.buffers.give(buf)  # lent again once the reply made from it is gone
         return byte_view(out)
 
-    def _release(self, touched: list[tuple[int, ...]], start: int, stop: int, dt: np.dtype | None) -> None:
+    def _release(self, touched: list[tuple[int, ...]], start: int, stop: int) -> None:
         """Drop from the cache the chunks of ``touched`` whose every element lies in [start,
         stop), which a sequential run of reads has now read whole.
 
@@ -303,7 +308,7 @@ class DecodedArray:
         for idx in touched:
             first, end = chunk_span(meta.shape, meta.chunks, idx)
             if start <= first and end <= stop:
-                self.ctx.chunks.invalidate(self._key(idx, dt))
+                self.ctx.chunks.invalidate(self.cache_key(idx))
 
     async def _batch(self, indices: list[tuple[int, ...]]) -> dict[tuple[int, ...], np.ndarray]:
         """Many (small) chunks: the cached ones, and the rest decoded in one worker hop.
@@ -340,7 +345,7 @@ class DecodedArray:
         if ahead is not None:
             window = ahead.advise(offset, end, total)
             if window is not None:
-                self._prefetch(*window, dt)
+                self._prefetch(*window, item)
         first, last = offset // item, -(-end // item)
         # what the run has read whole, in elements: none when it ends inside one
         passed = None if ahead is None or end % item else -(-ahead.run_start // item)
@@ -475,22 +480,29 @@ class ChunkFile(FileNode):
         return region_bytes(chunk[tuple(slice(0, s) for s in region)], offset, length)
 
 
-def convert_chunk(chunk: np.ndarray, dtype: np.dtype, owned: bool = False) -> np.ndarray:
+def convert_chunk(
+    chunk: np.ndarray, dtype: np.dtype, into: Callable[[int], np.ndarray | None] | None = None
+) -> np.ndarray:
     """``chunk`` as ``dtype``; a broadcast fill chunk (all strides 0) stays a broadcast, and
     integers of the same size and byte order (uint8 as netCDF's byte) are a view, not a copy.
 
-    ``owned``: the caller has just decoded ``chunk`` and nothing else holds it, so a change
-    of byte order alone swaps its bytes in place (when its memory is numpy's own, not a
-    buffer a store or a cache may share) instead of filling a second buffer."""
+    ``into(nbytes)`` may lend the result's memory (a uint8 buffer of exactly that size, or
+    None): the buffer pool. A conversion is always a casting copy, never ``byteswap(inplace=
+    True)``: numpy holds the GIL through a byteswap (the trio thread waited on 256 of them,
+    about 46 ms, for a netCDF read of the 256 MiB array) and lets it go through a cast, which
+    also runs twice as fast (37 against 67 µs a MiB here)."""
     src = chunk.dtype
     if src.kind in "iub" and dtype.kind in "iu" and src.itemsize == dtype.itemsize and (
             src.itemsize == 1 or src.str[0] == dtype.str[0]):
         return chunk.view(dtype)
     if chunk.ndim and not any(chunk.strides):
         return np.broadcast_to(chunk.reshape(-1)[:1].astype(dtype).reshape(()), chunk.shape)
-    if owned and dtype == src.newbyteorder() and _own_memory(chunk):
-        return chunk.byteswap(inplace=True).view(dtype)
-    return chunk.astype(dtype)
+    buf = into(chunk.size * dtype.itemsize) if into is not None else None
+    if buf is None:
+        return chunk.astype(dtype)
+    out = buf.view(dtype).reshape(chunk.shape)
+    np.copyto(out, chunk, casting="unsafe")  # astype's casting
+    return out
 
 
 def _own_memory(a: np.ndarray) -> bool:

@@ -410,9 +410,8 @@ def _assemble(version: int, dims: dict[str, int], gattrs: list[NcAttr], variable
 async def read_var(var: NcVar, offset: int, length: int, ahead: ReadAhead | None = None) -> bytes | memoryview:
     """Bytes [offset, offset+length) of one variable's data as served (big-endian, netCDF type).
 
-    The array's chunks are read already converted to the served type (converted once per
-    chunk in a worker and cached, read ahead by ``ahead``), so a read inside one chunk is a
-    view of it, with no conversion on the trio thread.
+    The array's decoded chunks (those data.raw reads, read ahead by ``ahead``) are converted
+    to the served type as the read copies them out: one pass over the read's bytes.
     """
     end = min(offset + length, var.nbytes)
     if offset >= end:
