@@ -103,8 +103,8 @@ class DecodedArray:
         if dtype is not None:
             decoded = chunk
             chunk = convert_chunk(decoded, dtype, into=self.ctx.buffers.take)
-            if not np.may_share_memory(chunk, decoded) and _own_memory(decoded):
-                self.ctx.buffers.give(decoded)
+            if not np.may_share_memory(chunk, decoded):
+                self.ctx.buffers.give(decoded)  # it keeps only numpy's own uint8 buffers
         self.ctx.counters.add("decode_seconds", time.perf_counter() - t0)
         self.ctx.counters.add("chunks_decoded")
         self.ctx.counters.add("bytes_decoded", chunk.nbytes)
@@ -503,17 +503,6 @@ def convert_chunk(
     out = buf.view(dtype).reshape(chunk.shape)
     np.copyto(out, chunk, casting="unsafe")  # astype's casting
     return out
-
-
-def _own_memory(a: np.ndarray) -> bool:
-    """True when ``a`` is writable, C-contiguous and its memory was allocated by numpy (the
-    end of its chain of views owns its data): then a decode made it, not a store's bytes."""
-    if not (a.flags.writeable and a.flags.c_contiguous):
-        return False
-    root = a
-    while isinstance(root.base, np.ndarray):
-        root = root.base
-    return root.base is None and root.flags.owndata
 
 
 def byte_view(a: np.ndarray) -> memoryview:
