@@ -201,6 +201,10 @@ def test_unknown_option(zarr_dir, mnt) -> None:
     (["--log-level", "chatty"], r"log"),
     (["--busy-poll", "-1"], r"busy.poll.*microseconds"),
     (["-o", "busy_poll=forever"], r"busy.poll.*microseconds"),
+    (["--uid", "no-such-user-zvfs"], r"--uid.*no user called 'no-such-user-zvfs'"),
+    (["-o", "gid=4294967295"], r"--gid.*below 4294967295"),
+    (["--file-mode", "0999"], r"--file-mode.*octal"),
+    (["-o", "dir_mode=1777"], r"--dir-mode.*octal"),
 ])
 def test_bad_option_values(zarr_dir, mnt, args, pattern) -> None:
     res = zvfs_mount(zarr_dir, mnt, *args)

@@ -22,9 +22,11 @@ import re
 import shutil
 import signal
 import stat
+import subprocess
+import tempfile
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ from conftest import (
     Mounted,
     Mounter,
     daemon_pids,
+    force_unmount,
     is_mounted,
     put_many,
     run,
@@ -74,7 +77,8 @@ class Store:
         return f"s3://{self.bucket}/{self.prefix.rstrip('/')}"
 
     def mount(self, mounter: Mounter, *extra: str, writable: bool = True,
-              endpoint: str | None = None, check: bool = True, env: dict | None = None) -> Mounted:
+              endpoint: str | None = None, check: bool = True, env: dict | None = None,
+              mountpoint: Path | None = None) -> Mounted:
         args: list[str] = [*TTL]
         if self.kind == "s3":
             args += ["--endpoint-url", endpoint or self.endpoint, "--allow-empty"]
@@ -82,7 +86,8 @@ class Store:
             args.append("--writable")
         if env is not None:
             env = {**(self.env or os.environ), **env}
-        m = mounter(self.source, *args, *extra, env=env or self.env, check=check)
+        m = mounter(self.source, *args, *extra, env=env or self.env, check=check,
+                    mountpoint=mountpoint)
         self.mounts.append(m)
         return m
 
@@ -290,6 +295,85 @@ def test_zip_stays_read_only(zarr_zip_cmd, mount) -> None:
         assert not is_mounted(m.path)
     m = mount(zarr_zip_cmd)
     erofs_everywhere(m.path, m.path / "notes with spaces.txt")
+
+
+# =========================================================================== who may write
+
+#: the unprivileged user the ownership tests write as (Debian's nobody:nogroup)
+NOBODY = 65534
+
+
+@pytest.fixture
+def shared_mountpoint(mount) -> Iterator[Path]:
+    """A mount point other users can reach: pytest's temporary directories are root's
+    alone (0700). After ``mount``, so it is unmounted before this goes, and only emptied
+    by rmdir: never a tree walk into a mount."""
+    base = Path(tempfile.mkdtemp(prefix="zvfs-shared-", dir="/tmp"))
+    mp = base / "mnt"
+    mp.mkdir()
+    for d in (base, mp):
+        d.chmod(0o755)
+    try:
+        yield mp
+    finally:
+        force_unmount(mp)
+        with contextlib.suppress(OSError):
+            mp.rmdir()
+            base.rmdir()
+
+
+def as_nobody(script: str) -> subprocess.CompletedProcess:
+    """``sh -c script`` as nobody:nogroup, with no supplementary groups (root's would
+    otherwise stay, and group 0 would be let in)."""
+    return run(["sh", "-c", script], user=NOBODY, group=NOBODY, extra_groups=[], cwd="/")
+
+
+def test_uid_gid_and_modes_decide_who_writes(store: Store, mount, shared_mountpoint) -> None:
+    """A root mount (fstab, systemd) with --allow-other and --uid/--gid of a user lets that
+    user write through it with ordinary tools; the kernel checks the modes given."""
+    store.put("seed/old.txt", b"old\n")
+    m = store.mount(mount, "--allow-other", "--uid", str(NOBODY), "-o", f"gid={NOBODY}",
+                    "--file-mode", "0640", "-o", "dir_mode=750", mountpoint=shared_mountpoint)
+    for rel, want in (("seed/old.txt", stat.S_IFREG | 0o640), ("seed", stat.S_IFDIR | 0o750),
+                      ("", stat.S_IFDIR | 0o750)):
+        st = os.stat(m.path / rel)
+        assert (st.st_uid, st.st_gid, st.st_mode) == (NOBODY, NOBODY, want), (rel, oct(st.st_mode))
+    # the decoded views cannot be written: the same modes, less the write bits
+    st = os.stat(m.path / ".zvfs" / "stats.json")
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (NOBODY, 0o440), oct(st.st_mode)
+    res = as_nobody(f"cd '{m.path}' && echo hello > new.txt && mkdir d && echo x > d/f "
+                    "&& cat seed/old.txt && echo more >> seed/old.txt && rm new.txt")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "old\n"
+    assert_key(store, m, "d/f", b"x\n")
+    assert_key(store, m, "seed/old.txt", b"old\nmore\n")
+    assert_key(store, m, "new.txt", None)
+
+
+def test_other_users_cannot_write_by_default(dirstore: Store, mount, shared_mountpoint) -> None:
+    """Without --uid the mount's files are its daemon's (root here), 0644 and 0755: other
+    users may read them, and a write of theirs is refused by the kernel (EACCES)."""
+    dirstore.put("a.txt", b"a\n")
+    m = dirstore.mount(mount, "--allow-other", mountpoint=shared_mountpoint)
+    st = os.stat(m.path / "a.txt")
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (os.getuid(), os.getgid(), 0o644)
+    res = as_nobody(f"cat '{m.path}/a.txt'")
+    assert (res.returncode, res.stdout) == (0, "a\n"), res.stderr
+    for script in (f"echo x > '{m.path}/b.txt'", f"echo x >> '{m.path}/a.txt'",
+                   f"mkdir '{m.path}/d'", f"rm '{m.path}/a.txt'"):
+        res = as_nobody(script)
+        assert res.returncode != 0 and "Permission denied" in res.stderr, (script, res.stderr)
+    assert dirstore.keys() == {"a.txt": 2}
+
+
+def test_modes_of_a_read_only_mount_have_no_write_bits(dirstore: Store, mount) -> None:
+    """On a read-only mount the modes asked for lose their write bits: ls -l tells the truth."""
+    dirstore.put("x/y.txt", b"y")
+    m = dirstore.mount(mount, "--file-mode", "0666", "--dir-mode", "0777", "--uid", "0",
+                       writable=False)
+    assert stat.S_IMODE(os.stat(m.path / "x" / "y.txt").st_mode) == 0o444
+    assert stat.S_IMODE(os.stat(m.path / "x").st_mode) == 0o555
+    assert os.stat(m.path / "x").st_uid == 0
 
 
 # =========================================================================== both stores: POSIX

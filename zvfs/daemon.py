@@ -25,7 +25,7 @@ import pyfuse3
 import trio
 
 from zvfs import warmup
-from zvfs.fs import ZvfsOperations
+from zvfs.fs import Ownership, ZvfsOperations
 from zvfs.fs import loop as fs_loop
 from zvfs.mounts import mount_device
 from zvfs.options import OPTIONS, format_value
@@ -367,7 +367,10 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
     root = build_root(ctx)
     # a directory store: df shows its disk's free space; S3: the tree's index has the sizes
     usage = StoreUsage(ctx, getattr(store, "root", None), tree=root.raw.tree_index)
-    ops = ZvfsOperations(root, ctx, usage=usage, derived=[f"/{CONTROL_NAME}/"])
+    owner = Ownership(uid=os.getuid() if opts["uid"] is None else opts["uid"],
+                      gid=os.getgid() if opts["gid"] is None else opts["gid"],
+                      file_mode=opts["file_mode"], dir_mode=opts["dir_mode"])
+    ops = ZvfsOperations(root, ctx, usage=usage, derived=[f"/{CONTROL_NAME}/"], owner=owner)
     ctx.on_change.append(ops.changed)
     metrics = None
     if opts.get("metrics_addr"):

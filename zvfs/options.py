@@ -8,8 +8,10 @@ Every option has a long flag (``--cache-size 1G``) and the same name as a
 from __future__ import annotations
 
 import argparse
+import grp
 import math
 import os
+import pwd
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -88,6 +90,37 @@ def parse_addr(text: str) -> str:
     return f"{host}:{int(port)}"
 
 
+def parse_uid(text: str) -> int:
+    """A user: a name from the user database, or a number."""
+    return _parse_id(text, "user", lambda name: pwd.getpwnam(name).pw_uid)
+
+
+def parse_gid(text: str) -> int:
+    """A group: a name from the group database, or a number."""
+    return _parse_id(text, "group", lambda name: grp.getgrnam(name).gr_gid)
+
+
+def _parse_id(text: str, what: str, by_name: Callable[[str], int]) -> int:
+    text = str(text).strip()
+    if text.isdigit():
+        value = int(text)
+        if value >= 2**32 - 1:  # (uid_t)-1 means "no change" to the kernel
+            raise ValueError(f"{text!r} is not a {what} number below 4294967295")
+        return value
+    try:
+        return by_name(text)
+    except KeyError:
+        raise ValueError(f"no {what} called {text!r} on this machine (give a name or a number)") from None
+
+
+def parse_mode(text: str) -> int:
+    """Permission bits in octal: '0640', '640' or '0o640' (no setuid, setgid or sticky bit)."""
+    digits = str(text).strip().lower().removeprefix("0o")
+    if not re.fullmatch(r"[0-7]{1,4}", digits) or int(digits, 8) > 0o777:
+        raise ValueError(f"{text!r} is not permission bits in octal from 000 to 777 (e.g. 0644)")
+    return int(digits, 8)
+
+
 def parse_path(text: str) -> str:
     """A local path, made absolute (the daemon runs in /)."""
     return os.path.abspath(os.path.expanduser(text))
@@ -104,6 +137,8 @@ def format_value(opt: Option, value: Any) -> str:
         return "indefinite"
     if opt.parse in (parse_size, parse_part_size):
         return _human(value)
+    if opt.parse is parse_mode:
+        return f"{value:04o}"
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)
@@ -172,6 +207,14 @@ OPTIONS: tuple[Option, ...] = (
            "answering one before it sleeps, when nothing else needs it (a reader going file by file asks "
            "again sooner than a sleeping daemon wakes); needs 2 CPUs; 0: never"),
     Option("allow_other", None, False, "let other users access the mount (needs user_allow_other in /etc/fuse.conf for non-root)"),
+    Option("uid", parse_uid, None, "owner of every file and directory: a user name or number "
+           "(other users reach the mount only with --allow-other)", shown_default="the user who mounts"),
+    Option("gid", parse_gid, None, "group of every file and directory: a group name or number",
+           shown_default="the group of the user who mounts"),
+    Option("file_mode", parse_mode, 0o644, "permission bits of every file, in octal; a file that "
+           "cannot be written (a read-only mount, .zvfs/) shows them without the write bits"),
+    Option("dir_mode", parse_mode, 0o755, "permission bits of every directory, in octal; without "
+           "the write bits where nothing can be written"),
     Option("log_file", parse_log_file, None, "write the log here, or 'syslog'",
            shown_default="stderr with -f; a daemon logs to /var/log/zvfs/ (root) or "
            "$XDG_STATE_HOME/zvfs/ and says where"),

@@ -45,6 +45,7 @@ from typing import NamedTuple
 import pyfuse3
 import trio
 
+from zvfs.fs.ownership import Ownership
 from zvfs.views.context import MountContext
 from zvfs.views.node import DirNode, FileHandle, FileNode, Node, NodeError
 from zvfs.workers import run_abandonable
@@ -87,9 +88,10 @@ class ZvfsOperations(pyfuse3.Operations):
 
     def __init__(self, root: DirNode, ctx: MountContext,
                  usage: Callable[[], Awaitable[tuple[int, int]]] | None = None,
-                 derived: Sequence[str] = ()) -> None:
+                 derived: Sequence[str] = (), owner: Ownership | None = None) -> None:
         """``usage`` answers statfs (df): bytes the store holds, and bytes free where it lives.
-        ``derived``: path prefixes ('/.zvfs/') whose kernel caches a write invalidates."""
+        ``derived``: path prefixes ('/.zvfs/') whose kernel caches a write invalidates.
+        ``owner``: who owns every node, with which modes (default: whoever runs the daemon)."""
         super().__init__()
         ttl = ctx.metadata_ttl
         self.ttl = 365 * 86400.0 if ttl is None else float(ttl)
@@ -134,8 +136,7 @@ class ZvfsOperations(pyfuse3.Operations):
         #: set when the kernel's caches of the derived files hold no write's old bytes
         self._settled = trio.Event()
         self._settled.set()
-        self._uid = os.getuid()
-        self._gid = os.getgid()
+        self._owner = owner or Ownership()
 
     # -- inode table ---------------------------------------------------------
 
@@ -251,11 +252,13 @@ class ZvfsOperations(pyfuse3.Operations):
         a.entry_timeout = self.ttl
         # a live file's size changes with its content: the kernel must ask every time
         a.attr_timeout = 0 if isinstance(node, FileNode) and node.direct_io else self.ttl
-        a.st_mode = node.mode
-        a.st_uid = self._uid
-        a.st_gid = self._gid
+        owner = self._owner
+        is_file = isinstance(node, FileNode)
+        a.st_mode = owner.mode(not is_file, node.writable)
+        a.st_uid = owner.uid
+        a.st_gid = owner.gid
         a.st_rdev = 0
-        if isinstance(node, FileNode):
+        if is_file:
             a.st_nlink = 1
             a.st_size = node.size
             self._told[ino - ROOT] = a.st_size

@@ -15,7 +15,6 @@ of a writable mount does; the decoded views stay read-only.
 from __future__ import annotations
 
 import errno
-import stat
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
@@ -68,8 +67,10 @@ class FileHandle(ABC):
         """The last close: the handle is not used afterwards."""
 
 
-class Node(ABC):
-    """Anything with a name in the tree."""
+class Node(ABC):  # noqa: B024 - abstract through FileNode and DirNode
+    """Anything with a name in the tree: a file or a directory. Its owner and permission
+    bits are the mount's (the fs layer sets them), less the write bits unless it is
+    ``writable``."""
 
     __slots__ = ()  # a subclass may keep its nodes small (a store of millions of keys)
 
@@ -86,10 +87,6 @@ class Node(ABC):
         """The name this node was found under now names something else (it was replaced or
         removed): the node keeps describing what it was, and stops following the name."""
 
-    @property
-    @abstractmethod
-    def mode(self) -> int: ...
-
 
 class FileNode(Node):
     """A regular read-only file: a size known without reading, and ranged reads."""
@@ -103,10 +100,6 @@ class FileNode(Node):
     #: True when ``version()`` was read from the source at this open (a local file's fstat),
     #: not from a cached listing: an unchanged version then proves the kernel's pages current
     validated: bool = False
-
-    @property
-    def mode(self) -> int:
-        return stat.S_IFREG | (0o644 if self.writable else 0o444)
 
     @property
     @abstractmethod
@@ -148,10 +141,6 @@ class DirNode(Node):
     """A directory. Children are looked up by name and listed sorted by name."""
 
     __slots__ = ()
-
-    @property
-    def mode(self) -> int:
-        return stat.S_IFDIR | (0o755 if self.writable else 0o555)
 
     @abstractmethod
     async def lookup(self, name: str) -> Node | None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import bisect
 import errno
 import json
-import stat
 from collections.abc import Callable, Hashable, Sequence
 from typing import TypeVar
 
@@ -165,10 +164,6 @@ class ErrorFile(FileNode):
         self.what = what
         self.exc = exc
         self.mtime = ctx.stable_time
-
-    @property
-    def mode(self) -> int:
-        return stat.S_IFREG | 0o444
 
     @property
     def size(self) -> int:
