@@ -1101,3 +1101,29 @@ def test_zip_opened_after_the_mount_answers_reads_as_its_members_need(tmp_path, 
     else:
         assert stats["prefetch_requests"] == 0, stats
         assert stats.get("zip_inflated_bytes", 0) == 0, stats
+
+
+def test_log_file_follows_logrotate(tmp_path, mount) -> None:
+    """A daemon's log file that is moved away (logrotate's default: rename, no signal)
+    is opened again at its path, and the next line goes there, not into the moved file."""
+    import zarr
+
+    src = tmp_path / "store"
+    a = zarr.create_array(str(src), name="x", shape=(30,), chunks=(10,), dtype="i4", zarr_format=2)
+    a[:] = np.arange(30, dtype="i4")
+    for c in ("1", "2"):
+        (src / "x" / c).write_bytes(b"not a blosc frame")
+    m = mount(src)
+    chunks = m.path / ".zvfs" / "arrays" / "x" / "chunks"
+    with pytest.raises(OSError) as ei:
+        (chunks / "1").read_bytes()
+    assert ei.value.errno == errno.EIO
+    assert wait_until(lambda: "x/1" in m.log_text(), 5), m.log_text()
+    rotated = m.log.with_name(m.log.name + ".1")
+    m.log.rename(rotated)
+    with pytest.raises(OSError) as ei:
+        (chunks / "2").read_bytes()
+    assert ei.value.errno == errno.EIO
+    assert wait_until(lambda: m.log.exists() and "x/2" in m.log.read_text(), 5)
+    assert "x/1" not in m.log.read_text()
+    assert "x/2" not in rotated.read_text()

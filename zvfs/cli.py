@@ -121,8 +121,12 @@ def _setup_logging(opts: dict[str, Any], daemon: bool, mountpoint: str) -> str:
             handler = SysLogHandler("/dev/log")
             fmt = "zvfs[%(process)d]: %(levelname)s %(message)s"
         elif where:
+            from logging.handlers import WatchedFileHandler
+
             os.makedirs(os.path.dirname(where), exist_ok=True)
-            handler = logging.FileHandler(where, delay=True)  # created by the first line logged
+            # created by the first line logged, and opened again once logrotate (or anyone)
+            # has moved or removed it: a long-lived daemon never writes into a rotated file
+            handler = WatchedFileHandler(where, delay=True)
         else:  # the foreground, and systemd: stderr goes to the journal
             handler = logging.StreamHandler(sys.stderr)
     except OSError as exc:
