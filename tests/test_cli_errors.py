@@ -205,11 +205,31 @@ def test_unknown_option(zarr_dir, mnt) -> None:
     (["-o", "gid=4294967295"], r"--gid.*below 4294967295"),
     (["--file-mode", "0999"], r"--file-mode.*octal"),
     (["-o", "dir_mode=1777"], r"--dir-mode.*octal"),
+    (["-o", "sse=maybe"], r"--sse.*not one of AES256, aws:kms, aws:kms:dsse"),
+    (["--storage-class", "COLD"], r"--storage-class.*not one of STANDARD"),
 ])
 def test_bad_option_values(zarr_dir, mnt, args, pattern) -> None:
     res = zvfs_mount(zarr_dir, mnt, *args)
     assert res.returncode != 0
     assert re.search(pattern, res.stderr, re.I), res.stderr
+    assert_nothing_mounted(mnt)
+
+
+@pytest.mark.parametrize("source,args,pattern", [
+    ("dir", ["--sse", "AES256", "--writable"], r"--sse applies to S3 sources only.*is a directory"),
+    ("dir", ["-o", "requester_pays"], r"--requester-pays applies to S3 sources only"),
+    ("s3", ["--storage-class", "STANDARD_IA"], r"--storage-class .*read-only: add --writable"),
+    ("s3", ["--writable", "--sse-kms-key-id", "k1"], r"--sse-kms-key-id .*add --sse aws:kms"),
+    ("s3", ["--writable", "--sse", "AES256", "--sse-kms-key-id", "k1"], r"add --sse aws:kms"),
+])
+def test_s3_only_options_are_refused_where_they_cannot_apply(zarr_dir, mnt, source, args, pattern) -> None:
+    """Encryption asked for and silently not done would be worse than an error: options
+    only S3 writes use are refused elsewhere, before anything is opened (the endpoint here
+    answers nothing)."""
+    src = str(zarr_dir) if source == "dir" else "s3://zvfs-nowhere/p"
+    res = zvfs_mount(src, mnt, "--endpoint-url", "http://127.0.0.1:9", *args)
+    assert res.returncode == 78, (res.returncode, res.stderr)
+    assert re.search(pattern, res.stderr), res.stderr
     assert_nothing_mounted(mnt)
 
 

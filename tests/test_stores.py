@@ -34,8 +34,11 @@ from zvfs.stores.base import KeyInfo, KeyNotFound, SourceError, Store, StoreErro
 from zvfs.stores.directory import DirectoryStore  # noqa: E402
 from zvfs.stores.retry import RetryPolicy  # noqa: E402
 from zvfs.stores.s3 import S3Store  # noqa: E402
+from zvfs.stores.staging import Staging  # noqa: E402
 from zvfs.stores.url import SourceSpec, open_store, parse_source  # noqa: E402
 from zvfs.stores.zip import ZipStore  # noqa: E402
+
+MiB = 1 << 20
 
 BUCKET = "zvfs-test"
 PREFIX = "some/prefix/"
@@ -786,6 +789,40 @@ def test_s3_the_probes_page_is_the_first_page_of_the_first_whole_listing(moto: M
     assert sorted(st.list_prefix("")) == sorted(first)  # asked again: three pages
     assert len(calls) == 5
     st.close()
+
+
+def test_s3_requester_pays_goes_with_every_request(moto: MotoServer, tmp_path: Path) -> None:
+    """--requester-pays: every request the store makes (the open's probe, listings, HEAD,
+    GET, and a write's PUT) says the requester pays; without it, none does. moto accepts
+    either, so the requests themselves are checked, as botocore sends them."""
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket="zvfs-payer")
+    client.put_bucket_request_payment(Bucket="zvfs-payer",
+                                      RequestPaymentConfiguration={"Payer": "Requester"})
+    put_many(client, "zvfs-payer", {"p/a/x": b"x" * 100, "p/b": b"b"})
+    for pays in (True, False):
+        sent: list[tuple[str, str | None]] = []
+
+        def seen(request: Any, *, event_name: str, sent: list = sent, **_: Any) -> None:
+            sent.append((event_name.rsplit(".", 1)[-1], request.headers.get("x-amz-request-payer")))
+
+        st = S3Store("zvfs-payer", "p", endpoint_url=moto.endpoint, requester_pays=pays)
+        st.enable_writes(Staging(str(tmp_path), max_bytes=MiB, min_free=0), 5 * MiB, MiB)
+        st._client.meta.events.register("before-send.s3", seen)
+        assert st.get("a/x") == b"x" * 100
+        assert st.get_range("a/x", 10, 5) == b"x" * 5
+        assert st.info("b").size == 1
+        assert "b" in st.list_dir("").keys
+        w = st.open_writer(f"new-{pays}", truncate=True, create=True)
+        w.write(0, b"new")
+        w.commit()
+        w.close()
+        st.close()
+        assert client.get_object(Bucket="zvfs-payer", Key=f"p/new-{pays}")["Body"].read() == b"new"
+        ops = {op for op, _ in sent}
+        assert {"GetObject", "HeadObject", "ListObjectsV2", "PutObject"} <= ops, sent
+        want = b"requester" if pays else None
+        assert all((h.encode() if isinstance(h, str) else h) == want for _, h in sent), sent
 
 
 def test_s3_missing_bucket(moto: MotoServer) -> None:

@@ -714,6 +714,33 @@ def test_dir_rename_is_atomic(dirstore: Store, mount) -> None:
 # =========================================================================== S3 only
 
 
+@pytest.mark.parametrize("settings", [
+    {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": "zvfs-test-key", "StorageClass": "STANDARD_IA"},
+    {"ServerSideEncryption": "AES256"},
+])
+def test_s3_objects_written_carry_the_upload_settings(s3store: Store, mount, settings) -> None:
+    """--sse, --sse-kms-key-id and --storage-class reach every object the mount makes: a
+    PUT, a multipart upload, a rename (a server-side copy, which would otherwise get the
+    bucket's defaults) and a link. Checked on the objects moto stored."""
+    flags = {"ServerSideEncryption": "--sse", "SSEKMSKeyId": "--sse-kms-key-id",
+             "StorageClass": "--storage-class"}
+    args = [a for name, value in settings.items() for a in (flags[name], value)]
+    m = s3store.mount(mount, *args, "--part-size", "5M")
+    write_file(m.path / "small", b"small")
+    big = rand(11 * MiB, 3)
+    write_file(m.path / "big", big)
+    write_file(m.path / "to-rename", b"renamed")
+    os.rename(m.path / "to-rename", m.path / "renamed")
+    os.link(m.path / "small", m.path / "linked")
+    assert s3store.keys() == {"small": 5, "big": len(big), "renamed": 7, "linked": 5}
+    heads = {k: s3store.client.head_object(Bucket=s3store.bucket, Key=s3store.prefix + k)
+             for k in ("small", "big", "renamed", "linked")}
+    assert _multipart_parts(heads["big"]) == 3
+    for key, head in heads.items():
+        got = {name: head.get(name) for name in settings}
+        assert got == settings, (key, got)
+
+
 def test_s3_new_file_visible_at_once_and_uploaded_at_close(s3store: Store, mount) -> None:
     s3store.put("zarr.json", b"{}")
     m = s3store.mount(mount)

@@ -139,6 +139,13 @@ def tame_malloc() -> None:
     libc.mallopt(m_arena_max, 2)
 
 
+def upload_args(opts: dict[str, Any]) -> dict[str, str]:
+    """S3's parameters for the objects a writable mount makes (none: the bucket's defaults)."""
+    args = {"ServerSideEncryption": opts.get("sse"), "SSEKMSKeyId": opts.get("sse_kms_key_id"),
+            "StorageClass": opts.get("storage_class")}
+    return {name: value for name, value in args.items() if value}
+
+
 def build_context(store: Store, opts: dict[str, Any], counters: Counters,
                   description: str = "") -> MountContext:
     """Stack the store wrappers: counting sits next to the real store, so stats.json counts
@@ -163,7 +170,7 @@ def build_context(store: Store, opts: dict[str, Any], counters: Counters,
             from zvfs.stores.staging import Staging
 
             enable_writes(Staging(opts["cache_dir"], opts["staging_max_size"], opts["staging_min_free"]),
-                          opts["part_size"], opts["rewrite_max_size"])
+                          opts["part_size"], opts["rewrite_max_size"], upload_args(opts))
     return MountContext(
         counters=counters,
         workers=Workers(opts["threads"]),

@@ -144,6 +144,14 @@ def format_value(opt: Option, value: Any) -> str:
     return str(value)
 
 
+#: S3's storage classes that an upload may ask for
+STORAGE_CLASSES = ("STANDARD", "REDUCED_REDUNDANCY", "STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING",
+                   "GLACIER", "DEEP_ARCHIVE", "OUTPOSTS", "GLACIER_IR", "SNOW", "EXPRESS_ONEZONE")
+#: options that only an S3 source has a use for; the ones after the first only writes do
+S3_OPTIONS = ("requester_pays", "sse", "sse_kms_key_id", "storage_class")
+S3_WRITE_OPTIONS = S3_OPTIONS[1:]
+
+
 def _choice(*allowed: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in allowed:
@@ -233,6 +241,15 @@ OPTIONS: tuple[Option, ...] = (
            "writing without truncating it (it is fetched first)"),
     Option("abort_uploads", None, False, "S3 writes: at mount, abort the unfinished multipart uploads "
            "under the prefix (left by a writer that was killed)"),
+    Option("sse", _choice("AES256", "aws:kms", "aws:kms:dsse"), None, "S3 writes: server-side "
+           "encryption of the objects written (S3-managed keys, KMS, or dual-layer KMS)",
+           shown_default="the bucket's default"),
+    Option("sse_kms_key_id", str, None, "S3 writes: the KMS key (ID or ARN) of --sse aws:kms or "
+           "aws:kms:dsse", shown_default="the account's AWS managed key"),
+    Option("storage_class", _choice(*STORAGE_CLASSES), None, "S3 writes: the storage class of the "
+           "objects written", shown_default="STANDARD"),
+    Option("requester_pays", None, False, "S3: send every request as paid by the requester (to "
+           "read or write a bucket that has Requester Pays on)"),
     Option("metrics_addr", parse_addr, None, "serve Prometheus metrics at HOST:PORT (host 127.0.0.1 "
            "unless given)", shown_default="off"),
     Option("metrics_label", str, None, "the 'mount' label of the metrics", shown_default="the source"),

@@ -19,7 +19,7 @@ read made before the open simply goes unblocked, and a listing waits in a worker
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from zvfs.stores.base import KeyReader, Store, StoreError, WrappedStore
@@ -100,11 +100,12 @@ class PendingStore(WrappedStore):
             raise StoreError(f"{self.description} could not be opened: {self._error}")
         return self._store
 
-    def enable_writes(self, staging: Any, part_size: int, rewrite_max: int) -> None:
+    def enable_writes(self, staging: Any, part_size: int, rewrite_max: int,
+                      upload_args: Mapping[str, str] | None = None) -> None:
         """Writes for a store that stages them (S3): passed on once it is open."""
-        self._writes = (staging, part_size, rewrite_max)
+        self._writes = (staging, part_size, rewrite_max, upload_args)
         if self._store is not None:
-            self._store.enable_writes(staging, part_size, rewrite_max)  # type: ignore[attr-defined]
+            self._store.enable_writes(*self._writes)  # type: ignore[attr-defined]
 
     def close(self) -> None:
         self._closed = True

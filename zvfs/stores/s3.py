@@ -27,7 +27,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import boto3
@@ -75,6 +75,8 @@ _REQUEST_ERRORS = (bce.BotoCoreError, bce.ClientError, u3e.HTTPError, OSError)
 _UNREACHABLE = (bce.EndpointConnectionError, bce.ConnectTimeoutError, bce.ConnectionClosedError)
 #: writes that may carry a condition (If-None-Match): a refused condition means EEXIST
 _CONDITIONAL_WRITES = frozenset({"PutObject", "CompleteMultipartUpload"})
+#: the operations that make an object, which take the mount's upload settings
+_MAKES_OBJECTS = frozenset({"PutObject", "CreateMultipartUpload", "CopyObject"})
 #: bytes read from a response body per call: the unit a broken body is resumed at
 _BODY_PIECE = 1 << 20
 
@@ -162,6 +164,7 @@ class S3Store(Store):
         region: str | None = None,
         profile: str | None = None,
         no_sign_request: bool = False,
+        requester_pays: bool = False,
         max_pool: int = 32,
         retry: RetryPolicy | None = None,
         block_size: int = S3_BLOCK_SIZE,
@@ -178,6 +181,9 @@ class S3Store(Store):
         self.bucket = bucket
         self.prefix = prefix
         self.no_sign_request = no_sign_request
+        self.requester_pays = requester_pays
+        #: what every upload asks of S3 (encryption, storage class): see enable_writes
+        self.upload_args: dict[str, str] = {}
         self.retry = retry or RetryPolicy()
         self.allow_empty = allow_empty
         self.counters = counters if counters is not None else Counters()
@@ -214,6 +220,7 @@ class S3Store(Store):
             # no "Expect: 100-continue" on uploads: it costs a round trip per PUT and part,
             # and saves nothing here (a refused upload is retried whole anyway)
             client.meta.events.unregister("before-call.s3", add_expect_header)
+            client.meta.events.register("before-parameter-build.s3", self._mount_params)
             s3_client.reuse_endpoints(client)
             return client
 
@@ -444,11 +451,26 @@ class S3Store(Store):
 
     # -- writing -------------------------------------------------------------------------------
 
-    def enable_writes(self, staging: Any, part_size: int, rewrite_max: int) -> None:
-        """Let this store write: files are staged in ``staging`` (a stores.staging.Staging)."""
+    def enable_writes(self, staging: Any, part_size: int, rewrite_max: int,
+                      upload_args: Mapping[str, str] | None = None) -> None:
+        """Let this store write: files are staged in ``staging`` (a stores.staging.Staging).
+        ``upload_args``: parameters of every request that makes an object (PutObject,
+        CreateMultipartUpload, CopyObject), e.g. ServerSideEncryption and StorageClass."""
         self.staging = staging
         self.part_size = part_size
         self.rewrite_max = rewrite_max
+        self.upload_args = dict(upload_args or {})
+
+    def _mount_params(self, params: dict[str, Any], model: Any, **_: Any) -> None:
+        """botocore's before-parameter-build hook: what the mount asks of every request of a
+        kind, added in one place rather than at each call. A copy needs the upload settings
+        too: S3 gives a copied object the bucket's defaults, not its source's (so a rename
+        would otherwise drop its encryption and class)."""
+        if self.requester_pays and "RequestPayer" in model.input_shape.members:
+            params.setdefault("RequestPayer", "requester")
+        if model.name in _MAKES_OBJECTS:
+            for name, value in self.upload_args.items():
+                params.setdefault(name, value)
 
     def open_writer(self, key: str, *, truncate: bool, create: bool, exclusive: bool = False,
                     mode: int = 0o644) -> KeyWriter:

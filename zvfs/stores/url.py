@@ -61,6 +61,7 @@ class SourceSpec:
     region: str | None = None
     profile: str | None = None
     no_sign_request: bool = False
+    requester_pays: bool = False
 
     def describe(self) -> str:
         """Short name for fsname= and log lines: '/abs/path' or 's3://bucket/prefix'."""
@@ -77,6 +78,7 @@ def parse_source(
     region: str | None = None,
     profile: str | None = None,
     no_sign_request: bool = False,
+    requester_pays: bool = False,
 ) -> SourceSpec:
     """Parse SOURCE; local paths are checked (exists, directory or zip), S3 is not contacted."""
     if not source:
@@ -93,6 +95,7 @@ def parse_source(
         "region": region or frag.get("aws.region") or None,
         "profile": profile or frag.get("aws.profile") or None,
         "no_sign_request": no_sign_request,
+        "requester_pays": requester_pays,
     }
     if scheme == "file":
         u = urlsplit(body)
@@ -164,7 +167,8 @@ def open_store(spec: SourceSpec, retry: RetryPolicy | None = None, *, allow_empt
 
         store = S3Store(
             str(spec.bucket), spec.prefix, endpoint_url=spec.endpoint_url, region=spec.region,
-            profile=spec.profile, no_sign_request=spec.no_sign_request, retry=retry,
+            profile=spec.profile, no_sign_request=spec.no_sign_request,
+            requester_pays=spec.requester_pays, retry=retry,
             block_size=S3_BLOCK_SIZE, allow_empty=allow_empty, counters=counters,
         )
     else:  # pragma: no cover - Kind is closed
