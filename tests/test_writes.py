@@ -366,6 +366,19 @@ def test_other_users_cannot_write_by_default(dirstore: Store, mount, shared_moun
     assert dirstore.keys() == {"a.txt": 2}
 
 
+def test_an_owner_who_cannot_reach_the_mount_is_warned_of(dirstore: Store, mount,
+                                                          shared_mountpoint) -> None:
+    """--uid of another user without --allow-other mounts, and says why that user will not
+    get in (FUSE keeps everyone but the mounting user out); with --allow-other it says
+    nothing."""
+    m = dirstore.mount(mount, "--uid", str(NOBODY), writable=False, mountpoint=shared_mountpoint)
+    assert f"--uid {NOBODY} without --allow-other" in m.result.stderr, m.result.stderr
+    res = as_nobody(f"ls '{m.path}'")
+    assert res.returncode != 0 and "Permission denied" in res.stderr, (res.stdout, res.stderr)
+    m2 = dirstore.mount(mount, "--uid", str(NOBODY), "--allow-other", writable=False)
+    assert "warning" not in m2.result.stderr, m2.result.stderr
+
+
 def test_modes_of_a_read_only_mount_have_no_write_bits(dirstore: Store, mount) -> None:
     """On a read-only mount the modes asked for lose their write bits: ls -l tells the truth."""
     dirstore.put("x/y.txt", b"y")

@@ -144,6 +144,16 @@ def _warn(message: str) -> None:
     print(f"zvfs: warning: {message}", file=sys.stderr)
 
 
+def _warn_unreachable_owner(opts: dict[str, Any]) -> None:
+    """--uid/--gid naming someone else, without --allow-other: FUSE lets no one but the
+    mounting user in, so the owner given could not even list the mount."""
+    others = [f"--{name} {opts[name]}" for name, mine in (("uid", os.getuid()), ("gid", os.getgid()))
+              if opts[name] is not None and opts[name] != mine]
+    if others and not opts["allow_other"]:
+        _warn(f"{' and '.join(others)} without --allow-other (-o allow_other): only the user "
+              "who mounts can reach the mount, whoever owns its files")
+
+
 def check_mountpoint(path: str, allow_non_empty: bool = False) -> str:
     """The absolute mountpoint, if it can be mounted on; clears a dead zvfs mount left there."""
     mp = os.path.abspath(path)
@@ -500,6 +510,7 @@ def main(argv: list[str] | None = None) -> int:
             opts = zopts.resolve(args)
         except ValueError as exc:
             raise CliError(str(exc)) from None
+        _warn_unreachable_owner(opts)
         if args.foreground:
             return _mount_foreground(args, opts)
         return _mount_daemon(args, opts)
