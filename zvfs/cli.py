@@ -202,20 +202,16 @@ def _source_spec(source: str, opts: dict[str, Any]) -> Any:
     return spec
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def _check_s3_options(spec: Any, opts: dict[str, Any]) -> None:
     """Options only an S3 source (or only its writes) can use are refused elsewhere, not ignored:
     a user who asked for encryption must not get unencrypted objects without a word."""
     given = [name for name in zopts.S3_OPTIONS if opts[name]]
     if given and spec.kind != "s3":
-        raise CliError(f"{_flag(given[0])} applies to S3 sources only, and {spec.describe()} is a "
+        raise CliError(f"{zopts.flag(given[0])} applies to S3 sources only, and {spec.describe()} is a "
                        f"{spec.kind}: drop it")
     writes = [name for name in zopts.S3_WRITE_OPTIONS if opts[name]]
     if writes and not opts["writable"]:
-        raise CliError(f"{_flag(writes[0])} says how objects are written, but the mount is read-only: "
+        raise CliError(f"{zopts.flag(writes[0])} says how objects are written, but the mount is read-only: "
                        "add --writable (-o writable), or drop it")
     if opts["sse_kms_key_id"] and opts["sse"] not in ("aws:kms", "aws:kms:dsse"):
         raise CliError("--sse-kms-key-id names the key of KMS encryption: add --sse aws:kms "

@@ -28,7 +28,7 @@ from zvfs import warmup
 from zvfs.fs import Ownership, ZvfsOperations
 from zvfs.fs import loop as fs_loop
 from zvfs.mounts import mount_device
-from zvfs.options import OPTIONS, format_value
+from zvfs.options import OPTIONS, S3_WRITE_OPTIONS, format_value
 from zvfs.stats import Counters
 from zvfs.stores.base import KeyInfo, Store
 from zvfs.stores.counting import CountingStore
@@ -139,13 +139,6 @@ def tame_malloc() -> None:
     libc.mallopt(m_arena_max, 2)
 
 
-def upload_args(opts: dict[str, Any]) -> dict[str, str]:
-    """S3's parameters for the objects a writable mount makes (none: the bucket's defaults)."""
-    args = {"ServerSideEncryption": opts.get("sse"), "SSEKMSKeyId": opts.get("sse_kms_key_id"),
-            "StorageClass": opts.get("storage_class")}
-    return {name: value for name, value in args.items() if value}
-
-
 def build_context(store: Store, opts: dict[str, Any], counters: Counters,
                   description: str = "") -> MountContext:
     """Stack the store wrappers: counting sits next to the real store, so stats.json counts
@@ -170,7 +163,8 @@ def build_context(store: Store, opts: dict[str, Any], counters: Counters,
             from zvfs.stores.staging import Staging
 
             enable_writes(Staging(opts["cache_dir"], opts["staging_max_size"], opts["staging_min_free"]),
-                          opts["part_size"], opts["rewrite_max_size"], upload_args(opts))
+                          opts["part_size"], opts["rewrite_max_size"],
+                          {name: opts[name] for name in S3_WRITE_OPTIONS if opts.get(name)})
     return MountContext(
         counters=counters,
         workers=Workers(opts["threads"]),
@@ -374,9 +368,9 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
     root = build_root(ctx)
     # a directory store: df shows its disk's free space; S3: the tree's index has the sizes
     usage = StoreUsage(ctx, getattr(store, "root", None), tree=root.raw.tree_index)
-    owner = Ownership(uid=os.getuid() if opts["uid"] is None else opts["uid"],
-                      gid=os.getgid() if opts["gid"] is None else opts["gid"],
-                      file_mode=opts["file_mode"], dir_mode=opts["dir_mode"])
+    # an id not given is the daemon's own (Ownership's default)
+    ids = {name: opts[name] for name in ("uid", "gid") if opts[name] is not None}
+    owner = Ownership(file_mode=opts["file_mode"], dir_mode=opts["dir_mode"], **ids)
     ops = ZvfsOperations(root, ctx, usage=usage, derived=[f"/{CONTROL_NAME}/"], owner=owner)
     ctx.on_change.append(ops.changed)
     metrics = None

@@ -147,9 +147,15 @@ def format_value(opt: Option, value: Any) -> str:
 #: S3's storage classes that an upload may ask for
 STORAGE_CLASSES = ("STANDARD", "REDUCED_REDUNDANCY", "STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING",
                    "GLACIER", "DEEP_ARCHIVE", "OUTPOSTS", "GLACIER_IR", "SNOW", "EXPRESS_ONEZONE")
-#: options that only an S3 source has a use for; the ones after the first only writes do
-S3_OPTIONS = ("requester_pays", "sse", "sse_kms_key_id", "storage_class")
-S3_WRITE_OPTIONS = S3_OPTIONS[1:]
+#: options that only an S3 source's writes have a use for (each is one upload parameter)
+S3_WRITE_OPTIONS = ("sse", "sse_kms_key_id", "storage_class")
+#: options that only an S3 source has a use for
+S3_OPTIONS = ("requester_pays", *S3_WRITE_OPTIONS)
+
+
+def flag(name: str) -> str:
+    """The command-line flag of option ``name``: ``cache_size`` -> ``--cache-size``."""
+    return "--" + name.replace("_", "-")
 
 
 def _choice(*allowed: str) -> Callable[[str], str]:
@@ -266,12 +272,12 @@ IGNORED = {"rw", "ro", "defaults", "auto", "noauto", "user", "nouser", "users", 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     for opt in OPTIONS:
-        flag = "--" + opt.name.replace("_", "-")
         if opt.parse is None:
-            parser.add_argument(flag, dest=opt.name, action="store_true", default=None, help=opt.help_text())
+            parser.add_argument(flag(opt.name), dest=opt.name, action="store_true", default=None, help=opt.help_text())
         else:
             metavar = "{" + ",".join(opt.choices) + "}" if opt.choices else opt.name.upper()
-            parser.add_argument(flag, dest=opt.name, default=None, metavar=metavar, help=opt.help_text())
+            parser.add_argument(flag(opt.name), dest=opt.name, default=None, metavar=metavar,
+                                help=opt.help_text())
     parser.add_argument("-o", dest="o", action="append", default=[], metavar="OPT[,OPT...]",
                         help="any option above as key=value (switches as bare keys), comma separated")
 
@@ -315,6 +321,5 @@ def resolve(ns: argparse.Namespace) -> dict[str, Any]:
             try:
                 values[opt.name] = opt.parse(raw[opt.name])
             except ValueError as exc:
-                flag = "--" + opt.name.replace("_", "-")
-                raise ValueError(f"invalid {flag} (-o {opt.name}): {exc}") from None
+                raise ValueError(f"invalid {flag(opt.name)} (-o {opt.name}): {exc}") from None
     return values

@@ -77,6 +77,9 @@ _UNREACHABLE = (bce.EndpointConnectionError, bce.ConnectTimeoutError, bce.Connec
 _CONDITIONAL_WRITES = frozenset({"PutObject", "CompleteMultipartUpload"})
 #: the operations that make an object, which take the mount's upload settings
 _MAKES_OBJECTS = frozenset({"PutObject", "CreateMultipartUpload", "CopyObject"})
+#: each upload setting (the mount option's name) as the parameter S3 takes it
+_UPLOAD_PARAMS = {"sse": "ServerSideEncryption", "sse_kms_key_id": "SSEKMSKeyId",
+                  "storage_class": "StorageClass"}
 #: bytes read from a response body per call: the unit a broken body is resumed at
 _BODY_PIECE = 1 << 20
 
@@ -182,7 +185,7 @@ class S3Store(Store):
         self.prefix = prefix
         self.no_sign_request = no_sign_request
         self.requester_pays = requester_pays
-        #: what every upload asks of S3 (encryption, storage class): see enable_writes
+        #: what every upload asks of S3 (encryption, storage class), as S3's parameters
         self.upload_args: dict[str, str] = {}
         self.retry = retry or RetryPolicy()
         self.allow_empty = allow_empty
@@ -454,12 +457,13 @@ class S3Store(Store):
     def enable_writes(self, staging: Any, part_size: int, rewrite_max: int,
                       upload_args: Mapping[str, str] | None = None) -> None:
         """Let this store write: files are staged in ``staging`` (a stores.staging.Staging).
-        ``upload_args``: parameters of every request that makes an object (PutObject,
-        CreateMultipartUpload, CopyObject), e.g. ServerSideEncryption and StorageClass."""
+        ``upload_args``: the mount's upload settings by option name (``sse``,
+        ``sse_kms_key_id``, ``storage_class``), sent with every request that makes an object
+        (PutObject, CreateMultipartUpload, CopyObject)."""
         self.staging = staging
         self.part_size = part_size
         self.rewrite_max = rewrite_max
-        self.upload_args = dict(upload_args or {})
+        self.upload_args = {_UPLOAD_PARAMS[name]: value for name, value in (upload_args or {}).items()}
 
     def _mount_params(self, params: dict[str, Any], model: Any, **_: Any) -> None:
         """botocore's before-parameter-build hook: what the mount asks of every request of a
