@@ -269,12 +269,16 @@ class DecodedArray:
                 if passed_from is not None:
                     self._release(needed, passed_from, stop)
                 return view
+        item = (dt or meta.dtype).itemsize
+        reply = (stop - start) * item
+        first = needed[:CHUNK_BATCH]
+        # the chunks before the reply's buffer: a read that waits for them holds no buffer
+        decoded = await (self._batch(first) if len(first) == CHUNK_BATCH else self.chunks(first))
         # the reply's buffer: memory an earlier reply went out from, when the pool has one
         # (a fresh MiB is 256 page faults, and unmapped again after the reply)
-        item = (dt or meta.dtype).itemsize
-        buf = self.ctx.buffers.take((stop - start) * item)
+        buf = self.ctx.buffers.take(reply)
         if buf is None:
-            buf = np.empty((stop - start) * item, np.uint8)
+            buf = np.empty(reply, np.uint8)
         out = buf.view(dt or meta.dtype)
         views, at = [], 0
         for lo, hi in boxes:
@@ -284,9 +288,11 @@ class DecodedArray:
             at += n
         for n in range(0, len(needed), CHUNK_BATCH):
             group = needed[n : n + CHUNK_BATCH]
-            decoded = await (self._batch(group) if len(group) == CHUNK_BATCH else self.chunks(group))
+            if n:
+                decoded = await (self._batch(group) if len(group) == CHUNK_BATCH else self.chunks(group))
             for idx in group:
                 _copy_chunk(meta.chunks, idx, decoded[idx], boxes, views)
+            del decoded
         if passed_from is not None:
             self._release(needed, passed_from, stop)
         self.ctx.buffers.give(buf)  # lent again once the reply made from it is gone
