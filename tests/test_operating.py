@@ -341,6 +341,22 @@ def test_metrics_endpoint_moves_with_a_workload(zarr_s3, zarr_dir, moto, s3_env,
 # --------------------------------------------------------------------------- df, mtimes
 
 
+def test_the_connection_is_tuned_and_never_congested(zarr_dir, mount) -> None:
+    """What zvfs sets through sysfs once mounted (pyfuse3 cannot pass it as options): the
+    read-ahead, the requests in the background, and a congestion threshold above anything
+    the kernel queues. At the kernel's own (3/4 of max_background), 64 random readers
+    left read-ahead pages unread in the page cache, which later readers then fetched one
+    page per request: single reads took 7-12 s (zvfs.daemon.tune_kernel)."""
+    m = mount(zarr_dir)
+    dev = os.stat(m.path).st_dev
+    conn = Path(f"/sys/fs/fuse/connections/{os.minor(dev)}")
+    background = int((conn / "max_background").read_text())
+    assert background == 64
+    assert int((conn / "congestion_threshold").read_text()) == 65535  # the most it takes
+    read_ahead = Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb")
+    assert int(read_ahead.read_text()) == 4096
+
+
 def test_df_shows_the_store_size(zarr_dir, mount) -> None:
     m = mount(zarr_dir)
     # Plain df lists every file system; one that is not ours may be broken on this machine

@@ -44,6 +44,8 @@ READ_AHEAD_KB = 4096
 #: malloc's mmap threshold in the daemon (see tame_malloc)
 MMAP_THRESHOLD = 1 << 20
 MAX_BACKGROUND = 64
+#: never "congested": see tune_kernel
+CONGESTION_THRESHOLD = 65535
 
 
 class Prepared(NamedTuple):
@@ -92,7 +94,16 @@ def sd_notify(message: str) -> None:
 
 
 def tune_kernel(mountpoint: str) -> None:
-    """Raise read-ahead and max_background through sysfs: pyfuse3 cannot pass them as options."""
+    """Raise read-ahead and max_background through sysfs: pyfuse3 cannot pass them as options.
+
+    And keep the connection from ever counting as congested. Once that many reads are
+    queued, the kernel drops the rest of a read-ahead window, but the pages it had already
+    put in the page cache stay there, not yet read; a later reader of them then fetches
+    them one page per request, one request after another. Under 64 random readers one
+    536 KB read became 26 requests in a row and took 7 s (12 s for another), against a p99
+    of 0.8 s. Without the threshold every window is sent whole and queues like any other
+    read (max_background still bounds how many are in flight): the worst read took 1.8 s.
+    """
     dev = mount_device(mountpoint)
     if dev is None:
         return
@@ -106,7 +117,7 @@ def tune_kernel(mountpoint: str) -> None:
     for path, value in (
         (f"/sys/class/bdi/{dev}/read_ahead_kb", READ_AHEAD_KB),
         (f"/sys/fs/fuse/connections/{minor}/max_background", MAX_BACKGROUND),
-        (f"/sys/fs/fuse/connections/{minor}/congestion_threshold", MAX_BACKGROUND * 3 // 4),
+        (f"/sys/fs/fuse/connections/{minor}/congestion_threshold", CONGESTION_THRESHOLD),
     ):
         try:
             with open(path, "w") as f:
