@@ -634,7 +634,7 @@ def test_a_worker_hop_returns_the_result_or_raises_the_error_itself():
         assert await workers.run(lambda a, b: a + b, 2, 3) == 5
         with pytest.raises(Boom, match="x"):
             await workers.run(fails)
-        assert workers._limiter.borrowed_tokens == 0
+        assert workers.in_use == 0
 
     trio.run(main)
 
@@ -678,6 +678,65 @@ def test_worker_hops_never_exceed_the_limit():
     trio.run(main)
 
 
+def test_an_urgent_hop_goes_ahead_of_the_queued_ones_and_each_lane_keeps_its_order():
+    """A listing asked for behind a cold read's queued decodes takes the next free thread."""
+    import threading
+
+    from zvfs.workers import Workers
+
+    order: list[str] = []
+    release = threading.Event()
+
+    def blocker() -> None:
+        release.wait(5)
+
+    def job(name: str) -> None:
+        order.append(name)  # one thread: the jobs run one at a time
+
+    async def main() -> None:
+        workers = Workers(1)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(workers.run, blocker)
+            await trio.sleep(0.05)  # the one thread is taken
+            for i in range(3):
+                nursery.start_soon(workers.run, job, f"data{i}")
+                await trio.sleep(0.01)  # queued in this order
+            nursery.start_soon(workers.run_urgent, job, "listing0")
+            await trio.sleep(0.01)
+            nursery.start_soon(workers.run_urgent, job, "listing1")
+            await trio.sleep(0.01)
+            assert order == [] and workers.in_use == 1
+            release.set()
+        assert order == ["listing0", "listing1", "data0", "data1", "data2"]
+        assert workers.in_use == 0
+
+    trio.run(main)
+
+
+def test_a_hop_cancelled_while_it_waits_takes_no_thread():
+    import threading
+
+    from zvfs.workers import Workers
+
+    release = threading.Event()
+
+    async def main() -> None:
+        workers = Workers(1)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(workers.run, release.wait, 5)
+            await trio.sleep(0.05)
+            for run in (workers.run, workers.run_urgent):
+                with trio.move_on_after(0.05) as scope:
+                    await run(lambda: "never")
+                assert scope.cancelled_caught
+            assert workers.in_use == 1  # only the blocker's
+            release.set()
+        assert workers.in_use == 0
+        assert await workers.run(lambda: "next") == "next"
+
+    trio.run(main)
+
+
 def test_a_cancelled_worker_hop_is_abandoned_and_gives_its_place_back_when_it_ends():
     import threading
 
@@ -696,9 +755,9 @@ def test_a_cancelled_worker_hop_is_abandoned_and_gives_its_place_back_when_it_en
             with trio.move_on_after(0.1) as scope:
                 await workers.run(stuck)
             assert scope.cancelled_caught  # the caller went on while the thread is stuck
-            assert workers._limiter.borrowed_tokens == 1
+            assert workers.in_use == 1
             release.set()
-            while workers._limiter.borrowed_tokens:  # given back once the thread ends
+            while workers.in_use:  # given back once the thread ends
                 await trio.sleep(0.01)
             assert ended.is_set()
             assert await workers.run(lambda: "next") == "next"

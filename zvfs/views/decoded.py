@@ -78,10 +78,10 @@ async def decoded(ctx: MountContext) -> Decoded:
     """The current discovery. One that met a store failure is never kept past
     INCOMPLETE_TTL, whatever the metadata TTL: a 403 or a timeout while listing
     must not hide arrays for a minute, or forever with ``metadata_ttl=indefinite``."""
-    d: Decoded = await ctx.listings.get(("decoded",), lambda: ctx.workers.run(_discover, ctx))
+    d: Decoded = await ctx.listings.get(("decoded",), lambda: ctx.workers.run_urgent(_discover, ctx))
     if d.incomplete and time.monotonic() - d.made > INCOMPLETE_TTL:
         ctx.listings.invalidate(("decoded",))
-        d = await ctx.listings.get(("decoded",), lambda: ctx.workers.run(_discover, ctx))
+        d = await ctx.listings.get(("decoded",), lambda: ctx.workers.run_urgent(_discover, ctx))
     return d
 
 

@@ -608,7 +608,7 @@ class RawDir(DirNode):
             try:
                 if store.lists_in_memory:
                     return store.list_dir(self.prefix)
-                return await self.ctx.workers.run(store.list_dir, self.prefix)
+                return await self.ctx.workers.run_urgent(store.list_dir, self.prefix)
             except StoreError as exc:
                 raise NodeError(errno.EIO, f"listing {self.prefix or '/'}: {exc}") from exc
 
@@ -628,7 +628,7 @@ class RawDir(DirNode):
             under_way, ctx.listing_under_way = ctx.listing_under_way, None
             keys = await under_way() if under_way is not None else None
             try:
-                return await ctx.workers.run(build_tree_index, ctx.store, TREE_INDEX_LIMIT, keys) or False
+                return await ctx.workers.run_urgent(build_tree_index, ctx.store, TREE_INDEX_LIMIT, keys) or False
             except StoreError as exc:
                 raise NodeError(errno.EIO, f"listing /: {exc}") from exc
 

@@ -33,7 +33,7 @@ async def load_decoded_views(ctx: MountContext) -> ModuleType:
     """The decoded views' module, imported off the trio thread. Not sys.modules: a module
     another thread is still importing is there half-made; import_module waits for it."""
     if not _decoded_views:
-        _decoded_views.append(await ctx.workers.run(import_module, DECODED_MODULE))
+        _decoded_views.append(await ctx.workers.run_urgent(import_module, DECODED_MODULE))
     return _decoded_views[0]
 
 
