@@ -269,34 +269,39 @@ class DecodedArray:
                 if passed_from is not None:
                     self._release(needed, passed_from, stop)
                 return view
-        item = (dt or meta.dtype).itemsize
-        reply = (stop - start) * item
-        first = needed[:CHUNK_BATCH]
-        # the chunks before the reply's buffer: a read that waits for them holds no buffer
-        decoded = await (self._batch(first) if len(first) == CHUNK_BATCH else self.chunks(first))
-        # the reply's buffer: memory an earlier reply went out from, when the pool has one
-        # (a fresh MiB is 256 page faults, and unmapped again after the reply)
-        buf = self.ctx.buffers.take(reply)
+        buf: np.ndarray | None = None
+        for n in range(0, len(needed), CHUNK_BATCH):
+            group = needed[n : n + CHUNK_BATCH]
+            decoded = await (self._batch(group) if len(group) == CHUNK_BATCH else self.chunks(group))
+            if buf is None:  # taken once the first chunks are in: a read waiting for them holds none
+                buf, out, views = self._reply_buffer(stop - start, dt or meta.dtype, boxes)
+            for idx in group:
+                _copy_chunk(meta.chunks, idx, decoded[idx], boxes, views)
+            del decoded  # not held while the next group loads
+        if passed_from is not None:
+            self._release(needed, passed_from, stop)
+        self.ctx.buffers.give(buf)  # lent again once the reply made from it is gone
+        return byte_view(out)
+
+    def _reply_buffer(
+        self, count: int, dtype: np.dtype, boxes: list[Box]
+    ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+        """A reply of ``count`` elements of ``dtype``: its uint8 buffer, the buffer as
+        ``dtype``, and the view of it that each box fills. The buffer is memory an earlier
+        reply went out from, when the pool has one (a fresh MiB is 256 page faults, and
+        unmapped again after the reply)."""
+        nbytes = count * dtype.itemsize
+        buf = self.ctx.buffers.take(nbytes)
         if buf is None:
-            buf = np.empty(reply, np.uint8)
-        out = buf.view(dt or meta.dtype)
+            buf = np.empty(nbytes, np.uint8)
+        out = buf.view(dtype)
         views, at = [], 0
         for lo, hi in boxes:
             shape = tuple(h - lo_ for lo_, h in zip(lo, hi, strict=True))
             n = math.prod(shape)
             views.append(out[at : at + n].reshape(shape))
             at += n
-        for n in range(0, len(needed), CHUNK_BATCH):
-            group = needed[n : n + CHUNK_BATCH]
-            if n:
-                decoded = await (self._batch(group) if len(group) == CHUNK_BATCH else self.chunks(group))
-            for idx in group:
-                _copy_chunk(meta.chunks, idx, decoded[idx], boxes, views)
-            del decoded
-        if passed_from is not None:
-            self._release(needed, passed_from, stop)
-        self.ctx.buffers.give(buf)  # lent again once the reply made from it is gone
-        return byte_view(out)
+        return buf, out, views
 
     def _release(self, touched: list[tuple[int, ...]], start: int, stop: int) -> None:
         """Drop from the cache the chunks of ``touched`` whose every element lies in [start,
