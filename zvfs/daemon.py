@@ -21,12 +21,12 @@ import sys
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, NamedTuple
 
-import pyfuse3
 import trio
 
 from zvfs import warmup
 from zvfs.fs import Ownership, ZvfsOperations
 from zvfs.fs import loop as fs_loop
+from zvfs.fs.fuse import pyfuse3
 from zvfs.mounts import mount_device
 from zvfs.options import OPTIONS, S3_WRITE_OPTIONS, format_value
 from zvfs.stats import Counters

@@ -43,9 +43,9 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable
 
-import pyfuse3
 import trio
 
+from zvfs.fs.fuse import pyfuse3
 from zvfs.stats import Counters
 
 log = logging.getLogger(__name__)

@@ -42,9 +42,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import pyfuse3
 import trio
 
+from zvfs.fs.fuse import pyfuse3
 from zvfs.fs.ownership import Ownership
 from zvfs.views.context import MountContext
 from zvfs.views.node import DirNode, FileHandle, FileNode, Node, NodeError
