@@ -293,7 +293,7 @@ def test_a_mount_records_what_it_imported_and_the_next_start_reads_it_ahead(
     assert any("/pyfuse3" in f for f in files) and any("/trio/" in f for f in files), files[:20]
     assert not [f for f in files if "/zvfs/views/decoded" in f or "/numpy/" in f]
     # pyfuse3 reads its version through importlib.metadata, which zvfs.fs.fuse keeps from
-    # loading (it and the email package under it were some 70 files of the start)
+    # loading (it and the email package under it were 22 modules of the start)
     assert not [f for f in files if "/importlib/metadata/" in f or "/email/" in f]
     assert all(os.path.isabs(f) and os.path.isfile(f) for f in files)
 
