@@ -8,6 +8,10 @@ on a slow test machine, for a string zvfs never shows. So the first
 import of pyfuse3 sees a stand-in that knows no distribution (pyfuse3 then says its
 version is "unknown"), which is taken away again at once: anything imported later gets the
 real module. Every module of zvfs imports pyfuse3 from here.
+
+The stand-in is in ``sys.modules`` only while pyfuse3 is imported, which the daemon does
+before it starts a thread that could import anything (start-up's read-ahead thread only
+opens files); a process that already holds ``importlib.metadata`` imports pyfuse3 as is.
 """
 
 from __future__ import annotations
