@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -761,5 +762,45 @@ def test_a_cancelled_worker_hop_is_abandoned_and_gives_its_place_back_when_it_en
                 await trio.sleep(0.01)
             assert ended.is_set()
             assert await workers.run(lambda: "next") == "next"
+
+    trio.run(main)
+
+
+def test_df_recounts_a_store_no_sooner_than_its_count_allows(tmp_path):
+    """statfs recounts the store's bytes once the TTL has passed, but never sooner than
+    ``spacing`` times what the last count took: on a store of a million files a count takes
+    seconds, and a df polled every second must not keep a core walking it."""
+    from zvfs.views.usage import StoreUsage
+
+    (tmp_path / "a").write_bytes(b"x" * 100)
+    counted = []
+
+    class SlowCount(DirectoryStore):
+        def list_tree(self, prefix):
+            counted.append(prefix)
+            time.sleep(0.05)  # what a big store's count costs, in small
+            yield from super().list_tree(prefix)
+
+    ctx = MountContext(store=SlowCount(tmp_path), metadata_ttl=0)
+    usage = StoreUsage(ctx, spacing=10)  # 0.05 s a count: at most one each 0.5 s
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            ctx.nursery = nursery
+            assert (await usage())[0] == 100
+            (tmp_path / "b").write_bytes(b"y" * 20)
+            for _ in range(5):  # a TTL of 0 would count again at each of these
+                assert (await usage())[0] == 100
+            assert len(counted) == 1
+            await trio.sleep(0.6)
+            assert (await usage())[0] == 120  # counted again once the spacing has passed
+            assert len(counted) == 2
+            # a quick count is held back only as long as it took
+            cheap = StoreUsage(MountContext(store=DirectoryStore(tmp_path), metadata_ttl=0), spacing=1)
+            cheap.ctx.nursery = nursery
+            await cheap()
+            (tmp_path / "c").write_bytes(b"z")
+            await trio.sleep(0.2)
+            assert (await cheap())[0] == 121
 
     trio.run(main)
