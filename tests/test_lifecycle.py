@@ -325,6 +325,37 @@ def test_a_mount_records_what_it_imported_and_the_next_start_reads_it_ahead(
     assert warmup.start() is None
 
 
+def test_an_exit_lets_a_manifest_being_written_finish(tmp_path, monkeypatch) -> None:
+    """A daemon that exits just after its mount answered (unmounted at once) waits for the
+    manifest its worker thread is writing, instead of cutting the write short and leaving
+    the temporary file in the cache directory; and no write starts after that."""
+    from zvfs import warmup
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(warmup, "_finished", False)
+    real_replace = os.replace
+    started = threading.Event()
+
+    def slow_replace(src, dst):  # a write that takes a while (a slow or busy disk)
+        started.set()
+        time.sleep(0.3)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(warmup.os, "replace", slow_replace)
+    files = [warmup.__file__]
+    writer = threading.Thread(target=warmup.record, args=(files,))
+    writer.start()
+    assert started.wait(10)
+    warmup.finish(timeout=10)
+    manifest = Path(warmup.manifest_path() or "")
+    assert manifest.read_text().splitlines() == files  # whole, before finish returned
+    assert [p.name for p in manifest.parent.iterdir()] == [manifest.name]  # no temporary file
+    writer.join(10)
+    manifest.unlink()
+    warmup.record(files)  # after finish: nothing is written
+    assert not manifest.exists()
+
+
 def test_start_up_work_waits_until_the_kernel_stops_sending_requests() -> None:
     """when_quiet (the decoded views' import after the mount answers): not while a reader
     that began at once is still sending requests, one every quarter of QUIET_SECONDS for

@@ -409,6 +409,7 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
         if metrics is not None:
             metrics.shutdown()
         store.close()
+        warmup.finish()
     if failed:
         log.info("unmounted %s: the source could not be opened", mountpoint)
         raise failed[0]

@@ -35,6 +35,11 @@ def manifest_path() -> str | None:
 
 #: the manifest as this process's start read it (a forked daemon inherits it)
 _read: list[str] | None = None
+#: held while :func:`record` writes; :func:`finish` takes it so that a daemon exiting just
+#: after its mount answered does not cut a write short and leave its temporary file
+_writing = threading.Lock()
+#: set by :func:`finish`: no write starts after it
+_finished = False
 
 
 def start() -> threading.Thread | None:
@@ -86,21 +91,34 @@ def record(files: list[str]) -> None:
     if path is None:
         return
     text = "".join(f"{name}\n" for name in files if os.path.isfile(name))
-    try:
-        with open(path, encoding="utf-8") as f:
-            if f.read() == text:
-                return
-    except OSError:
-        pass
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-        _sweep(path)
-    except OSError:
-        pass
+    with _writing:
+        if _finished:
+            return
+        try:
+            with open(path, encoding="utf-8") as f:
+                if f.read() == text:
+                    return
+        except OSError:
+            pass
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.{os.getpid()}"
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, path)
+            _sweep(path)
+        except OSError:
+            pass
+
+
+def finish(timeout: float = 1.0) -> None:
+    """Before the process exits: wait up to ``timeout`` for a manifest being written (in a
+    worker thread, which the exit would otherwise stop half way, leaving its temporary
+    file), and let no write start after."""
+    global _finished
+    if _writing.acquire(timeout=timeout):
+        _finished = True
+        _writing.release()
 
 
 def _sweep(path: str) -> None:
