@@ -280,9 +280,9 @@ def test_a_mount_records_what_it_imported_and_the_next_start_reads_it_ahead(
         zarr_dir, mount, tmp_path, monkeypatch) -> None:
     """The mount writes the files it had imported when it answered (pyfuse3's and trio's
     among them; no decoded view's, and not importlib.metadata's) to its manifest under
-    XDG_CACHE_HOME; the next start
-    hands them to the kernel from a thread, which a missing file, a directory or a FIFO
-    in the list neither stops nor holds; the manifest is rewritten only when it changes."""
+    XDG_CACHE_HOME; the next start hands them to the kernel from a thread, which a missing
+    file, a directory or a FIFO in the list neither stops nor holds; the manifest is
+    rewritten only when it changes."""
     from zvfs import warmup
 
     cache = tmp_path / "cache"

@@ -92,23 +92,27 @@ def record(files: list[str]) -> None:
         return
     text = "".join(f"{name}\n" for name in files if os.path.isfile(name))
     with _writing:
-        if _finished:
-            return
-        try:
-            with open(path, encoding="utf-8") as f:
-                if f.read() == text:
-                    return
-        except OSError:
-            pass
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{path}.{os.getpid()}"
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(tmp, path)
-            _sweep(path)
-        except OSError:
-            pass
+        if not _finished:
+            _write(path, text)
+
+
+def _write(path: str, text: str) -> None:
+    """``text`` as the manifest at ``path``, through a temporary file, unless it is that."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            if f.read() == text:
+                return
+    except OSError:
+        pass
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+        _sweep(path)
+    except OSError:
+        pass
 
 
 def finish(timeout: float = 1.0) -> None:

@@ -4,10 +4,10 @@ pyfuse3 sets its ``__version__`` at import from its installed metadata
 (``importlib.metadata.version``). That imports ``importlib.metadata`` and the ``email``
 package under it (some 20 modules, read from disk one by one when the page cache is cold)
 and scans every ``sys.path`` entry for distributions: about 0.08 s of a 0.45 s cold mount
-on a slow test machine, for a string zvfs never shows. So the first
-import of pyfuse3 sees a stand-in that knows no distribution (pyfuse3 then says its
-version is "unknown"), which is taken away again at once: anything imported later gets the
-real module. Every module of zvfs imports pyfuse3 from here.
+on a slow test machine, for a string zvfs never shows. So the first import of pyfuse3
+sees a stand-in that knows no distribution (pyfuse3 then says its version is "unknown"),
+which is taken away again at once: anything imported later gets the real module. Every
+module of zvfs imports pyfuse3 from here.
 
 The stand-in is in ``sys.modules`` only while pyfuse3 is imported, which the daemon does
 before it starts a thread that could import anything (start-up's read-ahead thread only

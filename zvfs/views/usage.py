@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import shutil
-import time
 from collections.abc import Awaitable, Callable
 from itertools import islice
 
@@ -45,7 +44,7 @@ class StoreUsage:
         self.spacing = spacing
         self._value: tuple[int, int] | None = None
         self._when = -math.inf
-        #: seconds the last count took (wall time: its stats wait on the disk)
+        #: seconds the last count took (wall time, on the clock of _when: its stats wait on the disk)
         self._took = 0.0
         self._counting: trio.Event | None = None
 
@@ -65,10 +64,10 @@ class StoreUsage:
     async def _count(self) -> None:
         try:
             index = await self.tree() if self.tree is not None else None
-            began = time.monotonic()
+            began = trio.current_time()
             self._value = await self.ctx.workers.run(self._measure, index)
-            self._took = time.monotonic() - began
             self._when = trio.current_time()
+            self._took = self._when - began
         finally:
             done, self._counting = self._counting, None
             if done is not None:
