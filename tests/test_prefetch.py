@@ -312,6 +312,55 @@ def test_reading_ahead_opens_nothing_outside_a_directory_store(mount, tmp_path):
         view.close()
 
 
+def test_a_search_that_falls_behind_the_reader_catches_up_when_it_ends(tmp_path):
+    """The reader opens files faster than the first search ahead of it lists their
+    directories (a busy machine): when that search ends, the next one starts from where the
+    reader has got, at once, and not at the reader's next open, which may be long after
+    (this raced in test_a_directory_store_read_in_tree_order_is_read_ahead on CI)."""
+    import threading
+
+    import trio
+    import trio.testing
+
+    from zvfs.stores.directory import DirectoryStore
+    from zvfs.views.context import MountContext
+    from zvfs.views.tree_ahead import TreeAhead
+
+    class Slow(DirectoryStore):
+        def __init__(self, root: Path) -> None:
+            super().__init__(root)
+            self.gate = threading.Event()
+            self.hinted: list[str] = []
+
+        def list_dir(self, prefix: str):
+            self.gate.wait(10)
+            return super().list_dir(prefix)
+
+        def will_need(self, keys) -> None:
+            self.hinted.extend(keys)
+
+    order = _tree_order(_chunk_tree(tmp_path / "src", 48, 10))
+    store = Slow(tmp_path / "src")
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            ctx = MountContext(store=store)
+            ctx.nursery = nursery
+            ahead = TreeAhead(ctx)
+            for k in order[:4]:
+                ahead.opened(k)
+                await trio.testing.wait_all_tasks_blocked()
+            assert ahead.busy and not store.hinted  # the first search is still listing
+            store.gate.set()
+            with trio.fail_after(10):
+                while ahead.busy:  # a search ending starts the next on the same step
+                    await trio.sleep(0.001)
+            assert order[10] in store.hinted, store.hinted
+            assert set(order[4:12]) <= set(store.hinted)
+
+    trio.run(main)
+
+
 def test_a_second_pass_over_the_tree_starts_no_search_at_every_open(tmp_path, monkeypatch):
     """A reader going over the whole tree again (a warm re-read) opens files the walk has
     passed: once a search after the tree's last file has found nothing, no open starts

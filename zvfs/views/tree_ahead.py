@@ -81,6 +81,11 @@ class TreeAhead:
         self.previous = key
         if self.last > self.KEEP:  # a long walk: forget the files it has passed
             self._forget(self.last - self.SPREAD)
+        self._keep_ahead()
+
+    def _keep_ahead(self) -> None:
+        """Start finding the next files if fewer than half the window are known ahead of
+        the reader and no search is under way."""
         known = len(self.order) - 1 - self.last
         if not self.busy and known < self.window // 2 + 1 and self.order[-1] != self.end \
                 and self.ctx.nursery is not None:
@@ -127,6 +132,11 @@ class TreeAhead:
                 self.position.setdefault(key, len(self.order))
                 self.order.append(key)
         ctx.counters.add("prefetch_requests", len(fresh) + len(more))
+        # The reader may have gone on while this search ran (its opens started none, as one
+        # was busy), or started a walk of its own further on: catch up now rather than at
+        # its next open, which may be long after (a reader that stops to work on what it has)
+        if self.order and self.order[-1] != start:
+            self._keep_ahead()
 
     def _cached(self, prefix: str) -> Listing | None:
         return self.ctx.listings.peek(prefix, count=False)
