@@ -314,9 +314,10 @@ def test_reading_ahead_opens_nothing_outside_a_directory_store(mount, tmp_path):
 
 def test_a_search_that_falls_behind_the_reader_catches_up_when_it_ends(tmp_path):
     """The reader opens files faster than the first search ahead of it lists their
-    directories (a busy machine): when that search ends, the next one starts from where the
-    reader has got, at once, and not at the reader's next open, which may be long after
-    (this raced in test_a_directory_store_read_in_tree_order_is_read_ahead on CI)."""
+    directories (a busy machine): when that search ends, the walk keeps the files it found
+    and places the reader among them, and the next search starts at once, not at the
+    reader's next open, which may be long after (this raced in
+    test_a_directory_store_read_in_tree_order_is_read_ahead on CI)."""
     import threading
 
     import trio
@@ -357,6 +358,11 @@ def test_a_search_that_falls_behind_the_reader_catches_up_when_it_ends(tmp_path)
                     await trio.sleep(0.001)
             assert order[10] in store.hinted, store.hinted
             assert set(order[4:12]) <= set(store.hinted)
+            # the walk kept the files that search found, and knows where the reader is in
+            # it: the reader's next opens are in it (no search starts over from them)
+            assert ahead.order[: ahead.last + 1] == order[1:4], (ahead.order, ahead.last)
+            assert ahead.order == order[1 : len(ahead.order) + 1]
+            assert ahead.beyond is None
 
     trio.run(main)
 

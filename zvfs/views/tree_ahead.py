@@ -55,6 +55,9 @@ class TreeAhead:
         #: the last file of the tree, once a search after it found nothing (a reader going
         #: over the tree again must not start a search at every open)
         self.end: str | None = None
+        #: a file the reader opened past the walk's last known one while a search was
+        #: under way: placed in the walk when the search ends
+        self.beyond: str | None = None
         #: the files hinted lately (a second pass over a tree finds them in the page cache:
         #: hinting them again would only cost a hop and an open each)
         self.hinted: dict[str, None] = {}
@@ -65,23 +68,38 @@ class TreeAhead:
         i = self.position.get(key)
         if i is not None:
             if i > self.last:
-                grow = i - self.last <= self.SPREAD  # else a jump forward: go on from there
-                self.window = files_window(self.window) if grow else 4
-                self.last = i
-                self.ctx.counters.add("prefetch_hits")
+                self._reached(i)
             # else: a file behind the furthest one (another copy thread): nothing learnt
         elif self.previous is not None and _next_in_tree(self.previous, key):
-            # a walk starts here (one file is no evidence), or goes on past the files its
-            # worker has found so far: from here, with the window it had
-            self.window = files_window(self.window) if self.order else 4
-            self.order, self.position, self.last = [key], {key: 0}, 0
+            if self.busy and self.order and key.split("/") > self.order[-1].split("/"):
+                # past the files known, where the search under way is finding them (the
+                # reader is as fast as the search): placed when it ends, not started over,
+                # which would throw its files away and leave every search behind
+                self.beyond = key
+                self.previous = key
+                return
+            self._restart(key)
         else:
             self.previous = key
             return
         self.previous = key
+        self._keep_ahead()
+
+    def _reached(self, i: int) -> None:
+        """The reader has got to the walk's ``i``-th file, past the furthest one before."""
+        grow = i - self.last <= self.SPREAD  # else a jump forward: go on from there
+        self.window = files_window(self.window) if grow else 4
+        self.last = i
+        self.ctx.counters.add("prefetch_hits")
         if self.last > self.KEEP:  # a long walk: forget the files it has passed
             self._forget(self.last - self.SPREAD)
-        self._keep_ahead()
+
+    def _restart(self, key: str) -> None:
+        """A walk starts at ``key`` (one file is no evidence), or goes on past the files its
+        worker has found so far: from there, with the window it had."""
+        self.window = files_window(self.window) if self.order else 4
+        self.order, self.position, self.last = [key], {key: 0}, 0
+        self.beyond = None
 
     def _keep_ahead(self) -> None:
         """Start finding the next files if fewer than half the window are known ahead of
@@ -132,9 +150,16 @@ class TreeAhead:
                 self.position.setdefault(key, len(self.order))
                 self.order.append(key)
         ctx.counters.add("prefetch_requests", len(fresh) + len(more))
-        # The reader may have gone on while this search ran (its opens started none, as one
-        # was busy), or started a walk of its own further on: catch up now rather than at
-        # its next open, which may be long after (a reader that stops to work on what it has)
+        if self.beyond is not None:  # where the reader got while this search ran
+            i = self.position.get(self.beyond)
+            if i is None:  # not among the files found: its walk starts there
+                self._restart(self.beyond)
+            elif i > self.last:
+                self._reached(i)
+            self.beyond = None
+        # The reader may have gone on while this search ran, or started a walk of its own
+        # further on: keep ahead of it now rather than at its next open, which may be long
+        # after (a reader that stops to work on what it has)
         if self.order and self.order[-1] != start:
             self._keep_ahead()
 
