@@ -43,6 +43,8 @@ READ_AHEAD_KB = 4096
 
 #: malloc's mmap threshold in the daemon (see tame_malloc)
 MMAP_THRESHOLD = 1 << 20
+#: free memory malloc keeps at the top of a heap rather than give back (see tame_malloc)
+TRIM_THRESHOLD = 4 << 20
 MAX_BACKGROUND = 64
 #: never "congested": see tune_kernel
 CONGESTION_THRESHOLD = 65535
@@ -138,6 +140,13 @@ def tame_malloc() -> None:
     At 256 KiB, those compressed reads were mappings too: each one page-faulted in and
     unmapped (a TLB shootdown on the other core), and a cold decoded read ran about 15%
     slower. Two arenas are plenty for 2-core decoding.
+
+    Fixing the mmap threshold also fixes the trim threshold, at glibc's 128 KiB: every raw
+    read (the bytes of one file, up to 1 MiB, read on the trio thread) then grew the heap,
+    faulted the pages in, and gave them back once its reply was out, read after read. A
+    4 MiB trim threshold keeps them: raw reads of the benchmark's 256 files of 450 KB
+    through a fresh mount took 12-25% less time (source in the page cache, 8 pairs), and
+    the daemon's peak RSS did not move (49-50 MB).
     """
     import ctypes
 
@@ -145,8 +154,9 @@ def tame_malloc() -> None:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:  # not glibc: nothing to tune
         return
-    m_mmap_threshold, m_arena_max = -3, -8
+    m_trim_threshold, m_mmap_threshold, m_arena_max = -1, -3, -8
     libc.mallopt(m_mmap_threshold, MMAP_THRESHOLD)
+    libc.mallopt(m_trim_threshold, TRIM_THRESHOLD)
     libc.mallopt(m_arena_max, 2)
 
 
