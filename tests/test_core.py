@@ -792,15 +792,18 @@ def test_df_recounts_a_store_no_sooner_than_its_count_allows(tmp_path):
             for _ in range(5):  # a TTL of 0 would count again at each of these
                 assert (await usage())[0] == 100
             assert len(counted) == 1
-            await trio.sleep(0.6)
-            assert (await usage())[0] == 120  # counted again once the spacing has passed
+            # counted again once the spacing has passed: 10 times what the count took (at
+            # least its 0.05 s; on a busy machine its thread hop makes it longer)
+            assert usage._took >= 0.05
+            await trio.sleep(10 * usage._took + 0.05)
+            assert (await usage())[0] == 120
             assert len(counted) == 2
             # a quick count is held back only as long as it took
             cheap = StoreUsage(MountContext(store=DirectoryStore(tmp_path), metadata_ttl=0), spacing=1)
             cheap.ctx.nursery = nursery
             await cheap()
             (tmp_path / "c").write_bytes(b"z")
-            await trio.sleep(0.2)
+            await trio.sleep(cheap._took + 0.05)
             assert (await cheap())[0] == 121
 
     trio.run(main)
