@@ -71,9 +71,14 @@ SIDE_BY_SIDE = {
 }
 
 
-def _number(text: str) -> float:
+#: per-key RSS: a difference of two peak RSS readings, which at the tiny run's 1,000 keys
+#: (a few hundred kB) is within their noise and may come out at or below zero
+NOISY = {"keys_dir_rss", "keys_s3_rss"}
+
+
+def _number(text: str, positive: bool = True) -> float:
     value = float(text.rstrip("×"))
-    assert math.isfinite(value) and value > 0, text
+    assert math.isfinite(value) and (value > 0 or not positive), text
     return value
 
 
@@ -105,11 +110,11 @@ def test_bench_tiny_run(tmp_path: Path) -> None:
     assert len(body) == len(EXPECTED), [r[0] for r in body]
     for (rid, (label, has_peer)), row in zip(EXPECTED.items(), body, strict=True):
         assert row[0].startswith(label), (rid, row)
-        _number(row[3])  # zvfs
+        _number(row[3], positive=rid not in NOISY)  # zvfs
         if has_peer:
             assert row[4] in PEERS | {"rclone (writes)"}, (rid, row)
             _number(row[5])
-            _number(row[6])
+            _number(row[6], positive=rid not in NOISY)
     assert re.search(r"\| [^|]*1 reader \| MiB/s \| higher \| [0-9.]+ \|", summary)
 
     # the machine-readable results agree, and every peer that is installed here ran
