@@ -466,9 +466,29 @@ def zarr_s3_public(moto, zarr_dir) -> str:
     return f"s3://{S3_PUBLIC_BUCKET}/{S3_PREFIX}"
 
 
-def page_cache_holds(view: mmap.mmap, offset: int, length: int) -> bool:
-    """Whether every page of ``view[offset:offset + length]`` is in the page cache, asked
-    with mincore(2), which (unlike a read, even an RWF_NOWAIT one) starts no read-ahead."""
+def drop_page_cache(fd: int, tries: int = 50) -> bool:
+    """Have the kernel drop the cached pages of the file behind ``fd`` (fsync, then
+    POSIX_FADV_DONTNEED), until mincore finds none of them: True once it does. DONTNEED
+    leaves a page that something else holds at that moment (on this VM, DAMON's kdamond
+    isolates pages now and then), so it is asked again, up to ``tries`` times."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return True
+    view = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+    try:
+        for _ in range(tries):
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            if not _resident_pages(view, 0, size).any():
+                return True
+            time.sleep(0.02)
+        return False
+    finally:
+        view.close()
+
+
+def _resident_pages(view: mmap.mmap, offset: int, length: int) -> np.ndarray:
+    """mincore(2)'s answer for each page of ``view[offset:offset + length]``: 1 if cached."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
     page = mmap.PAGESIZE
@@ -479,4 +499,10 @@ def page_cache_holds(view: mmap.mmap, offset: int, length: int) -> bool:
     vec = ctypes.create_string_buffer(last - first + 1)
     if libc.mincore(ctypes.c_void_p(base), (last - first + 1) * page, vec) != 0:
         raise OSError(ctypes.get_errno(), "mincore")
-    return all(b & 1 for b in vec.raw)
+    return np.frombuffer(vec.raw, dtype=np.uint8) & 1
+
+
+def page_cache_holds(view: mmap.mmap, offset: int, length: int) -> bool:
+    """Whether every page of ``view[offset:offset + length]`` is in the page cache, asked
+    with mincore(2), which (unlike a read, even an RWF_NOWAIT one) starts no read-ahead."""
+    return bool(_resident_pages(view, offset, length).all())
