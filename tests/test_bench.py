@@ -129,8 +129,8 @@ def test_bench_tiny_run(tmp_path: Path) -> None:
     for rid, peers in SIDE_BY_SIDE.items():
         medians = res[rid]["median"]
         assert {"zvfs", *peers} <= set(medians), (rid, res[rid])
-        assert all(math.isfinite(medians[s]) and medians[s] > 0 for s in ("zvfs", *peers)), \
-            (rid, medians)
+        assert all(math.isfinite(medians[s]) and (medians[s] > 0 or rid in NOISY)
+                   for s in ("zvfs", *peers)), (rid, medians)
     targets = md.split("## Targets", 1)[1].split("\n## ", 1)[0]
     assert "zarr-python + zarrs" in targets and "≤ 300 bytes per key" in targets
     assert "not measured" not in targets, targets

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import numpy as np
 import zarr
-from conftest import in_threads, page_cache_holds, run, store_files, tool, wait_until
+from conftest import (
+    drop_page_cache,
+    in_threads,
+    page_cache_holds,
+    run,
+    store_files,
+    tool,
+    wait_until,
+)
 from conftest import mount_stats as _stats
 
 
@@ -150,8 +158,7 @@ def _drop_from_page_cache(root: Path, keys) -> None:
     for k in keys:
         fd = os.open(root / k, os.O_RDONLY)
         try:
-            os.fsync(fd)  # DONTNEED lets go of clean pages only
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            assert drop_page_cache(fd), f"DONTNEED kept the pages of {k}"
         finally:
             os.close(fd)
 

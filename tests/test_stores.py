@@ -373,11 +373,10 @@ def test_directory_reader_reads_at_once_only_what_the_page_cache_holds(tmp_path:
     reader = st.open_reader("f")
     fd = os.open(root / "f", os.O_RDONLY)
     try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # clean pages: dropped
+        assert drop_page_cache(fd), "DONTNEED kept the file's pages"
         assert reader.read_at_once(0, 1 << 20) is None  # (it starts a read-ahead: let it end)
         assert reader.read(0, len(data)) == data
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        assert drop_page_cache(fd), "DONTNEED kept the file's pages"
         # the first MiB alone in the page cache: read on a descriptor with no read-ahead
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         assert os.pread(fd, 1 << 20, 0) == data[: 1 << 20]
