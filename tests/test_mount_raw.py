@@ -26,6 +26,7 @@ from conftest import (
     S3_PREFIX,
     Mounted,
     daemon_pids,
+    drop_page_cache,
     force_unmount,
     mount_entry,
     page_cache_holds,
@@ -633,8 +634,7 @@ def test_bigger_stored_members_read_in_tree_order_are_read_ahead_by_the_kernel(
     gap = min(abs(offsets[target] - offsets[r]) for r in read_first)
     assert gap >= 3 << 20, f"the shuffle left {target} only {gap} bytes from a member read first"
     fd = os.open(z, os.O_RDONLY)
-    os.fsync(fd)  # DONTNEED lets go of clean pages only
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    drop_page_cache(fd)
     view = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
     os.close(fd)
     try:

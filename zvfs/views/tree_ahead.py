@@ -71,7 +71,7 @@ class TreeAhead:
                 self._reached(i)
             # else: a file behind the furthest one (another copy thread): nothing learnt
         elif self.previous is not None and _next_in_tree(self.previous, key):
-            if self.busy and self.order and key.split("/") > self.order[-1].split("/"):
+            if self.busy and self.order and _later_in_tree(self.order[-1], key):
                 # past the files known, where the search under way is finding them (the
                 # reader is as fast as the search): placed when it ends, not started over,
                 # which would throw its files away and leave every search behind
@@ -150,13 +150,13 @@ class TreeAhead:
                 self.position.setdefault(key, len(self.order))
                 self.order.append(key)
         ctx.counters.add("prefetch_requests", len(fresh) + len(more))
-        if self.beyond is not None:  # where the reader got while this search ran
-            i = self.position.get(self.beyond)
+        beyond, self.beyond = self.beyond, None
+        if beyond is not None:  # where the reader got while this search ran
+            i = self.position.get(beyond)
             if i is None:  # not among the files found: its walk starts there
-                self._restart(self.beyond)
+                self._restart(beyond)
             elif i > self.last:
                 self._reached(i)
-            self.beyond = None
         # The reader may have gone on while this search ran, or started a walk of its own
         # further on: keep ahead of it now rather than at its next open, which may be long
         # after (a reader that stops to work on what it has)
@@ -251,10 +251,15 @@ def _ancestors(key: str) -> list[str]:
     return [""] + ["/".join(parts[: i + 1]) + "/" for i in range(len(parts))]
 
 
+def _later_in_tree(before: str, key: str) -> bool:
+    """Whether ``key`` comes after ``before`` in tree order (path components compared)."""
+    return key.split("/") > before.split("/")
+
+
 def _next_in_tree(before: str, key: str) -> bool:
     """Whether ``key`` may come soon after ``before`` in tree order: later, and in the same
     directory or one under the same grandparent (the next chunk of a Zarr v3 array)."""
-    a, b = before.split("/"), key.split("/")
-    if b <= a:
+    if not _later_in_tree(before, key):
         return False
+    a, b = before.split("/"), key.split("/")
     return a[:-1] == b[:-1] or (len(a) == len(b) >= 3 and a[:-2] == b[:-2])
