@@ -766,6 +766,50 @@ def test_a_cancelled_worker_hop_is_abandoned_and_gives_its_place_back_when_it_en
     trio.run(main)
 
 
+@pytest.mark.parametrize("first", ["count", "tree"])
+def test_df_and_the_raw_tree_list_each_directory_of_a_store_once(tmp_path, first):
+    """find calls statfs as it starts, and the count that starts goes down the same
+    directories as find: whichever comes first to a directory lists it for both, so a
+    million-file store is not read twice (a stat a file) while find waits on the disk.
+    Either order: the count ahead of the reader (df first), or behind it."""
+    from zvfs.views.raw import RawDir
+    from zvfs.views.usage import StoreUsage
+
+    sizes = {"a/0": 3, "a/1": 5, "a/b/2": 7, "c/3": 11, "c/d/e/4": 13, "zarr.json": 17}
+    for key, size in sizes.items():
+        (tmp_path / key).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / key).write_bytes(b"x" * size)
+    dirs = {"", "a/", "a/b/", "c/", "c/d/", "c/d/e/"}
+    scanned: list[str] = []
+
+    class Scans(DirectoryStore):
+        def _entries(self, prefix, real):  # one level read from the disk, for any caller
+            scanned.append(prefix)
+            return super()._entries(prefix, real)
+
+    ctx = MountContext(store=Scans(tmp_path))
+    usage = StoreUsage(ctx, str(tmp_path))
+
+    async def walk(d: RawDir) -> None:  # as find goes: readdir, then into each directory
+        for _name, child in await d.children():
+            if isinstance(child, RawDir):
+                await walk(child)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            ctx.nursery = nursery
+            if first == "count":
+                used, _free = await usage()
+                await walk(RawDir(ctx))
+            else:
+                await walk(RawDir(ctx))
+                used, _free = await usage()
+            assert used == sum(sizes.values())
+
+    trio.run(main)
+    assert sorted(scanned) == sorted(dirs), "a directory was read twice, or one not at all"
+
+
 def test_df_recounts_a_store_no_sooner_than_its_count_allows(tmp_path):
     """statfs recounts the store's bytes once the TTL has passed, but never sooner than
     ``spacing`` times what the last count took: on a store of a million files a count takes
@@ -776,10 +820,10 @@ def test_df_recounts_a_store_no_sooner_than_its_count_allows(tmp_path):
     counted = []
 
     class SlowCount(DirectoryStore):
-        def list_tree(self, prefix):
+        def list_dir(self, prefix):
             counted.append(prefix)
             time.sleep(0.05)  # what a big store's count costs, in small
-            yield from super().list_tree(prefix)
+            return super().list_dir(prefix)
 
     ctx = MountContext(store=SlowCount(tmp_path), metadata_ttl=0)
     usage = StoreUsage(ctx, spacing=10)  # 0.05 s a count: at most one each 0.5 s
@@ -797,7 +841,7 @@ def test_df_recounts_a_store_no_sooner_than_its_count_allows(tmp_path):
             assert usage._took >= 0.05
             await trio.sleep(10 * usage._took + 0.05)
             assert (await usage())[0] == 120
-            assert len(counted) == 2
+            assert len(counted) == 2  # a TTL of 0 caches no listing: each count lists the root
             # a quick count is held back only as long as it took
             cheap = StoreUsage(MountContext(store=DirectoryStore(tmp_path), metadata_ttl=0), spacing=1)
             cheap.ctx.nursery = nursery

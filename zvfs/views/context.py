@@ -164,6 +164,32 @@ class MountContext:
         for hook in self.on_change:
             hook()
 
+    async def listing(self, prefix: str) -> Listing:
+        """The store's listing of directory ``prefix`` ('' or ending in '/'), made once for
+        every asker within the metadata TTL.
+
+        The raw tree's lookups and readdirs ask here, and so does df's count of a store
+        listed a directory at a time (``views.usage``): ``find`` calls statfs as it starts,
+        and a count that walked the store on its own had every directory listed twice (a
+        stat a file, each time) while find waited on the same disk. A store that lists
+        from memory answers on the trio thread; any other in an urgent worker hop, since a
+        listing is what an ``ls`` waits for, which also sorts it (a flat directory of a
+        million files takes a second), so no reader sorts it on the trio thread. Failures
+        are the store's (StoreError)."""
+        store = self.store
+
+        def listed() -> Listing:
+            got = store.list_dir(prefix)
+            got.keys.seal()
+            return got
+
+        async def load() -> Listing:
+            if store.lists_in_memory:
+                return store.list_dir(prefix)
+            return await self.workers.run_urgent(listed)
+
+        return await self.listings.get(prefix, load)
+
     def _cached_listings(self, prefix: str) -> list[Listing]:
         """The cached listings that show directory ``prefix`` ('' or ending in '/')."""
         out = []

@@ -603,16 +603,11 @@ class RawDir(DirNode):
         if tree is not None:
             return self._with_made_dirs(tree.get(self.prefix) or Listing())
 
-        async def load() -> Listing:
-            store = self.ctx.store
-            try:
-                if store.lists_in_memory:
-                    return store.list_dir(self.prefix)
-                return await self.ctx.workers.run_urgent(store.list_dir, self.prefix)
-            except StoreError as exc:
-                raise NodeError(errno.EIO, f"listing {self.prefix or '/'}: {exc}") from exc
-
-        return self._with_made_dirs(await self.ctx.listings.get(self.prefix, load))
+        try:
+            listing = await self.ctx.listing(self.prefix)
+        except StoreError as exc:
+            raise NodeError(errno.EIO, f"listing {self.prefix or '/'}: {exc}") from exc
+        return self._with_made_dirs(listing)
 
     async def tree_index(self) -> dict[str, Listing] | None:
         """The whole store's listing index (prefix -> Listing), loaded once per metadata TTL

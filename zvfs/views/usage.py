@@ -9,7 +9,7 @@ from itertools import islice
 
 import trio
 
-from zvfs.stores.base import Listing
+from zvfs.stores.base import Listing, Store
 from zvfs.views.context import MountContext
 
 #: keys summed at most for one answer (a bucket of millions of keys is reported from its first ones)
@@ -17,6 +17,10 @@ MAX_KEYS = 1_000_000
 #: seconds a statfs waits for a count in progress; statfs must stay quick (df, `zvfs status`,
 #: `zvfs mount`'s dead-mount check all call it), so a long count finishes in the background
 WAIT = 1.0
+#: directory levels a count descends at most: a store walked a listing at a time cannot loop
+#: through a symlink (the directory store follows none to a directory), but a bind mount of
+#: an ancestor inside the store would have it walk ever deeper
+MAX_DEPTH = 256
 #: a count is not repeated sooner than this many times its own duration, whatever the TTL:
 #: counting a directory store of a million files takes 7 s warm and 28 s cold (a stat a
 #: file), and with df polled by a monitor, or `find` (which calls statfs) run in a loop, a
@@ -29,10 +33,16 @@ class StoreUsage:
     """Sums the key sizes once per metadata TTL, in the background; ``free_path`` is the
     directory whose disk's free space df shows, or None (nothing free).
 
-    ``tree`` gives the raw tree's index of a store listed flat (S3), which already holds
-    every key's size: summing it costs no request. Listing the bucket again for it did,
-    and ``find`` calls statfs (to choose how to walk), so each ``find`` of a fresh S3 mount
-    listed the whole bucket a second time and waited up to ``WAIT`` for it.
+    The count shares what the raw tree lists, because ``find`` calls statfs (to choose how
+    to walk) as it starts, so every ``find`` of a fresh mount also starts a count:
+    - ``tree`` gives the raw tree's index of a store listed flat (S3), which already holds
+      every key's size: summing it costs no request. Listing the bucket again for it did,
+      so each ``find`` listed the whole bucket a second time.
+    - a store listed a directory at a time (a directory store) is summed from the mount's
+      listings, in the order find and ``ls -R`` go (:meth:`_walk`): whichever of the count
+      and the reader comes first to a directory lists it for both. Its own walk (a stat a
+      file) had a million-file store walked twice, the count's stats competing with find's
+      on the same disk.
     """
 
     def __init__(self, ctx: MountContext, free_path: str | None = None,
@@ -48,12 +58,31 @@ class StoreUsage:
         self._took = 0.0
         self._counting: trio.Event | None = None
 
-    def _measure(self, index: dict[str, Listing] | None) -> tuple[int, int]:
-        used = _index_size(index) if index is not None else None
-        if used is None:
-            used = sum(info.size for _key, info in islice(self.ctx.store.list_tree(""), MAX_KEYS))
-        free = shutil.disk_usage(self.free_path).free if self.free_path else 0
-        return used, free
+    def _free(self) -> int:
+        return shutil.disk_usage(self.free_path).free if self.free_path else 0
+
+    async def _used(self, index: dict[str, Listing] | None) -> int:
+        used = await self.ctx.workers.run(_index_size, index) if index is not None else None
+        if used is not None:
+            return used
+        store = self.ctx.store
+        if store.flat_listing or store.lists_in_memory:  # one flat listing, or none at all
+            return await self.ctx.workers.run(_listed_size, store)
+        return await self._walk()
+
+    async def _walk(self) -> int:
+        """The bytes of a store listed a directory at a time, summed from ``ctx.listing``:
+        depth first, in sorted order, as find and ``ls -R`` go."""
+        used = keys = 0
+        stack = [""]
+        while stack and keys < MAX_KEYS:
+            prefix = stack.pop()
+            listing = await self.ctx.listing(prefix)
+            used += listing.keys.total_size()
+            keys += len(listing.keys)
+            if prefix.count("/") < MAX_DEPTH:
+                stack.extend(prefix + name + "/" for name in sorted(listing.prefixes, reverse=True))
+        return used
 
     def _fresh(self) -> bool:
         ttl = self.ctx.metadata_ttl
@@ -65,7 +94,8 @@ class StoreUsage:
         try:
             index = await self.tree() if self.tree is not None else None
             began = trio.current_time()
-            self._value = await self.ctx.workers.run(self._measure, index)
+            used = await self._used(index)
+            self._value = used, await self.ctx.workers.run(self._free)
             self._when = trio.current_time()
             self._took = self._when - began
         finally:
@@ -83,6 +113,11 @@ class StoreUsage:
             with trio.move_on_after(WAIT):
                 await counting.wait()
         return self._value or (0, 0)
+
+
+def _listed_size(store: Store) -> int:
+    """The bytes of a store's first MAX_KEYS keys, from one flat listing (worker side)."""
+    return sum(info.size for _key, info in islice(store.list_tree(""), MAX_KEYS))
 
 
 def _index_size(index: dict[str, Listing]) -> int | None:
