@@ -1180,6 +1180,26 @@ def test_the_fast_timestamp_parser_reads_what_botocores_reads(when: datetime, fm
     assert fast_timestamp(text) == parse_timestamp(text), text
 
 
+@pytest.mark.parametrize("text", [
+    "Fri, 27 Nov 2026 18:20:01 GMT", "27 Nov 2026 18:20:01 GMT", "Mon, 27 Nov 2026 18:20:01 GMT",
+    "Fri, 27 Nov 2026 18:20 GMT", "Fri, 27 Nov 26 18:20:01 GMT", "Fri, 27 Nov 2026 18:20:01 +0000",
+    "Fri, 27 Nov 2026 18:20:01 -0000", "Fri, 31 Feb 2026 18:20:01 GMT", "Fri, 27 Nov 2026 25:20:01 GMT",
+    "garbage GMT", " GMT", "GMT"])
+def test_an_odd_http_date_is_read_as_botocore_reads_it(text: str) -> None:
+    """The HTTP-date path (every GET's Last-Modified) gives botocore's answer, or its error."""
+    from botocore.utils import parse_timestamp
+
+    from zvfs.stores.s3_client import fast_timestamp
+
+    def outcome(parse):  # type: ignore[no-untyped-def]
+        try:
+            return parse(text)
+        except Exception as exc:  # noqa: BLE001 - the kind of failure is what is compared
+            return type(exc)
+
+    assert outcome(fast_timestamp) == outcome(parse_timestamp)
+
+
 @pytest.mark.parametrize("endpoint", [None, "http://127.0.0.1:9"])
 def test_a_buckets_endpoint_is_resolved_once_for_all_its_keys(endpoint: str | None) -> None:
     """reuse_endpoints: the same endpoint, URL, headers and signing, for every key as

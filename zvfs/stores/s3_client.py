@@ -19,6 +19,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 
@@ -52,17 +53,30 @@ from botocore.utils import parse_timestamp  # noqa: E402
 
 def fast_timestamp(value: str) -> datetime:
     """A timestamp of a response, as botocore's own parser reads it, but ISO 8601 with a zone
-    (a listing's LastModified: '2026-11-26T10:41:01.000Z') by ``datetime.fromisoformat``.
+    (a listing's LastModified: '2026-11-26T10:41:01.000Z') by ``datetime.fromisoformat``,
+    and an HTTP date in GMT (every GET's and HEAD's Last-Modified header:
+    'Fri, 27 Nov 2026 18:20:01 GMT') by ``email.utils``.
 
     botocore hands every timestamp to dateutil, which took two thirds of the CPU of
     parsing a ListObjectsV2 page of 1,000 keys (~55 ms a page): at 200,000 keys that is
-    seconds of the daemon's one GIL. Anything else (HeadObject's RFC 1123 Last-Modified,
-    a naive time) still goes to botocore's parser."""
+    seconds of the daemon's one GIL. A header's date cost each GET 97 us of it, 4 us by
+    ``email.utils``. Anything else (a naive time, another zone) still goes to botocore's
+    parser."""
     try:
         parsed = datetime.fromisoformat(value)
     except (TypeError, ValueError):
-        return parse_timestamp(value)
-    return parsed if parsed.tzinfo is not None else parse_timestamp(value)
+        parsed = _http_date(value)
+    return parsed if parsed is not None and parsed.tzinfo is not None else parse_timestamp(value)
+
+
+def _http_date(value: str) -> datetime | None:
+    """An HTTP date ending in GMT as an aware datetime, or None (then botocore's parser decides)."""
+    if not isinstance(value, str) or not value.endswith(" GMT"):
+        return None
+    try:
+        return parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
 
 
 #: the parameters S3's endpoint rules refer to (found once a process)
