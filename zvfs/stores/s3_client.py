@@ -4,7 +4,7 @@ botocore is built for every AWS service at once; a mount talks to one. Each twea
 below changes no request and no answer, only work botocore repeats, and each
 leaves botocore as it is where botocore is not laid out as expected:
 
-- :func:`fast_timestamp`: timestamps parsed without dateutil (listing CPU);
+- :func:`fast_timestamp`: timestamps parsed without dateutil (listing and GET CPU);
 - :func:`reuse_endpoints`: one endpoint resolution per bucket, not per key (GET CPU);
 - :func:`quick_service_lookup`: a client made without walking the directory of every
   AWS service botocore ships (the store's open, on the path to the first listing);
