@@ -768,10 +768,10 @@ def test_a_cancelled_worker_hop_is_abandoned_and_gives_its_place_back_when_it_en
 
 @pytest.mark.parametrize("first", ["count", "tree"])
 def test_df_and_the_raw_tree_list_each_directory_of_a_store_once(tmp_path, first):
-    """find calls statfs as it starts, and the count that starts goes down the same
-    directories as find: whichever comes first to a directory lists it for both, so a
-    million-file store is not read twice (a stat a file) while find waits on the disk.
-    Either order: the count ahead of the reader (df first), or behind it."""
+    """find opens the root (listing it) and calls statfs as it starts, and the count that
+    starts goes down the same directories as find: whichever comes first to a directory
+    lists it for both, so a million-file store is not read twice (a stat a file) while
+    find waits on the disk. Either order: the count ahead of the reader, or behind it."""
     from zvfs.views.raw import RawDir
     from zvfs.views.usage import StoreUsage
 
@@ -799,6 +799,7 @@ def test_df_and_the_raw_tree_list_each_directory_of_a_store_once(tmp_path, first
         async with trio.open_nursery() as nursery:
             ctx.nursery = nursery
             if first == "count":
+                await RawDir(ctx).children()  # find's opendir of the root, before its statfs
                 used, _free = await usage()
                 await walk(RawDir(ctx))
             else:
@@ -808,6 +809,29 @@ def test_df_and_the_raw_tree_list_each_directory_of_a_store_once(tmp_path, first
 
     trio.run(main)
     assert sorted(scanned) == sorted(dirs), "a directory was read twice, or one not at all"
+
+
+def test_a_plain_df_keeps_no_listing_and_stops_at_its_bound(tmp_path, monkeypatch):
+    """With no one listing the tree through the mount (df, zvfs status), the count walks
+    the store itself, keeping nothing: listings held for the TTL would make a df of a
+    flat directory of ten million chunks cost a gigabyte. It stops at MAX_KEYS."""
+    from zvfs.views import usage as usage_mod
+
+    for i in range(30):
+        (tmp_path / f"c{i:02d}").write_bytes(b"x" * (i + 1))
+    monkeypatch.setattr(usage_mod, "MAX_KEYS", 10)
+    ctx = MountContext(store=DirectoryStore(tmp_path))
+    usage = usage_mod.StoreUsage(ctx, str(tmp_path))
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            ctx.nursery = nursery
+            used, _free = await usage()
+            sizes = sorted(p.stat().st_size for p in tmp_path.iterdir())  # the first 10, some order
+            assert sum(sizes[:10]) <= used <= sum(sizes[-10:]) < sum(sizes)
+            assert ctx.listings.peek("") is None, "a plain df left the root's listing cached"
+
+    trio.run(main)
 
 
 def test_df_recounts_a_store_no_sooner_than_its_count_allows(tmp_path):
@@ -820,10 +844,10 @@ def test_df_recounts_a_store_no_sooner_than_its_count_allows(tmp_path):
     counted = []
 
     class SlowCount(DirectoryStore):
-        def list_dir(self, prefix):
+        def list_tree(self, prefix):
             counted.append(prefix)
             time.sleep(0.05)  # what a big store's count costs, in small
-            return super().list_dir(prefix)
+            yield from super().list_tree(prefix)
 
     ctx = MountContext(store=SlowCount(tmp_path), metadata_ttl=0)
     usage = StoreUsage(ctx, spacing=10)  # 0.05 s a count: at most one each 0.5 s
@@ -841,7 +865,7 @@ def test_df_recounts_a_store_no_sooner_than_its_count_allows(tmp_path):
             assert usage._took >= 0.05
             await trio.sleep(10 * usage._took + 0.05)
             assert (await usage())[0] == 120
-            assert len(counted) == 2  # a TTL of 0 caches no listing: each count lists the root
+            assert len(counted) == 2
             # a quick count is held back only as long as it took
             cheap = StoreUsage(MountContext(store=DirectoryStore(tmp_path), metadata_ttl=0), spacing=1)
             cheap.ctx.nursery = nursery

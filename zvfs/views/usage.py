@@ -38,11 +38,12 @@ class StoreUsage:
     - ``tree`` gives the raw tree's index of a store listed flat (S3), which already holds
       every key's size: summing it costs no request. Listing the bucket again for it did,
       so each ``find`` listed the whole bucket a second time.
-    - a store listed a directory at a time (a directory store) is summed from the mount's
-      listings, in the order find and ``ls -R`` go (:meth:`_walk`): whichever of the count
-      and the reader comes first to a directory lists it for both. Its own walk (a stat a
-      file) had a million-file store walked twice, the count's stats competing with find's
-      on the same disk.
+    - a store listed a directory at a time (a directory store), while its tree is being
+      listed through the mount (find opens the root, and so lists it, before its statfs),
+      is summed from the mount's listings, in the order find and ``ls -R`` go
+      (:meth:`_walk`): whichever of the count and the reader comes first to a directory
+      lists it for both. Its own walk (a stat a file) had a million-file store walked
+      twice, the count's stats competing with find's on the same disk.
     """
 
     def __init__(self, ctx: MountContext, free_path: str | None = None,
@@ -66,7 +67,11 @@ class StoreUsage:
         if used is not None:
             return used
         store = self.ctx.store
-        if store.flat_listing or store.lists_in_memory:  # one flat listing, or none at all
+        if store.flat_listing or store.lists_in_memory or self.ctx.listings.peek("") is None:
+            # one flat listing, or none at all; or no one is listing the tree through the
+            # mount (a plain df, zvfs status): then a walk of the store that keeps nothing
+            # and stops at MAX_KEYS, not listings held for the TTL, of which one flat
+            # directory of ten million chunks would take a gigabyte
             return await self.ctx.workers.run(_listed_size, store)
         return await self._walk()
 
