@@ -169,7 +169,8 @@ class MountContext:
         every asker within the metadata TTL.
 
         The raw tree's lookups and readdirs ask here, and so does df's count of a store
-        listed a directory at a time (``views.usage``): ``find`` calls statfs as it starts,
+        listed a directory at a time while its tree is being listed (``views.usage``):
+        ``find`` calls statfs as it starts,
         and a count that walked the store on its own had every directory listed twice (a
         stat a file, each time) while find waited on the same disk. A store that lists
         from memory answers on the trio thread; any other in an urgent worker hop, since a

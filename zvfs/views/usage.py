@@ -121,7 +121,8 @@ class StoreUsage:
 
 
 def _listed_size(store: Store) -> int:
-    """The bytes of a store's first MAX_KEYS keys, from one flat listing (worker side)."""
+    """The bytes of a store's first MAX_KEYS keys, from its own walk, streamed and kept
+    nowhere (worker side)."""
     return sum(info.size for _key, info in islice(store.list_tree(""), MAX_KEYS))
 
 
