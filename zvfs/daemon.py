@@ -186,9 +186,18 @@ def build_context(store: Store, opts: dict[str, Any], counters: Counters,
             enable_writes(Staging(opts["cache_dir"], opts["staging_max_size"], opts["staging_min_free"]),
                           opts["part_size"], opts["rewrite_max_size"],
                           {name: opts[name] for name in S3_WRITE_OPTIONS if opts.get(name)})
+    workers = Workers(opts["threads"])
+    decoders = None
+    from zvfs.decoders.pool import DecoderPool, default_processes
+
+    processes = default_processes() if opts.get("decoders") is None else opts["decoders"]
+    if processes and opts["decoded"] != "off":
+        # started on the first use of the decoded views; a remote store never starts them
+        decoders = DecoderPool(layered, processes, opts["cache_size"], counters, workers)
     return MountContext(
         counters=counters,
-        workers=Workers(opts["threads"]),
+        workers=workers,
+        decoders=decoders,
         writable=bool(opts.get("writable")),
         store=layered,
         metadata_ttl=opts["metadata_ttl"],
@@ -429,6 +438,8 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
         stop.restore()
         if metrics is not None:
             metrics.shutdown()
+        if ctx.decoders is not None:
+            ctx.decoders.close()
         store.close()
         warmup.finish()
     if failed:

@@ -26,16 +26,17 @@ if TYPE_CHECKING:  # numpy is imported once the decoded views load, not before t
 MIN_BYTES = 64 << 10
 
 
-def _refs(bufs: list[np.ndarray], i: int) -> int:
+def refs(bufs: list[np.ndarray], i: int) -> int:
+    """References to ``bufs[i]``: :func:`unused_refs` of them when nothing but the list holds it."""
     return sys.getrefcount(bufs[i])
 
 
-def _unused() -> int:
-    """The count `_refs` sees for a buffer only the pool's list holds (measured, not
+def unused_refs() -> int:
+    """The count `refs` sees for a buffer only the pool's list holds (measured, not
     assumed: it differs between Python versions)."""
     import numpy as np
 
-    return _refs([np.empty(1, np.uint8)], 0)
+    return refs([np.empty(1, np.uint8)], 0)
 
 
 def _root(value: object) -> np.ndarray | None:
@@ -97,11 +98,11 @@ class BufferPool:
         if nbytes < MIN_BYTES or not self._bufs:
             return None
         if self._unused is None:
-            self._unused = _unused()
+            self._unused = unused_refs()
         with self._lock:
             bufs = self._bufs
             for i in range(len(bufs)):
-                if bufs[i].nbytes == nbytes and _refs(bufs, i) <= self._unused:
+                if bufs[i].nbytes == nbytes and refs(bufs, i) <= self._unused:
                     buf = bufs.pop(i)
                     self._bytes -= nbytes
                     self.lent += 1

@@ -8,6 +8,7 @@ here, and nothing here needs the store.
 from __future__ import annotations
 
 import base64
+import hashlib
 import itertools
 import json
 import math
@@ -164,6 +165,11 @@ class ArrayMeta:
     def json_bytes(self) -> bytes:
         """meta.json content: indented, strict JSON, trailing newline."""
         return (json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n").encode()
+
+    def digest(self) -> str:
+        """What the normalized metadata is, in 24 hex digits: decoded chunks are known by it
+        (in the cache, and to the decoder processes, which check theirs against it)."""
+        return hashlib.blake2b(self.json_bytes(), digest_size=12).hexdigest()
 
     def validate(self) -> None:
         """Fill ``error`` if shape/chunks are inconsistent or absurd (never raises).

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import NamedTuple
 
 from zvfs.stores.listing import KeyInfo, Listing
 
@@ -48,6 +49,28 @@ class SourceUnavailable(SourceError):
 
 class Stale(StoreError):
     """The key no longer holds the version a read was pinned to (replaced while open)."""
+
+
+def is_store_failure(exc: BaseException) -> bool:
+    """True when ``exc`` (or what caused it) is a store failure (I/O, network, throttling,
+    refused credentials) rather than a missing key or bad bytes: such a failure may pass,
+    so callers retry it later instead of remembering it."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, StoreError) and not isinstance(seen, KeyNotFound):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+class Reopen(NamedTuple):
+    """How another process opens the same store on its own (the decoder processes): a
+    local store only, named by its kind and path. ``fingerprint`` is what the store was
+    opened at (a zip's size and mtime), which the other process checks before it reads."""
+
+    kind: str  # "directory" | "zip"
+    path: str
+    fingerprint: tuple[int, ...] = ()
 
 
 class KeyWriter(ABC):
@@ -190,6 +213,11 @@ class Store(ABC):
         size = self.info(key).size
         start = max(0, size - length)
         return (self.get_range(key, start, size - start) if size > start else b""), size
+
+    def reopen(self) -> Reopen | None:
+        """How another process may open this store itself; None when it cannot (a remote
+        store, whose connections and credentials stay in this one)."""
+        return None
 
     def open_reader(self, key: str) -> KeyReader | None:
         """``key`` opened for reading, pinned to its content now; None where the store has
@@ -339,6 +367,9 @@ class WrappedStore(Store):
 
     def will_need(self, keys: Sequence[str]) -> None:
         self.inner.will_need(keys)
+
+    def reopen(self) -> Reopen | None:
+        return self.inner.reopen()
 
     def listings(self) -> Mapping[str, Listing] | None:
         return self.inner.listings() if self.lists_in_memory else None  # never waits

@@ -45,6 +45,7 @@ from zvfs.stores.base import (
     KeyReader,
     KeyWriter,
     Listing,
+    Reopen,
     SourceError,
     Store,
     StoreError,
@@ -495,6 +496,9 @@ class DirectoryStore(Store):
             os.utime(path, ns=(time.time_ns(), int(mtime * 1e9)), follow_symlinks=False)
         except OSError as e:
             raise _refused(key, e) from None
+
+    def reopen(self) -> Reopen:
+        return Reopen("directory", self.root)
 
     def close(self) -> None:
         self._files.close()

@@ -48,7 +48,7 @@ from typing import Any
 
 from zvfs.stats import Counters
 from zvfs.stores._util import check_key, check_prefix, pread_at_once
-from zvfs.stores.base import KeyInfo, KeyNotFound, Listing, SourceError, Store, StoreError
+from zvfs.stores.base import KeyInfo, KeyNotFound, Listing, Reopen, SourceError, Store, StoreError
 from zvfs.stores.keys import bad_segment
 
 log = logging.getLogger(__name__)
@@ -108,6 +108,7 @@ class ZipStore(Store):
                 raise SourceError(f"source {shown} is not a regular file, so not a zip archive")
             self._fd = fd
             self._size = st.st_size
+            self._stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             self._members: dict[str, _Member] = {}
             self._dirs: dict[str, Listing] = {"": Listing()}
             self._read_central_directory(st.st_mtime)
@@ -241,6 +242,10 @@ class ZipStore(Store):
         size = m.info.file_size  # from the central directory: no request for it
         start = max(0, size - length)
         return (self._read(key, m, start, size - start) if size > start else b""), size
+
+    def reopen(self) -> Reopen:
+        """The archive as opened: the other process refuses it once it was replaced."""
+        return Reopen("zip", self.path, self._stamp)
 
     def close(self) -> None:
         with self._lock:

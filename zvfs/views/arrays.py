@@ -9,7 +9,6 @@ their own modules.
 from __future__ import annotations
 
 import errno
-import hashlib
 import logging
 import math
 import time
@@ -19,9 +18,10 @@ import numpy as np
 import trio
 
 from zvfs.codecs.blosc import buffers_from
+from zvfs.decoders.pool import DecoderPool, NotServed
 from zvfs.formats import ZarrArray
 from zvfs.formats.meta import ArrayMeta
-from zvfs.stores.base import KeyNotFound, StoreError
+from zvfs.stores.base import is_store_failure
 from zvfs.views.context import MountContext
 from zvfs.views.layout import Box, chunk_span, chunks_in_box, range_boxes
 from zvfs.views.node import BytesFile, DirNode, FileNode, Node, NodeError
@@ -29,17 +29,6 @@ from zvfs.views.readahead import ReadAhead
 from zvfs.workers import gather
 
 log = logging.getLogger("zvfs")
-
-
-def _store_failure(exc: BaseException) -> bool:
-    """True when ``exc`` (or what caused it) is a store failure (network, throttling, denied):
-    such a failure may pass, so it is never remembered, unlike corrupt bytes."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, StoreError) and not isinstance(seen, KeyNotFound):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 class DecodedArray:
@@ -55,7 +44,8 @@ class DecodedArray:
     def __init__(self, ctx: MountContext, meta: ArrayMeta, opener: Callable[[], ZarrArray]) -> None:
         self.ctx = ctx
         self.meta = meta
-        self.identity = ("chunk", meta.path, hashlib.blake2b(meta.json_bytes(), digest_size=12).hexdigest())
+        self.digest = meta.digest()
+        self.identity = ("chunk", meta.path, self.digest)
         self._opener = opener
         self._reader: ZarrArray | None = None
         self._reader_epoch = 0
@@ -141,6 +131,11 @@ class DecodedArray:
                 if decoded is not None:
                     return await self.ctx.workers.run(convert_chunk, decoded, dt)
             try:
+                if dt is None and self.ctx.decoders is not None:
+                    try:
+                        return await self._decode_elsewhere(self.ctx.decoders, idx)
+                    except NotServed:
+                        pass
                 reader = await self._open()
                 return await self.ctx.workers.run(self._decode, reader, idx, dt)
             except NodeError:
@@ -148,7 +143,7 @@ class DecodedArray:
             except Exception as exc:  # corrupt chunk, unknown codec, store error: this read only
                 # logged once per store key and kind of failure, not per message: a store
                 # failure's text changes from try to try (attempts, request ids)
-                transient = _store_failure(exc)
+                transient = is_store_failure(exc)
                 once = f"{self._store_key(idx)} {'store' if transient else 'data'}"
                 err = NodeError(errno.EIO, f"{self.meta.path or '/'} chunk {idx}: {exc}", key=once)
                 if not transient:
@@ -158,6 +153,17 @@ class DecodedArray:
         key = native if dt is None else self._key(idx, dt)
         self.ctx.prefetch_hit(key)
         return await self.ctx.chunks.get(key, load, ttl=self.ctx.metadata_ttl)
+
+    async def _decode_elsewhere(self, decoders: DecoderPool, idx: tuple[int, ...]) -> np.ndarray:
+        """Chunk ``idx`` decoded by a decoder process, in shared memory; NotServed when the
+        processes cannot (then a worker thread decodes it)."""
+        meta = self.meta
+        slot = await decoders.decode(meta.path, self.digest, self.ctx.epoch(meta.path), idx, meta.chunk_nbytes)
+        if slot is None:
+            return (await self._open()).fill_chunk()
+        self.ctx.counters.add("chunks_decoded")
+        self.ctx.counters.add("bytes_decoded", slot.nbytes)
+        return slot.view(meta.dtype).reshape(meta.chunks)
 
     def _store_key(self, idx: tuple[int, ...]) -> str:
         """The store key chunk ``idx`` is read from, or the array and index when unknown."""

@@ -7,7 +7,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -16,6 +16,9 @@ from zvfs.logonce import LogOnce
 from zvfs.stats import Counters
 from zvfs.stores.base import KeyInfo, Listing, Store
 from zvfs.workers import Workers
+
+if TYPE_CHECKING:
+    from zvfs.decoders.pool import DecoderPool
 
 log = logging.getLogger("zvfs")
 
@@ -45,6 +48,8 @@ class MountContext:
     counters: Counters = field(default_factory=Counters)
     workers: Workers = field(default_factory=Workers)
     log_once: LogOnce = field(default_factory=lambda: LogOnce(log), init=False)
+    #: the decoder processes of a local store (None: every chunk is decoded in the workers)
+    decoders: DecoderPool | None = None
     listings: Cache = field(init=False)
     chunks: Cache = field(init=False)
     #: the buffers of decoded chunks the cache dropped, lent to the next decodes

@@ -77,7 +77,12 @@ def _opener(ctx: MountContext, meta: ArrayMeta) -> Callable[[], formats.ZarrArra
 async def decoded(ctx: MountContext) -> Decoded:
     """The current discovery. One that met a store failure is never kept past
     INCOMPLETE_TTL, whatever the metadata TTL: a 403 or a timeout while listing
-    must not hide arrays for a minute, or forever with ``metadata_ttl=indefinite``."""
+    must not hide arrays for a minute, or forever with ``metadata_ttl=indefinite``.
+
+    The first use of the decoded views starts the decoder processes (a local store), so
+    they are up by the first chunk read, and cost nothing to a mount that never decodes."""
+    if ctx.decoders is not None:
+        ctx.decoders.start()
     d: Decoded = await ctx.listings.get(("decoded",), lambda: ctx.workers.run_urgent(_discover, ctx))
     if d.incomplete and time.monotonic() - d.made > INCOMPLETE_TTL:
         ctx.listings.invalidate(("decoded",))
