@@ -191,8 +191,8 @@ def build_context(store: Store, opts: dict[str, Any], counters: Counters,
     from zvfs.decoders.pool import DecoderPool, default_processes
 
     processes = default_processes() if opts.get("decoders") is None else opts["decoders"]
-    if processes and opts["decoded"] != "off":
-        # started on the first use of the decoded views; a remote store never starts them
+    if processes and opts["decoded"] != "off" and store.local:
+        # forked on the first use of the decoded views (see zvfs.decoders.zygote)
         decoders = DecoderPool(layered, processes, opts["cache_size"], counters, workers)
     return MountContext(
         counters=counters,
@@ -406,6 +406,8 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
     # 5 ms made a 1 ms chunk decode take 10-20 ms under load: hand the GIL over sooner.
     sys.setswitchinterval(SWITCH_INTERVAL)
     ctx = build_context(store, opts, counters, description)
+    if ctx.decoders is not None:  # their zygote imports while this process mounts
+        ctx.decoders.launch()
     root = build_root(ctx)
     # a directory store: df shows its disk's free space; S3: the tree's index has the sizes
     usage = StoreUsage(ctx, getattr(store, "root", None), tree=root.raw.tree_index)

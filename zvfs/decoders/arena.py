@@ -18,10 +18,12 @@ from __future__ import annotations
 import mmap
 import os
 import threading
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from zvfs.cache.buffers import refs, unused_refs
+
+if TYPE_CHECKING:  # made as the daemon mounts, before numpy is imported (at the first slot)
+    import numpy as np
 
 
 def _aligned(offset: int) -> int:
@@ -32,20 +34,23 @@ def _aligned(offset: int) -> int:
 class Arena:
     """``nbytes`` of shared memory (reserved, not used: pages exist once written)."""
 
-    def __init__(self, nbytes: int) -> None:
+    def __init__(self, nbytes: int, fd: int | None = None) -> None:
+        """Over memfd ``fd`` of ``nbytes`` (the arena owns it from here), or a new one."""
         self.nbytes = nbytes
-        self.fd = os.memfd_create("zvfs-decoded", os.MFD_CLOEXEC)
+        if fd is None:
+            fd = os.memfd_create("zvfs-decoded", os.MFD_CLOEXEC)
+        self.fd = fd
         try:
-            os.ftruncate(self.fd, nbytes)
-            self._map = mmap.mmap(self.fd, nbytes)
+            os.ftruncate(fd, nbytes)
+            self._map = mmap.mmap(fd, nbytes)
         except BaseException:
-            os.close(self.fd)
+            os.close(fd)
             raise
         #: the slots handed out, in the order of their offsets
         self._slots: list[np.ndarray] = []
         self._offsets: list[int] = []
         self._top = 0
-        self._unused = unused_refs()
+        self._unused: int | None = None
         self._lock = threading.Lock()
         #: slots handed out again (memory already mapped)
         self.reused = 0
@@ -61,6 +66,10 @@ class Arena:
         bytes are written and no longer needed; its old bytes are still there."""
         if not 0 < nbytes <= self.nbytes:
             return None
+        import numpy as np
+
+        if self._unused is None:
+            self._unused = unused_refs()
         with self._lock:
             slots = self._slots
             for i in range(len(slots)):
@@ -85,7 +94,7 @@ class Arena:
         """Forget the free slots at the top and give their pages back (under the lock)."""
         slots = self._slots
         top = self._top
-        while slots and refs(slots, len(slots) - 1) <= self._unused:
+        while slots and refs(slots, len(slots) - 1) <= (self._unused or 0):
             slots.pop()
             top = self._offsets.pop()
         if top < self._top:

@@ -1,7 +1,7 @@
 """One decoder process: reads chunks from the store and decodes them into the shared arena.
 
-Started by :class:`zvfs.decoders.pool.DecoderPool` as ``python -m zvfs.decoders.child``
-with the arena's descriptor and how to open the store (:class:`zvfs.stores.base.Reopen`).
+Forked by the zygote (:mod:`zvfs.decoders.zygote`) when the daemon asks, with its two
+pipes, the arena's descriptor and how to open the store (:class:`zvfs.stores.base.Reopen`).
 It opens the store itself (the same escape rules: this is the same DirectoryStore or
 ZipStore code), tells the daemon it is ready, then answers requests one at a time, in
 order, until its input ends (the daemon closed it, or died: then this process ends too).
@@ -16,7 +16,6 @@ mount's stats.json counts this process's reads too.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections import OrderedDict
 from typing import Any
@@ -140,24 +139,23 @@ class Decoder:
             return ("store" if is_store_failure(exc) else "data"), str(exc) or type(exc).__name__
 
 
-def main(argv: list[str]) -> int:
-    """``child ARENA_FD ARENA_BYTES KIND PATH [FINGERPRINT...]``: serve stdin, answer on stdout."""
+def serve(inp: int, out: int, arena_fd: int, nbytes: int, spec: tuple[Any, ...]) -> int:
+    """Open the store ``spec`` names ((kind, path, fingerprint)), say so on ``out``, then
+    answer the requests read from ``inp`` until it ends. Runs in a process the zygote
+    forked (:mod:`zvfs.decoders.zygote`), which imported what this needs already."""
     _die_with_parent()
     import mmap
 
     from zvfs.decoders.wire import pack, read_message, write_all
 
-    fd, nbytes, kind, path = int(argv[0]), int(argv[1]), argv[2], argv[3]
-    fingerprint = tuple(int(v) for v in argv[4:])
-    inp, out = sys.stdin.fileno(), sys.stdout.fileno()
     tally = Tally()
     try:
         import numpy as np
         from numcodecs import blosc
 
         blosc.use_threads = False  # one thread: the daemon runs one process per core
-        arena = np.frombuffer(mmap.mmap(fd, nbytes), np.uint8)
-        decoder = Decoder(open_store(kind, path, fingerprint, tally), arena)
+        arena = np.frombuffer(mmap.mmap(arena_fd, nbytes), np.uint8)
+        decoder = Decoder(open_store(*spec, tally), arena)
     except Exception as exc:  # noqa: BLE001 - told to the daemon, which decodes in threads
         write_all(out, pack(("failed", f"{type(exc).__name__}: {exc}")))
         return 1
@@ -171,7 +169,3 @@ def main(argv: list[str]) -> int:
         status, message = decoder.decode(*args)
         tally.add("decode_seconds", time.perf_counter() - t0)
         write_all(out, pack((rid, status, message, *tally.drain())))
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -6,6 +6,7 @@ import itertools
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections import OrderedDict
@@ -15,10 +16,10 @@ from typing import TYPE_CHECKING
 import trio
 
 import zvfs
-from zvfs.decoders.wire import Unpacker, WireError, pack
+from zvfs.decoders.wire import MAX_MESSAGE, Unpacker, WireError, decode, encode, pack
 from zvfs.stats import Counters
 from zvfs.stores.base import Reopen, Store, StoreError
-from zvfs.workers import Workers, run_abandonable
+from zvfs.workers import Workers
 
 if TYPE_CHECKING:  # numpy (and what needs it) loads with the decoded views, after the mount answers
     import numpy as np
@@ -33,8 +34,8 @@ MIN_CHUNK_BYTES = 64 << 10
 MAX_RESTARTS = 8
 #: what killed a process because of what it was decoding (not the OOM killer, not a person)
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT})
-#: seconds close() waits for a process to end on its own before it is killed
-EXIT_WAIT = 2.0
+#: seconds to wait for the zygote's word on how a process ended, and for it to end at close
+EXIT_WAIT = 3.0
 
 
 class NotServed(Exception):
@@ -61,18 +62,25 @@ class _Request:
 
 @dataclass
 class _Process:
-    proc: subprocess.Popen[bytes]
     to_fd: int
     from_fd: int
+    #: known from its first message ("ready")
+    pid: int | None = None
     #: requests in the order sent: the process answers them in that order
     pending: OrderedDict[int, _Request] = field(default_factory=OrderedDict)
-    ready: bool = False
     write_lock: trio.Lock = field(default_factory=trio.Lock)
+
+    @property
+    def ready(self) -> bool:
+        return self.pid is not None
 
 
 class DecoderPool:
-    """Up to ``processes`` decoder processes for one mount, started by :meth:`start` (on
-    the first use of the decoded views, not at mount) and ended by :meth:`close`."""
+    """Up to ``processes`` decoder processes for one mount.
+
+    :meth:`launch` starts the zygote as the daemon mounts (its imports overlap the mount);
+    :meth:`start`, on the first use of the decoded views, has it fork the processes;
+    :meth:`close` ends them all."""
 
     def __init__(self, store: Store, processes: int, arena_bytes: int, counters: Counters,
                  workers: Workers) -> None:
@@ -81,10 +89,16 @@ class DecoderPool:
         self.arena_bytes = arena_bytes
         self.counters = counters
         self.workers = workers
+        self._memfd: int | None = None
+        self._zygote: subprocess.Popen[bytes] | None = None
+        self._ctl: socket.socket | None = None
         self._arena: Arena | None = None
         self._spec: Reopen | None = None
         self._procs: list[_Process] = []
         self._rids = itertools.count()
+        #: pid -> how it ended (Popen's returncode), as the zygote tells; and who waits for it
+        self._exits: dict[int, int] = {}
+        self._exit_seen = trio.lowlevel.ParkingLot()
         #: (array path, metadata digest) the processes read other metadata for
         self._stale: set[tuple[str, str]] = set()
         self._started = False
@@ -95,9 +109,37 @@ class DecoderPool:
 
     # -- life -------------------------------------------------------------------------------
 
+    def launch(self) -> None:
+        """Start the zygote (blocking, a few ms: before the trio loop, as the mount starts)."""
+        if self.processes <= 0 or not self.store.local:
+            self.disabled = "none asked for" if self.processes <= 0 else "the store is not local"
+            return
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._memfd = os.memfd_create("zvfs-decoded", os.MFD_CLOEXEC)
+            os.ftruncate(self._memfd, self.arena_bytes)
+            argv = [sys.executable, "-m", "zvfs.decoders.zygote", str(theirs.fileno()),
+                    str(self._memfd), str(self.arena_bytes)]
+            # the package as this daemon imported it, wherever its working directory is
+            home = os.path.dirname(os.path.dirname(os.path.abspath(zvfs.__file__)))
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+                p for p in (home, os.environ.get("PYTHONPATH")) if p))
+            # a session of its own: a Ctrl-C at the daemon's terminal is the daemon's to handle
+            self._zygote = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
+                                            pass_fds=(theirs.fileno(), self._memfd),
+                                            start_new_session=True)
+        except OSError as exc:
+            ours.close()
+            self._disable(f"they could not be started: {exc}")
+            return
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        self._ctl = ours
+
     def start(self) -> None:
-        """Start the processes in the background (on the trio thread; once)."""
-        if self._started or self.processes <= 0:
+        """Fork the processes, in the background (on the trio thread; once)."""
+        if self._started or self._ctl is None or self.disabled:
             return
         self._started = True
         trio.lowlevel.spawn_system_task(self._start)
@@ -106,46 +148,40 @@ class DecoderPool:
         try:
             spec = await self.workers.run(self.store.reopen)  # a zip may still be opening
         except StoreError as exc:
-            self.disabled = f"the store could not be opened: {exc}"
+            self._disable(f"the store could not be opened: {exc}")
             return
-        if spec is None:
-            self.disabled = "the store is not local"
+        if spec is None or self._memfd is None:
+            self._disable("the store cannot be opened by another process")
             return
-        self._spec = spec
         from zvfs.decoders.arena import Arena
 
-        try:
-            self._arena = Arena(self.arena_bytes)
-        except OSError as exc:
-            self._disable(f"no shared memory for them ({exc})")
-            return
+        self._spec = spec
+        self._arena = Arena(self.arena_bytes, self._memfd)
+        trio.lowlevel.spawn_system_task(self._hear_zygote)
         for _ in range(self.processes):
             await self._spawn()
 
     async def _spawn(self) -> None:
-        """One more process (its start, a fork and exec, in a worker thread)."""
-        arena, spec = self._arena, self._spec
-        if arena is None or spec is None or self._closing or self.disabled:
+        """Ask the zygote for one more process, with the two pipes to talk to it."""
+        ctl, spec = self._ctl, self._spec
+        if ctl is None or spec is None or self._closing or self.disabled:
             return
-        argv = [sys.executable, "-m", "zvfs.decoders.child", str(arena.fd), str(arena.nbytes),
-                spec.kind, spec.path, *(str(v) for v in spec.fingerprint)]
-        # the package as this daemon imported it, wherever the daemon's working directory is
-        home = os.path.dirname(os.path.dirname(os.path.abspath(zvfs.__file__)))
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            p for p in (home, os.environ.get("PYTHONPATH")) if p))
-
-        def popen() -> subprocess.Popen[bytes]:
-            # a session of its own: a Ctrl-C at the daemon's terminal is the daemon's to handle
-            return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-                                    pass_fds=(arena.fd,), start_new_session=True)
-
+        to_child, to_us = os.pipe2(os.O_CLOEXEC), os.pipe2(os.O_CLOEXEC)
         try:
-            proc = await self.workers.run(popen)
+            while True:
+                try:
+                    socket.send_fds(ctl, [encode(("spawn", tuple(spec)))], [to_child[0], to_us[1]])
+                    break
+                except BlockingIOError:
+                    await trio.lowlevel.wait_writable(ctl)
         except OSError as exc:
-            self._disable(f"none could be started ({exc})")
+            for fd in (*to_child, *to_us):
+                os.close(fd)
+            self._disable(f"their parent is gone ({exc})")
             return
-        assert proc.stdin is not None and proc.stdout is not None
-        p = _Process(proc, proc.stdin.fileno(), proc.stdout.fileno())
+        os.close(to_child[0])
+        os.close(to_us[1])
+        p = _Process(to_child[1], to_us[0])
         os.set_blocking(p.to_fd, False)
         os.set_blocking(p.from_fd, False)
         self._procs.append(p)
@@ -157,24 +193,51 @@ class DecoderPool:
             log.warning("decoder processes off (%s): chunks are decoded in the daemon's threads", why)
 
     def close(self) -> None:
-        """End the processes (their input closed, then killed by PID if they linger) and
-        free the arena. After the trio run: nothing waits on them any more."""
+        """End the processes (their input closed: each ends, then the zygote) and free the
+        arena; the zygote is killed by its PID if it lingers. After the trio run."""
         self._closing = True
         procs, self._procs = self._procs, []
         for p in procs:
-            _close(p.proc.stdin)
-        for p in procs:
+            _close_fd(p.to_fd)
+        if self._ctl is not None:
+            self._ctl.close()
+            self._ctl = None
+        if self._zygote is not None:
             try:
-                p.proc.wait(timeout=EXIT_WAIT)
+                self._zygote.wait(timeout=EXIT_WAIT)
             except subprocess.TimeoutExpired:
-                p.proc.kill()
-                p.proc.wait()
-            _close(p.proc.stdout)
+                self._zygote.kill()
+                self._zygote.wait()
+            self._zygote = None
+        for p in procs:
+            _close_fd(p.from_fd)
         if self._arena is not None:
             self._arena.close()
             self._arena = None
+        elif self._memfd is not None:
+            os.close(self._memfd)
+        self._memfd = None
 
-    # -- answers ------------------------------------------------------------------------------
+    # -- what the processes say ------------------------------------------------------------------
+
+    async def _hear_zygote(self) -> None:
+        """Take the zygote's word of each process that ended; its end ends the processes."""
+        ctl = self._ctl
+        while ctl is not None and not self._closing:
+            await trio.lowlevel.wait_readable(ctl)
+            try:
+                data = ctl.recv(MAX_MESSAGE)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                if not self._closing:
+                    self._disable("their parent process ended")
+                return
+            _, pid, code = decode(data)
+            self._exits[pid] = code
+            self._exit_seen.unpark_all()
 
     async def _serve(self, p: _Process) -> None:
         """Hand each answer of process ``p`` to its request, until its output ends."""
@@ -190,17 +253,16 @@ class DecoderPool:
                     break
                 for message in unpacker.feed(data):
                     self._answer(p, message)
-        except trio.Cancelled:
-            raise
         except (OSError, WireError, ValueError) as exc:  # a broken pipe: the process is ended
-            log.warning("decoder process %d: %s", p.proc.pid, exc)
-            p.proc.kill()
+            log.warning("decoder process %s: %s", p.pid, exc)
+            if p.pid is not None:
+                _kill(p.pid)
         await self._ended(p)
 
     def _answer(self, p: _Process, message: tuple[object, ...]) -> None:
         head = message[0]
         if head == "ready":
-            p.ready = True
+            p.pid = int(message[1])  # type: ignore[call-overload]
             self.counters.add("decoder_processes")
             return
         if head == "failed":
@@ -220,15 +282,21 @@ class DecoderPool:
         decoding, when a crash signal ended it), and another process takes its place."""
         if p in self._procs:
             self._procs.remove(p)
-        if p.ready:
+        _close_fd(p.to_fd)
+        _close_fd(p.from_fd)
+        code = None
+        if p.pid is not None:
             self.counters.add("decoder_processes", -1)
-        code = await run_abandonable(p.proc.wait)
-        _close(p.proc.stdin)
-        _close(p.proc.stdout)
+            code = await self._exit_code(p.pid)
         pending = list(p.pending.values())
         p.pending.clear()
-        crashed = code < 0 and -code in CRASH_SIGNALS
-        how = f"was ended by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+        crashed = code is not None and code < 0 and -code in CRASH_SIGNALS
+        if code is None:
+            how = "ended"
+        elif code < 0:
+            how = f"was ended by {signal.Signals(-code).name}"
+        else:
+            how = f"exited with status {code}"
         for i, req in enumerate(pending):
             if crashed and i == 0:  # it was decoding this one: never again in the daemon
                 req.answer = ("data", f"the decoder process {how} decoding it")
@@ -241,8 +309,15 @@ class DecoderPool:
         if self.restarts > MAX_RESTARTS:
             self._disable(f"{self.restarts} processes ended early; the last {how}{doing}")
             return
-        log.warning("decoder process %d %s%s; starting another", p.proc.pid, how, doing)
+        log.warning("decoder process %s %s%s; starting another", p.pid, how, doing)
         await self._spawn()
+
+    async def _exit_code(self, pid: int) -> int | None:
+        """How process ``pid`` ended, once the zygote says; None if it does not in time."""
+        with trio.move_on_after(EXIT_WAIT):
+            while pid not in self._exits:
+                await self._exit_seen.park()
+        return self._exits.pop(pid, None)
 
     # -- requests --------------------------------------------------------------------------------
 
@@ -293,8 +368,15 @@ class DecoderPool:
         raise FormatError(text)
 
 
-def _close(f: object) -> None:
+def _close_fd(fd: int) -> None:
     try:
-        f.close()  # type: ignore[attr-defined]
-    except (OSError, AttributeError):
+        os.close(fd)
+    except OSError:  # closed already
+        pass
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:  # gone already
         pass

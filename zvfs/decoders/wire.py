@@ -20,8 +20,18 @@ class WireError(Exception):
     """The other end sent something that is not a message: the pipe cannot be trusted."""
 
 
+def encode(message: tuple[Any, ...]) -> bytes:
+    """A message's bytes, without its length (a packet of a SOCK_SEQPACKET socket)."""
+    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode(body: bytes) -> tuple[Any, ...]:
+    return pickle.loads(body)
+
+
 def pack(message: tuple[Any, ...]) -> bytes:
-    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    """A message's bytes after its length (for a pipe, a stream of them)."""
+    body = encode(message)
     return HEADER.pack(len(body)) + body
 
 
@@ -36,7 +46,7 @@ def read_message(fd: int) -> tuple[Any, ...] | None:
     body = _read_exactly(fd, size)
     if body is None:
         return None
-    return pickle.loads(body)
+    return decode(body)
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -73,6 +83,6 @@ class Unpacker:
             end = HEADER.size + size
             if len(self._buf) < end:
                 break
-            out.append(pickle.loads(bytes(self._buf[HEADER.size:end])))
+            out.append(decode(bytes(self._buf[HEADER.size:end])))
             del self._buf[:end]
         return out

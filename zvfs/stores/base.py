@@ -178,6 +178,9 @@ class Store(ABC):
     stages_writes: bool = False
     #: True when open_reader gives handles (local files); else readers pin by version
     opens_readers: bool = False
+    #: True when the bytes are on this machine (a directory, a zip): another process may
+    #: open the store itself (``reopen``), which the decoder processes do
+    local: bool = False
 
     @abstractmethod
     def get(self, key: str) -> bytes:
@@ -338,6 +341,7 @@ class WrappedStore(Store):
         self.implicit_dirs = inner.implicit_dirs
         self.stages_writes = inner.stages_writes
         self.opens_readers = inner.opens_readers
+        self.local = inner.local
 
     @property  # type: ignore[override]
     def block_size(self) -> int:

@@ -152,6 +152,7 @@ class DirectoryStore(Store):
 
     can_write = True
     opens_readers = True
+    local = True
 
     def __init__(self, root: str | os.PathLike[str], open_files: int = OPEN_FILES) -> None:
         shown = os.path.abspath(os.fspath(root))

@@ -25,7 +25,7 @@ from typing import Any
 from zvfs.stores.base import KeyReader, Store, StoreError, WrappedStore
 
 _TRAITS = ("description", "flat_listing", "can_write", "implicit_dirs",
-           "stages_writes", "opens_readers")
+           "stages_writes", "opens_readers", "local")
 
 
 class PendingStore(WrappedStore):
@@ -33,7 +33,7 @@ class PendingStore(WrappedStore):
 
     def __init__(self, opener: Callable[[], Store], *, description: str, block_size: int = 0,
                  flat_listing: bool = False, can_write: bool = False, implicit_dirs: bool = False,
-                 stages_writes: bool = False, opens_readers: bool = False) -> None:
+                 stages_writes: bool = False, opens_readers: bool = False, local: bool = False) -> None:
         # no WrappedStore.__init__: there is no inner store to take the traits from yet
         self.description = description
         self._block_size = block_size
@@ -42,6 +42,7 @@ class PendingStore(WrappedStore):
         self.implicit_dirs = implicit_dirs
         self.stages_writes = stages_writes
         self.opens_readers = opens_readers
+        self.local = local
         self._opener = opener
         self._opened = threading.Event()
         self._store: Store | None = None

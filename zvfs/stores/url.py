@@ -153,7 +153,8 @@ def open_store(spec: SourceSpec, retry: RetryPolicy | None = None, *, allow_empt
         s3 = spec.kind == "s3"
         return PendingStore(lambda: open_store(spec, retry, allow_empty=allow_empty, counters=counters),
                             description=spec.describe(), block_size=S3_BLOCK_SIZE if s3 else 0,
-                            flat_listing=s3, can_write=s3, implicit_dirs=s3, stages_writes=s3)
+                            flat_listing=s3, can_write=s3, implicit_dirs=s3, stages_writes=s3,
+                            local=not s3)
     if spec.kind == "directory":
         from zvfs.stores.directory import DirectoryStore
 

@@ -90,6 +90,7 @@ class ZipStore(Store):
 
     #: every listing is the central directory's, parsed and sorted in __init__
     lists_in_memory = True
+    local = True
 
     def __init__(self, path: str | os.PathLike[str], counters: Counters | None = None) -> None:
         """``counters``: the mount's, which inflated bytes count into (a private set by default)."""
