@@ -237,6 +237,10 @@ class DecodedArray:
         # bounded in chunks too: 4 MiB ahead is 4 million 1-byte chunks
         ceiling = max(meta.chunk_nbytes, min(64 << 20, self.ctx.cache_size // 4,
                                              meta.chunk_nbytes * 4 * CHUNK_BATCH))
+        if self.ctx.decoders is not None:
+            narrow = self.ctx.decoders.read_ahead(meta.chunk_nbytes)
+            if narrow is not None:
+                ceiling = min(ceiling, narrow)
         stripe = meta.chunk_nbytes * (math.prod(meta.grid_shape[1:]) if meta.ndim else 1)
         return ReadAhead(initial=min(ceiling, max(4 << 20, stripe)), ceiling=ceiling)
 
