@@ -365,6 +365,8 @@ async def _serve(ctx: MountContext, root: MountRoot, mountpoint: str, ready_fd: 
     stop.attach()
     async with trio.open_nursery() as nursery:
         ctx.nursery = nursery
+        if ctx.decoders is not None:
+            ctx.decoders.listen()
         handoff = None
         if prepare is not None and ctx.store.flat_listing:
             # before any request is served: the first listing of the tree must find it

@@ -30,8 +30,9 @@ KNOWN_COUNTERS: tuple[str, ...] = (
     "fuse_write_bytes",
     *(f"store_errors_{kind}" for kind in ERROR_KINDS),
     "chunks_decoded", "bytes_decoded", "decode_seconds",
-    # decoder processes running, replaced after ending early, and the chunks they decoded
-    "decoder_processes", "decoder_restarts", "decoder_chunks",
+    # decoder processes: their parent ready to fork them (1 once its imports are done),
+    # those running, those replaced after ending early, and the chunks they decoded
+    "decoder_zygote", "decoder_processes", "decoder_restarts", "decoder_chunks",
     "prefetch_requests", "prefetch_hits",
     "disk_cache_hits", "disk_cache_misses", "disk_cache_evictions",
     "fuse_lookups", "fuse_getattrs", "fuse_readdirs", "fuse_read_requests", "fuse_read_bytes",

@@ -26,6 +26,11 @@ if TYPE_CHECKING:  # made as the daemon mounts, before numpy is imported (at the
     import numpy as np
 
 
+#: slots looked at for a free one, at most, before a new one is made: a take runs on the
+#: trio thread, and a cache of 512 MiB in 64 KiB chunks is 8,192 slots
+SCAN_SLOTS = 64
+
+
 def _aligned(offset: int) -> int:
     """``offset`` rounded up to a page: each slot starts a page, so a slot's pages are its own."""
     return -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
@@ -50,6 +55,9 @@ class Arena:
         self._slots: list[np.ndarray] = []
         self._offsets: list[int] = []
         self._top = 0
+        #: where the next search for a free slot starts (next fit: a streaming reader frees
+        #: its slots in the order it took them)
+        self._cursor = 0
         self._unused: int | None = None
         self._lock = threading.Lock()
         #: slots handed out again (memory already mapped)
@@ -72,8 +80,11 @@ class Arena:
             self._unused = unused_refs()
         with self._lock:
             slots = self._slots
-            for i in range(len(slots)):
+            n = len(slots)
+            for k in range(min(n, SCAN_SLOTS)):
+                i = (self._cursor + k) % n
                 if slots[i].nbytes == nbytes and refs(slots, i) <= self._unused:
+                    self._cursor = i + 1
                     self.reused += 1
                     return self._offsets[i], slots[i]
             if _aligned(self._top) + nbytes > self.nbytes:

@@ -137,6 +137,11 @@ class DecoderPool:
         ours.setblocking(False)
         self._ctl = ours
 
+    def listen(self) -> None:
+        """Hear the zygote from now on (on the trio thread, as the daemon starts serving)."""
+        if self._ctl is not None:
+            trio.lowlevel.spawn_system_task(self._hear_zygote)
+
     def start(self) -> None:
         """Fork the processes, in the background (on the trio thread; once)."""
         if self._started or self._ctl is None or self.disabled:
@@ -157,7 +162,6 @@ class DecoderPool:
 
         self._spec = spec
         self._arena = Arena(self.arena_bytes, self._memfd)
-        trio.lowlevel.spawn_system_task(self._hear_zygote)
         for _ in range(self.processes):
             await self._spawn()
 
@@ -247,8 +251,13 @@ class DecoderPool:
             if not data:
                 if not self._closing:
                     self._disable("their parent process ended")
+                    self.counters.add("decoder_zygote", -1)
                 return
-            _, pid, code = decode(data)
+            message = decode(data)
+            if message[0] == "ready":  # its imports are done: a fork is ready at once
+                self.counters.add("decoder_zygote")
+                continue
+            _, pid, code = message
             self._exits[pid] = code
             self._exit_seen.unpark_all()
 

@@ -7,9 +7,10 @@ when a mount's first decoded read starts took that CPU from the read itself (a c
 process as it mounts instead; it imports while the daemon mounts, on the other CPU, and a
 decoder forked from it later is ready in a millisecond, with those pages shared.
 
-It is single-threaded, so a fork is safe. It talks to the daemon over a SOCK_SEQPACKET
-socket: ("spawn", spec) comes with the new process's two pipe ends (SCM_RIGHTS), and
-("exited", pid, code) goes back when one of them ends, the code as ``Popen.returncode``
+It is single-threaded when it forks, so a fork is safe. It talks to the daemon over a
+SOCK_SEQPACKET socket: ("ready", pid) goes once its imports are done, ("spawn", spec)
+comes with a new process's two pipe ends (SCM_RIGHTS), and ("exited", pid, code) goes
+back when one of them ends, the code as ``Popen.returncode``
 gives it (negative: the signal), so the daemon can tell a crash from a kill. It ends
 when the daemon closes the socket (or dies: then the kernel signals it), after its
 processes have ended.
@@ -22,6 +23,7 @@ import select
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 
@@ -30,6 +32,8 @@ from zvfs.decoders.wire import MAX_MESSAGE, decode, encode
 
 #: seconds the zygote waits for its processes to end once the daemon is gone
 EXIT_WAIT = 2.0
+#: the nice value of the zygote's imports (see _preload_niced)
+PRELOAD_NICE = 10
 
 
 def _preload() -> None:
@@ -46,12 +50,38 @@ def _preload() -> None:
     import zvfs.stores.zip  # noqa: F401
 
 
+def _preload_niced() -> None:
+    """:func:`_preload` in a thread of lower priority (nice applies to one thread on Linux,
+    and anyone may raise it): the imports take a CPU nobody else wants, as the daemon
+    mounts, but yield it to readers of a mount just made (a raw reader's requests, which
+    the daemon answers by busy polling, came late while this imported at full priority).
+    The processes are forked from the main thread, at its priority."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PRELOAD_NICE)
+        except OSError:
+            pass
+        try:
+            _preload()
+        except BaseException as exc:  # noqa: BLE001 - raised again in the main thread
+            errors.append(exc)
+
+    t = threading.Thread(target=run, name="preload")
+    t.start()
+    t.join()
+    if errors:
+        raise errors[0]
+
+
 def main(argv: list[str]) -> int:
     """``zygote CTL_FD ARENA_FD ARENA_BYTES``."""
     _die_with_parent()
     ctl = socket.socket(fileno=int(argv[0]))
     arena_fd, nbytes = int(argv[1]), int(argv[2])
-    _preload()
+    _preload_niced()
+    _send(ctl, ("ready", os.getpid()))
     children: dict[int, int] = {}  # pidfd -> pid
     while True:
         ready, _, _ = select.select([ctl, *children], [], [])
