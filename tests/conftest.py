@@ -381,6 +381,37 @@ def mount_stats(mnt: os.PathLike | str) -> dict:
     return json.loads((Path(mnt) / ".zvfs" / "stats.json").read_text())
 
 
+def write_arrays(store, specs: dict[str, dict], sample) -> None:
+    """Write each array of ``specs`` with zarr-python into ``store``. A spec holds ``fmt``
+    (2 or 3), ``dtype`` (the declared one: a v3 array is created in native order, and a
+    BytesCodec says the stored one), ``write`` (regions to write; all of it by default)
+    and create_array's other keywords; its data is ``sample(dtype, shape, seed)``, the
+    seed being its place in path order."""
+    import zarr
+
+    for seed, (path, spec) in enumerate(sorted(specs.items())):
+        spec = dict(spec)
+        fmt, write = spec.pop("fmt"), spec.pop("write", None)
+        declared = np.dtype(spec.pop("dtype"))
+        dt = declared if fmt == 2 else declared.newbyteorder("=")
+        arr = zarr.create_array(store, name=path, dtype=dt, zarr_format=fmt, **spec)
+        data = sample(declared, arr.shape, seed)
+        if write is None:
+            arr[...] = data
+        else:
+            for region in write:
+                arr[region] = data[region]
+
+
+def read_errno(path: os.PathLike | str) -> int | None:
+    """The errno reading ``path`` fails with, or None if it reads."""
+    try:
+        Path(path).read_bytes()
+    except OSError as exc:
+        return exc.errno
+    return None
+
+
 def store_files(root: Path) -> dict[str, Path]:
     """Relative key -> path for every regular file under ``root``."""
     out = {}

@@ -34,9 +34,11 @@ from conftest import (
     daemon_pids,
     is_mounted,
     mount_stats,
+    read_errno,
     run,
     tool,
     wait_until,
+    write_arrays,
     zip_with_cmd,
     zip_with_zarr,
 )
@@ -303,22 +305,14 @@ def build_store(root: Path) -> dict[str, np.ndarray]:
     zarr.open_group(store, mode="w", zarr_format=3, attributes={"title": "zvfs decoders"})
     for group, fmt in (("v2", 2), ("v3", 3), ("fresh", 3)):
         zarr.open_group(store, path=group, mode="a", zarr_format=fmt)
-    for seed, (path, spec) in enumerate(sorted(SPECS.items())):
-        spec = dict(spec)
-        fmt, write = spec.pop("fmt"), spec.pop("write", None)
-        declared = np.dtype(spec.pop("dtype"))
-        dt = declared if fmt == 2 else declared.newbyteorder("=")
-        arr = zarr.create_array(store, name=path, dtype=dt, zarr_format=fmt, **spec)
+
+    def sample(dtype: np.dtype, shape: tuple[int, ...], seed: int) -> np.ndarray:
         rng = np.random.default_rng(seed)
-        if declared.kind == "f":
-            data = (rng.standard_normal(arr.shape) * 100).astype(dt)
-        else:
-            data = rng.integers(0, 1 << 30, arr.shape).astype(dt)  # never the fill value
-        if write is None:
-            arr[...] = data
-        else:
-            for region in write:
-                arr[region] = data[region]
+        if dtype.kind == "f":
+            return (rng.standard_normal(shape) * 100).astype(dtype)
+        return rng.integers(0, 1 << 30, shape).astype(dtype)  # never the fill value
+
+    write_arrays(store, SPECS, sample)
     refs = {}
     for path, spec in SPECS.items():
         ref = np.asarray(zarr.open_array(store, path=path, mode="r")[...])
@@ -440,14 +434,6 @@ def assert_reads(m: Mounted, refs: dict[str, np.ndarray], path: str) -> None:
     assert got == ref.tobytes(), path
 
 
-def read_errno(path: Path) -> int | None:
-    try:
-        path.read_bytes()
-    except OSError as exc:
-        return exc.errno
-    return None
-
-
 def alive_and_mounted(m: Mounted, pid: int) -> None:
     st = proc_stat(pid)
     assert st is not None and st[0] not in "ZX", (pid, st)
@@ -537,9 +523,9 @@ def test_sigkill_while_idle_is_replaced(store, mount) -> None:
     alive_and_mounted(m, pid)
 
 
-def request_pipe(pid: int) -> str:
-    """/proc path of the fd decoder ``pid`` reads its requests from: its one pipe opened
-    for reading (the other pipe is its answers, opened for writing)."""
+def pipe_end(pid: int, access: int) -> str:
+    """/proc path of the one pipe decoder ``pid`` holds open with ``access`` (O_RDONLY: its
+    requests; O_WRONLY: its answers)."""
     ends = []
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -549,7 +535,7 @@ def request_pipe(pid: int) -> str:
                 flags = int(next(ln for ln in f if ln.startswith("flags:")).split()[1], 8)
         except OSError:
             continue
-        if flags & os.O_ACCMODE == os.O_RDONLY:
+        if flags & os.O_ACCMODE == access:
             ends.append(f"/proc/{pid}/fd/{fd}")
     assert len(ends) == 1, ends
     return ends[0]
@@ -557,7 +543,7 @@ def request_pipe(pid: int) -> str:
 
 def queued_bytes(pid: int) -> int:
     """Bytes waiting in the input pipe of process ``pid`` (its requests not yet read)."""
-    fd = os.open(request_pipe(pid), os.O_RDONLY | os.O_NONBLOCK)
+    fd = os.open(pipe_end(pid, os.O_RDONLY), os.O_RDONLY | os.O_NONBLOCK)
     try:
         buf = fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0")
         return struct.unpack("i", buf)[0]
@@ -670,6 +656,25 @@ def test_crash_while_decoding_fails_that_chunk_only(store, mount) -> None:
             assert path.read_bytes() == ref[region].tobytes(), idx
     stats = mount_stats(m)
     assert stats["decoder_restarts"] == 1 and stats["decoder_processes"] == 1, stats
+    alive_and_mounted(m, pid)
+
+
+def test_garbage_from_a_process_turns_them_off_not_the_daemon(store, mount) -> None:
+    """Bytes on a process's answer pipe that are no message (a length, then no pickle):
+    the daemon logs it, turns the processes off and decodes in its threads; every read
+    stays right and the daemon stays up."""
+    root, refs = store
+    m = mount(root, "--decoders", "2")
+    pid = daemon_pid(m)
+    kids = start_decoders(m, 2)
+    with open(pipe_end(kids[0], os.O_WRONLY), "wb", buffering=0) as pipe:
+        pipe.write(struct.pack("<I", 5) + b"\xffjunk")
+    assert wait_until(lambda: "decoder processes off" in m.log_text(), 15), m.log_text()[-3000:]
+    before = mount_stats(m)["decoder_chunks"]
+    for path in ("fresh/a", "v3/shard_f8"):
+        assert_reads(m, refs, path)
+    stats = mount_stats(m)
+    assert stats["decoder_chunks"] == before, stats  # all of it in the threads
     alive_and_mounted(m, pid)
 
 

@@ -26,21 +26,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import Mounted, daemon_pids, in_threads, is_mounted, run, tool
+from conftest import Mounted, daemon_pids, in_threads, is_mounted, read_errno, run, tool
 
 MiB = 1 << 20
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def read_errno(path: Path) -> int | None:
-    """The errno reading ``path`` fails with, or None if it reads."""
-    try:
-        path.read_bytes()
-    except OSError as exc:
-        return exc.errno
-    return None
 
 
 def stat_errno(path: Path) -> int | None:

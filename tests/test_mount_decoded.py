@@ -38,6 +38,7 @@ from conftest import (
     s3_client,
     tool,
     upload_tree,
+    write_arrays,
     zip_with_cmd,
     zip_with_zarr,
 )
@@ -186,25 +187,16 @@ def build_gen_corpus(root: Path) -> dict[str, tuple[np.ndarray, np.dtype]]:
     for g in groups:
         fmt = specs[next(p for p in specs if p.startswith(g + "/"))]["fmt"]
         zarr.open_group(store, path=g, mode="a", zarr_format=fmt, attributes={"group": g})
-    for seed, (path, spec) in enumerate(sorted(specs.items())):
+    made = {}
+    for path, spec in specs.items():
         spec = dict(spec)
-        fmt = spec.pop("fmt")
-        declared = np.dtype(spec.pop("dtype"))
-        write = spec.pop("write", None)
         comp = spec.get("compressors")
-        if fmt == 2 and isinstance(comp, str):
+        if spec["fmt"] == 2 and isinstance(comp, str):
             spec["compressors"] = _v2_compressor(comp)
-        if fmt == 2 and "dimension_names" in spec:  # v2 spells them as xarray does
+        if spec["fmt"] == 2 and "dimension_names" in spec:  # v2 spells them as xarray does
             spec["attributes"] = {"_ARRAY_DIMENSIONS": spec.pop("dimension_names")}
-        kw = dict(shape=spec.pop("shape"), chunks=spec.pop("chunks"), zarr_format=fmt, **spec)
-        dt = declared if fmt == 2 else declared.newbyteorder("=")
-        arr = zarr.create_array(store, name=path, dtype=dt, **kw)
-        data = _sample(declared, arr.shape, seed)
-        if write is None:
-            arr[...] = data
-        else:
-            for region in write:
-                arr[region] = data[region]
+        made[path] = spec
+    write_arrays(store, made, _sample)
     refs = {}
     for path in specs:
         arr = zarr.open_array(store, path=path, mode="r")

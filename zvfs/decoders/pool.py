@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -140,14 +141,34 @@ class DecoderPool:
     def listen(self) -> None:
         """Hear the zygote from now on (on the trio thread, as the daemon starts serving)."""
         if self._ctl is not None:
-            trio.lowlevel.spawn_system_task(self._hear_zygote)
+            self._background(self._hear_zygote)
 
     def start(self) -> None:
         """Fork the processes, in the background (on the trio thread; once)."""
         if self._started or self._ctl is None or self.disabled:
             return
         self._started = True
-        trio.lowlevel.spawn_system_task(self._start)
+        self._background(self._start)
+
+    def _background(self, fn: Callable[..., Awaitable[None]], *args: object) -> None:
+        """Run ``fn(*args)`` as a system task that cannot end the daemon: an error of the
+        pool's own (a bug, a message it cannot read, no memory for the arena) is logged
+        and turns the processes off; the chunks go to the threads."""
+
+        async def guarded() -> None:
+            try:
+                await fn(*args)
+            except Exception as exc:  # noqa: BLE001 - logged; a system task must not raise
+                log.exception("decoder processes: %s", exc)
+                self._disable(f"{type(exc).__name__}: {exc}")
+                for p in list(self._procs):  # what waits on them goes to the threads
+                    for req in p.pending.values():
+                        req.done.set()
+                    p.pending.clear()
+                    if p.pid is not None:
+                        _kill(p.pid)
+
+        trio.lowlevel.spawn_system_task(guarded)
 
     async def _start(self) -> None:
         try:
@@ -189,7 +210,7 @@ class DecoderPool:
         os.set_blocking(p.to_fd, False)
         os.set_blocking(p.from_fd, False)
         self._procs.append(p)
-        trio.lowlevel.spawn_system_task(self._serve, p)
+        self._background(self._serve, p)
 
     def read_ahead(self, chunk_nbytes: int) -> int | None:
         """The read-ahead window for a file whose chunks of ``chunk_nbytes`` the processes
@@ -352,7 +373,8 @@ class DecoderPool:
         it itself."""
         ready = [p for p in self._procs if p.ready]
         arena = self._arena
-        if not ready or arena is None or nbytes < MIN_CHUNK_BYTES or (path, digest) in self._stale:
+        if (not ready or arena is None or self.disabled or nbytes < MIN_CHUNK_BYTES
+                or (path, digest) in self._stale):
             raise NotServed
         got = arena.take(nbytes)
         if got is None:
