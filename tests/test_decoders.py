@@ -551,6 +551,18 @@ def queued_bytes(pid: int) -> int:
         os.close(fd)  # never held: a reader of ours would keep the pipe open after a kill
 
 
+def stopped_decoder(mount, root: Path) -> tuple[Mounted, int, int, int]:
+    """A mount with one decoder process, stopped (SIGSTOP) once ready: (the mount, the
+    daemon's PID, the process's PID and start time)."""
+    m = mount(root, "--decoders", "1")
+    pid = daemon_pid(m)
+    (victim,) = start_decoders(m, 1)
+    started = proc_stat(victim)[2]
+    os.kill(victim, signal.SIGSTOP)
+    assert wait_until(lambda: proc_stat(victim)[0] == "T", 10), proc_stat(victim)
+    return m, pid, victim, started
+
+
 def test_sigkill_during_a_read_gives_its_chunks_to_threads(store, mount) -> None:
     """A process killed with requests of a read waiting on it: the read still returns
     zarr-python's bytes (the pending chunks go back to the daemon's threads).
@@ -559,13 +571,8 @@ def test_sigkill_during_a_read_gives_its_chunks_to_threads(store, mount) -> None
     read needs is sent to it and none is answered; the kill comes once its input pipe
     holds requests, and the read cannot have finished before (it needs those chunks)."""
     root, refs = store
-    m = mount(root, "--decoders", "1")
-    pid = daemon_pid(m)
-    (victim,) = start_decoders(m, 1)
-    started = proc_stat(victim)[2]
-    os.kill(victim, signal.SIGSTOP)
+    m, pid, victim, started = stopped_decoder(mount, root)
     try:
-        assert wait_until(lambda: proc_stat(victim)[0] == "T", 10), proc_stat(victim)
         result: dict[str, object] = {}
 
         def read() -> None:
@@ -613,14 +620,9 @@ def test_crash_while_decoding_fails_that_chunk_only(store, mount) -> None:
     Deterministic as the SIGKILL case: the process is stopped before the read, and the
     signal is sent once its input holds requests (it dies as it is continued)."""
     root, refs = store
-    m = mount(root, "--decoders", "1")
-    pid = daemon_pid(m)
-    (victim,) = start_decoders(m, 1)
-    started = proc_stat(victim)[2]
-    os.kill(victim, signal.SIGSTOP)
+    m, pid, victim, started = stopped_decoder(mount, root)
     result: dict[str, object] = {}
     try:
-        assert wait_until(lambda: proc_stat(victim)[0] == "T", 10), proc_stat(victim)
 
         def read() -> None:
             try:
