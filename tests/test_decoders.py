@@ -45,7 +45,7 @@ from conftest import (
 
 from zvfs.decoders import wire
 from zvfs.decoders.arena import Arena
-from zvfs.decoders.pool import MIN_CHUNK_BYTES
+from zvfs.decoders.pool import MIN_CHUNK_BYTES, default_processes
 
 ZYGOTE = "zvfs.decoders.zygote"
 PAGE = mmap.PAGESIZE
@@ -251,6 +251,10 @@ def _specs() -> dict[str, dict]:
         "v2/blosc_be_f8": dict(fmt=2, shape=(300, 200), chunks=(128, 128), dtype=">f8",
                                compressors=numcodecs.Blosc(cname="zstd", clevel=3,
                                                            shuffle=numcodecs.Blosc.SHUFFLE)),
+        # Fortran order: decoded into the slot as F, copied within it to C (overlapping)
+        "v2/order_f_f8": dict(fmt=2, shape=(300, 200), chunks=(128, 128), dtype="<f8", order="F",
+                              compressors=numcodecs.Blosc(cname="lz4", clevel=5,
+                                                          shuffle=numcodecs.Blosc.SHUFFLE)),
         # 128 x 128 int32 is 64 KiB: exactly MIN_CHUNK_BYTES, so the processes serve it
         "v2/zstd_missing_i4": dict(fmt=2, shape=(260, 300), chunks=(128, 128), dtype="<i4",
                                    compressors=numcodecs.Zstd(level=1), fill_value=-7,
@@ -492,6 +496,17 @@ def test_no_processes_with_decoders_0(store, mount) -> None:
     assert stats["chunks_decoded"] >= every, stats  # all of them, in the daemon's threads
     kids = children(pid)
     assert kids == [], [(k, cmdline(k)) for k in kids]
+
+
+def test_auto_starts_a_process_per_cpu_and_one_more(store, mount) -> None:
+    """``--decoders auto``: default_processes() of them (CPUs + 1), and the reads are right."""
+    root, refs = store
+    m = mount(root, "--decoders", "auto")
+    kids = start_decoders(m, default_processes())
+    assert_reads(m, refs, "fresh/a")
+    assert mount_stats(m)["decoder_chunks"] == len(written_chunks(SPECS["fresh/a"]))
+    alive_and_mounted(m, daemon_pid(m))
+    assert len(kids) == default_processes()
 
 
 # --------------------------------------------------------------------------- 6. SIGKILL

@@ -71,8 +71,10 @@ def parse_count(text: str) -> int:
     return int(value)
 
 
-def parse_processes(text: str) -> int:
-    """A count of helper processes: an integer from 0 (none) to 64."""
+def parse_processes(text: str) -> int | None:
+    """A count of helper processes: an integer from 0 (none) to 64, or 'auto' (None)."""
+    if str(text).strip().lower() == "auto":
+        return None
     value = _number(text, int)
     if not 0 <= value <= 64:  # NaN too
         raise ValueError(f"{text!r} is not an integer from 0 to 64")
@@ -225,9 +227,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("s3_timeout", parse_seconds, 10.0, "seconds an S3 try waits to connect or for the next bytes"),
     Option("s3_deadline", parse_seconds, 60.0, "seconds after which an S3 request stops retrying: a read fails with EIO within about s3_deadline + s3_timeout + 2 seconds"),
     Option("threads", parse_count, 16, "worker threads for store I/O and decoding (at least 1)"),
-    Option("decoders", parse_processes, None, "processes that read and decode the chunks of a local "
-           "store (a directory or a zip) for the decoded views, beside the daemon; 0: decode in "
-           "its threads", shown_default="CPUs + 1; none for S3"),
+    Option("decoders", parse_processes, 0, "processes that read and decode the chunks of a local "
+           "store (a directory or a zip) for the decoded views, beside the daemon, or 'auto' (as "
+           "many as CPUs, and one more); 0: decode in the daemon's threads. Cold decoded reads "
+           "about 25%% faster, for a process more at mount and about 10 MiB a process",
+           shown_default="0"),
     Option("busy_poll", parse_micros, 100, "microseconds the daemon polls for the next request after "
            "answering one before it sleeps, when nothing else needs it (a reader going file by file asks "
            "again sooner than a sleeping daemon wakes); needs 2 CPUs; 0: never"),

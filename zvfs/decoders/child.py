@@ -18,10 +18,15 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING
 
 from zvfs.stats import Counters
 from zvfs.stores.base import Store
+
+if TYPE_CHECKING:  # imported by the zygote's preload (at nice 10), not by this module's import
+    import numpy as np
+
+    from zvfs.formats import ZarrArray
 
 #: arrays kept open (their shard indexes cached), least recently used dropped
 OPEN_ARRAYS = 64
@@ -47,7 +52,7 @@ class Tally(Counters):
         return out
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Linux: end when the daemon ends, even if it is killed before it closes our input."""
     try:
         import ctypes
@@ -83,15 +88,12 @@ def open_store(kind: str, path: str, fingerprint: tuple[int, ...], tally: Tally)
 class Decoder:
     """The request loop's state: the store, the arena, the arrays open."""
 
-    def __init__(self, store: Any, arena: Any) -> None:
-        import numpy as np
-
-        self.np = np
+    def __init__(self, store: Store, arena: np.ndarray) -> None:
         self.store = store
         self.arena = arena
-        self.arrays: OrderedDict[tuple[str, str, int], Any] = OrderedDict()
+        self.arrays: OrderedDict[tuple[str, str, int], ZarrArray] = OrderedDict()
 
-    def _array(self, path: str, digest: str, epoch: int) -> Any:
+    def _array(self, path: str, digest: str, epoch: int) -> ZarrArray | None:
         """The array at ``path`` if its metadata is the daemon's; None when it is not."""
         from zvfs import formats
 
@@ -112,10 +114,11 @@ class Decoder:
         """(status, message): "ok" (the chunk is in the slot), "fill" (never written),
         "stale" (the metadata differs here), "data" (bad bytes) or "store" (a failure
         that may pass)."""
+        import numpy as np
+
         from zvfs.codecs.blosc import buffers_from
         from zvfs.stores.base import is_store_failure
 
-        np = self.np
         try:
             arr = self._array(path, digest, epoch)
             if arr is None:
@@ -123,7 +126,7 @@ class Decoder:
             slot = self.arena[offset:offset + nbytes]
             lent = [slot]  # lent once: a second frame in the pipeline gets fresh memory
 
-            def take(n: int) -> Any:
+            def take(n: int) -> np.ndarray | None:
                 return lent.pop() if lent and n == nbytes else None
 
             with buffers_from(take):
@@ -139,11 +142,12 @@ class Decoder:
             return ("store" if is_store_failure(exc) else "data"), str(exc) or type(exc).__name__
 
 
-def serve(inp: int, out: int, arena_fd: int, nbytes: int, spec: tuple[Any, ...]) -> int:
+def serve(inp: int, out: int, arena_fd: int, nbytes: int,
+          spec: tuple[str, str, tuple[int, ...]]) -> int:
     """Open the store ``spec`` names ((kind, path, fingerprint)), say so on ``out``, then
     answer the requests read from ``inp`` until it ends. Runs in a process the zygote
     forked (:mod:`zvfs.decoders.zygote`), which imported what this needs already."""
-    _die_with_parent()
+    die_with_parent()
     import mmap
 
     from zvfs.decoders.wire import pack, read_message, write_all

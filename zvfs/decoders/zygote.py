@@ -27,7 +27,7 @@ import threading
 import time
 import traceback
 
-from zvfs.decoders.child import _die_with_parent
+from zvfs.decoders.child import die_with_parent
 from zvfs.decoders.wire import MAX_MESSAGE, decode, encode
 
 #: seconds the zygote waits for its processes to end once the daemon is gone
@@ -77,7 +77,7 @@ def _preload_niced() -> None:
 
 def main(argv: list[str]) -> int:
     """``zygote CTL_FD ARENA_FD ARENA_BYTES``."""
-    _die_with_parent()
+    die_with_parent()
     ctl = socket.socket(fileno=int(argv[0]))
     arena_fd, nbytes = int(argv[1]), int(argv[2])
     _preload_niced()
