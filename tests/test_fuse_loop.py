@@ -21,6 +21,7 @@ from conftest import (
     wait_until,
 )
 
+from zvfs import cpus
 from zvfs.fs import loop
 from zvfs.stats import Counters
 
@@ -323,8 +324,8 @@ def test_a_cgroup_quota_bounds_the_cpus_for_busy_polling(tmp_path) -> None:
         "system.slice/cpu.max": "150000 100000\n",
         "system.slice/zvfs@a.service/cpu.max": "max 100000\n",
     }, ["0::/system.slice/zvfs@a.service"])
-    assert loop.cgroup_cpu_quota(proc, root) == 1.5
-    assert loop.usable_cpus(proc, root) <= 1.5  # too few to poll: the reader needs a CPU
+    assert cpus.cgroup_cpu_quota(proc, root) == 1.5
+    assert cpus.usable_cpus(proc, root) <= 1.5  # too few to poll: the reader needs a CPU
 
     proc, root = _cgroup_tree(tmp_path / "v1", {
         "cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "250000\n",
@@ -332,9 +333,9 @@ def test_a_cgroup_quota_bounds_the_cpus_for_busy_polling(tmp_path) -> None:
         "cpu,cpuacct/cpu.cfs_quota_us": "-1\n",
         "cpu,cpuacct/cpu.cfs_period_us": "100000\n",
     }, ["4:memory:/docker/abc", "2:cpu,cpuacct:/docker/abc", "0::/"])
-    assert loop.cgroup_cpu_quota(proc, root) == 2.5
+    assert cpus.cgroup_cpu_quota(proc, root) == 2.5
 
     proc, root = _cgroup_tree(tmp_path / "none", {"cpu.max": "max 100000\n"}, ["0::/"])
-    assert loop.cgroup_cpu_quota(proc, root) is None
-    assert loop.cgroup_cpu_quota(str(tmp_path / "missing"), root) is None
-    assert loop.usable_cpus(proc, root) == len(os.sched_getaffinity(0))
+    assert cpus.cgroup_cpu_quota(proc, root) is None
+    assert cpus.cgroup_cpu_quota(str(tmp_path / "missing"), root) is None
+    assert cpus.usable_cpus(proc, root) == len(os.sched_getaffinity(0))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import trio
 
 import zvfs
+from zvfs.cpus import usable_cpus
 from zvfs.decoders.wire import MAX_MESSAGE, Unpacker, WireError, decode, encode, pack
 from zvfs.stats import Counters
 from zvfs.stores.base import Reopen, Store, StoreError
@@ -45,12 +46,9 @@ class NotServed(Exception):
 
 
 def default_processes() -> int:
-    """One per CPU, and one more: while one waits for the disk, the CPUs still decode."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return min(cpus, 16) + 1
+    """One per CPU this process may use (its affinity and its cgroup's quota), and one more:
+    while one waits for the disk, the CPUs still decode."""
+    return min(max(1, int(usable_cpus())), 16) + 1
 
 
 @dataclass
@@ -111,10 +109,8 @@ class DecoderPool:
     # -- life -------------------------------------------------------------------------------
 
     def launch(self) -> None:
-        """Start the zygote (blocking, a few ms: before the trio loop, as the mount starts)."""
-        if self.processes <= 0 or not self.store.local:
-            self.disabled = "none asked for" if self.processes <= 0 else "the store is not local"
-            return
+        """Start the zygote (blocking, a few ms: before the trio loop, as the mount starts).
+        The daemon makes a pool only for a local store and one process or more."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._memfd = os.memfd_create("zvfs-decoded", os.MFD_CLOEXEC)
@@ -396,8 +392,6 @@ class DecoderPool:
         req = p.pending[rid] = _Request(slot, f"{path or '/'} chunk {idx}")
         await req.done.wait()
         status, text = req.answer
-        from zvfs.formats.meta import FormatError
-
         if status == "ok":
             self.counters.add("decoder_chunks")
             return slot
@@ -407,6 +401,8 @@ class DecoderPool:
             self._stale.add((path, digest))
         if status in ("stale", "retry"):
             raise NotServed
+        from zvfs.formats.meta import FormatError  # numpy's: loaded by now, but not at mount
+
         if status == "store":
             raise FormatError(text) from StoreError(text)
         raise FormatError(text)
