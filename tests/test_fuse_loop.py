@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pyfuse3
 import pytest
@@ -288,21 +290,48 @@ def test_a_reader_going_file_by_file_is_answered_by_busy_polling(mount, zarr_dir
     """After a burst of 16 readers, one reader opens and reads the store's files one after
     the other, again and again (the bytes are then in the page cache: each open is answered
     from memory). With a 2 ms busy poll its requests come while the daemon polls; with 0,
-    never."""
+    never.
+
+    The reader and the daemon run on CPUs of their own, as the busy poll assumes. Left to
+    the scheduler, they sometimes shared one for the whole loop (about 1 run in 30): each
+    reply then woke the reader on the daemon's CPU, and its next request was already
+    queued when the daemon came back to wait, so none came while it polled."""
     ref = {k: p.read_bytes() for k, p in store_files(zarr_dir).items()}
     m = mount(zarr_dir, "--busy-poll", busy_poll)
     # first 16 readers at once: pyfuse3 starts more session tasks, which end once idle
     # again; the daemon must still see when it has nothing but the next request to wait for
     assert _read_at_once(m.path, ref, rounds=8, threads=16) == []
     before = mount_stats(m.path)["fuse_requests_polled"]
-    for _ in range(10):
-        for key, want in sorted(ref.items()):
-            assert (m.path / key).read_bytes() == want, key
+    with _apart(daemon_pids(m.path)):
+        for _ in range(10):
+            for key, want in sorted(ref.items()):
+                assert (m.path / key).read_bytes() == want, key
     stats = mount_stats(m.path)
     if busy_poll == "0":
         assert stats["fuse_requests_polled"] == 0, stats
     else:
         assert stats["fuse_requests_polled"] > before, stats
+
+
+@contextmanager
+def _apart(pids: list[int]) -> Iterator[None]:
+    """This thread on one CPU and every thread of ``pids`` on another, for the block."""
+    mine = os.sched_getaffinity(0)
+    ids = sorted(mine)
+    assert len(ids) >= 2 and pids, (ids, pids)
+    threads = [int(t) for pid in pids for t in os.listdir(f"/proc/{pid}/task")]
+    for tid in threads:
+        os.sched_setaffinity(tid, {ids[1]})
+    os.sched_setaffinity(0, {ids[0]})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, mine)
+        for tid in threads:
+            try:
+                os.sched_setaffinity(tid, mine)
+            except ProcessLookupError:
+                pass  # a worker thread that has ended
 
 
 def _cgroup_tree(tmp_path, files: dict[str, str], cgroup_lines: list[str]):
