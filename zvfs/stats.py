@@ -34,6 +34,8 @@ KNOWN_COUNTERS: tuple[str, ...] = (
     # those running, those replaced after ending early, and the chunks they decoded
     "decoder_zygote", "decoder_processes", "decoder_restarts", "decoder_chunks",
     "prefetch_requests", "prefetch_hits",
+    # directory listings started ahead of a walk of the tree (a directory store's find, du)
+    "listings_ahead",
     "disk_cache_hits", "disk_cache_misses", "disk_cache_evictions",
     "fuse_lookups", "fuse_getattrs", "fuse_readdirs", "fuse_read_requests", "fuse_read_bytes",
     # opens answered with keep_cache: the kernel may serve them from the pages it has

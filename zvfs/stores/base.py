@@ -181,6 +181,10 @@ class Store(ABC):
     #: True when the bytes are on this machine (a directory, a zip): another process may
     #: open the store itself (``reopen``), which the decoder processes do
     local: bool = False
+    #: listings of directories worth making at once, ahead of a reader walking the tree
+    #: (0: none). A directory's listing stats every file in it and waits on the disk for
+    #: each inode; a few listings at once keep the disk busy while the reader is served
+    list_ahead: int = 0
 
     @abstractmethod
     def get(self, key: str) -> bytes:
@@ -342,6 +346,7 @@ class WrappedStore(Store):
         self.stages_writes = inner.stages_writes
         self.opens_readers = inner.opens_readers
         self.local = inner.local
+        self.list_ahead = inner.list_ahead
 
     @property  # type: ignore[override]
     def block_size(self) -> int:

@@ -38,6 +38,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from zvfs.pagecache import read_ahead_and_close
+from zvfs.stores import find_lister
 from zvfs.stores._util import LogOnce, check_key, check_prefix, pread_all, pread_at_once, pwrite_all
 from zvfs.stores.base import (
     KeyInfo,
@@ -65,6 +66,9 @@ _ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EISDIR, errno.ENAMETO
 
 #: files kept open for reading, at most (a small share of the usual 1024 descriptors)
 OPEN_FILES = 128
+#: directories listed at once ahead of a walk of the tree (see Store.list_ahead): each
+#: large one is a find process, so with 2 cores 4 keep both busy beside the daemon
+LIST_AHEAD = 4
 
 
 @dataclass(slots=True, eq=False)
@@ -153,6 +157,7 @@ class DirectoryStore(Store):
     can_write = True
     opens_readers = True
     local = True
+    list_ahead = LIST_AHEAD
 
     def __init__(self, root: str | os.PathLike[str], open_files: int = OPEN_FILES) -> None:
         shown = os.path.abspath(os.fspath(root))
@@ -524,9 +529,20 @@ class DirectoryStore(Store):
                 yield from self._walk(prefix + name + "/", dirs[name], inner)
 
     def _scan(self, prefix: str, real: str) -> tuple[Listing, dict[str, str]]:
-        """One directory level: the listing and the real path of every subdirectory."""
+        """One directory level: the listing and the real path of every subdirectory.
+
+        A large directory is listed by find, in a process of its own (zvfs.stores.find_lister)."""
         listing = Listing()
         dirs: dict[str, str] = {}
+        found = self._found(prefix, real)
+        if found is not None:
+            for name, kind, size, mtime in found:
+                if kind == "f":
+                    listing.keys[name] = KeyInfo(size, mtime)
+                else:
+                    listing.prefixes.add(name)
+                    dirs[name] = os.path.join(real, name)
+            return listing, dirs
         for name, target, st in self._entries(prefix, real):
             if stat.S_ISREG(st.st_mode):
                 listing.keys[name] = KeyInfo(st.st_size, st.st_mtime)
@@ -534,6 +550,52 @@ class DirectoryStore(Store):
                 listing.prefixes.add(name)
                 dirs[name] = target
         return listing, dirs
+
+    def _found(self, prefix: str, real: str) -> list[find_lister.Found] | None:
+        """The files and directories of the large directory ``real`` as find lists them
+        (symlinks to files in the store followed, as in :meth:`_entries`); None for a small
+        one, or when find could not list it: then it is listed in process."""
+        try:
+            if not find_lister.is_large(os.stat(real)):
+                return None
+        except OSError:
+            return None
+        found = find_lister.list_dir(real)
+        if found is None:
+            return None
+        out = []
+        for entry in found:
+            if not safe_name(entry.name):
+                continue
+            if entry.kind == "l":
+                try:
+                    followed = self._follow(prefix + entry.name)
+                except OSError:
+                    continue  # vanished: absent
+                if followed is None:
+                    continue
+                st = followed[1]
+                if stat.S_ISREG(st.st_mode):
+                    out.append(find_lister.Found(entry.name, "f", st.st_size, st.st_mtime))
+            elif entry.kind in ("f", "d"):
+                out.append(entry)
+        return out
+
+    def _follow(self, key: str) -> tuple[str, os.stat_result] | None:
+        """A symlink at ``key``: its target inside the store and the target's stat, or None
+        when it leads outside, dangles, or is a directory (logged once: never followed)."""
+        target = self._resolve(key)
+        if target is None:
+            return None
+        try:
+            st = os.stat(target)
+        except OSError:
+            return None
+        if stat.S_ISDIR(st.st_mode):
+            self._escapes.warning(
+                key, "%s: %r is a symlink to a directory; not followed (it could loop)", self.description, key)
+            return None
+        return target, st
 
     def _entries(self, prefix: str, real: str) -> Iterator[tuple[str, str, os.stat_result]]:
         """The regular files and directories of one level, as read: (name, real path, stat).
@@ -554,17 +616,10 @@ class DirectoryStore(Store):
                     continue
                 try:
                     if entry.is_symlink():
-                        target = self._resolve(prefix + name)
-                        if target is None:
+                        followed = self._follow(prefix + name)
+                        if followed is None:
                             continue
-                        st = os.stat(target)
-                        if stat.S_ISDIR(st.st_mode):
-                            self._escapes.warning(
-                                prefix + name,
-                                "%s: %r is a symlink to a directory; not followed (it could loop)",
-                                self.description, prefix + name,
-                            )
-                            continue
+                        target, st = followed
                     else:
                         target = entry.path
                         st = entry.stat(follow_symlinks=False)

@@ -282,10 +282,25 @@ class Listing:
 
     keys: KeyTable = field(default_factory=KeyTable)
     prefixes: set[str] = field(default_factory=set)
+    #: ``prefixes`` sorted, made on the first :meth:`prefixes_after` (and again when their count changed)
+    _sorted: list[str] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.keys, KeyTable):
             self.keys = KeyTable(self.keys)
+
+    def prefixes_after(self, name: str | None, count: int) -> list[str]:
+        """The first ``count`` prefixes in sorted order (after ``name``, when given).
+
+        A hint for listing ahead: a walk of the tree takes directories in this order. The
+        sorted copy is kept, as a walk asks once per directory of a level, and made again
+        only when the number of prefixes changed (a mkdir or rmdir through the mount); a
+        change that kept the count shows a stale order, which only misdirects the hint."""
+        order = self._sorted
+        if order is None or len(order) != len(self.prefixes):
+            order = self._sorted = sorted(self.prefixes)
+        start = 0 if name is None else bisect_right(order, name)
+        return order[start : start + count]
 
     def names_after(self, name: str) -> Iterator[str]:
         """Like :meth:`names`, only those after ``name``, lazily (see KeyTable.names_after)."""

@@ -63,6 +63,8 @@ class MountContext:
     #: bytes of read-ahead in flight at most, over every reader of the mount (see prefetch())
     prefetch_budget: int = field(default=0, init=False)
     _prefetching: int = field(default=0, init=False)
+    #: listings made ahead of a walk of the tree, in flight (see list_ahead())
+    _listing_ahead: int = field(default=0, init=False)
     #: per raw directory (or '' for the whole tree): a reader's progress (views.raw.FileWalk)
     walks: dict[str, Any] = field(default_factory=dict, init=False)
     #: a reader's progress through a directory store's tree (views.tree_ahead.TreeAhead)
@@ -276,6 +278,27 @@ class MountContext:
         self.background(ahead)
         return True
 
+    def list_ahead(self, prefixes: Iterable[str]) -> None:
+        """List ``prefixes`` (directories a walk of the tree comes to next) in the background,
+        at most the store's ``list_ahead`` at once: those past it are left to the walk, or
+        to the next call. A listing made so is the one the walk then finds cached; one that
+        fails is not kept, and the walk's own listing reports the error."""
+        limit = self.store.list_ahead
+        for prefix in prefixes:
+            if self._listing_ahead >= limit:
+                return
+            if self.listings.contains(prefix):
+                continue
+            self._listing_ahead += 1
+            self.counters.add("listings_ahead")
+            self.background(self._list_ahead_one, prefix)
+
+    async def _list_ahead_one(self, prefix: str) -> None:
+        try:
+            await self.listing(prefix)
+        finally:
+            self._listing_ahead -= 1
+
     def prefetch_hit(self, key: object) -> None:
         """A reader asks for ``key``: count it once as a hit if read-ahead loaded (or is loading) it."""
         if key in self.prefetched:
@@ -285,3 +308,4 @@ class MountContext:
     def warn_once(self, tag: str, message: str) -> None:
         """Log ``message`` the first time ``tag`` is seen, so a bad key is one line, not one per lookup."""
         self.log_once.warning(tag, "%s", message)
+

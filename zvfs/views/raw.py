@@ -662,6 +662,23 @@ class RawDir(DirNode):
             return RawDir(self.ctx, self.prefix + name + "/")
         return RawFile.child(self.ctx, self.prefix, name, listing)
 
+    def _list_ahead(self, listing: Listing) -> None:
+        """A walk of the tree (find, du, ls -R, rsync) opens this directory's subdirectories
+        next, in sorted order, and then the siblings after it: have their listings made
+        ahead, a few at once (the store's ``list_ahead``), while this one is read.
+
+        Only on a read-only mount, as with TreeAhead: a listing made in the background and
+        cached after a write through the mount could hide that write."""
+        window = 2 * self.ctx.store.list_ahead
+        ahead = [self.prefix + p + "/" for p in listing.prefixes_after(None, window)]
+        if self.prefix:
+            above, _, name = self.prefix[:-1].rpartition("/")
+            above = above + "/" if above else ""
+            parent = self.ctx.listings.peek(above, count=False)
+            if isinstance(parent, Listing):
+                ahead += [above + p + "/" for p in parent.prefixes_after(name, window)]
+        self.ctx.list_ahead(ahead)
+
     async def warm(self) -> None:
         """Load this directory's listing (the whole tree index on S3) into the cache now."""
         await self._listing()
@@ -674,6 +691,8 @@ class RawDir(DirNode):
 
     async def children(self) -> Sequence[tuple[str, Node]]:
         listing = await self._listing()
+        if self.ctx.store.list_ahead and not self.ctx.writable:
+            self._list_ahead(listing)
         names = listing.names()
         return [(n, self._child(n, listing)) for n in names if self._usable(n, listing)]
 
