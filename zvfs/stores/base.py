@@ -182,8 +182,8 @@ class Store(ABC):
     #: open the store itself (``reopen``), which the decoder processes do
     local: bool = False
     #: listings of directories worth making at once, ahead of a reader walking the tree
-    #: (0: none). A directory's listing stats every file in it and waits on the disk for
-    #: each inode; a few listings at once keep the disk busy while the reader is served
+    #: (0: none): a listing that stats every file in it (a directory store's) is then made
+    #: while the walk is served, not while it waits
     list_ahead: int = 0
 
     @abstractmethod

@@ -66,8 +66,8 @@ _ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EISDIR, errno.ENAMETO
 
 #: files kept open for reading, at most (a small share of the usual 1024 descriptors)
 OPEN_FILES = 128
-#: directories listed at once ahead of a walk of the tree (see Store.list_ahead): each
-#: large one is a find process, so with 2 cores 4 keep both busy beside the daemon
+#: directories listed at once ahead of a walk of the tree (see Store.list_ahead); for a
+#: find over a million keys 2, 4 and 8 did alike (docs/benchmarks.md, sixteenth session)
 LIST_AHEAD = 4
 
 

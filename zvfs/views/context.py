@@ -284,6 +284,8 @@ class MountContext:
         to the next call. A listing made so is the one the walk then finds cached; one that
         fails is not kept, and the walk's own listing reports the error."""
         limit = self.store.list_ahead
+        if self.nursery is None:  # not serving: nothing runs in the background
+            return
         for prefix in prefixes:
             if self._listing_ahead >= limit:
                 return
