@@ -534,27 +534,23 @@ class DirectoryStore(Store):
         A large directory is listed by find, in a process of its own (zvfs.stores.find_lister)."""
         listing = Listing()
         dirs: dict[str, str] = {}
-        found = self._found(prefix, real)
-        if found is not None:
-            for name, kind, size, mtime in found:
-                if kind == "f":
-                    listing.keys[name] = KeyInfo(size, mtime)
-                else:
-                    listing.prefixes.add(name)
-                    dirs[name] = os.path.join(real, name)
-            return listing, dirs
-        for name, target, st in self._entries(prefix, real):
-            if stat.S_ISREG(st.st_mode):
-                listing.keys[name] = KeyInfo(st.st_size, st.st_mtime)
+        entries = self._found(prefix, real)
+        if entries is None:
+            entries = ((name, target, stat.S_ISREG(st.st_mode), st.st_size, st.st_mtime)
+                       for name, target, st in self._entries(prefix, real))
+        for name, target, is_file, size, mtime in entries:
+            if is_file:
+                listing.keys[name] = KeyInfo(size, mtime)
             else:
                 listing.prefixes.add(name)
                 dirs[name] = target
         return listing, dirs
 
-    def _found(self, prefix: str, real: str) -> list[find_lister.Found] | None:
-        """The files and directories of the large directory ``real`` as find lists them
-        (symlinks to files in the store followed, as in :meth:`_entries`); None for a small
-        one, or when find could not list it: then it is listed in process."""
+    def _found(self, prefix: str, real: str) -> list[tuple[str, str, bool, int, float]] | None:
+        """(name, real path, is a file, size, mtime) of each file and directory of the large
+        directory ``real``, as find lists them (symlinks to files in the store followed, as
+        in :meth:`_entries`); None for a small one, or when find could not list it: then it
+        is listed in process."""
         try:
             if not find_lister.is_large(os.stat(real)):
                 return None
@@ -564,21 +560,19 @@ class DirectoryStore(Store):
         if found is None:
             return None
         out = []
-        for entry in found:
-            if not safe_name(entry.name):
+        for name, kind, size, mtime in found:
+            if not safe_name(name):
                 continue
-            if entry.kind == "l":
+            if kind == "l":
                 try:
-                    followed = self._follow(prefix + entry.name)
+                    followed = self._follow(prefix + name)
                 except OSError:
                     continue  # vanished: absent
-                if followed is None:
+                if followed is None or not stat.S_ISREG(followed[1].st_mode):
                     continue
-                st = followed[1]
-                if stat.S_ISREG(st.st_mode):
-                    out.append(find_lister.Found(entry.name, "f", st.st_size, st.st_mtime))
-            elif entry.kind in ("f", "d"):
-                out.append(entry)
+                size, mtime, kind = followed[1].st_size, followed[1].st_mtime, "f"
+            if kind in ("f", "d"):
+                out.append((name, os.path.join(real, name), kind == "f", size, mtime))
         return out
 
     def _follow(self, key: str) -> tuple[str, os.stat_result] | None:
