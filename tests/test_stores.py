@@ -1229,6 +1229,74 @@ def test_a_buckets_endpoint_is_resolved_once_for_all_its_keys(endpoint: str | No
     assert len(calls) <= 2 * 3  # a bucket per operation at most, not one per key
 
 
+def test_the_user_agent_is_the_one_botocore_builds_for_each_requests_features() -> None:
+    """steady_user_agent: every request's User-Agent header is the one botocore builds,
+    feature ids included (a paginator's, one a handler adds to a single request), and it
+    is built once per set of features, not twice per request."""
+    import boto3
+    from botocore.awsrequest import AWSResponse
+    from botocore.useragent import register_feature_id
+
+    from zvfs.stores.s3_client import steady_user_agent
+
+    class _Empty:
+        def stream(self, **_: Any) -> Any:
+            return iter([b""])
+
+    def client(sent: list[str]) -> Any:
+        c = boto3.client("s3", region_name="us-east-1", endpoint_url="http://127.0.0.1:9",
+                         aws_access_key_id="x", aws_secret_access_key="y")
+
+        def answer(request: Any, **_: Any) -> AWSResponse:  # nothing leaves the process
+            sent.append(request.headers["User-Agent"].decode() if isinstance(
+                request.headers["User-Agent"], bytes) else request.headers["User-Agent"])
+            return AWSResponse(request.url, 404, {}, _Empty())
+
+        def flag(params: Any, **_: Any) -> None:
+            if params.get("Key") == "flagged":
+                register_feature_id("S3_TRANSFER")
+
+        c.meta.events.register("before-send.s3", answer)
+        c.meta.events.register("before-parameter-build.s3.GetObject", flag)
+        return c
+
+    def calls(c: Any) -> None:
+        for key in ("a/0.0", "flagged", "zarr.json", "flagged"):
+            with pytest.raises(Exception):  # noqa: B017 - the 404 answered above
+                c.get_object(Bucket="bucket", Key=key)
+        with pytest.raises(Exception):  # noqa: B017
+            list(c.get_paginator("list_objects_v2").paginate(Bucket="bucket", Prefix="a/"))
+        with pytest.raises(Exception):  # noqa: B017
+            c.head_object(Bucket="bucket", Key="a/0.0")
+
+    def parts(header: str) -> list[Any]:  # the feature ids are a set: their order is free
+        return [frozenset(p[2:].split(",")) if p.startswith("m/") else p for p in header.split()]
+
+    plain_sent: list[str] = []
+    tuned_sent: list[str] = []
+    plain, tuned = client(plain_sent), client(tuned_sent)
+    assert steady_user_agent(tuned)  # botocore still laid out as the optimisation expects
+    calls(plain)
+    calls(tuned)
+    assert len(plain_sent) == len(tuned_sent) == 6
+    assert [parts(h) for h in tuned_sent] == [parts(h) for h in plain_sent]
+    assert plain_sent[0] != plain_sent[1]  # the flagged request's features differ: followed
+    # how many headers each builds, over the same six requests
+    creator_class = type(tuned._user_agent_creator)
+    original, built = creator_class.to_string, []
+    creator_class.to_string = lambda self: built.append(1) or original(self)
+    try:
+        calls(client([]))
+        by_botocore = len(built)
+        built.clear()
+        counting = client([])
+        assert steady_user_agent(counting)
+        calls(counting)
+    finally:
+        creator_class.to_string = original
+    assert by_botocore >= 12 and 0 < len(built) <= 4, (by_botocore, built)  # twice a request; once a feature set
+
+
 def test_the_s3_store_imports_botocore_without_pyopenssl_and_with_the_same_ssl_context() -> None:
     """s3_client hides urllib3.contrib.pyopenssl while botocore is imported: pyOpenSSL and
     cryptography stay out of the daemon, botocore's SSLContext is still urllib3's original

@@ -225,6 +225,7 @@ class S3Store(Store):
             client.meta.events.unregister("before-call.s3", add_expect_header)
             client.meta.events.register("before-parameter-build.s3", self._mount_params)
             s3_client.reuse_endpoints(client)
+            s3_client.steady_user_agent(client)
             return client
 
         # our retry loop is the only one, so the user's attempts and deadline are the real bounds
