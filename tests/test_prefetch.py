@@ -191,7 +191,7 @@ def test_a_directory_store_read_in_tree_order_is_read_ahead(mount, tmp_path):
         for k in order[:4]:
             assert (m.path / k).read_bytes() == want[k], k
         # on failure, what the daemon did: its read-ahead's counters and listings (this failed
-        # once in a fresh clone's CI, and never in 42 runs alone: see docs/benchmarks.md)
+        # once in a fresh clone's CI, and never in 42 runs alone: see docs/benchmark-history.md)
         assert wait_until(lambda: page_cache_holds(view, 0, len(view)), 10), \
             f"{target} was not read ahead; the daemon: {_read_ahead_state(m.path)}"
         # the listings made on the way to it reach the cache just after: '', a/, a/c/, and

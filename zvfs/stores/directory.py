@@ -67,7 +67,7 @@ _ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EISDIR, errno.ENAMETO
 #: files kept open for reading, at most (a small share of the usual 1024 descriptors)
 OPEN_FILES = 128
 #: directories listed at once ahead of a walk of the tree (see Store.list_ahead); for a
-#: find over a million keys 2, 4 and 8 did alike (docs/benchmarks.md, sixteenth session)
+#: find over a million keys 2, 4 and 8 did alike (docs/benchmark-history.md, sixteenth session)
 LIST_AHEAD = 4
 
 
