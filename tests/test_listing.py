@@ -88,6 +88,19 @@ class TableAgainstDict(RuleBasedStateMachine):
             assert got == made
             if isinstance(src, KeyTable):
                 assert (src.made_size(name), src.made_mtime(name)) == (made.size, made.mtime)
+                assert src.made_size_and_mtime(name) == (made.size, made.mtime)
+
+    @invariant()
+    def a_walk_in_order_finds_each_name(self) -> None:
+        """A walk asks the names in sorted order (found without a search), with misses and
+        repeats between: each answer is the model's."""
+        for name in sorted(self.model):
+            assert name in self.table and self.table[name] == self.model[name]
+            assert name + "~" not in self.table  # sorts just after name: a miss there
+            assert self.table.get(name) == self.model[name]  # the same name again
+        for name, src, made in sorted(self.nodes, key=lambda n: n[0]):
+            if isinstance(src, KeyTable):
+                assert src.made_size_and_mtime(name) == (made.size, made.mtime)
 
 
 TestTableAgainstDict = TableAgainstDict.TestCase
@@ -192,3 +205,22 @@ def test_a_nodes_size_and_mtime_are_its_entrys() -> None:
         assert (table.made_size(name), table.made_mtime(name)) == (table[name].size, table[name].mtime)
     table["a"] = KeyInfo(9, 9.5)  # a write: the node still reads what it was made from
     assert table.made_size("a") == 1 and table["a"].size == 9
+
+
+def test_names_asked_in_order_out_of_order_and_missing_are_found_as_by_a_search() -> None:
+    """The table remembers the last name it found and tries the next one first: a walk in
+    order, a walk backwards, jumps, names that are not there (between two, before the first,
+    after the last) and equal names that are other string objects all get a search's answer."""
+    names = [f"n{i:03d}" for i in range(100)]
+    table = KeyTable([(n, KeyInfo(i, i + 0.5)) for i, n in enumerate(names)])
+    rng = random.Random(7)
+    asks = names + names[::-1] + rng.choices(names, k=300)
+    asks += [n + "x" for n in names[::7]] + ["a", "z", "n", "n100", ""]
+    asks += ["".join(list(n)) for n in names]  # equal, not the same object
+    for n in asks:
+        want = names.index(n) if n in names else None
+        if want is None:
+            assert n not in table and table.get(n) is None, n
+        else:
+            assert table[n] == KeyInfo(want, want + 0.5), n
+            assert table.made_size_and_mtime(n) == (want, want + 0.5), n

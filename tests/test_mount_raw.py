@@ -325,6 +325,48 @@ def test_stat_sizes_without_reading(backend: Backend) -> None:
     assert stat.S_ISDIR(st.st_mode) and st.st_mode & 0o555 == 0o555
 
 
+def test_each_entry_of_a_listing_has_its_own_attributes(mount, tmp_path: Path) -> None:
+    """readdir answers with every entry's attributes (readdirplus), filling one record over
+    and over: files of other sizes and mtimes and directories between them each reach the
+    kernel with their own type, size, blocks, links and mtime, and the kernel then answers
+    lstat from them without asking the daemon."""
+    import random
+
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = random.Random(3)
+    for i in range(60):
+        p = src / f"{i:02d}"
+        if i % 7 == 3:
+            p.mkdir()
+            (p / "x").write_bytes(b"x")
+        else:
+            p.write_bytes(b"y" * rng.randrange(0, 5000))
+            t = 1_600_000_000_000_000_000 + i * 1_234_567_891
+            os.utime(p, ns=(t, t))
+    m = mount(src)
+
+    def getattrs() -> int:
+        return json.loads((m.path / ".zvfs" / "stats.json").read_text()).get("fuse_ops_getattr", 0)
+
+    getattrs()
+    a = getattrs()
+    own = getattrs() - a  # what reading stats.json asks itself
+    b = a + own
+    with os.scandir(m.path) as it:
+        got = {e.name: e.stat(follow_symlinks=False) for e in it if e.name != ".zvfs"}
+    assert getattrs() - b == own, "lstat asked the daemon: the listing's attributes were not used"
+    assert sorted(got) == sorted(p.name for p in src.iterdir())
+    for name, st in got.items():
+        want = os.stat(src / name)
+        if stat.S_ISDIR(want.st_mode):
+            assert stat.S_ISDIR(st.st_mode) and st.st_nlink == 2 and st.st_size == 0, name
+        else:
+            assert stat.S_ISREG(st.st_mode) and st.st_nlink == 1, name
+            assert st.st_size == want.st_size and st.st_blocks == (want.st_size + 511) // 512, name
+            assert st.st_mtime_ns == int(want.st_mtime * 1e9), name
+
+
 # --------------------------------------------------------------------------- sources
 
 

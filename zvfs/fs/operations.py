@@ -246,28 +246,39 @@ class ZvfsOperations(pyfuse3.Operations):
         return self._find(self._parent_of[i], self._name_at[i]) == ino
 
     def _attrs(self, ino: int, node: Node) -> pyfuse3.EntryAttributes:
+        """A node's entry, made for a reply that pyfuse3 sends after the handler returns."""
+        return self._fill(self._blank(), ino, node)
+
+    def _blank(self) -> pyfuse3.EntryAttributes:
+        """An entry with what every node of the mount shares set. readdir fills one entry
+        again for each name, as ``readdir_reply`` copies it into the reply at once: a walk
+        of a million files sets these fields once a reply, not once a file."""
         a = pyfuse3.EntryAttributes()
-        a.st_ino = ino
         a.generation = 0
         a.entry_timeout = self.ttl
-        # a live file's size changes with its content: the kernel must ask every time
-        a.attr_timeout = 0 if isinstance(node, FileNode) and node.direct_io else self.ttl
-        owner = self._owner
-        is_file = isinstance(node, FileNode)
-        a.st_mode = owner.mode(not is_file, node.writable)
-        a.st_uid = owner.uid
-        a.st_gid = owner.gid
+        a.st_uid = self._owner.uid
+        a.st_gid = self._owner.gid
         a.st_rdev = 0
-        if is_file:
-            a.st_nlink = 1
-            a.st_size = node.size
-            self._told[ino - ROOT] = a.st_size
-        else:
-            a.st_nlink = 2
-            a.st_size = 0
         a.st_blksize = 1 << 20
-        a.st_blocks = (a.st_size + 511) // 512
-        ns = int(node.mtime * 1e9)
+        return a
+
+    def _fill(self, a: pyfuse3.EntryAttributes, ino: int, node: Node) -> pyfuse3.EntryAttributes:
+        """Set in ``a`` (from :meth:`_blank`) what is ``node``'s own."""
+        a.st_ino = ino
+        is_file = isinstance(node, FileNode)
+        # a live file's size changes with its content: the kernel must ask every time
+        a.attr_timeout = 0 if is_file and node.direct_io else self.ttl
+        a.st_mode = self._owner.mode(not is_file, node.writable)
+        if is_file:
+            size, mtime = node.size_and_mtime()
+            a.st_nlink = 1
+            self._told[ino - ROOT] = size
+        else:
+            size, mtime = 0, node.mtime
+            a.st_nlink = 2
+        a.st_size = size
+        a.st_blocks = (size + 511) // 512
+        ns = int(mtime * 1e9)
         a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = ns
         return a
 
@@ -363,15 +374,16 @@ class ZvfsOperations(pyfuse3.Operations):
         snap = self._dir_handles.get(fh)
         if snap is None:
             raise pyfuse3.FUSEError(errno.EBADF)
+        a, fill, reply = self._blank(), self._fill, pyfuse3.readdir_reply
         for i in range(start_id, 2):
             name, ino, node = snap.dots[i]
-            if not pyfuse3.readdir_reply(token, os.fsencode(name), self._attrs(ino, node), i + 1):
+            if not reply(token, os.fsencode(name), fill(a, ino, node), i + 1):
                 return
         entries, inos = snap.entries, snap.inos
         for i in range(max(start_id - 2, 0), len(entries)):
             name, node = entries[i]
             ino = inos[i]
-            if not pyfuse3.readdir_reply(token, os.fsencode(name), self._attrs(ino, node), i + 3):
+            if not reply(token, os.fsencode(name), fill(a, ino, node), i + 3):
                 return
             self._lookups[ino - ROOT] += 1
             if self._node_at[ino - ROOT] is None:  # it may have been forgotten since opendir

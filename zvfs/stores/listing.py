@@ -141,25 +141,36 @@ class KeyTable(MutableMapping[str, KeyInfo]):
             self._building = False
 
     def _index(self, name: str) -> int:
-        """Where ``name`` is in the arrays, or -1 (the arrays' entry, dead or not)."""
+        """Where ``name`` is in the arrays, or -1 (the arrays' entry, dead or not).
+
+        The last name found is remembered: the same name again (a getattr asks a node's
+        size, then its mtime) or the one after it (a walk lists a directory in order, then
+        answers for each of its files in order) is found without a search."""
         self._seal()
         names = self._names
+        memo = self._memo
+        if memo is not None:
+            last, i = memo
+            if last is name:
+                return i
+            i += 1
+            if i < len(names) and names[i] == name:
+                self._memo = (names[i], i)  # one tuple: a reader in another thread sees both or neither
+                return i
         i = bisect_left(names, name)
-        return i if i < len(names) and names[i] == name else -1
+        if i < len(names) and names[i] == name:
+            self._memo = (names[i], i)
+            return i
+        return -1
 
     def _at(self, i: int) -> KeyInfo:
         return KeyInfo(self._sizes[i], self._mtimes[i], self._version_at(i))
 
     def _made_index(self, name: str) -> int:
-        """:meth:`_index` of a name that must be there, remembering the last one asked:
-        a getattr asks a node's size and then its mtime."""
-        memo = self._memo
-        if memo is not None and memo[0] is name:
-            return memo[1]
+        """:meth:`_index` of a name that must be there."""
         i = self._index(name)
         if i < 0:
             raise KeyError(name)
-        self._memo = (name, i)  # one tuple: a reader in another thread sees both or neither
         return i
 
     # -- for the nodes that point into it -------------------------------------------------
@@ -188,6 +199,11 @@ class KeyTable(MutableMapping[str, KeyInfo]):
         """``made_from(name).mtime``, without making a KeyInfo."""
         i = self._made_index(name)
         return self._mtimes[i]
+
+    def made_size_and_mtime(self, name: str) -> tuple[int, float]:
+        """``made_size`` and ``made_mtime`` of ``name`` with one lookup."""
+        i = self._made_index(name)
+        return self._sizes[i], self._mtimes[i]
 
     def total_size(self) -> int:
         """The sum of every key's size (df's figure), without a KeyInfo per key."""

@@ -105,6 +105,11 @@ class FileNode(Node):
     @abstractmethod
     def size(self) -> int: ...
 
+    def size_and_mtime(self) -> tuple[int, float]:
+        """``(size, mtime)`` at once: a walk's replies ask both of every file, and a node
+        that finds them in one place can look once."""
+        return self.size, self.mtime
+
     @abstractmethod
     async def read(self, offset: int, length: int) -> bytes | memoryview:
         """Bytes ``[offset, offset+length)`` clipped to the size; b'' past the end."""

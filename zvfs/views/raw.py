@@ -201,6 +201,13 @@ class RawFile(FileNode):
         src = self._src
         return src.mtime if isinstance(src, KeyInfo) else src.made_mtime(self.name)
 
+    def size_and_mtime(self) -> tuple[int, float]:
+        if self.ctx.writers and self.ctx.writers.get(self.key):
+            return self.size, self.mtime
+        self._refresh()
+        src = self._src
+        return (src.size, src.mtime) if isinstance(src, KeyInfo) else src.made_size_and_mtime(self.name)
+
     def version(self) -> object:
         self._refresh()
         return (self.key, self._info.size, self._info.mtime, self._epoch)
@@ -650,7 +657,8 @@ class RawDir(DirNode):
                 f"skipping store key {self.prefix + name!r}: cannot be a POSIX path ({why})",
             )
             return False
-        if name in listing.keys and name in listing.prefixes:
+        # the prefixes first: a set of a few, where the keys are searched (a million names)
+        if name in listing.prefixes and name in listing.keys:
             self.ctx.warn_once(
                 "clash:" + self.prefix + name,
                 f"store key {self.prefix + name!r} is also a prefix; showing the directory",
