@@ -190,20 +190,16 @@ class KeyTable(MutableMapping[str, KeyInfo]):
         """The entry of the arrays for ``name``, even when it was replaced or removed since."""
         return self._at(self._made_index(name))
 
-    def made_size(self, name: str) -> int:
-        """``made_from(name).size``, without making a KeyInfo."""
+    def made_size_and_mtime(self, name: str) -> tuple[int, float]:
+        """``made_from(name)``'s size and mtime, without making a KeyInfo."""
         i = self._made_index(name)  # first: it may sort the arrays
-        return self._sizes[i]
+        return self._sizes[i], self._mtimes[i]
+
+    def made_size(self, name: str) -> int:
+        return self.made_size_and_mtime(name)[0]
 
     def made_mtime(self, name: str) -> float:
-        """``made_from(name).mtime``, without making a KeyInfo."""
-        i = self._made_index(name)
-        return self._mtimes[i]
-
-    def made_size_and_mtime(self, name: str) -> tuple[int, float]:
-        """``made_size`` and ``made_mtime`` of ``name`` with one lookup."""
-        i = self._made_index(name)
-        return self._sizes[i], self._mtimes[i]
+        return self.made_size_and_mtime(name)[1]
 
     def total_size(self) -> int:
         """The sum of every key's size (df's figure), without a KeyInfo per key."""

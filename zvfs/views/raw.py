@@ -186,27 +186,31 @@ class RawFile(FileNode):
             ahead = self.ctx.tree_ahead = TreeAhead(self.ctx)
         return ahead
 
-    @property
-    def size(self) -> int:
-        handles = self.ctx.writers.get(self.key) if self.ctx.writers else None
-        if handles:
-            return handles[-1].size
-        self._refresh()
-        src = self._src
-        return src.size if isinstance(src, KeyInfo) else src.made_size(self.name)
-
-    @property  # type: ignore[override]
-    def mtime(self) -> float:
-        self._refresh()
-        src = self._src
-        return src.mtime if isinstance(src, KeyInfo) else src.made_mtime(self.name)
-
-    def size_and_mtime(self) -> tuple[int, float]:
-        if self.ctx.writers and self.ctx.writers.get(self.key):
-            return self.size, self.mtime
+    def _entry(self) -> tuple[int, float]:
+        """Size and mtime of the entry this node was made from, or of the write through the
+        mount it has seen since: one lookup in the listing's table for both."""
         self._refresh()
         src = self._src
         return (src.size, src.mtime) if isinstance(src, KeyInfo) else src.made_size_and_mtime(self.name)
+
+    def _writing_size(self) -> int | None:
+        """The size of the newest open writer of this key, if any (what a stat must show)."""
+        handles = self.ctx.writers.get(self.key) if self.ctx.writers else None
+        return handles[-1].size if handles else None
+
+    @property
+    def size(self) -> int:
+        writing = self._writing_size()
+        return self._entry()[0] if writing is None else writing
+
+    @property  # type: ignore[override]
+    def mtime(self) -> float:
+        return self._entry()[1]
+
+    def size_and_mtime(self) -> tuple[int, float]:
+        size, mtime = self._entry()
+        writing = self._writing_size()
+        return (size if writing is None else writing), mtime
 
     def version(self) -> object:
         self._refresh()
