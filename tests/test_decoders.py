@@ -538,6 +538,71 @@ def test_sigkill_while_idle_is_replaced(store, mount) -> None:
     alive_and_mounted(m, pid)
 
 
+def test_a_process_that_ends_while_a_request_waits_to_be_sent_is_not_sent_it(store) -> None:
+    """A decode chose a process, and waited for its turn to write; meanwhile the process was
+    killed and replaced, and its successor's pipes took the freed descriptor numbers. The
+    request must not go down them: the successor would answer a request it was never sent
+    (an error that turned the processes off), and the daemon would wait for the answer from
+    the dead process for ever. A CI run hung on exactly that, in the mount test above. Now
+    the decode is not served by the processes (its caller decodes in a thread), and the
+    successor goes on serving."""
+    import trio
+    import trio.testing
+
+    from zvfs.decoders.pool import DecoderPool, NotServed
+    from zvfs.stats import Counters
+    from zvfs.stores.directory import DirectoryStore
+    from zvfs.workers import Workers
+
+    root, _refs = store
+    pool = DecoderPool(DirectoryStore(root), 1, 64 << 20, Counters(), Workers(4))
+    got: list[object] = []
+
+    async def ready_process():
+        with trio.fail_after(START_TIMEOUT):
+            while not (pool._procs and pool._procs[0].ready):
+                await trio.sleep(0.01)
+        return pool._procs[0]
+
+    async def ask(digest: str) -> None:
+        try:
+            got.append(await pool.decode("fresh/a", digest, 0, (0,), MIN_CHUNK_BYTES))
+        except NotServed:
+            got.append("not served")
+
+    async def main() -> None:
+        pool.listen()
+        pool.start()
+        victim = await ready_process()
+        numbers = (victim.to_fd, victim.from_fd)
+        with trio.fail_after(START_TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                await victim.write_lock.acquire()
+                nursery.start_soon(ask, "metadata-a")
+                await trio.testing.wait_all_tasks_blocked()  # it waits for the lock
+                os.kill(victim.pid, signal.SIGKILL)
+                while pool.restarts < 1 or not pool._procs or not pool._procs[0].ready:
+                    await trio.sleep(0.01)
+                successor = pool._procs[0]
+                assert successor is not victim
+                # the hazard is there: the same numbers, now the successor's pipes
+                assert (successor.to_fd, successor.from_fd) == numbers
+                victim.write_lock.release()
+        assert got == ["not served"]
+        assert pool.disabled is None
+        # the successor answers (other metadata than it reads: "stale", so not served)
+        with trio.fail_after(START_TIMEOUT):
+            await ask("metadata-b")
+        assert got[1:] == ["not served"] and ("fresh/a", "metadata-b") in pool._stale
+        assert pool.disabled is None and pool.restarts == 1
+
+    pool.launch()
+    try:
+        trio.run(main)
+    finally:
+        pool.close()
+
+
 def pipe_end(pid: int, access: int) -> str:
     """/proc path of the one pipe decoder ``pid`` holds open with ``access`` (O_RDONLY: its
     requests; O_WRONLY: its answers)."""

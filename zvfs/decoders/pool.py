@@ -68,6 +68,8 @@ class _Process:
     #: requests in the order sent: the process answers them in that order
     pending: OrderedDict[int, _Request] = field(default_factory=OrderedDict)
     write_lock: trio.Lock = field(default_factory=trio.Lock)
+    #: set before its pipes are closed: from then on their numbers may be another process's
+    ended: bool = False
 
     @property
     def ready(self) -> bool:
@@ -312,13 +314,16 @@ class DecoderPool:
             self.counters.add(name, amount)
         for name, seconds in observed:  # type: ignore[attr-defined]
             self.counters.observe(name, seconds)
-        req = p.pending.pop(rid)  # type: ignore[arg-type]
+        req = p.pending.pop(rid, None)  # type: ignore[call-overload]
+        if req is None:  # a bug of ours: the guard turns the processes off
+            raise RuntimeError(f"process {p.pid} answered request {rid}, which it was not sent")
         req.answer = (str(status), str(text))
         req.done.set()
 
     async def _ended(self, p: _Process) -> None:
         """Process ``p`` is gone: its requests go to the threads (but the one it was
         decoding, when a crash signal ended it), and another process takes its place."""
+        p.ended = True
         if p in self._procs:
             self._procs.remove(p)
         _close_fd(p.to_fd)
@@ -381,6 +386,12 @@ class DecoderPool:
         message = pack((rid, path, digest, epoch, idx, offset, nbytes))
         async with p.write_lock:
             while True:
+                # Checked after every wait, right before the write: a process that ended
+                # meanwhile has had its pipes closed, and their numbers may already be its
+                # successor's. Written there, the request would be answered to a process
+                # that never sent it, and registered with one that will never answer.
+                if p.ended:
+                    raise NotServed
                 try:
                     os.write(p.to_fd, message)  # under PIPE_BUF: all of it, or none
                     break
