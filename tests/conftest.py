@@ -195,6 +195,80 @@ def force_unmount(mountpoint: os.PathLike | str) -> None:
                     break
 
 
+def fuse_mounts_under(base: os.PathLike | str) -> list[tuple[str, int]]:
+    """(mountpoint, kernel device number) of every FUSE mount below ``base``, read from
+    /proc/self/mountinfo: a stat of a hung mountpoint would hang too."""
+    prefix = os.path.abspath(base).rstrip("/") + "/"
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            pre, _, post = line.rstrip("\n").partition(" - ")
+            fields = pre.split(" ")
+            mp = _unescape_mount_field(fields[4])
+            if mp.startswith(prefix) and post.split(" ")[0].startswith("fuse"):
+                major, minor = (int(n) for n in fields[2].split(":"))
+                found.append((mp, (major << 20) | minor))  # the kernel's dev_t, as fusectl names it
+    return found
+
+
+def abort_hung_mounts(base: os.PathLike | str, why: str) -> list[str]:
+    """Print the stacks of the zvfs daemons behind every FUSE mount below ``base`` (py-spy)
+    and the end of each one's log, then abort those mounts' FUSE connections, and return their mountpoints.
+
+    A test blocked in a read of a mount whose daemon never answers cannot be interrupted by
+    pytest-timeout's signal (the kernel waits for the daemon, or for SIGKILL), so one hung
+    daemon would hang the whole run. Aborted, every waiting call fails with ENOTCONN: the
+    test fails, with the stacks that say where the daemon was stuck, and the run goes on."""
+    mounts = fuse_mounts_under(base)
+    report = [f"\n== {why}: aborting the FUSE connections of {len(mounts)} mount(s)"]
+    spy = shutil.which("py-spy") or str(Path(sysconfig.get_path("scripts")) / "py-spy")
+    for mp, _dev in mounts:
+        for pid in daemon_pids(mp):
+            try:
+                out = subprocess.run([spy, "dump", "--nonblocking", "--pid", str(pid)], capture_output=True,
+                                     text=True, timeout=30)
+                stacks = out.stdout + out.stderr
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                stacks = f"(no stacks: {exc})"
+            report.append(f"-- daemon {pid} of {mp}:\n{stacks}")
+        log = Path(mp + ".log")  # where the mount fixture has it write
+        if log.is_file():
+            tail = log.read_text(errors="replace").splitlines()[-40:]
+            report.append(f"-- the end of {log}:\n" + "\n".join(tail))
+    for mp, dev in mounts:
+        try:
+            Path(f"/sys/fs/fuse/connections/{dev}/abort").write_text("1")
+            report.append(f"aborted {mp}")
+        except OSError as exc:
+            report.append(f"could not abort {mp}: {exc}")
+    print("\n".join(report), file=sys.stderr, flush=True)
+    return [mp for mp, _dev in mounts]
+
+
+#: seconds before pytest-timeout's limit at which a test's hung mounts are aborted
+HANG_MARGIN = 60
+
+
+@pytest.fixture(autouse=True)
+def hung_mount_guard(request, tmp_path_factory) -> Iterator[None]:
+    """Every test (its fixtures' set-up and teardown included) gets pytest-timeout's limit
+    less HANG_MARGIN before the FUSE mounts below the session's temporary directory are
+    aborted (see :func:`abort_hung_mounts`)."""
+    limit = float(request.config.getini("timeout") or 0)
+    if limit <= HANG_MARGIN:
+        yield
+        return
+    base = tmp_path_factory.getbasetemp()
+    timer = threading.Timer(limit - HANG_MARGIN, abort_hung_mounts,
+                            args=(base, f"{request.node.nodeid} ran for {limit - HANG_MARGIN:.0f} s"))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
 @dataclass
 class Mounted:
     """A live zvfs mount made by the ``mount`` fixture."""
