@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 from conftest import (
     Mounted,
+    _pid_alive,
     daemon_pids,
     is_mounted,
     mount_stats,
@@ -45,7 +46,7 @@ from conftest import (
 
 from zvfs.decoders import wire
 from zvfs.decoders.arena import Arena
-from zvfs.decoders.pool import MIN_CHUNK_BYTES, default_processes
+from zvfs.decoders.pool import MIN_CHUNK_BYTES, DecoderPool, NotServed, default_processes
 
 ZYGOTE = "zvfs.decoders.zygote"
 PAGE = mmap.PAGESIZE
@@ -538,6 +539,55 @@ def test_sigkill_while_idle_is_replaced(store, mount) -> None:
     alive_and_mounted(m, pid)
 
 
+def run_pool(root: Path, main, **kw) -> DecoderPool:
+    """A DecoderPool of one process on the directory store ``root``, in the test's own trio
+    run: ``main(pool)`` once the process is ready. The pool is closed after the run."""
+    import trio
+
+    from zvfs.stats import Counters
+    from zvfs.stores.directory import DirectoryStore
+    from zvfs.workers import Workers
+
+    pool = DecoderPool(DirectoryStore(root), 1, 64 << 20, Counters(), Workers(4), **kw)
+
+    async def run() -> None:
+        pool.listen()
+        pool.start()
+        await ready_process(pool)
+        await main(pool)
+
+    pool.launch()
+    try:
+        trio.run(run)
+    finally:
+        pool.close()
+    return pool
+
+
+async def ready_process(pool: DecoderPool, restarts: int = 0):
+    """The pool's one process once it is ready, after ``restarts`` restarts."""
+    import trio
+
+    with trio.fail_after(START_TIMEOUT):
+        while pool.restarts < restarts or not (pool._procs and pool._procs[0].ready):
+            await trio.sleep(0.01)
+    return pool._procs[0]
+
+
+async def ask(pool: DecoderPool, digest: str) -> object:
+    """Chunk 0 of fresh/a, asked with metadata ``digest``: the slot, or "not served"."""
+    try:
+        return await pool.decode("fresh/a", digest, 0, (0,), MIN_CHUNK_BYTES)
+    except NotServed:
+        return "not served"
+
+
+async def answered_by_processes(pool: DecoderPool, digest: str) -> bool:
+    """A request with metadata the processes do not read: they answer "stale" (not served),
+    and the pool remembers it. True once it has."""
+    return await ask(pool, digest) == "not served" and ("fresh/a", digest) in pool._stale
+
+
 def test_a_process_that_ends_while_a_request_waits_to_be_sent_is_not_sent_it(store) -> None:
     """A decode chose a process, and waited for its turn to write; meanwhile the process was
     killed and replaced, and its successor's pipes took the freed descriptor numbers. The
@@ -549,58 +599,64 @@ def test_a_process_that_ends_while_a_request_waits_to_be_sent_is_not_sent_it(sto
     import trio
     import trio.testing
 
-    from zvfs.decoders.pool import DecoderPool, NotServed
-    from zvfs.stats import Counters
-    from zvfs.stores.directory import DirectoryStore
-    from zvfs.workers import Workers
-
-    root, _refs = store
-    pool = DecoderPool(DirectoryStore(root), 1, 64 << 20, Counters(), Workers(4))
     got: list[object] = []
 
-    async def ready_process():
-        with trio.fail_after(START_TIMEOUT):
-            while not (pool._procs and pool._procs[0].ready):
-                await trio.sleep(0.01)
-        return pool._procs[0]
+    async def asker(pool: DecoderPool) -> None:
+        got.append(await ask(pool, "metadata-a"))
 
-    async def ask(digest: str) -> None:
-        try:
-            got.append(await pool.decode("fresh/a", digest, 0, (0,), MIN_CHUNK_BYTES))
-        except NotServed:
-            got.append("not served")
-
-    async def main() -> None:
-        pool.listen()
-        pool.start()
-        victim = await ready_process()
+    async def main(pool: DecoderPool) -> None:
+        victim = pool._procs[0]
         numbers = (victim.to_fd, victim.from_fd)
         with trio.fail_after(START_TIMEOUT):
             async with trio.open_nursery() as nursery:
                 await victim.write_lock.acquire()
-                nursery.start_soon(ask, "metadata-a")
+                nursery.start_soon(asker, pool)
                 await trio.testing.wait_all_tasks_blocked()  # it waits for the lock
                 os.kill(victim.pid, signal.SIGKILL)
-                while pool.restarts < 1 or not pool._procs or not pool._procs[0].ready:
-                    await trio.sleep(0.01)
-                successor = pool._procs[0]
+                successor = await ready_process(pool, restarts=1)
                 assert successor is not victim
                 # the hazard is there: the same numbers, now the successor's pipes
                 assert (successor.to_fd, successor.from_fd) == numbers
                 victim.write_lock.release()
         assert got == ["not served"]
         assert pool.disabled is None
-        # the successor answers (other metadata than it reads: "stale", so not served)
         with trio.fail_after(START_TIMEOUT):
-            await ask("metadata-b")
-        assert got[1:] == ["not served"] and ("fresh/a", "metadata-b") in pool._stale
-        assert pool.disabled is None and pool.restarts == 1
+            assert await answered_by_processes(pool, "metadata-b")
 
-    pool.launch()
-    try:
-        trio.run(main)
-    finally:
-        pool.close()
+    pool = run_pool(store[0], main)
+    assert pool.disabled is None and pool.restarts == 1
+
+
+def test_a_process_that_stops_answering_is_killed_and_its_request_goes_to_the_threads(
+        store, caplog) -> None:
+    """A process that takes a request and never answers (here: stopped) would hold its
+    reads for ever. After answer_timeout seconds without an answer it is killed, its
+    request is not served (the caller decodes it in a thread), a warning names the chunk,
+    and another process takes its place. An idle process is never killed for being idle."""
+    import trio
+
+    async def main(pool: DecoderPool) -> None:
+        first = pool._procs[0]
+        await trio.sleep(2.5)  # idle for longer than the timeout: left alone
+        assert pool.restarts == 0 and pool._procs == [first]
+        with trio.fail_after(START_TIMEOUT):
+            assert await answered_by_processes(pool, "metadata-a")  # and answering
+        os.kill(first.pid, signal.SIGSTOP)
+        started = trio.current_time()
+        with trio.fail_after(START_TIMEOUT):
+            assert await ask(pool, "metadata-b") == "not served"
+        waited = trio.current_time() - started
+        assert 1.0 <= waited < 10, waited
+        assert ("fresh/a", "metadata-b") not in pool._stale  # the process never answered it
+        assert not _pid_alive(first.pid)
+        await ready_process(pool, restarts=1)
+        with trio.fail_after(START_TIMEOUT):
+            assert await answered_by_processes(pool, "metadata-c")
+
+    pool = run_pool(store[0], main, answer_timeout=1.0)
+    assert pool.disabled is None and pool.restarts == 1
+    warned = [r.getMessage() for r in caplog.records if "gave no answer" in r.getMessage()]
+    assert len(warned) == 1 and "(decoding fresh/a chunk (0,))" in warned[0], warned
 
 
 def pipe_end(pid: int, access: int) -> str:

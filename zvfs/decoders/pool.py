@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
 import signal
 import socket
@@ -34,6 +35,10 @@ log = logging.getLogger("zvfs")
 MIN_CHUNK_BYTES = 64 << 10
 #: processes that may die and be replaced in one mount before the threads take over for good
 MAX_RESTARTS = 8
+#: seconds a process with requests may go without answering one before it is killed (its
+#: requests go to the threads): a process stopped or stuck would otherwise hold its reads
+#: for ever. A chunk is at most a quarter of the cache; decoding one takes well under 1 s.
+ANSWER_TIMEOUT = 60.0
 #: what killed a process because of what it was decoding (not the OOM killer, not a person)
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT})
 #: seconds to wait for the zygote's word on how a process ended, and for it to end at close
@@ -70,6 +75,15 @@ class _Process:
     write_lock: trio.Lock = field(default_factory=trio.Lock)
     #: set before its pipes are closed: from then on their numbers may be another process's
     ended: bool = False
+    #: trio time of its last answer, or of its first request since it had none
+    progress: float = 0.0
+    #: the wait for its next answer, whose deadline a first request sets
+    waiting: trio.CancelScope | None = None
+    #: killed for not answering: its end is awaited without a deadline
+    killed: bool = False
+
+    def deadline(self, timeout: float) -> float:
+        return self.progress + timeout if self.pending and not self.killed else math.inf
 
     @property
     def ready(self) -> bool:
@@ -84,12 +98,13 @@ class DecoderPool:
     :meth:`close` ends them all."""
 
     def __init__(self, store: Store, processes: int, arena_bytes: int, counters: Counters,
-                 workers: Workers) -> None:
+                 workers: Workers, answer_timeout: float = ANSWER_TIMEOUT) -> None:
         self.store = store
         self.processes = processes
         self.arena_bytes = arena_bytes
         self.counters = counters
         self.workers = workers
+        self.answer_timeout = answer_timeout
         self._memfd: int | None = None
         self._zygote: subprocess.Popen[bytes] | None = None
         self._ctl: socket.socket | None = None
@@ -285,7 +300,11 @@ class DecoderPool:
         unpacker = Unpacker()
         try:
             while True:
-                await trio.lowlevel.wait_readable(p.from_fd)
+                with trio.CancelScope(deadline=p.deadline(self.answer_timeout)) as p.waiting:
+                    await trio.lowlevel.wait_readable(p.from_fd)
+                if p.waiting.cancelled_caught:
+                    self._unanswered(p)
+                    continue
                 try:
                     data = os.read(p.from_fd, 1 << 16)
                 except BlockingIOError:
@@ -299,6 +318,16 @@ class DecoderPool:
             if p.pid is not None:
                 _kill(p.pid)
         await self._ended(p)
+
+    def _unanswered(self, p: _Process) -> None:
+        """``p`` has not answered for answer_timeout seconds: kill it. Its end (the pipe's
+        EOF) gives its requests to the threads and starts another process."""
+        p.killed = True
+        head = next(iter(p.pending.values())).what
+        log.warning("decoder process %s gave no answer in %.0f s (decoding %s): killing it",
+                    p.pid, self.answer_timeout, head)
+        if p.pid is not None:
+            _kill(p.pid)
 
     def _answer(self, p: _Process, message: tuple[object, ...]) -> None:
         head = message[0]
@@ -317,6 +346,7 @@ class DecoderPool:
         req = p.pending.pop(rid, None)  # type: ignore[call-overload]
         if req is None:  # a bug of ours: the guard turns the processes off
             raise RuntimeError(f"process {p.pid} answered request {rid}, which it was not sent")
+        p.progress = trio.current_time()
         req.answer = (str(status), str(text))
         req.done.set()
 
@@ -401,6 +431,10 @@ class DecoderPool:
                     raise NotServed from None
         # registered in the same step as the write: the answer cannot come before it
         req = p.pending[rid] = _Request(slot, f"{path or '/'} chunk {idx}")
+        if len(p.pending) == 1:  # an answer is awaited from now on
+            p.progress = trio.current_time()
+            if p.waiting is not None:
+                p.waiting.deadline = p.deadline(self.answer_timeout)
         await req.done.wait()
         status, text = req.answer
         if status == "ok":
