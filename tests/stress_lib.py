@@ -23,6 +23,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -148,6 +149,53 @@ def proc_status(pid: int) -> dict[str, int]:
     return out
 
 
+# --------------------------------------------------------------------------- processes
+
+ZYGOTE = "zvfs.decoders.zygote"
+
+
+def proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, parent PID, start time) of ``pid`` from /proc, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], int(fields[1]), int(fields[19])
+
+
+def children(pid: int) -> list[int]:
+    """PIDs whose parent is ``pid`` (read from /proc/*/stat)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            st = proc_stat(int(d))
+            if st is not None and st[1] == pid:
+                out.append(int(d))
+    return sorted(out)
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def zygote(pid: int) -> int:
+    """The daemon's zygote: its one child, which forks the decoder processes."""
+    kids = [c for c in children(pid) if ZYGOTE in cmdline(c)]
+    assert len(kids) == 1, [(c, cmdline(c)) for c in children(pid)]
+    return kids[0]
+
+
+def decoder_children(pid: int) -> list[int]:
+    """The daemon's decoder processes (running or stopped; not zombies): its zygote's children."""
+    return [c for c in children(zygote(pid)) if (proc_stat(c) or "Z")[0] != "Z"]
+
+
+
 class ForegroundMount:
     """``zvfs mount -f SOURCE MOUNTPOINT ...`` as our child; stopped by its PID."""
 
@@ -213,12 +261,16 @@ class StressResult:
     churn_rounds: int = 0
     peak_rss: int = 0  # VmHWM of the daemon
     rss_samples: list[int] = field(default_factory=list)
+    chaos_kills: int = 0  # decoder processes killed (SIGKILL) by the chaos thread
+    chaos_stops: int = 0  # decoder processes stopped for a moment (SIGSTOP, then SIGCONT)
 
     def summary(self) -> str:
         return (f"{self.reads} reads ({self.bytes_read / MiB:.1f} MiB, {self.by_kind}) in "
                 f"{self.duration:.1f} s, {len(self.errors)} errors, {len(self.wrong)} wrong, "
                 f"worst latency {self.worst_latency:.2f} s, {self.churn_rounds} churn rounds, "
-                f"daemon peak RSS {self.peak_rss / MiB:.0f} MiB")  # fmt: skip
+                f"daemon peak RSS {self.peak_rss / MiB:.0f} MiB"
+                + (f", decoder processes killed {self.chaos_kills} and stopped {self.chaos_stops} times"
+                   if self.chaos_kills or self.chaos_stops else ""))  # fmt: skip
 
 
 @dataclass
@@ -350,10 +402,52 @@ def _churn(mnt: Path, deadline: float, res: StressResult, lock: threading.Lock) 
         time.sleep(0.1)
 
 
+#: decoder processes the chaos thread kills at most: the pool turns itself off after 8 ends
+CHAOS_KILLS = 6
+
+
+def _decoder_chaos(daemon_pid: int, deadline: float, seed: int, res: StressResult,
+                   lock: threading.Lock) -> None:  # fmt: skip
+    """Every 0.1-0.3 s, one of the daemon's decoder processes is stopped for 0.02-0.3 s
+    (SIGSTOP, then SIGCONT) or, one time in eight and at most CHAOS_KILLS times, killed: the
+    faults a decoder process meets (an operator's signal, the OOM killer, a debugger). Only
+    the children of this daemon's zygote are signalled, by PID."""
+    rng = random.Random(seed)
+    kills = stops = 0
+    try:
+        while time.monotonic() < deadline:
+            time.sleep(rng.uniform(0.1, 0.3))
+            kids = decoder_children(daemon_pid)
+            if not kids:
+                continue
+            victim = rng.choice(kids)
+            try:
+                if kills < CHAOS_KILLS and rng.random() < 1 / 8:
+                    os.kill(victim, signal.SIGKILL)
+                    kills += 1
+                    continue
+                os.kill(victim, signal.SIGSTOP)
+                stops += 1
+                try:
+                    time.sleep(rng.uniform(0.02, 0.3))
+                finally:
+                    os.kill(victim, signal.SIGCONT)
+            except ProcessLookupError:  # it ended meanwhile
+                continue
+    except Exception as exc:  # noqa: BLE001 - reported as a failure of the run
+        with lock:
+            res.errors.append(f"decoder chaos: {type(exc).__name__}: {exc}")
+    with lock:
+        res.chaos_kills += kills
+        res.chaos_stops += stops
+
+
 def run_stress(mnt: Path, daemon_pid: int, arrays: list[ArrayRef], raw_files: dict[str, Path],
-               duration: float, threads: int = 64, seed: int = 0) -> StressResult:  # fmt: skip
+               duration: float, threads: int = 64, seed: int = 0,
+               decoder_chaos: bool = False) -> StressResult:  # fmt: skip
     """``threads`` readers and one churn loop for ``duration`` seconds; the daemon's RSS is
-    sampled every 0.5 s and its peak (VmHWM) read at the end."""
+    sampled every 0.5 s and its peak (VmHWM) read at the end. With ``decoder_chaos``, a
+    thread also stops and kills the daemon's decoder processes (:func:`_decoder_chaos`)."""
     res = StressResult()
     lock = threading.Lock()
     pool = targets(mnt, arrays, raw_files)
@@ -362,6 +456,9 @@ def run_stress(mnt: Path, daemon_pid: int, arrays: list[ArrayRef], raw_files: di
     workers = [threading.Thread(target=_reader, args=(mnt, pool, deadline, seed * 1000 + i, res, lock),
                                 name=f"reader{i}", daemon=True) for i in range(threads)]  # fmt: skip
     workers.append(threading.Thread(target=_churn, args=(mnt, deadline, res, lock), name="churn", daemon=True))
+    if decoder_chaos:
+        workers.append(threading.Thread(target=_decoder_chaos, args=(daemon_pid, deadline, seed, res, lock),
+                                        name="decoder chaos", daemon=True))  # fmt: skip
     for w in workers:
         w.start()
     while any(w.is_alive() for w in workers):

@@ -43,12 +43,12 @@ from conftest import (
     zip_with_cmd,
     zip_with_zarr,
 )
+from stress_lib import children, cmdline, decoder_children, proc_stat, zygote
 
 from zvfs.decoders import wire
 from zvfs.decoders.arena import Arena
 from zvfs.decoders.pool import MIN_CHUNK_BYTES, DecoderPool, NotServed, default_processes
 
-ZYGOTE = "zvfs.decoders.zygote"
 PAGE = mmap.PAGESIZE
 #: seconds the processes get to start (the zygote imports numpy and numcodecs first)
 START_TIMEOUT = 30
@@ -343,51 +343,10 @@ def copy_store(store: tuple[Path, dict[str, np.ndarray]], dest: Path) -> Path:
 # --------------------------------------------------------------------------- helpers
 
 
-def proc_stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, parent PID, start time) of ``pid`` from /proc, or None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return fields[0], int(fields[1]), int(fields[19])
-
-
-def children(pid: int) -> list[int]:
-    """PIDs whose parent is ``pid`` (read from /proc/*/stat)."""
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            st = proc_stat(int(d))
-            if st is not None and st[1] == pid:
-                out.append(int(d))
-    return sorted(out)
-
-
-def cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def daemon_pid(m: Mounted) -> int:
     pids = daemon_pids(m.path)
     assert len(pids) == 1, pids
     return pids[0]
-
-
-def zygote(pid: int) -> int:
-    """The daemon's zygote: its one child, which forks the decoder processes."""
-    kids = [c for c in children(pid) if ZYGOTE in cmdline(c)]
-    assert len(kids) == 1, [(c, cmdline(c)) for c in children(pid)]
-    return kids[0]
-
-
-def decoder_children(pid: int) -> list[int]:
-    """The daemon's decoder processes (running or stopped; not zombies): its zygote's children."""
-    return [c for c in children(zygote(pid)) if (proc_stat(c) or "Z")[0] != "Z"]
 
 
 def open_files(pid: int) -> set[str]:

@@ -6,6 +6,8 @@ ranges of ``data.raw``, ``data.npy``, ``chunks/…`` and the raw store files
 (plain and O_DIRECT opens) for ``STRESS_SECONDS``, while ``find`` walks the
 tree and ``echo 2 > /proc/sys/vm/drop_caches`` makes the kernel forget inodes.
 The decoded cache is ``--cache-size 8M`` against ~72 MiB of decoded arrays.
+The directory store runs once more with two decoder processes, which a thread stops for
+moments and kills (six times) while the readers run.
 
 Asserted: zero I/O errors, zero wrong bytes (against what zarr-python reads
 back and the files it wrote), and a daemon peak RSS (VmHWM of the ``zvfs mount
@@ -15,6 +17,7 @@ back and the files it wrote), and a daemon peak RSS (VmHWM of the ``zvfs mount
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,6 +81,24 @@ def test_stress_directory_store(stress_store, fg_mount) -> None:
     m = fg_mount(str(root), "--cache-size", str(CACHE))
     res = sl.run_stress(m.mountpoint, m.pid, arrays, files, STRESS_SECONDS, THREADS, seed=1)
     _check(m, res)
+
+
+def test_stress_decoder_processes_stopped_and_killed(stress_store, fg_mount) -> None:
+    """The directory stress with two decoder processes, while a thread stops them for
+    moments and kills six of them (run_stress's decoder chaos). A killed process's chunks go
+    to the threads and another takes its place; a stopped one only delays its chunks. No
+    read fails or is wrong, each kill is one restart, and the processes stay on (a stuck
+    read here once hung CI: stop 31)."""
+    root, arrays, files = stress_store
+    m = fg_mount(str(root), "--cache-size", str(CACHE), "--decoders", "2")
+    res = sl.run_stress(m.mountpoint, m.pid, arrays, files, STRESS_SECONDS, THREADS, seed=3,
+                        decoder_chaos=True)  # fmt: skip
+    _check(m, res)
+    assert res.chaos_kills == sl.CHAOS_KILLS and res.chaos_stops >= 10, res.summary()
+    stats = json.loads((m.mountpoint / ".zvfs" / "stats.json").read_text())
+    assert "decoder processes off" not in m.log_text(), m.log_text()[-3000:]
+    assert stats["decoder_restarts"] == res.chaos_kills, stats
+    assert stats["decoder_processes"] == 2 and stats["decoder_chunks"] > 0, stats
 
 
 def test_stress_s3_store(stress_store, fg_mount, moto, s3_env) -> None:
