@@ -409,21 +409,24 @@ CHAOS_KILLS = 6
 def _decoder_chaos(daemon_pid: int, deadline: float, seed: int, res: StressResult,
                    lock: threading.Lock) -> None:  # fmt: skip
     """Every 0.1-0.3 s, one of the daemon's decoder processes is stopped for 0.02-0.3 s
-    (SIGSTOP, then SIGCONT) or, one time in eight and at most CHAOS_KILLS times, killed: the
+    (SIGSTOP, then SIGCONT) or, every fourth time until CHAOS_KILLS, killed: the
     faults a decoder process meets (an operator's signal, the OOM killer, a debugger). Only
     the children of this daemon's zygote are signalled, by PID."""
     rng = random.Random(seed)
-    kills = stops = 0
+    kills = stops = rounds = 0
+    killed: set[int] = set()  # a process killed may take a moment to end: never one kill twice
     try:
         while time.monotonic() < deadline:
             time.sleep(rng.uniform(0.1, 0.3))
-            kids = decoder_children(daemon_pid)
+            kids = [k for k in decoder_children(daemon_pid) if k not in killed]
             if not kids:
                 continue
             victim = rng.choice(kids)
+            rounds += 1
             try:
-                if kills < CHAOS_KILLS and rng.random() < 1 / 8:
+                if kills < CHAOS_KILLS and rounds % 4 == 0:  # all of them in the first seconds
                     os.kill(victim, signal.SIGKILL)
+                    killed.add(victim)
                     kills += 1
                     continue
                 os.kill(victim, signal.SIGSTOP)

@@ -11,7 +11,8 @@ moments and kills (six times) while the readers run.
 
 Asserted: zero I/O errors, zero wrong bytes (against what zarr-python reads
 back and the files it wrote), and a daemon peak RSS (VmHWM of the ``zvfs mount
--f`` process this test started) of at most the cache size + 150 MiB.
+-f`` process this test started) of at most the cache size + 150 MiB (with decoder
+processes, the cache size more: their shared arena).
 ``scripts/soak`` runs the same code for as long as asked.
 """
 
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import stress_lib as sl
-from conftest import s3_client
+from conftest import s3_client, wait_until
 
 STRESS_SECONDS = 15  # per store kind
 THREADS = 64
@@ -59,7 +60,7 @@ def fg_mount(tmp_path) -> Iterator:
             m.stop()
 
 
-def _check(m: sl.ForegroundMount, res: sl.StressResult) -> None:
+def _check(m: sl.ForegroundMount, res: sl.StressResult, rss_limit: int = RSS_LIMIT) -> None:
     print(f"\n[zvfs stress] {m.mountpoint}: {res.summary()}")
     assert os.path.ismount(m.mountpoint) and m.proc.poll() is None, "the daemon died"
     assert res.churn_rounds >= 1, "the forget churn never completed a round"
@@ -70,8 +71,8 @@ def _check(m: sl.ForegroundMount, res: sl.StressResult) -> None:
     assert not res.errors, f"{len(res.errors)} errors, e.g.:\n" + "\n".join(res.errors[:20]) + \
         "\nlog:\n" + m.log_text()[-3000:]
     assert not res.wrong, f"{len(res.wrong)} wrong reads, e.g.:\n" + "\n".join(res.wrong[:20])
-    assert res.peak_rss <= RSS_LIMIT, (
-        f"daemon peak RSS {res.peak_rss / sl.MiB:.0f} MiB > cache {CACHE / sl.MiB:.0f} MiB + 150 MiB "
+    assert res.peak_rss <= rss_limit, (
+        f"daemon peak RSS {res.peak_rss / sl.MiB:.0f} MiB > {rss_limit / sl.MiB:.0f} MiB "
         f"(samples, MiB: {[round(s / sl.MiB) for s in res.rss_samples]})"
     )
 
@@ -93,12 +94,21 @@ def test_stress_decoder_processes_stopped_and_killed(stress_store, fg_mount) -> 
     m = fg_mount(str(root), "--cache-size", str(CACHE), "--decoders", "2")
     res = sl.run_stress(m.mountpoint, m.pid, arrays, files, STRESS_SECONDS, THREADS, seed=3,
                         decoder_chaos=True)  # fmt: skip
-    _check(m, res)
+    # the daemon also maps the processes' arena (shared memory of the cache's size), and the
+    # chunks of a killed process are decoded in its threads meanwhile: both caches may fill
+    _check(m, res, rss_limit=RSS_LIMIT + CACHE)
     assert res.chaos_kills == sl.CHAOS_KILLS and res.chaos_stops >= 10, res.summary()
-    stats = json.loads((m.mountpoint / ".zvfs" / "stats.json").read_text())
+    def stats() -> dict:
+        return json.loads((m.mountpoint / ".zvfs" / "stats.json").read_text())
+
+    # the last kill may be moments old: its end is counted once the zygote has reaped it,
+    # and its successor once it is ready
+    assert wait_until(lambda: stats()["decoder_restarts"] == res.chaos_kills
+                      and stats()["decoder_processes"] == 2, 10), (
+        {k: v for k, v in stats().items() if k.startswith("decoder")}, res.chaos_kills,
+        [ln for ln in m.log_text().splitlines() if "decoder" in ln][-20:])
+    assert stats()["decoder_chunks"] > 0, stats()
     assert "decoder processes off" not in m.log_text(), m.log_text()[-3000:]
-    assert stats["decoder_restarts"] == res.chaos_kills, stats
-    assert stats["decoder_processes"] == 2 and stats["decoder_chunks"] > 0, stats
 
 
 def test_stress_s3_store(stress_store, fg_mount, moto, s3_env) -> None:
