@@ -322,6 +322,8 @@ class DecoderPool:
     def _unanswered(self, p: _Process) -> None:
         """``p`` has not answered for answer_timeout seconds: kill it. Its end (the pipe's
         EOF) gives its requests to the threads and starts another process."""
+        if not p.pending:  # given to the threads meanwhile (the processes were turned off)
+            return
         p.killed = True
         head = next(iter(p.pending.values())).what
         log.warning("decoder process %s gave no answer in %.0f s (decoding %s): killing it",
@@ -402,7 +404,7 @@ class DecoderPool:
         chunk was never written. Raises FormatError naming the key for bad bytes (caused
         by a StoreError when the failure may pass), NotServed when the caller must decode
         it itself."""
-        ready = [p for p in self._procs if p.ready]
+        ready = [p for p in self._procs if p.ready and not p.killed]
         arena = self._arena
         if (not ready or arena is None or self.disabled or nbytes < MIN_CHUNK_BYTES
                 or (path, digest) in self._stale):
