@@ -213,20 +213,22 @@ def fuse_mounts_under(base: os.PathLike | str) -> list[tuple[str, int]]:
 
 def abort_hung_mounts(base: os.PathLike | str, why: str) -> list[str]:
     """Print the stacks of the zvfs daemons behind every FUSE mount below ``base`` (py-spy)
-    and the end of each one's log, then abort those mounts' FUSE connections, and return their mountpoints.
+    and the end of each one's log, then abort those mounts' FUSE connections; return their
+    mountpoints.
 
     A test blocked in a read of a mount whose daemon never answers cannot be interrupted by
     pytest-timeout's signal (the kernel waits for the daemon, or for SIGKILL), so one hung
-    daemon would hang the whole run. Aborted, every waiting call fails with ENOTCONN: the
-    test fails, with the stacks that say where the daemon was stuck, and the run goes on."""
+    daemon would hang the whole run. Aborted, every waiting call fails (ECONNABORTED, or
+    ENOTCONN for one not yet sent to the daemon): the test fails, with the stacks that say
+    where the daemon was stuck, and the run goes on."""
     mounts = fuse_mounts_under(base)
     report = [f"\n== {why}: aborting the FUSE connections of {len(mounts)} mount(s)"]
     spy = shutil.which("py-spy") or str(Path(sysconfig.get_path("scripts")) / "py-spy")
     for mp, _dev in mounts:
         for pid in daemon_pids(mp):
             try:
-                out = subprocess.run([spy, "dump", "--nonblocking", "--pid", str(pid)], capture_output=True,
-                                     text=True, timeout=30)
+                out = subprocess.run([spy, "dump", "--nonblocking", "--pid", str(pid)],
+                                     capture_output=True, text=True, timeout=30)
                 stacks = out.stdout + out.stderr
             except (OSError, subprocess.TimeoutExpired) as exc:
                 stacks = f"(no stacks: {exc})"
@@ -251,9 +253,9 @@ HANG_MARGIN = 60
 
 @pytest.fixture(autouse=True)
 def hung_mount_guard(request, tmp_path_factory) -> Iterator[None]:
-    """Every test (its fixtures' set-up and teardown included) gets pytest-timeout's limit
-    less HANG_MARGIN before the FUSE mounts below the session's temporary directory are
-    aborted (see :func:`abort_hung_mounts`)."""
+    """Every test (with its function-scoped fixtures' set-up and teardown) gets
+    pytest-timeout's limit less HANG_MARGIN before the FUSE mounts below the session's
+    temporary directory are aborted (see :func:`abort_hung_mounts`)."""
     limit = float(request.config.getini("timeout") or 0)
     if limit <= HANG_MARGIN:
         yield
