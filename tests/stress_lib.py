@@ -195,7 +195,6 @@ def decoder_children(pid: int) -> list[int]:
     return [c for c in children(zygote(pid)) if (proc_stat(c) or "Z")[0] != "Z"]
 
 
-
 class ForegroundMount:
     """``zvfs mount -f SOURCE MOUNTPOINT ...`` as our child; stopped by its PID."""
 
