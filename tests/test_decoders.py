@@ -618,6 +618,80 @@ def test_a_process_that_stops_answering_is_killed_and_its_request_goes_to_the_th
     assert len(warned) == 1 and "(decoding fresh/a chunk (0,))" in warned[0], warned
 
 
+def test_a_process_ended_by_a_signal_without_a_name_gives_its_requests_to_the_threads(
+        store, caplog) -> None:
+    """A process that holds a request and is ended by a real-time signal (one Python's
+    signal.Signals has no name for): its request goes to the threads, as for any other end,
+    and another process starts. Naming the signal for the log used to raise between taking
+    the dead process's requests and handing them over, so the read waited for ever."""
+    import trio
+
+    realtime = signal.SIGRTMIN + 1
+    assert realtime not in {s.value for s in signal.Signals}
+
+    async def main(pool: DecoderPool) -> None:
+        first = pool._procs[0]
+        os.kill(first.pid, signal.SIGSTOP)  # it holds the request it is sent
+        async with trio.open_nursery() as nursery:
+            got: list[object] = []
+
+            async def asker() -> None:
+                got.append(await ask(pool, "metadata-a"))
+
+            nursery.start_soon(asker)
+            with trio.fail_after(START_TIMEOUT):
+                while not first.pending:
+                    await trio.sleep(0.01)
+            os.kill(first.pid, realtime)  # delivered once it runs again
+            os.kill(first.pid, signal.SIGCONT)
+            with trio.fail_after(START_TIMEOUT):
+                while not got:
+                    await trio.sleep(0.01)
+        assert got == ["not served"]
+        await ready_process(pool, restarts=1)
+        with trio.fail_after(START_TIMEOUT):
+            assert await answered_by_processes(pool, "metadata-b")
+
+    pool = run_pool(store[0], main)
+    assert pool.disabled is None and pool.restarts == 1
+    warned = [r.getMessage() for r in caplog.records if "starting another" in r.getMessage()]
+    assert len(warned) == 1 and f"was ended by signal {int(realtime)}" in warned[0], warned
+
+
+def test_when_the_processes_are_turned_off_a_request_waiting_to_be_sent_is_not_sent(
+        store) -> None:
+    """Bytes on a process's answer pipe that are no message turn the processes off (the
+    pool's reader of that pipe fails). Every process is then ended for the daemon, the one
+    whose reader failed included, though no end-of-pipe will tell of it: a decode that was
+    waiting for its turn to write is not served, instead of writing to a process being
+    killed and waiting for an answer that no task reads."""
+    import trio
+    import trio.testing
+
+    got: list[object] = []
+
+    async def asker(pool: DecoderPool) -> None:
+        got.append(await ask(pool, "metadata-a"))
+
+    async def main(pool: DecoderPool) -> None:
+        victim = pool._procs[0]
+        with trio.fail_after(START_TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                await victim.write_lock.acquire()
+                nursery.start_soon(asker, pool)
+                await trio.testing.wait_all_tasks_blocked()  # it waits for the lock
+                with open(pipe_end(victim.pid, os.O_WRONLY), "wb", buffering=0) as pipe:
+                    pipe.write(struct.pack("<I", 5) + b"\xffjunk")
+                while pool.disabled is None:
+                    await trio.sleep(0.01)
+                assert victim.ended  # before the waiting decode goes on
+                victim.write_lock.release()
+        assert got == ["not served"]
+
+    pool = run_pool(store[0], main)
+    assert pool.disabled is not None
+
+
 def pipe_end(pid: int, access: int) -> str:
     """/proc path of the one pipe decoder ``pid`` holds open with ``access`` (O_RDONLY: its
     requests; O_WRONLY: its answers)."""

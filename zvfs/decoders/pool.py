@@ -175,6 +175,9 @@ class DecoderPool:
                 log.exception("decoder processes: %s", exc)
                 self._disable(f"{type(exc).__name__}: {exc}")
                 for p in list(self._procs):  # what waits on them goes to the threads
+                    # ended for the daemon: nothing more is written to it, though the task
+                    # that failed may have been its reader, so that no _ended() follows
+                    p.ended = True
                     for req in p.pending.values():
                         req.done.set()
                     p.pending.clear()
@@ -346,7 +349,10 @@ class DecoderPool:
         for name, seconds in observed:  # type: ignore[attr-defined]
             self.counters.observe(name, seconds)
         req = p.pending.pop(rid, None)  # type: ignore[call-overload]
-        if req is None:  # a bug of ours: the guard turns the processes off
+        if req is None:
+            if p.ended:  # its requests went to the threads when the processes were turned off
+                return
+            # a bug of ours: the guard turns the processes off
             raise RuntimeError(f"process {p.pid} answered request {rid}, which it was not sent")
         p.progress = trio.current_time()
         req.answer = (str(status), str(text))
@@ -367,12 +373,7 @@ class DecoderPool:
         pending = list(p.pending.values())
         p.pending.clear()
         crashed = code is not None and code < 0 and -code in CRASH_SIGNALS
-        if code is None:
-            how = "ended"
-        elif code < 0:
-            how = f"was ended by {signal.Signals(-code).name}"
-        else:
-            how = f"exited with status {code}"
+        how = _how_ended(code)
         for i, req in enumerate(pending):
             if crashed and i == 0:  # it was decoding this one: never again in the daemon
                 req.answer = ("data", f"the decoder process {how} decoding it")
@@ -453,6 +454,20 @@ class DecoderPool:
         if status == "store":
             raise FormatError(text) from StoreError(text)
         raise FormatError(text)
+
+
+def _how_ended(code: int | None) -> str:
+    """How a process ended, from Popen's returncode (None: not known), for the log. Never
+    raises: a signal without a name (a real-time one, say) is given by its number; this runs
+    between taking a dead process's requests and handing them to the threads."""
+    if code is None:
+        return "ended"
+    if code >= 0:
+        return f"exited with status {code}"
+    try:
+        return f"was ended by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"was ended by signal {-code}"
 
 
 def _close_fd(fd: int) -> None:
