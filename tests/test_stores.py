@@ -998,6 +998,56 @@ def test_disk_cache_keeps_suffixes(tree: Path, tmp_path: Path) -> None:
     assert store.get_suffix("a/big", 7) == (big[-7:], len(big))
 
 
+def test_disk_cache_keeps_no_bytes_fetched_before_a_write(tmp_path: Path) -> None:
+    """A read that fetched a key's old bytes and returns after a write through the mount
+    has replaced them: the reader gets what it fetched, but the disk tier does not keep
+    it (it would serve the old bytes to every later read of the new content). The same for
+    a read pinned to the old version, whose bytes are named for it."""
+    import threading
+
+    from zvfs.cache.disk import DiskCachedStore
+    from zvfs.stats import Counters
+    from zvfs.stores.base import WrappedStore
+
+    root = tmp_path / "store"
+    root.mkdir()
+    (root / "k").write_bytes(b"old " * 1000)
+    fetched, release = threading.Event(), threading.Event()
+
+    class HeldAfterFetch(WrappedStore):
+        """The directory store, but a read of "k" returns only once released (after it has
+        read the bytes): the fetch in flight while the key is written."""
+
+        def get_range(self, key: str, start: int, length: int) -> bytes:
+            data = self.inner.get_range(key, start, length)
+            if key == "k" and not release.is_set():
+                fetched.set()
+                assert release.wait(30)
+            return data
+
+    counters = Counters()
+    store = DiskCachedStore(HeldAfterFetch(DirectoryStore(root)), tmp_path / "cache",
+                            max_bytes=1 << 30, min_free_bytes=0, persistent=False,
+                            counters=counters)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(store.get_range("k", 0, 100)))
+    reader.start()
+    assert fetched.wait(30)
+    writer = store.open_writer("k", truncate=True, create=True)
+    writer.write(0, b"new " * 1000)
+    writer.commit()
+    writer.close()
+    release.set()
+    reader.join(30)
+    assert got == [b"old " * 25]  # what it fetched, before the write
+    assert store.get_range("k", 0, 100) == b"new " * 25
+    assert store.get_range("k", 0, 100) == b"new " * 25  # and kept: a hit
+    assert counters.snapshot()["disk_cache_hits"] == 1
+    # bytes read for one version are named for it
+    assert store.get_version("k", 0, 100, "v1") == b"new " * 25
+    assert len({store._name("k", 0, 100, "v1"), store._name("k", 0, 100, "v2"), store._name("k", 0, 100)}) == 3
+
+
 # -- URL parsing -------------------------------------------------------------------------
 
 

@@ -53,6 +53,9 @@ class DiskCachedStore(WrappedStore):
         self._entries: OrderedDict[str, int] = OrderedDict()
         #: key -> the names cached for it this mount, so a write through the mount drops them
         self._names_of: dict[str, set[str]] = {}
+        #: key -> how many times it was written through the mount: bytes fetched before a
+        #: write, and returned after it, are the old content and must not be kept
+        self._writes: dict[str, int] = {}
         self._bytes = 0
         self._load_index()
 
@@ -71,8 +74,12 @@ class DiskCachedStore(WrappedStore):
         self._shrink(0)
 
     @staticmethod
-    def _name(key: str, start: int = -1, length: int = -1) -> str:
-        return hashlib.sha256(f"{key}\0{start}\0{length}".encode()).hexdigest()
+    def _name(key: str, start: int = -1, length: int = -1, version: str | None = None) -> str:
+        """An entry's file name. Bytes read from one version of the key are named for it:
+        an open file pinned to the old content reads on after a write through the mount,
+        and what it reads must not be served to those that open the new one."""
+        text = f"{key}\0{start}\0{length}" + ("" if version is None else f"\0{version}")
+        return hashlib.sha256(text.encode()).hexdigest()
 
     def _read(self, name: str) -> bytes | None:
         with self._lock:
@@ -106,8 +113,13 @@ class DiskCachedStore(WrappedStore):
                 pass
         return shutil.disk_usage(self.dir).free - incoming >= self.min_free
 
-    def _write(self, name: str, data: bytes) -> None:
+    def _write(self, key: str, name: str, data: bytes, writes: int) -> None:
+        """Keep ``data`` as ``name``, unless ``key`` was written through the mount since
+        its fetch began (``writes`` is the count then)."""
         with self._lock:
+            if self._writes.get(key, 0) != writes:
+                return
+            self._names_of.setdefault(key, set()).add(name)
             if name in self._entries or not self._shrink(len(data)):
                 return
             self._entries[name] = len(data)
@@ -132,10 +144,10 @@ class DiskCachedStore(WrappedStore):
         data = self._read(name)
         if data is None:
             self.counters.add("disk_cache_misses")
-            data = fetch()
             with self._lock:
-                self._names_of.setdefault(key, set()).add(name)
-            self._write(name, data)
+                writes = self._writes.get(key, 0)
+            data = fetch()
+            self._write(key, name, data, writes)
         return data
 
     def get(self, key: str) -> bytes:
@@ -156,7 +168,8 @@ class DiskCachedStore(WrappedStore):
         return entry[: -_SIZE.size], _SIZE.unpack(entry[-_SIZE.size:])[0]
 
     def get_version(self, key: str, start: int, length: int | None, version: str | None) -> bytes:
-        name = self._name(key) if length is None else self._name(key, start, length)
+        name = (self._name(key, version=version) if length is None
+                else self._name(key, start, length, version))
         return self._cached(key, name, lambda: self.inner.get_version(key, start, length, version))
 
     def _forget(self, key: str) -> None:
@@ -164,6 +177,7 @@ class DiskCachedStore(WrappedStore):
         persistent cache is only for stores that never change, so nothing of an earlier
         mount can be stale; only this mount's names are tracked.)"""
         with self._lock:
+            self._writes[key] = self._writes.get(key, 0) + 1
             names = self._names_of.pop(key, set()) | {self._name(key)}
             for name in names:
                 size = self._entries.pop(name, None)
