@@ -88,6 +88,49 @@ def test_a_sequential_writer_uploads_parts_while_writing_and_a_rewritten_part_go
     assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads")
 
 
+def test_a_slow_create_of_the_multipart_upload_does_not_hold_up_the_writer(s3):
+    """background_work() runs on the daemon's trio thread after every write. It must not
+    wait for the writer's lock while a part upload holds it across CreateMultipartUpload:
+    one slow S3 request would freeze every file of the mount. Here the create is held
+    until the test releases it; the writer answers meanwhile, and the upload completes."""
+    import threading
+
+    store, client, bucket, _ = s3
+    creating, release = threading.Event(), threading.Event()
+    request = store._request
+
+    def held(key, op, fn):
+        if op == "CreateMultipartUpload":
+            creating.set()
+            assert release.wait(30)
+        return request(key, op, fn)
+
+    store._request = held
+    data = os.urandom(12 * MiB)
+    w = store.open_writer("slow", truncate=True, create=True)
+    w.write(0, data[:11 * MiB])
+    jobs = w.background_work()
+    assert jobs, "two finished parts: their uploads start"
+    uploads = [threading.Thread(target=job) for job in jobs]
+    for t in uploads:
+        t.start()
+    try:
+        assert creating.wait(30)
+        answered = threading.Event()
+        asker = threading.Thread(target=lambda: (w.background_work(), w.size, answered.set()))
+        asker.start()
+        assert answered.wait(5), "the writer's lock was held across CreateMultipartUpload"
+        w.write(11 * MiB, data[11 * MiB:])  # and writes go on
+    finally:
+        release.set()
+        for t in uploads:
+            t.join(30)
+    w.commit()
+    w.close()
+    assert _object(client, bucket, "slow") == data
+    assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads")
+
+
 def test_opening_without_truncate_fetches_the_object_and_appends(s3):
     store, client, bucket, _ = s3
     client.put_object(Bucket=bucket, Key="pre/k", Body=b"hello")

@@ -59,7 +59,11 @@ class S3Writer(KeyWriter):
         self._size = 0
         self._exclusive = exclusive  # a create that must not replace an object (O_EXCL)
         self._dirty = fresh  # a new or truncated file is uploaded even if never written
+        #: the writer's state; never held across a request: background_work() takes it on
+        #: the trio thread, which a slow S3 request would otherwise hold up for every file
         self._lock = threading.Condition()
+        #: held by the one part upload that creates the multipart upload, while it does
+        self._starting = threading.Lock()
         self._gen: dict[int, int] = {}  # part -> writes that touched it
         self._done: dict[int, tuple[str, int]] = {}  # part -> (ETag, generation uploaded)
         self._in_flight: set[int] = set()
@@ -148,13 +152,18 @@ class S3Writer(KeyWriter):
                 self._lock.notify_all()
 
     def _start_upload(self) -> str:
-        with self._lock:
-            if self._upload_id is None:
-                r = self.store._request(self.key, "CreateMultipartUpload",
-                                        lambda c: c.create_multipart_upload(
-                                            Bucket=self.store.bucket, Key=self.store.prefix + self.key))
+        """The multipart upload's id, created by the first part upload that needs one (the
+        others wait for it on ``_starting``, not on the writer's lock)."""
+        with self._starting:
+            with self._lock:
+                if self._upload_id is not None:
+                    return self._upload_id
+            r = self.store._request(self.key, "CreateMultipartUpload",
+                                    lambda c: c.create_multipart_upload(
+                                        Bucket=self.store.bucket, Key=self.store.prefix + self.key))
+            with self._lock:
                 self._upload_id = str(r["UploadId"])
-            return self._upload_id
+                return self._upload_id
 
     def _upload_part(self, part: int) -> None:
         upload_id = self._start_upload()
