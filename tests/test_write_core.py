@@ -131,6 +131,32 @@ def test_a_slow_create_of_the_multipart_upload_does_not_hold_up_the_writer(s3):
     assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads")
 
 
+def test_commit_does_not_wait_for_part_uploads_no_thread_has_started(s3):
+    """Parts that background_work() handed out wait for a worker thread. A commit (close,
+    fsync) also runs in one, so it must not wait for those parts: with every thread taken
+    by committers (one, with --threads 1), it would wait for ever. It takes them back and
+    uploads them itself; the jobs, when they run, find nothing to do."""
+    import threading
+
+    store, client, bucket, _ = s3
+    data = os.urandom(11 * MiB)
+    w = store.open_writer("queued", truncate=True, create=True)
+    w.write(0, data)
+    jobs = w.background_work()
+    assert jobs, "two finished parts handed out"
+    committed = threading.Event()
+    committer = threading.Thread(target=lambda: (w.commit(), committed.set()))
+    committer.start()
+    assert committed.wait(30), "commit waited for part uploads that no thread had started"
+    puts = store.counters.snapshot()["store_requests_put"]
+    for job in jobs:  # their turn comes after all
+        job()
+    assert store.counters.snapshot()["store_requests_put"] == puts  # and they send nothing
+    w.close()
+    assert _object(client, bucket, "queued") == data
+    assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads")
+
+
 def test_opening_without_truncate_fetches_the_object_and_appends(s3):
     store, client, bucket, _ = s3
     client.put_object(Bucket=bucket, Key="pre/k", Body=b"hello")

@@ -66,7 +66,10 @@ class S3Writer(KeyWriter):
         self._starting = threading.Lock()
         self._gen: dict[int, int] = {}  # part -> writes that touched it
         self._done: dict[int, tuple[str, int]] = {}  # part -> (ETag, generation uploaded)
+        #: parts handed out by background_work(): queued for a worker thread, or uploading
         self._in_flight: set[int] = set()
+        #: those of them a worker thread is uploading now
+        self._running: set[int] = set()
         self._upload_id: str | None = None
         self._seq_end = 0  # bytes [0, _seq_end) have been written in order
         self._committed = False
@@ -142,6 +145,10 @@ class S3Writer(KeyWriter):
         return done is not None and done[1] == self._gen.get(part, 0)
 
     def _upload_quietly(self, part: int) -> None:
+        with self._lock:
+            if part not in self._in_flight:  # taken back by commit or close meanwhile
+                return
+            self._running.add(part)
         try:
             self._upload_part(part)
         except Exception as exc:  # noqa: BLE001 - commit uploads it again and reports
@@ -149,7 +156,17 @@ class S3Writer(KeyWriter):
         finally:
             with self._lock:
                 self._in_flight.discard(part)
+                self._running.discard(part)
                 self._lock.notify_all()
+
+    def _settle_parts(self) -> None:
+        """Under the lock: take back the parts no worker thread has started (commit uploads
+        what is missing itself) and wait for those that have. Waiting for a queued part
+        instead could wait for ever: the caller may hold the worker thread it needs."""
+        self._in_flight &= self._running
+        while self._running:
+            self._lock.wait()
+        self._in_flight.clear()
 
     def _start_upload(self) -> str:
         """The multipart upload's id, created by the first part upload that needs one (the
@@ -183,8 +200,7 @@ class S3Writer(KeyWriter):
 
     def commit(self, durable: bool = False) -> KeyInfo | None:
         with self._lock:
-            while self._in_flight:
-                self._lock.wait()
+            self._settle_parts()
             if not self._dirty:
                 return None
             size = self._size
@@ -251,8 +267,7 @@ class S3Writer(KeyWriter):
             if self._fd < 0:
                 return
             self._closed = True
-            while self._in_flight:
-                self._lock.wait()
+            self._settle_parts()
             keep = self._dirty
             fd, self._fd = self._fd, -1
         os.close(fd)
