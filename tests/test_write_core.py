@@ -133,9 +133,10 @@ def test_a_slow_create_of_the_multipart_upload_does_not_hold_up_the_writer(s3):
 
 def test_commit_does_not_wait_for_part_uploads_no_thread_has_started(s3):
     """Parts that background_work() handed out wait for a worker thread. A commit (close,
-    fsync) also runs in one, so it must not wait for those parts: with every thread taken
-    by committers (one, with --threads 1), it would wait for ever. It takes them back and
-    uploads them itself; the jobs, when they run, find nothing to do."""
+    fsync) also runs in one, so it must not wait for those parts for long: with every
+    thread taken by committers (one, with --threads 1), it would wait for ever. After
+    QUEUED_WAIT it takes them back and uploads them itself; the jobs, when they run, find
+    nothing to do."""
     import threading
 
     store, client, bucket, _ = s3

@@ -37,6 +37,9 @@ MAX_PARTS = 10_000
 MAX_COPY = 5 << 30
 #: background parts in flight per writer
 PARTS_IN_FLIGHT = 4
+#: seconds a commit waits for a handed-out part to be started by a worker thread before it
+#: uploads that part itself (see S3Writer._settle_parts)
+QUEUED_WAIT = 1.0
 #: a link (zarr-python's create-if-absent) copies through the client, as a conditional
 #: PUT, up to this size; larger ones are a server-side copy after an existence check
 LINK_PUT_LIMIT = 64 << 20
@@ -149,6 +152,7 @@ class S3Writer(KeyWriter):
             if part not in self._in_flight:  # taken back by commit or close meanwhile
                 return
             self._running.add(part)
+            self._lock.notify_all()  # a commit may be waiting for it to start
         try:
             self._upload_part(part)
         except Exception as exc:  # noqa: BLE001 - commit uploads it again and reports
@@ -160,9 +164,16 @@ class S3Writer(KeyWriter):
                 self._lock.notify_all()
 
     def _settle_parts(self) -> None:
-        """Under the lock: take back the parts no worker thread has started (commit uploads
-        what is missing itself) and wait for those that have. Waiting for a queued part
-        instead could wait for ever: the caller may hold the worker thread it needs."""
+        """Under the lock: wait for the parts handed out to be uploaded, side by side by
+        their worker threads. A part that no thread has started within QUEUED_WAIT is taken
+        back (commit uploads what is missing itself): the caller runs in a worker thread
+        too, and may hold the one that part needs, so waiting on could last for ever."""
+        deadline = time.monotonic() + QUEUED_WAIT
+        while self._in_flight - self._running:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._lock.wait(left)
         self._in_flight &= self._running
         while self._running:
             self._lock.wait()
