@@ -110,25 +110,32 @@ def _unescape_mount_field(s: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), s)
 
 
-def mount_entry(path: os.PathLike | str) -> dict | None:
-    """The /proc/self/mountinfo entry mounted at ``path`` (the last one), or None."""
-    target = os.path.abspath(path)
-    found = None
+def mountinfo() -> Iterator[dict]:
+    """Each entry of /proc/self/mountinfo, in order, its fields unescaped. Read from the
+    kernel's table, never by a stat: a stat of a hung mountpoint would hang too."""
     with open("/proc/self/mountinfo") as f:
         for line in f:
             pre, _, post = line.rstrip("\n").partition(" - ")
             fields = pre.split(" ")
-            mp = _unescape_mount_field(fields[4])
-            if mp != target:
-                continue
             fstype, source, superopts = (post.split(" ") + ["", "", ""])[:3]
-            found = {
-                "mountpoint": mp,
+            major, minor = (int(n) for n in fields[2].split(":"))
+            yield {
+                "mountpoint": _unescape_mount_field(fields[4]),
                 "options": fields[5],
                 "fstype": fstype,
                 "source": _unescape_mount_field(source),
                 "super_options": superopts,
+                "dev": (major << 20) | minor,  # the kernel's dev_t, as fusectl names it
             }
+
+
+def mount_entry(path: os.PathLike | str) -> dict | None:
+    """The /proc/self/mountinfo entry mounted at ``path`` (the last one), or None."""
+    target = os.path.abspath(path)
+    found = None
+    for entry in mountinfo():
+        if entry["mountpoint"] == target:
+            found = entry
     return found
 
 
@@ -196,19 +203,10 @@ def force_unmount(mountpoint: os.PathLike | str) -> None:
 
 
 def fuse_mounts_under(base: os.PathLike | str) -> list[tuple[str, int]]:
-    """(mountpoint, kernel device number) of every FUSE mount below ``base``, read from
-    /proc/self/mountinfo: a stat of a hung mountpoint would hang too."""
+    """(mountpoint, kernel device number) of every FUSE mount below ``base``."""
     prefix = os.path.abspath(base).rstrip("/") + "/"
-    found = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            pre, _, post = line.rstrip("\n").partition(" - ")
-            fields = pre.split(" ")
-            mp = _unescape_mount_field(fields[4])
-            if mp.startswith(prefix) and post.split(" ")[0].startswith("fuse"):
-                major, minor = (int(n) for n in fields[2].split(":"))
-                found.append((mp, (major << 20) | minor))  # the kernel's dev_t, as fusectl names it
-    return found
+    return [(e["mountpoint"], e["dev"]) for e in mountinfo()
+            if e["mountpoint"].startswith(prefix) and e["fstype"].startswith("fuse")]
 
 
 def abort_hung_mounts(base: os.PathLike | str, why: str) -> list[str]:

@@ -541,6 +541,11 @@ async def ask(pool: DecoderPool, digest: str) -> object:
         return "not served"
 
 
+async def ask_into(got: list[object], pool: DecoderPool, digest: str) -> None:
+    """:func:`ask`, its answer appended to ``got`` (for a task started in a nursery)."""
+    got.append(await ask(pool, digest))
+
+
 async def answered_by_processes(pool: DecoderPool, digest: str) -> bool:
     """A request with metadata the processes do not read: they answer "stale" (not served),
     and the pool remembers it. True once it has."""
@@ -560,16 +565,13 @@ def test_a_process_that_ends_while_a_request_waits_to_be_sent_is_not_sent_it(sto
 
     got: list[object] = []
 
-    async def asker(pool: DecoderPool) -> None:
-        got.append(await ask(pool, "metadata-a"))
-
     async def main(pool: DecoderPool) -> None:
         victim = pool._procs[0]
         numbers = (victim.to_fd, victim.from_fd)
         with trio.fail_after(START_TIMEOUT):
             async with trio.open_nursery() as nursery:
                 await victim.write_lock.acquire()
-                nursery.start_soon(asker, pool)
+                nursery.start_soon(ask_into, got, pool, "metadata-a")
                 await trio.testing.wait_all_tasks_blocked()  # it waits for the lock
                 os.kill(victim.pid, signal.SIGKILL)
                 successor = await ready_process(pool, restarts=1)
@@ -634,11 +636,7 @@ def test_a_process_ended_by_a_signal_without_a_name_gives_its_requests_to_the_th
         os.kill(first.pid, signal.SIGSTOP)  # it holds the request it is sent
         async with trio.open_nursery() as nursery:
             got: list[object] = []
-
-            async def asker() -> None:
-                got.append(await ask(pool, "metadata-a"))
-
-            nursery.start_soon(asker)
+            nursery.start_soon(ask_into, got, pool, "metadata-a")
             with trio.fail_after(START_TIMEOUT):
                 while not first.pending:
                     await trio.sleep(0.01)
@@ -670,15 +668,12 @@ def test_when_the_processes_are_turned_off_a_request_waiting_to_be_sent_is_not_s
 
     got: list[object] = []
 
-    async def asker(pool: DecoderPool) -> None:
-        got.append(await ask(pool, "metadata-a"))
-
     async def main(pool: DecoderPool) -> None:
         victim = pool._procs[0]
         with trio.fail_after(START_TIMEOUT):
             async with trio.open_nursery() as nursery:
                 await victim.write_lock.acquire()
-                nursery.start_soon(asker, pool)
+                nursery.start_soon(ask_into, got, pool, "metadata-a")
                 await trio.testing.wait_all_tasks_blocked()  # it waits for the lock
                 with open(pipe_end(victim.pid, os.O_WRONLY), "wb", buffering=0) as pipe:
                     pipe.write(struct.pack("<I", 5) + b"\xffjunk")

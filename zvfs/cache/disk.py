@@ -168,8 +168,9 @@ class DiskCachedStore(WrappedStore):
         return entry[: -_SIZE.size], _SIZE.unpack(entry[-_SIZE.size:])[0]
 
     def get_version(self, key: str, start: int, length: int | None, version: str | None) -> bytes:
-        name = (self._name(key, version=version) if length is None
-                else self._name(key, start, length, version))
+        # a read to the end from 0 is the whole value; from elsewhere, its start names it
+        name = (self._name(key, version=version) if length is None and start == 0
+                else self._name(key, start, -1 if length is None else length, version))
         return self._cached(key, name, lambda: self.inner.get_version(key, start, length, version))
 
     def _forget(self, key: str) -> None:
