@@ -273,6 +273,57 @@ def test_s3_mount_answers_before_its_source_is_open(zarr_s3, zarr_dir, moto, s3_
             force_unmount(mnt)
 
 
+@pytest.mark.parametrize("source", ["s3", "zip"])
+def test_requests_before_the_source_is_open_do_not_keep_it_from_opening(
+        source, zarr_s3, zarr_dir, zarr_zip_zarrpy, moto, s3_env, tmp_path) -> None:
+    """With one worker thread, requests sent the moment the mount appears (before the daemon
+    has even answered its own stat) wait in that thread for the source; the source must
+    still open. Opening and what precedes it (the kernel's read-ahead settings) once
+    waited for a worker thread behind them, and the mount hung for ever."""
+    from faultproxy import FaultProxy
+
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    results: list[object] = []
+    with FaultProxy(moto.port) as proxy:
+        if source == "s3":
+            proxy.set({"kind": "silent", "ops": ["list"]})  # the probe waits until cleared
+            cmd = [*zvfs_cmd(), "mount", zarr_s3, str(mnt), "--endpoint-url", proxy.endpoint]
+        else:
+            cmd = [*zvfs_cmd(), "mount", str(zarr_zip_zarrpy), str(mnt)]
+        env = {**s3_env, "XDG_CACHE_HOME": str(tmp_path / "cache")}  # the start-up manifest is written too
+        proc = subprocess.Popen([*cmd, "--threads", "1", "--log-file", str(tmp_path / "log")], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+        def reader() -> None:
+            try:
+                results.append(sorted(os.listdir(mnt)))
+            except OSError as exc:
+                results.append(exc)
+
+        try:
+            # as soon as the kernel has the mount: its first requests reach the daemon first
+            assert wait_until(lambda: mount_entry(mnt) is not None, 60, interval=0.001), proc.poll()
+            readers = [threading.Thread(target=reader) for _ in range(3)]
+            for t in readers:
+                t.start()
+            if source == "s3":
+                assert wait_until(lambda: proxy.stats().get("requests_list", 0) >= 1, 60), \
+                    (proc.poll(), (tmp_path / "log").read_text()[-2000:])  # the source is opening
+                time.sleep(0.2)
+                proxy.clear()
+            _out, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, err
+            for t in readers:
+                t.join(60)
+            want = sorted(p.name for p in zarr_dir.iterdir())
+            assert results == [want] * 3, results
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            force_unmount(mnt)
+
+
 # --------------------------------------------------------------------------- start-up read-ahead
 
 

@@ -252,7 +252,9 @@ async def _announce_ready(ctx: MountContext, root: MountRoot, mountpoint: str, r
     imported = warmup.imported_files()
     if not warmup.unchanged(imported):
         ctx.background(ctx.workers.run, warmup.record, imported)
-    await ctx.workers.run(tune_kernel, mountpoint)
+    # not in a worker thread: requests that came before the source is open hold those,
+    # waiting for it, and the open comes after this
+    await run_abandonable(tune_kernel, mountpoint)
     if prepare is not None:
         try:
             mtimes, listing = await run_abandonable(prepare, ctx.store)
