@@ -13,6 +13,7 @@ not tested there: moto's auth mode answers an unsigned request with a 500.)
 from __future__ import annotations
 
 import re
+import shutil
 import time
 import urllib.request
 from pathlib import Path
@@ -148,6 +149,35 @@ def test_refused_credentials(auth_moto, s3_env, mnt) -> None:
 
 
 # --------------------------------------------------------------------------- mountpoints
+
+
+@pytest.mark.parametrize("layout", ["mountpoint in source", "source in mountpoint", "same"])
+def test_a_directory_source_and_its_mountpoint_must_not_overlap(zarr_dir, tmp_path, layout) -> None:
+    """The daemon would read the store through its own mount (and wait for itself)."""
+    src = tmp_path / "store"
+    shutil.copytree(zarr_dir, src)
+    if layout == "mountpoint in source":
+        source, mp = src, src / "mnt"
+        mp.mkdir()
+    elif layout == "source in mountpoint":
+        source, mp = src, tmp_path
+    else:
+        source, mp = src, src
+    for fg in ([], ["-f"]):
+        res = zvfs_mount(source, mp, "--allow-non-empty", *fg)
+        assert_fails(res, "overlap", re.escape(str(mp)), "outside the source")
+        assert_nothing_mounted(mp)
+
+
+@pytest.mark.parametrize("option", ["--log-file", "--cache-dir"])
+def test_a_log_file_or_cache_dir_inside_the_mountpoint_is_refused(zarr_dir, mnt, option) -> None:
+    """Once mounted, the path would be reached through the mount: the daemon's first log
+    line (written from the thread that answers the kernel) would wait for that thread."""
+    inside = mnt / "sub" / ("zvfs.log" if option == "--log-file" else "cache")
+    for fg in ([], ["-f"]):
+        res = zvfs_mount(zarr_dir, mnt, option, inside, *fg)
+        assert_fails(res, option[2:].replace("-", " "), "inside the mountpoint", f"give {option} a path outside")
+        assert_nothing_mounted(mnt)
 
 
 def test_missing_mountpoint(zarr_dir, tmp_path) -> None:

@@ -440,6 +440,25 @@ def test_processes_decode_every_big_chunk(store, tmp_path: Path, mount, backend:
     assert sorted(decoder_children(pid)) == sorted(kids)  # the same two served everything
 
 
+def test_a_zip_mounted_over_its_own_directory(store, tmp_path: Path, mount) -> None:
+    """The archive is opened before the mount covers its path (its central directory is read
+    after the mount answers), and the processes open it by the daemon's descriptor: every
+    array reads as zarr-python reads it, decoded by the processes. The open once came after
+    the mount, went through the mount itself, and the mount hung."""
+    root, refs = store
+    over = tmp_path / "over"
+    over.mkdir()
+    source = zip_with_zarr(root, over / "store.zip")
+    m = mount(source, "--decoders", "2", "--allow-non-empty", mountpoint=over)
+    kids = start_decoders(m, 2)
+    assert {f for k in kids for f in open_files(k) if f.endswith(".zip")} == {str(source)}
+    assert not (over / "store.zip").exists()  # covered: the mount shows the archive's keys
+    for path in sorted(SPECS):
+        assert_reads(m, refs, path)
+    stats = mount_stats(m)
+    assert stats["decoder_chunks"] > 0 and stats["decoder_restarts"] == 0, stats
+
+
 # --------------------------------------------------------------------------- 5. --decoders 0
 
 

@@ -1198,6 +1198,49 @@ def test_a_zip_lists_from_memory_once_open_and_a_directory_never(tmp_path: Path)
     directory.close()
 
 
+def open_fds() -> set[str]:
+    """What this process has open, as /proc/self/fd names it."""
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out.add(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    return out
+
+
+def test_a_zip_opened_later_holds_the_archive_from_the_start(tmp_path: Path) -> None:
+    """The archive is opened when the pending store is made (before the mount covers its
+    path), read through that descriptor once opened, and given back when the store is
+    closed before its open began; an open after that close is refused. A missing archive
+    fails at once, as a source error."""
+    path = tmp_path / "z.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("a/x", b"payload")
+    pending = open_store(parse_source(str(path)), pending=True)
+    assert str(path) in open_fds()
+    moved = tmp_path / "elsewhere.zip"
+    path.rename(moved)  # the path no longer leads to it: the descriptor still does
+    pending.open()
+    assert pending.get("a/x") == b"payload"
+    reopen = pending.reopen()
+    assert reopen is not None and reopen.path.startswith(f"/proc/{os.getpid()}/fd/")
+    assert os.path.samefile(reopen.path, moved)
+    pending.close()
+    assert str(moved) not in open_fds()
+
+    never = open_store(parse_source(str(moved)), pending=True)
+    assert str(moved) in open_fds()
+    never.close()
+    assert str(moved) not in open_fds()
+    with pytest.raises(StoreError, match="closed before it was opened"):
+        never.open()
+    assert str(moved) not in open_fds()
+    moved.unlink()
+    with pytest.raises(SourceError, match="does not exist"):
+        open_store(SourceSpec("zip", path=str(moved)), pending=True)
+
+
 def test_a_truncated_zip_opened_later_fails_its_open_and_every_call(zips: dict[str, Path],
                                                                      tmp_path: Path) -> None:
     bad = tmp_path / "cut.zip"

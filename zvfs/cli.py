@@ -106,12 +106,17 @@ def default_log_file(mountpoint: str) -> str:
     return os.path.join(base, name + ".log")
 
 
+def _log_target(opts: dict[str, Any], daemon: bool, mountpoint: str) -> str:
+    """The log file, 'syslog', or '' for stderr (the foreground, and systemd)."""
+    return opts["log_file"] or (default_log_file(mountpoint) if daemon else "")
+
+
 def _setup_logging(opts: dict[str, Any], daemon: bool, mountpoint: str) -> str:
     """Send the log where the options say; returns where, for the user ('' for stderr)."""
     level = getattr(logging, opts["log_level"].upper())
     fmt = "%(asctime)s zvfs[%(process)d] %(levelname)s %(message)s"
     handler: logging.Handler
-    where = opts["log_file"] or (default_log_file(mountpoint) if daemon else "")
+    where = _log_target(opts, daemon, mountpoint)
     try:
         if where == "syslog":
             if not os.path.exists("/dev/log"):  # the handler would drop every line silently
@@ -185,6 +190,30 @@ def check_mountpoint(path: str, allow_non_empty: bool = False) -> str:
             raise CliError(f"mountpoint {mp} is not empty ({len(entries)} entries would be hidden); "
                            "use an empty directory, or pass --allow-non-empty (-o nonempty)")
     return mp
+
+
+def _inside(path: str, top: str) -> bool:
+    """True if ``path`` is ``top`` or lies below it (both resolved)."""
+    path, top = os.path.realpath(path), os.path.realpath(top)
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def check_overlaps(mountpoint: str, spec: Any, opts: dict[str, Any], daemon: bool) -> None:
+    """Refuse local paths the daemon would reach through its own mount once it is up: each
+    such access waits for the daemon, which may be the one waiting (a log line written from
+    the loop that answers the kernel hangs the mount for ever). A zip is exempt: it is
+    opened before the mount covers it."""
+    if spec.kind == "directory":
+        if _inside(mountpoint, spec.path) or _inside(spec.path, mountpoint):
+            raise CliError(f"the mountpoint {mountpoint} and the source directory {spec.path} overlap: "
+                           "zvfs would read the store through its own mount; mount it somewhere "
+                           "outside the source")
+    for option, path in (("--log-file", _log_target(opts, daemon, mountpoint)),
+                         ("--cache-dir", opts["cache_dir"])):
+        if path and path != "syslog" and _inside(path, mountpoint):
+            raise CliError(f"the {option[2:].replace('-', ' ')} {path} lies inside the mountpoint "
+                           f"{mountpoint}, which the daemon would have to answer itself; "
+                           f"give {option} a path outside it")
 
 
 def _source_spec(source: str, opts: dict[str, Any]) -> Any:
@@ -338,11 +367,12 @@ def _mount_foreground(args: argparse.Namespace, opts: dict[str, Any], spec: Any 
     # the mount's counters, which the store, the wrappers, the views and the fs layer count into
     counters = Counters()
     try:
+        spec = spec or _source_spec(args.source, opts)
+        check_overlaps(os.path.abspath(args.mountpoint), spec, opts, daemon)  # before the log's directory is made
         where = _setup_logging(opts, daemon, args.mountpoint)
         if ready_fd is not None and where:
             os.write(ready_fd, f"LOG {where}\n".encode())
         mountpoint = check_mountpoint(args.mountpoint, opts["allow_non_empty"])
-        spec = spec or _source_spec(args.source, opts)
         store = _open_source(spec, opts, counters)
     except CliError as exc:
         return report.fail(exc)
@@ -379,6 +409,7 @@ def _mount_daemon(args: argparse.Namespace, opts: dict[str, Any]) -> int:
     # cheap checks first, so the common mistakes answer at once, before any child exists
     mountpoint = check_mountpoint(args.mountpoint, opts["allow_non_empty"])
     spec = _source_spec(args.source, opts)
+    check_overlaps(mountpoint, spec, opts, daemon=True)
     read_fd, write_fd = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -33,7 +33,10 @@ class PendingStore(WrappedStore):
 
     def __init__(self, opener: Callable[[], Store], *, description: str, block_size: int = 0,
                  flat_listing: bool = False, can_write: bool = False, implicit_dirs: bool = False,
-                 stages_writes: bool = False, opens_readers: bool = False, local: bool = False) -> None:
+                 stages_writes: bool = False, opens_readers: bool = False, local: bool = False,
+                 abandon: Callable[[], None] | None = None) -> None:
+        """``abandon()`` gives back what ``opener`` would have taken over (a zip's descriptor,
+        opened before the mount covers its path) when the store is closed before its open began."""
         # no WrappedStore.__init__: there is no inner store to take the traits from yet
         self.description = description
         self._block_size = block_size
@@ -49,10 +52,17 @@ class PendingStore(WrappedStore):
         self._error: BaseException | None = None
         self._writes: tuple[Any, ...] | None = None
         self._closed = False
+        self._abandon = abandon
+        self._began = False
+        self._lock = threading.Lock()  # open's start against close: abandon() or opener(), not both
 
     def open(self) -> Store:
         """Open the store now; raises what opening raised (SourceError, ...)."""
         try:
+            with self._lock:
+                if self._closed:
+                    raise StoreError(f"{self.description}: closed before it was opened")
+                self._began = True
             store = self._opener()
             differ = [t for t in _TRAITS if getattr(store, t) != getattr(self, t)]
             if differ:
@@ -109,7 +119,12 @@ class PendingStore(WrappedStore):
             self._store.enable_writes(*self._writes)  # type: ignore[attr-defined]
 
     def close(self) -> None:
-        self._closed = True
+        with self._lock:
+            self._closed = True
+            began = self._began
+        if not began and self._abandon is not None:
+            self._abandon()
+            self._abandon = None
         if self._store is not None:
             self._store.close()
         elif self._opened.is_set() and self._writes is not None:

@@ -151,10 +151,27 @@ def open_store(spec: SourceSpec, retry: RetryPolicy | None = None, *, allow_empt
         from zvfs.stores.pending import PendingStore
 
         s3 = spec.kind == "s3"
-        return PendingStore(lambda: open_store(spec, retry, allow_empty=allow_empty, counters=counters),
-                            description=spec.describe(), block_size=S3_BLOCK_SIZE if s3 else 0,
+        if s3:
+            def opener() -> Store:
+                return open_store(spec, retry, allow_empty=allow_empty, counters=counters)
+            abandon = None
+        else:
+            # the archive is opened now, the central directory read later: the mount may
+            # cover the archive's own path (mounted over its own directory)
+            from zvfs.stores.zip import ZipStore, open_fd
+
+            fd = open_fd(str(spec.path))
+
+            def opener() -> Store:
+                store = ZipStore(str(spec.path), counters=counters, fd=fd)
+                store.description = spec.describe()
+                return store
+
+            def abandon() -> None:
+                os.close(fd)
+        return PendingStore(opener, description=spec.describe(), block_size=S3_BLOCK_SIZE if s3 else 0,
                             flat_listing=s3, can_write=s3, implicit_dirs=s3, stages_writes=s3,
-                            local=not s3)
+                            local=not s3, abandon=abandon)
     if spec.kind == "directory":
         from zvfs.stores.directory import DirectoryStore
 

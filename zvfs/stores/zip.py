@@ -85,6 +85,16 @@ class _Member:
     bad: str | None = None
 
 
+def open_fd(path: str) -> int:
+    """The zip file at ``path`` (absolute), opened for reading; SourceError if it cannot be."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise SourceError(f"source zip file {path} does not exist") from None
+    except OSError as e:
+        raise SourceError(f"cannot open zip file {path}: {e.strerror}") from e
+
+
 class ZipStore(Store):
     """Read-only store over the members of a zip archive (zip64 included)."""
 
@@ -92,17 +102,16 @@ class ZipStore(Store):
     lists_in_memory = True
     local = True
 
-    def __init__(self, path: str | os.PathLike[str], counters: Counters | None = None) -> None:
-        """``counters``: the mount's, which inflated bytes count into (a private set by default)."""
+    def __init__(self, path: str | os.PathLike[str], counters: Counters | None = None, *,
+                 fd: int | None = None) -> None:
+        """``counters``: the mount's, which inflated bytes count into (a private set by default).
+        ``fd``: the archive, already open at ``path`` (the store takes it over, and closes it
+        if it fails): a mount opens it before the mount covers the path (see open_fd)."""
         shown = os.path.abspath(os.fspath(path))
         self.path = shown
         self.description = shown
-        try:
-            fd = os.open(shown, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise SourceError(f"source zip file {shown} does not exist") from None
-        except OSError as e:
-            raise SourceError(f"cannot open zip file {shown}: {e.strerror}") from e
+        if fd is None:
+            fd = open_fd(shown)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
@@ -245,8 +254,11 @@ class ZipStore(Store):
         return (self._read(key, m, start, size - start) if size > start else b""), size
 
     def reopen(self) -> Reopen:
-        """The archive as opened: the other process refuses it once it was replaced."""
-        return Reopen("zip", self.path, self._stamp)
+        """The archive as opened: the other process refuses it once it was replaced. It is
+        named by the daemon's descriptor, which leads to the same file even where the mount
+        now covers ``path`` (an archive mounted over its own directory)."""
+        by_fd = f"/proc/{os.getpid()}/fd/{self._fd}"
+        return Reopen("zip", by_fd if os.path.exists(by_fd) else self.path, self._stamp)
 
     def close(self) -> None:
         with self._lock:
