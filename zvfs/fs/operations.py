@@ -136,6 +136,7 @@ class ZvfsOperations(pyfuse3.Operations):
         #: set when the kernel's caches of the derived files hold no write's old bytes
         self._settled = trio.Event()
         self._settled.set()
+        self._settling = 0  # replies waiting in _settle
         self._owner = owner or Ownership()
 
     # -- inode table ---------------------------------------------------------
@@ -675,8 +676,22 @@ class ZvfsOperations(pyfuse3.Operations):
 
     async def _settle(self) -> None:
         """Wait until the kernel has dropped its caches of the derived files: a write's reply
-        comes after, so the application that wrote reads the new views at once."""
-        await self._settled.wait()
+        comes after, so the application that wrote reads the new views at once.
+
+        At most MAX_SETTLING replies wait: each holds a session task, and the kernel's
+        invalidation can itself wait for a read of a derived file (its pages are locked
+        meanwhile) that only a free session task takes from /dev/fuse. The replies past
+        that go at once (counted as ``settle_skipped``); the invalidation follows soon."""
+        if self._settled.is_set():
+            return
+        if self._settling >= MAX_SETTLING:
+            self._counters.add("settle_skipped")
+            return
+        self._settling += 1
+        try:
+            await self._settled.wait()
+        finally:
+            self._settling -= 1
 
     async def _invalidate_derived(self) -> None:
         try:
@@ -694,6 +709,12 @@ class ZvfsOperations(pyfuse3.Operations):
         finally:
             self._invalidating = False
             self._settled.set()
+
+
+#: replies that may wait in ``_settle`` at once: well under pyfuse3's session tasks
+#: (daemon.MAX_SESSION_TASKS, 256), so some are always free to take the reads that a
+#: kernel invalidation may be waiting for
+MAX_SETTLING = 64
 
 
 def _op(what: str | Callable[[], str]) -> str:
