@@ -128,6 +128,80 @@ def assert_good(m: Mounted, root: Path) -> None:
     assert (m.path / "good/zarr.json").read_bytes() == (root / "good/zarr.json").read_bytes()
 
 
+# --------------------------------------------------------------------------- what the kernel cannot be told
+
+
+def _v3_doc(shape: list[int], dtype: str) -> dict:
+    return {"zarr_format": 3, "node_type": "array", "shape": shape, "data_type": dtype,
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [1 << 20]}},
+            "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+            "fill_value": 0, "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+            "attributes": {}}
+
+
+def _zip_of_huge_members(path: Path, count: int, size: int) -> None:
+    """A zip whose central directory declares ``count`` empty stored members of ``size`` bytes
+    each (zip64 extra fields): the sizes a hostile archive may claim, at no cost to it."""
+    import struct
+
+    local, central = b"", b""
+    for i in range(count):
+        name = f"m{i}".encode()
+        offset = len(local)
+        local += struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 45, 0, 0, 0, 0x21, 0, 0, 0, len(name), 0) + name
+        extra = struct.pack("<HHQ", 1, 8, size)
+        central += struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 45, 45, 0, 0, 0, 0x21, 0, 0,
+                               0xFFFFFFFF, len(name), len(extra), 0, 0, 0, 0, offset) + name + extra
+    end = struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, count, count, len(central), len(local), 0)
+    path.write_bytes(local + central + end)
+
+
+def test_sizes_and_names_the_kernel_cannot_be_told_fail_alone(tmp_path: Path, mount) -> None:
+    """Metadata can make a derived file bigger than any file can be (two int64 arrays of
+    2**59 elements make root.nc pass 2**63 bytes) and name an array with a lone surrogate
+    (valid JSON, but no file name). Each made a request handler raise what pyfuse3 does not
+    catch, which ended its loop and the mount. Now such an entry is left out of its
+    directory's listing (one log line), a lookup of it fails with EIO, and the rest is
+    served. A zip declaring 8,200 members of 2**63-1 bytes did the same to statfs (df, and
+    find as it starts): its figures are now capped at what statfs can hold."""
+    root = new_store(tmp_path / "store")
+    good = json.loads((root / "good/zarr.json").read_text())
+    arrays = {"good": good, "huge_a": _v3_doc([1 << 59], "int64"), "huge_b": _v3_doc([1 << 59], "int64"),
+              "\ud800": _v3_doc([4], "uint8")}
+    for name in ("huge_a", "huge_b"):
+        (root / name).mkdir()
+        (root / name / "zarr.json").write_text(json.dumps(arrays[name]))
+    doc = {"zarr_format": 3, "node_type": "group", "attributes": {},
+           "consolidated_metadata": {"kind": "inline", "must_understand": False, "metadata": arrays}}
+    (root / "zarr.json").write_text(json.dumps(doc))  # json writes the surrogate as "\ud800"
+    m = mount(root)
+    pid = daemon_pid(m)
+    netcdf = m.path / ".zvfs/netcdf"
+    listed = os.listdir(netcdf)
+    for name in listed:
+        os.stat(netcdf / name)
+    assert "root.nc" not in listed, listed
+    assert stat_errno(netcdf / "root.nc") == errno.EIO
+    assert {"good", "huge_a", "huge_b"} <= set(os.listdir(m.path / ".zvfs/arrays"))
+    for family in ("arrays", "v2", "netcdf"):
+        run(["ls", "-lR", m.path / ".zvfs" / family], timeout=60)  # whatever it says: no crash
+    assert_alive(m, pid)
+    assert_good(m, root)
+    assert lines_naming(m, "'root.nc': left out of its directory's listing"), m.log_text()[-3000:]
+
+    big = tmp_path / "huge.zip"
+    _zip_of_huge_members(big, 8200, (1 << 63) - 1)
+    z = mount(big)
+    zpid = daemon_pid(z)
+    vfs = os.statvfs(z.path)
+    assert vfs.f_blocks == ((1 << 63) - 1) // vfs.f_frsize, vfs
+    df = run(["df", "-B1", z.path], timeout=60)
+    assert df.returncode == 0, df.stderr
+    res = run(["find", z.path], timeout=60)
+    assert res.returncode == 0 and "m8199" in res.stdout, res.stderr[-2000:]
+    assert_alive(z, zpid)
+
+
 # --------------------------------------------------------------------------- symlinks
 
 

@@ -280,7 +280,7 @@ def _from_zmetadata(store: Store, h: Hierarchy) -> bool:
     if not isinstance(entries, dict):
         return False
     for key, value in entries.items():
-        if not isinstance(key, str):
+        if not isinstance(key, str) or not _nameable(h, key):
             continue
         path, _, name = key.rpartition("/")
         attrs = entries.get(join(path, keys.ZATTRS))
@@ -302,10 +302,22 @@ def _from_v3_consolidated(store: Store, h: Hierarchy) -> bool:
         return False
     h.add(_contained("", keys.ZARR_JSON, "zarr_v3", _v3_node, "", doc, keys.ZARR_JSON))
     for path, node in cons["metadata"].items():
-        if isinstance(path, str):
+        if isinstance(path, str) and _nameable(h, path):
             key = join(path, keys.ZARR_JSON)
             h.add(_contained(path, key, "zarr_v3", _v3_node, path, node, key))
     h.consolidated = True
+    return True
+
+
+def _nameable(h: Hierarchy, path: str) -> bool:
+    """Whether a path that consolidated metadata names can become file names: JSON may hold
+    lone surrogates ("\\ud800"), which are not Unicode text and cannot be encoded into a
+    name, a netCDF header or an ENVI header. Such a node is left out (noted in ``h.errors``)."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        h.errors[ascii(path)] = "consolidated metadata names a node whose path is not valid Unicode; left out"
+        return False
     return True
 
 

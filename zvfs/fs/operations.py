@@ -32,6 +32,8 @@ read), never formats or stores. Its concurrency rules, all on the trio thread:
 from __future__ import annotations
 
 import errno
+import functools
+import inspect
 import itertools
 import logging
 import os
@@ -384,11 +386,24 @@ class ZvfsOperations(pyfuse3.Operations):
         for i in range(max(start_id - 2, 0), len(entries)):
             name, node = entries[i]
             ino = inos[i]
-            if not reply(token, os.fsencode(name), fill(a, ino, node), i + 3):
+            try:
+                told = reply(token, os.fsencode(name), fill(a, ino, node), i + 3)
+            except (NodeError, ValueError, OverflowError) as exc:  # UnicodeEncodeError is a ValueError
+                # one entry the kernel cannot be told of (a name no file system can hold, a
+                # size past 2**63 from hostile metadata): left out, the rest listed
+                self._unlisted(snap, name, exc)
+                continue
+            if not told:
                 return
             self._lookups[ino - ROOT] += 1
             if self._node_at[ino - ROOT] is None:  # it may have been forgotten since opendir
                 self._node_at[ino - ROOT] = node
+
+    def _unlisted(self, snap: object, name: str, exc: Exception) -> None:
+        self._counters.add("fuse_errors_readdir")
+        key = f"readdir {name!r}"
+        if self._log_once.first(key):
+            log.error("%s: left out of its directory's listing: %s: %s", key, type(exc).__name__, exc)
 
     async def releasedir(self, fh: int) -> None:
         self._dir_handles.pop(fh, None)
@@ -486,9 +501,10 @@ class ZvfsOperations(pyfuse3.Operations):
         s.f_frsize = STATFS_BLOCK
         if free == 0 and self._root.writable:
             free = _UNBOUNDED_FREE  # S3: no bound but staging's, which ENOSPC reports
-        s.f_bfree = s.f_bavail = free // STATFS_BLOCK
-        # at least one block even when empty: df leaves out file systems of size 0
-        s.f_blocks = max(1, -(-used // STATFS_BLOCK) + s.f_bfree)
+        s.f_bfree = s.f_bavail = min(free // STATFS_BLOCK, _MAX_BLOCKS)
+        # at least one block even when empty: df leaves out file systems of size 0; at most
+        # what the reply holds (sizes a hostile zip declares may add up past it)
+        s.f_blocks = min(max(1, -(-used // STATFS_BLOCK) + s.f_bfree), _MAX_BLOCKS)
         s.f_files = len(self._node_at)
         s.f_ffree = s.f_favail = (1 << 32) if self._root.writable else 0
         s.f_namemax = 255
@@ -711,6 +727,10 @@ class ZvfsOperations(pyfuse3.Operations):
             self._settled.set()
 
 
+#: the most blocks statfs tells: their bytes fit in a signed 64-bit count (its fields are
+#: unsigned, but programs multiply them by the block size in signed arithmetic)
+_MAX_BLOCKS = ((1 << 63) - 1) // STATFS_BLOCK
+
 #: replies that may wait in ``_settle`` at once: well under pyfuse3's session tasks
 #: (daemon.MAX_SESSION_TASKS, 256), so some are always free to take the reads that a
 #: kernel invalidation may be waiting for
@@ -735,3 +755,32 @@ def _invalidate(inodes: list[int], entries: list[tuple[int, bytes]]) -> None:
             pyfuse3.invalidate_entry(parent, name)
         except OSError:
             pass  # the kernel forgot it already
+
+
+def _guarded(fn: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[object]]:
+    """``fn``, a request handler, letting out no exception but FUSEError: pyfuse3 ends its
+    main loop on any other, and the mount with it. What the handlers do not map themselves
+    (a bug, or hostile data reaching code that does not expect it) becomes EIO for that
+    one request, logged once per handler and kind of error."""
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    async def guarded(self: ZvfsOperations, *args: object, **kwargs: object) -> object:
+        try:
+            return await fn(self, *args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - see above
+            self._counters.add(f"fuse_errors_{name}")
+            self._counters.note_error(f"{name}: {type(exc).__name__}: {exc}")
+            if self._log_once.first(f"{name} {type(exc).__name__}"):
+                log.error("%s: %s: %s (this request fails with EIO; the mount goes on)",
+                          name, type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return guarded
+
+
+for _name, _fn in list(vars(ZvfsOperations).items()):
+    if hasattr(pyfuse3.Operations, _name) and inspect.iscoroutinefunction(_fn):
+        setattr(ZvfsOperations, _name, _guarded(_fn))
