@@ -318,6 +318,95 @@ def test_directory_symlinks(tmp_path: Path, caplog: pytest.LogCaptureFixture) ->
     assert "outside the source" in escape_logs[0].getMessage()
 
 
+def _swap_for_link(directory: Path, target: Path) -> None:
+    """What a process racing the store does: a directory on the way becomes a symlink."""
+    directory.rename(directory.with_name(directory.name + ".old"))
+    os.symlink(target, directory)
+
+
+def test_directory_symlink_swapped_in_while_a_key_is_opened(tmp_path: Path, monkeypatch) -> None:
+    """A key whose path holds a link (``f -> sub/x``) is resolved and then opened; a process
+    that swaps ``sub`` for a link out of the store between the two must not get the store
+    to read what lies outside. The swap is made at that very moment (the resolution is
+    wrapped), as a racing process could. The old open read the outside file."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "x").write_bytes(b"secret")
+    root = tmp_path / "root"
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "x").write_bytes(b"inside")
+    os.symlink("sub/x", root / "f")
+    st = DirectoryStore(root)
+    assert st.get("f") == b"inside"
+    st.close()
+    st = DirectoryStore(root)
+    resolve = DirectoryStore._resolve
+
+    def racing(self: DirectoryStore, rel: str, **kw: Any) -> str | None:
+        real = resolve(self, rel, **kw)
+        _swap_for_link(root / "sub", outside)
+        return real
+
+    monkeypatch.setattr(DirectoryStore, "_resolve", racing)
+    with pytest.raises(KeyNotFound):
+        st.get("f")
+    st.close()
+
+
+@pytest.mark.parametrize("op", ["create", "truncate", "delete", "rename", "mkdir", "mtime"])
+def test_directory_writes_never_follow_a_directory_swapped_for_a_link(tmp_path: Path, monkeypatch,
+                                                                       op: str) -> None:
+    """A write's directory is checked to be a real one below the root, and the write goes
+    relative to a descriptor of it: a process that swaps a directory on the way for a link
+    out of the store right after the check (here, inside the check) gets ENOENT, and
+    nothing outside is created, truncated, removed, renamed or touched. The old writes
+    went through the swapped path."""
+    import errno
+
+    from zvfs.stores.base import WriteRefused
+
+    outside = tmp_path / "outside"
+    (outside / "e").mkdir(parents=True)
+    (outside / "e" / "f").write_bytes(b"keep me")
+    os.utime(outside / "e" / "f", ns=(0, 0))
+    root = tmp_path / "root"
+    (root / "d" / "e").mkdir(parents=True)
+    (root / "d" / "e" / "f").write_bytes(b"inside")
+    before = {p.relative_to(outside): (p.stat().st_mtime_ns, p.read_bytes() if p.is_file() else None)
+              for p in outside.rglob("*")}
+    st = DirectoryStore(root)
+    realpath = os.path.realpath
+    swapped: list[bool] = []
+
+    def racing(path: Any, *args: Any, **kw: Any) -> str:
+        out = realpath(path, *args, **kw)
+        if not swapped and str(path).startswith(str(root / "d")):
+            swapped.append(True)
+            _swap_for_link(root / "d", outside)
+        return out
+
+    monkeypatch.setattr(os.path, "realpath", racing)
+    with pytest.raises(WriteRefused) as refused:
+        if op == "create":
+            st.open_writer("d/e/g", truncate=False, create=True).close()
+        elif op == "truncate":
+            st.open_writer("d/e/f", truncate=True, create=False).close()
+        elif op == "delete":
+            st.delete("d/e/f")
+        elif op == "rename":
+            st.rename("d/e/f", "d/e/h")
+        elif op == "mkdir":
+            st.make_dir("d/e/sub/")
+        else:
+            st.set_mtime("d/e/f", 1e9)
+    monkeypatch.undo()
+    assert swapped and refused.value.errno == errno.ENOENT, refused.value
+    after = {p.relative_to(outside): (p.stat().st_mtime_ns, p.read_bytes() if p.is_file() else None)
+             for p in outside.rglob("*")}
+    assert after == before
+    st.close()
+
+
 def test_directory_opens_at_once_only_a_cached_path_with_no_symlink(tmp_path: Path) -> None:
     """open_reader_at_once (a directory store's open on the caller's thread, openat2 with
     RESOLVE_CACHED | RESOLVE_NO_SYMLINKS): a reader of the very file for a plain key whose

@@ -35,6 +35,7 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from zvfs.pagecache import read_ahead_and_close
@@ -233,6 +234,17 @@ class DirectoryStore(Store):
         os.close(fd)
         return None
 
+    def _opened_at(self, fd: int, path: str) -> bool:
+        """Whether the kernel opened ``fd`` at ``path`` (no symlink followed on the way); True
+        where /proc cannot tell (then the resolution's checks are all there is)."""
+        if not self._proc_fd:
+            return True
+        try:
+            return os.readlink(f"/proc/self/fd/{fd}") == path
+        except OSError:
+            self._proc_fd = False
+            return True
+
     def _first_link(self, rel: str) -> str:
         """The shortest prefix of ``rel`` that is a symlink (for the log line)."""
         parts = rel.split("/")
@@ -256,6 +268,13 @@ class DirectoryStore(Store):
                 if e.errno in _ABSENT:
                     raise KeyNotFound(key) from None
                 raise StoreError(f"{key}: cannot open: {e.strerror}") from e
+            if not self._opened_at(fd, real):
+                # a directory on the way became a symlink between the resolution and the
+                # open (another process racing us): what was opened may be outside
+                os.close(fd)
+                self._escapes.warning(key, "%s: %r changed while it was opened (a symlink "
+                                      "swapped in); treated as absent", self.description, key)
+                raise KeyNotFound(key)
         try:
             st = os.fstat(fd)
         except OSError as e:
@@ -419,26 +438,41 @@ class DirectoryStore(Store):
 
     # -- writing -----------------------------------------------------------------------------
 
-    def _writable_path(self, key: str) -> str:
-        """Path of ``key`` for a write: its parent is a real directory below the root with
-        no symlink on the way (ENOENT otherwise), so nothing is created outside the store."""
+    @contextmanager
+    def _in_parent(self, key: str) -> Iterator[tuple[int, str]]:
+        """(descriptor of ``key``'s directory, ``key``'s name in it) for a write.
+
+        The directory is a real one below the root with no symlink on the way (ENOENT
+        otherwise), and the write goes relative to its descriptor, with the name's own
+        symlink never followed: a directory swapped for a symlink by another process after
+        the check cannot lead a write (a create, a truncation, an unlink) outside the store."""
         check_key(key)
         parent, _, name = key.rpartition("/")
         parent_path = os.path.join(self.root, parent) if parent else self.root
+        missing = WriteRefused(errno.ENOENT, f"{key}: its directory is missing or is a symlink")
         if os.path.realpath(parent_path) != parent_path:
-            raise WriteRefused(errno.ENOENT, f"{key}: its directory is missing or is a symlink")
-        return os.path.join(parent_path, name)
+            raise missing
+        try:
+            fd = os.open(parent_path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            raise missing from None
+        try:
+            if not self._opened_at(fd, parent_path):
+                raise missing
+            yield fd, name
+        finally:
+            os.close(fd)
 
     def open_writer(self, key: str, *, truncate: bool, create: bool, exclusive: bool = False,
                     mode: int = 0o644) -> KeyWriter:
-        path = self._writable_path(key)
         flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
         flags |= (os.O_CREAT if create else 0) | (os.O_EXCL if exclusive else 0)
         flags |= os.O_TRUNC if truncate else 0
-        try:
-            fd = os.open(path, flags, mode & 0o777 or 0o644)
-        except OSError as e:
-            raise _refused(key, e) from None
+        with self._in_parent(key) as (parent, name):
+            try:
+                fd = os.open(name, flags, mode & 0o777 or 0o644, dir_fd=parent)
+            except OSError as e:
+                raise _refused(key, e) from None
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise WriteRefused(errno.EPERM, f"{key}: not a regular file")
@@ -449,23 +483,23 @@ class DirectoryStore(Store):
         return _FileWriter(key, fd)
 
     def delete(self, key: str) -> None:
-        path = self._writable_path(key)
-        self._files.drop(key)
-        try:
-            if os.path.isdir(path) and not os.path.islink(path):
-                raise WriteRefused(errno.EISDIR, f"{key}: is a directory")
-            os.unlink(path)
-        except OSError as e:
-            raise _refused(key, e) from None
+        with self._in_parent(key) as (parent, name):
+            self._files.drop(key)
+            try:
+                if stat.S_ISDIR(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
+                    raise WriteRefused(errno.EISDIR, f"{key}: is a directory")
+                os.unlink(name, dir_fd=parent)
+            except OSError as e:
+                raise _refused(key, e) from None
 
     def rename(self, src: str, dst: str) -> None:
-        a, b = self._writable_path(src), self._writable_path(dst)
-        self._files.drop(src)
-        self._files.drop(dst)
-        try:
-            os.rename(a, b)
-        except OSError as e:
-            raise _refused(src, e) from None
+        with self._in_parent(src) as (a_dir, a), self._in_parent(dst) as (b_dir, b):
+            self._files.drop(src)
+            self._files.drop(dst)
+            try:
+                os.rename(a, b, src_dir_fd=a_dir, dst_dir_fd=b_dir)
+            except OSError as e:
+                raise _refused(src, e) from None
 
     def rename_dir(self, src: str, dst: str) -> None:
         self._files.drop_prefix(src)
@@ -473,33 +507,37 @@ class DirectoryStore(Store):
         self.rename(src.rstrip("/"), dst.rstrip("/"))
 
     def link(self, src: str, dst: str) -> None:
-        a, b = self._writable_path(src), self._writable_path(dst)
-        self._files.drop(dst)
-        try:
-            os.link(a, b, follow_symlinks=False)
-        except OSError as e:
-            raise _refused(dst, e) from None
+        with self._in_parent(src) as (a_dir, a), self._in_parent(dst) as (b_dir, b):
+            self._files.drop(dst)
+            try:
+                os.link(a, b, src_dir_fd=a_dir, dst_dir_fd=b_dir, follow_symlinks=False)
+            except OSError as e:
+                raise _refused(dst, e) from None
 
     def make_dir(self, prefix: str) -> None:
-        path = self._writable_path(prefix.rstrip("/"))
-        try:
-            os.mkdir(path, 0o755)
-        except OSError as e:
-            raise _refused(prefix, e) from None
+        with self._in_parent(prefix.rstrip("/")) as (parent, name):
+            try:
+                os.mkdir(name, 0o755, dir_fd=parent)
+            except OSError as e:
+                raise _refused(prefix, e) from None
 
     def remove_dir(self, prefix: str) -> None:
-        path = self._writable_path(prefix.rstrip("/"))
-        if os.path.islink(path):
-            raise WriteRefused(errno.ENOTDIR, f"{prefix}: a symlink, not a directory")
-        try:
-            os.rmdir(path)
-        except OSError as e:
-            raise _refused(prefix, e) from None
+        with self._in_parent(prefix.rstrip("/")) as (parent, name):
+            try:
+                if stat.S_ISLNK(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
+                    raise WriteRefused(errno.ENOTDIR, f"{prefix}: a symlink, not a directory")
+                os.rmdir(name, dir_fd=parent)
+            except OSError as e:
+                raise _refused(prefix, e) from None
 
     def set_mtime(self, key: str, mtime: float) -> None:
-        path = self._writable_path(key.rstrip("/")) if key else self.root
+        times = (time.time_ns(), int(mtime * 1e9))
         try:
-            os.utime(path, ns=(time.time_ns(), int(mtime * 1e9)), follow_symlinks=False)
+            if not key:
+                os.utime(self.root, ns=times, follow_symlinks=False)
+                return
+            with self._in_parent(key.rstrip("/")) as (parent, name):
+                os.utime(name, ns=times, dir_fd=parent, follow_symlinks=False)
         except OSError as e:
             raise _refused(key, e) from None
 
