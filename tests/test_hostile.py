@@ -202,6 +202,32 @@ def test_sizes_and_names_the_kernel_cannot_be_told_fail_alone(tmp_path: Path, mo
     assert_alive(z, zpid)
 
 
+def test_an_envi_header_names_at_most_max_band_names_bands(tmp_path: Path, mount) -> None:
+    """data.hdr names each band after the first dimension; metadata may declare 2**40 bands
+    (a uint8 array of shape [2**40, 1, 1] is metadata only), and naming each stalled the
+    daemon's loop while .zvfs/arrays was listed, then failed it with MemoryError. Past
+    MAX_BAND_NAMES bands the header names none. A dimension name that is no Unicode text
+    (a lone surrogate, valid JSON) is escaped in the header, not an error."""
+    from zvfs.views.envi import MAX_BAND_NAMES
+
+    root = new_store(tmp_path / "store")
+    for name, bands, dim in (("many", 1 << 40, "band"), ("few", 3, "\ud800")):
+        doc = _v3_doc([bands, 1, 1], "uint8")
+        doc["chunk_grid"]["configuration"]["chunk_shape"] = [1 << 20, 1, 1]
+        doc["dimension_names"] = [dim, "y", "x"]
+        (root / name).mkdir()
+        (root / name / "zarr.json").write_text(json.dumps(doc))
+    m = mount(root)
+    pid = daemon_pid(m)
+    assert {"good", "many", "few"} <= set(os.listdir(m.path / ".zvfs/arrays"))
+    many = (m.path / ".zvfs/arrays/many/data.hdr").read_text()
+    assert f"bands = {1 << 40}" in many and "band names" not in many and (1 << 40) > MAX_BAND_NAMES
+    few = (m.path / ".zvfs/arrays/few/data.hdr").read_text()
+    assert "band names = {\\ud800 0, \\ud800 1, \\ud800 2}" in few, few
+    assert_alive(m, pid)
+    assert_good(m, root)
+
+
 # --------------------------------------------------------------------------- symlinks
 
 

@@ -17,6 +17,12 @@ ENVI_TYPES = {
 }
 
 
+#: bands named in a header at most: the names are made when .zvfs/arrays is listed, and
+#: metadata may declare any number of bands (2**40 once stalled the daemon); hyperspectral
+#: data has hundreds
+MAX_BAND_NAMES = 10_000
+
+
 def envi_supported(meta: ArrayMeta) -> bool:
     return 1 <= meta.ndim <= 3 and (meta.dtype.kind, meta.dtype.itemsize) in ENVI_TYPES
 
@@ -38,7 +44,8 @@ def envi_header(meta: ArrayMeta) -> bytes:
         "interleave = bsq",
         f"byte order = {1 if big else 0}",
     ]
-    if meta.dimension_names and meta.ndim == 3 and meta.dimension_names[0]:
+    if meta.dimension_names and meta.ndim == 3 and meta.dimension_names[0] and bands <= MAX_BAND_NAMES:
         lines_out.append("band names = {" + ", ".join(
             f"{meta.dimension_names[0]} {i}" for i in range(bands)) + "}")
-    return ("\n".join(lines_out) + "\n").encode()
+    # names from JSON may hold what UTF-8 cannot (lone surrogates): escaped, not an error
+    return ("\n".join(lines_out) + "\n").encode("utf-8", "backslashreplace")
