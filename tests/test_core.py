@@ -603,7 +603,8 @@ def test_write_replies_waiting_for_an_invalidation_are_bounded(tmp_path):
             for i in range(MAX_SETTLING + 20):
                 nursery.start_soon(reply, i)
             await trio.testing.wait_all_tasks_blocked()
-            assert sorted(done) == list(range(MAX_SETTLING, MAX_SETTLING + 20))
+            # 20 replied at once (which 20 is trio's choice: it runs a batch in either order)
+            assert len(done) == 20 and ops._settling == MAX_SETTLING
             assert ctx.counters.snapshot()["settle_skipped"] == 20
             ops._settled.set()
         assert sorted(done) == list(range(MAX_SETTLING + 20)) and ops._settling == 0

@@ -523,21 +523,34 @@ def test_bad_chunks(tmp_path: Path, mount) -> None:
 
 
 def test_chunk_bombs_are_refused_in_bounded_memory(tmp_path: Path, mount) -> None:
-    """A 128-byte chunk whose zlib/gzip/zstd stream expands to 256 MiB of zeros.
+    """A chunk of at most a few KiB (lz4: 1 MiB) whose zlib, gzip, bz2, lzma, lz4 or zstd
+    stream expands to 256 MiB of zeros, as a compressor, as a v2 filter, and as gzip over a
+    whole v3 shard.
 
     Each decoder used to produce all of it before the size check: 256 MiB per read
-    and per worker. Now the read fails with EIO, nothing big is allocated.
+    and per worker. Now the read fails with EIO, nothing big is allocated. (bz2, lzma,
+    lz4, the filter and the shard were unbounded until a helper's audit found them.)
     """
     import numcodecs
     from zarr.codecs import GzipCodec
+    from zarr.codecs.numcodecs import LZMA
 
     bomb = bytes(256 * MiB)
+    gzipped = numcodecs.GZip(level=1).encode(bomb)
     payloads = {
         "v2_zlib": ("v2", {"compressors": numcodecs.Zlib(level=1)}, zlib.compress(bomb, 1)),
-        "v2_gzip": ("v2", {"compressors": numcodecs.GZip(level=1)},
-                    numcodecs.GZip(level=1).encode(bomb)),
-        "v3_gzip": ("v3", {"compressors": GzipCodec(level=1)}, numcodecs.GZip(level=1).encode(bomb)),
+        "v2_gzip": ("v2", {"compressors": numcodecs.GZip(level=1)}, gzipped),
+        "v2_bz2": ("v2", {"compressors": numcodecs.BZ2(level=1)}, numcodecs.BZ2(level=1).encode(bomb)),
+        "v2_lzma": ("v2", {"compressors": numcodecs.LZMA(preset=0)}, numcodecs.LZMA(preset=0).encode(bomb)),
+        "v2_lz4": ("v2", {"compressors": numcodecs.LZ4()}, numcodecs.LZ4().encode(bomb)),
+        # a compressor among the filters, with no compressor
+        "v2_zlib_filter": ("v2", {"filters": [numcodecs.Zlib(level=1)], "compressors": None},
+                           zlib.compress(bomb, 1)),
+        "v3_gzip": ("v3", {"compressors": GzipCodec(level=1)}, gzipped),
         "v3_zstd": ("v3", {}, numcodecs.Zstd(level=1).encode(bomb)),
+        "v3_lzma": ("v3", {"compressors": LZMA(preset=0)}, numcodecs.LZMA(preset=0).encode(bomb)),
+        # gzip over a whole shard (after sharding_indexed in the chain): the shard is the bomb
+        "v3_shard_gzip": ("v3", {"shards": (4, 8), "compressors": None}, gzipped),
     }
     del bomb
     root = new_store(tmp_path / "bombs.zarr")
@@ -546,6 +559,10 @@ def test_chunk_bombs_are_refused_in_bounded_memory(tmp_path: Path, mount) -> Non
         assert len(payload) < 2 * MiB  # a small object that stands for 256 MiB
         (v3_array if fmt == "v3" else v2_array)(root, name, GOOD[:8, :8].astype("<f8"), (4, 4), **kw)
         key = f"{name}/c/0/1" if fmt == "v3" else f"{name}/0.1"
+        if name == "v3_shard_gzip":  # the shard holding chunk (0, 1): the whole first row
+            key = f"{name}/c/0/0"
+            _mutate(root / name / "zarr.json", lambda d: d["codecs"].append(
+                {"name": "gzip", "configuration": {"level": 1}}))
         (root / key).write_bytes(payload)
         keys[name] = key
     cache = 64
@@ -556,9 +573,12 @@ def test_chunk_bombs_are_refused_in_bounded_memory(tmp_path: Path, mount) -> Non
     arrays = m.path / ".zvfs/arrays"
     ref = GOOD[:8, :8].astype("<f8")
     for name in payloads:
-        assert read_errno(arrays / name / "chunks/0.1") == errno.EIO, name
+        # with gzip over the shards, the shard is the unit: chunks/0.0 is the first row's
+        bad = "chunks/0.0" if name == "v3_shard_gzip" else "chunks/0.1"
+        assert read_errno(arrays / name / bad) == errno.EIO, name
         assert read_errno(arrays / name / "data.raw") == errno.EIO, name
-        assert (arrays / name / "chunks/1.0").read_bytes() == ref[4:, :4].tobytes()
+        if name != "v3_shard_gzip":  # its other shard was written by zarr-python, without the gzip
+            assert (arrays / name / "chunks/1.0").read_bytes() == ref[4:, :4].tobytes()
     hwm = status_kib(pid, "VmHWM")
     assert hwm - base <= (cache + 64) * 1024, f"daemon peak RSS {base / 1024:.0f} -> {hwm / 1024:.0f} MiB"
     assert_good(m, root)

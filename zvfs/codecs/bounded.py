@@ -1,17 +1,21 @@
 """Decompression with a ceiling: a chunk never inflates past what its array can hold.
 
-A few KiB of deflate or zstd can stand for gigabytes of zeros. The plain
-decoders (``zlib.decompress``, ``gzip.decompress``, numcodecs' zstd) produce
-all of it before anyone can check the size, so one hostile chunk could take
-the daemon's memory. Here deflate and gzip are decompressed in one bounded
-call, and a zstd frame's declared content size is checked before decoding (a
-frame without one, which zarr-python never writes, cannot be bounded and is
-decoded as before).
+A few KiB of deflate, bz2, xz or zstd can stand for gigabytes of zeros. The
+plain decoders (``zlib.decompress``, ``bz2.decompress``, numcodecs' zstd)
+produce all of it before anyone can check the size, so one hostile chunk could
+take the daemon's memory. Here deflate, gzip, bz2 and lzma are decompressed in
+bounded calls, and the sizes that a zstd frame, an lz4 chunk or a blosc frame
+declare are checked before decoding (a zstd frame without one, which
+zarr-python never writes, cannot be bounded and is decoded as before).
 """
 
 from __future__ import annotations
 
+import bz2
+import lzma
 import zlib
+from collections.abc import Callable
+from typing import Any
 
 from .errors import CodecError
 
@@ -50,6 +54,50 @@ def inflate(data: bytes | memoryview, wbits: int, limit: int | None, name: str) 
         if wbits != GZIP or not rest.strip(b"\0"):
             break  # zlib ignores trailing bytes; gzip allows zero padding after the last member
     return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _streams(data: bytes | memoryview, make: Callable[[], Any], limit: int | None, name: str) -> bytes:
+    """bz2 or xz/lzma data (concatenated streams too, as ``bz2.decompress`` and
+    ``lzma.decompress`` take them), at most ``limit`` bytes: each stream is decompressed
+    with ``max_length``, so a bomb stops at the limit instead of filling memory."""
+    rest = bytes(data)
+    parts: list[bytes] = []
+    total = 0
+    while rest:
+        d = make()
+        try:
+            out = d.decompress(rest, -1 if limit is None else limit - total + 1)
+        except (OSError, EOFError, ValueError) as exc:  # bz2 raises OSError, lzma LZMAError
+            raise CodecError(f"{name}: {exc}") from exc
+        total += len(out)
+        if limit is not None and total > limit:
+            raise CodecError(f"{name}: decompresses to more than {limit} bytes; not a chunk of this array")
+        if not d.eof:
+            raise CodecError(f"{name}: compressed stream is truncated")
+        parts.append(out)
+        rest = d.unused_data
+    return b"".join(parts)
+
+
+def bunzip(data: bytes | memoryview, limit: int | None) -> bytes:
+    """bz2 data, at most ``limit`` bytes (numcodecs' bz2 decodes with bz2.decompress)."""
+    return _streams(data, bz2.BZ2Decompressor, limit, "bz2")
+
+
+def unxz(data: bytes | memoryview, limit: int | None, format: int, filters: Any) -> bytes:
+    """lzma data of numcodecs' ``format`` and ``filters``, at most ``limit`` bytes."""
+    if format == lzma.FORMAT_RAW:
+        return _streams(data, lambda: lzma.LZMADecompressor(format, filters=filters), limit, "lzma")
+    return _streams(data, lambda: lzma.LZMADecompressor(format), limit, "lzma")
+
+
+def check_lz4(data: bytes | memoryview, limit: int | None) -> None:
+    """Refuse a numcodecs lz4 chunk whose header (4 bytes, little-endian) declares more
+    than ``limit`` bytes: the decoder allocates what the header says."""
+    if limit is not None and len(data) >= 4:
+        declared = int.from_bytes(bytes(data[:4]), "little")
+        if declared > limit:
+            raise CodecError(f"lz4: header declares {declared} bytes, more than {limit}; not a chunk of this array")
 
 
 def zstd_content_size(data: bytes | memoryview) -> int | None:

@@ -37,16 +37,33 @@ def get_codec(config: dict[str, Any]) -> Any:
         raise UnknownCodecError(f"unsupported codec {config.get('id')!r}: {exc}") from exc
 
 
-def decode_bounded(codec: Any, codec_id: str | None, data: bytes | memoryview, limit: int | None) -> Any:
+#: numcodecs compressors that decode_bounded bounds (as a compressor or as a filter)
+BOUNDED_IDS = frozenset({"zlib", "gzip", "bz2", "lzma", "zstd", "lz4", "blosc"})
+
+
+def decode_bounded(codec: Any, codec_id: str | None, data: Any, limit: int | None) -> Any:
     """A numcodecs compressor's decode, bounded to ``limit`` bytes for the ones that can
-    expand without limit (zlib, gzip, zstd); see :mod:`zvfs.codecs.bounded`."""
+    expand past it (BOUNDED_IDS); see :mod:`zvfs.codecs.bounded`."""
     if codec_id == "zlib":
         return bounded.inflate(data, bounded.ZLIB, limit, "zlib")
     if codec_id == "gzip":
         return bounded.inflate(data, bounded.GZIP, limit, "gzip")
+    if codec_id == "bz2":
+        return bounded.bunzip(data, limit)
+    if codec_id == "lzma":
+        return bounded.unxz(data, limit, codec.format, codec.filters)
+    if codec_id == "blosc":
+        return _blosc.decompress(data, max_nbytes=limit)
     if codec_id == "zstd":
         bounded.check_zstd(data, limit, "zstd")
+    elif codec_id == "lz4":
+        bounded.check_lz4(data, limit)
     return codec.decode(bytes(data))
+
+
+def _buffer(chunk: Any) -> Any:
+    """What a previous step gave (bytes, or an array of any dtype) as bytes to decompress."""
+    return chunk if isinstance(chunk, (bytes, memoryview)) else memoryview(np.ascontiguousarray(chunk)).cast("B")
 
 
 class V2Pipeline:
@@ -56,6 +73,7 @@ class V2Pipeline:
         self.compressor_config = compressor
         self.compressor = get_codec(compressor) if compressor is not None else None
         self.filters = [get_codec(f) for f in (filters or [])]
+        self._filter_ids = [f.get("id") for f in (filters or [])]
         self._id = compressor.get("id") if compressor is not None else None
         self._blosc = self._id == "blosc"
 
@@ -72,8 +90,9 @@ class V2Pipeline:
                 chunk = _blosc.decompress(data, max_nbytes=limit)
             else:
                 chunk = decode_bounded(self.compressor, self._id, data, limit)
-            for f in reversed(self.filters):
-                chunk = f.decode(chunk)
+            for f, fid in zip(reversed(self.filters), reversed(self._filter_ids), strict=True):
+                # a compressor among the filters is bounded like the compressor
+                chunk = decode_bounded(f, fid, _buffer(chunk), limit) if fid in BOUNDED_IDS else f.decode(chunk)
         except CodecError:
             raise
         except Exception as exc:

@@ -294,16 +294,20 @@ class Pipeline:
         self._ab_dtype = self.ab.decoded_dtype(spec_dtype)
         # the byte order declared by the bytes codec is the one chunks are served in
         self.dtype = self._ab_dtype
-        #: most bytes a bytes→bytes codec may yield (fixed-size elements only)
-        self._limit = (
-            bounded.ceiling(math.prod(self._ab_shape) * self._ab_dtype.itemsize)
-            if isinstance(self.ab, BytesCodec) else None
-        )
+        #: most bytes a bytes→bytes codec may yield (fixed-size elements only): a chunk's
+        #: bytes, or a shard's (its chunks, however encoded, and its index)
+        nbytes = math.prod(self._ab_shape) * self._ab_dtype.itemsize
+        if isinstance(self.ab, BytesCodec):
+            self._limit: int | None = bounded.ceiling(nbytes)
+        elif self.ab.name == "sharding_indexed" and self._ab_dtype.kind != "O":
+            self._limit = bounded.ceiling(nbytes) + self.ab.index_nbytes
+        else:
+            self._limit = None
 
     @property
     def chunk_limit(self) -> int | None:
-        """Most bytes a stored chunk of this pipeline can legitimately hold (None: unbounded,
-        for variable-length elements and whole shards)."""
+        """Most bytes a stored chunk (or whole shard) of this pipeline can legitimately hold
+        (None: unbounded, for variable-length elements)."""
         return self._limit
 
     @property

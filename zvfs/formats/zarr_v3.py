@@ -256,6 +256,10 @@ class Reader:
                 limit = self.leaf.chunk_limit
                 data = self.store.get(key) if limit is None else self.store.get_at_most(key, limit)
             else:
+                limit = self.leaf.chunk_limit
+                if limit is not None and length > limit:  # an index pointing at a bomb
+                    raise CodecError(f"shard index gives an inner chunk {length} bytes long, "
+                                     f"more than {limit}; not a chunk of this array")
                 data = self.store.get_range(key, start, length)
                 if len(data) != length:
                     raise CodecError(f"inner chunk truncated ({len(data)} of {length} bytes)")
