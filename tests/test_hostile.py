@@ -228,6 +228,37 @@ def test_an_envi_header_names_at_most_max_band_names_bands(tmp_path: Path, mount
     assert_good(m, root)
 
 
+@pytest.mark.parametrize("bad_type", ["(-1,)i4", "i4,,"])
+def test_an_nczarr_attribute_type_numpy_cannot_parse_is_taken_as_json(tmp_path: Path, mount, bad_type) -> None:
+    """NCZarr names each attribute's type in ``_nczarr_attr.types``, which becomes a numpy
+    dtype; a string numpy refuses with ValueError or SyntaxError (not only TypeError) made
+    every file of .zvfs/v2 and .zvfs/netcdf fail with EIO, for one group's attribute. Now
+    that attribute is typed as its JSON value, and every array reads as zarr-python does."""
+    root = tmp_path / "ncz"
+    data = np.arange(4, dtype="<i4")
+    v2_array(root, "ok", data, (4,))
+    (root / ".zgroup").write_text(json.dumps(
+        {"zarr_format": 2, "_nczarr_group": {"dims": {"x": 4}, "vars": ["ok"], "groups": ["g"]}}))
+    (root / ".zattrs").write_text("{}")
+    (root / "ok/.zattrs").write_text(json.dumps({"_ARRAY_DIMENSIONS": ["x"]}))
+    (root / "g").mkdir()
+    (root / "g/.zgroup").write_text(json.dumps({"zarr_format": 2}))
+    (root / "g/.zattrs").write_text(json.dumps({"x": 1, "_nczarr_attr": {"types": {"x": bad_type}}}))
+    m = mount(root)
+    pid = daemon_pid(m)
+    ref = zarr_read(root, "ok")
+    assert (m.path / ".zvfs/arrays/ok/data.raw").read_bytes() == ref.tobytes()
+    assert (m.path / ".zvfs/v2/ok/0").read_bytes()  # the mirror's chunk of ok, uncompressed
+    assert json.loads((m.path / ".zvfs/v2/g/.zattrs").read_text())["x"] == 1
+    import netCDF4
+
+    with netCDF4.Dataset(m.path / ".zvfs/netcdf/root.nc") as ds:
+        assert np.array_equal(ds["ok"][...], ref)
+    with netCDF4.Dataset(m.path / ".zvfs/netcdf/g.nc") as ds:
+        assert int(ds.getncattr("x")) == 1
+    assert_alive(m, pid)
+
+
 # --------------------------------------------------------------------------- symlinks
 
 

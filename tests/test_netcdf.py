@@ -513,6 +513,28 @@ def test_big_variable_slabs(mount, big_store: Path) -> None:
                 assert np.array_equal(nc.variables["small"][:], np.arange(16))
 
 
+def test_a_dimension_past_32_bits_makes_the_file_cdf5(mount, tmp_path: Path) -> None:
+    """A dimension longer than 2**32 - 1 (here 2**33 bytes of uint8, two chunks written)
+    cannot be written in CDF-1 or CDF-2, whose dimension lengths are 32-bit: the file is
+    CDF-5 (it was CDF-2, its header could not be packed, and the family failed with EIO).
+    netCDF-C reads it, and a slab equals zarr-python's."""
+    root = tmp_path / "long.zarr"
+    group = zarr.open_group(str(root), mode="w", zarr_format=3)
+    a = group.create_array("long", shape=(2**33,), chunks=(1 << 20,), dtype="u1", dimension_names=["n"])
+    a[: 1 << 20] = np.arange(1 << 20, dtype=np.uint64).astype("u1")
+    a[2**33 - 10:] = np.arange(10, dtype="u1") + 100
+    m = mount(root)
+    f = m.path / ".zvfs/netcdf/root.nc"
+    with open(f, "rb") as fh:
+        assert fh.read(4) == b"CDF\x05"
+    with netCDF4.Dataset(f) as ds:
+        ds.set_auto_maskandscale(False)
+        assert ds.dimensions["n"].size == 2**33
+        ref = zarr.open_array(str(root), path="long", mode="r")
+        for sel in (slice(1000, 1100), slice(2**33 - 20, 2**33)):
+            assert np.array_equal(ds["long"][sel], ref[sel]), sel
+
+
 # --------------------------------------------------------------------------- the v2 mirror tells the same truth
 
 

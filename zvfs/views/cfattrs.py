@@ -96,8 +96,8 @@ def translate_value(value: Any, type_str: str | None = None) -> Typed:
     if isinstance(type_str, str):
         try:
             dtype = np.dtype(type_str)
-        except TypeError:
-            dtype = None
+        except Exception:  # noqa: BLE001 - numpy parses the string: TypeError, ValueError, SyntaxError...
+            dtype = None  # an unknown type: the value is taken as JSON says
     if isinstance(value, str) and not (dtype is not None and dtype.kind in "iuf" and value in NONFINITE):
         return Typed(text=value, json=value)
     if dtype is not None and dtype.kind in "SU" and isinstance(value, list) and all(isinstance(v, str) for v in value):

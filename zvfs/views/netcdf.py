@@ -298,6 +298,9 @@ def build_layout(
         else:
             usable[name] = array
     cdf5 = any(var_type(a.meta.dtype, False).needs_cdf5 for a in usable.values())
+    # CDF-1 and CDF-2 write a dimension's length in 32 bits: a longer one needs CDF-5 (and
+    # then its types: unsigned bytes are NC_UBYTE there)
+    cdf5 = cdf5 or any(n > 2**32 - 1 for a in usable.values() for n in a.meta.shape)
     dims_by_name = consistent_dimensions({n: a.meta for n, a in usable.items()}, generate=True)
 
     variables: list[NcVar] = []
