@@ -829,6 +829,32 @@ def write_zip_bomb(path: Path, size: int, name: str = "bomb",
             assert f.read(3 * MiB) == bytes(3 * MiB)
 
 
+def test_a_metadata_document_that_inflates_to_a_gigabyte_is_refused_unread(tmp_path: Path, mount) -> None:
+    """A zip member ``bomb/zarr.json`` of 1 GiB of zeros (1 MB deflated): discovery read
+    every metadata document whole, 2 GB of the daemon's memory for this one (a helper
+    measured it). A document past MAX_JSON_BYTES is now refused from the central directory,
+    before anything is inflated: that node is broken (its meta.json says why), the rest
+    reads, and the daemon grows by little."""
+    from zvfs.formats._common import MAX_JSON_BYTES
+
+    root = new_store(tmp_path / "store")
+    members = {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    path = tmp_path / "meta-bomb.zip"
+    write_zip_bomb(path, 1024 * MiB, name="bomb/zarr.json", others=members)
+    assert 1024 * MiB > MAX_JSON_BYTES and path.stat().st_size < 4 * MiB
+    m = mount(path)
+    pid = daemon_pid(m)
+    base = status_kib(pid, "VmHWM")
+    arrays = m.path / ".zvfs/arrays"
+    assert {"good", "bomb"} <= set(os.listdir(arrays))
+    meta = json.loads((arrays / "bomb/meta.json").read_text())
+    assert "more than" in meta["error"], meta
+    assert read_errno(arrays / "bomb/data.raw") == errno.ENOENT
+    assert_good(m, root)
+    assert status_kib(pid, "VmHWM") - base < 64 * 1024
+    assert_alive(m, pid)
+
+
 def test_zip_bomb_streams_in_bounded_memory(tmp_path: Path, mount) -> None:
     """2 GiB of zeros deflated (2 MB on disk), read through the raw tree: right bytes,
     CRC checked at the end, and the read grows the daemon's RSS by less than the cache

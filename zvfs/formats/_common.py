@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..codecs import CodecError
-from ..stores.base import KeyNotFound, Store, StoreError
+from ..stores.base import KeyNotFound, Store, StoreError, TooLarge
 from .meta import FormatError
 
 
@@ -64,10 +64,25 @@ def json_depth(doc: Any, limit: int) -> int:
     return deepest
 
 
+#: bytes a metadata document may hold: consolidated metadata of a large hierarchy runs to
+#: tens of MiB; a bigger one (a zip member inflating to gigabytes, a sparse file) is refused
+#: before it is read, as a broken node
+MAX_JSON_BYTES = 256 << 20
+
+
+def get_metadata(store: Store, key: str) -> bytes:
+    """``key``'s bytes, at most MAX_JSON_BYTES (FormatError past that); KeyNotFound and the
+    store's other errors pass through."""
+    try:
+        return store.get_at_most(key, MAX_JSON_BYTES)
+    except TooLarge as exc:
+        raise FormatError(str(exc)) from None
+
+
 def load_json(store: Store, key: str, missing_ok: bool = False) -> Any:
     """Fetch and parse ``key``; None if missing and ``missing_ok``."""
     try:
-        raw = store.get(key)
+        raw = get_metadata(store, key)
     except KeyNotFound:
         if missing_ok:
             return None

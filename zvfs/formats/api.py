@@ -14,7 +14,7 @@ import numpy as np
 from ..codecs import CodecError, UnknownCodecError
 from ..stores.base import KeyNotFound, Listing, Store, StoreError
 from . import keys, nczarr, zarr_v1, zarr_v2, zarr_v3
-from ._common import join, load_json, parse_json
+from ._common import get_metadata, join, load_json, parse_json
 from .meta import ArrayMeta, FormatError, strict_json
 
 
@@ -356,9 +356,11 @@ def _get_doc(
     if known is not None and name not in known:
         return False, None, None
     try:
-        raw = store.get(key)
+        raw = get_metadata(store, key)
     except KeyNotFound:
         return False, None, None
+    except FormatError as exc:  # too big to be metadata
+        return True, None, str(exc)
     # any other StoreError propagates: a metadata key that could not be fetched says
     # nothing about the node, and must not be mistaken for a broken one
     try:

@@ -33,6 +33,11 @@ class SourceError(StoreError):
     """
 
 
+class TooLarge(StoreError):
+    """``get_at_most``: the value holds more than the caller said it legitimately can, so it
+    was not read (a problem of the data, not of the store)."""
+
+
 class WriteRefused(StoreError):
     """A write the store will not do, for a reason an errno names (EEXIST, ENOTEMPTY, EFBIG,
     ENOSPC, EXDEV, EPERM, EROFS, ENOENT): the application sees that errno, not EIO."""
@@ -200,7 +205,7 @@ class Store(ABC):
         """
         data = self.get(key)
         if len(data) > limit:
-            raise StoreError(f"{key}: holds {len(data)} bytes, more than the {limit} it may")
+            raise TooLarge(f"{key}: holds {len(data)} bytes, more than the {limit} it may")
         return data
 
     @abstractmethod

@@ -51,6 +51,7 @@ from zvfs.stores.base import (
     SourceError,
     Store,
     StoreError,
+    TooLarge,
     WriteRefused,
 )
 from zvfs.stores.cached_open import open_if_cached
@@ -316,13 +317,13 @@ class DirectoryStore(Store):
         entry, st = self._borrow(key)
         try:
             if st.st_size > limit:
-                raise StoreError(f"{key}: file holds {st.st_size} bytes, more than the {limit} it may")
+                raise TooLarge(f"{key}: file holds {st.st_size} bytes, more than the {limit} it may")
             size = max(st.st_size, 0)
             data = pread_all(entry.fd, 0, size, key, beyond=limit + 1 - size)
         finally:
             self._files.give_back(entry)
         if len(data) > limit:  # grew since the stat
-            raise StoreError(f"{key}: file holds more than the {limit} bytes it may")
+            raise TooLarge(f"{key}: file holds more than the {limit} bytes it may")
         return data
 
     def get_range(self, key: str, start: int, length: int) -> bytes:

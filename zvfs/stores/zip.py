@@ -48,7 +48,16 @@ from typing import Any
 
 from zvfs.stats import Counters
 from zvfs.stores._util import check_key, check_prefix, pread_at_once
-from zvfs.stores.base import KeyInfo, KeyNotFound, Listing, Reopen, SourceError, Store, StoreError
+from zvfs.stores.base import (
+    KeyInfo,
+    KeyNotFound,
+    Listing,
+    Reopen,
+    SourceError,
+    Store,
+    StoreError,
+    TooLarge,
+)
 from zvfs.stores.keys import bad_segment
 
 log = logging.getLogger(__name__)
@@ -231,7 +240,7 @@ class ZipStore(Store):
     def get_at_most(self, key: str, limit: int) -> bytes:
         m = self._member(key)
         if m.info.file_size > limit:  # a bomb is refused from the central directory alone
-            raise StoreError(
+            raise TooLarge(
                 f"{key}: zip member declares {m.info.file_size} bytes, more than the {limit} it may hold"
             )
         return self._read(key, m, 0, m.info.file_size)

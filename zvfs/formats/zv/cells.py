@@ -18,7 +18,7 @@ import numpy as np
 from zvfs.codecs.errors import CodecError
 from zvfs.formats import ZarrArray
 from zvfs.formats import open_array as _open_zarr
-from zvfs.formats._common import join, parse_json
+from zvfs.formats._common import get_metadata, join, parse_json
 from zvfs.formats.meta import FormatError
 from zvfs.stores.base import KeyNotFound, Store, StoreError
 
@@ -29,11 +29,11 @@ def load_node(store: Store, path: str) -> dict[str, Any] | None:
     """The zarr.json document at ``path`` ('' = root), or None if there is none."""
     key = join(path, "zarr.json")
     try:
-        raw = store.get(key)
+        raw = get_metadata(store, key)
     except KeyNotFound:
         return None
-    except StoreError as exc:
-        raise ZVError(key, str(exc)) from exc
+    except (StoreError, FormatError) as exc:  # FormatError: too big to be metadata
+        raise ZVError(key, str(exc).removeprefix(f"{key}: ")) from exc
     try:
         doc = parse_json(raw, key)  # the shared parser: also refuses absurd nesting
     except FormatError as exc:
