@@ -845,6 +845,41 @@ def test_bad_fixtures(mount, tmp_path) -> None:
         assert is_mounted(m.path)
 
 
+def test_rediscoveries_do_not_keep_the_old_views(mount, tmp_path) -> None:
+    """Each discovery (once per metadata TTL while .zvfs/ is used, and after every write)
+    builds the view families anew; the cache kept each old family under its discovery's
+    number, never asked for again, so a mount grew by every copy (a helper: 60 -> 315 MB
+    over 62 rediscoveries of 400 arrays). Now the listing cache holds one of each, however
+    many discoveries are made, and the views still read as zarr-python reads them."""
+    import time
+
+    import zarr
+
+    root = tmp_path / "s.zarr"
+    group = zarr.open_group(str(root), mode="w", zarr_format=3)
+    data = np.arange(64, dtype="<i4").reshape(8, 8)
+    for name in ("a", "b", "c"):
+        group.create_array(name, shape=(8, 8), chunks=(4, 4), dtype="<i4")[:] = data
+    m = mount(root, "--metadata-ttl", "0.2")
+
+    def use() -> dict:
+        (m.path / ".zvfs/arrays/a/data.raw").stat()
+        os.listdir(m.path / ".zvfs/netcdf")
+        os.listdir(m.path / ".zvfs/v2")
+        with open(m.path / ".zvfs/netcdf/root.nc", "rb") as f:
+            f.read(100)
+        return json.loads((m.path / ".zvfs/stats.json").read_text())["listing_cache"]
+
+    first = use()
+    for _ in range(12):
+        time.sleep(0.3)  # past the TTL: the next use discovers again
+        last = use()
+    assert last["misses"] - first["misses"] >= 12 * 3, (first, last)  # a discovery and its families each time
+    assert last["entries"] <= first["entries"] + 2, (first, last)
+    ref = zarr.open_array(str(root), path="b", mode="r")[...]
+    assert (m.path / ".zvfs/arrays/b/data.raw").read_bytes() == ref.tobytes()
+
+
 def test_npy_header_sizes() -> None:
     """The NPY header keeps data 64-byte aligned, so mmap'ed loads see aligned data, and
     numpy's reader finds the shape and dtype in it (numpy integers in the shape too)."""

@@ -157,6 +157,21 @@ BUILDERS: dict[str, Callable[[MountContext], Awaitable[DirNode]]] = {
 
 
 async def family(ctx: MountContext, tag: str) -> DirNode:
-    """The ``tag`` directory of the current discovery, built once per discovery."""
+    """The ``tag`` directory of the current discovery, built once per discovery.
+
+    One entry per family, holding the discovery it was built from: an entry keyed by the
+    discovery was never asked for again once a new one came (every metadata TTL, every
+    write), and the cache kept every old copy of the views (a helper measured 4 MB per
+    rediscovery of 400 arrays, 60 -> 315 MB in 62)."""
     d = await decoded(ctx)
-    return await ctx.listings.get(("lazy", tag, d.generation), lambda: BUILDERS[tag](ctx))
+    key = ("lazy", tag)
+    held = ctx.listings.peek(key)
+    if held is not None:
+        if held[0] == d.generation:
+            return held[1]
+        ctx.listings.invalidate(key)  # an older discovery's: let it go
+
+    async def build() -> tuple[int, DirNode]:
+        return d.generation, await BUILDERS[tag](ctx)
+
+    return (await ctx.listings.get(key, build))[1]
