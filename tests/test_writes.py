@@ -263,6 +263,34 @@ def erofs_everywhere(mnt: Path, existing: Path) -> None:
     assert not (mnt / "new-file").exists() and not (mnt / "newdir").exists()
 
 
+def test_sigterm_with_a_file_still_open_for_writing_keeps_its_bytes_and_says_where(
+        s3store: Store, mount, tmp_path) -> None:
+    """A daemon stopped (SIGTERM: systemctl stop) while an application still holds a file
+    open for writing: the kernel's handles were never released, so the multipart upload
+    stayed open in the bucket and nothing said where the written bytes were. Now the
+    daemon releases every handle as it stops: the upload is aborted, one log line names
+    the key and the staged file, which holds every byte written."""
+    cache = tmp_path / "cache"
+    m = s3store.mount(mount, "--part-size", "5M", "--cache-dir", str(cache))
+    pid = daemon_pids(m.path)[0]
+    data = os.urandom(12 * MiB)  # past two parts: a multipart upload is under way
+    f = open(m.path / "unfinished.bin", "wb", buffering=0)  # noqa: SIM115 - held across the stop
+    try:
+        f.write(data)
+        assert wait_until(lambda: s3store.uploads() != [], 30)
+        os.kill(pid, signal.SIGTERM)
+        assert wait_until(lambda: not is_mounted(m.path), 30)
+    finally:
+        with contextlib.suppress(OSError):
+            f.close()  # ENOTCONN: the daemon is gone
+    assert s3store.uploads() == []
+    assert s3store.get("unfinished.bin") is None
+    lines = [ln for ln in m.log_text().splitlines() if "unfinished.bin" in ln and "kept at" in ln]
+    assert len(lines) == 1, m.log_text()[-3000:]
+    kept = Path(lines[0].rsplit("kept at ", 1)[1].strip())
+    assert kept.is_relative_to(cache) and kept.read_bytes() == data
+
+
 # =========================================================================== opt-in
 
 

@@ -363,8 +363,9 @@ class SignalStop:
             signal.signal(signum, handler)
 
 
-async def _serve(ctx: MountContext, root: MountRoot, mountpoint: str, ready_fd: int | None,
-                 stop: SignalStop, prepare: Prepare | None, failed: list[BaseException]) -> None:
+async def _serve(ctx: MountContext, root: MountRoot, ops: ZvfsOperations, mountpoint: str,
+                 ready_fd: int | None, stop: SignalStop, prepare: Prepare | None,
+                 failed: list[BaseException]) -> None:
     stop.attach()
     async with trio.open_nursery() as nursery:
         ctx.nursery = nursery
@@ -377,6 +378,7 @@ async def _serve(ctx: MountContext, root: MountRoot, mountpoint: str, ready_fd: 
             ctx.listing_under_way = handoff.take
         nursery.start_soon(_announce_ready, ctx, root, mountpoint, ready_fd, prepare, failed, handoff)
         await pyfuse3.main(min_tasks=SESSION_TASKS, max_tasks=MAX_SESSION_TASKS)
+        await ops.release_all()
         nursery.cancel_scope.cancel()
 
 
@@ -445,7 +447,7 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
         undo_loop = fs_loop.install(counters, busy_poll=opts["busy_poll"] / 1e6,
                                     idle_for=ctx.workers.idle_for)
         try:
-            trio.run(_serve, ctx, root, mountpoint, ready_fd, stop, prepare, failed)
+            trio.run(_serve, ctx, root, ops, mountpoint, ready_fd, stop, prepare, failed)
             unmounted = True
         finally:
             # after a clean terminate() we unmount; after a crash too, so no dead mount stays behind

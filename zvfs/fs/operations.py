@@ -489,6 +489,12 @@ class ZvfsOperations(pyfuse3.Operations):
             except pyfuse3.FUSEError:
                 pass  # logged; release has no one to tell
 
+    async def release_all(self) -> None:
+        """At shutdown (a signal, with files still open): release every handle as the kernel
+        would, so a write never closed gives up its upload and says where its bytes are kept."""
+        for fh in list(self._files):
+            await self.release(fh)
+
     async def access(self, inode: int, mode: int, ctx) -> bool:  # type: ignore[override]
         return not (mode & os.W_OK) or self._node(inode).writable
 
