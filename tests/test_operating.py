@@ -7,6 +7,7 @@ are scraped over HTTP and parsed by prometheus-client's own parser.
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import importlib.metadata
 import json
@@ -202,6 +203,51 @@ def test_daemon_logs_to_a_default_file_it_names(zarr_dir, tmp_path) -> None:
         force_unmount(mnt)
         if m:
             Path(m.group(1)).unlink(missing_ok=True)
+
+
+def test_the_daemon_keeps_none_of_its_callers_descriptors_and_raises_its_file_limit(
+        zarr_dir, tmp_path) -> None:
+    """`flock 9 zvfs mount ...` (a cron script) gave the daemon the lock's descriptor, held
+    for the whole mount, so the script's next run waited on its own lock: the daemon now
+    closes what it inherited beyond stdio. And a shell's soft limit of 1,024 open files
+    made reads fail with EIO under 1,200 open chunk files: the daemon raises its soft
+    limit to the hard one, as rclone does."""
+    import fcntl
+    import resource
+    import subprocess
+
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    lock = tmp_path / "lock"
+    fd = os.open(lock, os.O_CREAT | os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+
+    try:
+        res = subprocess.run([*zvfs_cmd(), "mount", str(zarr_dir), str(mnt), "--log-file", str(tmp_path / "log")],
+                             pass_fds=(fd,), preexec_fn=low_limit, capture_output=True, text=True,
+                             timeout=90)
+        assert res.returncode == 0, res.stderr
+        (pid,) = daemon_pids(mnt)
+        held = {os.readlink(f"/proc/{pid}/fd/{n}") for n in os.listdir(f"/proc/{pid}/fd")}
+        assert str(lock) not in held, held
+        with open(f"/proc/{pid}/limits") as f:
+            line = next(ln for ln in f if ln.startswith("Max open files"))
+        assert int(line.split()[3]) == (hard if hard != resource.RLIM_INFINITY else 1 << 20), line
+        os.close(fd)  # our own lock goes; another taker gets it at once
+        other = os.open(lock, os.O_RDWR)
+        try:
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(other)
+        assert sorted(os.listdir(mnt)) == sorted(p.name for p in zarr_dir.iterdir())
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        force_unmount(mnt)
 
 
 # --------------------------------------------------------------------------- stats.json

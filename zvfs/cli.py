@@ -364,6 +364,7 @@ def _mount_foreground(args: argparse.Namespace, opts: dict[str, Any], spec: Any 
     """Mount and serve here; ``ready_fd``: the daemon's pipe to the waiting parent."""
     daemon = ready_fd is not None
     report = _Reporter(ready_fd)
+    raise_fd_limit()
     # the mount's counters, which the store, the wrappers, the views and the fs layer count into
     counters = Counters()
     try:
@@ -435,6 +436,10 @@ def _daemon(args: argparse.Namespace, opts: dict[str, Any], spec: Any, mountpoin
         for fd in (0, 1, 2):
             os.dup2(null, fd)
         os.close(null)
+        # what the caller held open (a lock, a pipe) is not the daemon's to keep for the
+        # whole mount: a `flock 9 zvfs mount ...` in a cron script kept its lock until unmount
+        os.closerange(3, ready_fd)
+        os.closerange(ready_fd + 1, 1 << 20)
         args.mountpoint = mountpoint
         code = _mount_foreground(args, opts, spec, ready_fd)
     except BaseException:  # noqa: BLE001 - the parent hears of it when the pipe closes
@@ -442,6 +447,22 @@ def _daemon(args: argparse.Namespace, opts: dict[str, Any], spec: Any, mountpoin
     finally:
         logging.shutdown()
         os._exit(code)
+
+
+def raise_fd_limit() -> None:
+    """Raise the soft limit on open files to the hard one, as Go programs (rclone) do at
+    start: a directory store's readers each hold a descriptor, and 1,024 (a shell's usual
+    soft limit) failed reads with EIO under 1,200 open chunk files."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:
+            log.debug("could not raise the open-file limit to %d: %s", hard, exc)
 
 
 def _ready_lines(pid: int, read_fd: int) -> Iterator[str]:
