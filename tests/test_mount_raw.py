@@ -1106,6 +1106,10 @@ def test_directory_file_pages_are_kept_past_the_ttl_while_the_file_is_unchanged(
             os.close(fd)
         return snap["fuse_opens_cached"], snap["fuse_read_bytes"]
 
+    # held open throughout: the kernel cannot forget the file's inode (a drop_caches by
+    # anyone, or memory pressure), which would take its node, and the version it was read
+    # at, with it (a CI run failed so while another process dropped the caches)
+    pin = os.open(f, os.O_RDONLY)
     assert f.read_bytes() == data
     kept, served = counts()
     time.sleep(1.5)  # past the metadata TTL
@@ -1118,6 +1122,7 @@ def test_directory_file_pages_are_kept_past_the_ttl_while_the_file_is_unchanged(
     time.sleep(1.5)  # the kernel's attributes and entry expire with the TTL
     assert f.read_bytes() == new
     kept3, served3 = counts()
+    os.close(pin)
     assert kept3 == kept2  # changed: its pages were dropped, not kept
     assert served3 - served2 >= len(new)  # and the new bytes came from the daemon
 
