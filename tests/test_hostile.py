@@ -408,6 +408,7 @@ def build_bad_metadata(root: Path) -> dict[str, str]:
         "zero_chunk": None,  # per format below
         "unknown_codec": None,
         "unknown_dtype": None,
+        "wide_dtype": None,  # one element of 256 MiB: its fill value alone would take that
     }
     out = {}
     for fmt in ("v3", "v2"):
@@ -420,6 +421,9 @@ def build_bad_metadata(root: Path) -> dict[str, str]:
                     "zero_chunk": _v3_chunks([0, 4]),
                     "unknown_codec": lambda doc: doc["codecs"].append({"name": "no-such-codec"}),
                     "unknown_dtype": lambda doc: doc.__setitem__("data_type", "float7"),
+                    "wide_dtype": lambda doc: doc.update(
+                        data_type={"name": "null_terminated_bytes", "configuration": {"length_bytes": 1 << 28}},
+                        fill_value=""),
                 }
             else:
                 d = v2_array(root, name, data, (3, 4))
@@ -428,6 +432,7 @@ def build_bad_metadata(root: Path) -> dict[str, str]:
                     "zero_chunk": lambda doc: doc.__setitem__("chunks", [0, 4]),
                     "unknown_codec": lambda doc: doc.__setitem__("compressor", {"id": "no-such-codec"}),
                     "unknown_dtype": lambda doc: doc.__setitem__("dtype", "<y8"),
+                    "wide_dtype": lambda doc: doc.update(dtype=f"|S{1 << 28}", fill_value=""),
                 }
             change = extra.get(case, change)
             if isinstance(change, bytes):

@@ -24,6 +24,18 @@ FORMATS = ("zarr_v1", "zarr_v2", "zarr_v3", "nczarr")
 MAX_NBYTES = 2**62
 #: one decoded chunk must fit in memory; beyond this the array is refused
 MAX_CHUNK_NBYTES = 2**32
+#: bytes one element may hold: fixed-length strings and raw bytes declare any length, and
+#: an array keeps a fill value of that size from its discovery on (256 MiB elements in
+#: four arrays held a GiB); real ones are far smaller
+MAX_ITEMSIZE = 1 << 20
+
+
+def checked_dtype(dtype: np.dtype, key: str) -> np.dtype:
+    """``dtype``, or FormatError if one element would hold more than MAX_ITEMSIZE bytes."""
+    if dtype.itemsize > MAX_ITEMSIZE:
+        raise FormatError(f"{key}: elements of {dtype.itemsize} bytes; zvfs serves at most "
+                          f"{MAX_ITEMSIZE} an element")
+    return dtype
 
 
 class FormatError(Exception):

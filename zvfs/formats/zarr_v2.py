@@ -12,7 +12,7 @@ from ..codecs.bounded import ceiling
 from ..stores.base import Store
 from ._common import fetch_and_decode, fill_scalar, int_tuple, join, split_dimension_names
 from .keys import ZARRAY
-from .meta import ArrayMeta, FormatError
+from .meta import ArrayMeta, FormatError, checked_dtype
 
 
 def parse_dtype(value: Any, key: str) -> np.dtype:
@@ -25,11 +25,11 @@ def parse_dtype(value: Any, key: str) -> np.dtype:
 
     try:
         if isinstance(value, str):
-            return np.dtype(value)
+            return checked_dtype(np.dtype(value), key)
         if isinstance(value, list):
-            return np.dtype(
+            return checked_dtype(np.dtype(
                 [tuple(to_descr(x) if isinstance(x, list) else x for x in f) for f in value]
-            )
+            ), key)
     except (TypeError, ValueError) as exc:
         raise FormatError(f"{key}: unsupported dtype {value!r} ({exc})") from exc
     raise FormatError(f"{key}: unsupported dtype {value!r}")

@@ -17,7 +17,7 @@ from ..codecs import CodecError, Pipeline, ShardingCodec, UnknownCodecError, bui
 from ..stores.base import KeyNotFound, Store, StoreError
 from ._common import fill_scalar, int_tuple, join
 from .keys import ZARR_JSON
-from .meta import ArrayMeta, FormatError
+from .meta import ArrayMeta, FormatError, checked_dtype
 
 _SIMPLE_TYPES = {
     "bool": "?",
@@ -40,6 +40,11 @@ _VLEN_TYPES = {"string": "vlen-utf8", "variable_length_bytes": "vlen-bytes", "by
 
 def parse_data_type(value: Any, key: str) -> tuple[np.dtype, str | None]:
     """(logical numpy dtype in native order, vlen kind or None) for a v3 data_type."""
+    dtype, vlen = _data_type(value, key)
+    return checked_dtype(dtype, key), vlen
+
+
+def _data_type(value: Any, key: str) -> tuple[np.dtype, str | None]:
     if isinstance(value, str):
         if value in _SIMPLE_TYPES:
             return np.dtype(_SIMPLE_TYPES[value]), None
@@ -62,7 +67,7 @@ def parse_data_type(value: Any, key: str) -> tuple[np.dtype, str | None]:
                 scale = int(conf.get("scale_factor", 1))
                 return np.dtype(f"{code}[{scale if scale != 1 else ''}{conf['unit']}]"), None
             if name == "structured":
-                fields = [(f[0], parse_data_type(f[1], key)[0]) for f in conf["fields"]]
+                fields = [(f[0], _data_type(f[1], key)[0]) for f in conf["fields"]]
                 return np.dtype(fields), None
             if name in _VLEN_TYPES:
                 return np.dtype(object), _VLEN_TYPES[name]
