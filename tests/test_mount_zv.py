@@ -572,6 +572,21 @@ def bad_corpus(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     doc["attributes"]["zarr_vectors"]["zv_version"] = "7.0.0"
     (d / "zarr.json").write_text(json.dumps(doc))
     keys["version"] = "version.zarr/zarr.json"
+    # a 0.9 vertex grid of 10**17 cells that does not list its chunks: each cell would be
+    # looked up (the walk held a worker thread for ever)
+    d = copy("grid", "v09/points")
+    doc = json.loads((d / "0/vertices/zarr.json").read_text())
+    doc["shape"] = [10**6, 10**6, 10**5]
+    del doc["attributes"]["nonempty_chunks"]
+    (d / "0/vertices/zarr.json").write_text(json.dumps(doc))
+    keys["grid"] = "grid.zarr/0/vertices/zarr.json"
+    # num_objects of 3e7 with no object_ids: a list of every id took 2.3 GB
+    d = copy("objects", "v09/points")
+    shutil.rmtree(d / "0/object_index/object_ids")
+    doc = json.loads((d / "0/object_index/zarr.json").read_text())
+    doc["attributes"]["num_objects"] = 30_000_000
+    (d / "0/object_index/zarr.json").write_text(json.dumps(doc))
+    keys["objects"] = "objects.zarr/0/object_index/manifests"
     return root, keys
 
 
@@ -637,6 +652,19 @@ def test_bad_input_fails_cleanly(backend: str, bad_corpus, mount, request, tmp_p
         assert ei.value.errno in (EIO, 2)
         meta = json.loads((g / "meta.json").read_text())
         assert "7.0.0" in meta["error"] and "zarr.json" in meta["error"]
+
+    # the unlisted grid and the 3e7 objects: those views fail, at once and in little memory
+    lv = vec / "grid.zarr/0"
+    meta = json.loads((lv / "meta.json").read_text())
+    assert any(keys["grid"] in v and "too many to look through" in v for v in meta["errors"].values()), meta
+    lv = vec / "objects.zarr/0"
+    with pytest.raises(OSError) as ei:
+        os.listdir(lv / "objects")
+    assert ei.value.errno == EIO
+    np.testing.assert_array_equal(load(lv / "vertices.npy"), pts)
+    with open(f"/proc/{pids[0]}/status") as f:
+        hwm = next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:"))
+    assert hwm < 1024 * 1024, f"daemon peak RSS {hwm // 1024} MiB"  # a list of 3e7 ids is 2.3 GB
 
     # the intact store, the raw tree and the daemon are fine
     np.testing.assert_array_equal(load(vec / "good.zarr/0/vertices.npy"), pts)

@@ -577,6 +577,18 @@ def test_lehmer_unpermute_restores_written_order() -> None:
             np.testing.assert_array_equal(stored[gather], written)
 
 
+def test_permutations_of_links_wider_than_max_perm_width_are_refused() -> None:
+    """The table of a link width's permutations has width! rows: metadata declaring 20
+    would have the daemon build 20! of them (10 took a helper 16 s and 1.1 GB). Past
+    MAX_PERM_WIDTH the links are refused, naming the key; up to it they are undone."""
+    from zvfs.formats.zv.blobs import MAX_PERM_WIDTH, unpermute_gather
+    from zvfs.formats.zv.errors import ZVError
+
+    assert unpermute_gather(np.array([0]), MAX_PERM_WIDTH, "k").shape == (1, MAX_PERM_WIDTH)
+    with pytest.raises(ZVError, match="links of 20 endpoints"):
+        unpermute_gather(np.array([0]), 20, "some/links/0.0.0")
+
+
 def test_cross_level_links_equal_reference() -> None:
     """links/<delta>.npy of a pyramid: endpoint 0 is a row of this level, the others rows of
     level + delta, as zarr-vectors 0.9.2's read_link_arrays places them."""

@@ -222,8 +222,16 @@ def unpermute_table(width: int) -> np.ndarray:
     ).reshape(-1, width)
 
 
+#: widest link whose endpoint permutations are undone: the table holds width! rows (8:
+#: 40,320); links are pairs, triangles, quads and the like, and metadata declaring a width
+#: of 20 would have the daemon build 20! of them
+MAX_PERM_WIDTH = 8
+
+
 def unpermute_gather(perm: np.ndarray, width: int, key: str) -> np.ndarray:
     """(M, width) gathers: ``written[:, j] = stored[:, gather[:, j]]`` for each perm_idx."""
+    if width > MAX_PERM_WIDTH:
+        raise ZVError(key, f"links of {width} endpoints with permutations: at most {MAX_PERM_WIDTH} are supported")
     table = unpermute_table(width)
     perm = np.asarray(perm, np.int64)
     if perm.size and (perm.min() < 0 or perm.max() >= len(table)):

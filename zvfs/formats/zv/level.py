@@ -13,8 +13,9 @@ Everything here blocks: call it from a worker thread.
 
 from __future__ import annotations
 
+import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,10 @@ from .blobs import (
     unpermute_gather,
 )
 from .errors import MissingDependency, ZVError
+
+#: grid cells looked through, one read each, for the chunks of a ZV 0.9 array that does
+#: not list them (``nonempty_chunks``): metadata may declare a grid of 10**17
+MAX_GRID_WALK = 1_000_000
 
 Chunk = tuple[int, ...]
 SUPPORTED = ("0.7", "0.9")
@@ -253,6 +258,11 @@ class Level:
         if isinstance(listed, list):
             return sorted(parse_chunk_name(str(n)) for n in listed)
         origin = arr.attributes.get("chunk_grid_origin") or [0] * len(arr.shape)
+        cells_count = math.prod(arr.shape)
+        if cells_count > MAX_GRID_WALK:
+            raise ZVError(join(self.key(rel), "zarr.json"),
+                          f"a grid of {cells_count} cells and no nonempty_chunks attribute: "
+                          f"too many to look through (at most {MAX_GRID_WALK})")
         found = []
         for idx in np.ndindex(*arr.shape):
             if cells.read_cell(self.store, arr, idx):
@@ -520,8 +530,9 @@ class Level:
 
     # -- objects ---------------------------------------------------------------------------------
 
-    def object_ids(self) -> list[int]:
-        """Object ids with a manifest, in manifest-row order."""
+    def object_ids(self) -> Sequence[int]:
+        """Object ids with a manifest, in manifest-row order (a range when the ids are the
+        rows: ``num_objects`` may say anything, and a list of 3e7 took 2.3 GB)."""
         if "object_index" not in self.members:
             return []
         if self.has("object_index/object_ids"):
@@ -531,7 +542,7 @@ class Level:
         n = a.get("num_objects")
         if n is None and self.has("object_index/manifests"):
             n = self.array("object_index/manifests").shape[0]
-        return list(range(int(n or 0)))
+        return range(int(n or 0))
 
     def _manifest_blobs(self) -> list[bytes]:
         if self.has("object_index/manifests"):
