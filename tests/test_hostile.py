@@ -158,8 +158,9 @@ def _zip_of_huge_members(path: Path, count: int, size: int) -> None:
 
 def test_sizes_and_names_the_kernel_cannot_be_told_fail_alone(tmp_path: Path, mount) -> None:
     """Metadata can make a derived file bigger than any file can be (two int64 arrays of
-    2**59 elements make root.nc pass 2**63 bytes) and name an array with a lone surrogate
-    (valid JSON, but no file name). Each made a request handler raise what pyfuse3 does not
+    2**59 elements make root.nc pass 2**63 bytes), name an array with a lone surrogate
+    (valid JSON, but no file name), or 3,000 levels deep (the v2 mirror is built
+    recursively: that node is left out). Each made a request handler raise what pyfuse3 does not
     catch, which ended its loop and the mount. Now such an entry is left out of its
     directory's listing (one log line), a lookup of it fails with EIO, and the rest is
     served. A zip declaring 8,200 members of 2**63-1 bytes did the same to statfs (df, and
@@ -167,7 +168,9 @@ def test_sizes_and_names_the_kernel_cannot_be_told_fail_alone(tmp_path: Path, mo
     root = new_store(tmp_path / "store")
     good = json.loads((root / "good/zarr.json").read_text())
     arrays = {"good": good, "huge_a": _v3_doc([1 << 59], "int64"), "huge_b": _v3_doc([1 << 59], "int64"),
-              "\ud800": _v3_doc([4], "uint8")}
+              "\ud800": _v3_doc([4], "uint8"),
+              # 3,000 levels deep: building the v2 mirror recursed past Python's limit
+              "/".join(["d"] * 3000) + "/x": _v3_doc([4], "uint8")}
     for name in ("huge_a", "huge_b"):
         (root / name).mkdir()
         (root / name / "zarr.json").write_text(json.dumps(arrays[name]))
@@ -183,6 +186,8 @@ def test_sizes_and_names_the_kernel_cannot_be_told_fail_alone(tmp_path: Path, mo
     assert "root.nc" not in listed, listed
     assert stat_errno(netcdf / "root.nc") == errno.EIO
     assert {"good", "huge_a", "huge_b"} <= set(os.listdir(m.path / ".zvfs/arrays"))
+    assert "good" in os.listdir(m.path / ".zvfs/v2")
+    assert (m.path / ".zvfs/v2/good/.zarray").is_file()
     for family in ("arrays", "v2", "netcdf"):
         run(["ls", "-lR", m.path / ".zvfs" / family], timeout=60)  # whatever it says: no crash
     assert_alive(m, pid)

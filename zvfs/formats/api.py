@@ -39,6 +39,11 @@ class GroupMeta:
         }
 
 
+#: levels a node's path may have: the views are built by walking the tree recursively, and
+#: a path 3,000 levels deep (consolidated metadata may name any) made all of .zvfs/v2 fail
+MAX_PATH_DEPTH = 256
+
+
 @dataclass(slots=True)
 class Hierarchy:
     """What :func:`discover` found.
@@ -59,6 +64,9 @@ class Hierarchy:
 
     def add(self, node: ArrayMeta | GroupMeta | None) -> None:
         if node is None:
+            return
+        if node.path.count("/") >= MAX_PATH_DEPTH:
+            self.errors[node.path[:100] + "..."] = f"a node more than {MAX_PATH_DEPTH} levels deep; left out"
             return
         node.attributes = strict_json(node.attributes)
         if isinstance(node, ArrayMeta):
