@@ -273,13 +273,19 @@ def test_directory_mtime_is_st_mtime(tree: Path) -> None:
     assert st.list_dir("a/").keys["big"].mtime == os.stat(tree / "a/big").st_mtime
 
 
-def test_directory_symlinks(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def _store_beside_a_secret(tmp_path: Path, secret: str, inside: str) -> tuple[Path, Path]:
+    """(outside, root): ``outside/secret`` holds b"secret", ``root/sub/inside`` its own name."""
     outside = tmp_path / "outside"
     outside.mkdir()
-    (outside / "secret").write_bytes(b"secret")
+    (outside / secret).write_bytes(b"secret")
     root = tmp_path / "root"
     (root / "sub").mkdir(parents=True)
-    (root / "sub" / "real").write_bytes(b"real")
+    (root / "sub" / inside).write_bytes(inside.encode())
+    return outside, root
+
+
+def test_directory_symlinks(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    outside, root = _store_beside_a_secret(tmp_path, "secret", "real")
     os.symlink(outside / "secret", root / "escape")  # absolute link out
     os.symlink("../outside/secret", root / "sub" / "escape_rel")  # relative link out
     os.symlink(outside, root / "escape_dir")  # directory link out
@@ -329,15 +335,10 @@ def test_directory_symlink_swapped_in_while_a_key_is_opened(tmp_path: Path, monk
     that swaps ``sub`` for a link out of the store between the two must not get the store
     to read what lies outside. The swap is made at that very moment (the resolution is
     wrapped), as a racing process could. The old open read the outside file."""
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    (outside / "x").write_bytes(b"secret")
-    root = tmp_path / "root"
-    (root / "sub").mkdir(parents=True)
-    (root / "sub" / "x").write_bytes(b"inside")
+    outside, root = _store_beside_a_secret(tmp_path, "x", "x")
     os.symlink("sub/x", root / "f")
     st = DirectoryStore(root)
-    assert st.get("f") == b"inside"
+    assert st.get("f") == b"x"
     st.close()
     st = DirectoryStore(root)
     resolve = DirectoryStore._resolve

@@ -35,39 +35,25 @@ def inflate(data: bytes | memoryview, wbits: int, limit: int | None, name: str) 
     Like ``zlib.decompress``/``gzip.decompress``: the stream's checksum is verified,
     and an unfinished stream is an error.
     """
+    # zlib ignores trailing bytes; gzip allows zero padding after the last member
+    return _streams(data, lambda: zlib.decompressobj(wbits), limit, name, unlimited=0,
+                    errors=(zlib.error,), more=lambda rest: wbits == GZIP and bool(rest.strip(b"\0")))
+
+
+def _streams(data: bytes | memoryview, make: Callable[[], Any], limit: int | None, name: str, *,
+             unlimited: int = -1, errors: tuple[type[Exception], ...] = (OSError, EOFError, ValueError),
+             more: Callable[[bytes], bool] = bool) -> bytes:
+    """Streams of one format, one after another while ``more(rest)``, at most ``limit``
+    bytes in all: each is decompressed with a ``max_length`` (``unlimited`` for none), so a
+    bomb stops at the limit instead of filling memory. bz2 raises OSError, lzma LZMAError."""
     rest = bytes(data)
     parts: list[bytes] = []
     total = 0
     while True:
-        d = zlib.decompressobj(wbits)
-        try:
-            out = d.decompress(rest, 0 if limit is None else limit - total + 1)
-        except zlib.error as exc:
-            raise CodecError(f"{name}: {exc}") from exc
-        total += len(out)
-        if limit is not None and total > limit:
-            raise CodecError(f"{name}: decompresses to more than {limit} bytes; not a chunk of this array")
-        if not d.eof:
-            raise CodecError(f"{name}: compressed stream is truncated")
-        parts.append(out)
-        rest = d.unused_data
-        if wbits != GZIP or not rest.strip(b"\0"):
-            break  # zlib ignores trailing bytes; gzip allows zero padding after the last member
-    return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
-def _streams(data: bytes | memoryview, make: Callable[[], Any], limit: int | None, name: str) -> bytes:
-    """bz2 or xz/lzma data (concatenated streams too, as ``bz2.decompress`` and
-    ``lzma.decompress`` take them), at most ``limit`` bytes: each stream is decompressed
-    with ``max_length``, so a bomb stops at the limit instead of filling memory."""
-    rest = bytes(data)
-    parts: list[bytes] = []
-    total = 0
-    while rest:
         d = make()
         try:
-            out = d.decompress(rest, -1 if limit is None else limit - total + 1)
-        except (OSError, EOFError, ValueError) as exc:  # bz2 raises OSError, lzma LZMAError
+            out = d.decompress(rest, unlimited if limit is None else limit - total + 1)
+        except errors as exc:
             raise CodecError(f"{name}: {exc}") from exc
         total += len(out)
         if limit is not None and total > limit:
@@ -76,7 +62,8 @@ def _streams(data: bytes | memoryview, make: Callable[[], Any], limit: int | Non
             raise CodecError(f"{name}: compressed stream is truncated")
         parts.append(out)
         rest = d.unused_data
-    return b"".join(parts)
+        if not more(rest):
+            return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def bunzip(data: bytes | memoryview, limit: int | None) -> bytes:

@@ -34,7 +34,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -484,14 +484,20 @@ class DirectoryStore(Store):
         return _FileWriter(key, fd)
 
     def delete(self, key: str) -> None:
+        self._files.drop(key)
+        self._remove(key, key, os.unlink, stat.S_ISDIR, WriteRefused(errno.EISDIR, f"{key}: is a directory"))
+
+    def _remove(self, key: str, shown: str, remove: Callable[..., None], refused_if: Callable[[int], bool],
+                refusal: WriteRefused) -> None:
+        """``remove(name, dir_fd=...)`` of ``key`` in its checked directory, unless the entry's
+        own mode (not followed) is ``refused_if``: then ``refusal``."""
         with self._in_parent(key) as (parent, name):
-            self._files.drop(key)
             try:
-                if stat.S_ISDIR(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
-                    raise WriteRefused(errno.EISDIR, f"{key}: is a directory")
-                os.unlink(name, dir_fd=parent)
+                if refused_if(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
+                    raise refusal
+                remove(name, dir_fd=parent)
             except OSError as e:
-                raise _refused(key, e) from None
+                raise _refused(shown, e) from None
 
     def rename(self, src: str, dst: str) -> None:
         with self._in_parent(src) as (a_dir, a), self._in_parent(dst) as (b_dir, b):
@@ -523,13 +529,8 @@ class DirectoryStore(Store):
                 raise _refused(prefix, e) from None
 
     def remove_dir(self, prefix: str) -> None:
-        with self._in_parent(prefix.rstrip("/")) as (parent, name):
-            try:
-                if stat.S_ISLNK(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
-                    raise WriteRefused(errno.ENOTDIR, f"{prefix}: a symlink, not a directory")
-                os.rmdir(name, dir_fd=parent)
-            except OSError as e:
-                raise _refused(prefix, e) from None
+        self._remove(prefix.rstrip("/"), prefix, os.rmdir, stat.S_ISLNK,
+                     WriteRefused(errno.ENOTDIR, f"{prefix}: a symlink, not a directory"))
 
     def set_mtime(self, key: str, mtime: float) -> None:
         times = (time.time_ns(), int(mtime * 1e9))
