@@ -354,6 +354,36 @@ def test_directory_symlink_swapped_in_while_a_key_is_opened(tmp_path: Path, monk
     st.close()
 
 
+@pytest.mark.parametrize("entries", [3, 2000])  # a large directory is listed by find
+def test_directory_listing_never_lists_a_directory_swapped_for_a_link(tmp_path: Path, monkeypatch,
+                                                                     entries: int) -> None:
+    """A listing resolves its directory and then reads it; a process that swaps a directory
+    on the way for a link out of the store between the two must not get the names (and
+    sizes) that lie outside. The swap is made at that moment. The old listing read them."""
+    outside = tmp_path / "outside"
+    (outside / "e").mkdir(parents=True)
+    root = tmp_path / "root"
+    (root / "d" / "e").mkdir(parents=True)
+    for i in range(entries):
+        (outside / "e" / f"secret{i}").write_bytes(b"s")
+        (root / "d" / "e" / f"inside{i}").write_bytes(b"i")
+    st = DirectoryStore(root)
+    assert len(st.list_dir("d/e/").keys) == entries
+    resolve = DirectoryStore._resolve
+
+    def racing(self: DirectoryStore, rel: str, **kw: Any) -> str | None:
+        real = resolve(self, rel, **kw)
+        if rel == "d/e" and not (root / "d").is_symlink():
+            _swap_for_link(root / "d", outside)
+        return real
+
+    monkeypatch.setattr(DirectoryStore, "_resolve", racing)
+    listed = st.list_dir("d/e/")
+    assert not [k for k in listed.keys if k.startswith("secret")], sorted(listed.keys)[:5]
+    assert not [k for k, _ in st.list_tree("d/e/") if "secret" in k]
+    st.close()
+
+
 @pytest.mark.parametrize("op", ["create", "truncate", "delete", "rename", "mkdir", "mtime"])
 def test_directory_writes_never_follow_a_directory_swapped_for_a_link(tmp_path: Path, monkeypatch,
                                                                        op: str) -> None:

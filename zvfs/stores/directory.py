@@ -591,12 +591,16 @@ class DirectoryStore(Store):
         directory ``real``, as find lists them (symlinks to files in the store followed, as
         in :meth:`_entries`); None for a small one, or when find could not list it: then it
         is listed in process."""
-        try:
-            if not find_lister.is_large(os.stat(real)):
-                return None
-        except OSError:
+        fd = self._open_dir(prefix, real)
+        if fd is None:
             return None
-        found = find_lister.list_dir(real)
+        try:
+            if not find_lister.is_large(os.fstat(fd)):
+                return None
+            # find lists the very directory checked, through the daemon's descriptor
+            found = find_lister.list_dir(f"/proc/{os.getpid()}/fd/{fd}" if self._proc_fd else real)
+        finally:
+            os.close(fd)
         if found is None:
             return None
         out = []
@@ -637,30 +641,47 @@ class DirectoryStore(Store):
         A symlink to a file inside the root is followed; one to a directory is left out
         (and logged once), as is anything that is neither a file nor a directory.
         """
+        fd = self._open_dir(prefix, real)
+        if fd is None:
+            return
         try:
-            it = os.scandir(real)
+            with os.scandir(fd) as it:
+                for entry in it:
+                    name = entry.name
+                    if not safe_name(name):
+                        continue
+                    try:
+                        if entry.is_symlink():
+                            followed = self._follow(prefix + name)
+                            if followed is None:
+                                continue
+                            target, st = followed
+                        else:
+                            target = os.path.join(real, name)
+                            st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue  # vanished or dangling: absent
+                    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+                        yield name, target, st
+        finally:
+            os.close(fd)
+
+    def _open_dir(self, prefix: str, real: str) -> int | None:
+        """The directory ``real`` (resolved: no symlink on its path) opened for listing, or
+        None when it is absent or is no longer what was resolved: a process that swaps a
+        directory on the way for a symlink must not have the store list what lies outside."""
+        try:
+            fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as e:
             if e.errno in _ABSENT:
-                return
+                return None
             raise StoreError(f"{prefix or '/'}: cannot list: {e.strerror}") from e
-        with it:
-            for entry in it:
-                name = entry.name
-                if not safe_name(name):
-                    continue
-                try:
-                    if entry.is_symlink():
-                        followed = self._follow(prefix + name)
-                        if followed is None:
-                            continue
-                        target, st = followed
-                    else:
-                        target = entry.path
-                        st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue  # vanished or dangling: absent
-                if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
-                    yield name, target, st
+        if self._opened_at(fd, real):
+            return fd
+        os.close(fd)
+        self._escapes.warning(prefix, "%s: %r changed while it was listed (a symlink swapped in); "
+                              "listed as empty", self.description, prefix)
+        return None
 
 
 def _refused(key: str, e: OSError) -> StoreError:

@@ -82,7 +82,8 @@ def list_dir(path: str) -> list[Found] | None:
         return None
     try:
         proc = subprocess.run(
-            [find, path, "-mindepth", "1", "-maxdepth", "1", "-printf", _FORMAT],
+            # -H: ``path`` may be the daemon's descriptor (/proc/PID/fd/N), followed; nothing below it is
+            [find, "-H", path, "-mindepth", "1", "-maxdepth", "1", "-printf", _FORMAT],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             env={"LC_ALL": "C", "PATH": SYSTEM_PATH}, check=False)
     except OSError as exc:
