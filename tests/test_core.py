@@ -580,6 +580,27 @@ def test_inodes_are_stable_per_name_and_nodes_go_when_the_kernel_forgets_them(tm
     trio.run(main)
 
 
+def test_no_handler_lets_out_anything_but_fuse_error(tmp_path):
+    """pyfuse3 ends its loop, and the mount, on any exception a handler lets out but
+    FUSEError, and on any at all from forget, which it awaits bare. A failure the handler
+    does not map (here, its state broken on purpose) is EIO for that request, and forget
+    returns; both are counted."""
+    ctx = MountContext(store=DirectoryStore(tmp_path))
+    ops = ZvfsOperations(StaticDir({"f": BytesFile(b"x")}), ctx)
+
+    async def main() -> None:
+        f = await ops.lookup(pyfuse3.ROOT_INODE, b"f")
+        ops._lookups = None  # type: ignore[assignment]  # any lookup or forget now raises TypeError
+        with pytest.raises(pyfuse3.FUSEError) as eio:
+            await ops.lookup(pyfuse3.ROOT_INODE, b"f")
+        assert eio.value.errno == errno.EIO
+        assert await ops.forget([(f.st_ino, 1)]) is None
+        counts = ctx.counters.snapshot()
+        assert counts["fuse_errors_lookup"] == 1 and counts["fuse_errors_forget"] == 1, counts
+
+    trio.run(main)
+
+
 def test_write_replies_waiting_for_an_invalidation_are_bounded(tmp_path):
     """A write's reply waits for the kernel to drop its caches of the derived files, but at
     most MAX_SETTLING replies wait at once: each holds one of pyfuse3's session tasks, and

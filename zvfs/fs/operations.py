@@ -391,7 +391,7 @@ class ZvfsOperations(pyfuse3.Operations):
             except (NodeError, ValueError, OverflowError) as exc:  # UnicodeEncodeError is a ValueError
                 # one entry the kernel cannot be told of (a name no file system can hold, a
                 # size past 2**63 from hostile metadata): left out, the rest listed
-                self._unlisted(snap, name, exc)
+                self._unlisted(name, exc)
                 continue
             if not told:
                 return
@@ -399,7 +399,7 @@ class ZvfsOperations(pyfuse3.Operations):
             if self._node_at[ino - ROOT] is None:  # it may have been forgotten since opendir
                 self._node_at[ino - ROOT] = node
 
-    def _unlisted(self, snap: object, name: str, exc: Exception) -> None:
+    def _unlisted(self, name: str, exc: Exception) -> None:
         self._counters.add("fuse_errors_readdir")
         key = f"readdir {name!r}"
         if self._log_once.first(key):
@@ -493,7 +493,10 @@ class ZvfsOperations(pyfuse3.Operations):
         """At shutdown (a signal, with files still open): release every handle as the kernel
         would, so a write never closed gives up its upload and says where its bytes are kept."""
         for fh in list(self._files):
-            await self.release(fh)
+            try:
+                await self.release(fh)
+            except pyfuse3.FUSEError:
+                pass  # logged; the next handle is released all the same
 
     async def access(self, inode: int, mode: int, ctx) -> bool:  # type: ignore[override]
         return not (mode & os.W_OK) or self._node(inode).writable
@@ -782,9 +785,16 @@ def _guarded(fn: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[ob
             if self._log_once.first(f"{name} {type(exc).__name__}"):
                 log.error("%s: %s: %s (this request fails with EIO; the mount goes on)",
                           name, type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+            if name in _UNANSWERED:
+                return None  # pyfuse3 awaits it bare: even a FUSEError would end its loop
             raise pyfuse3.FUSEError(errno.EIO) from None
 
     return guarded
+
+
+#: requests the kernel expects no answer to: pyfuse3 awaits their handler with no
+#: ``except FUSEError`` around it
+_UNANSWERED = frozenset({"forget"})
 
 
 for _name, _fn in list(vars(ZvfsOperations).items()):
