@@ -174,4 +174,8 @@ async def family(ctx: MountContext, tag: str) -> DirNode:
     async def build() -> tuple[int, DirNode]:
         return d.generation, await BUILDERS[tag](ctx)
 
-    return (await ctx.listings.get(key, build))[1]
+    generation, node = await ctx.listings.get(key, build)
+    if generation != d.generation:  # joined a build of the discovery before a write's: once more
+        ctx.listings.invalidate(key)
+        generation, node = await ctx.listings.get(key, build)
+    return node
