@@ -456,13 +456,12 @@ def raise_fd_limit() -> None:
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY:
-        hard = 1 << 20
-    if soft != resource.RLIM_INFINITY and soft < hard:
+    target = 1 << 20 if hard == resource.RLIM_INFINITY else hard  # the hard limit stays as it is
+    if soft != resource.RLIM_INFINITY and soft < target:
         try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         except (ValueError, OSError) as exc:
-            log.debug("could not raise the open-file limit to %d: %s", hard, exc)
+            log.debug("could not raise the open-file limit to %d: %s", target, exc)
 
 
 def _ready_lines(pid: int, read_fd: int) -> Iterator[str]:
