@@ -837,9 +837,9 @@ def test_df_and_the_raw_tree_list_each_directory_of_a_store_once(tmp_path, first
     scanned: list[str] = []
 
     class Scans(DirectoryStore):
-        def _entries(self, prefix, real):  # one level read from the disk, for any caller
+        def _read_dir(self, prefix, real, fd):  # one level read from the disk, for any caller
             scanned.append(prefix)
-            return super()._entries(prefix, real)
+            return super()._read_dir(prefix, real, fd)
 
     ctx = MountContext(store=Scans(tmp_path))
     usage = StoreUsage(ctx, str(tmp_path))

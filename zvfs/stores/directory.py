@@ -227,11 +227,8 @@ class DirectoryStore(Store):
             if e.errno in _ABSENT:
                 raise KeyNotFound(key) from None
             raise StoreError(f"{key}: cannot open: {e.strerror}") from e
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}") == path:
-                return fd
-        except OSError:
-            self._proc_fd = False  # no /proc here: always resolve
+        if self._opened_at(fd, path) and self._proc_fd:  # with no /proc here: always resolve
+            return fd
         os.close(fd)
         return None
 
@@ -574,33 +571,33 @@ class DirectoryStore(Store):
         A large directory is listed by find, in a process of its own (zvfs.stores.find_lister)."""
         listing = Listing()
         dirs: dict[str, str] = {}
-        entries = self._found(prefix, real)
-        if entries is None:
-            entries = ((name, target, stat.S_ISREG(st.st_mode), st.st_size, st.st_mtime)
-                       for name, target, st in self._entries(prefix, real))
-        for name, target, is_file, size, mtime in entries:
-            if is_file:
-                listing.keys[name] = KeyInfo(size, mtime)
-            else:
-                listing.prefixes.add(name)
-                dirs[name] = target
-        return listing, dirs
-
-    def _found(self, prefix: str, real: str) -> list[tuple[str, str, bool, int, float]] | None:
-        """(name, real path, is a file, size, mtime) of each file and directory of the large
-        directory ``real``, as find lists them (symlinks to files in the store followed, as
-        in :meth:`_entries`); None for a small one, or when find could not list it: then it
-        is listed in process."""
-        fd = self._open_dir(prefix, real)
+        fd = self._open_dir(prefix, real)  # one checked descriptor, for find or for scandir
         if fd is None:
-            return None
+            return listing, dirs
         try:
-            if not find_lister.is_large(os.fstat(fd)):
-                return None
-            # find lists the very directory checked, through the daemon's descriptor
-            found = find_lister.list_dir(f"/proc/{os.getpid()}/fd/{fd}" if self._proc_fd else real)
+            entries = self._found(prefix, real, fd)
+            if entries is None:
+                entries = ((name, target, stat.S_ISREG(st.st_mode), st.st_size, st.st_mtime)
+                           for name, target, st in self._read_dir(prefix, real, fd))
+            for name, target, is_file, size, mtime in entries:
+                if is_file:
+                    listing.keys[name] = KeyInfo(size, mtime)
+                else:
+                    listing.prefixes.add(name)
+                    dirs[name] = target
         finally:
             os.close(fd)
+        return listing, dirs
+
+    def _found(self, prefix: str, real: str, fd: int) -> list[tuple[str, str, bool, int, float]] | None:
+        """(name, real path, is a file, size, mtime) of each file and directory of the large
+        directory ``real`` (open at ``fd``), as find lists them (symlinks to files in the
+        store followed, as in :meth:`_entries`); None for a small one, or when find could not
+        list it: then it is listed in process."""
+        if not find_lister.is_large(os.fstat(fd)):
+            return None
+        # find lists the very directory checked, through the daemon's descriptor
+        found = find_lister.list_dir(f"/proc/{os.getpid()}/fd/{fd}" if self._proc_fd else real)
         if found is None:
             return None
         out = []
@@ -645,26 +642,30 @@ class DirectoryStore(Store):
         if fd is None:
             return
         try:
-            with os.scandir(fd) as it:
-                for entry in it:
-                    name = entry.name
-                    if not safe_name(name):
-                        continue
-                    try:
-                        if entry.is_symlink():
-                            followed = self._follow(prefix + name)
-                            if followed is None:
-                                continue
-                            target, st = followed
-                        else:
-                            target = os.path.join(real, name)
-                            st = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue  # vanished or dangling: absent
-                    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
-                        yield name, target, st
+            yield from self._read_dir(prefix, real, fd)
         finally:
             os.close(fd)
+
+    def _read_dir(self, prefix: str, real: str, fd: int) -> Iterator[tuple[str, str, os.stat_result]]:
+        """:meth:`_entries` of the directory ``real``, open at ``fd`` (the caller closes it)."""
+        with os.scandir(fd) as it:
+            for entry in it:
+                name = entry.name
+                if not safe_name(name):
+                    continue
+                try:
+                    if entry.is_symlink():
+                        followed = self._follow(prefix + name)
+                        if followed is None:
+                            continue
+                        target, st = followed
+                    else:
+                        target = os.path.join(real, name)
+                        st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue  # vanished or dangling: absent
+                if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+                    yield name, target, st
 
     def _open_dir(self, prefix: str, real: str) -> int | None:
         """The directory ``real`` (resolved: no symlink on its path) opened for listing, or
