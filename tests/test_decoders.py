@@ -517,6 +517,37 @@ def test_sigkill_while_idle_is_replaced(store, mount) -> None:
     alive_and_mounted(m, pid)
 
 
+def test_descriptors_of_files_deleted_outside_are_let_go_once_idle(store, tmp_path: Path, mount) -> None:
+    """The daemon and its decoder processes keep chunk files open between reads; once the
+    store's files are deleted outside the mount, and no read comes, both close them within
+    the idle time (IDLE_SECONDS, checked every IDLE_CHECK_SECONDS), so the disk space comes
+    back. Before, the descriptors stayed until evicted by other reads: perhaps never."""
+    from zvfs.daemon import IDLE_CHECK_SECONDS
+    from zvfs.stores.directory import IDLE_SECONDS
+
+    root, refs = store
+    source = copy_store(store, tmp_path / "copy")
+    m = mount(source, "--decoders", "1")
+    pid = daemon_pid(m)
+    kids = start_decoders(m, 1)
+    for path in sorted(SPECS):
+        assert_reads(m, refs, path)
+    stats = mount_stats(m)
+    assert stats["decoder_chunks"] > 0 and stats["chunks_decoded"] > stats["decoder_chunks"], stats
+
+    def kept(p: int) -> set[str]:
+        return {f for f in open_files(p) if f.startswith(str(source) + "/")}
+
+    assert kept(pid) and kept(kids[0])  # both read through kept descriptors
+    shutil.rmtree(source)
+    deleted = {p: {f for f in kept(p) if f.endswith(" (deleted)")} for p in (pid, kids[0])}
+    assert all(deleted.values()), deleted  # still held: the space is not back yet
+    limit = IDLE_SECONDS + IDLE_CHECK_SECONDS + 10
+    assert wait_until(lambda: not kept(pid) and not kept(kids[0]), limit), (kept(pid), kept(kids[0]))
+    alive_and_mounted(m, pid)
+    assert decoder_children(pid) == kids
+
+
 def run_pool(root: Path, main, **kw) -> DecoderPool:
     """A DecoderPool of one process on the directory store ``root``, in the test's own trio
     run: ``main(pool)`` once the process is ready. The pool is closed after the run."""

@@ -438,6 +438,49 @@ def test_directory_writes_never_follow_a_directory_swapped_for_a_link(tmp_path: 
     st.close()
 
 
+def test_directory_kept_descriptors_close_once_idle_and_never_under_a_reader(tmp_path: Path) -> None:
+    """The directory store's kept read descriptors (_OpenFiles): one unused for the idle time
+    is closed, at the next borrow or by close_idle, least recently used first; one borrowed
+    when its time comes is closed only when its reader gives it back."""
+    from zvfs.stores.directory import _OpenFiles
+
+    def is_open(fd: int) -> bool:
+        try:
+            os.fstat(fd)
+        except OSError:
+            return False
+        return True
+
+    paths = []
+    for name in "abc":
+        (tmp_path / name).write_bytes(name.encode())
+        paths.append(str(tmp_path / name))
+    now = [0.0]
+    files = _OpenFiles(8, idle=0.3, clock=lambda: now[0])
+    fds = [os.open(p, os.O_RDONLY) for p in paths]
+    held = [files.keep(n, fd, (0, i)) for i, (n, fd) in enumerate(zip("abc", fds, strict=True))]
+    files.give_back(held[0])
+    files.give_back(held[1])  # "c" stays borrowed
+    now[0] = 0.2
+    b = files.borrow("b")  # "b" used again: younger than "a", and "c" borrowed at the start
+    assert b is held[1]
+    files.give_back(b)
+    assert files.close_idle() == 3 and all(map(is_open, fds))  # nothing idle long enough yet
+    now[0] = 0.35  # "a" and "c" past the idle time, "b" not
+    assert files.close_idle() == 1
+    assert not is_open(fds[0]) and is_open(fds[1])
+    assert is_open(fds[2]) and pread_ok(fds[2], b"c")  # borrowed: its reader goes on
+    files.give_back(held[2])
+    assert not is_open(fds[2])  # closed by its last reader
+    assert files.borrow("c") is None and files.borrow("a") is None
+    now[0] = 0.5
+    assert files.borrow("b") is None and not is_open(fds[1])  # expired at the borrow itself
+
+
+def pread_ok(fd: int, want: bytes) -> bool:
+    return os.pread(fd, 10, 0) == want
+
+
 def test_directory_opens_at_once_only_a_cached_path_with_no_symlink(tmp_path: Path) -> None:
     """open_reader_at_once (a directory store's open on the caller's thread, openat2 with
     RESOLVE_CACHED | RESOLVE_NO_SYMLINKS): a reader of the very file for a plain key whose

@@ -270,6 +270,7 @@ async def _announce_ready(ctx: MountContext, root: MountRoot, mountpoint: str, r
             settle_mtimes(ctx, root, mtimes)
             # our own stat above had the kernel keep the root's attributes: not those any more
             await run_abandonable(_forget_root_attributes)
+    ctx.background(close_idle_handles, ctx)
     if ctx.store.flat_listing:
         # like rclone's --vfs-refresh: list the store (S3) while the user types the first
         # command (going on with the listing the scan began)
@@ -308,6 +309,19 @@ async def when_quiet(ctx: MountContext, fn: Callable[..., Awaitable[object]], *a
             break
         seen = now
     await fn(*args)
+
+
+#: how often the store is asked to close the handles it has not used for a while
+IDLE_CHECK_SECONDS = 5.0
+
+
+async def close_idle_handles(ctx: MountContext) -> None:
+    """For the mount's life: the store closes the descriptors it kept but has not used for a
+    while (one of a file deleted outside the mount would keep its disk space taken, and the
+    file system under the store busy, until the next read evicted it, perhaps never)."""
+    while True:
+        await trio.sleep(IDLE_CHECK_SECONDS)
+        await ctx.workers.run(ctx.store.close_idle)
 
 
 def _forget_root_attributes() -> None:

@@ -16,12 +16,14 @@ mount's stats.json counts this process's reads too.
 from __future__ import annotations
 
 import os
+import select
 import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from zvfs.stats import Counters
 from zvfs.stores.base import Store
+from zvfs.stores.directory import IDLE_SECONDS
 
 if TYPE_CHECKING:  # imported by the zygote's preload (at nice 10), not by this module's import
     import numpy as np
@@ -165,6 +167,8 @@ def serve(inp: int, out: int, arena_fd: int, nbytes: int,
         return 1
     write_all(out, pack(("ready", os.getpid())))
     while True:
+        if not select.select([inp], [], [], IDLE_SECONDS)[0]:
+            decoder.store.close_idle()  # as the daemon does (zvfs.daemon.close_idle_handles)
         request = read_message(inp)
         if request is None:
             return 0

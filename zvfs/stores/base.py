@@ -302,6 +302,10 @@ class Store(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release handles; the store is not used afterwards."""
 
+    def close_idle(self) -> None:  # noqa: B027 - optional hook
+        """Release the handles unused for a while (the daemon calls this every few seconds):
+        a descriptor kept open pins a file that was deleted outside the mount."""
+
     # -- writing (optional) -------------------------------------------------------------------
 
     def open_writer(self, key: str, *, truncate: bool, create: bool, exclusive: bool = False,
@@ -411,6 +415,9 @@ class WrappedStore(Store):
 
     def close(self) -> None:
         self.inner.close()
+
+    def close_idle(self) -> None:
+        self.inner.close_idle()
 
     def open_writer(self, key: str, *, truncate: bool, create: bool, exclusive: bool = False,
                     mode: int = 0o644) -> KeyWriter:

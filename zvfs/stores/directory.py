@@ -68,6 +68,10 @@ _ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EISDIR, errno.ENAMETO
 
 #: files kept open for reading, at most (a small share of the usual 1024 descriptors)
 OPEN_FILES = 128
+#: seconds a kept descriptor may go unused before it is closed: a file deleted or replaced
+#: outside the mount keeps its disk space (and the file system under the store busy) for
+#: as long as a descriptor of it is open
+IDLE_SECONDS = 10.0
 #: directories listed at once ahead of a walk of the tree (see Store.list_ahead); for a
 #: find over a million keys 2, 4 and 8 did alike (docs/benchmark-history.md, sixteenth session)
 LIST_AHEAD = 4
@@ -80,6 +84,7 @@ class _Open:
     key: str
     fd: int
     ident: tuple[int, int]  # (st_dev, st_ino) of the file the descriptor reads
+    used: float  # time.monotonic() of its last borrow
     users: int = 0
     dropped: bool = False
 
@@ -90,24 +95,32 @@ class _OpenFiles:
     pread needs no file position, so threads share a descriptor; a reader borrows it
     and gives it back, and a descriptor evicted or dropped meanwhile is closed by its
     last reader (never under one: its number could name another file by then).
+    A descriptor unused for ``idle`` seconds is closed too (at the next borrow, or by
+    ``close_idle`` when nothing is borrowed).
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, idle: float = IDLE_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._limit = max(1, limit)
+        self._idle = idle
+        self._clock = clock
         self._lock = threading.Lock()
         self._open: OrderedDict[str, _Open] = OrderedDict()
 
     def borrow(self, key: str) -> _Open | None:
+        now = self._clock()
         with self._lock:
+            self._expire(now)
             entry = self._open.get(key)
             if entry is not None:
                 self._open.move_to_end(key)
                 entry.users += 1
+                entry.used = now
             return entry
 
     def keep(self, key: str, fd: int, ident: tuple[int, int]) -> _Open:
         """Keep ``fd`` (just opened for ``key``), borrowed by the caller."""
-        entry = _Open(key, fd, ident, users=1)
+        entry = _Open(key, fd, ident, self._clock(), users=1)
         with self._lock:
             old = self._open.pop(key, None)
             if old is not None:  # another thread opened it at the same time
@@ -116,6 +129,21 @@ class _OpenFiles:
             while len(self._open) > self._limit:
                 self._retire(self._open.popitem(last=False)[1])
         return entry
+
+    def close_idle(self) -> int:
+        """Close the descriptors unused for the idle time; how many are left open."""
+        with self._lock:
+            self._expire(self._clock())
+            return len(self._open)
+
+    def _expire(self, now: float) -> None:
+        """Under the lock: retire the least recently borrowed while idle too long (the
+        dict is in borrow order, so only its front is looked at)."""
+        while self._open:
+            oldest = next(iter(self._open.values()))
+            if now - oldest.used < self._idle:
+                return
+            self._retire(self._open.popitem(last=False)[1])
 
     def give_back(self, entry: _Open) -> None:
         with self._lock:
@@ -542,6 +570,9 @@ class DirectoryStore(Store):
 
     def reopen(self) -> Reopen:
         return Reopen("directory", self.root)
+
+    def close_idle(self) -> None:
+        self._files.close_idle()
 
     def close(self) -> None:
         self._files.close()

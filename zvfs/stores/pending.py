@@ -118,6 +118,10 @@ class PendingStore(WrappedStore):
         if self._store is not None:
             self._store.enable_writes(*self._writes)  # type: ignore[attr-defined]
 
+    def close_idle(self) -> None:
+        if self._store is not None:  # never waits for the open
+            self._store.close_idle()
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
