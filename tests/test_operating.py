@@ -384,6 +384,20 @@ def test_metrics_endpoint_moves_with_a_workload(zarr_s3, zarr_dir, moto, s3_env,
     assert total(after, "zvfs_mount_info", source=zarr_s3) == 1
 
 
+def test_what_can_go_down_is_a_gauge(zarr_dir, mount) -> None:
+    """The decoder processes running now go down when one ends: exported as counters, a
+    Prometheus rate() read each drop as a reset."""
+    port = free_port()
+    m = mount(zarr_dir, "--decoders", "1", "--metrics-addr", str(port))
+    assert os.listdir(m.path / ".zvfs" / "arrays")  # starts the processes
+    assert wait_until(lambda: total(scrape(port), "zvfs_decoder_processes") == 1, 30), scrape(port)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for name in ("zvfs_decoder_processes", "zvfs_decoder_zygote"):
+        assert f"# TYPE {name} gauge" in text, text
+    assert "# TYPE zvfs_bytes_decoded_total counter" in text, text  # what only grows stays a counter
+
+
 # --------------------------------------------------------------------------- df, mtimes
 
 

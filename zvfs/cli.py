@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TypeVar
 
 from zvfs import options as zopts
-from zvfs.mounts import is_dead, is_mounted, mount_entry
+from zvfs.mounts import is_dead, mount_entry
 from zvfs.stats import Counters
 
 log = logging.getLogger("zvfs")
@@ -111,6 +111,27 @@ def _log_target(opts: dict[str, Any], daemon: bool, mountpoint: str) -> str:
     return opts["log_file"] or (default_log_file(mountpoint) if daemon else "")
 
 
+def _log_file(path: str) -> logging.Handler:
+    """A handler appending to ``path``, opened again once logrotate (or anyone) has moved or
+    removed it (a long-lived daemon never writes into a rotated file), and that never raises.
+
+    WatchedFileHandler reopens the file outside the try that guards its writes: once the
+    log's directory was removed, or its disk went read-only, the first line logged raised
+    OSError into whatever was logging, and a read that logged its error ended the daemon.
+    A line that cannot be written is lost instead (stderr, where logging reports it, is
+    /dev/null in the daemon), and the next one tries the path again."""
+    from logging.handlers import WatchedFileHandler
+
+    class LogFile(WatchedFileHandler):
+        def emit(self, record: logging.LogRecord) -> None:
+            try:
+                super().emit(record)
+            except Exception:  # noqa: BLE001 - see above
+                self.handleError(record)
+
+    return LogFile(path, delay=True)
+
+
 def _setup_logging(opts: dict[str, Any], daemon: bool, mountpoint: str) -> str:
     """Send the log where the options say; returns where, for the user ('' for stderr)."""
     level = getattr(logging, opts["log_level"].upper())
@@ -126,12 +147,9 @@ def _setup_logging(opts: dict[str, Any], daemon: bool, mountpoint: str) -> str:
             handler = SysLogHandler("/dev/log")
             fmt = "zvfs[%(process)d]: %(levelname)s %(message)s"
         elif where:
-            from logging.handlers import WatchedFileHandler
-
             os.makedirs(os.path.dirname(where), exist_ok=True)
-            # created by the first line logged, and opened again once logrotate (or anyone)
-            # has moved or removed it: a long-lived daemon never writes into a rotated file
-            handler = WatchedFileHandler(where, delay=True)
+            os.close(os.open(where, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644))
+            handler = _log_file(where)
         else:  # the foreground, and systemd: stderr goes to the journal
             handler = logging.StreamHandler(sys.stderr)
     except OSError as exc:
@@ -163,16 +181,16 @@ def check_mountpoint(path: str, allow_non_empty: bool = False) -> str:
     """The absolute mountpoint, if it can be mounted on; clears a dead zvfs mount left there."""
     mp = os.path.abspath(path)
     entry = mount_entry(mp)
-    if entry is not None and is_dead(mp):
+    if entry is not None and is_dead(entry.mountpoint):
         if entry.fstype != "fuse.zvfs":
             raise CliError(f"{mp} is a dead {entry.fstype} mount (transport endpoint is not connected); "
-                           f"clear it with: fusermount3 -u {mp}")
+                           f"clear it with: fusermount3 -u {entry.mountpoint}")
         # ENOTCONN on a zvfs mount: its daemon is gone, so nothing in it can be used any more;
         # a process still holding it open only makes a plain unmount busy: detach it then
         try:
-            _fusermount(mp, lazy=False)
+            _fusermount(entry.mountpoint, lazy=False)
         except CliError:
-            _fusermount(mp, lazy=True)
+            _fusermount(entry.mountpoint, lazy=True)
         _warn(f"cleared a dead zvfs mount at {mp} (its daemon had died)")
         entry = mount_entry(mp)
     if entry is not None:
@@ -394,12 +412,14 @@ def _mount_foreground(args: argparse.Namespace, opts: dict[str, Any], spec: Any 
             _check_uploads(opened, description, opts, report)
         return _scan(counted, description, report)
 
-    from zvfs.daemon import serve
+    from zvfs.daemon import MountRefused, serve
 
     try:
         serve(store, mountpoint, description, opts, counters, ready_fd=ready_fd, prepare=prepare)
     except CliError as exc:
         return report.fail(exc)
+    except MountRefused as exc:
+        return report.fail(CliError(f"cannot mount at {mountpoint}: {exc}", EXIT_CONFIG))
     except Exception as exc:  # noqa: BLE001 - whatever it is, the user gets one line, not a traceback
         log.debug("mount failed", exc_info=True)
         return report.fail(CliError(f"cannot mount {args.source} at {mountpoint}: {exc}", EXIT_FAIL))
@@ -429,6 +449,7 @@ def _daemon(args: argparse.Namespace, opts: dict[str, Any], spec: Any, mountpoin
             ready_fd: int) -> NoReturn:
     """The forked child: its own session, no terminal, in /; serves the mount, then exits."""
     code = EXIT_FAIL
+    pipe = os.fstat(ready_fd)
     try:
         os.setsid()
         os.chdir("/")
@@ -442,8 +463,17 @@ def _daemon(args: argparse.Namespace, opts: dict[str, Any], spec: Any, mountpoin
         os.closerange(ready_fd + 1, 1 << 20)
         args.mountpoint = mountpoint
         code = _mount_foreground(args, opts, spec, ready_fd)
-    except BaseException:  # noqa: BLE001 - the parent hears of it when the pipe closes
-        log.debug("the mount process failed", exc_info=True)
+    except BaseException as exc:  # noqa: BLE001 - the parent hears of it when the pipe closes
+        log.error("the mount process failed", exc_info=True)
+        # before the mount was ready the parent waits: it says why, not only "see the log".
+        # (Once ready, the pipe is closed, and its number may name another file by now.)
+        try:
+            now = os.fstat(ready_fd)
+            if (now.st_dev, now.st_ino) == (pipe.st_dev, pipe.st_ino):
+                os.write(ready_fd, f"ERR {EXIT_FAIL} the mount process failed: "
+                                   f"{type(exc).__name__}: {exc}\n".encode())
+        except OSError:
+            pass
     finally:
         logging.shutdown()
         os._exit(code)
@@ -533,9 +563,21 @@ def _fusermount(path: str, lazy: bool) -> None:
 
 
 def _unmount(path: str, lazy: bool) -> int:
-    # the mount table first: a dead mount (ENOTCONN) cannot even be stat'ed, but is unmounted all the same
-    if is_mounted(path):
-        _fusermount(os.path.abspath(path), lazy)
+    # the mount table first: a dead mount (ENOTCONN) cannot even be stat'ed, but is unmounted
+    # all the same, and mount_entry asks nothing of the mount, so a hung one is found too
+    entry = mount_entry(path)
+    if entry is not None:
+        if entry.fstype != "fuse.zvfs":
+            raise CliError(f"{entry.mountpoint} is a {entry.fstype} mount, not zvfs; "
+                           f"unmount it with: umount {entry.mountpoint}")
+        try:
+            _fusermount(entry.mountpoint, lazy)
+        except CliError:
+            if lazy or not is_dead(entry.mountpoint):
+                raise
+            # a dead mount still held (a shell inside it): nothing in it works any more
+            _fusermount(entry.mountpoint, lazy=True)
+            _warn(f"{entry.mountpoint} was a dead mount still in use: detached (zvfs unmount -z)")
         return 0
     if not os.path.isdir(path):
         raise CliError(f"{path} does not exist or is not a directory")

@@ -331,6 +331,35 @@ def _forget_root_attributes() -> None:
         pass  # nothing cached
 
 
+class MountRefused(Exception):
+    """The kernel or fusermount3 refused the mount (no access to /dev/fuse or to the
+    mountpoint, allow_other not allowed): a matter of configuration, not to be retried."""
+
+
+def init_fuse(ops: ZvfsOperations, mountpoint: str, options: set[str]) -> None:
+    """``pyfuse3.init``, saying why when the mount is refused.
+
+    libfuse and fusermount3 write the reason to stderr and pyfuse3 raises only
+    "fuse_session_mount failed"; a daemonized mount's stderr is /dev/null, so the user was
+    told nothing more. stderr goes to a file for the call, and its text becomes the error."""
+    import tempfile
+
+    with tempfile.TemporaryFile() as said:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(said.fileno(), 2)
+        try:
+            pyfuse3.init(ops, mountpoint, options)
+        except Exception as exc:  # noqa: BLE001 - pyfuse3 raises RuntimeError; anything is the same
+            os.dup2(saved, 2)
+            said.seek(0)
+            why = " ".join(said.read().decode(errors="replace").split())
+            raise MountRefused(why or str(exc)) from exc
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 class SignalStop:
     """SIGTERM, SIGINT and SIGHUP unmount cleanly, whenever they come.
 
@@ -457,7 +486,7 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
     unmounted = False
     failed: list[BaseException] = []
     try:
-        pyfuse3.init(ops, mountpoint, fuse_options(description, opts["allow_other"], ctx.writable))
+        init_fuse(ops, mountpoint, fuse_options(description, opts["allow_other"], ctx.writable))
         undo_loop = fs_loop.install(counters, busy_poll=opts["busy_poll"] / 1e6,
                                     idle_for=ctx.workers.idle_for)
         try:

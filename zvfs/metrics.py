@@ -26,12 +26,14 @@ log = logging.getLogger("zvfs")
 #: counter-name prefix -> (family name, label name, help)
 LABELED = (
     ("store_requests_", "zvfs_store_requests", "op", "requests to the store, by operation"),
-    ("store_bytes_", "zvfs_store_bytes", "op", "bytes read from the store, by operation"),
+    ("store_bytes_", "zvfs_store_bytes", "op", "bytes read from or written to the store, by operation"),
     ("store_errors_", "zvfs_store_errors", "kind", "failed store requests, by kind of failure"),
     ("fuse_ops_", "zvfs_fuse_operations", "op", "FUSE operations, by type"),
     ("fuse_errors_", "zvfs_fuse_errors", "op", "FUSE operations that failed (not ENOENT), by type"),
 )
 #: aggregates whose parts are exported with labels above (exporting both would double-count)
+#: counters that go down as well as up (processes running now): Prometheus gauges
+GAUGES = {"decoder_processes", "decoder_zygote"}
 SKIPPED = {"store_requests", "store_bytes", "store_list_requests", "fuse_lookups", "fuse_getattrs",
            "fuse_readdirs", "fuse_read_requests", "uptime_seconds"}
 
@@ -54,7 +56,11 @@ class MountCollector(Collector):
                     families[prefix].add_metric([*mount, name[len(prefix):]], value)
                     break
             else:
-                if name not in SKIPPED:
+                if name in GAUGES:
+                    g = GaugeMetricFamily(f"zvfs_{name}", f"zvfs gauge {name}", labels=["mount"])
+                    g.add_metric(mount, value)
+                    yield g
+                elif name not in SKIPPED:
                     c = CounterMetricFamily(f"zvfs_{name}", f"zvfs counter {name}", labels=["mount"])
                     c.add_metric(mount, value)
                     yield c

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import threading
 from dataclasses import dataclass
 
 _OCTAL = re.compile(rb"\\([0-7]{3})")
@@ -45,11 +46,53 @@ def mount_table() -> list[MountEntry]:
     return out
 
 
+#: symlinks followed in one resolution, at most (the kernel's own limit)
+_MAX_LINKS = 40
+
+
+def resolve(path: str) -> str:
+    """The absolute path with every symlink resolved, as ``os.path.realpath`` gives it,
+    without a stat of any component.
+
+    realpath lstat()s each component, and the lstat of a mountpoint is a request to its
+    daemon: on a FUSE mount whose daemon has stopped answering it waits for ever, so
+    ``zvfs status`` could not tell a hung mount, nor ``zvfs unmount`` unmount it. readlink
+    asks the file system only of a symlink: a mountpoint, or any directory, gets EINVAL
+    from the kernel at once. (A path *inside* a hung mount still waits: its lookups are
+    the daemon's to answer.)"""
+    links = 0
+
+    def walk(base: str, rest: str) -> str:
+        nonlocal links
+        for part in rest.split("/"):
+            if part in ("", "."):
+                continue
+            if part == "..":
+                base = os.path.dirname(base)
+                continue
+            here = os.path.join(base, part)
+            try:
+                target = os.readlink(here)
+            except OSError:  # not a symlink (EINVAL), missing, or unreachable: taken as it is
+                base = here
+                continue
+            links += 1
+            if links > _MAX_LINKS:  # a loop: taken as it is, as realpath does
+                base = here
+                continue
+            base = walk("/" if target.startswith("/") else base, target)
+        return base
+
+    # not abspath: it drops "x/.." before x is known not to be a symlink
+    return walk("/", path if path.startswith("/") else os.getcwd() + "/" + path)
+
+
 def mount_entry(path: str) -> MountEntry | None:
     """The file system mounted at ``path`` (the topmost one), or None.
 
-    realpath() does not need the mount to answer, so a dead FUSE mount is found too."""
-    target = os.path.realpath(path)
+    Found without asking the mount anything (:func:`resolve`), so a dead or hung FUSE mount
+    is found too."""
+    target = resolve(path)
     found = None
     for entry in mount_table():
         if entry.mountpoint == target:
@@ -63,21 +106,28 @@ def mount_device(path: str) -> str | None:
     return entry.device if entry else None
 
 
-def is_mounted(path: str) -> bool:
-    return mount_entry(path) is not None
-
-
 #: what the kernel answers on a FUSE mount whose connection is gone (the daemon died: ENOTCONN,
 #: or the connection was aborted: ECONNABORTED)
 DEAD_ERRNOS = (errno.ENOTCONN, errno.ECONNABORTED)
 
 
-def is_dead(path: str) -> bool:
+def is_dead(path: str, timeout: float = 2.0) -> bool:
     """True when ``path`` is a FUSE mount whose daemon is gone.
 
-    statfs always reaches the daemon (a stat may be answered from the kernel's cache)."""
-    try:
-        os.statvfs(path)
-    except OSError as exc:
-        return exc.errno in DEAD_ERRNOS
-    return False
+    statfs always reaches the daemon (a stat may be answered from the kernel's cache). It
+    runs in a thread of its own, given up after ``timeout`` seconds: a daemon that is alive
+    but answers nothing (stopped, or stuck) is not dead, and must not hang the caller."""
+    result: list[bool] = []
+
+    def ask() -> None:
+        try:
+            os.statvfs(path)
+        except OSError as exc:
+            result.append(exc.errno in DEAD_ERRNOS)
+        else:
+            result.append(False)
+
+    asker = threading.Thread(target=ask, name="zvfs-statfs", daemon=True)
+    asker.start()
+    asker.join(timeout)
+    return bool(result and result[0])

@@ -281,8 +281,14 @@ BY_NAME = {o.name: o for o in OPTIONS}
 BY_KEY = {**BY_NAME, **{a: o for o in OPTIONS for a in o.aliases}}
 
 #: generic mount(8)/fstab options that mean nothing to zvfs and are accepted silently
-IGNORED = {"rw", "ro", "defaults", "auto", "noauto", "user", "nouser", "users", "nofail", "_netdev",
-           "exec", "noexec", "suid", "nosuid", "dev", "nodev", "atime", "noatime", "relatime", "sync", "async"}
+IGNORED = {"rw", "ro", "defaults", "auto", "noauto", "user", "nouser", "users", "owner", "group",
+           "nofail", "_netdev", "_rnetdev", "exec", "noexec", "suid", "nosuid", "dev", "nodev",
+           "atime", "noatime", "relatime", "norelatime", "strictatime", "nostrictatime", "diratime",
+           "nodiratime", "lazytime", "nolazytime", "symfollow", "nosymfollow", "iversion",
+           "noiversion", "sync", "async", "dirsync", "silent", "loud", "default_permissions"}
+
+#: the words a switch's -o value may be (a bare key means on)
+_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -308,16 +314,23 @@ def split_o(values: list[str]) -> list[str]:
 def resolve(ns: argparse.Namespace) -> dict[str, Any]:
     """Merge flags and -o into typed values; flags win over -o. Raises ValueError with a user message."""
     raw: dict[str, Any] = {}
+    read_only = False
     for item in split_o(ns.o):
-        key, eq, value = item.partition("=")
-        key = key.strip().replace("-", "_")
-        if key in IGNORED or key.startswith("x-") or key.startswith("comment="):
+        given, eq, value = item.partition("=")
+        given = given.strip()
+        key = given.replace("-", "_")
+        # x-* and comment=: for systemd, mount(8) and desktops (x-systemd.*, x-gvfs-show)
+        if key in IGNORED or given.lower().startswith("x-") or given == "comment":
+            read_only = read_only or key == "ro"
             continue
         opt = BY_KEY.get(key)
         if opt is None:
-            raise ValueError(f"unknown option -o {key}; the options are listed by: zvfs mount --help")
+            raise ValueError(f"unknown option -o {given}; the options are listed by: zvfs mount --help")
         if opt.parse is None:
-            raw[opt.name] = value.lower() not in ("0", "false", "no", "off") if eq else True
+            if eq and value.strip().lower() not in _ON + _OFF:
+                raise ValueError(f"invalid -o {given}={value}: a switch is on or off ("
+                                 f"{'/'.join(_ON)} or {'/'.join(_OFF)}), or on as a bare -o {given}")
+            raw[opt.name] = value.strip().lower() in _ON if eq else True
         else:
             if not eq:
                 raise ValueError(f"option -o {key} needs a value: -o {key}=VALUE")
@@ -326,6 +339,8 @@ def resolve(ns: argparse.Namespace) -> dict[str, Any]:
         flag_value = getattr(ns, opt.name, None)
         if flag_value is not None:
             raw[opt.name] = flag_value
+    if read_only and raw.get("writable"):
+        raise ValueError("-o ro and writable contradict each other: drop one of them")
     values: dict[str, Any] = {}
     for opt in OPTIONS:
         if opt.name not in raw:

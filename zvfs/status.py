@@ -30,8 +30,16 @@ except OSError as e:
 try:
     with open(os.path.join(mp, ".zvfs", "stats.json"), "rb") as f:
         stats = json.loads(f.read())
-except OSError:
-    stats = None
+except OSError as e:
+    # statfs by a user the mount does not let in is answered by the kernel, not the daemon
+    if e.errno in (errno.EACCES, errno.EPERM):
+        print(json.dumps({"health": "unknown", "error": "this user may not enter the mount "
+                          "(mounted by another user without allow_other): run as that user or root"}))
+        sys.exit()
+    if e.errno in (errno.ENOTCONN, errno.ECONNABORTED):
+        print(json.dumps({"health": "dead", "error": e.strerror}))
+        sys.exit()
+    stats = None if e.errno == errno.ENOENT else {"error": e.strerror}
 print(json.dumps({"health": "ok", "stats": stats}))
 """
 
@@ -41,7 +49,8 @@ def zvfs_mounts() -> list[MountEntry]:
 
 
 def probe(mountpoint: str, timeout: float) -> dict[str, Any]:
-    """Health ('ok', 'dead', 'hung', 'error') and stats.json of one mount."""
+    """Health ('ok', 'dead', 'hung', 'error', or 'unknown' to a user the mount does not let
+    in) and stats.json of one mount."""
     try:
         res = subprocess.run([sys.executable, "-c", _PROBE, mountpoint], capture_output=True,
                              text=True, timeout=timeout)
@@ -57,6 +66,9 @@ def describe(entry: MountEntry, timeout: float) -> dict[str, Any]:
     """What ``--json`` prints for one mount."""
     found = probe(entry.mountpoint, timeout)
     stats = found.get("stats") or {}
+    if "error" in stats:  # stats.json could not be read
+        found = {**found, "error": f"stats.json: {stats['error']}"}
+        stats = {}
     out: dict[str, Any] = {
         "mountpoint": entry.mountpoint,
         "source": stats.get("source") or entry.source.removeprefix("zvfs:"),
@@ -126,7 +138,7 @@ def render_text(info: dict[str, Any]) -> str:
         last = info.get("last_error")
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last["time"])) if last else ""
         lines.append(f"  last error: {when + ' ' + last['message'] if last else 'none'}")
-    elif info["health"] == "ok":
+    elif info["health"] == "ok" and not info.get("error"):
         lines.append("  counters:   not available (.zvfs/stats.json is off with decoded=off)")
     return "\n".join(lines)
 
