@@ -79,6 +79,51 @@ def test_signal_at_any_moment_unmounts_cleanly(signum, zarr_dir, tmp_path) -> No
             force_unmount(mnt)
 
 
+def test_sigterm_while_a_request_waits_on_a_store_that_never_answers(s3_env, tmp_path) -> None:
+    """An S3 endpoint that takes connections and never answers: the mount answers, an `ls`
+    waits for the source to open, and SIGTERM comes. terminate() stops taking requests, but
+    pyfuse3's loop returned only once the `ls` was answered: when the open timed out, 10 s
+    later, and the stop then ended in exit 1 and that open's error. Now the requests under
+    way get SignalStop.GRACE seconds; the `ls` fails, and the stop is an exit 0."""
+    import socket
+
+    from zvfs.daemon import SignalStop
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)  # the kernel completes the handshakes; nothing reads or answers
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    proc = subprocess.Popen(
+        [*zvfs_cmd(), "mount", "-f", "s3://silent-bucket/p", str(mnt), "--endpoint-url",
+         f"http://127.0.0.1:{silent.getsockname()[1]}", "--no-sign-request", "--s3-timeout", "30",
+         "--log-file", str(tmp_path / "daemon.log"), "--log-level", "info"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=s3_env)
+    listing = None
+    try:
+        assert wait_until(lambda: mount_entry(mnt) is not None or proc.poll() is not None, 60)
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        listing = subprocess.Popen(["ls", str(mnt)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(0.5)
+        assert listing.poll() is None  # waiting for the source
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+        took = time.monotonic() - t0
+        assert rc == 0, (rc, proc.stderr.read() if proc.stderr else "")
+        assert took < SignalStop.GRACE + 5, took
+        assert mount_entry(mnt) is None
+        assert listing.wait(timeout=10) != 0
+        assert "requests still unanswered" in (tmp_path / "daemon.log").read_text()
+    finally:
+        for p in (proc, listing):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+        force_unmount(mnt)
+        silent.close()
+
+
 # --------------------------------------------------------------------------- kill -9
 
 

@@ -373,10 +373,15 @@ class SignalStop:
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    #: seconds the requests under way at a stop get to be answered; then they are cancelled
+    #: (a lookup waiting on a store that never answers held the unmount for its timeout)
+    GRACE = 2.0
 
     def __init__(self) -> None:
         self.received: int | None = None
         self._token: trio.lowlevel.TrioToken | None = None
+        #: what the session loop runs in (set by _serve)
+        self.requests: trio.CancelScope | None = None
         self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
 
     def _handle(self, signum: int, _frame: object) -> None:
@@ -399,6 +404,8 @@ class SignalStop:
         log.info("got %s, unmounting", signal.Signals(self.received or signal.SIGTERM).name)
         sd_notify("STOPPING=1")
         pyfuse3.terminate()  # the session loop checks this flag first: safe before main() runs
+        if self.requests is not None:
+            self.requests.deadline = min(self.requests.deadline, trio.current_time() + self.GRACE)
 
     def restore(self) -> None:
         self._token = None
@@ -420,7 +427,16 @@ async def _serve(ctx: MountContext, root: MountRoot, ops: ZvfsOperations, mountp
             handoff = _ListingHandoff()
             ctx.listing_under_way = handoff.take
         nursery.start_soon(_announce_ready, ctx, root, mountpoint, ready_fd, prepare, failed, handoff)
-        await pyfuse3.main(min_tasks=SESSION_TASKS, max_tasks=MAX_SESSION_TASKS)
+        # terminate() stops the loop taking requests, but main() returns only once those
+        # under way are answered; at a stop they get GRACE seconds (SignalStop), then are
+        # cancelled, their threads abandoned: the unmount (lazy) and the closing of
+        # /dev/fuse fail them, as a dead daemon's would be
+        with trio.CancelScope() as stop.requests:
+            if stop.received is not None:
+                stop.requests.deadline = trio.current_time() + stop.GRACE
+            await pyfuse3.main(min_tasks=SESSION_TASKS, max_tasks=MAX_SESSION_TASKS)
+        if stop.requests.cancelled_caught:
+            log.warning("stopped with requests still unanswered after %.0f s: they fail", stop.GRACE)
         await ops.release_all()
         nursery.cancel_scope.cancel()
 
@@ -505,7 +521,7 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
             ctx.decoders.close()
         store.close()
         warmup.finish()
-    if failed:
+    if failed and stop.received is None:  # stopped on purpose: no failure to report
         log.info("unmounted %s: the source could not be opened", mountpoint)
         raise failed[0]
     log.info("unmounted %s%s", mountpoint, "" if unmounted else " after an error")
