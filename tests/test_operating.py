@@ -113,6 +113,14 @@ def test_invalid_values_are_one_line(zarr_dir, tmp_path, args, words) -> None:
     assert mount_entry(tmp_path / "m") is None
 
 
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
+def test_status_timeout_must_be_seconds_above_0(value) -> None:
+    """A timeout of 0 or less reported every mount hung."""
+    res = run([tool("zvfs"), "status", "--timeout", value])
+    assert res.returncode == 2, res
+    assert f"--timeout: {value} is no number of seconds above 0" in res.stderr, res.stderr
+
+
 def test_bad_command_line_is_one_line() -> None:
     res = zvfs("mount", "only-a-source")
     one_line(res, "mountpoint", "--help", code=2)

@@ -65,11 +65,21 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is no number of seconds above 0")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="zvfs",
-        description="Mount a Zarr store (directory, .zip, S3) as a read-only file system, "
-        "with decoded arrays under MOUNTPOINT/.zvfs/.",
+        description="Mount a Zarr store (directory, .zip, S3) as a file system (read-only "
+        "unless --writable), with decoded arrays under MOUNTPOINT/.zvfs/.",
     )
     p.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
@@ -90,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
                         "health, traffic, errors")
     st.add_argument("mountpoint", nargs="?", help="only this mount (default: all)")
     st.add_argument("--json", action="store_true", help="print JSON for scripts (default: text)")
-    st.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
+    st.add_argument("--timeout", type=_positive_seconds, default=5.0, metavar="SECONDS",
                     help="a mount that does not answer within this is reported hung (default: 5)")
     return p
 

@@ -195,12 +195,13 @@ class Option:
 
     def help_text(self) -> str:
         """The help line with its default spelled out, as --help shows it."""
+        also = f"; also -o {', -o '.join(self.aliases)}" if self.aliases else ""
         if self.parse is None:
-            return f"{self.help} (default: off)"
+            return f"{self.help} (default: off{also})"
         shown = self.shown_default
         if shown is None and self.default is not None:
             shown = format_value(self, self.default)
-        return f"{self.help} (default: {shown})" if shown else self.help
+        return f"{self.help} (default: {shown}{also})" if shown else self.help + (f" ({also[2:]})" if also else "")
 
 
 def _human(n: int) -> str:
