@@ -324,7 +324,10 @@ async def _main(port: int, control_port: int, upstream: int, seed: int) -> None:
     proxy = Proxy(upstream, seed)
     server = await asyncio.start_server(proxy.client, "127.0.0.1", port, limit=1 << 24)
     control = await asyncio.start_server(proxy.control, "127.0.0.1", control_port)
-    print("ready", flush=True)
+    # the ports bound (0 asks the kernel for free ones: a port found free beforehand may be
+    # taken by someone's outgoing connection before the bind, and the proxy failed to start)
+    bound = [srv.sockets[0].getsockname()[1] for srv in (server, control)]
+    print("ready", *bound, flush=True)
     async with server, control:
         await asyncio.gather(server.serve_forever(), control.serve_forever())
 
@@ -336,10 +339,8 @@ class FaultProxy:
     """The proxy as a subprocess in front of ``upstream_port``; stopped by PID."""
 
     def __init__(self, upstream_port: int, seed: int = 0) -> None:
-        from moto_server import free_port
-
-        self.port = free_port()
-        self.control_port = free_port()
+        self.port = 0  # the ports the proxy binds, once started
+        self.control_port = 0
         self.upstream_port = upstream_port
         self.seed = seed
         self.proc: subprocess.Popen[str] | None = None
@@ -355,9 +356,11 @@ class FaultProxy:
             stdout=subprocess.PIPE, text=True,
         )
         assert self.proc.stdout is not None
-        if self.proc.stdout.readline().strip() != "ready":
+        said = self.proc.stdout.readline().split()
+        if len(said) != 3 or said[0] != "ready":
             self.stop()
             raise RuntimeError("the fault proxy did not start")
+        self.port, self.control_port = int(said[1]), int(said[2])
         return self
 
     def stop(self) -> None:
