@@ -20,6 +20,12 @@ kind        what the client sees
 ``flip``    the real response with one body byte flipped, when S3 sent a checksum
             header for it (a range has none: then it passes unchanged)
 ``silent``  the connection stays open and nothing is ever answered
+``whole``   a ranged GET answered 200 with the whole object (the Range header is dropped
+            on the way up: a server or proxy may ignore Range, RFC 9110 allows it)
+``short``   a ranged GET answered 206 with the first half of the range asked, its
+            Content-Range saying so (the object goes on past it)
+``endless`` 200 with a Content-Length of 2**40, and a body of zeros that never ends
+``trickle`` the real response, its body sent one byte every 0.25 s
 ==========  =====================================================================
 
 A rule targets operations (``get``: GetObject, ``head``: HeadObject, ``list``:
@@ -68,7 +74,7 @@ _STATUS = {
     "expired": (403, "Forbidden", "ExpiredToken", "The provided token has expired."),
     "404": (404, "Not Found", "NoSuchKey", "The specified key does not exist."),
 }
-KINDS = (*_STATUS, "reset", "truncate", "stall", "flip", "silent")
+KINDS = (*_STATUS, "reset", "truncate", "stall", "flip", "silent", "whole", "short", "endless", "trickle")
 _AKID = re.compile(r"Credential=([^/,\s]+)/")
 
 
@@ -156,6 +162,14 @@ class Proxy:
                     await asyncio.sleep(self._stall_of(op, target))
                     _reset(writer)
                     return
+                if fault == "endless":
+                    writer.write(_serialize("HTTP/1.1 200 OK", {"content-length": str(1 << 40)}, b""))
+                    zeros = bytes(1 << 16)
+                    while True:  # until the client closes
+                        writer.write(zeros)
+                        await writer.drain()
+                if fault == "whole":
+                    headers = {k: v for k, v in headers.items() if k != "range"}
                 if upstream is None:
                     upstream = await asyncio.open_connection("127.0.0.1", self.upstream_port)
                 up_reader, up_writer = upstream
@@ -191,7 +205,24 @@ class Proxy:
                     await writer.drain()
                     writer.close()  # a clean close, short of the announced Content-Length
                     return
+                if fault == "short":
+                    m = re.match(r"bytes (\d+)-(\d+)/(\d+)", rheaders.get("content-range", ""))
+                    if m and len(rbody) > 1:
+                        first, total = int(m.group(1)), m.group(3)
+                        rbody = rbody[: len(rbody) // 2]
+                        rheaders["content-range"] = f"bytes {first}-{first + len(rbody) - 1}/{total}"
+                        rheaders["content-length"] = str(len(rbody))
+                    else:  # not a range: nothing to shorten
+                        self.stats["fault_short"] -= 1
+                        self.stats["faults"] -= 1
                 self.stats[f"body_bytes_{op}"] += len(rbody)
+                if fault == "trickle":
+                    writer.write(_serialize(status_line, rheaders, b""))
+                    for i in range(len(rbody)):
+                        writer.write(rbody[i:i + 1])
+                        await writer.drain()
+                        await asyncio.sleep(0.25)
+                    continue
                 writer.write(_serialize(status_line, rheaders, rbody))
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError, OSError):

@@ -171,6 +171,82 @@ def test_truncated_body_resumes_from_its_offset(corpus, proxy, mount, s3_env) ->
     assert size <= st["body_bytes_get"] < size + (256 << 10), (size, st)
 
 
+@pytest.mark.parametrize("kind", ["whole", "short"])
+def test_a_range_answered_whole_or_short_reads_right(kind, corpus, proxy, mount, s3_env) -> None:
+    """A ranged GET answered with the whole object (a 200: the Range ignored, as RFC 9110
+    lets a server or proxy do) or with half the range (a 206 whose Content-Range says so):
+    zvfs took either body as the range, and served wrong bytes, with nothing logged. Now
+    the whole answer is cut to the range, and the short one is resumed where it stopped."""
+    mnt = mount_s3(mount, proxy, s3_env, "--cache-size", "64M")
+    root, refs = corpus
+    want = (root / "blob.bin").read_bytes()
+    os.listdir(mnt.path)
+    time.sleep(0.5)  # the mount's background metadata reads are done
+    proxy.reset_stats()
+    # the short answers stop after 3 (each resume is a try of the request's 10); the
+    # sharded array's shard index is read with a suffix range (bytes=-N)
+    count = {"count": 3} if kind == "short" else {}
+    proxy.set({"kind": kind, "ops": ["get"], "key": "blob.bin", **count},
+              {"kind": kind, "ops": ["get"], "key": "sharded/c", **count})
+    with open(mnt.path / "blob.bin", "rb", buffering=0) as f:  # the second block first
+        f.seek(4 << 20)
+        assert f.read(1 << 20) == want[4 << 20:]
+    assert read_all(mnt.path / "blob.bin") == want
+    assert read_all(target(mnt, "dec:sharded")) == refs["sharded"].tobytes()
+    assert proxy.stats()[f"fault_{kind}"] >= 1
+    if kind == "short":
+        assert stats(mnt)["store_errors_truncated"] >= 1
+
+
+@pytest.mark.parametrize("key", ["notes.txt", "blob.bin", "sparse/zarr.json"])
+def test_a_body_that_never_ends_fails_that_read_in_bounded_memory(key, corpus, proxy, mount, s3_env) -> None:
+    """A GET answered with a Content-Length of 2**40 and a body that never ends: a whole
+    GET (a small file), a ranged one (a block of a big file) and a metadata document.
+    zvfs read until the server stopped: 9 GB of RSS in 25 s (the audit). Now it reads no
+    more than it asked for, or than a metadata document may hold: each read fails (EIO) or
+    gives what the server sent cut to the listed size (a server that lies about an
+    object's bytes cannot be caught without a checksum), in bounded time and memory, and
+    the rest serves."""
+    from stress_lib import proc_status
+
+    root, refs = corpus
+    mnt = mount_s3(mount, proxy, s3_env, *FAST, "--metadata-ttl", "0")
+    os.listdir(mnt.path)
+    pid, = daemon_pids(mnt.path)
+    proxy.set({"kind": "endless", "ops": ["get"], "key": key})
+    path = mnt.path / key if not key.endswith("zarr.json") else mnt.path / ".zvfs/arrays/sparse/data.raw"
+    t0 = time.monotonic()
+    try:
+        got = read_all(path)
+    except OSError as exc:
+        assert exc.errno in (errno.EIO, errno.ENOENT), exc
+    else:  # cut at the listed size: the bytes of the server's body
+        assert not key.endswith("zarr.json") and len(got) == (root / key).stat().st_size, len(got)
+    assert time.monotonic() - t0 < EIO_WITHIN
+    assert proc_status(pid)["VmHWM"] < 400 << 20, proc_status(pid)
+    proxy.clear()
+    assert read_all(target(mnt, "dec:plain")) == refs["plain"].tobytes()
+    assert is_mounted(mnt.path)
+
+
+def test_a_body_trickling_in_fails_at_the_deadline(corpus, proxy, mount, s3_env) -> None:
+    """A body sent a byte at a time never trips the timeout between bytes: the read waited
+    for the whole body, 230 s and more in the audit, past the README's bound. Now the body
+    counts against the request's deadline, and the read fails within the bound."""
+    root, refs = corpus
+    mnt = mount_s3(mount, proxy, s3_env, *FAST)
+    os.listdir(mnt.path)
+    proxy.set({"kind": "trickle", "ops": ["get"], "key": "notes.txt"})
+    t0 = time.monotonic()
+    with pytest.raises(OSError) as exc:
+        read_all(mnt.path / "notes.txt")
+    assert exc.value.errno == errno.EIO
+    assert time.monotonic() - t0 < EIO_WITHIN
+    assert "notes.txt" in mnt.log_text() and "deadline" in mnt.log_text(), mnt.log_text()[-2000:]
+    proxy.clear()
+    assert read_all(mnt.path / "notes.txt") == (root / "notes.txt").read_bytes()
+
+
 def test_flipped_byte_is_caught_by_the_checksum(corpus, proxy, mount, s3_env) -> None:
     """A whole-object GET whose body has one flipped byte (S3 sent its CRC): retried, never served."""
     mnt = mount_s3(mount, proxy, s3_env)

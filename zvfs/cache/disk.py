@@ -140,14 +140,17 @@ class DiskCachedStore(WrappedStore):
                 self._bytes -= self._entries.pop(name, 0)
             tmp.unlink(missing_ok=True)
 
-    def _cached(self, key: str, name: str, fetch) -> bytes:  # type: ignore[no-untyped-def]
+    def _cached(self, key: str, name: str, fetch, keep=None) -> bytes:  # type: ignore[no-untyped-def]
+        """``fetch()`` unless ``name`` is on disk; what it fetched is kept there unless
+        ``keep(data)`` says it is not what ``name`` names."""
         data = self._read(name)
         if data is None:
             self.counters.add("disk_cache_misses")
             with self._lock:
                 writes = self._writes.get(key, 0)
             data = fetch()
-            self._write(key, name, data, writes)
+            if keep is None or keep(data):
+                self._write(key, name, data, writes)
         return data
 
     def get(self, key: str) -> bytes:
@@ -167,11 +170,15 @@ class DiskCachedStore(WrappedStore):
         entry = self._cached(key, self._name(key, -2, length), fetch)  # -2: no range starts there
         return entry[: -_SIZE.size], _SIZE.unpack(entry[-_SIZE.size:])[0]
 
-    def get_version(self, key: str, start: int, length: int | None, version: str | None) -> bytes:
-        # a read to the end from 0 is the whole value; from elsewhere, its start names it
+    def get_version(self, key: str, start: int, length: int | None, version: str | None,
+                    limit: int | None = None) -> bytes:
+        # a read to the end from 0 is the whole value; from elsewhere, its start names it.
+        # One that ``limit`` may have cut short is kept only if it ended before the limit.
         name = (self._name(key, version=version) if length is None and start == 0
                 else self._name(key, start, -1 if length is None else length, version))
-        return self._cached(key, name, lambda: self.inner.get_version(key, start, length, version))
+        data = self._cached(key, name, lambda: self.inner.get_version(key, start, length, version, limit),
+                            None if limit is None else (lambda d: len(d) < limit))
+        return data if limit is None or length is not None else data[:limit]
 
     def _forget(self, key: str) -> None:
         """Drop what is cached of ``key``: it is being written through the mount. (A

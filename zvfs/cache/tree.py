@@ -41,9 +41,17 @@ def build_tree_index(store: Store, limit: int,
 
 
 def _add_dir(index: dict[str, Listing], prefix: str) -> Listing:
-    """The listing of ``prefix`` (ending in '/'), made with its parents as needed."""
+    """The listing of ``prefix`` (ending in '/'), made with its parents as needed: a loop,
+    not a recursion (a key a thousand levels deep took the whole tree down with
+    RecursionError)."""
     listing = index[prefix] = Listing()
-    cut = prefix.rfind("/", 0, len(prefix) - 1) + 1
-    parent_prefix, name = prefix[:cut], prefix[cut:-1]
-    (index.get(parent_prefix) or _add_dir(index, parent_prefix)).prefixes.add(name)
-    return listing
+    while True:
+        cut = prefix.rfind("/", 0, len(prefix) - 1) + 1
+        parent_prefix, name = prefix[:cut], prefix[cut:-1]
+        parent = index.get(parent_prefix)
+        if parent is not None:
+            parent.prefixes.add(name)
+            return listing
+        parent = index[parent_prefix] = Listing()
+        parent.prefixes.add(name)
+        prefix = parent_prefix

@@ -56,6 +56,8 @@ log = logging.getLogger("zvfs")
 
 ROOT = pyfuse3.ROOT_INODE
 STATFS_BLOCK = 4096
+#: the longest name a path component may have (Linux's NAME_MAX, in bytes)
+NAME_MAX = 255
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 _RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
 #: free space a writable store with no bound of its own (S3) reports to df and cp
@@ -387,7 +389,10 @@ class ZvfsOperations(pyfuse3.Operations):
             name, node = entries[i]
             ino = inos[i]
             try:
-                told = reply(token, os.fsencode(name), fill(a, ino, node), i + 3)
+                raw = os.fsencode(name)
+                if len(raw) > NAME_MAX:  # none could open it; past 4 KiB the kernel fails the reply
+                    raise ValueError(f"a name of {len(raw)} bytes (a name has at most {NAME_MAX})")
+                told = reply(token, raw, fill(a, ino, node), i + 3)
             except (NodeError, ValueError, OverflowError) as exc:  # UnicodeEncodeError is a ValueError
                 # one entry the kernel cannot be told of (a name no file system can hold, a
                 # size past 2**63 from hostile metadata): left out, the rest listed
@@ -516,7 +521,7 @@ class ZvfsOperations(pyfuse3.Operations):
         s.f_blocks = min(max(1, -(-used // STATFS_BLOCK) + s.f_bfree), _MAX_BLOCKS)
         s.f_files = len(self._node_at)
         s.f_ffree = s.f_favail = (1 << 32) if self._root.writable else 0
-        s.f_namemax = 255
+        s.f_namemax = NAME_MAX
         return s
 
     # getxattr/listxattr are left to pyfuse3's ENOSYS on purpose: the kernel then stops

@@ -260,12 +260,18 @@ class Store(ABC):
         in a local file has the kernel read them ahead (in the background), so a reader
         that goes from file to file does not wait on the disk for each. Never an error."""
 
-    def get_version(self, key: str, start: int, length: int | None, version: str | None) -> bytes:
+    def get_version(self, key: str, start: int, length: int | None, version: str | None,
+                    limit: int | None = None) -> bytes:
         """Bytes of ``key`` from ``start`` (``length`` of them, or to the end), only from
         the content ``version`` names (KeyInfo.version): Stale if the key was replaced
-        since. Stores without versions read what is there."""
+        since. Stores without versions read what is there.
+
+        ``limit``, for a read to the end: at most that many bytes (what lies past them is
+        left, as pread leaves it): a remote store then never reads more than the caller
+        expects, whatever size the server announces."""
         if length is None:
-            return self.get(key)[start:]
+            data = self.get(key)[start:]
+            return data if limit is None else data[:limit]
         return self.get_range(key, start, length)
 
     @abstractmethod
@@ -380,8 +386,9 @@ class WrappedStore(Store):
     def get_suffix(self, key: str, length: int) -> tuple[bytes, int]:
         return self.inner.get_suffix(key, length)
 
-    def get_version(self, key: str, start: int, length: int | None, version: str | None) -> bytes:
-        return self.inner.get_version(key, start, length, version)
+    def get_version(self, key: str, start: int, length: int | None, version: str | None,
+                    limit: int | None = None) -> bytes:
+        return self.inner.get_version(key, start, length, version, limit)
 
     def will_need(self, keys: Sequence[str]) -> None:
         self.inner.will_need(keys)

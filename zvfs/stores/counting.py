@@ -53,10 +53,11 @@ class CountingStore(WrappedStore):
             data, size = self.inner.get_suffix(key, length)
             return self._got("get_range", data), size
 
-    def get_version(self, key: str, start: int, length: int | None, version: str | None) -> bytes:
+    def get_version(self, key: str, start: int, length: int | None, version: str | None,
+                    limit: int | None = None) -> bytes:
         op = "get" if length is None else "get_range"
         with self._timed(op):
-            return self._got(op, self.inner.get_version(key, start, length, version))
+            return self._got(op, self.inner.get_version(key, start, length, version, limit))
 
     def get_range_at_once(self, key: str, start: int, length: int) -> bytes | memoryview | None:
         t0 = time.perf_counter()

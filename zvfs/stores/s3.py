@@ -28,6 +28,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from datetime import datetime
 from typing import Any, TypeVar
 
 import boto3
@@ -50,11 +51,13 @@ from zvfs.stores.base import (
     Stale,
     Store,
     StoreError,
+    TooLarge,
     WriteRefused,
 )
 from zvfs.stores.keys import bad_segment, is_safe_key, safe_name
 from zvfs.stores.retry import TRANSIENT_KINDS, Attempts, RetryPolicy
 from zvfs.stores.url import S3_BLOCK_SIZE
+from zvfs.stores.watchdog import Watchdog, body_socket
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +86,8 @@ _UPLOAD_PARAMS = {"sse": "ServerSideEncryption", "sse_kms_key_id": "SSEKMSKeyId"
 #: bytes read from a response body per call: the unit a broken body is resumed at
 _BODY_PIECE = 1 << 20
 
-#: "bytes FIRST-LAST/SIZE", what a ranged GET answers
-_CONTENT_RANGE = re.compile(r"bytes \d+-\d+/(\d+)$")
+#: "bytes FIRST-LAST/SIZE", what a ranged GET answers (SIZE may be "*": unknown)
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)$")
 
 T = TypeVar("T")
 #: how long the probe's first listing page may stand in for the first flat listing
@@ -92,7 +95,13 @@ FIRST_PAGE_TTL = 5.0
 
 
 class _ShortBody(Exception):
-    """The body ended before its Content-Length (the server closed the connection)."""
+    """The body ended before its Content-Length (the server closed the connection), or a
+    range came back shorter than asked though the object goes on: resumed where it stopped."""
+
+
+class _Overdue(TimeoutError):
+    """The body still coming when the request's deadline passed (a server trickling it a
+    byte at a time never trips the timeout between bytes)."""
 
 
 def fault_kind(exc: BaseException) -> str:
@@ -125,15 +134,32 @@ def fault_kind(exc: BaseException) -> str:
     return "other"
 
 
-def _info(obj: dict[str, Any]) -> KeyInfo:
-    """A listed object's info; its ETag names the content (pinned reads use it)."""
-    return KeyInfo(int(obj["Size"]), obj["LastModified"].timestamp(), obj.get("ETag"))
+#: entries one listing may hold (a directory, or a flat listing): past it the listing fails
+MAX_LISTED_KEYS = 5_000_000
+#: sizes a file can have (st_size is a signed 64-bit number)
+_MAX_SIZE = (1 << 63) - 1
 
 
-def _object_size(resp: dict[str, Any], received: int) -> int:
-    """The whole object's size: Content-Range's total for a range, else the body's length."""
+def _info(obj: dict[str, Any]) -> KeyInfo | None:
+    """A listed object's info (its ETag names the content: pinned reads use it), or None
+    when the server gave a size no file can have (negative, or past 2**63-1: one such key
+    failed every listing that held it)."""
+    size = obj.get("Size")
+    if not isinstance(size, int) or not 0 <= size <= _MAX_SIZE:
+        return None
+    when = obj.get("LastModified")
+    return KeyInfo(size, when.timestamp() if isinstance(when, datetime) else 0.0, obj.get("ETag"))
+
+
+def _answered_range(resp: dict[str, Any]) -> tuple[int, int, int | None] | None:
+    """(first, last, size or None) of a 206 answer's Content-Range; None when the answer is
+    the whole object (a 200: a server or proxy may ignore Range, as RFC 9110 allows)."""
+    if resp.get("ResponseMetadata", {}).get("HTTPStatusCode") != 206:
+        return None
     m = _CONTENT_RANGE.match(resp.get("ContentRange") or "")
-    return int(m.group(1)) if m else received
+    if m is None:
+        raise _ShortBody(f"a partial answer with no usable Content-Range ({resp.get('ContentRange')!r})")
+    return int(m.group(1)), int(m.group(2)), None if m.group(3) == "*" else int(m.group(3))
 
 
 def _code(e: bce.ClientError) -> str:
@@ -188,6 +214,7 @@ class S3Store(Store):
         #: what every upload asks of S3 (encryption, storage class), as S3's parameters
         self.upload_args: dict[str, str] = {}
         self.retry = retry or RetryPolicy()
+        self._watchdog = Watchdog()
         self.allow_empty = allow_empty
         self.counters = counters if counters is not None else Counters()
         self.block_size = block_size  # one GET serves many FUSE reads of the raw view
@@ -351,6 +378,15 @@ class S3Store(Store):
         check_key(key)
         return self._get(key, 0, None)[0]
 
+    def get_at_most(self, key: str, limit: int) -> bytes:
+        """Refused from the response's headers when it announces more than ``limit``, and
+        never read past it whatever it announced (a body that does not end)."""
+        check_key(key)
+        data = self._get(key, 0, None, limit=limit + 1, strict=True)[0]
+        if len(data) > limit:
+            raise TooLarge(f"{key}: holds more than the {limit} bytes it may")
+        return data
+
     def get_range(self, key: str, start: int, length: int) -> bytes:
         if start < 0 or length < 0:
             raise StoreError(f"{key}: bad range start={start} length={length}")
@@ -371,11 +407,12 @@ class S3Store(Store):
         assert size is not None  # a suffix read always learns it
         return data, size
 
-    def get_version(self, key: str, start: int, length: int | None, version: str | None) -> bytes:
+    def get_version(self, key: str, start: int, length: int | None, version: str | None,
+                    limit: int | None = None) -> bytes:
         check_key(key)
         if length == 0:
             return b""
-        return self._get(key, start, length, pin=version)[0]
+        return self._get(key, start, length, pin=version, limit=limit)[0]
 
     def info(self, key: str) -> KeyInfo:
         check_key(key)
@@ -399,6 +436,15 @@ class S3Store(Store):
             else:
                 self._skip(sub[:-1])
         return listing
+
+    def _listed(self, obj: dict[str, Any]) -> KeyInfo | None:
+        """The info of a listed object, or None (logged once) when it can be no file."""
+        info = _info(obj)
+        if info is None:
+            key = obj.get("Key", "")
+            self._skipped.warning(key, "skipping store key %r: the server lists it with size %r, "
+                                  "which no file can have", key, obj.get("Size"))
+        return info
 
     def _skip(self, key: str) -> None:
         why = bad_segment(key) or "not a path segment"
@@ -427,7 +473,9 @@ class S3Store(Store):
         for n, page in enumerate(pages):
             contents = page.get("Contents", ())
             for obj in contents:
-                yield obj["Key"][skip:], _info(obj)
+                info = self._listed(obj)
+                if info is not None:
+                    yield obj["Key"][skip:], info
             if n == 0 and page.get("IsTruncated") and contents:
                 keys = [obj["Key"][skip:] for obj in contents]
                 if s3_walk.walk_pays(keys, self.page_keys):
@@ -444,7 +492,10 @@ class S3Store(Store):
         keys: list[tuple[str, KeyInfo]] = []
         subdirs: list[str] = []
         for page in self._pages(prefix, Prefix=full, Delimiter="/"):
-            keys.extend((obj["Key"][skip:], _info(obj)) for obj in page.get("Contents", ()))
+            for obj in page.get("Contents", ()):
+                info = self._listed(obj)
+                if info is not None:
+                    keys.append((obj["Key"][skip:], info))
             subdirs.extend(cp["Prefix"][skip:] for cp in page.get("CommonPrefixes", ()))
         return keys, subdirs
 
@@ -573,10 +624,16 @@ class S3Store(Store):
 
     def _pages(self, prefix: str, **kw: Any) -> Iterator[dict[str, Any]]:
         """ListObjectsV2 pages, each page its own retried request (a fault mid-listing
-        resumes at that page's continuation token, never yields a partial listing)."""
+        resumes at that page's continuation token, never yields a partial listing).
+
+        A listing that does not end fails (StoreError): one whose server hands back a
+        continuation token it gave before (a loop, which held an ``ls`` for ever), or past
+        MAX_LISTED_KEYS entries (a server inventing keys: memory grew 12 MB/s)."""
         token: str | None = None
         where = prefix or "/"
         whole = kw == {"Prefix": self.prefix}  # the whole store, flat: what the probe listed
+        seen: set[str] = set()
+        listed = 0
         while True:
             args = dict(kw, Bucket=self.bucket, MaxKeys=self.page_keys)
             if token:
@@ -584,10 +641,18 @@ class S3Store(Store):
             page = self._probed_page() if whole and not token else None
             if page is None:
                 page = self._request(where, "ListObjectsV2", lambda c, a=args: c.list_objects_v2(**a))
+            listed += len(page.get("Contents", ())) + len(page.get("CommonPrefixes", ()))
+            if listed > MAX_LISTED_KEYS:
+                raise StoreError(f"{where}: the listing goes on past {MAX_LISTED_KEYS:,} entries; "
+                                 "zvfs lists no more in one directory")
             yield page
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
                 return
+            if token in seen:
+                raise StoreError(f"{where}: the server's listing loops (it gave continuation "
+                                 f"token {token[:40]!r} twice)")
+            seen.add(token)
 
     def _request(self, key: str, op: str, call: Callable[[Any], T]) -> T:
         """``call(client)`` under the retry policy; failures become StoreError naming ``key``."""
@@ -597,6 +662,9 @@ class S3Store(Store):
             client = self._client
             try:
                 return call(client)
+            except (ValueError, TypeError) as exc:  # botocore's parse of a malformed answer
+                raise StoreError(f"{key}: S3 {op}: the server's answer could not be read "
+                                 f"({type(exc).__name__}: {exc})") from None
             except Exception as exc:  # noqa: BLE001 - classified below; anything else is re-raised
                 if not isinstance(exc, _REQUEST_ERRORS):
                     raise
@@ -610,15 +678,21 @@ class S3Store(Store):
                 self.counters.add("store_retries")
 
     def _get(self, key: str, start: int, length: int | None, pin: str | None = None,
-             suffix: int | None = None) -> tuple[bytes, int | None]:
-        """Bytes [start, start+length) of ``key`` (to the end when length is None), or its
-        last ``suffix`` bytes (one ``Range: bytes=-N`` request); with the object's size when
-        the response told it (a suffix read always does).
+             suffix: int | None = None, limit: int | None = None,
+             strict: bool = False) -> tuple[bytes, int | None]:
+        """Bytes [start, start+length) of ``key`` (to the end when length is None, and then
+        at most ``limit`` of them), or its last ``suffix`` bytes (one ``Range: bytes=-N``
+        request); with the object's size when the response told it (a suffix read always
+        does). ``strict``: an object announced longer than ``limit`` is refused (TooLarge)
+        before its body is read.
 
         A body that breaks off is resumed where it stopped, pinned to the first
         response's ETag so the pieces come from one version of the object (a suffix
         read resumes the absolute range its first response named); a checksum
-        mismatch discards what was read and starts again.
+        mismatch discards what was read and starts again. What the server sends is
+        checked, not trusted: no more is read than was asked (whatever Content-Length it
+        announces), a range answered whole (a 200) is cut to the range, one answered from
+        elsewhere or short is resumed, and a body still trickling in at the deadline fails.
         """
         parts: list[bytes] = []
         got = 0
@@ -645,27 +719,63 @@ class S3Store(Store):
                 resp = client.get_object(**kw)
                 etag = etag or resp.get("ETag")
                 expected = int(resp.get("ContentLength", -1))
-                if tail is not None or length is None:
-                    size = _object_size(resp, expected)
+                answered = _answered_range(resp) if "Range" in kw else None
+                skip = 0  # bytes of the body before what was asked (a range answered whole)
                 if tail is not None:  # from now on an absolute range: a resume asks the rest
-                    start, length, tail = size - expected, expected, None
+                    size = answered[2] if answered else expected
+                    if size is None:
+                        raise _ShortBody("a suffix answered without the object's size")
+                    first = answered[0] if answered else max(0, size - tail)
+                    start, length, tail = first, size - first, None
+                    skip = 0 if answered else first
+                elif "Range" in kw:
+                    if answered is None:
+                        skip = pos
+                    elif answered[0] != pos:
+                        raise _ShortBody(f"asked for bytes from {pos}, answered from {answered[0]}")
+                if length is None and "Range" not in kw:
+                    size = expected if expected >= 0 else None
+                    if strict and limit is not None and expected > limit:
+                        resp["Body"].close()
+                        raise TooLarge(f"{key}: holds {expected} bytes, more than the {limit} it may")
+                take = (start + length - pos) if length is not None else (
+                    None if limit is None else limit - got)
                 body = resp["Body"]
-                received = 0
+                consumed = 0
+                watched = self._watchdog.watch(time.monotonic() + tries.left, body_socket(body))
                 try:
-                    while True:
-                        piece = body.read(_BODY_PIECE)
+                    while take is None or take > 0:
+                        piece = body.read(_BODY_PIECE if take is None else min(_BODY_PIECE, skip + take))
                         if not piece:
                             break
-                        parts.append(piece)
-                        got += len(piece)
-                        received += len(piece)
+                        consumed += len(piece)
+                        if skip:
+                            cut = min(skip, len(piece))
+                            piece, skip = piece[cut:], skip - cut
+                        if take is not None:
+                            piece = piece[:take]
+                            take -= len(piece)
+                        if piece:
+                            parts.append(piece)
+                            got += len(piece)
+                except Exception as exc:  # noqa: BLE001 - re-raised, as late if it was cut off
+                    if self._watchdog.done(watched):
+                        raise _Overdue(f"body not received within the {self.retry.deadline:g} s "
+                                       "deadline") from exc
+                    raise
                 finally:
                     body.close()
-                if 0 <= received < expected:
-                    raise _ShortBody(f"body ended after {received} of {expected} bytes")
+                if self._watchdog.done(watched):
+                    raise _Overdue(f"body not received within the {self.retry.deadline:g} s deadline")
+                if (take is None or take > 0) and 0 <= consumed < expected:
+                    raise _ShortBody(f"body ended after {consumed} of {expected} bytes")
+                if (take is None or take > 0) and answered is not None and answered[2] is not None \
+                        and start + got < answered[2]:
+                    raise _ShortBody(f"range answered short: bytes {answered[0]}-{answered[1]} "
+                                     f"of {answered[2]}")
                 return b"".join(parts), size
             except Exception as exc:  # noqa: BLE001 - classified below; anything else is re-raised
-                if not isinstance(exc, (*_REQUEST_ERRORS, _ShortBody)):
+                if not isinstance(exc, (*_REQUEST_ERRORS, _ShortBody, _Overdue)):
                     raise
                 if isinstance(exc, bce.ClientError):
                     code = _code(exc)

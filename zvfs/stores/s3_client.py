@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
@@ -53,6 +53,8 @@ from botocore.context import get_context  # noqa: E402
 from botocore.exceptions import DataNotFoundError  # noqa: E402
 from botocore.utils import parse_timestamp  # noqa: E402
 
+_EPOCH = datetime.fromtimestamp(0, UTC)
+
 
 def fast_timestamp(value: str) -> datetime:
     """A timestamp of a response, as botocore's own parser reads it, but ISO 8601 with a zone
@@ -69,7 +71,14 @@ def fast_timestamp(value: str) -> datetime:
         parsed = datetime.fromisoformat(value)
     except (TypeError, ValueError):
         parsed = _http_date(value)
-    return parsed if parsed is not None and parsed.tzinfo is not None else parse_timestamp(value)
+    if parsed is not None and parsed.tzinfo is not None:
+        return parsed
+    try:
+        return parse_timestamp(value)
+    except (TypeError, ValueError, OverflowError):
+        # no date at all: the key is still listed (with the epoch as its mtime), where the
+        # whole page, and every listing that held it, failed
+        return _EPOCH
 
 
 def _http_date(value: str) -> datetime | None:

@@ -262,7 +262,8 @@ class RawFile(FileNode):
         whole = bool(store.block_size) and start == 0 and length >= self._info.size
 
         def fetch() -> bytes:
-            got = store.get_version(self.key, start, None if whole else length, self._info.version)
+            got = store.get_version(self.key, start, None if whole else length, self._info.version,
+                                    length + 1 if whole else None)
             if ahead:
                 store.will_need(ahead)
             return got
@@ -419,7 +420,10 @@ class RawFile(FileNode):
             out: list[bytes | None] = []
             for node in batch:
                 try:
-                    out.append(store.get_version(node.key, 0, None, node._info.version))
+                    # limit: a server that announces more than was listed is not read past
+                    # it (one byte more tells the file grew: not kept, below)
+                    out.append(store.get_version(node.key, 0, None, node._info.version,
+                                                 node._info.size + 1))
                 except StoreError:
                     if node is self:
                         raise

@@ -1,0 +1,183 @@
+"""A small S3 server on 127.0.0.1 whose listings can lie: what moto cannot be made to send.
+
+It serves ListObjectsV2 (prefix, delimiter, continuation, URL encoding), HeadBucket,
+HeadObject and GetObject (with a single Range) over a dict of keys, and its listings can
+carry what a broken or hostile server sends: sizes no file can have, dates that are no
+dates, and continuation tokens that loop. Everything else about it is plain S3, so zvfs
+mounts it with ``--endpoint-url`` and ``--no-sign-request``. It runs in a thread of the
+test process; the zvfs daemon talks to it over loopback.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import hashlib
+import threading
+import urllib.parse
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from xml.sax.saxutils import escape
+
+
+@dataclass
+class Listed:
+    """What the listing says of one key (None: the truth)."""
+
+    size: object = None
+    last_modified: str | None = None
+
+
+@dataclass
+class HostileS3:
+    bucket: str
+    objects: dict[str, bytes] = field(default_factory=dict)
+    lies: dict[str, Listed] = field(default_factory=dict)
+    #: every listing page is truncated and hands back this same token
+    loop_token: str | None = None
+    page_keys: int = 1000
+
+    def __post_init__(self) -> None:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_HEAD(self) -> None:  # noqa: N802
+                server._head(self)
+
+            def do_GET(self) -> None:  # noqa: N802
+                server._get(self)
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> HostileS3:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    # -- requests ------------------------------------------------------------------------
+
+    @staticmethod
+    def _send(h: BaseHTTPRequestHandler, status: int, body: bytes, headers: dict[str, str]) -> None:
+        h.send_response(status)
+        for k, v in headers.items():
+            h.send_header(k, v)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        if h.command != "HEAD":
+            h.wfile.write(body)
+
+    def _split(self, h: BaseHTTPRequestHandler) -> tuple[str, dict[str, str]]:
+        url = urllib.parse.urlsplit(h.path)
+        path = urllib.parse.unquote(url.path).lstrip("/")
+        query = dict(urllib.parse.parse_qsl(url.query, keep_blank_values=True))
+        bucket, _, key = path.partition("/")
+        if bucket != self.bucket:
+            self._send(h, 404, b"<Error><Code>NoSuchBucket</Code></Error>", {})
+            return "", {"_refused": "1"}
+        return key, query
+
+    def _head(self, h: BaseHTTPRequestHandler) -> None:
+        key, query = self._split(h)
+        if "_refused" in query:
+            return
+        if not key:
+            self._send(h, 200, b"", {})
+        elif key in self.objects:
+            self._send(h, 200, self.objects[key], self._object_headers(key))
+        else:
+            self._send(h, 404, b"", {})
+
+    def _object_headers(self, key: str) -> dict[str, str]:
+        return {"ETag": f'"{hashlib.md5(self.objects[key]).hexdigest()}"',  # noqa: S324 - S3's ETag
+                "Last-Modified": email.utils.formatdate(usegmt=True)}
+
+    def _get(self, h: BaseHTTPRequestHandler) -> None:
+        key, query = self._split(h)
+        if "_refused" in query:
+            return
+        if not key:
+            self._list(h, query)
+            return
+        data = self.objects.get(key)
+        if data is None:
+            self._send(h, 404, b"<Error><Code>NoSuchKey</Code></Error>", {})
+            return
+        headers = self._object_headers(key)
+        rng = h.headers.get("Range")
+        if rng and rng.startswith("bytes="):
+            first, _, last = rng[6:].partition("-")
+            if first == "":  # a suffix
+                start = max(0, len(data) - int(last))
+                end = len(data) - 1
+            else:
+                start = int(first)
+                end = min(len(data) - 1, int(last)) if last else len(data) - 1
+            if start >= len(data):
+                self._send(h, 416, b"<Error><Code>InvalidRange</Code></Error>", {})
+                return
+            headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
+            self._send(h, 206, data[start:end + 1], headers)
+            return
+        self._send(h, 200, data, headers)
+
+    def _list(self, h: BaseHTTPRequestHandler, q: dict[str, str]) -> None:
+        prefix, delim = q.get("prefix", ""), q.get("delimiter", "")
+        encode = q.get("encoding-type") == "url"
+        after = q.get("continuation-token") or q.get("start-after") or ""
+        if after.startswith("tok:"):
+            after = after[4:]
+        entries: list[tuple[str, bool]] = []  # (name, is a common prefix)
+        seen_prefixes: set[str] = set()
+        for key in sorted(self.objects):
+            if not key.startswith(prefix):
+                continue
+            rest = key[len(prefix):]
+            if delim and delim in rest:
+                cp = prefix + rest[: rest.index(delim) + 1]
+                if cp not in seen_prefixes:
+                    seen_prefixes.add(cp)
+                    entries.append((cp, True))
+            else:
+                entries.append((key, False))
+        entries = [e for e in entries if e[0] > after]
+        page, more = entries[: self.page_keys], len(entries) > self.page_keys
+        if self.loop_token is not None:
+            more = True
+
+        def name(s: str) -> str:
+            return escape(urllib.parse.quote(s, safe="/") if encode else s)
+
+        out = ['<?xml version="1.0" encoding="UTF-8"?>',
+               '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">',
+               f"<Name>{self.bucket}</Name><Prefix>{name(prefix)}</Prefix>",
+               f"<KeyCount>{len(page)}</KeyCount><MaxKeys>{self.page_keys}</MaxKeys>",
+               f"<IsTruncated>{'true' if more else 'false'}</IsTruncated>"]
+        if delim:
+            out.append(f"<Delimiter>{escape(delim)}</Delimiter>")
+        if encode:
+            out.append("<EncodingType>url</EncodingType>")
+        if more:
+            token = self.loop_token if self.loop_token is not None else "tok:" + page[-1][0]
+            out.append(f"<NextContinuationToken>{escape(token)}</NextContinuationToken>")
+        for entry, is_prefix in page:
+            if is_prefix:
+                out.append(f"<CommonPrefixes><Prefix>{name(entry)}</Prefix></CommonPrefixes>")
+                continue
+            lie = self.lies.get(entry, Listed())
+            size = len(self.objects[entry]) if lie.size is None else lie.size
+            when = lie.last_modified or "2026-11-28T10:00:00.000Z"
+            out.append(f"<Contents><Key>{name(entry)}</Key><LastModified>{escape(when)}</LastModified>"
+                       f'<ETag>"{hashlib.md5(self.objects[entry]).hexdigest()}"</ETag>'  # noqa: S324
+                       f"<Size>{escape(str(size))}</Size><StorageClass>STANDARD</StorageClass></Contents>")
+        out.append("</ListBucketResult>")
+        self._send(h, 200, "".join(out).encode(), {"Content-Type": "application/xml"})

@@ -1,0 +1,85 @@
+"""An S3 server whose listings lie (tests/hostile_s3.py): what moto cannot be made to send.
+
+Each case was found by an audit with a hostile server. A listing that loops held an
+``ls`` for ever; one key with a size no file can have, or a date that is no date, or a
+key a thousand levels deep, failed every listing of the raw tree that held it; a name
+longer than 4 KiB failed its directory's listing with nothing logged. Now the bad key
+costs only itself (one log line naming it), and a listing that cannot end fails.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+
+import pytest
+from conftest import daemon_pids
+from hostile_s3 import HostileS3, Listed
+from moto_server import DUMMY_ENV
+
+BUCKET = "hostile"
+
+
+def env() -> dict[str, str]:
+    out = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    out.update(DUMMY_ENV)
+    return out
+
+
+def mount_it(mount, server: HostileS3, *opts: str):
+    return mount(f"s3://{BUCKET}/s", "--endpoint-url", server.endpoint, "--no-sign-request",
+                 "--s3-timeout", "2", "--s3-deadline", "5", *opts, env=env())
+
+
+def test_keys_listed_with_impossible_sizes_or_dates_cost_only_themselves(mount) -> None:
+    good = b"good bytes\n" * 50
+    objects = {"s/good.txt": good, "s/huge.bin": b"x", "s/negative.bin": b"y", "s/sizeless.bin": b"z",
+               "s/undated.txt": b"no date\n", "s/sub/also.txt": b"below\n"}
+    lies = {"s/huge.bin": Listed(size=2**70), "s/negative.bin": Listed(size=-5),
+            "s/undated.txt": Listed(last_modified="not-a-date")}
+    with HostileS3(BUCKET, objects, lies) as server:
+        m = mount_it(mount, server)
+        names = sorted(os.listdir(m.path))
+        assert names == ["good.txt", "sizeless.bin", "sub", "undated.txt"], names
+        assert (m.path / "good.txt").read_bytes() == good
+        assert (m.path / "undated.txt").read_bytes() == b"no date\n"
+        assert (m.path / "undated.txt").stat().st_mtime == 0  # listed, with no date to show
+        assert (m.path / "sub" / "also.txt").read_bytes() == b"below\n"
+        log = m.log_text()
+        for key in ("huge.bin", "negative.bin"):
+            lines = [ln for ln in log.splitlines() if f"skipping store key 's/{key}'" in ln]
+            assert len(lines) == 1 and "no file can have" in lines[0], log[-3000:]
+
+
+def test_a_key_a_thousand_levels_deep_and_a_name_of_5000_bytes_cost_only_themselves(mount) -> None:
+    deep = "s/" + "d/" * 1000 + "f"
+    long_name = "s/" + "L" * 5000
+    objects = {"s/good.txt": b"good\n", deep: b"deep\n", long_name: b"long\n", "s/" + "M" * 300: b"m\n"}
+    with HostileS3(BUCKET, objects) as server:
+        m = mount_it(mount, server)
+        assert sorted(os.listdir(m.path)) == ["d", "good.txt"], sorted(os.listdir(m.path))[:5]
+        assert (m.path / "good.txt").read_bytes() == b"good\n"
+        assert os.listdir(m.path / "d") == ["d"]
+        log = m.log_text()
+        assert "left out of its directory's listing" in log and "a name of 5000 bytes" in log, log[-3000:]
+        assert "a name of 300 bytes" in log
+
+
+def test_a_listing_that_loops_fails_at_once(mount) -> None:
+    """Every page truncated, handing back the same continuation token: the mount's scan
+    paged for a minute, then every `ls` waited for ever. Now the second sight of the token
+    ends the listing with an error naming the loop: the mount comes up at once, and its
+    listing fails (EIO) within seconds, the daemon serving on."""
+    objects = {f"s/k{i:03d}": b"v" for i in range(5)}
+    with HostileS3(BUCKET, objects, loop_token="SAME") as server:
+        t0 = time.monotonic()
+        m = mount_it(mount, server)
+        assert time.monotonic() - t0 < 20
+        t0 = time.monotonic()
+        with pytest.raises(OSError) as err:
+            os.listdir(m.path)
+        assert err.value.errno == errno.EIO
+        assert time.monotonic() - t0 < 10
+        assert "listing loops" in m.log_text() and "'SAME'" in m.log_text(), m.log_text()[-3000:]
+        assert daemon_pids(m.path)
