@@ -500,3 +500,19 @@ def test_why_fuse_refused_the_mount_is_the_error(monkeypatch) -> None:
     assert str(err.value) == said.decode().strip()
     after = os.fstat(2)
     assert (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino)  # stderr is back
+
+
+def test_unmounting_another_users_mount_says_whose_it_is(monkeypatch) -> None:
+    """As a user other than the one who mounted (and not root), fusermount3 said only
+    "entry for ... not found in /etc/mtab". In process: the CLI's unmount, with the mount
+    table's entry and the caller's uid given."""
+    from zvfs import cli
+    from zvfs.mounts import MountEntry
+
+    entry = MountEntry("/mnt/theirs", "0:99", "fuse.zvfs", "zvfs:/data/x.zarr", "ro,nosuid",
+                       "ro,user_id=1234,group_id=1234,default_permissions")
+    monkeypatch.setattr(cli, "mount_entry", lambda _path: entry)
+    monkeypatch.setattr(cli.os, "geteuid", lambda: 4321)
+    with pytest.raises(cli.CliError) as err:
+        cli._unmount("/mnt/theirs", lazy=False)
+    assert str(err.value) == "/mnt/theirs was mounted by uid 1234: only that user or root can unmount it"

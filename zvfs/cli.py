@@ -580,6 +580,9 @@ def _unmount(path: str, lazy: bool) -> int:
         if entry.fstype != "fuse.zvfs":
             raise CliError(f"{entry.mountpoint} is a {entry.fstype} mount, not zvfs; "
                            f"unmount it with: umount {entry.mountpoint}")
+        if os.geteuid() != 0 and entry.owner not in (None, os.geteuid()):
+            raise CliError(f"{entry.mountpoint} was mounted by uid {entry.owner}: only that user "
+                           "or root can unmount it")
         try:
             _fusermount(entry.mountpoint, lazy)
         except CliError:

@@ -25,6 +25,15 @@ class MountEntry:
     fstype: str  # e.g. 'fuse.zvfs'
     source: str  # e.g. 'zvfs:s3://bucket/prefix'
     options: str  # per-mount options, e.g. 'ro,nosuid,nodev,noatime'
+    super_options: str = ""  # the file system's, e.g. 'rw,user_id=0,group_id=0'
+
+    @property
+    def owner(self) -> int | None:
+        """The uid that made a FUSE mount (its ``user_id=``), or None."""
+        for opt in self.super_options.split(","):
+            if opt.startswith("user_id=") and opt[8:].isdigit():
+                return int(opt[8:])
+        return None
 
 
 def mount_table() -> list[MountEntry]:
@@ -42,6 +51,7 @@ def mount_table() -> list[MountEntry]:
                 fstype=tail[0].decode(errors="replace"),
                 source=os.fsdecode(_unescape(tail[1])),
                 options=parts[5].decode(errors="replace"),
+                super_options=tail[2].decode(errors="replace") if len(tail) > 2 else "",
             ))
     return out
 

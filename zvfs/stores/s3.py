@@ -719,25 +719,29 @@ class S3Store(Store):
                 resp = client.get_object(**kw)
                 etag = etag or resp.get("ETag")
                 expected = int(resp.get("ContentLength", -1))
-                answered = _answered_range(resp) if "Range" in kw else None
-                skip = 0  # bytes of the body before what was asked (a range answered whole)
-                if tail is not None:  # from now on an absolute range: a resume asks the rest
-                    size = answered[2] if answered else expected
-                    if size is None:
-                        raise _ShortBody("a suffix answered without the object's size")
-                    first = answered[0] if answered else max(0, size - tail)
-                    start, length, tail = first, size - first, None
-                    skip = 0 if answered else first
-                elif "Range" in kw:
-                    if answered is None:
-                        skip = pos
-                    elif answered[0] != pos:
-                        raise _ShortBody(f"asked for bytes from {pos}, answered from {answered[0]}")
-                if length is None and "Range" not in kw:
-                    size = expected if expected >= 0 else None
-                    if strict and limit is not None and expected > limit:
-                        resp["Body"].close()
-                        raise TooLarge(f"{key}: holds {expected} bytes, more than the {limit} it may")
+                try:  # what the answer holds, against what was asked; else its body is let go
+                    answered = _answered_range(resp) if "Range" in kw else None
+                    skip = 0  # bytes of the body before what was asked (a range answered whole)
+                    if tail is not None:  # from now on an absolute range: a resume asks the rest
+                        size = answered[2] if answered else expected
+                        if size is None:
+                            raise _ShortBody("a suffix answered without the object's size")
+                        first = answered[0] if answered else max(0, size - tail)
+                        start, length, tail = first, size - first, None
+                        pos = start + got
+                        skip = 0 if answered else first
+                    elif "Range" in kw:
+                        if answered is None:
+                            skip = pos
+                        elif answered[0] != pos:
+                            raise _ShortBody(f"asked for bytes from {pos}, answered from {answered[0]}")
+                    if length is None and "Range" not in kw:
+                        size = expected if expected >= 0 else None
+                        if strict and limit is not None and expected > limit:
+                            raise TooLarge(f"{key}: holds {expected} bytes, more than the {limit} it may")
+                except BaseException:
+                    resp["Body"].close()
+                    raise
                 take = (start + length - pos) if length is not None else (
                     None if limit is None else limit - got)
                 body = resp["Body"]
@@ -763,9 +767,11 @@ class S3Store(Store):
                         raise _Overdue(f"body not received within the {self.retry.deadline:g} s "
                                        "deadline") from exc
                     raise
+                else:  # unwatched before the close gives the connection back to the pool
+                    late = self._watchdog.done(watched)
                 finally:
                     body.close()
-                if self._watchdog.done(watched):
+                if late:
                     raise _Overdue(f"body not received within the {self.retry.deadline:g} s deadline")
                 if (take is None or take > 0) and 0 <= consumed < expected:
                     raise _ShortBody(f"body ended after {consumed} of {expected} bytes")
