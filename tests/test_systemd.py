@@ -166,14 +166,19 @@ def test_service_runs_and_notifies_ready(zarr_dir, tmp_path) -> None:
         assert mount_entry(mnt) is None
     finally:
         sock.close()
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+        end(proc)
         force_unmount(mnt)
+
+
+def end(proc: subprocess.Popen) -> None:
+    """Stop a daemon the test started, by its PID: SIGTERM, then SIGKILL after 15 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 def run_start_pre(svc: dict, env: dict[str, str]) -> None:
@@ -219,13 +224,7 @@ def test_service_restarts_over_the_dead_mount_of_a_killed_daemon(zarr_dir, tmp_p
         assert mount_entry(mnt) is None
     finally:
         for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
+            end(proc)
         force_unmount(mnt)
 
 
