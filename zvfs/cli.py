@@ -66,13 +66,11 @@ class _Version(argparse.Action):
 
 
 def _positive_seconds(text: str) -> float:
+    """zvfs.options.parse_seconds, as an argparse type (which words a ValueError itself)."""
     try:
-        value = float(text)
+        return zopts.parse_seconds(text)
     except ValueError:
-        value = 0.0
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} is no number of seconds above 0")
-    return value
+        raise argparse.ArgumentTypeError(f"{text} is no number of seconds above 0") from None
 
 
 def _parser() -> argparse.ArgumentParser:

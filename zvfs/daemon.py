@@ -270,7 +270,8 @@ async def _announce_ready(ctx: MountContext, root: MountRoot, mountpoint: str, r
             settle_mtimes(ctx, root, mtimes)
             # our own stat above had the kernel keep the root's attributes: not those any more
             await run_abandonable(_forget_root_attributes)
-    ctx.background(close_idle_handles, ctx)
+    if ctx.store.opens_readers:  # a store keeping descriptors (a directory's); others: nothing to close
+        ctx.background(close_idle_handles, ctx)
     if ctx.store.flat_listing:
         # like rclone's --vfs-refresh: list the store (S3) while the user types the first
         # command (going on with the listing the scan began)
@@ -351,7 +352,6 @@ def init_fuse(ops: ZvfsOperations, mountpoint: str, options: set[str]) -> None:
         try:
             pyfuse3.init(ops, mountpoint, options)
         except Exception as exc:  # noqa: BLE001 - pyfuse3 raises RuntimeError; anything is the same
-            os.dup2(saved, 2)
             said.seek(0)
             why = " ".join(said.read().decode(errors="replace").split())
             raise MountRefused(why or str(exc)) from exc

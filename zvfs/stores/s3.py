@@ -103,6 +103,9 @@ class _Overdue(TimeoutError):
     """The body still coming when the request's deadline passed (a server trickling it a
     byte at a time never trips the timeout between bytes)."""
 
+    def __init__(self, deadline: float) -> None:
+        super().__init__(f"body not received within the {deadline:g} s deadline")
+
 
 def fault_kind(exc: BaseException) -> str:
     """The kind of a failed S3 request: decides retry, and labels the error counters."""
@@ -764,15 +767,14 @@ class S3Store(Store):
                             got += len(piece)
                 except Exception as exc:  # noqa: BLE001 - re-raised, as late if it was cut off
                     if self._watchdog.done(watched):
-                        raise _Overdue(f"body not received within the {self.retry.deadline:g} s "
-                                       "deadline") from exc
+                        raise _Overdue(self.retry.deadline) from exc
                     raise
                 else:  # unwatched before the close gives the connection back to the pool
                     late = self._watchdog.done(watched)
                 finally:
                     body.close()
                 if late:
-                    raise _Overdue(f"body not received within the {self.retry.deadline:g} s deadline")
+                    raise _Overdue(self.retry.deadline)
                 if (take is None or take > 0) and 0 <= consumed < expected:
                     raise _ShortBody(f"body ended after {consumed} of {expected} bytes")
                 if (take is None or take > 0) and answered is not None and answered[2] is not None \
