@@ -88,6 +88,31 @@ def test_a_sequential_writer_uploads_parts_while_writing_and_a_rewritten_part_go
     assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads")
 
 
+def test_a_part_uploaded_after_a_truncate_cut_it_goes_up_again_once_a_write_makes_a_hole_of_it(s3):
+    """A part handed to a worker before a truncate and uploaded after it went up short; a
+    write further on then made the rest of it a hole, and the short part counted as done:
+    CompleteMultipartUpload failed (EntityTooSmall), or with a part of over 5 MiB the
+    object would have lost the hole's bytes (found by an audit with fsx)."""
+    store, client, bucket, _ = s3
+    data = bytearray(os.urandom(26 * MiB))
+    w = store.open_writer("holed", truncate=True, create=True)
+    jobs = []
+    for off in range(0, len(data), MiB):
+        w.write(off, bytes(data[off:off + MiB]))
+        jobs += w.background_work()  # handed out, not run yet
+    assert jobs, "a sequential writer of 26 MiB hands out parts"
+    w.truncate(MiB + 17)  # into part 0 (5 MiB parts)
+    del data[MiB + 17:]
+    for job in jobs:  # the workers get to them only now
+        job()
+    w.write(16 * MiB, b"Z")  # parts 0 to 2 are a hole after the cut, then part 3
+    data.extend(bytes(16 * MiB - len(data)))
+    data += b"Z"
+    w.commit()
+    w.close()
+    assert _object(client, bucket, "holed") == bytes(data)
+
+
 def test_a_slow_create_of_the_multipart_upload_does_not_hold_up_the_writer(s3):
     """background_work() runs on the daemon's trio thread after every write. It must not
     wait for the writer's lock while a part upload holds it across CreateMultipartUpload:

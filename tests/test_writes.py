@@ -1285,3 +1285,112 @@ def test_s3_reader_sees_old_or_new_object(s3store: Store, mount) -> None:
     assert len(seen) >= 2, (seen, stale)
     assert_key(s3store, m, "hot.bin", versions[-1])
 
+
+
+# --------------------------------------------------------------------------- POSIX identity
+# (found by tests/test_write_model.py and a write-path audit; each fails with the code before)
+
+
+def test_a_file_renamed_or_unlinked_while_open_for_writing(store: Store, mount) -> None:
+    """Renamed while open: stored under the new name only. Unlinked while open: the open
+    goes on reading and writing its file, which is neither listed nor stored, and the name
+    can be made again at once."""
+    m = store.mount(mount)
+    fd = os.open(m.path / "a", os.O_CREAT | os.O_RDWR, 0o644)
+    os.pwrite(fd, b"XYZ", 0)
+    os.rename(m.path / "a", m.path / "b")
+    assert sorted(os.listdir(m.path)) == ["b"]
+    os.pwrite(fd, b"!", 3)
+    assert os.stat(m.path / "b").st_size == 4
+    os.close(fd)
+    assert sorted(os.listdir(m.path)) == ["b"]
+    assert_key(store, m, "b", b"XYZ!")
+    assert_key(store, m, "a", None)
+
+    fd = os.open(m.path / "u", os.O_CREAT | os.O_RDWR, 0o644)
+    os.pwrite(fd, b"data", 0)
+    os.unlink(m.path / "u")
+    assert sorted(os.listdir(m.path)) == ["b"]
+    os.pwrite(fd, b"more", 4)
+    assert os.pread(fd, 100, 0) == b"datamore"
+    assert os.fstat(fd).st_size == 8
+    os.close(fd)
+    assert sorted(os.listdir(m.path)) == ["b"]
+    assert_key(store, m, "u", None)
+    (m.path / "u").write_bytes(b"again")  # the name is free at once (ENOENT for the TTL before)
+    assert_key(store, m, "u", b"again")
+
+
+def test_a_file_replaced_by_a_rename_while_open_for_writing_is_not_stored(store: Store, mount) -> None:
+    store.put("target", b"old target")
+    m = store.mount(mount)
+    fd = os.open(m.path / "target", os.O_RDWR)
+    os.pwrite(fd, b"written through the replaced file", 0)
+    (m.path / "new").write_bytes(b"the new one")
+    os.rename(m.path / "new", m.path / "target")
+    os.close(fd)
+    assert_key(store, m, "target", b"the new one")
+    assert sorted(os.listdir(m.path)) == ["target"]
+
+
+def test_two_opens_of_a_file_write_one_file(store: Store, mount) -> None:
+    """On S3 too: the second open shares the first one's staged bytes, so neither close
+    undoes the other's writes, and O_APPEND from two opens keeps every line."""
+    m = store.mount(mount)
+    p = m.path / "two"
+    a = os.open(p, os.O_CREAT | os.O_RDWR, 0o644)
+    os.pwrite(a, b"AAAA", 0)
+    os.fsync(a)
+    b = os.open(p, os.O_RDWR)
+    assert os.pread(b, 10, 0) == b"AAAA"
+    os.pwrite(b, b"BB", 4)
+    os.close(b)
+    os.pwrite(a, b"C", 0)
+    os.close(a)
+    assert_key(store, m, "two", b"CAAABB")
+
+    log = m.path / "log"
+    f1, f2 = (os.open(log, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o644) for _ in range(2))
+    lines = []
+    for i in range(40):
+        line = f"line {i} from {1 + i % 2}\n".encode()
+        os.write(f1 if i % 2 == 0 else f2, line)
+        lines.append(line)
+    os.close(f1)
+    os.close(f2)
+    assert_key(store, m, "log", b"".join(lines))
+
+
+def test_a_reader_sees_the_file_changed_in_place(dirstore: Store, mount) -> None:
+    """Directory store: an open reads the file as it is now, as through a descriptor of it;
+    a truncate through another open read as end of file."""
+    m = dirstore.mount(mount)
+    p = m.path / "c"
+    p.write_bytes(b"")
+    r = os.open(p, os.O_RDONLY)
+    try:
+        os.truncate(p, 5)
+        assert os.pread(r, 10, 0) == bytes(5)
+        with open(p, "r+b") as w:
+            w.write(b"hello world")
+        assert os.pread(r, 20, 0) == b"hello world"
+    finally:
+        os.close(r)
+
+
+def test_paths_below_a_renamed_directory_work_at_once(store: Store, mount) -> None:
+    """mv of a directory the kernel has walked: its files and subdirectories answer under the
+    new name at once (ENOENT for the metadata TTL before, for ever with indefinite)."""
+    m = store.mount(mount)
+    os.makedirs(m.path / "t/a/b")
+    (m.path / "t/a/f").write_bytes(b"hi")
+    (m.path / "t/a/b/g").write_bytes(b"deep")
+    assert (m.path / "t/a/b/g").read_bytes() == b"deep"  # the kernel knows every entry
+    os.rename(m.path / "t", m.path / "t_done")
+    assert (m.path / "t_done/a/f").read_bytes() == b"hi"
+    assert (m.path / "t_done/a/b/g").read_bytes() == b"deep"
+    assert sorted(os.listdir(m.path / "t_done/a")) == ["b", "f"]
+    (m.path / "t_done/a/f2").write_bytes(b"more")
+    assert_key(store, m, "t_done/a/f2", b"more")
+    assert_key(store, m, "t_done/a/b/g", b"deep")
+    assert store.get("t/a/f") is None and not (m.path / "t").exists()

@@ -116,6 +116,9 @@ class ZvfsOperations(pyfuse3.Operations):
         self._lookups = array("q", [0])
         #: the size the kernel knows (our last answer, or what was written through it); -1: none
         self._told = array("q", [-1])
+        #: inode -> its opens for writing, newest last: their size is the file's, whatever
+        #: became of its name (renamed, unlinked or replaced while open, as in POSIX)
+        self._writing: dict[int, list[FileHandle]] = {}
         # the live bindings (parent, name) -> inode. Most are made by an opendir, which
         # numbers the names it meets first in sorted order: one run per directory, a list of
         # names (8 bytes a name) searched by bisection; the others one by one in a dict
@@ -276,6 +279,8 @@ class ZvfsOperations(pyfuse3.Operations):
         a.st_mode = self._owner.mode(not is_file, node.writable)
         if is_file:
             size, mtime = node.size_and_mtime()
+            if self._writing and ino in self._writing:
+                size = self._writing[ino][-1].size
             a.st_nlink = 1
             self._told[ino - ROOT] = size
         else:
@@ -430,6 +435,7 @@ class ZvfsOperations(pyfuse3.Operations):
                 raise pyfuse3.FUSEError(errno.EROFS)
             truncate = bool(flags & os.O_TRUNC)
             handle = await self._call(lambda: f"open {self._path(inode)}", node.open_write(truncate))
+            handle.appending = bool(flags & os.O_APPEND)
             keep = self._keep_pages(inode, node)
         else:
             node.opened()
@@ -438,7 +444,7 @@ class ZvfsOperations(pyfuse3.Operations):
             before = self._page_epochs.get(inode)
             keep = self._keep_pages(inode, node)
         fh = next(self._next_fh)
-        self._files[fh] = _Open(inode, node, handle)
+        self._opened(fh, _Open(inode, node, handle))
         # a reader whose bytes are not what the kernel knows of the inode (the key was
         # replaced since the kernel's lookup, or since an earlier open whose pages another
         # reader may still be filling) reads past the kernel's cache and size: uncut,
@@ -482,6 +488,11 @@ class ZvfsOperations(pyfuse3.Operations):
         self._counters.add("fuse_read_bytes", data.nbytes if isinstance(data, memoryview) else len(data))
         return data  # any contiguous buffer: pyfuse3 replies from it without a copy
 
+    def _opened(self, fh: int, f: _Open) -> None:
+        self._files[fh] = f
+        if f.handle is not None:
+            self._writing.setdefault(f.ino, []).append(f.handle)
+
     async def release(self, fh: int) -> None:
         f = self._files.pop(fh, None)
         if f is None:
@@ -489,6 +500,11 @@ class ZvfsOperations(pyfuse3.Operations):
         if f.handle is None:
             f.node.released()
         else:
+            writing = self._writing.get(f.ino, [])
+            if f.handle in writing:
+                writing.remove(f.handle)
+            if not writing:
+                self._writing.pop(f.ino, None)
             try:
                 await self._call(lambda: f"release {self._path(f.ino)}", f.handle.release())
             except pyfuse3.FUSEError:
@@ -554,10 +570,11 @@ class ZvfsOperations(pyfuse3.Operations):
         parent = self._dir(parent_inode)
         node, handle = await self._call(lambda: f"create {self._child_path(parent_inode, sname)}",
                                         parent.create(sname, mode, bool(flags & os.O_EXCL)))
+        handle.appending = bool(flags & os.O_APPEND)
         self._unbind(parent_inode, sname)
         ino = self._remember(parent_inode, sname, node)
         fh = next(self._next_fh)
-        self._files[fh] = _Open(ino, node, handle)
+        self._opened(fh, _Open(ino, node, handle))
         await self._settle()
         return pyfuse3.FileInfo(fh=fh, direct_io=handle.direct_io), self._attrs(ino, node)
 
@@ -657,11 +674,23 @@ class ZvfsOperations(pyfuse3.Operations):
         moved = await dst.lookup(new)
         if moved is not None:
             self._node_at[ino - ROOT] = moved
-        below = self._bound_children(ino)
-        while below:  # a node below a moved directory names its old key: made anew
-            i = below.pop()
-            self._node_at[i - ROOT] = None
-            below.extend(self._bound_children(i))
+        # a node below a moved directory names its old key: each one the kernel still knows
+        # is made anew from its new parent (the kernel keeps their entries, and asks by them)
+        below = [(ino, moved)]
+        while below:
+            parent, parent_node = below.pop()
+            for i in self._bound_children(parent):
+                if self._lookups[i - ROOT] <= 0:
+                    self._node_at[i - ROOT] = None
+                    continue
+                node = None
+                if isinstance(parent_node, DirNode):
+                    try:
+                        node = await parent_node.lookup(self._name_at[i - ROOT])
+                    except NodeError:
+                        node = None
+                self._node_at[i - ROOT] = node
+                below.append((i, node))
 
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx):  # type: ignore[no-untyped-def,override]
         self._counters.add("fuse_ops_link")

@@ -62,8 +62,8 @@ _nowait = hasattr(os, "RWF_NOWAIT")
 
 
 def pread_at_once(fd: int, offset: int, length: int, size: int) -> memoryview | None:
-    """preadv2 with RWF_NOWAIT: the ``length`` bytes at ``offset`` of a file of ``size``
-    bytes (fewer at its end) when the page cache holds them all, else None (EAGAIN, or only
+    """preadv2 with RWF_NOWAIT: the ``length`` bytes at ``offset`` of a file of about ``size``
+    bytes (fewer at its end; a file that grew is read on) when the page cache holds them all, else None (EAGAIN, or only
     some cached; the kernel starts reading the rest ahead meanwhile). Never blocks, never
     raises: the caller then reads in a worker, which reports any error."""
     global _nowait
@@ -83,8 +83,14 @@ def pread_at_once(fd: int, offset: int, length: int, size: int) -> memoryview | 
         if e.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
             _nowait = False  # not on this file system or kernel: always in a worker
         return None
-    if n < length and offset + n < size:
-        return None  # part of it cached; the rest would wait
+    if n < length:
+        if offset + n < size:
+            return None  # part of it cached; the rest would wait
+        try:  # the end by ``size``; but the file may have grown since ``size`` was taken
+            if os.preadv(fd, [bytearray(1)], offset + n, os.RWF_NOWAIT):
+                return None
+        except OSError:
+            return None
     return memoryview(buf)[:n]
 
 

@@ -90,6 +90,9 @@ class KeyWriter(ABC):
     #: True when the bytes live apart from the store until commit (S3): the store still
     #: holds the old content, which other readers keep seeing
     staged: bool = False
+    #: the key holds a value in the store (it did at open, or a commit stored one); a local
+    #: file is there from its open on
+    stored: bool = True
 
     @property
     @abstractmethod
@@ -121,6 +124,11 @@ class KeyWriter(ABC):
 
     def discard(self) -> None:  # noqa: B027 - optional
         """Never store what was written (the key was unlinked while open)."""
+
+    def moved(self, key: str) -> None:
+        """The key was renamed to ``key`` while open: store the bytes there from now on
+        (a local file's descriptor follows it by itself)."""
+        self.key = key
 
     def background_work(self) -> list[Callable[[], None]]:
         """Blocking jobs the writer would like run now, in the background (an S3 writer's

@@ -556,6 +556,7 @@ class S3Store(Store):
             )
         writer = S3Writer(self, key, self.staging, self.part_size,
                           fresh=size is None or truncate, exclusive=exclusive)
+        writer.stored = size is not None
         try:
             if size and not truncate:
                 writer.fetch(size)

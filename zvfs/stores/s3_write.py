@@ -68,7 +68,7 @@ class S3Writer(KeyWriter):
         #: held by the one part upload that creates the multipart upload, while it does
         self._starting = threading.Lock()
         self._gen: dict[int, int] = {}  # part -> writes that touched it
-        self._done: dict[int, tuple[str, int]] = {}  # part -> (ETag, generation uploaded)
+        self._done: dict[int, tuple[str, int, int]] = {}  # part -> (ETag, generation, length) uploaded
         #: parts handed out by background_work(): queued for a worker thread, or uploading
         self._in_flight: set[int] = set()
         #: those of them a worker thread is uploading now
@@ -77,6 +77,7 @@ class S3Writer(KeyWriter):
         self._seq_end = 0  # bytes [0, _seq_end) have been written in order
         self._committed = False
         self._closed = False
+        self._discarded = False
 
     # -- staging ----------------------------------------------------------------------------
 
@@ -105,12 +106,16 @@ class S3Writer(KeyWriter):
             if end > self._size:
                 self.staging.grow(self.key, end - self._size)
                 self._size = end
+        n = pwrite_all(self._fd, data, offset)
+        # the parts' generations move once the bytes are in place: a part upload that read
+        # the new generation has read the new bytes too
+        with self._lock:
             for part in self._parts(offset, end):
                 self._gen[part] = self._gen.get(part, 0) + 1
             if offset <= self._seq_end < end:
                 self._seq_end = end
             self._dirty = True
-        return pwrite_all(self._fd, data, offset)
+        return n
 
     def read(self, offset: int, length: int) -> bytes:
         return pread_all(self._fd, offset, max(0, min(length, self._size - offset)), self.key)
@@ -144,8 +149,12 @@ class S3Writer(KeyWriter):
             return jobs
 
     def _uploaded(self, part: int) -> bool:
+        """Under the lock: the part went up as it is now, its bytes and its length (a part
+        uploaded just after a truncate cut it short, and a write further on made a hole
+        of it, is not)."""
         done = self._done.get(part)
-        return done is not None and done[1] == self._gen.get(part, 0)
+        length = min(self.part_size, self._size - part * self.part_size)
+        return done is not None and done[1] == self._gen.get(part, 0) and done[2] == length
 
     def _upload_quietly(self, part: int) -> None:
         with self._lock:
@@ -207,7 +216,7 @@ class S3Writer(KeyWriter):
         _count_put(self.store.counters, len(data), time.perf_counter() - t0)
         with self._lock:
             if self._upload_id == upload_id:
-                self._done[part] = (str(r["ETag"]), gen)
+                self._done[part] = (str(r["ETag"]), gen, length)
 
     def commit(self, durable: bool = False) -> KeyInfo | None:
         with self._lock:
@@ -229,6 +238,7 @@ class S3Writer(KeyWriter):
         with self._lock:
             self._dirty = False
             self._committed = True
+            self.stored = True
         return KeyInfo(size, time.time())
 
     def _put_whole(self, size: int) -> None:
@@ -268,8 +278,19 @@ class S3Writer(KeyWriter):
             log.warning("%s: could not abort multipart upload %s: %s (the next writable mount "
                         "reports it)", self.key, upload_id, exc)
 
+    def moved(self, key: str) -> None:
+        """The staged bytes are uploaded as ``key`` from now on. A multipart upload begun
+        under the old key is aborted (its parts go up again under the new one)."""
+        with self._lock:
+            self._settle_parts()
+        self._abort()
+        with self._lock:
+            self.key = key
+            self._exclusive = False  # the rename decided what the new key holds
+
     def discard(self) -> None:
         with self._lock:
+            self._discarded = True  # what is written after this is not kept either
             self._dirty = False
             self._closed = True  # no more background parts
 
@@ -279,7 +300,7 @@ class S3Writer(KeyWriter):
                 return
             self._closed = True
             self._settle_parts()
-            keep = self._dirty
+            keep = self._dirty and not self._discarded
             fd, self._fd = self._fd, -1
         os.close(fd)
         self.staging.grow(self.key, -self._size)

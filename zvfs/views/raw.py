@@ -22,7 +22,7 @@ from zvfs.views.context import MountContext
 from zvfs.views.node import DirNode, FileHandle, FileNode, Node, NodeError
 from zvfs.views.readahead import FILES_SPREAD, FILES_WINDOW, ReadAhead, files_window
 from zvfs.views.tree_ahead import TreeAhead
-from zvfs.views.writing import WriteHandle, store_call
+from zvfs.views.writing import WriteHandle, move_writers, store_call, unlink_writers
 from zvfs.workers import Workers, gather
 
 log = logging.getLogger("zvfs")
@@ -222,7 +222,28 @@ class RawFile(FileNode):
         if not self.writable:
             raise NodeError(errno.EROFS)
         store = self.ctx.store
-        writer = await store_call(self.ctx, self.key, store.open_writer, self.key, truncate=truncate, create=False)
+        open_now = self.ctx.writers.get(self.key)
+        if open_now and store.stages_writes:
+            # S3, the file open for writing already: this open shares its staged copy, so
+            # the mount shows one file whichever open writes it (as a directory does), and
+            # each close stores that file whole
+            shared = open_now[-1]
+            if truncate:
+                await store_call(self.ctx, self.key, shared.writer.truncate, 0)
+            return WriteHandle(self.ctx, self.key, shared.writer, peers=shared.peers)
+        try:
+            writer = await store_call(self.ctx, self.key, store.open_writer, self.key, truncate=truncate,
+                                      create=False)
+        except NodeError as exc:
+            if exc.errno != errno.ENOENT or not truncate:
+                raise
+            # gone from the store since the kernel met it (a new file whose upload failed):
+            # an open that replaces the bytes makes it again
+            writer = await store_call(self.ctx, self.key, store.open_writer, self.key, truncate=True,
+                                      create=True)
+            info = KeyInfo(0, time.time())
+            self.ctx.listing_put(self.key, info)
+            self.ctx.note_write(self.key, info)
         return WriteHandle(self.ctx, self.key, writer)
 
     async def set_size(self, size: int) -> None:
@@ -470,7 +491,9 @@ class LocalReader(FileNode):
         return self._reader.version
 
     async def read(self, offset: int, length: int) -> bytes | memoryview:
-        if length <= 0 or offset >= self._reader.size:
+        # to the file's end now, not at open: a truncate or write through another open of
+        # it (or outside the mount) is seen, as through a descriptor of the file itself
+        if length <= 0:
             return b""
         # on this thread when the page cache holds the bytes (no hop); else in a worker
         data = self._reader.read_at_once(offset, length)
@@ -717,8 +740,12 @@ class RawDir(DirNode):
     def _key(self, name: str) -> str:
         if not self.writable:
             raise NodeError(errno.EROFS)
-        if bad_segment(name) is not None or len(name.encode()) > 255:
-            raise NodeError(errno.EINVAL if len(name.encode()) <= 255 else errno.ENAMETOOLONG)
+        try:
+            size = len(name.encode())
+        except UnicodeEncodeError:  # bytes that are not UTF-8 (os.fsdecode's surrogates)
+            raise NodeError(errno.EINVAL, f"{self.prefix}{name!r}: not UTF-8, as store keys are") from None
+        if bad_segment(name) is not None or size > 255:
+            raise NodeError(errno.EINVAL if size <= 255 else errno.ENAMETOOLONG)
         return self.prefix + name
 
     async def create(self, name: str, mode: int, exclusive: bool) -> tuple[FileNode, FileHandle]:
@@ -755,8 +782,7 @@ class RawDir(DirNode):
             raise NodeError(errno.EISDIR)
         if name not in listing.keys:
             raise NodeError(errno.ENOENT)
-        for handle in self.ctx.writers.get(key, ()):
-            handle.unlinked()  # a file unlinked while written is not stored after all
+        unlink_writers(self.ctx, key)  # a file unlinked while written is not stored after all
         await store_call(self.ctx, key, self.ctx.store.delete, key)
         self.ctx.listing_drop(key)
         self.ctx.note_write(key)
@@ -803,9 +829,13 @@ class RawDir(DirNode):
                 if store.implicit_dirs:
                     target.ctx.made_dirs.get(target.prefix, set()).discard(new_name)
             await store_call(self.ctx, src, store.rename_dir, src + "/", dst + "/")
+            await move_writers(self.ctx, src, dst, directory=True)
             if store.implicit_dirs and name in self.ctx.made_dirs.get(self.prefix, ()):
                 self.ctx.made_dirs[self.prefix].discard(name)
                 self.ctx.made_dirs.setdefault(target.prefix, set()).add(new_name)
+            for made in [p for p in self.ctx.made_dirs if p.startswith(src + "/")]:
+                # empty directories made below it (S3) move with it
+                self.ctx.made_dirs[dst + made[len(src):]] = self.ctx.made_dirs.pop(made)
             self.ctx.listing_drop(src, directory=True)
             self.ctx.listing_put(dst, None)
             self.ctx.listings.invalidate(("tree",))  # the moved keys are listed again
@@ -813,7 +843,17 @@ class RawDir(DirNode):
         else:
             if dst_dir:
                 raise NodeError(errno.EISDIR)
-            await store_call(self.ctx, src, store.rename, src, dst)
+            try:
+                await store_call(self.ctx, src, store.rename, src, dst)
+            except NodeError as exc:
+                # a file made through the mount and open, not stored yet (S3): nothing to
+                # copy, its bytes are all staged; the file the rename replaces goes now
+                if exc.errno != errno.ENOENT or not store.stages_writes or src not in self.ctx.writers:
+                    raise
+                if dst_file:
+                    await store_call(self.ctx, dst, store.delete, dst)
+            unlink_writers(self.ctx, dst)  # a file replaced while open for writing
+            await move_writers(self.ctx, src, dst)
             info = listing.keys[name]
             self.ctx.listing_drop(src)
             self.ctx.listing_put(dst, info)

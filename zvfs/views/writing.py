@@ -35,13 +35,39 @@ async def store_call(ctx: MountContext, what: str, fn: Callable[..., T], *args: 
         raise NodeError(errno.EIO, str(exc)) from exc
 
 
+def unlink_writers(ctx: MountContext, key: str) -> None:
+    """``key`` was unlinked or replaced: its open writers go on, on a file no name shows
+    (POSIX), and are neither listed nor stored as ``key`` again."""
+    for handle in ctx.writers.pop(key, ()):
+        handle.unlinked()
+
+
+async def move_writers(ctx: MountContext, src: str, dst: str, directory: bool = False) -> None:
+    """``src`` (a file, or with ``directory`` every key below ``src/``) was renamed to
+    ``dst`` while open for writing: its writers store and list it under the new name."""
+    moving = [key for key in ctx.writers if key == src or (directory and key.startswith(src + "/"))]
+    for key in moving:
+        new = dst + key[len(src):]
+        handles = ctx.writers.pop(key)
+        ctx.writers.setdefault(new, []).extend(handles)
+        for handle in handles:
+            handle.key = new
+        for writer in {id(h.writer): h.writer for h in handles}.values():
+            await store_call(ctx, new, writer.moved, new)
+
+
 class WriteHandle(FileHandle):
     """One open of ``key`` for writing, over the store's writer."""
 
-    def __init__(self, ctx: MountContext, key: str, writer: KeyWriter) -> None:
+    def __init__(self, ctx: MountContext, key: str, writer: KeyWriter,
+                 peers: list[WriteHandle] | None = None) -> None:
         self.ctx = ctx
         self.key = key
         self.writer = writer
+        #: the opens sharing ``writer`` (an S3 file opened again while written), this one too:
+        #: the last of them to be released closes it
+        self.peers = peers if peers is not None else []
+        self.peers.append(self)
         self.direct_io = writer.staged
         self._unlinked = False
         ctx.writers.setdefault(key, []).append(self)
@@ -51,6 +77,7 @@ class WriteHandle(FileHandle):
         self._unlinked = True
         self.writer.discard()
 
+
     @property
     def size(self) -> int:
         return self.writer.size
@@ -59,6 +86,10 @@ class WriteHandle(FileHandle):
         return await store_call(self.ctx, self.key, self.writer.read, offset, length)
 
     async def write(self, offset: int, data: bytes) -> int:
+        if self.appending and self.writer.staged:
+            # the kernel's offset is the inode's size, and on S3 that may be another open's
+            # (each stages its own copy): append to this one's own end
+            offset = self.writer.size
         n = await store_call(self.ctx, self.key, self.writer.write, offset, data)
         self.ctx.counters.add("fuse_write_bytes", n)
         for job in self.writer.background_work():  # an S3 writer's finished parts
@@ -82,4 +113,11 @@ class WriteHandle(FileHandle):
             handles.remove(self)
         if not handles:
             self.ctx.writers.pop(self.key, None)
+        self.peers.remove(self)
+        if self.peers:
+            return
+        if not self.writer.stored and not self._unlinked and self.key not in self.ctx.writers:
+            # made through the mount and never stored (its upload failed): listed no more
+            self.ctx.listing_drop(self.key)
+            self.ctx.note_write(self.key)
         await store_call(self.ctx, self.key, self.writer.close)
