@@ -282,9 +282,13 @@ class WriteModel(RuleBasedStateMachine):
         if name not in self.files:
             self.expect_errno(errno.ENOENT, os.truncate, self.p(name), size)
             return
-        if self.s3 and self.writers_of(name):
-            return  # the stored object, truncated, would be replaced at their close
+        writers = self.writers_of(name) if self.s3 else []
         os.truncate(self.p(name), size)
+        if writers:  # S3: the staged copy the opens share is cut, and stored at once
+            _resize(writers[-1].staged.data, size)
+            writers[-1].staged.dirty = True
+            self.commit(writers[-1])
+            return
         self.replaced(name)
         _resize(self.files[name].data, size)
 
