@@ -1394,3 +1394,28 @@ def test_paths_below_a_renamed_directory_work_at_once(store: Store, mount) -> No
     assert_key(store, m, "t_done/a/f2", b"more")
     assert_key(store, m, "t_done/a/b/g", b"deep")
     assert store.get("t/a/f") is None and not (m.path / "t").exists()
+
+
+def test_a_name_that_is_not_utf8_is_refused_with_einval_and_a_log_line(store: Store, mount) -> None:
+    """Store keys are UTF-8: such a name was EIO, and its log line was lost (writing the
+    name's surrogate raised in the log handler)."""
+    m = store.mount(mount)
+    with pytest.raises(OSError) as ei:
+        open(os.fsencode(m.path) + b"/bad\xff", "wb")
+    assert ei.value.errno == errno.EINVAL
+    assert wait_until(lambda: "bad\\udcff" in m.log_text() and "not UTF-8" in m.log_text(), 10), \
+        m.log_text()[-2000:]
+    assert store.keys() == {}
+
+
+def test_an_append_goes_to_the_end_the_file_has_now(dirstore: Store, mount) -> None:
+    """O_APPEND after the file grew outside the mount: at its end, where the kernel's cached
+    size put the bytes in the file's middle (found by a write-path audit)."""
+    m = dirstore.mount(mount)
+    p = m.path / "log.txt"
+    p.write_bytes(b"0123456789")
+    assert os.stat(p).st_size == 10  # the kernel caches this size
+    (dirstore.root / "log.txt").write_bytes(b"ABCDEFGHIJKLMNOPQRST")  # outside the mount
+    with open(p, "ab") as f:
+        f.write(b"++")
+    assert dirstore.get("log.txt") == b"ABCDEFGHIJKLMNOPQRST++"

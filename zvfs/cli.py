@@ -140,6 +140,14 @@ def _log_file(path: str) -> logging.Handler:
     return LogFile(path, delay=True)
 
 
+class _SafeFormatter(logging.Formatter):
+    """Lines that every handler can write: a name that is not UTF-8 (os.fsdecode's lone
+    surrogates) is escaped, where writing it raised and the line was lost."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return super().format(record).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _setup_logging(opts: dict[str, Any], daemon: bool, mountpoint: str) -> str:
     """Send the log where the options say; returns where, for the user ('' for stderr)."""
     level = getattr(logging, opts["log_level"].upper())
@@ -163,7 +171,7 @@ def _setup_logging(opts: dict[str, Any], daemon: bool, mountpoint: str) -> str:
     except OSError as exc:
         what = "the syslog socket /dev/log" if where == "syslog" else f"the log file {where}"
         raise CliError(f"cannot write to {what}: {exc.strerror}; pass --log-file PATH") from None
-    handler.setFormatter(logging.Formatter(fmt))
+    handler.setFormatter(_SafeFormatter(fmt))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.WARNING)

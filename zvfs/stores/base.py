@@ -125,6 +125,10 @@ class KeyWriter(ABC):
     def discard(self) -> None:  # noqa: B027 - optional
         """Never store what was written (the key was unlinked while open)."""
 
+    def append(self, data: bytes) -> int:
+        """Write ``data`` at the end the file has now (O_APPEND)."""
+        return self.write(self.size, data)
+
     def moved(self, key: str) -> None:
         """The key was renamed to ``key`` while open: store the bytes there from now on
         (a local file's descriptor follows it by itself)."""

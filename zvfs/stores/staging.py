@@ -15,11 +15,15 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import uuid
 
 from zvfs.stores.base import WriteRefused
 
 log = logging.getLogger(__name__)
+
+#: seconds a write that finds staging full waits for space being given back (see grow())
+RELEASE_WAIT = 1.0
 
 
 class Staging:
@@ -35,7 +39,7 @@ class Staging:
         self.max_bytes = max_bytes
         self.min_free = min_free
         self.used = 0
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
 
     def new_file(self, key: str) -> tuple[str, int]:
         """A new empty staged file for ``key``: (path, fd opened read-write)."""
@@ -45,26 +49,41 @@ class Staging:
         return path, fd
 
     def grow(self, key: str, extra: int) -> None:
-        """Account ``extra`` more staged bytes, or refuse with ENOSPC."""
-        if extra <= 0:
-            with self._lock:
+        """Account ``extra`` more staged bytes, or refuse with ENOSPC.
+
+        A refusal waits up to RELEASE_WAIT first: a file's space comes back when the kernel
+        releases it, just after its close() returned, so a ``cp`` of one big file after
+        another near the bound could meet the last one's space still held."""
+        with self._cond:
+            if extra <= 0:
                 self.used += extra
-            return
-        with self._lock:
-            if self.used + extra > self.max_bytes:
-                raise WriteRefused(
-                    errno.ENOSPC,
-                    f"{key}: staging space is full ({self.used} of {self.max_bytes} bytes in use; "
-                    "raise --staging-max-size)",
-                )
-            free = shutil.disk_usage(self.dir).free
-            if free - extra < self.min_free:
-                raise WriteRefused(
-                    errno.ENOSPC,
-                    f"{key}: the staging disk ({self.dir}) would drop below its {self.min_free} "
-                    "free bytes (--staging-min-free)",
-                )
-            self.used += extra
+                self._cond.notify_all()
+                return
+            deadline = time.monotonic() + RELEASE_WAIT
+            while True:
+                refusal = self._refusal(key, extra)
+                if refusal is None:
+                    self.used += extra
+                    return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise refusal
+                self._cond.wait(left)
+
+    def _refusal(self, key: str, extra: int) -> WriteRefused | None:
+        if self.used + extra > self.max_bytes:
+            return WriteRefused(
+                errno.ENOSPC,
+                f"{key}: staging space is full ({self.used} of {self.max_bytes} bytes in use; "
+                "raise --staging-max-size)",
+            )
+        if shutil.disk_usage(self.dir).free - extra < self.min_free:
+            return WriteRefused(
+                errno.ENOSPC,
+                f"{key}: the staging disk ({self.dir}) would drop below its {self.min_free} "
+                "free bytes (--staging-min-free)",
+            )
+        return None
 
     def cleanup(self) -> None:
         """At unmount: remove the private directory if nothing was kept in it."""

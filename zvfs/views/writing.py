@@ -68,9 +68,15 @@ class WriteHandle(FileHandle):
         #: the last of them to be released closes it
         self.peers = peers if peers is not None else []
         self.peers.append(self)
-        self.direct_io = writer.staged
         self._unlinked = False
         ctx.writers.setdefault(key, []).append(self)
+
+    @property  # type: ignore[override]
+    def direct_io(self) -> bool:
+        """Staged bytes are not the store's (other readers keep the stored ones); an appending
+        open writes where the file ends now, not where the kernel's cached size says: no
+        kernel page cache for either."""
+        return self.writer.staged or self.appending
 
     def unlinked(self) -> None:
         """The key was unlinked while open: writes go on (POSIX), but are not stored."""
@@ -86,11 +92,13 @@ class WriteHandle(FileHandle):
         return await store_call(self.ctx, self.key, self.writer.read, offset, length)
 
     async def write(self, offset: int, data: bytes) -> int:
-        if self.appending and self.writer.staged:
-            # the kernel's offset is the inode's size, and on S3 that may be another open's
-            # (each stages its own copy): append to this one's own end
-            offset = self.writer.size
-        n = await store_call(self.ctx, self.key, self.writer.write, offset, data)
+        if self.appending:
+            # the kernel leaves O_APPEND to a file system that does not cache writes: its offset
+            # is its cached size, which a change outside the mount makes stale (and a write
+            # there overwrote the file's middle); so at the end the file has now
+            n = await store_call(self.ctx, self.key, self.writer.append, data)
+        else:
+            n = await store_call(self.ctx, self.key, self.writer.write, offset, data)
         self.ctx.counters.add("fuse_write_bytes", n)
         for job in self.writer.background_work():  # an S3 writer's finished parts
             self.ctx.background(self.ctx.workers.run, job)
