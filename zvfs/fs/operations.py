@@ -58,6 +58,9 @@ ROOT = pyfuse3.ROOT_INODE
 STATFS_BLOCK = 4096
 #: the longest name a path component may have (Linux's NAME_MAX, in bytes)
 NAME_MAX = 255
+#: errnos that answer what the application asked (logged at info), not a failure to serve it
+_REFUSALS = frozenset({errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR, errno.EROFS,
+                       errno.ENAMETOOLONG, errno.EXDEV})
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 _RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
 #: free space a writable store with no bound of its own (S3) reports to df and cp
@@ -307,7 +310,9 @@ class ZvfsOperations(pyfuse3.Operations):
                 self._counters.add(f"fuse_errors_{_op(what)}")
                 self._counters.note_error(f"{what}: {exc}")
                 if exc.key is None or self._log_once.first(exc.key):
-                    log.error("%s: %s", what, exc)
+                    # what the application asked for cannot be (rmdir of a full directory, a
+                    # write to a read-only mount): its answer, not a failure of the mount
+                    log.log(logging.INFO if exc.errno in _REFUSALS else logging.ERROR, "%s: %s", what, exc)
             raise pyfuse3.FUSEError(exc.errno) from None
         except Exception as exc:  # noqa: BLE001 - one bad file must not take the daemon down
             what = what() if callable(what) else what
