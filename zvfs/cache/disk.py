@@ -259,8 +259,16 @@ class _ForgetOnCommit(KeyWriter):
     def close(self) -> None:
         self._inner.close()
 
+    @property  # type: ignore[override]
+    def stored(self) -> bool:
+        return self._inner.stored
+
     def discard(self) -> None:
         self._inner.discard()
+
+    def moved(self, key: str) -> None:
+        self._inner.moved(key)
+        self.key = key
 
     def background_work(self) -> list[Callable[[], None]]:
         return self._inner.background_work()

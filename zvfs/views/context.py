@@ -73,6 +73,9 @@ class MountContext:
     writable: bool = False
     #: key -> the handles that have it open for writing (views.writing.WriteHandle)
     writers: dict[str, list[Any]] = field(default_factory=dict, init=False)
+    #: key -> set once the open for writing under way (its store call in a worker) is made:
+    #: an open that comes meanwhile waits for it, to share its staged copy (S3)
+    writers_opening: dict[str, trio.Event] = field(default_factory=dict, init=False)
     #: directories made by mkdir on a store whose directories are implicit (S3):
     #: parent prefix -> names; they exist in the mount until removed
     made_dirs: dict[str, set[str]] = field(default_factory=dict, init=False)

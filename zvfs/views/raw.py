@@ -14,8 +14,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
+import trio
+
 from zvfs.cache.tree import build_tree_index
-from zvfs.stores.base import KeyInfo, KeyNotFound, KeyReader, Listing, Stale, StoreError
+from zvfs.stores.base import KeyInfo, KeyNotFound, KeyReader, KeyWriter, Listing, Stale, StoreError
 from zvfs.stores.keys import bad_segment
 from zvfs.stores.listing import KeyTable
 from zvfs.views.context import MountContext
@@ -222,6 +224,9 @@ class RawFile(FileNode):
         if not self.writable:
             raise NodeError(errno.EROFS)
         store = self.ctx.store
+        if store.stages_writes:
+            while (opening := self.ctx.writers_opening.get(self.key)) is not None:
+                await opening.wait()  # an open of it under way: share what it makes
         open_now = self.ctx.writers.get(self.key)
         if open_now and store.stages_writes:
             # S3, the file open for writing already: this open shares its staged copy, so
@@ -231,6 +236,17 @@ class RawFile(FileNode):
             if truncate:
                 await store_call(self.ctx, self.key, shared.writer.truncate, 0)
             return WriteHandle(self.ctx, self.key, shared.writer, peers=shared.peers)
+        if not store.stages_writes:
+            return WriteHandle(self.ctx, self.key, await self._open_writer(truncate))
+        opened = self.ctx.writers_opening[self.key] = trio.Event()
+        try:
+            return WriteHandle(self.ctx, self.key, await self._open_writer(truncate))
+        finally:
+            del self.ctx.writers_opening[self.key]
+            opened.set()
+
+    async def _open_writer(self, truncate: bool) -> KeyWriter:
+        store = self.ctx.store
         try:
             writer = await store_call(self.ctx, self.key, store.open_writer, self.key, truncate=truncate,
                                       create=False)
@@ -244,7 +260,7 @@ class RawFile(FileNode):
             info = KeyInfo(0, time.time())
             self.ctx.listing_put(self.key, info)
             self.ctx.note_write(self.key, info)
-        return WriteHandle(self.ctx, self.key, writer)
+        return writer
 
     async def set_size(self, size: int) -> None:
         handle = await self.open_write(truncate=size == 0)
