@@ -1495,3 +1495,27 @@ def test_s3_with_a_disk_cache_a_file_renamed_while_written_is_stored_under_its_n
     os.close(fd)
     assert_key(s3store, m, "v2", b"VERSION 2")
     assert_key(s3store, m, "v", None)
+
+
+def test_s3_a_new_file_being_written_can_be_read_before_it_is_stored(s3store: Store, mount) -> None:
+    """ls and stat show a file as soon as it is created; a read of it, before its close
+    stored it, was ENOENT (tail -f, cp of a file being written; a re-audit). It reads what
+    was written so far."""
+    m = s3store.mount(mount)
+    p = m.path / "growing.log"
+    w = os.open(p, os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        os.write(w, b"first line\n")
+        assert p.read_bytes() == b"first line\n"
+        r = os.open(p, os.O_RDONLY)
+        os.write(w, b"second line\n")
+        assert os.pread(r, 100, 0) == b"first line\nsecond line\n"
+        os.close(r)
+        assert s3store.get("growing.log") is None  # stored at close, not before
+        # a child process (fork) closes its copy of the writer's descriptor: that close is a
+        # flush, which stores the file, and from then on readers read the stored object
+        assert run(["cat", str(p)]).stdout == "first line\nsecond line\n"
+        assert s3store.get("growing.log") == b"first line\nsecond line\n"
+    finally:
+        os.close(w)
+    assert_key(s3store, m, "growing.log", b"first line\nsecond line\n")

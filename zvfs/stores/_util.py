@@ -62,10 +62,11 @@ _nowait = hasattr(os, "RWF_NOWAIT")
 
 
 def pread_at_once(fd: int, offset: int, length: int, size: int) -> memoryview | None:
-    """preadv2 with RWF_NOWAIT: the ``length`` bytes at ``offset`` of a file of about ``size``
-    bytes (fewer at its end; a file that grew is read on) when the page cache holds them all, else None (EAGAIN, or only
-    some cached; the kernel starts reading the rest ahead meanwhile). Never blocks, never
-    raises: the caller then reads in a worker, which reports any error."""
+    """preadv2 with RWF_NOWAIT: the ``length`` bytes at ``offset`` of a file of about
+    ``size`` bytes (fewer at its end; a file that grew since is read on) when the page cache
+    holds them all, else None (EAGAIN, or only some cached; the kernel starts reading the
+    rest ahead meanwhile). Never blocks, never raises: the caller then reads in a worker,
+    which reports any error."""
     global _nowait
     if not _nowait or length <= 0:
         return None

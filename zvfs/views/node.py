@@ -44,7 +44,7 @@ class FileHandle(ABC):
     #: True when the kernel must not cache this open's pages: the bytes are staged apart
     #: from the store, and other readers of the file must keep seeing the stored ones
     direct_io: bool = False
-    #: opened with O_APPEND: each write goes to the end of this open's bytes (the kernel
+    #: opened with O_APPEND: each write goes to the end the file has then (the kernel
     #: leaves that to the file system when it does not cache writes)
     appending: bool = False
 

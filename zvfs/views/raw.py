@@ -24,7 +24,7 @@ from zvfs.views.context import MountContext
 from zvfs.views.node import DirNode, FileHandle, FileNode, Node, NodeError
 from zvfs.views.readahead import FILES_SPREAD, FILES_WINDOW, ReadAhead, files_window
 from zvfs.views.tree_ahead import TreeAhead
-from zvfs.views.writing import WriteHandle, move_writers, store_call, unlink_writers
+from zvfs.views.writing import UnstoredReader, WriteHandle, move_writers, store_call, unlink_writers
 from zvfs.workers import Workers, gather
 
 log = logging.getLogger("zvfs")
@@ -169,6 +169,8 @@ class RawFile(FileNode):
             # for it may be another version's, so the reader reads to its own end
             node.direct_io = self._epoch != self._born
             return node
+        if staged and (writing := self.ctx.writers.get(self.key)) and not writing[-1].writer.stored:
+            return UnstoredReader(writing[-1])  # nothing stored to read yet
         info = self._info
         if staged and info.version is None:
             # written through the mount, which does not learn the new object's ETag: pin this
@@ -223,21 +225,19 @@ class RawFile(FileNode):
     async def open_write(self, truncate: bool) -> FileHandle:
         if not self.writable:
             raise NodeError(errno.EROFS)
-        store = self.ctx.store
-        if store.stages_writes:
-            while (opening := self.ctx.writers_opening.get(self.key)) is not None:
-                await opening.wait()  # an open of it under way: share what it makes
+        if not self.ctx.store.stages_writes:  # a local file: each open has its own descriptor
+            return WriteHandle(self.ctx, self.key, await self._open_writer(truncate))
+        # S3: every open of a file being written shares its staged copy, so the mount shows
+        # one file whichever open writes it (as a directory does), and each close stores that
+        # file whole. An open still fetching the object is waited for, to share what it makes
+        while (opening := self.ctx.writers_opening.get(self.key)) is not None:
+            await opening.wait()
         open_now = self.ctx.writers.get(self.key)
-        if open_now and store.stages_writes:
-            # S3, the file open for writing already: this open shares its staged copy, so
-            # the mount shows one file whichever open writes it (as a directory does), and
-            # each close stores that file whole
+        if open_now:
             shared = open_now[-1]
             if truncate:
                 await store_call(self.ctx, self.key, shared.writer.truncate, 0)
             return WriteHandle(self.ctx, self.key, shared.writer, peers=shared.peers)
-        if not store.stages_writes:
-            return WriteHandle(self.ctx, self.key, await self._open_writer(truncate))
         opened = self.ctx.writers_opening[self.key] = trio.Event()
         try:
             return WriteHandle(self.ctx, self.key, await self._open_writer(truncate))

@@ -12,12 +12,13 @@ hierarchy, the kernel's pages of the decoded files) lets go of the old bytes.
 from __future__ import annotations
 
 import errno
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
 from zvfs.stores.base import KeyNotFound, KeyWriter, StoreError, WriteRefused
 from zvfs.views.context import MountContext
-from zvfs.views.node import FileHandle, NodeError
+from zvfs.views.node import FileHandle, FileNode, NodeError
 
 T = TypeVar("T")
 
@@ -83,7 +84,6 @@ class WriteHandle(FileHandle):
         self._unlinked = True
         self.writer.discard()
 
-
     @property
     def size(self) -> int:
         return self.writer.size
@@ -129,3 +129,24 @@ class WriteHandle(FileHandle):
             self.ctx.listing_drop(self.key)
             self.ctx.note_write(self.key)
         await store_call(self.ctx, self.key, self.writer.close)
+
+
+class UnstoredReader(FileNode):
+    """An open for reading of a file made through the mount and being written, never stored
+    yet (S3): it reads what the writers have written so far. Readers of a stored object
+    keep reading that object; this file has none, and ``ls`` shows it all the same."""
+
+    immutable = False
+    direct_io = True  # it grows while written
+
+    def __init__(self, handle: WriteHandle) -> None:
+        self.handle = handle
+        self.key = handle.key
+        self.mtime = time.time()
+
+    @property
+    def size(self) -> int:
+        return self.handle.size
+
+    async def read(self, offset: int, length: int) -> bytes:
+        return await self.handle.read(offset, length)
