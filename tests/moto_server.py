@@ -29,6 +29,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from procs import stop
+
 DUMMY_ENV: dict[str, str] = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
@@ -114,13 +116,8 @@ class MotoServer:
     def stop(self) -> None:
         """Terminate our own process (by PID), kill it if it lingers."""
         proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+        if proc is not None:
+            stop(proc)
         if self._log is not None:
             self._log.close()
             self._log = None

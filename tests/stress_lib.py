@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from procs import stop
 
 MiB = 1 << 20
 
@@ -232,12 +233,7 @@ class ForegroundMount:
         try:
             self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+            stop(self.proc)
         if is_mounted(mp):
             subprocess.run(["fusermount3", "-uz", mp], capture_output=True, timeout=30)
         if self.proc.stderr:

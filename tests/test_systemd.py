@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, force_unmount, mount_entry, run, wait_until
+from procs import stop
 
 UNITS = REPO / "systemd"
 SERVICE = UNITS / "zvfs@.service"
@@ -172,13 +173,7 @@ def test_service_runs_and_notifies_ready(zarr_dir, tmp_path) -> None:
 
 def end(proc: subprocess.Popen) -> None:
     """Stop a daemon the test started, by its PID: SIGTERM, then SIGKILL after 15 s."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+    stop(proc, grace=15)
 
 
 def run_start_pre(svc: dict, env: dict[str, str]) -> None:

@@ -555,8 +555,7 @@ class S3Store(Store):
                 "to fetch for changing in place; replace it instead (open with O_TRUNC, e.g. cp)",
             )
         writer = S3Writer(self, key, self.staging, self.part_size,
-                          fresh=size is None or truncate, exclusive=exclusive)
-        writer.stored = size is not None
+                          fresh=size is None or truncate, exclusive=exclusive, stored=size is not None)
         try:
             if size and not truncate:
                 writer.fetch(size)

@@ -53,7 +53,7 @@ class S3Writer(KeyWriter):
     staged = True
 
     def __init__(self, store: S3Store, key: str, staging: Staging, part_size: int,
-                 *, fresh: bool, exclusive: bool) -> None:
+                 *, fresh: bool, exclusive: bool, stored: bool = False) -> None:
         self.store = store
         self.key = key
         self.staging = staging
@@ -61,6 +61,7 @@ class S3Writer(KeyWriter):
         self.path, self._fd = staging.new_file(key)
         self._size = 0
         self._exclusive = exclusive  # a create that must not replace an object (O_EXCL)
+        self.stored = stored  # the key holds an object already (see KeyWriter.stored)
         self._dirty = fresh  # a new or truncated file is uploaded even if never written
         #: the writer's state; never held across a request: background_work() takes it on
         #: the trio thread, which a slow S3 request would otherwise hold up for every file
