@@ -26,6 +26,8 @@ kind        what the client sees
             Content-Range saying so (the object goes on past it)
 ``endless`` 200 with a Content-Length of 2**40, and a body of zeros that never ends
 ``trickle`` the real response, its body sent one byte every 0.25 s
+``drip``    the real response, its status line and headers too, one byte every 0.25 s
+            (a PUT's or a listing's answer never ends inside botocore's timeout)
 ==========  =====================================================================
 
 A rule targets operations (``get``: GetObject, ``head``: HeadObject, ``list``:
@@ -76,7 +78,8 @@ _STATUS = {
     "expired": (403, "Forbidden", "ExpiredToken", "The provided token has expired."),
     "404": (404, "Not Found", "NoSuchKey", "The specified key does not exist."),
 }
-KINDS = (*_STATUS, "reset", "truncate", "stall", "flip", "silent", "whole", "short", "endless", "trickle")
+KINDS = (*_STATUS, "reset", "truncate", "stall", "flip", "silent", "whole", "short", "endless", "trickle",
+         "drip")
 _AKID = re.compile(r"Credential=([^/,\s]+)/")
 
 
@@ -222,6 +225,13 @@ class Proxy:
                     writer.write(_serialize(status_line, rheaders, b""))
                     for i in range(len(rbody)):
                         writer.write(rbody[i:i + 1])
+                        await writer.drain()
+                        await asyncio.sleep(0.25)
+                    continue
+                if fault == "drip":
+                    whole = _serialize(status_line, rheaders, rbody)
+                    for i in range(len(whole)):
+                        writer.write(whole[i:i + 1])
                         await writer.drain()
                         await asyncio.sleep(0.25)
                     continue

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import math
+import os
 import time
 from pathlib import Path
 
@@ -668,6 +669,68 @@ def test_inode_numbers_from_listings_and_lookups_agree_and_stay(tmp_path):
         again = (await ops.lookup(dino, b"b")).st_ino
         assert again not in second.values()
         assert (await listed(dino)) == {**second, "b": again}
+
+    trio.run(main)
+
+
+def test_numbers_of_removed_names_are_dealt_out_again_once_the_kernel_forgets_them(tmp_path, monkeypatch):
+    """A writer's temp file renamed over its target, 3,000 times (zarr-python 2's way of
+    writing a chunk), through a writable mount of a directory. Each number stayed in the
+    table for good: about 90 bytes a name ever made, for the mount's life. Now a replaced
+    or removed name's number is dealt out again once the kernel has forgotten it, with a
+    new generation, and not while a directory handle opened before could still list it."""
+    from zvfs.views.root import build_root
+
+    ctx = MountContext(store=DirectoryStore(tmp_path), writable=True)
+    ops = ZvfsOperations(build_root(ctx), ctx, derived=["/.zvfs/"])
+    root = pyfuse3.ROOT_INODE
+    seen: dict[int, set[int]] = {}  # number -> generations it was given
+
+    async def write(name: bytes, data: bytes) -> int:
+        fi, attr = await ops.create(root, name, 0o644, os.O_WRONLY | os.O_CREAT, None)
+        await ops.write(fi.fh, 0, data)
+        await ops.flush(fi.fh)
+        await ops.release(fi.fh)
+        seen.setdefault(attr.st_ino, set()).add(attr.generation)
+        return attr.st_ino
+
+    async def main() -> None:
+        target = await write(b"chunk", b"first")  # the kernel knows it: one lookup
+        size = len(ops._node_at)
+        for i in range(3000):
+            tmp = await write(b"chunk.tmp", b"%d" % i)
+            await ops.rename(root, b"chunk.tmp", root, b"chunk", 0, None)
+            await ops.forget([(target, 1)])  # the replaced file's inode, evicted
+            target = tmp
+        assert len(ops._node_at) <= size + 2, len(ops._node_at)
+        assert (tmp_path / "chunk").read_bytes() == b"2999"
+        got = await ops.lookup(root, b"chunk")
+        assert (got.st_ino, got.st_size) == (target, 4)
+        assert all(len(gens) > 1 for gens in seen.values()), "numbers were dealt out again"
+        assert sum(len(gens) for gens in seen.values()) == 3001, "each (number, generation) once"
+
+        # a directory handle open while a number is freed: the number is not dealt out
+        # again until the handle is closed, and its listing leaves the freed name out
+        d = (await ops.mkdir(root, b"d", 0o755, None)).st_ino
+        made = await ops.create(d, b"x", 0o644, os.O_WRONLY | os.O_CREAT, None)
+        await ops.release(made[0].fh)
+        x = made[1].st_ino
+        fh = await ops.opendir(d, None)
+        await ops.unlink(d, b"x", None)
+        await ops.forget([(x, 1)])
+        again = await ops.create(d, b"y", 0o644, os.O_WRONLY | os.O_CREAT, None)
+        await ops.release(again[0].fh)
+        assert again[1].st_ino != x, "dealt out while a handle that lists it was open"
+        listed: list[bytes] = []
+        monkeypatch.setattr(pyfuse3, "readdir_reply",
+                            lambda token, name, attr, off: listed.append(name) or True)
+        await ops.readdir(fh, 0, None)
+        monkeypatch.undo()
+        assert b"x" not in listed and listed[:2] == [b".", b".."], listed
+        await ops.releasedir(fh)
+        z = await ops.create(d, b"z", 0o644, os.O_WRONLY | os.O_CREAT, None)
+        await ops.release(z[0].fh)
+        assert z[1].st_ino == x and z[1].generation == ops._generation[x] >= 1
 
     trio.run(main)
 

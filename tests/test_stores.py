@@ -1840,28 +1840,108 @@ def test_zip_block_asked_for_while_a_read_passes_over_it_is_inflated_once(tmp_pa
         store.close()
 
 
-def test_the_watchdog_shuts_a_body_down_at_its_deadline_and_only_then() -> None:
-    """stores/watchdog.py: a read blocked on a socket past its deadline returns (the socket
-    shut down) and done() says it was cut; one done before its deadline is left alone."""
+class _Conn:
+    """What the watchdog needs of a urllib3 connection: its socket."""
+
+    def __init__(self, sock: object) -> None:
+        self.sock = sock
+
+
+def test_the_watchdog_cuts_off_a_request_at_its_deadline_and_only_then() -> None:
+    """stores/watchdog.py: a connection the request's thread took, blocked past the
+    deadline, is shut down (the read returns) and end() says the request was cut off; a
+    connection given back to its pool before the deadline is left alone, even when the
+    deadline passes while the request goes on; a request done in time is not cut off; one
+    that takes a connection after its deadline gets it shut at once."""
     import socket
 
     from zvfs.stores.watchdog import Watchdog
 
     dog = Watchdog()
-    late_a, late_b = socket.socketpair()
-    kept_a, kept_b = socket.socketpair()
+    pairs = [socket.socketpair() for _ in range(4)]
+    late, back, kept, after = (_Conn(a) for a, _ in pairs)
     try:
         t0 = time.monotonic()
-        late = dog.watch(t0 + 0.2, late_a)
-        kept = dog.watch(t0 + 30, kept_a)
-        assert dog.watch(t0, None) == 0 and not dog.done(0)
-        late_a.settimeout(10)
-        assert late_a.recv(10) == b""  # blocked until the watchdog shut it down
-        assert 0.15 < time.monotonic() - t0 < 5
-        assert dog.done(late) is True
-        assert dog.done(kept) is False
-        kept_b.sendall(b"still here")
-        assert kept_a.recv(10) == b"still here"
+        watch = dog.start(t0 + 0.3)
+        dog.taken(back)
+        dog.given_back(back)  # its answer was read: back in the pool, free for others
+        dog.taken(late)
+        late.sock.settimeout(10)
+        assert late.sock.recv(10) == b""  # blocked until the watchdog shut it down
+        assert 0.25 < time.monotonic() - t0 < 5
+        dog.taken(after)  # a retry's connection, past the deadline
+        after.sock.settimeout(10)
+        assert after.sock.recv(10) == b""
+        assert dog.end(watch) is True and dog.end(watch) is True
+        pairs[1][1].sendall(b"not cut")
+        assert back.sock.recv(10) == b"not cut"
+
+        with dog.watching(time.monotonic() + 30) as ok:
+            dog.taken(kept)
+        assert ok.cut is False
+        slow = dog.start(time.monotonic() + 0.1)
+        dog.taken(kept)
+        dog.given_back(kept)
+        time.sleep(0.3)  # the deadline passes while no connection is held
+        assert slow.fired and dog.end(slow) is False
+        pairs[2][1].sendall(b"still here")
+        assert kept.sock.recv(10) == b"still here"
+        dog.taken(kept)  # no request watching this thread now: nothing to cut
+        assert dog.end(slow) is False
+        for _ in range(5000):  # requests done long before their deadlines leave no trace
+            with dog.watching(time.monotonic() + 60):
+                dog.taken(kept)
+                dog.given_back(kept)
+        assert len(dog._heap) <= 4 * 256 and not dog._holder
     finally:
-        for s in (late_a, late_b, kept_a, kept_b):
-            s.close()
+        for pair in pairs:
+            for s in pair:
+                s.close()
+
+
+def test_an_s3_answer_dripping_in_fails_at_the_deadline_whatever_the_request(moto: MotoServer) -> None:
+    """A server that sends its answer, status line and headers included, a byte at a time
+    never trips the timeout between bytes. botocore reads a HEAD's, a listing's or a PUT's
+    answer inside the call, where no body watch reached: each waited for the whole answer
+    (a close() 150 s past a 5 s deadline in the write audit). Now every request of the
+    store is cut off at its deadline: it fails within it, with an error that says so, and
+    the store answers at once once the server does."""
+    from faultproxy import FaultProxy
+
+    from zvfs.stores.s3_write import put_key
+
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket="zvfs-drip")
+    client.put_object(Bucket="zvfs-drip", Key="a/k", Body=b"kept")
+    policy = RetryPolicy(attempts=3, timeout=1.0, deadline=2.0)
+    with FaultProxy(moto.port) as proxy:
+        st = S3Store("zvfs-drip", "", endpoint_url=proxy.endpoint, retry=policy)
+        calls = {
+            "head": lambda: st.info("a/k"),
+            "list": lambda: st.list_dir("a/"),
+            "put": lambda: put_key(st, "a/new", b"x" * 1000),
+            "get": lambda: st.get("a/k"),
+        }
+        for op, call in calls.items():
+            proxy.set({"kind": "drip", "ops": [op]})
+            t0 = time.monotonic()
+            with pytest.raises(StoreError, match="deadline") as exc:
+                call()
+            took = time.monotonic() - t0
+            assert took < policy.worst_case() + 1, (op, took)
+            assert "a/" in str(exc.value), exc.value
+            proxy.clear()
+            t0 = time.monotonic()
+            call()  # a connection the watchdog shut is not handed out again
+            assert time.monotonic() - t0 < 2, op
+        assert proxy.stats()["fault_drip"] >= 4
+        assert st.get("a/new") == b"x" * 1000
+        st.close()
+        # cut off 3 s in, the answer holds "HTTP/1.1 200" and no more: http.client reads that
+        # as a whole answer with no headers, and the PUT "succeeded"; it is an error all the same
+        slower = RetryPolicy(attempts=1, timeout=1.0, deadline=3.0)
+        st = S3Store("zvfs-drip", "", endpoint_url=proxy.endpoint, retry=slower)
+        proxy.set({"kind": "drip", "ops": ["put"]})
+        with pytest.raises(StoreError, match="deadline"):
+            put_key(st, "a/cut", b"y" * 1000)
+        st.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import logging
 import os
 import uuid
 
@@ -192,6 +193,45 @@ def test_opening_without_truncate_fetches_the_object_and_appends(s3):
     w.commit()
     w.close()
     assert _object(client, bucket, "k") == b"hello world"
+
+
+def test_an_object_replaced_while_fetched_for_writing_is_staged_whole_from_one_version(s3, caplog):
+    """An open for writing without O_TRUNC fetches the object in part-sized ranges. One
+    replaced between two ranges gave the staged copy the old version's first part and the
+    new version's rest, and close() stored that mix. Now each range is asked of the version
+    HEAD saw (If-Match); a replaced object is fetched again, whole, from the version there
+    now; one replaced at every try fails the open with an error saying so."""
+    store, client, bucket, staging = s3
+    old, new = os.urandom(12 * MiB + 5), os.urandom(11 * MiB + 3)  # three and three parts
+    client.put_object(Bucket=bucket, Key="pre/swapped", Body=old)
+    gets: list[str] = []
+
+    def replace_after_the_first_range(params, **_):
+        gets.append(params.get("headers", {}).get("Range", ""))
+        if len(gets) == 2:  # the first range was fetched: the object is replaced now
+            client.put_object(Bucket=bucket, Key="pre/swapped", Body=new)
+
+    store._client.meta.events.register("before-call.s3.GetObject", replace_after_the_first_range)
+    with caplog.at_level(logging.INFO, logger="zvfs.stores.s3"):
+        w = store.open_writer("swapped", truncate=False, create=False)
+    try:
+        assert w.size == len(new)
+        assert w.read(0, len(new) + 10) == new
+        assert staging.used == len(new)
+    finally:
+        w.close()
+    assert any("swapped" in r.getMessage() and "replaced while it was fetched" in r.getMessage()
+               for r in caplog.records), caplog.text
+    assert len(gets) == 2 + 3, gets  # two of the old version (the second refused), three of the new
+
+    def replace_at_every_range(params, **_):
+        client.put_object(Bucket=bucket, Key="pre/swapped", Body=os.urandom(6 * MiB))
+
+    store._client.meta.events.unregister("before-call.s3.GetObject", replace_after_the_first_range)
+    store._client.meta.events.register("before-call.s3.GetObject", replace_at_every_range)
+    with pytest.raises(StoreError, match="swapped: replaced 3 times"):
+        store.open_writer("swapped", truncate=False, create=False)
+    assert staging.used == 0
 
 
 def test_an_object_over_rewrite_max_size_is_refused_with_efbig(s3):

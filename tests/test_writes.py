@@ -39,6 +39,7 @@ from conftest import (
     daemon_pids,
     force_unmount,
     is_mounted,
+    mount_stats,
     put_many,
     run,
     s3_client,
@@ -932,6 +933,42 @@ def test_s3_failed_upload_is_an_error_from_close(s3store: Store, moto, mount, tm
         assert_key(s3store, m, "fail-small.bin", small)
 
 
+def test_s3_an_upload_whose_answer_drips_in_fails_close_within_the_deadline(
+        s3store: Store, moto, mount, tmp_path) -> None:
+    """A PUT whose answer comes a byte at a time (status line and headers too) never trips
+    the timeout between bytes: close() waited for the whole answer, about 150 s past a 5 s
+    deadline in the write audit. Now it fails with EIO within the deadline's bound, one line
+    names the key, the deadline and where the bytes are kept, and the mount goes on."""
+    import time
+
+    from faultproxy import FaultProxy
+
+    s3store.put("zarr.json", b"{}")
+    cache = tmp_path / "cache"
+    deadline, timeout = 3, 1
+    with FaultProxy(moto.port) as proxy:
+        m = s3store.mount(mount, "--cache-dir", str(cache), "--s3-timeout", str(timeout),
+                          "--s3-deadline", str(deadline), endpoint=proxy.endpoint)
+        os.listdir(m.path)
+        proxy.set({"kind": "drip", "ops": ["put"], "key": "drip.bin"})
+        data = rand(300_000, 21)
+        fd = os.open(m.path / "drip.bin", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+        os.write(fd, data)
+        t0 = time.monotonic()
+        fails(errno.EIO, os.close, fd)
+        took = time.monotonic() - t0
+        # one request: its deadline, a try's timeout, the backoff cap, and slack
+        assert took < deadline + timeout + 2 + 2, took
+        assert proxy.stats().get("fault_drip", 0) >= 1
+        lines = [ln for ln in m.log_text().splitlines() if "drip.bin" in ln]
+        assert any("deadline" in ln for ln in lines), lines
+        kept = [p for ln in lines for p in _path_in(ln) if not p.is_relative_to(m.path)]
+        assert any(p.read_bytes() == data for p in kept), (lines, kept)
+        proxy.clear()
+        (m.path / "after.bin").write_bytes(b"fine")
+        assert s3store.get("after.bin") == b"fine"
+
+
 def test_s3_kill_during_multipart_upload(s3store: Store, mount, tmp_path) -> None:
     """kill -9 in the middle of a multipart upload: no object appears; the next writable
     mount warns about the unfinished upload, and abort_uploads aborts it."""
@@ -1404,14 +1441,48 @@ def test_paths_below_a_renamed_directory_work_at_once(store: Store, mount) -> No
 
 def test_a_name_that_is_not_utf8_is_refused_with_einval_and_a_log_line(store: Store, mount) -> None:
     """Store keys are UTF-8: such a name was EIO, and its log line was lost (writing the
-    name's surrogate raised in the log handler)."""
+    name's surrogate raised in the log handler). A newline in the name is escaped too: it
+    split the line in two, the second looking like a line of its own."""
     m = store.mount(mount)
     with pytest.raises(OSError) as ei:
-        open(os.fsencode(m.path) + b"/bad\xff", "wb")
+        open(os.fsencode(m.path) + b"/bad\nline\xff", "wb")
     assert ei.value.errno == errno.EINVAL
-    assert wait_until(lambda: "bad\\udcff" in m.log_text() and "not UTF-8" in m.log_text(), 10), \
+    assert wait_until(lambda: "bad\\nline\\udcff" in m.log_text() and "not UTF-8" in m.log_text(), 10), \
         m.log_text()[-2000:]
+    assert not [ln for ln in m.log_text().splitlines() if ln.startswith("line")], m.log_text()[-2000:]
     assert store.keys() == {}
+
+
+def test_a_writer_that_makes_and_replaces_files_for_ever_leaves_the_inode_table_its_size(
+        store: Store, mount) -> None:
+    """A temp file written and renamed over its target, again and again (zarr-python 2's
+    way of writing a chunk), through the mount: each file's inode number stayed in the
+    daemon's table for the mount's life (about 90 bytes a file ever made). Now a replaced
+    file's number is dealt out again once the kernel forgets it: stats.json's ``inodes``
+    stays level, and every file still reads what was written last."""
+    cycles = 2000 if store.kind == "dir" else 200  # S3: a PUT, a copy and a delete each
+    m = store.mount(mount)
+    (m.path / "c").mkdir()
+
+    def inodes() -> int:
+        return mount_stats(m.path)["inodes"]
+
+    def cycle(i: int) -> None:
+        tmp = m.path / "c" / f"chunk.{i % 7}.tmp"
+        tmp.write_bytes(b"%d" % i)
+        os.rename(tmp, m.path / "c" / f"chunk.{i % 5}")
+
+    for i in range(50):
+        cycle(i)
+    before = inodes()
+    for i in range(50, cycles):
+        cycle(i)
+    assert wait_until(lambda: inodes() <= before + 20, 10), (before, inodes())
+    for j in range(5):
+        last = max(i for i in range(cycles) if i % 5 == j)
+        assert (m.path / "c" / f"chunk.{j}").read_bytes() == b"%d" % last
+        assert store.get(f"c/chunk.{j}") == b"%d" % last
+    assert sorted(os.listdir(m.path / "c")) == [f"chunk.{j}" for j in range(5)]
 
 
 def test_an_append_goes_to_the_end_the_file_has_now(dirstore: Store, mount) -> None:

@@ -140,9 +140,20 @@ def _log_file(path: str) -> logging.Handler:
     return LogFile(path, delay=True)
 
 
+#: control characters a message's names may hold (a key may hold any but NUL), written
+#: escaped; a tab is left as it is
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F) if c != 0x09} | {0x0A: "\\n", 0x0D: "\\r"}
+
+
 class _SafeFormatter(logging.Formatter):
-    """Lines that every handler can write: a name that is not UTF-8 (os.fsdecode's lone
-    surrogates) is escaped, where writing it raised and the line was lost."""
+    """Lines that every handler can write, one line a message: a name that is not UTF-8
+    (os.fsdecode's lone surrogates) is escaped, where writing it raised and the line was
+    lost; so is a control character in the message (a newline in a key split its line in
+    two, the second looking like a line of its own). A traceback keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        record.message = record.message.translate(_CONTROLS)
+        return super().formatMessage(record)
 
     def format(self, record: logging.LogRecord) -> str:
         return super().format(record).encode("utf-8", "backslashreplace").decode("utf-8")

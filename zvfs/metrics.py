@@ -33,7 +33,7 @@ LABELED = (
 )
 #: aggregates whose parts are exported with labels above (exporting both would double-count)
 #: counters that go down as well as up (processes running now): Prometheus gauges
-GAUGES = {"decoder_processes", "decoder_zygote"}
+GAUGES = {"decoder_processes", "decoder_zygote", "inodes"}
 SKIPPED = {"store_requests", "store_bytes", "store_list_requests", "fuse_lookups", "fuse_getattrs",
            "fuse_readdirs", "fuse_read_requests", "uptime_seconds"}
 

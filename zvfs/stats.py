@@ -13,6 +13,7 @@ import bisect
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 
 #: kinds of store failure the S3 layer counts as ``store_errors_<kind>``
 ERROR_KINDS = ("throttled", "server", "reset", "timeout", "truncated", "checksum", "denied",
@@ -88,6 +89,12 @@ class Counters:
         self.started = time.time()
         #: (unix time, one line) of the last error a user saw as a failed operation
         self.last_error: tuple[float, str] | None = None
+        #: gauges read when a snapshot is taken: they cost their owner nothing until then
+        self._readings: dict[str, Callable[[], float]] = {}
+
+    def reading(self, name: str, read: Callable[[], float]) -> None:
+        """Report ``read()`` as ``name`` in every snapshot (the size of a table, say)."""
+        self._readings[name] = read
 
     def add(self, name: str, amount: float = 1) -> None:
         with self._lock:
@@ -108,6 +115,8 @@ class Counters:
         with self._lock:
             out = {k: (int(v) if float(v).is_integer() else round(v, 6)) for k, v in self._values.items()}
         out["uptime_seconds"] = round(time.time() - self.started, 3)
+        for name, read in list(self._readings.items()):
+            out[name] = read()
         return dict(sorted(out.items()))
 
     def histograms(self) -> dict[str, tuple[list[tuple[str, int]], float, int]]:

@@ -4,10 +4,14 @@ This layer knows nodes (directories with lookup/children, files with size and
 read), never formats or stores. Its concurrency rules, all on the trio thread:
 
 - An inode number is assigned per (parent inode, name) the first time that
-  name is looked up, and never reused or changed while mounted, so ``stat``
+  name is looked up, and never changed while the name is bound, so ``stat``
   twice gives one ``st_ino``. ``forget`` drops the node object when the
   kernel's lookup count reaches zero; a later lookup makes a fresh node
-  under the same number.
+  under the same number. A number whose name was removed or replaced through
+  the mount is dealt out again once the kernel has forgotten it (and no
+  directory handle open since could list it), with its generation bumped: a
+  writable mount's table stays the size of what lives in it, however many
+  files come and go.
 - A directory handle snapshots the sorted children at ``opendir``; readdir
   offsets index that snapshot, so they are stable for the handle's life.
 - A file handle is a number of its own per open: it holds the node, and for an
@@ -15,7 +19,7 @@ read), never formats or stores. Its concurrency rules, all on the trio thread:
   written through it). Writes go only to nodes that say ``writable``; every
   other node answers EROFS, as does the whole tree of a read-only mount.
 - unlink, rmdir and a rename that replaces unbind the old name, so a new entry
-  of that name gets a new inode; a rename moves the number with the entry.
+  of that name gets another inode; a rename moves the number with the entry.
 - After a write through the mount, the kernel's caches of the *derived* files
   (paths below ``derived``, the decoded views) are dropped: their pages and
   attributes, and their directory entries, so new arrays are found at once.
@@ -40,6 +44,7 @@ import os
 import time
 from array import array
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -134,6 +139,17 @@ class ZvfsOperations(pyfuse3.Operations):
         #: open directories: their entries as read at opendir, and the inode of each
         self._dir_handles: dict[int, _DirSnapshot] = {}
         self._next_fh = itertools.count(1)
+        self._last_fh = 0
+        #: numbers to deal out again: unbound through the mount, then forgotten by the kernel
+        self._free: list[int] = []
+        #: (last handle dealt out then, number) freed while directory handles were open: dealt
+        #: out again once those handles are closed (their snapshots may still list the number)
+        self._quarantine: deque[tuple[int, int]] = deque()
+        #: numbers unbound through the mount that the kernel still knows: freed when it forgets
+        self._detached: set[int] = set()
+        #: number -> times it was dealt out again: its generation, so that (number,
+        #: generation) names one file for ever, as NFS export asks
+        self._generation: dict[int, int] = {}
         #: inode -> (node version, monotonic time) of the kernel's cached pages
         self._page_epochs: dict[int, tuple[object, float]] = {}
         self._files: dict[int, _Open] = {}
@@ -148,8 +164,14 @@ class ZvfsOperations(pyfuse3.Operations):
         self._settled.set()
         self._settling = 0  # replies waiting in _settle
         self._owner = owner or Ownership()
+        ctx.counters.reading("inodes", self._inodes_in_use)
 
     # -- inode table ---------------------------------------------------------
+
+    def _inodes_in_use(self) -> int:
+        """Numbers the table holds, less those freed to be dealt out again (stats.json's
+        ``inodes``): read from any thread, as a len() is."""
+        return len(self._node_at) - len(self._free) - len(self._quarantine)
 
     def _known(self, ino: int) -> Node | None:
         """The node of ``ino`` while the kernel knows it, else None."""
@@ -192,14 +214,21 @@ class ZvfsOperations(pyfuse3.Operations):
             inos.extend(i for i in range(first, first + len(run)) if i not in self._unbound)
         return inos
 
-    def _new(self, parent: int, name: str, node: Node | None) -> int:
-        """A new inode number for ``name`` under ``parent`` (not bound here: the caller does)."""
-        ino = ROOT + len(self._node_at)
-        self._parent_of.append(parent)
-        self._name_at.append(name)
-        self._node_at.append(node)
-        self._lookups.append(0)
-        self._told.append(-1)
+    def _new(self, parent: int, name: str, node: Node | None, fresh: bool = False) -> int:
+        """An inode number for ``name`` under ``parent`` (not bound here: the caller does):
+        a freed one if there is one, unless ``fresh`` (a run's numbers follow each other)."""
+        ino = 0 if fresh else self._reusable()
+        if ino:
+            i = ino - ROOT
+            self._parent_of[i], self._name_at[i], self._node_at[i] = parent, name, node
+            self._generation[ino] = self._generation.get(ino, 0) + 1
+        else:
+            ino = ROOT + len(self._node_at)
+            self._parent_of.append(parent)
+            self._name_at.append(name)
+            self._node_at.append(node)
+            self._lookups.append(0)
+            self._told.append(-1)
         if parent in self._derived:
             self._derived.add(ino)
         elif parent in self._toward_derived:
@@ -231,7 +260,7 @@ class ZvfsOperations(pyfuse3.Operations):
         if new:
             first = ROOT + len(self._node_at)
             for name in new:
-                self._new(parent, name, None)
+                self._new(parent, name, None, fresh=True)
             self._runs.setdefault(parent, []).append((first, new))
         inos = array("q")
         for (name, node), ino in zip(entries, found, strict=True):
@@ -240,6 +269,39 @@ class ZvfsOperations(pyfuse3.Operations):
             self._node_at[ino - ROOT] = node
             inos.append(ino)
         return inos
+
+    def _detach(self, ino: int) -> None:
+        """``ino``'s name was removed or replaced through the mount: its number is freed now,
+        or once the kernel forgets it. Not a number of a listing's run (the run's other
+        names keep their numbers by position), nor one that names hang from."""
+        if ino in self._unbound or self._ino_of.get(ino) or ino in self._runs:
+            return
+        if self._lookups[ino - ROOT] > 0 or ino in self._writing:
+            self._detached.add(ino)
+        else:
+            self._free_number(ino)
+
+    def _free_number(self, ino: int) -> None:
+        i = ino - ROOT
+        self._ino_of.pop(ino, None)  # a removed directory's table of names, emptied
+        self._node_at[i] = None
+        self._name_at[i] = ""  # no name is empty: readdir skips a snapshot's freed numbers
+        self._told[i] = -1
+        self._page_epochs.pop(ino, None)
+        self._derived.discard(ino)
+        self._toward_derived.discard(ino)
+        if self._dir_handles:
+            self._quarantine.append((self._last_fh, ino))
+        else:
+            self._free.append(ino)
+
+    def _reusable(self) -> int:
+        """A freed number no open directory handle can list, or 0."""
+        if self._quarantine:
+            oldest = min(self._dir_handles, default=self._last_fh + 1)
+            while self._quarantine and self._quarantine[0][0] < oldest:
+                self._free.append(self._quarantine.popleft()[1])
+        return self._free.pop() if self._free else 0
 
     def _path(self, ino: int) -> str:
         """The path ``ino`` was last bound to (for log lines): walked up its parents."""
@@ -265,7 +327,6 @@ class ZvfsOperations(pyfuse3.Operations):
         again for each name, as ``readdir_reply`` copies it into the reply at once: a walk
         of a million files sets these fields once a reply, not once a file."""
         a = pyfuse3.EntryAttributes()
-        a.generation = 0
         a.entry_timeout = self.ttl
         a.st_uid = self._owner.uid
         a.st_gid = self._owner.gid
@@ -276,6 +337,7 @@ class ZvfsOperations(pyfuse3.Operations):
     def _fill(self, a: pyfuse3.EntryAttributes, ino: int, node: Node) -> pyfuse3.EntryAttributes:
         """Set in ``a`` (from :meth:`_blank`) what is ``node``'s own."""
         a.st_ino = ino
+        a.generation = self._generation.get(ino, 0) if self._generation else 0
         is_file = isinstance(node, FileNode)
         # a live file's size changes with its content: the kernel must ask every time
         a.attr_timeout = 0 if is_file and node.direct_io else self.ttl
@@ -364,6 +426,9 @@ class ZvfsOperations(pyfuse3.Operations):
             if ino != ROOT:
                 # the number stays bound to its name (_ino_of); only the node object goes
                 self._node_at[i] = None
+                if ino in self._detached:  # unbound through the mount: free its number
+                    self._detached.discard(ino)
+                    self._detach(ino)
 
     # -- directories ---------------------------------------------------------
 
@@ -373,7 +438,7 @@ class ZvfsOperations(pyfuse3.Operations):
         if not isinstance(node, DirNode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         entries = await self._call(lambda: f"readdir {self._path(inode)}", node.children())
-        fh = next(self._next_fh)
+        fh = self._last_fh = next(self._next_fh)
         parent = self._parent(inode)
         # '.' and '..' come first, as on every POSIX file system; the kernel takes no
         # lookup reference for them (fuse_direntplus_link skips them), so neither do we
@@ -395,9 +460,13 @@ class ZvfsOperations(pyfuse3.Operations):
             if not reply(token, os.fsencode(name), fill(a, ino, node), i + 1):
                 return
         entries, inos = snap.entries, snap.inos
+        freed = bool(self._generation or self._free or self._quarantine)  # numbers ever freed
+        names = self._name_at
         for i in range(max(start_id - 2, 0), len(entries)):
             name, node = entries[i]
             ino = inos[i]
+            if freed and not names[ino - ROOT]:
+                continue  # removed since the opendir, and forgotten: its number is free
             try:
                 raw = os.fsencode(name)
                 if len(raw) > NAME_MAX:  # none could open it; past 4 KiB the kernel fails the reply
@@ -723,6 +792,7 @@ class ZvfsOperations(pyfuse3.Operations):
             node = self._node_at[ino - ROOT]
             if node is not None:
                 node.detach()
+            self._detach(ino)
 
     # -- keeping the kernel's caches of derived files true ---------------------
 

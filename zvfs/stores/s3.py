@@ -22,6 +22,7 @@ from __future__ import annotations
 from zvfs.stores import s3_client
 
 # isort: split
+import contextlib
 import errno
 import logging
 import re
@@ -57,7 +58,7 @@ from zvfs.stores.base import (
 from zvfs.stores.keys import bad_segment, is_safe_key, safe_name
 from zvfs.stores.retry import TRANSIENT_KINDS, Attempts, RetryPolicy
 from zvfs.stores.url import S3_BLOCK_SIZE
-from zvfs.stores.watchdog import Watchdog, body_socket
+from zvfs.stores.watchdog import Watchdog, watch_pools
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,10 @@ _SERVER = {"InternalError", "RequestTimeout", "RequestTimeTooSkewed", "BadGatewa
 #: response breaks while botocore parses it
 _REQUEST_ERRORS = (bce.BotoCoreError, bce.ClientError, u3e.HTTPError, OSError)
 _UNREACHABLE = (bce.EndpointConnectionError, bce.ConnectTimeoutError, bce.ConnectionClosedError)
+#: requests that S3 answers once their work is done, however long it takes, sending blanks
+#: meanwhile to keep the connection open (a copy of gigabytes, the assembly of a multipart
+#: upload): bounded by the timeout between bytes, not cut off at the deadline
+_KEPT_ALIVE = frozenset({"CopyObject", "UploadPartCopy", "CompleteMultipartUpload"})
 #: writes that may carry a condition (If-None-Match): a refused condition means EEXIST
 _CONDITIONAL_WRITES = frozenset({"PutObject", "CompleteMultipartUpload"})
 #: the operations that make an object, which take the mount's upload settings
@@ -100,11 +105,11 @@ class _ShortBody(Exception):
 
 
 class _Overdue(TimeoutError):
-    """The body still coming when the request's deadline passed (a server trickling it a
+    """The answer still coming when the request's deadline passed (a server trickling it a
     byte at a time never trips the timeout between bytes)."""
 
     def __init__(self, deadline: float) -> None:
-        super().__init__(f"body not received within the {deadline:g} s deadline")
+        super().__init__(f"no whole answer within the {deadline:g} s deadline")
 
 
 def fault_kind(exc: BaseException) -> str:
@@ -137,6 +142,8 @@ def fault_kind(exc: BaseException) -> str:
     return "other"
 
 
+#: tries of an open for writing to fetch an object that is replaced while it is fetched
+FETCH_TRIES = 3
 #: entries one listing may hold (a directory, or a flat listing): past it the listing fails
 MAX_LISTED_KEYS = 5_000_000
 #: sizes a file can have (st_size is a signed 64-bit number)
@@ -256,6 +263,9 @@ class S3Store(Store):
             client.meta.events.register("before-parameter-build.s3", self._mount_params)
             s3_client.reuse_endpoints(client)
             s3_client.steady_user_agent(client)
+            if not watch_pools(client, self._watchdog):
+                log.warning("botocore's HTTP session is not laid out as zvfs expects: S3 requests "
+                            "are bounded by --s3-timeout between bytes, not by --s3-deadline")
             return client
 
         # our retry loop is the only one, so the user's attempts and deadline are the real bounds
@@ -539,10 +549,12 @@ class S3Store(Store):
         if self.staging is None:
             raise WriteRefused(errno.EROFS, f"{key}: the mount is read-only")
         size: int | None = None
+        etag: str | None = None
         # an exclusive create asks nothing now: its upload is conditional (If-None-Match)
         if not create or not truncate:
             try:
-                size = self.info(key).size
+                found = self.info(key)
+                size, etag = found.size, found.version
             except KeyNotFound:
                 if not create:
                     raise
@@ -558,11 +570,26 @@ class S3Store(Store):
                           fresh=size is None or truncate, exclusive=exclusive, stored=size is not None)
         try:
             if size and not truncate:
-                writer.fetch(size)
+                self._fetch_for_writing(writer, key, size, etag)
         except BaseException:
             writer.close()
             raise
         return writer
+
+    def _fetch_for_writing(self, writer: Any, key: str, size: int, etag: str | None) -> None:
+        """Stage the object's bytes in ``writer``: the version HEAD saw, or, when it is
+        replaced meanwhile, the version there then (a few times at most)."""
+        for tries in range(1, FETCH_TRIES + 1):
+            try:
+                writer.fetch(size, etag)
+                return
+            except Stale:
+                if tries == FETCH_TRIES:
+                    raise StoreError(f"{key}: replaced {tries} times while it was fetched for "
+                                     "writing; open it again once it is no longer being written") from None
+                log.info("%s: replaced while it was fetched for writing; fetching it again", key)
+                found = self.info(key)
+                size, etag = found.size, found.version
 
     def delete(self, key: str) -> None:
         check_key(key)
@@ -663,8 +690,21 @@ class S3Store(Store):
         refreshed = False
         while True:
             client = self._client
+            watching = (contextlib.nullcontext() if op in _KEPT_ALIVE
+                        else self._watchdog.watching(time.monotonic() + tries.left))
             try:
-                return call(client)
+                with watching as watch:
+                    try:
+                        answer = call(client)
+                    except Exception as exc:
+                        if watch is not None and watch.cut:  # it broke because it came too late
+                            raise _Overdue(self.retry.deadline) from exc
+                        raise
+                if watch is not None and watch.cut:
+                    # an answer cut off can parse as a whole one (a status line cut after
+                    # "200", then no headers: a PutObject that "succeeded"): it came too late
+                    raise _Overdue(self.retry.deadline)
+                return answer
             except (ValueError, TypeError) as exc:  # botocore's parse of a malformed answer
                 raise StoreError(f"{key}: S3 {op}: the server's answer could not be read "
                                  f"({type(exc).__name__}: {exc})") from None
@@ -718,6 +758,7 @@ class S3Store(Store):
             if "Range" not in kw:
                 kw["ChecksumMode"] = "ENABLED"  # S3 sends its CRC with a whole object only
             client = self._client
+            watch = self._watchdog.start(time.monotonic() + tries.left)
             try:
                 resp = client.get_object(**kw)
                 etag = etag or resp.get("ETag")
@@ -749,7 +790,6 @@ class S3Store(Store):
                     None if limit is None else limit - got)
                 body = resp["Body"]
                 consumed = 0
-                watched = self._watchdog.watch(time.monotonic() + tries.left, body_socket(body))
                 try:
                     while take is None or take > 0:
                         piece = body.read(_BODY_PIECE if take is None else min(_BODY_PIECE, skip + take))
@@ -765,15 +805,9 @@ class S3Store(Store):
                         if piece:
                             parts.append(piece)
                             got += len(piece)
-                except Exception as exc:  # noqa: BLE001 - re-raised, as late if it was cut off
-                    if self._watchdog.done(watched):
-                        raise _Overdue(self.retry.deadline) from exc
-                    raise
-                else:  # unwatched before the close gives the connection back to the pool
-                    late = self._watchdog.done(watched)
                 finally:
                     body.close()
-                if late:
+                if self._watchdog.end(watch):  # cut off: a read it ended may have looked whole
                     raise _Overdue(self.retry.deadline)
                 if (take is None or take > 0) and 0 <= consumed < expected:
                     raise _ShortBody(f"body ended after {consumed} of {expected} bytes")
@@ -783,6 +817,8 @@ class S3Store(Store):
                                      f"of {answered[2]}")
                 return b"".join(parts), size
             except Exception as exc:  # noqa: BLE001 - classified below; anything else is re-raised
+                if self._watchdog.end(watch) and not isinstance(exc, _Overdue):
+                    exc = _Overdue(self.retry.deadline)  # whatever broke, broke as it came too late
                 if not isinstance(exc, (*_REQUEST_ERRORS, _ShortBody, _Overdue)):
                     raise
                 if isinstance(exc, bce.ClientError):
@@ -815,6 +851,8 @@ class S3Store(Store):
                 self.counters.add("store_retries")
                 if got:
                     log.debug("%s: %s after %d bytes; resuming from there", key, kind, got)
+            finally:
+                self._watchdog.end(watch)  # ended already, unless something else broke out
 
     def _count(self, exc: BaseException) -> str:
         kind = fault_kind(exc)

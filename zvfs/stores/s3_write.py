@@ -82,13 +82,18 @@ class S3Writer(KeyWriter):
 
     # -- staging ----------------------------------------------------------------------------
 
-    def fetch(self, size: int) -> None:
-        """Start from the object's current bytes (an open for writing without O_TRUNC)."""
-        self.staging.grow(self.key, size)
+    def fetch(self, size: int, etag: str | None) -> None:
+        """Start from the object's bytes (an open for writing without O_TRUNC): ``size``
+        bytes of the version ``etag`` names, the one HEAD saw. Every piece is asked of that
+        version (If-Match), so an object replaced meanwhile is Stale, never a mix of two
+        versions' pieces; without an ETag the pieces are taken as they come. Called again
+        after a Stale, it starts over at the new version's size."""
+        self.staging.grow(self.key, size - self._size)
+        os.ftruncate(self._fd, size)  # no tail left of a longer version fetched before
         self._size = size
         pos = 0
         while pos < size:
-            piece = self.store.get_range(self.key, pos, min(self.part_size, size - pos))
+            piece = self.store.get_version(self.key, pos, min(self.part_size, size - pos), etag)
             if not piece:
                 raise StoreError(f"{self.key}: object shrank while it was fetched for writing")
             pos += pwrite_all(self._fd, piece, pos)
