@@ -735,6 +735,45 @@ def test_numbers_of_removed_names_are_dealt_out_again_once_the_kernel_forgets_th
     trio.run(main)
 
 
+def test_numbers_a_listing_gave_first_and_removed_directories_are_dealt_out_again(tmp_path):
+    """A listing racing a create numbers the new name in the directory's run before the
+    create binds it; and a listed directory holds a table of names. A helper's audit
+    (mkdir, create, unlink, rmdir in one thread, listdir in another) saw the inode count grow
+    20 a second: such numbers, and the removed directories', were never dealt out again."""
+    from zvfs.views.root import build_root
+
+    # listings read afresh each time, as after the metadata TTL: the one racing the create
+    ctx = MountContext(store=DirectoryStore(tmp_path), writable=True, metadata_ttl=0)
+    ops = ZvfsOperations(build_root(ctx), ctx, derived=["/.zvfs/"])
+    root = pyfuse3.ROOT_INODE
+    flags = os.O_WRONLY | os.O_CREAT
+
+    async def cycle() -> None:
+        d = (await ops.mkdir(root, b"d", 0o755, None)).st_ino
+        x = await ops.create(d, b"x", 0o644, flags, None)
+        await ops.release(x[0].fh)
+        (tmp_path / "d" / "y").write_bytes(b"y")  # on disk, its create not answered yet
+        fh = await ops.opendir(d, None)  # the listing meets it first: a number in d's run
+        await ops.releasedir(fh)
+        y = await ops.create(d, b"y", 0o644, flags, None)  # the create binds the name now
+        await ops.release(y[0].fh)
+        for name, made in ((b"x", x), (b"y", y)):
+            await ops.unlink(d, name, None)
+            await ops.forget([(made[1].st_ino, 1)])
+        await ops.rmdir(root, b"d", None)
+        await ops.forget([(d, 1)])
+
+    async def main() -> None:
+        await cycle()
+        size = len(ops._node_at)
+        for _ in range(200):
+            await cycle()
+        assert len(ops._node_at) <= size + 3, (size, len(ops._node_at))
+        assert ctx.counters.snapshot()["inodes"] <= 2 and not ops._unbound and not ops._runs
+
+    trio.run(main)
+
+
 # --------------------------------------------------------------------------- worker hops
 
 

@@ -253,11 +253,18 @@ class ZvfsOperations(pyfuse3.Operations):
 
     def _remember_all(self, parent: int, entries: Sequence[tuple[str, Node]]) -> array:
         """Inodes for a directory's ``entries``: the names never met before are numbered as
-        one run, in sorted order. (An array, not a list of ints: a directory of 200,000
-        keys would hold 200,000 int objects while it is open.)"""
+        one run, in sorted order, or, when there are freed numbers enough for them (a
+        writable mount's churn: a listing that meets a file before its create is answered),
+        one by one from those. (An array, not a list of ints: a directory of 200,000 keys
+        would hold 200,000 int objects while it is open.)"""
         found = [self._find(parent, name) for name, _ in entries]
         new = sorted({name for (name, _), ino in zip(entries, found, strict=True) if ino is None})
-        if new:
+        reused: dict[str, int] = {}
+        if new and len(new) <= len(self._free) + len(self._quarantine):
+            names = self._ino_of.setdefault(parent, {})
+            for name in new:
+                reused[name] = names[name] = self._new(parent, name, None)
+        elif new:
             first = ROOT + len(self._node_at)
             for name in new:
                 self._new(parent, name, None, fresh=True)
@@ -265,17 +272,15 @@ class ZvfsOperations(pyfuse3.Operations):
         inos = array("q")
         for (name, node), ino in zip(entries, found, strict=True):
             if ino is None:
-                ino = first + bisect_left(new, name)
+                ino = reused[name] if reused else first + bisect_left(new, name)
             self._node_at[ino - ROOT] = node
             inos.append(ino)
         return inos
 
     def _detach(self, ino: int) -> None:
         """``ino``'s name was removed or replaced through the mount: its number is freed now,
-        or once the kernel forgets it. Not a number of a listing's run (the run's other
-        names keep their numbers by position), nor one that names hang from."""
-        if ino in self._unbound or self._ino_of.get(ino) or ino in self._runs:
-            return
+        or once the kernel forgets it. (A number of a listing's run stays in ``_unbound``
+        when it is dealt out again: its run's slot is dead for good.)"""
         if self._lookups[ino - ROOT] > 0 or ino in self._writing:
             self._detached.add(ino)
         else:
@@ -283,7 +288,15 @@ class ZvfsOperations(pyfuse3.Operations):
 
     def _free_number(self, ino: int) -> None:
         i = ino - ROOT
-        self._ino_of.pop(ino, None)  # a removed directory's table of names, emptied
+        # a removed directory held nothing in the store, whatever names hang from it here
+        # (removed outside the mount, or a listing's dead slots): they go with it
+        below = list(self._ino_of.pop(ino, {}).values())
+        for first, run in self._runs.pop(ino, ()):
+            for child in range(first, first + len(run)):
+                if child in self._unbound:
+                    self._unbound.discard(child)  # no run names it now
+                else:
+                    below.append(child)
         self._node_at[i] = None
         self._name_at[i] = ""  # no name is empty: readdir skips a snapshot's freed numbers
         self._told[i] = -1
@@ -294,6 +307,9 @@ class ZvfsOperations(pyfuse3.Operations):
             self._quarantine.append((self._last_fh, ino))
         else:
             self._free.append(ino)
+        for child in below:
+            if self._parent_of[child - ROOT] == ino and self._name_at[child - ROOT]:
+                self._detach(child)  # still named under the removed directory
 
     def _reusable(self) -> int:
         """A freed number no open directory handle can list, or 0."""
@@ -428,7 +444,7 @@ class ZvfsOperations(pyfuse3.Operations):
                 self._node_at[i] = None
                 if ino in self._detached:  # unbound through the mount: free its number
                     self._detached.discard(ino)
-                    self._detach(ino)
+                    self._detach(ino)  # unless a write handle still holds it
 
     # -- directories ---------------------------------------------------------
 
