@@ -363,7 +363,8 @@ def test_metrics_endpoint_moves_with_a_workload(zarr_s3, zarr_dir, moto, s3_env,
     names = {n for (n, _lab) in before}
     for name in ("zvfs_store_retries_total", "zvfs_cache_hits_total", "zvfs_cache_misses_total",
                  "zvfs_cache_evictions_total", "zvfs_chunk_cache_bytes", "zvfs_prefetch_hits_total",
-                 "zvfs_decode_seconds_total", "zvfs_fuse_errors_total", "zvfs_store_request_seconds_bucket"):
+                 "zvfs_decode_seconds_total", "zvfs_fuse_errors_total", "zvfs_store_request_seconds_bucket",
+                 "zvfs_inodes"):
         assert name in names, (name, sorted(names))
     for cache in ("chunk", "listing"):
         assert ("zvfs_cache_evictions_total", (("cache", cache), ("mount", "sample"))) in before

@@ -263,6 +263,10 @@ class _ForgetOnCommit(KeyWriter):
     def stored(self) -> bool:
         return self._inner.stored
 
+    @property
+    def closed(self) -> bool:
+        return self._inner.closed
+
     def discard(self) -> None:
         self._inner.discard()
 

@@ -79,6 +79,8 @@ class _DirSnapshot(NamedTuple):
     dots: tuple[tuple[str, int, Node], tuple[str, int, Node]]
     entries: Sequence[tuple[str, Node]]
     inos: array
+    #: the mount's count of names unbound when the snapshot was taken
+    unbinds: int = 0
 
 
 @dataclass(slots=True)
@@ -134,6 +136,9 @@ class ZvfsOperations(pyfuse3.Operations):
         self._runs: dict[int, list[tuple[int, list[str]]]] = {}
         #: ... unless removed or replaced through the mount since
         self._unbound: set[int] = set()
+        #: names unbound (removed, replaced or renamed) through the mount so far: a directory
+        #: snapshot taken before the last one checks its entries against the table
+        self._unbinds = 0
         #: parent inode -> name -> inode: the bindings made one at a time
         self._ino_of: dict[int, dict[str, int]] = {}
         #: open directories: their entries as read at opendir, and the inode of each
@@ -199,6 +204,7 @@ class ZvfsOperations(pyfuse3.Operations):
 
     def _pop(self, parent: int, name: str) -> int | None:
         """Unbind ``name`` under ``parent``: its inode, or None if it had none."""
+        self._unbinds += 1
         names = self._ino_of.get(parent)
         if names and name in names:
             return names.pop(name)
@@ -318,6 +324,11 @@ class ZvfsOperations(pyfuse3.Operations):
             while self._quarantine and self._quarantine[0][0] < oldest:
                 self._free.append(self._quarantine.popleft()[1])
         return self._free.pop() if self._free else 0
+
+    def _still_named(self, ino: int, parent: int, name: str) -> bool:
+        """``ino`` is still ``name`` under ``parent`` (not removed, replaced or renamed)."""
+        i = ino - ROOT
+        return self._parent_of[i] == parent and self._name_at[i] == name and self._bound(ino)
 
     def _path(self, ino: int) -> str:
         """The path ``ino`` was last bound to (for log lines): walked up its parents."""
@@ -461,7 +472,7 @@ class ZvfsOperations(pyfuse3.Operations):
         above = self._known(parent)
         self._dir_handles[fh] = _DirSnapshot(
             ((".", inode, node), ("..", parent, node if above is None else above)),
-            entries, self._remember_all(inode, entries))
+            entries, self._remember_all(inode, entries), self._unbinds)
         return fh
 
     async def readdir(self, fh: int, start_id: int, token) -> None:  # type: ignore[override]
@@ -476,13 +487,21 @@ class ZvfsOperations(pyfuse3.Operations):
             if not reply(token, os.fsencode(name), fill(a, ino, node), i + 1):
                 return
         entries, inos = snap.entries, snap.inos
-        freed = bool(self._generation or self._free or self._quarantine)  # numbers ever freed
-        names = self._name_at
+        # a name removed or renamed through the mount since the opendir is left out, and a
+        # replaced one listed as what it holds now: the snapshot's number would tie the name
+        # to the old file again, with the attributes of the new one (a reader of the
+        # replaced file, still open, saw its size cut to the new file's), or to a number
+        # dealt out to another file since
+        changed = snap.unbinds != self._unbinds
+        dir_ino = snap.dots[0][1]
         for i in range(max(start_id - 2, 0), len(entries)):
             name, node = entries[i]
             ino = inos[i]
-            if freed and not names[ino - ROOT]:
-                continue  # removed since the opendir, and forgotten: its number is free
+            if changed and not self._still_named(ino, dir_ino, name):
+                ino = self._find(dir_ino, name) or 0  # replaced: what the name holds now, if
+                node = self._node_at[ino - ROOT] if ino else None  # its node is at hand
+                if node is None:
+                    continue
             try:
                 raw = os.fsencode(name)
                 if len(raw) > NAME_MAX:  # none could open it; past 4 KiB the kernel fails the reply

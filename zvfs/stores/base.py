@@ -95,6 +95,11 @@ class KeyWriter(ABC):
     stored: bool = True
 
     @property
+    def closed(self) -> bool:
+        """True once close() ran: what it staged can no longer be read through it."""
+        return False
+
+    @property
     @abstractmethod
     def size(self) -> int: ...
 

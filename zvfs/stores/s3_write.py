@@ -103,6 +103,10 @@ class S3Writer(KeyWriter):
     def size(self) -> int:
         return self._size
 
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
+
     def _parts(self, start: int, end: int) -> range:
         return range(start // self.part_size, (max(end, start + 1) - 1) // self.part_size + 1)
 

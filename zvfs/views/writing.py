@@ -149,4 +149,16 @@ class UnstoredReader(FileNode):
         return self.handle.size
 
     async def read(self, offset: int, length: int) -> bytes:
-        return await self.handle.read(offset, length)
+        writer = self.handle.writer
+        if not writer.closed:
+            try:
+                return await self.handle.read(offset, length)
+            except (NodeError, OSError):  # OSError: its descriptor went as it was read
+                if not writer.closed:
+                    raise
+        # its writers closed it since (a reader read EIO here: the staged copy was gone):
+        # what they stored is the file now
+        if not writer.stored:
+            raise NodeError(errno.ENOENT, f"{self.key}: not stored (its upload failed)", key=self.key)
+        store = self.handle.ctx.store
+        return await store_call(self.handle.ctx, self.key, store.get_range, self.key, offset, length)
