@@ -223,17 +223,10 @@ class Proxy:
                 self.stats[f"body_bytes_{op}"] += len(rbody)
                 if fault == "trickle":
                     writer.write(_serialize(status_line, rheaders, b""))
-                    for i in range(len(rbody)):
-                        writer.write(rbody[i:i + 1])
-                        await writer.drain()
-                        await asyncio.sleep(0.25)
+                    await _dribble(writer, rbody)
                     continue
                 if fault == "drip":
-                    whole = _serialize(status_line, rheaders, rbody)
-                    for i in range(len(whole)):
-                        writer.write(whole[i:i + 1])
-                        await writer.drain()
-                        await asyncio.sleep(0.25)
+                    await _dribble(writer, _serialize(status_line, rheaders, rbody))
                     continue
                 writer.write(_serialize(status_line, rheaders, rbody))
                 await writer.drain()
@@ -280,6 +273,14 @@ class Proxy:
             await writer.drain()
         finally:
             writer.close()
+
+
+async def _dribble(writer: asyncio.StreamWriter, data: bytes) -> None:
+    """``data`` a byte every 0.25 s: each inside any timeout between bytes."""
+    for i in range(len(data)):
+        writer.write(data[i:i + 1])
+        await writer.drain()
+        await asyncio.sleep(0.25)
 
 
 def _operation(method: str, target: str) -> str:

@@ -266,7 +266,8 @@ class ZvfsOperations(pyfuse3.Operations):
         found = [self._find(parent, name) for name, _ in entries]
         new = sorted({name for (name, _), ino in zip(entries, found, strict=True) if ino is None})
         reused: dict[str, int] = {}
-        if new and len(new) <= len(self._free) + len(self._quarantine):
+        self._release_quarantine()
+        if new and len(new) <= len(self._free):
             names = self._ino_of.setdefault(parent, {})
             for name in new:
                 reused[name] = names[name] = self._new(parent, name, None)
@@ -304,7 +305,7 @@ class ZvfsOperations(pyfuse3.Operations):
                 else:
                     below.append(child)
         self._node_at[i] = None
-        self._name_at[i] = ""  # no name is empty: readdir skips a snapshot's freed numbers
+        self._name_at[i] = ""  # no name is empty: this marks it freed (and lets go of the name)
         self._told[i] = -1
         self._page_epochs.pop(ino, None)
         self._derived.discard(ino)
@@ -317,12 +318,16 @@ class ZvfsOperations(pyfuse3.Operations):
             if self._parent_of[child - ROOT] == ino and self._name_at[child - ROOT]:
                 self._detach(child)  # still named under the removed directory
 
-    def _reusable(self) -> int:
-        """A freed number no open directory handle can list, or 0."""
+    def _release_quarantine(self) -> None:
+        """Free the quarantined numbers that no open directory handle can list any more."""
         if self._quarantine:
             oldest = min(self._dir_handles, default=self._last_fh + 1)
             while self._quarantine and self._quarantine[0][0] < oldest:
                 self._free.append(self._quarantine.popleft()[1])
+
+    def _reusable(self) -> int:
+        """A freed number no open directory handle can list, or 0."""
+        self._release_quarantine()
         return self._free.pop() if self._free else 0
 
     def _still_named(self, ino: int, parent: int, name: str) -> bool:

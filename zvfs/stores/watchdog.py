@@ -34,10 +34,9 @@ class Watch:
     passed, ``cut`` once a connection was shut down for it (one still held then, or taken
     after)."""
 
-    __slots__ = ("deadline", "outer", "conns", "fired", "cut", "ended")
+    __slots__ = ("outer", "conns", "fired", "cut", "ended")
 
-    def __init__(self, deadline: float, outer: Watch | None) -> None:
-        self.deadline = deadline
+    def __init__(self, outer: Watch | None) -> None:
         self.outer = outer  # the thread's watch before this one, back at its end
         self.conns: set[Any] = set()
         self.fired = False
@@ -78,7 +77,7 @@ class Watchdog:
     def start(self, deadline: float) -> Watch:
         """Until :meth:`end`, the calling thread's requests are cut off at ``deadline``
         (time.monotonic())."""
-        watch = Watch(deadline, getattr(self._local, "watch", None))
+        watch = Watch(getattr(self._local, "watch", None))
         self._local.watch = watch
         with self._cond:
             heapq.heappush(self._heap, (deadline, next(self._seq), watch))
