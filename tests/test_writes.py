@@ -1278,6 +1278,28 @@ def test_concurrent_writers_and_readers(store: Store, mount) -> None:
     assert objects == {**seeded, **written}
 
 
+def test_s3_a_reader_of_an_unlinked_object_gets_its_old_bytes_or_estale(s3store: Store, mount) -> None:
+    """A descriptor open on an object that is then unlinked (through the mount or behind
+    it) reads the bytes it opened while zvfs still has them, and past that ESTALE, the
+    errno for a handle whose file is gone: never ENOENT, which read() cannot mean."""
+    data = {"through.bin": rand(24 * MiB, 77), "behind.bin": rand(24 * MiB, 78)}
+    for key, value in data.items():
+        s3store.put(key, value)
+    m = s3store.mount(mount)
+    for key, value in data.items():
+        fd = os.open(m.path / key, os.O_RDONLY)
+        try:
+            assert os.pread(fd, 4096, 0) == value[:4096]
+            if key == "behind.bin":
+                s3store.client.delete_object(Bucket=s3store.bucket, Key=s3store.prefix + key)
+            else:
+                os.unlink(m.path / key)
+            assert os.pread(fd, 4096, 0) == value[:4096], key  # zvfs's cache still has it
+            fails(errno.ESTALE, os.pread, fd, 4096, 20 * MiB)
+        finally:
+            os.close(fd)
+
+
 def test_s3_reader_sees_old_or_new_object(s3store: Store, mount) -> None:
     """While one key is overwritten again and again, readers see a whole version: never a
     mix, never a half-written or empty staged file. (A reader whose version was replaced

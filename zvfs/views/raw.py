@@ -285,6 +285,11 @@ class RawFile(FileNode):
         try:
             return await self.ctx.workers.run(fn)
         except KeyNotFound as exc:
+            if self._info.version is not None:
+                # the version this open was pinned to is gone: the handle is stale (NFS's
+                # errno for it), where ENOENT from a read() would make no sense to a program
+                raise NodeError(errno.ESTALE, f"{self.key}: removed from the store since it "
+                                "was opened") from exc
             raise NodeError(errno.ENOENT, f"{self.key}: vanished from the store") from exc
         except Stale as exc:
             raise NodeError(errno.ESTALE, str(exc)) from exc
