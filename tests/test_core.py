@@ -815,6 +815,65 @@ def test_a_listing_open_across_a_replace_lists_what_the_name_holds_now(tmp_path,
     trio.run(main)
 
 
+def test_an_open_during_a_rename_over_its_name_is_told_estale_not_given_the_new_file(tmp_path):
+    """An open of a looked-up file that came while a rename over its name was in the store
+    but not yet in the table opened the new file under the old inode number: its reads were
+    the new file's, the kernel's size (fstat) the old one's (a helper's audit: 4 in 40 s of
+    churn). Now the open waits for the rename and is told ESTALE, so the kernel looks the
+    name up again and finds the new file's number and size."""
+    import threading
+
+    from zvfs.views.root import build_root
+
+    store = DirectoryStore(tmp_path)
+    ctx = MountContext(store=store, writable=True)
+    ops = ZvfsOperations(build_root(ctx), ctx, derived=["/.zvfs/"])
+    root = pyfuse3.ROOT_INODE
+    renamed, go_on = threading.Event(), threading.Event()
+    plain_rename = store.rename
+
+    def held_rename(src: str, dst: str) -> None:
+        plain_rename(src, dst)  # done in the store ...
+        renamed.set()
+        go_on.wait(10)  # ... and not yet in the table
+
+    async def write(name: bytes, data: bytes) -> int:
+        fi, attr = await ops.create(root, name, 0o644, os.O_WRONLY | os.O_CREAT, None)
+        await ops.write(fi.fh, 0, data)
+        await ops.flush(fi.fh)
+        await ops.release(fi.fh)
+        return attr.st_ino
+
+    async def main() -> None:
+        await write(b"f", b"short")
+        old = (await ops.lookup(root, b"f")).st_ino
+        await write(b"f.tmp", b"a longer one")
+        store.rename = held_rename  # type: ignore[method-assign]
+        outcome: list[object] = []
+
+        async def open_old() -> None:
+            try:
+                outcome.append(await ops.open(old, os.O_RDONLY, None))
+            except pyfuse3.FUSEError as exc:
+                outcome.append(exc.errno)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ops.rename, root, b"f.tmp", root, b"f", 0, None)
+            await trio.to_thread.run_sync(renamed.wait, 10)
+            nursery.start_soon(open_old)
+            await trio.sleep(0.2)
+            assert not outcome, f"the open did not wait for the rename: {outcome}"
+            go_on.set()
+        assert outcome == [errno.ESTALE], outcome
+        again = await ops.lookup(root, b"f")
+        assert again.st_ino != old and again.st_size == 12
+        fi = await ops.open(again.st_ino, os.O_RDONLY, None)
+        assert await ops.read(fi.fh, 0, 100) == b"a longer one"
+        await ops.release(fi.fh)
+
+    trio.run(main)
+
+
 # --------------------------------------------------------------------------- worker hops
 
 

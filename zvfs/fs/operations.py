@@ -45,7 +45,8 @@ import time
 from array import array
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -155,6 +156,10 @@ class ZvfsOperations(pyfuse3.Operations):
         #: number -> times it was dealt out again: its generation, so that (number,
         #: generation) names one file for ever, as NFS export asks
         self._generation: dict[int, int] = {}
+        #: (parent, name) -> set once the rename or removal of that name through the mount,
+        #: begun in the store, is in the table too: a lookup or open of the name meanwhile
+        #: waits for it (see _changing_names)
+        self._changing: dict[tuple[int, str], trio.Event] = {}
         #: inode -> (node version, monotonic time) of the kernel's cached pages
         self._page_epochs: dict[int, tuple[object, float]] = {}
         self._files: dict[int, _Open] = {}
@@ -428,6 +433,8 @@ class ZvfsOperations(pyfuse3.Operations):
         parent = self._node(parent_inode)
         if not isinstance(parent, DirNode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
+        if self._changing:
+            await self._changed(parent_inode, sname)
         child = await self._call(lambda: f"lookup {self._child_path(parent_inode, sname)}",
                                  parent.lookup(sname))
         if child is None:
@@ -539,6 +546,8 @@ class ZvfsOperations(pyfuse3.Operations):
         node = self._node(inode)
         if not isinstance(node, FileNode):
             raise pyfuse3.FUSEError(errno.EISDIR)
+        if self._changing:
+            await self._changed(self._parent_of[inode - ROOT], self._name_at[inode - ROOT])
         if not self._bound(inode):
             # its name was removed or replaced through the mount after the kernel looked it
             # up: ESTALE makes the kernel look the path up again and open what is there now
@@ -760,8 +769,9 @@ class ZvfsOperations(pyfuse3.Operations):
         self._counters.add(f"fuse_ops_{op}")
         parent = self._dir(parent_inode)
         remove = parent.unlink if op == "unlink" else parent.rmdir
-        await self._call(lambda: f"{op} {self._child_path(parent_inode, name)}", remove(name))
-        self._unbind(parent_inode, name)
+        async with self._changing_names((parent_inode, name)):
+            await self._call(lambda: f"{op} {self._child_path(parent_inode, name)}", remove(name))
+            self._unbind(parent_inode, name)
         await self._settle()
 
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,  # type: ignore[override]
@@ -772,11 +782,12 @@ class ZvfsOperations(pyfuse3.Operations):
         old, new = os.fsdecode(name_old), os.fsdecode(name_new)
         src, dst = self._dir(parent_inode_old), self._dir(parent_inode_new)
         what = f"rename {self._child_path(parent_inode_old, old)} -> {self._child_path(parent_inode_new, new)}"
-        await self._call(what, src.rename(old, dst, new, not flags & _RENAME_NOREPLACE))
-        self._unbind(parent_inode_new, new)
-        ino = self._pop(parent_inode_old, old)
-        if ino is not None:
-            await self._move(ino, parent_inode_new, new, dst)
+        async with self._changing_names((parent_inode_old, old), (parent_inode_new, new)):
+            await self._call(what, src.rename(old, dst, new, not flags & _RENAME_NOREPLACE))
+            self._unbind(parent_inode_new, new)
+            ino = self._pop(parent_inode_old, old)
+            if ino is not None:
+                await self._move(ino, parent_inode_new, new, dst)
         await self._settle()
 
     async def _move(self, ino: int, parent_inode_new: int, new: str, dst: DirNode) -> None:
@@ -823,6 +834,34 @@ class ZvfsOperations(pyfuse3.Operations):
 
     async def mknod(self, *args: object, **kwargs: object) -> None:
         raise pyfuse3.FUSEError(errno.EPERM if self._root.writable else errno.EROFS)
+
+    @asynccontextmanager
+    async def _changing_names(self, *names: tuple[int, str]) -> AsyncIterator[None]:
+        """While the store changes what ``names`` name and the table follows it.
+
+        The kernel locks a directory for a rename or removal in it, but not against an
+        open of a file it has looked up, nor a lookup that revalidates a cached entry. An
+        open during a rename over its name opened the new file under the old inode number,
+        whose size the kernel had from the old one: its reads and its fstat disagreed
+        (direct_io kept the bytes whole). Now such an open waits, is told ESTALE, and the
+        kernel looks the name up again."""
+        names = tuple(dict.fromkeys(names))  # a rename onto itself names one name twice
+        for name in names:
+            await self._changed(*name)
+        done = trio.Event()
+        for name in names:
+            self._changing[name] = done
+        try:
+            yield
+        finally:
+            for name in names:
+                del self._changing[name]
+            done.set()
+
+    async def _changed(self, parent: int, name: str) -> None:
+        """Return once no rename or removal of ``name`` under ``parent`` is under way."""
+        while (changing := self._changing.get((parent, name))) is not None:
+            await changing.wait()
 
     def _unbind(self, parent: int, name: str) -> None:
         """The entry ``name`` is gone or replaced: a new one there gets a new inode number."""
