@@ -969,6 +969,40 @@ def test_s3_an_upload_whose_answer_drips_in_fails_close_within_the_deadline(
         assert s3store.get("after.bin") == b"fine"
 
 
+def test_s3_a_multipart_start_that_cannot_be_made_is_tried_once_more_by_close_not_by_every_part(
+        s3store: Store, moto, mount, tmp_path) -> None:
+    """When CreateMultipartUpload's answer drips in past the deadline, the parts uploading in
+    the background each tried it again in turn, and close() waited for all of them before its
+    own try: five deadlines for a 24 MiB file in 5 MiB parts. Now the parts that waited give
+    up with the first, and close() makes one try of its own: two deadlines, and EIO."""
+    import time
+
+    from faultproxy import FaultProxy
+
+    s3store.put("zarr.json", b"{}")
+    deadline, timeout = 2, 1
+    with FaultProxy(moto.port) as proxy:
+        m = s3store.mount(mount, "--part-size", "5M", "--s3-timeout", str(timeout),
+                          "--s3-deadline", str(deadline), endpoint=proxy.endpoint)
+        os.listdir(m.path)
+        # POSTs to the key: CreateMultipartUpload (and CompleteMultipartUpload, never reached)
+        proxy.set({"kind": "drip", "ops": ["other"], "key": "big.bin"})
+        data = rand(24 * MiB, 5)
+        fd = os.open(m.path / "big.bin", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+        os.write(fd, data)
+        t0 = time.monotonic()
+        fails(errno.EIO, os.close, fd)
+        took = time.monotonic() - t0
+        # one background try (none if close() came first) and close()'s own
+        assert 1 <= proxy.stats().get("fault_drip", 0) <= 2, proxy.stats()
+        assert took < 2 * (deadline + timeout + 2) + 2, took
+        assert any("CreateMultipartUpload" in ln and "big.bin" in ln
+                   for ln in m.log_text().splitlines()), m.log_text()[-2000:]
+        proxy.clear()
+        (m.path / "big.bin").write_bytes(data)
+        assert s3store.get("big.bin") == data
+
+
 def test_s3_kill_during_multipart_upload(s3store: Store, mount, tmp_path) -> None:
     """kill -9 in the middle of a multipart upload: no object appears; the next writable
     mount warns about the unfinished upload, and abort_uploads aborts it."""

@@ -68,6 +68,9 @@ class S3Writer(KeyWriter):
         self._lock = threading.Condition()
         #: held by the one part upload that creates the multipart upload, while it does
         self._starting = threading.Lock()
+        #: starts of the multipart upload that failed: a background part that waited on
+        #: ``_starting`` while one failed gives up rather than try again
+        self._start_failures = 0
         self._gen: dict[int, int] = {}  # part -> writes that touched it
         self._done: dict[int, tuple[str, int, int]] = {}  # part -> (ETag, generation, length) uploaded
         #: parts handed out by background_work(): queued for a worker thread, or uploading
@@ -173,7 +176,7 @@ class S3Writer(KeyWriter):
             self._running.add(part)
             self._lock.notify_all()  # a commit may be waiting for it to start
         try:
-            self._upload_part(part)
+            self._upload_part(part, background=True)
         except Exception as exc:  # noqa: BLE001 - commit uploads it again and reports
             log.debug("%s: background upload of part %d failed: %s", self.key, part + 1, exc)
         finally:
@@ -198,22 +201,35 @@ class S3Writer(KeyWriter):
             self._lock.wait()
         self._in_flight.clear()
 
-    def _start_upload(self) -> str:
+    def _start_upload(self, background: bool = False) -> str:
         """The multipart upload's id, created by the first part upload that needs one (the
-        others wait for it on ``_starting``, not on the writer's lock)."""
+        others wait for it on ``_starting``, not on the writer's lock).
+
+        A background part that waited while the start failed gives up: each trying again in
+        turn, up to PARTS_IN_FLIGHT of them, made a close() that waits for them take that
+        many deadlines before its own try (9 s with a 3 s deadline when the answer dripped)."""
+        with self._lock:
+            failures = self._start_failures
         with self._starting:
             with self._lock:
                 if self._upload_id is not None:
                     return self._upload_id
-            r = self.store._request(self.key, "CreateMultipartUpload",
-                                    lambda c: c.create_multipart_upload(
-                                        Bucket=self.store.bucket, Key=self.store.prefix + self.key))
+                if background and self._start_failures != failures:
+                    raise StoreError(f"{self.key}: the multipart upload could not be started")
+            try:
+                r = self.store._request(self.key, "CreateMultipartUpload",
+                                        lambda c: c.create_multipart_upload(
+                                            Bucket=self.store.bucket, Key=self.store.prefix + self.key))
+            except Exception:
+                with self._lock:
+                    self._start_failures += 1
+                raise
             with self._lock:
                 self._upload_id = str(r["UploadId"])
                 return self._upload_id
 
-    def _upload_part(self, part: int) -> None:
-        upload_id = self._start_upload()
+    def _upload_part(self, part: int, background: bool = False) -> None:
+        upload_id = self._start_upload(background)
         with self._lock:
             gen = self._gen.get(part, 0)
             start = part * self.part_size
