@@ -874,6 +874,64 @@ def test_an_open_during_a_rename_over_its_name_is_told_estale_not_given_the_new_
     trio.run(main)
 
 
+def test_fsync_through_an_open_for_reading_reports_the_files_write_back_error(tmp_path, monkeypatch):
+    """``sync FILE`` opens the file for reading and fsyncs it. That was a no-op, so a
+    write-back error of a file written through the mount (a full disk under ext4's delayed
+    allocation, in a helper's audit) went unreported where the directory itself reports it.
+    Now the reader's own descriptor is fsynced, and its error is the caller's."""
+    from zvfs.stores import directory
+    from zvfs.views.root import build_root
+
+    synced: list[str] = []
+    plain_sync = directory._FileReader.sync
+
+    def sync(self) -> None:  # type: ignore[no-untyped-def]
+        synced.append(self.key)
+        plain_sync(self)
+        if self.key == "bad":  # what fsync(2) says of a page ext4 could not write back
+            raise directory._refused(self.key, OSError(errno.ENOSPC, "No space left on device"))
+
+    monkeypatch.setattr(directory._FileReader, "sync", sync)
+    (tmp_path / "good").write_bytes(b"g")
+    (tmp_path / "bad").write_bytes(b"b")
+    ctx = MountContext(store=DirectoryStore(tmp_path), writable=True)
+    ops = ZvfsOperations(build_root(ctx), ctx, derived=["/.zvfs/"])
+    root = pyfuse3.ROOT_INODE
+
+    async def main() -> None:
+        for name, fails in ((b"good", False), (b"bad", True)):
+            fi = await ops.open((await ops.lookup(root, name)).st_ino, os.O_RDONLY, None)
+            if fails:
+                with pytest.raises(pyfuse3.FUSEError) as err:
+                    await ops.fsync(fi.fh, False)
+                assert err.value.errno == errno.ENOSPC
+            else:
+                await ops.fsync(fi.fh, False)
+            await ops.release(fi.fh)
+        assert synced == ["good", "bad"]
+
+    trio.run(main)
+
+
+def test_a_write_below_a_link_swapped_as_it_is_resolved_is_enoent_not_eio(tmp_path, monkeypatch):
+    """realpath itself fails (ENOENT, EINVAL) when a symlink on the way is swapped while it
+    reads it: the write failed with EIO and an unexpected-error line (about 10% of creates
+    in a helper's swap race). It is the missing directory it is, ENOENT."""
+    from zvfs.stores import directory
+    from zvfs.stores.base import WriteRefused
+
+    (tmp_path / "d").mkdir()
+    store = DirectoryStore(tmp_path)
+
+    def racing(path, *a, **kw):  # type: ignore[no-untyped-def]
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+
+    monkeypatch.setattr(directory.os.path, "realpath", racing)
+    with pytest.raises(WriteRefused) as err:
+        store.open_writer("d/f", truncate=True, create=True)
+    assert err.value.errno == errno.ENOENT
+
+
 # --------------------------------------------------------------------------- worker hops
 
 

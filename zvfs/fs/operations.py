@@ -102,9 +102,10 @@ class ZvfsOperations(pyfuse3.Operations):
     enable_acl = False
 
     def __init__(self, root: DirNode, ctx: MountContext,
-                 usage: Callable[[], Awaitable[tuple[int, int]]] | None = None,
+                 usage: Callable[[], Awaitable[tuple[int, int | None]]] | None = None,
                  derived: Sequence[str] = (), owner: Ownership | None = None) -> None:
-        """``usage`` answers statfs (df): bytes the store holds, and bytes free where it lives.
+        """``usage`` answers statfs (df): bytes the store holds, and bytes free where it lives
+        (None: no bound of its own, as on S3).
         ``derived``: path prefixes ('/.zvfs/') whose kernel caches a write invalidates.
         ``owner``: who owns every node, with which modes (default: whoever runs the daemon)."""
         super().__init__()
@@ -411,7 +412,8 @@ class ZvfsOperations(pyfuse3.Operations):
                 if exc.key is None or self._log_once.first(exc.key):
                     # what the application asked for cannot be (rmdir of a full directory, a
                     # write to a read-only mount): its answer, not a failure of the mount
-                    log.log(logging.INFO if exc.errno in _REFUSALS else logging.ERROR, "%s: %s", what, exc)
+                    refusal = exc.errno in _REFUSALS and exc.key is None
+                    log.log(logging.INFO if refusal else logging.ERROR, "%s: %s", what, exc)
             raise pyfuse3.FUSEError(exc.errno) from None
         except Exception as exc:  # noqa: BLE001 - one bad file must not take the daemon down
             what = what() if callable(what) else what
@@ -648,12 +650,12 @@ class ZvfsOperations(pyfuse3.Operations):
     async def statfs(self, ctx) -> pyfuse3.StatvfsData:  # type: ignore[override]
         """df: size = what the store holds + free space where it lives; used = the store."""
         self._counters.add("fuse_ops_statfs")
-        used, free = await self._call("statfs /", self._usage()) if self._usage else (0, 0)
+        used, free = await self._call("statfs /", self._usage()) if self._usage else (0, None)
         s = pyfuse3.StatvfsData()
         s.f_bsize = 1 << 20  # the preferred I/O size
         s.f_frsize = STATFS_BLOCK
-        if free == 0 and self._root.writable:
-            free = _UNBOUNDED_FREE  # S3: no bound but staging's, which ENOSPC reports
+        if free is None:  # S3: no bound but staging's, which ENOSPC reports
+            free = _UNBOUNDED_FREE if self._root.writable else 0
         s.f_bfree = s.f_bavail = min(free // STATFS_BLOCK, _MAX_BLOCKS)
         # at least one block even when empty: df leaves out file systems of size 0; at most
         # what the reply holds (sizes a hostile zip declares may add up past it)
@@ -725,7 +727,10 @@ class ZvfsOperations(pyfuse3.Operations):
     async def fsync(self, fh: int, datasync: bool) -> None:
         self._counters.add("fuse_ops_fsync")
         f = self._files.get(fh)
-        if f is None or f.handle is None:
+        if f is None:
+            return
+        if f.handle is None:  # an open for reading: a local file reports its write-back errors
+            await self._call(lambda: f"fsync {self._path(f.ino)}", f.node.sync())
             return
         await self._call(lambda: f"fsync {self._path(f.ino)}", f.handle.flush(durable=True))
         await self._settle()

@@ -95,10 +95,25 @@ def pread_at_once(fd: int, offset: int, length: int, size: int) -> memoryview | 
     return memoryview(buf)[:n]
 
 
-def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> int:
-    """Write all of ``data`` at ``offset`` (pwrite may write less than asked); returns its length."""
+def pwrite_all(fd: int, data: bytes | memoryview, offset: int, *, append: bool = False,
+               short: bool = False) -> int:
+    """Write all of ``data`` at ``offset`` (pwrite may write less than asked); returns its length.
+
+    ``append``: at the end the file has at each call, whoever else appends to it (O_APPEND's
+    one step, RWF_APPEND; ``offset`` is ignored), not at an end read before. ``short``: an
+    error after some bytes are written returns how many, as write(2) does; raising would
+    tell the application none were, and a retry would leave a torn copy before a whole one.
+    """
     view = memoryview(data)
     done = 0
     while done < len(view):
-        done += os.pwrite(fd, view[done:], offset + done)
+        try:
+            if append:
+                done += os.pwritev(fd, [view[done:]], 0, os.RWF_APPEND)
+            else:
+                done += os.pwrite(fd, view[done:], offset + done)
+        except OSError:
+            if short and done:
+                return done
+            raise
     return done

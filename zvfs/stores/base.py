@@ -130,6 +130,9 @@ class KeyWriter(ABC):
     def discard(self) -> None:  # noqa: B027 - optional
         """Never store what was written (the key was unlinked while open)."""
 
+    def undiscard(self) -> None:  # noqa: B027 - optional
+        """The unlink that called :meth:`discard` failed: store what is written after all."""
+
     def append(self, data: bytes) -> int:
         """Write ``data`` at the end the file has now (O_APPEND)."""
         return self.write(self.size, data)
@@ -162,6 +165,10 @@ class KeyReader(ABC):
         so the caller's own thread may do it; else None, and the caller calls ``read`` in
         a worker."""
         return None
+
+    def sync(self) -> None:  # noqa: B027 - optional
+        """fsync() of the key through this reader (a local file's descriptor: its
+        write-back errors); nothing for a store that keeps no local file."""
 
     @abstractmethod
     def close(self) -> None: ...

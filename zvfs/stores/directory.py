@@ -476,8 +476,12 @@ class DirectoryStore(Store):
         parent, _, name = key.rpartition("/")
         parent_path = os.path.join(self.root, parent) if parent else self.root
         missing = WriteRefused(errno.ENOENT, f"{key}: its directory is missing or is a symlink")
-        if os.path.realpath(parent_path) != parent_path:
-            raise missing
+        try:
+            # realpath itself fails (ENOENT, EINVAL) when a link on the way is swapped as it reads it
+            if os.path.realpath(parent_path) != parent_path:
+                raise missing
+        except OSError:
+            raise missing from None
         try:
             fd = os.open(parent_path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
@@ -743,6 +747,12 @@ class _FileReader(KeyReader):
         mount or not), else None."""
         return pread_at_once(self._fd, offset, length, self.size)
 
+    def sync(self) -> None:
+        try:
+            os.fsync(self._fd)
+        except OSError as e:
+            raise _refused(self.key, e) from None
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
@@ -762,7 +772,13 @@ class _FileWriter(KeyWriter):
 
     def write(self, offset: int, data: bytes) -> int:
         try:
-            return pwrite_all(self._fd, data, offset)
+            return pwrite_all(self._fd, data, offset, short=True)
+        except OSError as e:
+            raise _refused(self.key, e) from None
+
+    def append(self, data: bytes) -> int:
+        try:
+            return pwrite_all(self._fd, data, 0, append=True, short=True)
         except OSError as e:
             raise _refused(self.key, e) from None
 

@@ -82,6 +82,7 @@ class S3Writer(KeyWriter):
         self._committed = False
         self._closed = False
         self._discarded = False
+        self._closed_before_discard = False
 
     # -- staging ----------------------------------------------------------------------------
 
@@ -316,9 +317,18 @@ class S3Writer(KeyWriter):
 
     def discard(self) -> None:
         with self._lock:
+            self._closed_before_discard = self._closed
             self._discarded = True  # what is written after this is not kept either
             self._dirty = False
             self._closed = True  # no more background parts
+
+    def undiscard(self) -> None:
+        with self._lock:
+            if self._discarded and self._fd >= 0:
+                self._discarded = False
+                # writes meanwhile were not marked: store the staged copy as it is, once more
+                self._dirty = True
+                self._closed = self._closed_before_discard
 
     def close(self) -> None:
         with self._lock:

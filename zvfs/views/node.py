@@ -128,6 +128,10 @@ class FileNode(Node):
         """Called at each open: a live file snapshots its content here, so the size a
         ``stat`` reports is the size of the bytes the reader gets."""
 
+    async def sync(self) -> None:  # noqa: B027 - optional hook
+        """fsync() through an open for reading (``sync FILE`` opens it so): a local file's
+        descriptor reports a write-back error of its file, as on the directory itself."""
+
     async def reader(self) -> FileNode:
         """What one open for reading reads: this node, or a copy pinned to the content it
         holds now (so a reader never gets a mix of two versions of a replaced file)."""

@@ -17,14 +17,30 @@ from typing import TypeVar
 import trio
 
 from zvfs.cache.tree import build_tree_index
-from zvfs.stores.base import KeyInfo, KeyNotFound, KeyReader, KeyWriter, Listing, Stale, StoreError
+from zvfs.stores.base import (
+    KeyInfo,
+    KeyNotFound,
+    KeyReader,
+    KeyWriter,
+    Listing,
+    Stale,
+    StoreError,
+    WriteRefused,
+)
 from zvfs.stores.keys import bad_segment
 from zvfs.stores.listing import KeyTable
 from zvfs.views.context import MountContext
 from zvfs.views.node import DirNode, FileHandle, FileNode, Node, NodeError
 from zvfs.views.readahead import FILES_SPREAD, FILES_WINDOW, ReadAhead, files_window
 from zvfs.views.tree_ahead import TreeAhead
-from zvfs.views.writing import UnstoredReader, WriteHandle, move_writers, store_call, unlink_writers
+from zvfs.views.writing import (
+    UnstoredReader,
+    WriteHandle,
+    move_writers,
+    relink_writers,
+    store_call,
+    unlink_writers,
+)
 from zvfs.workers import Workers, gather
 
 log = logging.getLogger("zvfs")
@@ -525,6 +541,14 @@ class LocalReader(FileNode):
         except StoreError as exc:
             raise NodeError(errno.EIO, str(exc), key=self.key) from exc
 
+    async def sync(self) -> None:
+        try:
+            await self._workers.run(self._reader.sync)
+        except WriteRefused as exc:
+            raise NodeError(exc.errno, str(exc), key=self.key) from exc
+        except StoreError as exc:
+            raise NodeError(errno.EIO, str(exc), key=self.key) from exc
+
     def released(self) -> None:
         self._reader.close()
 
@@ -803,8 +827,14 @@ class RawDir(DirNode):
             raise NodeError(errno.EISDIR)
         if name not in listing.keys:
             raise NodeError(errno.ENOENT)
-        unlink_writers(self.ctx, key)  # a file unlinked while written is not stored after all
-        await store_call(self.ctx, key, self.ctx.store.delete, key)
+        # a file unlinked while written is not stored after all: told before the delete,
+        # so that no close() meanwhile stores it again (S3)
+        writers = unlink_writers(self.ctx, key)
+        try:
+            await store_call(self.ctx, key, self.ctx.store.delete, key)
+        except BaseException:
+            relink_writers(self.ctx, key, writers)
+            raise
         self.ctx.listing_drop(key)
         self.ctx.note_write(key)
 

@@ -31,7 +31,8 @@ SPACING = 100
 
 class StoreUsage:
     """Sums the key sizes once per metadata TTL, in the background; ``free_path`` is the
-    directory whose disk's free space df shows, or None (nothing free).
+    directory whose disk's free space df shows (read at each call: one statvfs), or None
+    for a store with no disk of its own (S3: free is None, no bound).
 
     The count shares what the raw tree lists, because ``find`` calls statfs (to choose how
     to walk) as it starts, so every ``find`` of a fresh mount also starts a count:
@@ -53,14 +54,21 @@ class StoreUsage:
         self.free_path = free_path
         self.tree = tree
         self.spacing = spacing
-        self._value: tuple[int, int] | None = None
+        self._value: int | None = None  # the bytes the store holds, as last counted
         self._when = -math.inf
         #: seconds the last count took (wall time, on the clock of _when: its stats wait on the disk)
         self._took = 0.0
         self._counting: trio.Event | None = None
 
-    def _free(self) -> int:
-        return shutil.disk_usage(self.free_path).free if self.free_path else 0
+    def _free(self) -> int | None:
+        """Free bytes where the store lives (worker side); 0 when that cannot be read (its
+        root removed): a full or missing disk must not show as room to write."""
+        if not self.free_path:
+            return None
+        try:
+            return shutil.disk_usage(self.free_path).free
+        except OSError:
+            return 0
 
     async def _used(self, index: dict[str, Listing] | None) -> int:
         used = await self.ctx.workers.run(_index_size, index) if index is not None else None
@@ -99,8 +107,7 @@ class StoreUsage:
         try:
             index = await self.tree() if self.tree is not None else None
             began = trio.current_time()
-            used = await self._used(index)
-            self._value = used, await self.ctx.workers.run(self._free)
+            self._value = await self._used(index)
             self._when = trio.current_time()
             self._took = self._when - began
         finally:
@@ -108,8 +115,9 @@ class StoreUsage:
             if done is not None:
                 done.set()
 
-    async def __call__(self) -> tuple[int, int]:
-        """(used, free) bytes: the last count, after waiting up to WAIT for a fresh one."""
+    async def __call__(self) -> tuple[int, int | None]:
+        """(used, free) bytes: the last count, after waiting up to WAIT for a fresh one, and
+        the free space now (None: no bound of the store's own)."""
         if not self._fresh():
             if self._counting is None:
                 self._counting = trio.Event()
@@ -117,7 +125,7 @@ class StoreUsage:
             counting = self._counting
             with trio.move_on_after(WAIT):
                 await counting.wait()
-        return self._value or (0, 0)
+        return self._value or 0, await self.ctx.workers.run(self._free)
 
 
 def _listed_size(store: Store) -> int:

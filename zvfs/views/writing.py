@@ -29,18 +29,33 @@ async def store_call(ctx: MountContext, what: str, fn: Callable[..., T], *args: 
     try:
         return await ctx.workers.run(lambda: fn(*args, **kw))
     except WriteRefused as exc:
-        raise NodeError(exc.errno, str(exc)) from exc
+        # a store gone read-only under a writable mount is a failure to log, named by its
+        # key, not a refusal of what the application asked (the mount's own EROFS)
+        raise NodeError(exc.errno, str(exc), key=what if exc.errno == errno.EROFS else None) from exc
     except KeyNotFound as exc:
         raise NodeError(errno.ENOENT, f"{what}: {exc}") from exc
     except StoreError as exc:  # its message names the key; key=None: every failure is logged
         raise NodeError(errno.EIO, str(exc)) from exc
 
 
-def unlink_writers(ctx: MountContext, key: str) -> None:
+def unlink_writers(ctx: MountContext, key: str) -> list[WriteHandle]:
     """``key`` was unlinked or replaced: its open writers go on, on a file no name shows
-    (POSIX), and are neither listed nor stored as ``key`` again."""
-    for handle in ctx.writers.pop(key, ()):
+    (POSIX), and are neither listed nor stored as ``key`` again. Returns them, for
+    :func:`relink_writers` if the unlink then fails."""
+    handles = ctx.writers.pop(key, [])
+    for handle in handles:
         handle.unlinked()
+    return handles
+
+
+def relink_writers(ctx: MountContext, key: str, handles: list[WriteHandle]) -> None:
+    """The unlink of ``key`` that its writers were told of failed: they are its writers
+    again, and store what they write (else an fsync after a refused unlink stored
+    nothing, and said so to no one)."""
+    if handles:
+        ctx.writers[key] = handles + ctx.writers.get(key, [])
+    for handle in handles:
+        handle.relinked()
 
 
 async def move_writers(ctx: MountContext, src: str, dst: str, directory: bool = False) -> None:
@@ -83,6 +98,10 @@ class WriteHandle(FileHandle):
         """The key was unlinked while open: writes go on (POSIX), but are not stored."""
         self._unlinked = True
         self.writer.discard()
+
+    def relinked(self) -> None:
+        self._unlinked = False
+        self.writer.undiscard()
 
     @property
     def size(self) -> int:
