@@ -1132,6 +1132,35 @@ def test_s3_a_multipart_start_that_cannot_be_made_is_tried_once_more_by_close_no
         assert s3store.get("big.bin") == data
 
 
+def test_s3_an_unlink_s3_refuses_leaves_the_files_writers_storing(s3store: Store, moto, mount) -> None:
+    """An unlink whose DeleteObject fails (after its retries) tells the application EIO and
+    changes nothing: the file's open writers, told first that it was unlinked (so that no
+    close() meanwhile could store it again), are its writers again, and what they write
+    next is stored. Before, every later close() and fsync() stored nothing and said so to
+    no one."""
+    from faultproxy import FaultProxy
+
+    s3store.put("zarr.json", b"{}")
+    with FaultProxy(moto.port) as proxy:
+        m = s3store.mount(mount, "--s3-attempts", "2", "--s3-deadline", "3", endpoint=proxy.endpoint)
+        fd = os.open(m.path / "f.bin", os.O_CREAT | os.O_WRONLY, 0o644)
+        try:
+            os.write(fd, b"first ")
+            os.fsync(fd)
+            assert s3store.get("f.bin") == b"first "
+            proxy.set({"kind": "500", "ops": ["other"], "key": "f.bin"})  # DELETE is "other"
+            fails(errno.EIO, os.unlink, m.path / "f.bin")
+            proxy.clear()
+            os.write(fd, b"and second")
+            os.fsync(fd)
+            assert s3store.get("f.bin") == b"first and second"
+            os.write(fd, b", third")
+        finally:
+            os.close(fd)
+        assert s3store.get("f.bin") == b"first and second, third"
+        assert (m.path / "f.bin").read_bytes() == b"first and second, third"
+
+
 def test_s3_kill_during_multipart_upload(s3store: Store, mount, tmp_path) -> None:
     """kill -9 in the middle of a multipart upload: no object appears; the next writable
     mount warns about the unfinished upload, and abort_uploads aborts it."""
