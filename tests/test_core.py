@@ -236,6 +236,39 @@ def test_each_open_has_its_own_read_ahead(tmp_path):
     assert counts["prefetch_requests"] > 0 and counts["prefetch_hits"] > 0, counts
 
 
+def test_chunks_decoded_in_a_batch_are_cached_under_the_keys_of_before_a_write(tmp_path, monkeypatch):
+    """A batch of small chunks decoded in one worker hop was cached under keys taken after
+    the hop: a write through the mount during it (which bumps the array's epoch) found the
+    old bytes under the new keys, for the TTL (a helper's audit: 144 of 200 trials stale).
+    The keys are those of the moment the chunks were read."""
+    path, ref = _array(tmp_path, shape=(64, 64), chunks=(1, 64))  # 64 chunks of 256 bytes
+    ctx = MountContext(store=DirectoryStore(path), cache_size=64 << 20, counters=Counters())
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            ctx.nursery = nursery
+            array = await _decoded_array(ctx)
+            before = array.cache_key((0, 0))
+            plain = array._decode
+            token = trio.lowlevel.current_trio_token()
+
+            def decode_while_written(reader, idx, dtype=None):  # type: ignore[no-untyped-def]
+                if idx == (0, 0):  # the write's epoch bump lands during the hop
+                    trio.from_thread.run_sync(ctx.note_write, "c/0/0", trio_token=token)
+                return plain(reader, idx, dtype)
+
+            monkeypatch.setattr(array, "_decode", decode_while_written)
+            out = await array._batch([(i, 0) for i in range(64)])
+            assert len(out) == 64
+            after = array.cache_key((0, 0))
+            assert after != before
+            assert ctx.chunks.peek(before) is not None
+            assert ctx.chunks.peek(after) is None, "old bytes cached under the key of after the write"
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
 def test_prefetch_stays_within_the_mount_budget(tmp_path):
     path, _ = _array(tmp_path)
     ctx = MountContext(store=DirectoryStore(path), cache_size=64 << 20)

@@ -250,7 +250,28 @@ class Reader:
             return False
 
     def read(self, idx: tuple[int, ...]) -> np.ndarray | None:
-        """Decoded unit chunk (full chunk shape), or None if it was never written."""
+        """Decoded unit chunk (full chunk shape), or None if it was never written.
+
+        A shard replaced after its index was read (a writer's rename over it) gives an
+        inner chunk's range in the old shard and its bytes from the new one: the decode of
+        that fails. So a failure read through an index is tried once more with the shard's
+        indexes read again; a shard that is really corrupt fails the second time too."""
+        try:
+            return self._read(idx)
+        except FormatError:
+            if not self._forget_indexes(self.chunk_key(idx)):
+                raise
+            return self._read(idx)
+
+    def _forget_indexes(self, key: str) -> bool:
+        """Drop the cached indexes of shard ``key``; False if none were cached."""
+        with self._lock:
+            mine = [k for k in self._indexes if k[0] == key]
+            for k in mine:
+                del self._indexes[k]
+        return bool(mine)
+
+    def _read(self, idx: tuple[int, ...]) -> np.ndarray | None:
         key = self.chunk_key(idx)
         try:
             where = self._locate(idx)

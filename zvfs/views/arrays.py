@@ -338,14 +338,17 @@ class DecodedArray:
         remembered exactly as for a single chunk."""
         out, missing = self._ready(indices)
         if missing and self.meta.chunk_nbytes * len(missing) <= BATCH_BYTES:
+            # the keys of what is read now: a write through the mount during the hop makes
+            # later keys, and must not find these old bytes under them
+            keys = [self.cache_key(idx) for idx in missing]
             try:
                 reader = await self._open()
                 loaded = await self.ctx.workers.run(lambda: [self._decode(reader, i) for i in missing])
             except Exception:  # noqa: BLE001 - retried one by one below, which reports it
                 loaded = None
             if loaded is not None:
-                for idx, chunk in zip(missing, loaded, strict=True):
-                    self.ctx.chunks.put(self.cache_key(idx), chunk, ttl=self.ctx.metadata_ttl)
+                for idx, key, chunk in zip(missing, keys, loaded, strict=True):
+                    self.ctx.chunks.put(key, chunk, ttl=self.ctx.metadata_ttl)
                     out[idx] = chunk
                 missing = []
         if missing:
