@@ -1266,6 +1266,54 @@ def test_decoded_views_follow_writes(store: Store, mount, tmp_path) -> None:
     assert raw.read_bytes() == want.astype("<i4").tobytes()
 
 
+def test_decoded_views_follow_a_metadata_write_while_a_path_below_them_is_in_use(
+        dirstore: Store, mount, tmp_path) -> None:
+    """The kernel keeps an entry of .zvfs/ in use (a file open below it, a working directory
+    there) across the invalidation after a write, and the daemon answered its number with
+    the views of before: stat showed the old shape for the TTL, a deleted array still
+    read, and a file open across a dtype change read the new chunks as the old dtype (a
+    helper's audit). The reference is zarr-python's read of the store."""
+    import zarr
+
+    seed = tmp_path / "seed"
+    group = zarr.open_group(str(seed), mode="w")
+    group.create_array("a", shape=(10, 12), chunks=(5, 6), dtype="<i4", fill_value=0)[:] = 1
+    group.create_array("b", shape=(4,), chunks=(2,), dtype="<i4", fill_value=0)[:] = 2
+    dirstore.put_tree(seed)
+    m = dirstore.mount(mount)
+    arrays = m.path / ".zvfs/arrays"
+    raw = arrays / "a/data.raw"
+    assert os.stat(raw).st_size == 480
+    held_dir = os.open(arrays / "b", os.O_RDONLY | os.O_DIRECTORY)  # a cwd in b, say
+    held = os.open(raw, os.O_RDONLY)
+    try:
+        assert os.pread(held, 16, 0) == np.ones(4, "<i4").tobytes()
+        a = zarr.open_array(str(m.path / "a"), mode="r+")
+        a.resize((20, 12))
+        a[10:] = 7
+        # the open file was made for the old metadata: ESTALE, not the new chunks misread
+        # (once a new open has read the new bytes into the kernel's cache, it reads those)
+        fails(errno.ESTALE, os.pread, held, 16, 0)
+        want = zarr.open_array(str(dirstore.root / "a"), mode="r")[:]
+        assert want.shape == (20, 12)
+        assert os.stat(raw).st_size == want.nbytes == 960
+        np.testing.assert_array_equal(np.load(arrays / "a/data.npy"), want)
+        assert raw.read_bytes() == want.tobytes()
+        # a dtype change: the new array, whole
+        zarr.create_array(str(m.path / "a"), shape=(3, 4), chunks=(3, 4), dtype="<f4",
+                          fill_value=0, overwrite=True)[:] = 1.5
+        want = zarr.open_array(str(dirstore.root / "a"), mode="r")[:]
+        np.testing.assert_array_equal(np.load(arrays / "a/data.npy"), want)
+        assert want.dtype == np.float32 and raw.read_bytes() == want.tobytes()
+        # a deleted array is gone, though its directory is held
+        shutil.rmtree(m.path / "b")
+        assert "b" not in os.listdir(arrays)
+        fails(errno.ENOENT, os.stat, arrays / "b/data.npy")
+    finally:
+        os.close(held)
+        os.close(held_dir)
+
+
 def test_a_write_replies_after_the_views_forgot_the_old_metadata(dirstore: Store, mount, tmp_path) -> None:
     """Thousands of view files known to the kernel make dropping its caches take a while; a
     write must not reply before that is done, or the writer's next read of meta.json walks a

@@ -66,7 +66,7 @@ STATFS_BLOCK = 4096
 NAME_MAX = 255
 #: errnos that answer what the application asked (logged at info), not a failure to serve it
 _REFUSALS = frozenset({errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR, errno.EROFS,
-                       errno.ENAMETOOLONG, errno.EXDEV})
+                       errno.ENAMETOOLONG, errno.EXDEV, errno.ESTALE})
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 _RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
 #: free space a writable store with no bound of its own (S3) reports to df and cp
@@ -170,6 +170,9 @@ class ZvfsOperations(pyfuse3.Operations):
         self._toward_derived: set[int] = {ROOT} if self._derived_prefixes else set()
         self._invalidating = False
         self._invalidate_again = False
+        #: derived inodes whose node is of the views before a write: looked up again from
+        #: their parent at their next use (see _fresh)
+        self._stale: set[int] = set()
         #: set when the kernel's caches of the derived files hold no write's old bytes
         self._settled = trio.Event()
         self._settled.set()
@@ -316,6 +319,7 @@ class ZvfsOperations(pyfuse3.Operations):
         self._page_epochs.pop(ino, None)
         self._derived.discard(ino)
         self._toward_derived.discard(ino)
+        self._stale.discard(ino)
         if self._dir_handles:
             self._quarantine.append((self._last_fh, ino))
         else:
@@ -432,7 +436,7 @@ class ZvfsOperations(pyfuse3.Operations):
             return await self.getattr(parent_inode)
         if sname == "..":
             return await self.getattr(self._parent(parent_inode))
-        parent = self._node(parent_inode)
+        parent = await self._fresh(parent_inode) if self._stale else self._node(parent_inode)
         if not isinstance(parent, DirNode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         if self._changing:
@@ -450,7 +454,8 @@ class ZvfsOperations(pyfuse3.Operations):
     async def getattr(self, inode: int, ctx=None) -> pyfuse3.EntryAttributes:  # type: ignore[override]
         self._counters.add("fuse_getattrs")
         self._counters.add("fuse_ops_getattr")
-        return self._attrs(inode, self._node(inode))
+        node = await self._fresh(inode) if self._stale else self._node(inode)
+        return self._attrs(inode, node)
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for ino, n in inode_list:
@@ -463,6 +468,7 @@ class ZvfsOperations(pyfuse3.Operations):
                 continue
             self._lookups[i] = 0
             self._page_epochs.pop(ino, None)  # the kernel's inode, and its pages, are gone
+            self._stale.discard(ino)
             self._told[i] = -1
             if ino != ROOT:
                 # the number stays bound to its name (_ino_of); only the node object goes
@@ -475,7 +481,7 @@ class ZvfsOperations(pyfuse3.Operations):
 
     async def opendir(self, inode: int, ctx) -> int:  # type: ignore[override]
         self._counters.add("fuse_ops_opendir")
-        node = self._node(inode)
+        node = await self._fresh(inode) if self._stale else self._node(inode)
         if not isinstance(node, DirNode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         entries = await self._call(lambda: f"readdir {self._path(inode)}", node.children())
@@ -545,7 +551,7 @@ class ZvfsOperations(pyfuse3.Operations):
 
     async def open(self, inode: int, flags: int, ctx) -> pyfuse3.FileInfo:  # type: ignore[override]
         self._counters.add("fuse_ops_open")
-        node = self._node(inode)
+        node = await self._fresh(inode) if self._stale else self._node(inode)
         if not isinstance(node, FileNode):
             raise pyfuse3.FUSEError(errno.EISDIR)
         if self._changing:
@@ -840,6 +846,29 @@ class ZvfsOperations(pyfuse3.Operations):
     async def mknod(self, *args: object, **kwargs: object) -> None:
         raise pyfuse3.FUSEError(errno.EPERM if self._root.writable else errno.EROFS)
 
+    async def _fresh(self, ino: int) -> Node:
+        """``ino``'s node; a derived one made before a write is looked up again from its
+        (fresh) parent. The kernel keeps an entry of ``.zvfs/`` in use (a file open under it,
+        a shell's cwd, an entry it revives) across the invalidation that follows a write, and
+        its number kept the old views' node: stat showed the old shape for the TTL, a deleted
+        array still read, and a changed dtype read its new chunks as the old one."""
+        if ino not in self._stale:
+            return self._node(ino)
+        i = ino - ROOT
+        parent = await self._fresh(self._parent_of[i])
+        node: Node | None = None
+        if isinstance(parent, DirNode):
+            try:
+                node = await parent.lookup(self._name_at[i])
+            except NodeError:
+                node = None
+        self._stale.discard(ino)
+        if self._lookups[i] > 0:
+            self._node_at[i] = node  # None: gone from the views, ENOENT from now on
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return node
+
     @asynccontextmanager
     async def _changing_names(self, *names: tuple[int, str]) -> AsyncIterator[None]:
         """While the store changes what ``names`` name and the table follows it.
@@ -918,6 +947,10 @@ class ZvfsOperations(pyfuse3.Operations):
                 inodes = [i for i in self._derived if self._lookups[i - ROOT]]
                 tops = [i for i in inodes
                         if self._path(self._parent(i)).rstrip("/") + "/" in self._derived_prefixes]
+                # the tops resolve the current views themselves; the nodes below them are
+                # of the views before the write, and the kernel may keep using their numbers
+                # (an open file, a cwd, an entry it revives): each is looked up again
+                self._stale.update(set(inodes).difference(tops))
                 entries = [(self._parent(i), os.fsencode(self._name_at[i - ROOT])) for i in tops]
                 for ino in inodes:
                     self._page_epochs.pop(ino, None)

@@ -50,6 +50,8 @@ class DecodedArray:
         self._reader: ZarrArray | None = None
         self._reader_epoch = 0
         self._open_lock = trio.Lock()
+        #: the write epoch of the metadata document this object was made from
+        self._meta_epoch = ctx.epoch(meta.metadata_key)
 
     @property
     def content(self) -> tuple[object, ...]:
@@ -100,14 +102,26 @@ class DecodedArray:
         self.ctx.counters.add("bytes_decoded", chunk.nbytes)
         return chunk
 
+    def _current(self) -> None:
+        """Refuse to serve a file opened before the array's metadata was rewritten through
+        the mount: its new chunks read by the old metadata are neither version (int32 views
+        of float32 bits, or EIO, in a helper's audit). ESTALE, as for a replaced S3 object:
+        a new open reads the new array."""
+        key = self.meta.metadata_key
+        if key and not self.ctx.unwritten and self.ctx.epoch(key) != self._meta_epoch:
+            raise NodeError(errno.ESTALE, f"{self.meta.path or '/'}: its metadata ({key}) was "
+                            "rewritten since this file was opened")
+
     async def chunk(self, idx: tuple[int, ...]) -> np.ndarray:
         """Decoded chunk ``idx`` (full chunk shape); raises NodeError(EIO) naming the key."""
+        self._current()
         return await self._cached(idx, None)
 
     async def chunk_as(self, idx: tuple[int, ...], dtype: np.dtype | None) -> np.ndarray:
         """Chunk ``idx`` converted to ``dtype`` (another byte order, netCDF's types), cached
         under its own key. Decoded and converted in one worker hop, or converted from the
         decoded chunk when that is cached."""
+        self._current()
         return await self._cached(idx, self._other(dtype))
 
     async def _cached(self, idx: tuple[int, ...], dt: np.dtype | None) -> np.ndarray:
@@ -360,6 +374,7 @@ class DecodedArray:
     ) -> memoryview | bytes:
         """Bytes [offset, offset+length) of the C-order array (as ``dtype``, when given), clipped
         to its size. ``ahead`` is the reading open's own sequential detector (:meth:`read_ahead`)."""
+        self._current()
         dt = self._other(dtype)
         item = (dt or self.meta.dtype).itemsize
         total = self.meta.nbytes // self.meta.dtype.itemsize * item
