@@ -19,6 +19,7 @@ import shutil
 import struct
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -588,6 +589,93 @@ def bad_corpus(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     (d / "0/object_index/zarr.json").write_text(json.dumps(doc))
     keys["objects"] = "objects.zarr/0/object_index/manifests"
     return root, keys
+
+
+@pytest.fixture(scope="module")
+def sized_corpus(tmp_path_factory) -> Path:
+    """Fixture stores whose metadata declares absurd sizes, or whose links name vertices
+    outside their chunk (a helper's audit: a few bytes of metadata took the daemon to the
+    kernel's OOM killer, and bad endpoints were served as edges to other vertices)."""
+    root = tmp_path_factory.mktemp("zv-sized") / "sized"
+    root.mkdir()
+    (root / "zarr.json").write_text(GROUP)
+
+    def copy(case: str, name: str) -> Path:
+        dst = root / f"{case}.zarr"
+        shutil.copytree(store_dir(name), dst)
+        return dst
+
+    def edit(path: Path, **changes: Any) -> None:
+        doc = json.loads(path.read_text())
+        for k, v in changes.items():
+            if k == "attributes":
+                doc["attributes"].update(v)
+            else:
+                doc[k] = v
+        path.write_text(json.dumps(doc))
+
+    # a vertex attribute of 2**26 columns, its cells gone (level.ply's header: 22 GB)
+    d = copy("wide", "v09/points")
+    edit(d / "0/vertex_attributes/intensity/zarr.json", attributes={"row_shape": [2**26]})
+    shutil.rmtree(d / "0/vertex_attributes/intensity/c")
+    # object ids and an object attribute declaring 2**27 and 2**28 rows
+    d = copy("tables", "v09/points")
+    edit(d / "0/object_index/object_ids/zarr.json", shape=[2**27])
+    edit(d / "0/object_attributes/score/zarr.json", shape=[2**28])
+    # a group range of 2**45 objects
+    d = copy("groups", "v09/points")
+    edit(d / "0/groups/zarr.json", attributes={"group_ranges": {"0": [0, 2**45]}})
+    # a graph edge to vertex 7 of chunk 0.0.0, which has 2 (grid origin -1: cell 1/1/1)
+    d = copy("edge", "v09/graph")
+    edge = np.array([[0, 7]], "<i8").tobytes()
+    (d / "0/links/0/0.0.0/c/1/1/1").write_bytes(struct.pack("<II", 1, len(edge)) + edge)
+    return root
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_declared_sizes_and_link_endpoints_are_checked_before_use(backend: str, sized_corpus, mount,
+                                                                   request, tmp_path: Path) -> None:
+    """Each such store fails only the views it feeds, with EIO and one log line naming the
+    key however often it is read; the rest of the level reads, and the daemon stays small."""
+    m = mount_backend(mount, request, backend, sized_corpus, tmp_path, f"sized-{backend}")
+    vec = m.path / ".zvfs" / "vectors"
+    (pid,) = daemon_pids(m.path)
+    pts = ref("v09/points", "L0_positions.npy")
+    for _ in range(3):
+        lv = vec / "wide.zarr/0"  # the attribute is left out, of level.ply too
+        assert "intensity.npy" not in os.listdir(lv / "vertex_attributes") if (
+            lv / "vertex_attributes").exists() else True
+        header = (lv / "level.ply").read_bytes().split(b"end_header")[0]
+        assert b"element vertex 14" in header and b"intensity" not in header, header
+        np.testing.assert_array_equal(load(lv / "vertices.npy"), pts)
+        lv = vec / "tables.zarr/0"
+        with pytest.raises(OSError) as ei:
+            os.listdir(lv / "objects")
+        assert ei.value.errno == EIO
+        assert "score.npy" not in os.listdir(lv / "object_attributes")
+        np.testing.assert_array_equal(load(lv / "vertices.npy"), pts)
+        lv = vec / "groups.zarr/0"
+        with pytest.raises(OSError) as ei:
+            os.listdir(lv / "groups")
+        assert ei.value.errno == EIO
+        np.testing.assert_array_equal(load(lv / "objects/1.npy"), ref("v09/points", "L0_object_1.npy"))
+        lv = vec / "edge.zarr/0"
+        _eio(lv / "links/0.npy")
+        _eio(lv / "level.ply")
+        np.testing.assert_array_equal(load(lv / "vertices.npy"), ref("v09/graph", "L0_positions.npy"))
+    with open(f"/proc/{pid}/status") as f:
+        hwm = next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:"))
+    assert hwm < 512 * 1024, f"daemon peak RSS {hwm // 1024} MiB"
+    for key, said in (("wide.zarr/0/vertex_attributes/intensity", "columns"),
+                      ("tables.zarr/0/object_index/object_ids", "declares"),
+                      ("groups.zarr/0/groups", "range"),
+                      ("edge.zarr/0/links/0/0.0.0", "vertex 7")):
+        lines = [ln for ln in log_lines(m, key) if said in ln]
+        assert lines, (key, m.log_text()[-3000:])
+        # one line a file: reading it three times did not add any
+        files = {ln.split("vectors: ", 1)[1].split(": ", 1)[0] for ln in lines}
+        assert len(lines) == len(files), lines
+    assert is_mounted(m.path) and os.path.exists(f"/proc/{pid}")
 
 
 def _eio(p: Path) -> None:

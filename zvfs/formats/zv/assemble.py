@@ -61,15 +61,40 @@ def _target_offsets(level: Level, delta: str) -> dict[Chunk, int] | None:
     return level.group.level(name).offsets()
 
 
-def _rows(ends: np.ndarray, vi: np.ndarray, offsets: dict[Chunk, int] | None) -> np.ndarray:
+def _target_level(level: Level, delta: str) -> Level | None:
+    if delta == "0":
+        return level
+    name = str(int(level.name) + int(delta))
+    return level.group.level(name) if name in level.group.level_names else None
+
+
+def _rows(ends: np.ndarray, vi: np.ndarray, offsets: dict[Chunk, int] | None,
+          counts: dict[Chunk, int] | None = None, key: str = "") -> np.ndarray:
+    """Level-wide rows of link endpoints (chunk coordinates ``ends``, local index ``vi``);
+    -1 where the chunk has no vertices. A local index outside its chunk is refused: it
+    would name a vertex of another chunk (or none), and go out so in every view."""
     out = np.full(vi.shape, -1, np.int64)
     if offsets is None or vi.size == 0:
         return out
     flat = ends.reshape(-1, ends.shape[-1])
     uniq, inv = np.unique(flat, axis=0, return_inverse=True)
-    base = np.array([offsets.get(tuple(int(x) for x in u), -1) for u in uniq], np.int64)[np.asarray(inv).reshape(-1)]
-    base = base.reshape(vi.shape)
+    where = np.asarray(inv).reshape(-1)
+    names = [tuple(int(x) for x in u) for u in uniq]
+    base = np.array([offsets.get(c, -1) for c in names], np.int64)[where].reshape(vi.shape)
+    if counts is not None:
+        n = np.array([counts.get(c, 0) for c in names], np.int64)[where].reshape(vi.shape)
+        bad = (base >= 0) & ((vi < 0) | (vi >= n))
+        if bad.any():
+            i = tuple(int(x) for x in np.argwhere(bad)[0])
+            raise ZVError(key, f"link record {i[0]}: endpoint {i[1]} is vertex {int(vi[i])} of a "
+                               f"chunk of {int(n[i])} vertices")
     return np.where(base >= 0, base + vi, -1)
+
+
+def _counts(level: Level | None) -> dict[Chunk, int] | None:
+    if level is None:
+        return None
+    return dict(zip(level.chunks(), level.vertex_counts(), strict=True))
 
 
 def level_links(level: Level, delta: str = "0") -> Links:
@@ -77,15 +102,21 @@ def level_links(level: Level, delta: str = "0") -> Links:
     fam = level.link_family(delta)
     own = level.offsets()
     other = _target_offsets(level, delta)
+    own_counts = _counts(level)
+    other_counts = own_counts if delta == "0" else _counts(_target_level(level, delta))
     parts: list[np.ndarray] = []
     cells: list[tuple[str, Chunk, int]] = []
     for part, chunk in level.link_parts(delta):
         ends, vi = level.link_cell(delta, part, chunk)
         if len(vi) == 0:
             continue
-        rows = _rows(ends, vi, other)
-        if delta != "0":
-            rows[:, 0] = _rows(ends[:, :1], vi[:, :1], own)[:, 0]
+        key = level.key(f"links/{delta}/{chunk_name(chunk)}")
+        if delta == "0":
+            rows = _rows(ends, vi, other, other_counts, key)
+        else:  # endpoint 0 is a row of this level, the others of the level ``delta`` away
+            rows = np.empty(vi.shape, np.int64)
+            rows[:, 1:] = _rows(ends[:, 1:], vi[:, 1:], other, other_counts, key)
+            rows[:, :1] = _rows(ends[:, :1], vi[:, :1], own, own_counts, key)
         parts.append(rows)
         cells.append((part, chunk, len(vi)))
     rows = np.concatenate(parts) if parts else np.empty((0, fam.width), np.int64)

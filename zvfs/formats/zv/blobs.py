@@ -17,6 +17,10 @@ import numpy as np
 from .errors import ZVError
 
 FRAGMENT_MAGIC = 0x5A564647
+#: rows a chunk's fragment index may name, and fragments a manifest block may count: a
+#: few bytes of index or manifest claiming 2**27 rows made the daemon build arrays of them
+#: (GBs, then the kernel's OOM killer, in a helper's audit); stored bytes back no more
+MAX_CHUNK_ROWS = 1 << 24
 _FRAG_HEADER = struct.Struct("<IHHII")
 
 
@@ -106,6 +110,11 @@ def parse_fragment_index(raw: bytes | memoryview, key: str) -> FragmentIndex:
     explicit = np.frombuffer(buf, "<i8", total, pos).astype(np.int64)
     if len(ranges) and (ranges.min() < 0):
         raise ZVError(key, "fragment index has a negative range")
+    if len(ranges) and int((ranges[:, 0] + ranges[:, 1]).max()) > MAX_CHUNK_ROWS:
+        raise ZVError(key, f"fragment index names rows past {MAX_CHUNK_ROWS:,}; no chunk has so many")
+    if len(explicit) and (int(explicit.min()) < 0 or int(explicit.max()) >= MAX_CHUNK_ROWS):
+        raise ZVError(key, f"fragment index names row {int(explicit.min()) if explicit.min() < 0 else int(explicit.max())}"
+                           f", outside 0..{MAX_CHUNK_ROWS:,}")
     slot = np.where(is_range, np.cumsum(is_range) - 1, np.cumsum(~is_range) - 1).astype(np.int64)
     return FragmentIndex(key, nfrag, is_range, ranges, offsets, explicit, slot)
 
@@ -146,8 +155,8 @@ def parse_manifest(raw: bytes | memoryview, ndim: int, key: str) -> list[Manifes
                 raise ZVError(key, f"manifest truncated in block {b}")
             start, count = struct.unpack_from("<qq", buf, pos)
             pos += 16
-            if count < 0:
-                raise ZVError(key, f"manifest block {b} has a negative count")
+            if count < 0 or count > MAX_CHUNK_ROWS:
+                raise ZVError(key, f"manifest block {b} counts {count} fragments")
             frags = np.arange(start, start + count, dtype=np.int64)
         elif mode == 2:
             if pos + 4 > len(buf):

@@ -10,6 +10,7 @@ Everything is blocking.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,11 +87,21 @@ def read_chunk(arr: Array, idx: tuple[int, ...]) -> np.ndarray | None:
         raise ZVError(join(arr.path, "/".join(map(str, idx))), str(exc)) from exc
 
 
+#: the most a whole table (object ids, manifests, group ranges, object attributes) may
+#: decode to: its shape is the metadata's word, and a few bytes of it declared 2**28 rows
+MAX_TABLE_BYTES = 256 << 20
+
+
 def read_all(store: Store, arr: Array) -> np.ndarray:
     """The whole array (small tables only): chunks assembled, fill where absent."""
     del store
     za = arr.zarr
     assert za is not None
+    # a vlen table's nbytes is 0: count its cells as the 8-byte references it holds
+    nbytes = za.meta.nbytes or math.prod(za.meta.shape) * max(8, za.meta.dtype.itemsize)
+    if nbytes > MAX_TABLE_BYTES:
+        raise ZVError(arr.path, f"declares {nbytes:,} bytes (shape {list(za.meta.shape)}); zvfs reads "
+                                f"whole tables of at most {MAX_TABLE_BYTES >> 20} MiB")
     try:
         return za.read_all()
     except (FormatError, CodecError, StoreError) as exc:

@@ -42,6 +42,8 @@ from .errors import MissingDependency, ZVError
 #: grid cells looked through, one read each, for the chunks of a ZV 0.9 array that does
 #: not list them (``nonempty_chunks``): metadata may declare a grid of 10**17
 MAX_GRID_WALK = 1_000_000
+#: columns one attribute may have (a row_shape of 2**26 built a PLY header of 22 GB)
+MAX_COLUMNS = 1 << 16
 
 Chunk = tuple[int, ...]
 SUPPORTED = ("0.7", "0.9")
@@ -377,12 +379,17 @@ class Level:
     def _attr_info(self, name: str, a: dict[str, Any], key: str) -> AttrInfo:
         dt = _dtype(a.get("dtype", "float32"), key)
         ch = a.get("channel_names")
-        if a.get("row_shape"):
-            ncols = int(np.prod(a["row_shape"]))
-        elif ch:
-            ncols = len(ch)
-        else:
-            ncols = int(a.get("num_channels") or 1)
+        try:
+            if a.get("row_shape"):
+                ncols = int(np.prod([int(d) for d in a["row_shape"]]))
+            elif ch:
+                ncols = len(ch)
+            else:
+                ncols = int(a.get("num_channels") or 1)
+        except (TypeError, ValueError) as exc:
+            raise ZVError(key, f"attribute {name!r}: bad row_shape or num_channels ({exc})") from None
+        if not 1 <= ncols <= MAX_COLUMNS:  # level.ply's header has a line a column
+            raise ZVError(key, f"attribute {name!r} has {ncols} columns (at most {MAX_COLUMNS:,})")
         cats = a.get("categories") if a.get("encoding") == "dictionary" else None
         info = AttrInfo(name, dt, ncols, cats, list(ch) if ch else None)
         if a.get("row_shape"):
@@ -627,7 +634,10 @@ class Level:
             for gid, blob in enumerate(arr):
                 rng = ranges.get(str(gid))
                 if rng is not None:
-                    out[gid] = np.arange(int(rng[0]), int(rng[1]), dtype=np.int64)
+                    lo, hi = int(rng[0]), int(rng[1])
+                    if not 0 <= lo <= hi or hi - lo > cells.MAX_TABLE_BYTES // 8:
+                        raise ZVError(self.key("groups/zarr.json"), f"group {gid} has the range {[lo, hi]}")
+                    out[gid] = np.arange(lo, hi, dtype=np.int64)
                 else:
                     out[gid] = np.frombuffer(bytes(blob or b""), "<i8").astype(np.int64)
             return out

@@ -27,7 +27,7 @@ from zvfs.views.vectors.nodes import (
     MemFile,
     SegmentedFile,
     VDir,
-    fail,
+    detached,
     rows_file,
 )
 
@@ -64,10 +64,13 @@ class LevelTree:
         """Run one part of the build; remember its error so meta.json and the file can say it."""
         try:
             return fn()
-        except zv.ZVError as exc:
-            self.errors[part] = str(exc)
-            fail(self.ctx, f"{self.what}/{part}", exc)
-            return exc
+        except Exception as exc:  # noqa: BLE001 - one bad part must not take the level's others
+            kept = detached(exc)
+            self.errors[part] = str(kept)
+            # the key fail() gives a read of that part: one line, whichever comes first
+            tag = f"vectors: {self.what}/{part}"
+            self.ctx.warn_once(tag, f"{tag}: {kept}")
+            return kept
 
     # -- the level directory ----------------------------------------------------------------
 
