@@ -56,6 +56,28 @@ def test_cache_counts_its_bookkeeping_and_a_broadcast_array_as_one_element():
     assert c.current_bytes == 8 + 256
 
 
+def test_the_chunk_cache_counts_at_least_what_a_tiny_chunk_entry_takes(tmp_path):
+    """The mount's chunk cache bounds memory by what it counts: with 256 bytes counted an
+    entry, 500,000 chunks of 8 bytes took 392 MiB under a 128 MiB cache (a helper's audit).
+    What an entry allocates (array, key, bookkeeping; tracemalloc, which numpy reports
+    to) must be no more than what it is counted."""
+    import tracemalloc
+
+    ctx = MountContext(store=DirectoryStore(tmp_path), cache_size=1 << 40)
+    n = 50_000
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(n):
+            key = ("chunk", "group/array", "e8fead1dcf70df3cf8827fa4", 12345, (i // 300, i % 300))
+            ctx.chunks.put(key, np.zeros((2,), np.int32), ttl=60.0)
+        took = (tracemalloc.get_traced_memory()[0] - before) / n
+    finally:
+        tracemalloc.stop()
+    counted = ctx.chunks.current_bytes / n
+    assert took <= counted, f"an entry takes {took:.0f} bytes and is counted {counted:.0f}"
+
+
 def test_cache_entries_expire_after_their_ttl(monkeypatch):
     now = [1000.0]
     monkeypatch.setattr("zvfs.cache.lru.time.monotonic", lambda: now[0])
