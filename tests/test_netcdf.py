@@ -535,6 +535,38 @@ def test_a_dimension_past_32_bits_makes_the_file_cdf5(mount, tmp_path: Path) -> 
             assert np.array_equal(ds["long"][sel], ref[sel]), sel
 
 
+def test_attribute_names_netcdf_cannot_hold_twice_or_at_all_leave_a_valid_file(mount, tmp_path: Path) -> None:
+    """Two attribute names that become one netCDF name ('a/b' and 'a_b'), a name past
+    NC_MAX_NAME, a name not in NFC, and a _FillValue its variable's type cannot hold: the
+    file had two attributes of one name (netCDF-C reads the first twice, scipy the last),
+    a name ncdump could not find, and a fill of 300 served as 44 on a uint8 variable (a
+    helper's audit). Now ncdump reads it, each name is there once, and what could not be
+    kept is in zvfs_left_out."""
+    store = tmp_path / "names.zarr"
+    long = "L" * 300
+    group = zarr.open_group(str(store), mode="w", zarr_format=3)
+    group.attrs.update({"a/b": "first", "a_b": "second", long: "long", "cafe\u0301": "nfd"})
+    a = group.create_array("v", shape=(4,), chunks=(4,), dtype="u1", fill_value=0, dimension_names=["x"])
+    a[:] = [1, 2, 3, 4]
+    a.attrs.update({"_FillValue": 300, "u/v": 1, "u_v": 2})
+    m = mount(store)
+    f = m.path / ".zvfs/netcdf/root.nc"
+    res = run([tool("ncdump"), "-h", str(f)])
+    assert res.returncode == 0, res.stderr
+    with netCDF4.Dataset(f) as ds:
+        names = ds.ncattrs()
+        assert len(names) == len(set(names)), names
+        assert ds.getncattr("a_b") == "first"
+        assert "caf\u00e9" in names and all(len(n.encode()) <= 255 for n in names), names
+        var = ds["v"]
+        assert "_FillValue" not in var.ncattrs(), var.getncattr("_FillValue")
+        assert var.getncattr("u_v") == 1 and var.ncattrs().count("u_v") == 1
+        left = ds.getncattr("zvfs_left_out")
+        assert "attribute a_b" in left and "v: _FillValue" in left and "v: attribute u_v" in left, left
+        var.set_auto_maskandscale(False)
+        assert var[:].tolist() == zarr.open_array(str(store), path="v", mode="r")[:].tolist()
+
+
 # --------------------------------------------------------------------------- the v2 mirror tells the same truth
 
 

@@ -143,10 +143,15 @@ def _as_fill(typed: Typed, dtype: np.dtype) -> np.ndarray | None:
             return np.array(NONFINITE[typed.text], dtype=dtype)
         return _base64_fill(typed.text, dtype)
     if typed.values is not None and typed.values.size == 1:
+        value = np.array(typed.values[0])
         try:
-            return np.array(typed.values[0]).astype(dtype)
+            with np.errstate(all="ignore"):
+                fill = value.astype(dtype)
+                # 300 as uint8 is 44: a value of another type is no fill of this one
+                same = np.array_equal(fill.astype(value.dtype), value, equal_nan=value.dtype.kind in "fc")
         except (OverflowError, ValueError, TypeError):
             return None
+        return fill if same else None
     return None
 
 

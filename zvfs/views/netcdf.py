@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import re
 import struct
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -130,12 +131,39 @@ def var_type(dtype: np.dtype, cdf5: bool) -> VarType:
 _BAD_NAME_CHARS = re.compile(r"[\x00-\x1f\x7f/]")
 
 
+#: the longest name every netCDF-C tool reads, in bytes of UTF-8: NC_MAX_NAME is 256,
+#: and netCDF-C writes such a name, but ncdump fails on it ("Attribute not found")
+NC_MAX_NAME = 255
+
+
 def nc_name(name: str) -> str:
-    """A valid netCDF name: no '/' or control characters, no trailing space, a legal first character."""
+    """A valid netCDF name: NFC-normalized UTF-8 (netCDF-C looks names up so), no '/' or
+    control characters, no trailing space, a legal first character, at most NC_MAX_NAME
+    bytes (cut at a character's end). Two names may come out the same: the callers keep
+    the first (see _unique)."""
+    name = unicodedata.normalize("NFC", name)
     name = _BAD_NAME_CHARS.sub("_", name).rstrip(" ") or "_"
     if not (name[0].isalnum() or name[0] == "_" or ord(name[0]) > 127):
         name = "_" + name
+    raw = name.encode("utf-8")
+    if len(raw) > NC_MAX_NAME:
+        name = raw[:NC_MAX_NAME].decode("utf-8", "ignore").rstrip(" ")
     return name
+
+
+def _unique(attrs: list[NcAttr], where: str, left_out: dict[str, str]) -> list[NcAttr]:
+    """``attrs`` without a second attribute of one name (two source names that become one
+    netCDF name, 'a/b' and 'a_b'): a header with both is not netCDF (netCDF-C reads the
+    first twice, scipy the last). The first is kept; the others are told in zvfs_left_out."""
+    seen: set[str] = set()
+    out = []
+    for a in attrs:
+        if a.name in seen:
+            left_out[f"{where}attribute {a.name}"] = "another attribute has the same netCDF name"
+            continue
+        seen.add(a.name)
+        out.append(a)
+    return out
 
 
 # -- header encoding -----------------------------------------------------------------
@@ -268,12 +296,19 @@ class NcLayout:
 
 
 def _fill_attr(vattrs: VarAttributes, vtype: VarType, meta: ArrayMeta) -> NcAttr | None:
+    """The variable's _FillValue in its served type; None when it has none, or when the
+    value does not fit that type (300 for a uint8 array was served as 44: the wrong
+    values would have read as missing)."""
     if vattrs.fill is None or vtype.nc_type == NC_CHAR or meta.dtype.kind == "b":
         return None  # False is data, not "missing", in a bool array
-    fill = vattrs.fill
+    fill = np.asarray(vattrs.fill)
     if meta.dtype.kind in "mM":
         fill = fill.astype("i8")
-    data = np.asarray(fill).astype(vtype.served).reshape(1)
+    with np.errstate(all="ignore"):
+        data = fill.astype(vtype.served).reshape(1)
+        if not np.array_equal(data.astype(fill.dtype).reshape(fill.shape), fill,
+                              equal_nan=fill.dtype.kind in "fc"):
+            return None
     return NcAttr("_FillValue", vtype.nc_type, data.tobytes(), 1)
 
 
@@ -318,13 +353,19 @@ def build_layout(
                 break
         else:
             vattrs = array_attributes(meta)
+            if "_FillValue" in vattrs.attrs:  # not a value of the variable's type
+                del vattrs.attrs["_FillValue"]
+                left_out[f"{name}: _FillValue"] = f"not a value of {meta.dtype}"
             nc_attrs = [text_attr(k, v) for k, v in vtype.extra_attrs.items() if k not in vattrs.attrs]
             nc_attrs += [
                 a for k, t in vattrs.attrs.items() if (a := typed_attr(nc_name(k), t, cdf5, vtype)) is not None
             ]
             fill = _fill_attr(vattrs, vtype, meta)
             if fill is not None:
-                nc_attrs.append(fill)
+                nc_attrs.insert(0, fill)  # first: a user attribute of its name gives way
+            elif vattrs.fill is not None and vtype.nc_type != NC_CHAR and meta.dtype.kind != "b":
+                left_out[f"{name}: _FillValue"] = f"{vattrs.fill!r} is not a value of {vtype.served}"
+            nc_attrs = _unique(nc_attrs, f"{name}: ", left_out)
             vname = nc_name(name)
             while vname in taken:
                 vname += "_"
@@ -342,7 +383,9 @@ def build_layout(
         for k, t in translate(group_attrs, group_types).items()
         if k not in NC4_RESERVED and (a := typed_attr(nc_name(k), t, cdf5))
     ]
-    if left_out:
+    gattrs = _unique(gattrs, "", left_out)
+    if left_out:  # in place of a group attribute of that name, if it has one
+        gattrs = [a for a in gattrs if a.name != LEFT_OUT_ATTR]
         gattrs.append(text_attr(LEFT_OUT_ATTR, "".join(f"{n}: {r}\n" for n, r in sorted(left_out.items()))))
 
     big = [v for v in variables if v.vsize > CDF2_VAR_LIMIT]
