@@ -250,6 +250,23 @@ def test_skeleton_edges(name: str) -> None:
         assert edge_set(edges) == edge_set(ref(name, "L0_edges.npy"))
 
 
+def test_ply_keeps_64_bit_integers_exact_as_doubles() -> None:
+    """PLY has no 64-bit integer type; such positions and attributes went out as 32-bit
+    ints, so 10**10 read as 1410065408 and 3e9 as -1294967296 (a helper's audit, with
+    plyfile). They are doubles now: plyfile reads back the values written."""
+    from plyfile import PlyData
+
+    from zvfs.views.vectors.encoders import ply_bytes
+
+    pos = np.array([[3_000_000_000, 0, -5], [1, 2, 2**53]], dtype=np.int64)
+    big = np.array([10**10, 7], dtype=np.uint64)
+    ply = PlyData.read(io.BytesIO(ply_bytes(pos, [("big", big)], np.empty((0, 3), np.int64),
+                                            np.empty((0, 2), np.int64), "test")))
+    got = np.stack([ply["vertex"][a] for a in "xyz"], axis=1)
+    assert got.astype(np.int64).tolist() == pos.tolist()
+    assert ply["vertex"]["big"].astype(np.uint64).tolist() == big.tolist()
+
+
 # --------------------------------------------------------------------------- legacy formats
 
 

@@ -31,7 +31,7 @@ def npy_size(dtype: np.dtype, shape: tuple[int, ...]) -> int:
 
 _PLY_TYPES = {
     "i1": "char", "u1": "uchar", "b1": "uchar", "i2": "short", "u2": "ushort", "i4": "int",
-    "u4": "uint", "i8": "int", "u8": "uint", "f2": "float", "f4": "float", "f8": "double",
+    "u4": "uint", "i8": "double", "u8": "double", "f2": "float", "f4": "float", "f8": "double",
 }
 _PLY_NP = {"char": "i1", "uchar": "u1", "short": "<i2", "ushort": "<u2", "int": "<i4",
            "uint": "<u4", "float": "<f4", "double": "<f8"}
@@ -39,7 +39,9 @@ AXES = ("x", "y", "z")
 
 
 def ply_type(dtype: np.dtype) -> str:
-    """PLY scalar type for a numpy dtype (64-bit ints narrow to 32 bits: PLY has no int64)."""
+    """PLY scalar type for a numpy dtype. PLY has no 64-bit integer: those are doubles, exact
+    to 2**53, where narrowing them to 32 bits served 10**10 as 1410065408 (and 3e9 as a
+    negative coordinate)."""
     return _PLY_TYPES.get(np.dtype(dtype).str[1:], "double")
 
 
