@@ -629,6 +629,13 @@ def sized_corpus(tmp_path_factory) -> Path:
     d = copy("edge", "v09/graph")
     edge = np.array([[0, 7]], "<i8").tobytes()
     (d / "0/links/0/0.0.0/c/1/1/1").write_bytes(struct.pack("<II", 1, len(edge)) + edge)
+    # skeleton parent links 1 -> 2 -> 1 in chunk 0.0.0: a cycle, which no SWC can hold
+    d = copy("cycle", "v09/skeleton")
+    pairs = np.array([[1, 2], [2, 1]], "<i8").tobytes()
+    cell = d / "0/links/0/0.0.0/c/1/1/1"
+    cell.parent.mkdir(parents=True, exist_ok=True)
+    cell.write_bytes(struct.pack("<II", 1, len(pairs)) + pairs)
+    edit(d / "0/links/0/0.0.0/zarr.json", attributes={"nonempty_chunks": ["0.0.0"]})
     return root
 
 
@@ -663,13 +670,28 @@ def test_declared_sizes_and_link_endpoints_are_checked_before_use(backend: str, 
         _eio(lv / "links/0.npy")
         _eio(lv / "level.ply")
         np.testing.assert_array_equal(load(lv / "vertices.npy"), ref("v09/graph", "L0_positions.npy"))
+        lv = vec / "cycle.zarr/0"  # the object the cycle is in: its SWC fails, not its vertices
+        swcs = sorted(p for p in os.listdir(lv / "objects") if p.endswith(".swc"))
+        failed = []
+        for name in swcs:
+            try:
+                (lv / "objects" / name).read_bytes()
+            except OSError as exc:
+                assert exc.errno == EIO
+                failed.append(name)
+        assert failed and len(failed) < len(swcs), (failed, swcs)
+        for name in failed:
+            oid = name.removesuffix(".swc")
+            np.testing.assert_array_equal(load(lv / f"objects/{oid}.npy"),
+                                          ref("v09/skeleton", f"L0_object_{oid}.npy"))
     with open(f"/proc/{pid}/status") as f:
         hwm = next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:"))
     assert hwm < 512 * 1024, f"daemon peak RSS {hwm // 1024} MiB"
     for key, said in (("wide.zarr/0/vertex_attributes/intensity", "columns"),
                       ("tables.zarr/0/object_index/object_ids", "declares"),
                       ("groups.zarr/0/groups", "range"),
-                      ("edge.zarr/0/links/0/0.0.0", "vertex 7")):
+                      ("edge.zarr/0/links/0/0.0.0", "vertex 7"),
+                      ("cycle.zarr/0/links/0", "cycle")):
         lines = [ln for ln in log_lines(m, key) if said in ln]
         assert lines, (key, m.log_text()[-3000:])
         # one line a file: reading it three times did not add any

@@ -365,6 +365,11 @@ class LevelTree:
         new_of = np.empty(len(order), np.int64)
         new_of[order] = np.arange(len(order))
         par_new = np.where(par[order] >= 0, new_of[np.maximum(par[order], 0)], -1)
+        late = np.flatnonzero(par_new >= np.arange(len(par_new)))
+        if len(late):  # SWC lists a parent before its children: a cycle has no such order
+            node = int(rows[order[late[0]]])
+            raise zv.ZVError(L.key("links/0"), f"object {oid}: the skeleton's parent links form a "
+                                               f"cycle through vertex {node}; SWC cannot hold it")
         return enc.swc_bytes(oid, pos[order], par_new,
                              radius[order] if radius is not None else None,
                              types[order] if types is not None else None)
