@@ -629,6 +629,10 @@ def sized_corpus(tmp_path_factory) -> Path:
     d = copy("edge", "v09/graph")
     edge = np.array([[0, 7]], "<i8").tobytes()
     (d / "0/links/0/0.0.0/c/1/1/1").write_bytes(struct.pack("<II", 1, len(edge)) + edge)
+    # a chunk listed twice in nonempty_chunks (its vertices were served twice)
+    d = copy("dup", "v09/points")
+    listed = json.loads((d / "0/vertices/zarr.json").read_text())["attributes"]["nonempty_chunks"]
+    edit(d / "0/vertices/zarr.json", attributes={"nonempty_chunks": [*listed, listed[0]]})
     # skeleton parent links 1 -> 2 -> 1 in chunk 0.0.0: a cycle, which no SWC can hold
     d = copy("cycle", "v09/skeleton")
     pairs = np.array([[1, 2], [2, 1]], "<i8").tobytes()
@@ -670,6 +674,7 @@ def test_declared_sizes_and_link_endpoints_are_checked_before_use(backend: str, 
         _eio(lv / "links/0.npy")
         _eio(lv / "level.ply")
         np.testing.assert_array_equal(load(lv / "vertices.npy"), ref("v09/graph", "L0_positions.npy"))
+        np.testing.assert_array_equal(load(vec / "dup.zarr/0/vertices.npy"), pts)
         lv = vec / "cycle.zarr/0"  # the object the cycle is in: its SWC fails, not its vertices
         swcs = sorted(p for p in os.listdir(lv / "objects") if p.endswith(".swc"))
         failed = []

@@ -258,7 +258,8 @@ class Level:
         arr = self.array(rel)
         listed = arr.attributes.get("nonempty_chunks")
         if isinstance(listed, list):
-            return sorted(parse_chunk_name(str(n)) for n in listed)
+            # once each: a chunk listed twice had its vertices served twice (15 rows of 14)
+            return sorted({parse_chunk_name(str(n)) for n in listed})
         origin = arr.attributes.get("chunk_grid_origin") or [0] * len(arr.shape)
         cells_count = math.prod(arr.shape)
         if cells_count > MAX_GRID_WALK:
