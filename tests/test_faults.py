@@ -269,7 +269,7 @@ def test_listed_key_that_answers_404(corpus, proxy, mount, s3_env) -> None:
     proxy.set({"kind": "404", "ops": ["get"], "key": "notes.txt"})
     with pytest.raises(OSError) as exc:
         read_all(mnt.path / "notes.txt")
-    assert exc.value.errno == errno.ENOENT, exc.value
+    assert exc.value.errno == errno.ENOENT, (exc.value, mnt.log_text()[-2000:])
     assert proxy.stats()["fault_404"] >= 1
     assert read_all(target(mnt, "dec:plain")) == refs["plain"].tobytes()
     assert is_mounted(mnt.path) and daemon_pids(mnt.path)

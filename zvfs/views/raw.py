@@ -301,9 +301,10 @@ class RawFile(FileNode):
         try:
             return await self.ctx.workers.run(fn)
         except KeyNotFound as exc:
-            if self._info.version is not None:
-                # the version this open was pinned to is gone: the handle is stale (NFS's
-                # errno for it), where ENOENT from a read() would make no sense to a program
+            if self.ctx.writable and self._info.version is not None:
+                # on a writable mount an open is pinned to its version (README): that version
+                # gone, the handle is stale, as when it is replaced. (A read-only mount keeps
+                # ENOENT for a listed key that vanished.)
                 raise NodeError(errno.ESTALE, f"{self.key}: removed from the store since it "
                                 "was opened") from exc
             raise NodeError(errno.ENOENT, f"{self.key}: vanished from the store") from exc
