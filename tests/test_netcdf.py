@@ -656,6 +656,28 @@ def test_mirror_awkward_attributes(mount, tmp_path: Path) -> None:
         assert ds["a"].getncattr("_FillValue") == np.float32(zarr.open_array(str(store), path="a", mode="r").fill_value)
 
 
+def test_mirror_names_and_text_beyond_ascii_reach_netcdf_c(mount, tmp_path: Path) -> None:
+    """The mirror's JSON escaped non-ASCII text (\\u65f6), which netCDF-C 4.10 reads as
+    'u65f6' (a helper's audit): a dimension named 时间 came out as u65f6u95f4. It is UTF-8
+    now; nccopy's copy has zarr-python's names and text."""
+    store = tmp_path / "text.zarr"
+    group = zarr.open_group(str(store), mode="w", zarr_format=3)
+    group.attrs["title"] = "温度 °C"
+    a = group.create_array("t", shape=(3,), chunks=(3,), dtype="i4", dimension_names=["时间"])
+    a[:] = [1, 2, 3]
+    a.attrs["units"] = "µm"
+    m = mount(store)
+    out = tmp_path / "copy.nc"
+    res = run([tool("nccopy"), f"file://{m.path}/.zvfs/v2#mode=zarr,file", str(out)])
+    assert res.returncode == 0, res.stderr
+    ref = zarr.open_group(str(store), mode="r")
+    with netCDF4.Dataset(out) as ds:
+        assert list(ds.dimensions) == list(ref["t"].metadata.dimension_names)
+        assert ds.getncattr("title") == ref.attrs["title"]
+        assert ds["t"].getncattr("units") == ref["t"].attrs["units"]
+        assert ds["t"][:].tolist() == ref["t"][:].tolist()
+
+
 # --------------------------------------------------------------------------- Zarr Vectors stores
 
 

@@ -39,7 +39,9 @@ from zvfs.views.node import BytesFile, Node, StaticDir
 
 
 def _dumps(doc: Any) -> bytes:
-    return (json.dumps(doc, indent=2, allow_nan=False) + "\n").encode()
+    """JSON as UTF-8 text, not \\u escapes: netCDF-C 4.10 reads an escaped name such as
+    "\\u65f6" as "u65f6" (zarr-python reads both)."""
+    return (json.dumps(doc, indent=2, allow_nan=False, ensure_ascii=False) + "\n").encode("utf-8")
 
 
 def mirror_dtype(dt: np.dtype) -> np.dtype:
