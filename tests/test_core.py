@@ -987,6 +987,27 @@ def test_a_write_below_a_link_swapped_as_it_is_resolved_is_enoent_not_eio(tmp_pa
     assert err.value.errno == errno.ENOENT
 
 
+def test_an_append_without_rwf_append_writes_at_the_end_all_the_same(tmp_path, monkeypatch):
+    """Appends are one pwritev2(RWF_APPEND) (atomic beside other appenders); a kernel without
+    it (Linux before 4.16: EOPNOTSUPP) gets the file's end and a plain write, not an error."""
+    from zvfs.stores import _util
+
+    store = DirectoryStore(tmp_path)
+    (tmp_path / "log").write_bytes(b"one\n")
+    w = store.open_writer("log", truncate=False, create=False)
+    try:
+        assert w.append(b"two\n") == 4
+
+        def unsupported(*_a, **_k):  # type: ignore[no-untyped-def]
+            raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+        monkeypatch.setattr(_util.os, "pwritev", unsupported)
+        assert w.append(b"three\n") == 6
+    finally:
+        w.close()
+    assert (tmp_path / "log").read_bytes() == b"one\ntwo\nthree\n"
+
+
 # --------------------------------------------------------------------------- worker hops
 
 

@@ -780,6 +780,8 @@ class _FileWriter(KeyWriter):
         try:
             return pwrite_all(self._fd, data, 0, append=True, short=True)
         except OSError as e:
+            if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # no RWF_APPEND (Linux < 4.16)
+                return self.write(self.size, data)
             raise _refused(self.key, e) from None
 
     def read(self, offset: int, length: int) -> bytes:

@@ -125,7 +125,7 @@ class StoreUsage:
             counting = self._counting
             with trio.move_on_after(WAIT):
                 await counting.wait()
-        return self._value or 0, await self.ctx.workers.run(self._free)
+        return self._value or 0, (await self.ctx.workers.run(self._free) if self.free_path else None)
 
 
 def _listed_size(store: Store) -> int:
