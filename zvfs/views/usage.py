@@ -60,13 +60,11 @@ class StoreUsage:
         self._took = 0.0
         self._counting: trio.Event | None = None
 
-    def _free(self) -> int | None:
+    def _free(self, path: str) -> int:
         """Free bytes where the store lives (worker side); 0 when that cannot be read (its
         root removed): a full or missing disk must not show as room to write."""
-        if not self.free_path:
-            return None
         try:
-            return shutil.disk_usage(self.free_path).free
+            return shutil.disk_usage(path).free
         except OSError:
             return 0
 
@@ -125,7 +123,8 @@ class StoreUsage:
             counting = self._counting
             with trio.move_on_after(WAIT):
                 await counting.wait()
-        return self._value or 0, (await self.ctx.workers.run(self._free) if self.free_path else None)
+        free = await self.ctx.workers.run(self._free, self.free_path) if self.free_path else None
+        return self._value or 0, free
 
 
 def _listed_size(store: Store) -> int:

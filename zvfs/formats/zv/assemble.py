@@ -51,17 +51,8 @@ class Links:
     cells: list[tuple[str, Chunk, int]]  # (part, source chunk, record count) in row order
 
 
-def _target_offsets(level: Level, delta: str) -> dict[Chunk, int] | None:
-    """Row offsets of the level that endpoints k>0 of ``delta`` live in."""
-    if delta == "0":
-        return level.offsets()
-    name = str(int(level.name) + int(delta))
-    if name not in level.group.level_names:
-        return None
-    return level.group.level(name).offsets()
-
-
 def _target_level(level: Level, delta: str) -> Level | None:
+    """The level that endpoints k>0 of ``delta`` live in; None if the store has none."""
     if delta == "0":
         return level
     name = str(int(level.name) + int(delta))
@@ -100,10 +91,10 @@ def _counts(level: Level | None) -> dict[Chunk, int] | None:
 def level_links(level: Level, delta: str = "0") -> Links:
     """Every link record of ``links/<delta>`` (and 0.7 cross-chunk records), written order restored."""
     fam = level.link_family(delta)
-    own = level.offsets()
-    other = _target_offsets(level, delta)
+    target = _target_level(level, delta)
+    own, other = level.offsets(), target.offsets() if target is not None else None
     own_counts = _counts(level)
-    other_counts = own_counts if delta == "0" else _counts(_target_level(level, delta))
+    other_counts = own_counts if target is level else _counts(target)
     parts: list[np.ndarray] = []
     cells: list[tuple[str, Chunk, int]] = []
     for part, chunk in level.link_parts(delta):
