@@ -317,6 +317,70 @@ def test_streamlines_trk_loads_with_nibabel(name: str, tmp_path: Path) -> None:
         np.testing.assert_array_equal(np.asarray(trk.streamlines[i], np.float32), ref(name, want[oid]))
 
 
+def _manifest_items(cell: Path) -> list[bytes]:
+    """The per-object manifests of a 0.9 level (one zstd vlen-bytes cell)."""
+    from numcodecs import Zstd
+
+    body = Zstd().decode(cell.read_bytes())
+    count, off, items = struct.unpack("<I", body[:4])[0], 4, []
+    for _ in range(count):
+        ln = struct.unpack("<I", body[off : off + 4])[0]
+        items.append(bytes(body[off + 4 : off + 4 + ln]))
+        off += 4 + ln
+    return items
+
+
+def _write_manifest_items(cell: Path, items: list[bytes]) -> None:
+    from numcodecs import Zstd
+
+    body = struct.pack("<I", len(items)) + b"".join(struct.pack("<I", len(b)) + b for b in items)
+    cell.write_bytes(Zstd().encode(body))
+
+
+def test_trk_leaves_out_empty_objects_and_names_each_streamlines_object(tmp_path: Path) -> None:
+    """nibabel drops a streamline of no points, which moved every later streamline onto the
+    object before it; empty objects are left out, and each streamline carries its object id."""
+    import nibabel as nib
+
+    name = "v09/streamlines"
+    want = MANIFEST[name]["levels"]["0"]["polylines"]
+    d = _copy(tmp_path, name)
+    cell = d / "0/object_index/manifests/c/0"
+    items = _manifest_items(cell)
+    assert len(items) == len(want) == 3
+    for emptied in (None, 1):
+        if emptied is not None:
+            items[emptied] = struct.pack("<I", 0)  # a manifest of no blocks: no vertices
+            _write_manifest_items(cell, items)
+        p = tmp_path / f"s{emptied}.trk"
+        p.write_bytes(read_file(d, "0/streamlines.trk"))
+        trk = nib.streamlines.load(str(p))
+        kept = [oid for oid in sorted(want, key=int) if int(oid) != emptied]
+        assert trk.header["nb_streamlines"] == len(trk.streamlines) == len(kept)
+        ids = trk.tractogram.data_per_streamline["object_id"][:, 0]
+        assert ids.tolist() == [float(oid) for oid in kept]
+        for i, oid in enumerate(kept):
+            np.testing.assert_array_equal(np.asarray(trk.streamlines[i], np.float32), ref(name, want[oid]))
+
+
+def test_trk_object_ids_past_float32_exactness_ride_in_two_properties(tmp_path: Path) -> None:
+    import nibabel as nib
+
+    from zvfs.views.vectors import encoders as enc
+
+    ids = [3, 2**24 + 1, 2**40 + 12345]
+    lines = [(oid, np.full((k + 1, 3), k, np.float32)) for k, oid in enumerate(ids)]
+    props = enc.trk_id_properties(ids)
+    p = tmp_path / "big.trk"
+    p.write_bytes(enc.trk_header(len(lines), props) + enc.trk_records(lines, props))
+    assert p.stat().st_size == enc.TRK_HEADER_SIZE + sum(enc.trk_record_size(k + 1, props) for k in range(3))
+    trk = nib.streamlines.load(str(p))
+    per = trk.tractogram.data_per_streamline
+    got = per["object_id_hi"][:, 0].astype(np.int64) * 2**24 + per["object_id_lo"][:, 0].astype(np.int64)
+    assert got.tolist() == ids
+    assert [len(s) for s in trk.streamlines] == [1, 2, 3]
+
+
 def parse_swc(text: str) -> tuple[np.ndarray, list[tuple[int, int]], np.ndarray]:
     """A plain SWC reader: (positions, (child, parent) edges as 0-based rows, radius)."""
     rows = [ln.split() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
@@ -345,6 +409,57 @@ def test_swc_per_skeleton_object(name: str) -> None:
         got_all += coord_edges(pos, np.array(edges).reshape(-1, 2))
         assert np.all(radius >= 1.0)  # the radius attribute (1..2) is carried over
     assert sorted(got_all) == want
+
+
+def _swc_type_store(tmp_path: Path, dtype: str, type_of: Callable[[np.ndarray], np.ndarray]) -> Path:
+    """v09/skeleton with a vertex attribute ``swc_type`` of ``dtype``, each vertex's value a
+    function of its position (so a test can check an SWC line by its own coordinates)."""
+    d = _copy(tmp_path, "v09/skeleton")
+    lv = d / "0"
+    src, dst = lv / "vertex_attributes/radius", lv / "vertex_attributes/swc_type"
+    shutil.copytree(src, dst)
+    doc = json.loads((dst / "zarr.json").read_text())
+    doc["attributes"].update(name="swc_type", dtype=dtype)
+    (dst / "zarr.json").write_text(json.dumps(doc))
+    for cell in (dst / "c").rglob("*"):
+        if cell.is_file():
+            vert = (lv / "vertices/c" / cell.relative_to(dst / "c")).read_bytes()
+            pos = np.frombuffer(vert[8:], "<f4").reshape(-1, 3)
+            cell.write_bytes(_vlen_cell(type_of(pos).astype(dtype).tobytes()))
+    return d
+
+
+def _type_of(pos: np.ndarray) -> np.ndarray:
+    """Types past SWC's usual two characters: 100-1099, negative for some vertices."""
+    k = np.round(pos @ np.array([7.0, 31.0, 113.0]) * 2).astype(np.int64)
+    return np.where(k >= 0, 100 + k, k - 100)
+
+
+@pytest.mark.parametrize("dtype", ["int16", "int64", "float32", "uint8"])
+def test_swc_types_of_any_width_are_written_whole(tmp_path: Path, dtype: str) -> None:
+    """A type of 100 or more failed the file (its line was wider than the size it was given)."""
+    type_of = (lambda pos: np.abs(_type_of(pos)) % 256) if dtype == "uint8" else _type_of
+    d = _swc_type_store(tmp_path, dtype, type_of)
+    objects = [n for n in listing(d, "0/objects") if n.endswith(".swc")]
+    assert len(objects) == 2
+    seen = set()
+    for fn in objects:
+        text = read_file(d, f"0/objects/{fn}").decode()  # its length is checked against its size
+        rows = [ln.split() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+        pos = np.array([[float(v) for v in r[2:5]] for r in rows], np.float32)
+        assert [int(r[1]) for r in rows] == type_of(pos).astype(dtype).astype(np.int64).tolist()
+        seen |= {int(r[1]) for r in rows}
+    assert max(seen) >= 100 and (dtype == "uint8" or min(seen) < 0), seen
+    parse_swc(text)  # still a plain SWC: parents first
+
+
+def test_a_swc_type_that_is_no_integer_fails_that_file_naming_the_key(tmp_path: Path) -> None:
+    d = _swc_type_store(tmp_path, "float32", lambda pos: pos[:, 0] + 0.5)
+    fn = next(n for n in listing(d, "0/objects") if n.endswith(".swc"))
+    with pytest.raises(NodeError) as err:
+        read_file(d, f"0/objects/{fn}")
+    assert "0/vertex_attributes/swc_type" in str(err.value) and "not an integer" in str(err.value)
+    assert len(load_npy(d, f"0/objects/{fn[:-4]}.npy"))  # the object's vertices still read
 
 
 def assert_same_draco_mesh(pos: np.ndarray, faces: np.ndarray, verts_in: np.ndarray,

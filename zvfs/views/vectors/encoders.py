@@ -131,9 +131,26 @@ def ply_row_bytes(columns: list[tuple[str, str]]) -> int:
 # --- TrackVis .trk ------------------------------------------------------------------------------
 
 TRK_HEADER_SIZE = 1000
+#: float32, TrackVis's only property type, holds integers exactly up to here
+_F4_EXACT = 2**24
 
 
-def trk_header(n_streamlines: int) -> bytes:
+def trk_id_properties(ids: Sequence[int]) -> tuple[str, ...]:
+    """The per-streamline properties naming each streamline's object.
+
+    Readers drop a streamline of no points (nibabel does), so a level's objects
+    and a file's streamlines cannot be matched by position once one is empty:
+    the view leaves empty objects out and tells each streamline's object id.
+    Ids past float32's exact range ride in two properties, high and low part.
+    """
+    return ("object_id",) if max(ids, default=0) < _F4_EXACT else ("object_id_hi", "object_id_lo")
+
+
+def _id_values(oid: int, properties: Sequence[str]) -> tuple[int, ...]:
+    return (oid,) if len(properties) == 1 else divmod(oid, _F4_EXACT)
+
+
+def trk_header(n_streamlines: int, properties: Sequence[str] = ()) -> bytes:
     """A TrackVis v2 header whose voxmm -> RAS+mm mapping is the identity.
 
     nibabel shifts voxmm by half a voxel; the +0.5 translation in vox_to_ras
@@ -141,13 +158,14 @@ def trk_header(n_streamlines: int) -> bytes:
     """
     vox_to_ras = np.eye(4, dtype="<f4")
     vox_to_ras[:3, 3] = 0.5
+    names = b"".join(n.encode("ascii").ljust(20, b"\x00") for n in properties).ljust(200, b"\x00")
     h = b"".join([
         b"TRACK\x00",
         struct.pack("<3h", 1, 1, 1),
         struct.pack("<3f", 1.0, 1.0, 1.0),
         struct.pack("<3f", 0.0, 0.0, 0.0),
         struct.pack("<h", 0), b"\x00" * 200,
-        struct.pack("<h", 0), b"\x00" * 200,
+        struct.pack("<h", len(properties)), names,
         vox_to_ras.tobytes(),
         b"\x00" * 444,
         b"RAS\x00", b"\x00" * 4,
@@ -160,24 +178,22 @@ def trk_header(n_streamlines: int) -> bytes:
     return h
 
 
-def trk_size(lengths: Sequence[int]) -> int:
-    return TRK_HEADER_SIZE + sum(4 + 12 * int(n) for n in lengths)
+def trk_record_size(n_points: int, properties: Sequence[str]) -> int:
+    return 4 + 12 * n_points + 4 * len(properties)
 
 
-def trk_records(streamlines: Sequence[np.ndarray]) -> bytes:
-    """One record per streamline: int32 count, then float32 xyz (2-D data gets z = 0)."""
+def trk_records(streamlines: Sequence[tuple[int, np.ndarray]], properties: Sequence[str]) -> bytes:
+    """One record per (object id, points): int32 count, float32 xyz (2-D data gets
+    z = 0), then the id properties."""
     out = []
-    for s in streamlines:
+    for oid, s in streamlines:
         pts = np.zeros((len(s), 3), "<f4")
         d = min(3, s.shape[1] if s.ndim == 2 else 0)
         pts[:, :d] = s[:, :d]
         out.append(struct.pack("<i", len(s)))
         out.append(pts.tobytes())
+        out.append(np.asarray(_id_values(oid, properties), "<f4").tobytes())
     return b"".join(out)
-
-
-def trk_bytes(streamlines: Sequence[np.ndarray]) -> bytes:
-    return trk_header(len(streamlines)) + trk_records(streamlines)
 
 
 # --- SWC ---------------------------------------------------------------------------------------
@@ -197,21 +213,46 @@ def swc_header(oid: int, n: int) -> bytes:
             "# id type x y z radius parent\n").encode("ascii")
 
 
-def swc_line_width(n: int, dtype: np.dtype) -> int:
+def swc_type_width(dtype: np.dtype | None) -> int:
+    """Characters of the type column: wide enough for any value of the type attribute's
+    dtype (a file's size is known before its values are read), at least SWC's usual 2.
+    Floats are whole numbers of any int64 (``swc_types`` refuses the others)."""
+    if dtype is None or np.dtype(dtype).kind == "b":
+        return 2
+    dt = np.dtype(dtype)
+    info = np.iinfo(dt if dt.kind in "iu" else np.int64)
+    return max(2, len(str(info.min)), len(str(info.max)))
+
+
+def swc_types(values: np.ndarray) -> np.ndarray:
+    """A type attribute as int64, or ValueError naming the first value SWC cannot hold."""
+    if values.dtype.kind not in "biuf":
+        raise ValueError(f"types of dtype {values.dtype} are not numbers")
+    if values.dtype.kind in "biu":
+        if values.dtype == np.uint64 and len(values) and values.max() > np.iinfo(np.int64).max:
+            raise ValueError(f"type {int(values.max())} is past int64")
+        return values.astype(np.int64)
+    bad = ~np.isfinite(values) | (values != np.round(values)) | (np.abs(values) >= 2.0**63)
+    if bad.any():
+        raise ValueError(f"type {values[np.flatnonzero(bad)[0]]!r} is not an integer")
+    return values.astype(np.int64)
+
+
+def swc_line_width(n: int, dtype: np.dtype, type_width: int = 2) -> int:
     idw = len(str(max(n, 1)))
     fw = swc_float_width(dtype)
     # id type x y z radius parent, single spaces, newline
-    return idw + 1 + 2 + 1 + 4 * fw + 4 + max(idw, 2) + 1
+    return idw + 1 + type_width + 1 + 4 * fw + 4 + max(idw, 2) + 1
 
 
-def swc_size(oid: int, n: int, dtype: np.dtype) -> int:
-    return len(swc_header(oid, n)) + n * swc_line_width(n, dtype)
+def swc_size(oid: int, n: int, dtype: np.dtype, type_width: int = 2) -> int:
+    return len(swc_header(oid, n)) + n * swc_line_width(n, dtype, type_width)
 
 
 def swc_bytes(oid: int, positions: np.ndarray, parents: np.ndarray, radius: np.ndarray | None,
-              types: np.ndarray | None) -> bytes:
+              types: np.ndarray | None, type_width: int = 2) -> bytes:
     """Fixed-width SWC so its size is known up front; ``parents`` are 0-based (-1 = root)
-    and every parent precedes its children."""
+    and every parent precedes its children; ``types`` as ``swc_types`` gives them."""
     n = len(positions)
     idw = len(str(max(n, 1)))
     pw = max(idw, 2)
@@ -224,7 +265,7 @@ def swc_bytes(oid: int, positions: np.ndarray, parents: np.ndarray, radius: np.n
         r = _fmt_float(float(radius[i]) if radius is not None else 1.0, fw)
         t = int(types[i]) if types is not None else 0
         p = int(parents[i]) + 1 if parents[i] >= 0 else -1
-        lines.append(f"{i + 1:>{idw}} {t:>2} {x} {y} {z} {r} {p:>{pw}}\n")
+        lines.append(f"{i + 1:>{idw}} {t:>{type_width}} {x} {y} {z} {r} {p:>{pw}}\n")
     return "".join(lines).encode("ascii")
 
 

@@ -204,19 +204,22 @@ class LevelTree:
                                          sizes, load, literal={0: header})
 
     def _trk(self, out: dict[str, Node]) -> None:
-        """streamlines.trk streamed in batches of whole streamlines (one per object)."""
+        """streamlines.trk streamed in batches of whole streamlines, one per object with
+        vertices; each names its object (``enc.trk_id_properties``)."""
         L = self.level
         if self.group.geometry not in LINE_GEOMETRIES:
             return
 
         def plan() -> list[tuple[int, list, int]]:
             offsets = L.offsets()
-            return [(oid, b, len(L.object_rows(b, offsets, oid))) for oid, b in sorted(L.manifests().items())]
+            return [(oid, b, n) for oid, b in sorted(L.manifests().items())
+                    if (n := len(L.object_rows(b, offsets, oid)))]
 
         objs = self._try("streamlines.trk", plan)
         if isinstance(objs, Exception):
             out["streamlines.trk"] = ErrorFile(self.ctx, f"{self.what}/streamlines.trk", objs)
             return
+        props = enc.trk_id_properties([oid for oid, _b, _n in objs])
         batches: list[list[tuple[int, list, int]]] = [[]]
         sizes = [enc.TRK_HEADER_SIZE, 0]
         for o in objs:
@@ -224,14 +227,15 @@ class LevelTree:
                 batches.append([])
                 sizes.append(0)
             batches[-1].append(o)
-            sizes[-1] += 4 + 12 * o[2]
+            sizes[-1] += enc.trk_record_size(o[2], props)
 
         def load(i: int) -> bytes:
             cache: dict = {}
-            return enc.trk_records([zv.object_vertices(L, oid, b, cache) for oid, b, _n in batches[i - 1]])
+            return enc.trk_records([(oid, zv.object_vertices(L, oid, b, cache)) for oid, b, _n in batches[i - 1]],
+                                   props)
 
         out["streamlines.trk"] = SegmentedFile(self.ctx, (self.key, "trk"), f"{self.what}/streamlines.trk",
-                                               sizes, load, literal={0: enc.trk_header(len(objs))})
+                                               sizes, load, literal={0: enc.trk_header(len(objs), props)})
 
     # -- links ---------------------------------------------------------------------------------
 
@@ -280,6 +284,7 @@ class LevelTree:
         parents: list[np.ndarray] = []  # computed once, on the first SWC build
         faces = zv.mesh_faces(L) if geom == "mesh" else None
         attr_names = set(L.vertex_attribute_names())
+        types = self._swc_types(attr_names) if tree else None
         all_rows: dict[int, Any] = {
             oid: self._try(f"objects/{oid}", lambda oid=oid, blocks=blocks: L.object_rows(blocks, offsets, oid))
             for oid, blocks in sorted(manifests.items())
@@ -297,10 +302,14 @@ class LevelTree:
             out[f"{oid}.npy"] = BuiltFile(
                 ctx, (self.key, "obj", oid), base + ".npy", enc.npy_size(L.dtype, (n, L.ndim)),
                 lambda oid=oid, blocks=blocks: enc.npy_bytes(zv.object_vertices(L, oid, blocks)))
-            if tree:
+            if isinstance(types, Exception):
+                out[f"{oid}.swc"] = ErrorFile(ctx, base + ".swc", types)
+            elif tree:
+                width = enc.swc_type_width(types[1] if types else None)
                 out[f"{oid}.swc"] = BuiltFile(
-                    ctx, (self.key, "swc", oid), base + ".swc", enc.swc_size(oid, n, L.dtype),
-                    lambda oid=oid, blocks=blocks, rows=rows: self._swc(oid, blocks, rows, parents, attr_names))
+                    ctx, (self.key, "swc", oid), base + ".swc", enc.swc_size(oid, n, L.dtype, width),
+                    lambda oid=oid, blocks=blocks, rows=rows, width=width:
+                        self._swc(oid, blocks, rows, parents, attr_names, types, width))
             if faces is not None:
                 ofaces = per_object_faces.get(oid, np.empty((0, 3), np.int64))
                 width = ofaces.shape[1] if len(ofaces) else 3
@@ -346,8 +355,17 @@ class LevelTree:
             out[sel] = vals[rows[sel] - starts[ci]]
         return out if out is not None else np.empty(0)
 
+    def _swc_types(self, attr_names: set[str]) -> tuple[str, np.dtype] | Exception | None:
+        """The vertex attribute holding SWC node types, and its dtype (which sets the type
+        column's width), or None when there is none (every type 0)."""
+        name = next((t for t in ("swc_type", "type") if t in attr_names), None)
+        if name is None:
+            return None
+        info = self._try("objects/*.swc", lambda: self.level.vertex_attribute_info(name))
+        return info if isinstance(info, Exception) else (name, info.dtype)
+
     def _swc(self, oid: int, blocks: list, rows: np.ndarray, parents: list[np.ndarray],
-             attr_names: set[str]) -> bytes:
+             attr_names: set[str], type_attr: tuple[str, np.dtype] | None, type_width: int) -> bytes:
         L = self.level
         if not parents:
             parents.append(zv.skeleton_parents(L))
@@ -357,10 +375,12 @@ class LevelTree:
         radius = self._object_rows_attr("radius", rows).reshape(len(rows), -1)[:, 0] \
             if "radius" in attr_names and len(rows) else None
         types = None
-        for tname in ("swc_type", "type"):
-            if tname in attr_names and len(rows):
-                types = self._object_rows_attr(tname, rows).reshape(len(rows), -1)[:, 0]
-                break
+        if type_attr is not None and len(rows):
+            values = self._object_rows_attr(type_attr[0], rows).reshape(len(rows), -1)[:, 0]
+            try:
+                types = enc.swc_types(values)
+            except ValueError as exc:
+                raise zv.ZVError(L.key(f"vertex_attributes/{type_attr[0]}"), f"object {oid}: {exc}") from None
         order = enc.tree_order(par)
         new_of = np.empty(len(order), np.int64)
         new_of[order] = np.arange(len(order))
@@ -372,7 +392,7 @@ class LevelTree:
                                                f"cycle through vertex {node}; SWC cannot hold it")
         return enc.swc_bytes(oid, pos[order], par_new,
                              radius[order] if radius is not None else None,
-                             types[order] if types is not None else None)
+                             types[order] if types is not None else None, type_width)
 
     def _object_attrs(self) -> dict[str, Node]:
         out: dict[str, Node] = {}
