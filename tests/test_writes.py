@@ -1683,6 +1683,29 @@ def test_a_reader_sees_the_file_changed_in_place(dirstore: Store, mount) -> None
         os.close(r)
 
 
+def test_dir_a_writer_closed_after_its_file_was_removed_behind_the_mount_unlists_it(
+        dirstore: Store, mount) -> None:
+    """Its close put the size it had written back into the cached listing: ls showed the file
+    for the metadata TTL (60 s) and opening it gave ENOENT. As on a local file system, the
+    writes and the close succeed; the mount's listing then holds what the directory holds
+    (the kernel may keep its own entry and attributes for the TTL, as for any outside change)."""
+    m = dirstore.mount(mount)
+    for replaced in (False, True):
+        p = m.path / "d" / f"f{replaced}"
+        p.parent.mkdir(exist_ok=True)
+        with open(p, "wb") as f:
+            f.write(b"x" * 1000)
+            f.flush()
+            assert p.name in os.listdir(p.parent)
+            behind = dirstore.root / "d" / p.name
+            behind.unlink()
+            if replaced:
+                behind.write_bytes(b"other")
+            f.write(b"y" * 1000)
+        assert os.listdir(p.parent).count(p.name) == int(replaced)
+    assert sorted(os.listdir(m.path / "d")) == sorted(os.listdir(dirstore.root / "d")) == ["fTrue"]
+
+
 def test_paths_below_a_renamed_directory_work_at_once(store: Store, mount) -> None:
     """mv of a directory the kernel has walked: its files and subdirectories answer under the
     new name at once (ENOENT for the metadata TTL before, for ever with indefinite)."""

@@ -19,6 +19,10 @@ class StoreError(Exception):
     """A store operation failed for a reason other than a missing key (I/O, network, corruption)."""
 
 
+#: :meth:`KeyWriter.commit`'s answer for a written file that no key names any more
+GONE = KeyInfo(-1, 0.0)
+
+
 class KeyNotFound(StoreError, KeyError):
     """The key does not exist in the store."""
 
@@ -118,7 +122,9 @@ class KeyWriter(ABC):
     def commit(self, durable: bool = False) -> KeyInfo | None:
         """Make the bytes the key's value in the store (close and fsync call it).
 
-        Returns the key's new info when it changed, None when there was nothing to do.
+        Returns the key's new info when it changed, None when there was nothing to do,
+        :data:`GONE` when the key no longer names the written file (removed behind the
+        store's back: the writes succeeded, as on a local file system, and are no key's).
         A failure raises StoreError; the bytes stay staged, so a retry can succeed.
         """
 

@@ -42,6 +42,7 @@ from zvfs.pagecache import read_ahead_and_close
 from zvfs.stores import find_lister
 from zvfs.stores._util import LogOnce, check_key, check_prefix, pread_all, pread_at_once, pwrite_all
 from zvfs.stores.base import (
+    GONE,
     KeyInfo,
     KeyNotFound,
     KeyReader,
@@ -510,7 +511,7 @@ class DirectoryStore(Store):
         except BaseException:
             os.close(fd)
             raise
-        return _FileWriter(key, fd)
+        return _FileWriter(self, key, fd)
 
     def delete(self, key: str) -> None:
         self._files.drop(key)
@@ -762,9 +763,10 @@ class _FileReader(KeyReader):
 class _FileWriter(KeyWriter):
     """A file of the directory open for writing: every call is the plain POSIX call."""
 
-    def __init__(self, key: str, fd: int) -> None:
+    def __init__(self, store: DirectoryStore, key: str, fd: int) -> None:
         self.key = key
         self._fd = fd
+        self._store = store
 
     @property
     def size(self) -> int:
@@ -800,6 +802,11 @@ class _FileWriter(KeyWriter):
             st = os.fstat(self._fd)
         except OSError as e:
             raise _refused(self.key, e) from None
+        if st.st_nlink == 0:  # its name was removed behind the mount: what does the key hold now?
+            try:
+                return self._store.info(self.key)
+            except StoreError:  # absent (or unreadable: listed again when next asked)
+                return GONE
         return KeyInfo(st.st_size, st.st_mtime)
 
     def close(self) -> None:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from zvfs.stores.base import KeyNotFound, KeyWriter, StoreError, WriteRefused
+from zvfs.stores.base import GONE, KeyNotFound, KeyWriter, StoreError, WriteRefused
 from zvfs.views.context import MountContext
 from zvfs.views.node import FileHandle, FileNode, NodeError
 
@@ -130,7 +130,10 @@ class WriteHandle(FileHandle):
         if self._unlinked:
             return
         info = await store_call(self.ctx, self.key, self.writer.commit, durable)
-        if info is not None:
+        if info is GONE:  # removed behind the mount: listed no more (its size was put back)
+            self.ctx.listing_drop(self.key)
+            self.ctx.note_write(self.key)
+        elif info is not None:
             self.ctx.listing_put(self.key, info)
             self.ctx.note_write(self.key, info)
 
