@@ -233,6 +233,34 @@ def test_an_envi_header_names_at_most_max_band_names_bands(tmp_path: Path, mount
     assert_good(m, root)
 
 
+def test_names_in_an_envi_header_cannot_set_its_fields(tmp_path: Path, mount) -> None:
+    """A dimension name (or an array path) holding "}" and a newline closed the band names and
+    added fields GDAL obeyed: "byte order = 1" and "samples = 2" had GDAL read int16 data
+    byte-swapped and reshaped, silently. Such characters stand as "_" in the header; GDAL
+    reads what zarr-python reads. An array with no elements gets no header (GDAL refuses it)."""
+    root = new_store(tmp_path / "store")
+    data = np.arange(2 * 2 * 3, dtype="<i2").reshape(2, 2, 3) * 100
+    evil = "b}\nbyte order = 1\nsamples = 2\nz = {b, c"
+    v3_array(root, "a", data, data.shape, dimension_names=[evil, "y", "x"])
+    v3_array(root, "p}\nsamples = 1\nq", data, data.shape)
+    v3_array(root, "empty", np.zeros((0, 3), "<i2"), (1, 3))
+    m = mount(root)
+    for name in ("a", "p}\nsamples = 1\nq"):
+        hdr = (m.path / ".zvfs/arrays" / name / "data.hdr").read_text()
+        fields = [ln.partition("=")[0].strip() for ln in hdr.splitlines()[1:]]
+        assert len(fields) == len(set(fields)) and "z" not in fields, hdr
+        out = tmp_path / f"gdal-{len(name)}"
+        res = run(["gdal_translate", "-q", "-of", "ENVI", str(m.path / ".zvfs/arrays" / name / "data.raw"),
+                   str(out)], timeout=120)
+        assert res.returncode == 0, res.stderr
+        np.testing.assert_array_equal(np.fromfile(out, "<i2").reshape(data.shape), zarr_read(root, name))
+    assert "band names = {b__byte order = 1_samples = 2_z = _b_ c 0, " in (
+        m.path / ".zvfs/arrays/a/data.hdr").read_text()
+    empty = m.path / ".zvfs/arrays/empty"
+    assert (empty / "data.raw").stat().st_size == 0 and not (empty / "data.hdr").exists()
+    assert_good(m, root)
+
+
 @pytest.mark.parametrize("bad_type", ["(-1,)i4", "i4,,"])
 def test_an_nczarr_attribute_type_numpy_cannot_parse_is_taken_as_json(tmp_path: Path, mount, bad_type) -> None:
     """NCZarr names each attribute's type in ``_nczarr_attr.types``, which becomes a numpy

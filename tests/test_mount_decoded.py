@@ -137,7 +137,10 @@ def _gen_specs() -> dict[str, dict]:
                             serializer=ShardingCodec(chunk_shape=(2, 3), codecs=[
                                 BytesCodec(endian="big"), ZstdCodec(level=1)], index_location="start"),
                             compressors=None, dimension_names=["t", "lat"]),
-        # one dimension name, two sizes (v3 allows it): the mirror must keep every value
+        # one dimension name, two sizes (v3 allows it): the mirror must keep every value;
+        # "n_5", the name r's n of size 5 would be renamed to, is o's own name of size 4
+        # (the rename took it, and netCDF-C read r cut to 4 values, silently)
+        "nc3/o": dict(fmt=3, shape=(4,), chunks=(3,), dtype="<i2", dimension_names=["n_5"]),
         "nc3/p": dict(fmt=3, shape=(3,), chunks=(2,), dtype="<i2", dimension_names=["n"]),
         "nc3/r": dict(fmt=3, shape=(5,), chunks=(2,), dtype="<i2", dimension_names=["n"]),
         "nc3/sub/q": dict(fmt=3, shape=(5, 3), chunks=(2, 2), dtype="<f8", dimension_names=["n", "m"],

@@ -24,7 +24,20 @@ MAX_BAND_NAMES = 10_000
 
 
 def envi_supported(meta: ArrayMeta) -> bool:
-    return 1 <= meta.ndim <= 3 and (meta.dtype.kind, meta.dtype.itemsize) in ENVI_TYPES
+    """1-3 dimensions, a type ENVI has, and some data (GDAL opens no band of size 0)."""
+    return (1 <= meta.ndim <= 3 and (meta.dtype.kind, meta.dtype.itemsize) in ENVI_TYPES
+            and all(meta.shape))
+
+
+#: what ends or splits a header value: ``}`` closes a braced value and a newline starts a
+#: field (a dimension name holding "}\nbyte order = 1" set the byte order GDAL read the
+#: data with), a comma splits a list of band names
+_NOT_IN_VALUES = {ord(c): "_" for c in "{},;"} | {c: "_" for c in (*range(32), 127)}
+
+
+def _value_text(text: str) -> str:
+    """A name from the store, made safe to stand inside a header value."""
+    return text.translate(_NOT_IN_VALUES)
 
 
 def envi_header(meta: ArrayMeta) -> bytes:
@@ -34,7 +47,7 @@ def envi_header(meta: ArrayMeta) -> bytes:
     big = meta.dtype.byteorder == ">" or (meta.dtype.byteorder == "=" and np.little_endian is False)
     lines_out = [
         "ENVI",
-        "description = {zvfs decoded array " + (meta.path or "/") + "}",
+        "description = {zvfs decoded array " + _value_text(meta.path or "/") + "}",
         f"samples = {samples}",
         f"lines = {lines}",
         f"bands = {bands}",
@@ -45,7 +58,7 @@ def envi_header(meta: ArrayMeta) -> bytes:
         f"byte order = {1 if big else 0}",
     ]
     if meta.dimension_names and meta.ndim == 3 and meta.dimension_names[0] and bands <= MAX_BAND_NAMES:
-        lines_out.append("band names = {" + ", ".join(
-            f"{meta.dimension_names[0]} {i}" for i in range(bands)) + "}")
+        name = _value_text(meta.dimension_names[0])
+        lines_out.append("band names = {" + ", ".join(f"{name} {i}" for i in range(bands)) + "}")
     # names from JSON may hold what UTF-8 cannot (lone surrogates): escaped, not an error
     return ("\n".join(lines_out) + "\n").encode("utf-8", "backslashreplace")

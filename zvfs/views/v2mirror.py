@@ -130,7 +130,9 @@ def consistent_dimensions(
 
     netCDF-C resolves a name in the variable's group and then its ancestors, so a
     name used with two sizes anywhere is ambiguous. The first size seen (by path)
-    keeps the plain name; a use with another size is renamed ``<name>_<size>``.
+    keeps the plain name; a use with another size is renamed ``<name>_<size>``, or
+    ``<name>_<size>_<k>`` when a source's own name is that already (a rename onto a name
+    of another size let netCDF-C read the array cut to that size, silently).
     With ``generate`` (the netCDF files), unnamed dimensions get
     :func:`generated_dimension_names` instead of None.
     """
@@ -147,8 +149,11 @@ def consistent_dimensions(
         fixed = []
         for name, size in zip(names, meta.shape, strict=True):
             if sizes.setdefault(name, size) != size:
-                name = f"{name}_{size}"
-                sizes.setdefault(name, size)
+                name = base = f"{name}_{size}"
+                k = 1
+                while sizes.setdefault(name, size) != size:
+                    k += 1
+                    name = f"{base}_{k}"
             fixed.append(name)
         out[path] = fixed
     return out
