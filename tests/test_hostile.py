@@ -261,6 +261,35 @@ def test_names_in_an_envi_header_cannot_set_its_fields(tmp_path: Path, mount) ->
     assert_good(m, root)
 
 
+def test_text_that_is_no_unicode_costs_no_other_file_of_the_mirror_or_netcdf(tmp_path: Path, mount) -> None:
+    """An attribute holding a lone surrogate (valid JSON) or an array directory whose name is
+    not UTF-8 failed every file of .zvfs/v2 and .zvfs/netcdf with EIO, other groups' too (the
+    text could not be encoded). It is written as its escape: JSON reads back the same
+    string, netCDF gets ASCII text, and every file reads."""
+    import zarr
+
+    root = new_store(tmp_path / "store")
+    v3_array(root, "other/o", np.array([7, 8], "<i4"), (2,))
+    v3_array(root, "bad", np.array([4, 5], "<i4"), (2,))
+    doc = json.loads((root / "bad/zarr.json").read_text())
+    doc["attributes"] = {"note": "x\ud800y"}
+    (root / "bad/zarr.json").write_text(json.dumps(doc))  # ASCII: "x\\ud800y"
+    os.rename(root / "other/o", os.fsdecode(os.fsencode(root / "other") + b"/o\xff"))
+    assert zarr.open_array(zarr.storage.LocalStore(str(root)), path="bad", mode="r").attrs["note"] == "x\ud800y"
+    m = mount(root)
+    pid = daemon_pid(m)
+    v2 = m.path / ".zvfs/v2"
+    assert json.loads((v2 / "bad/.zattrs").read_bytes())["note"] == "x\ud800y"
+    assert b"o\xff" in os.listdir(os.fsencode(v2 / "other"))
+    assert (v2 / "good/.zarray").is_file() and (v2 / ".zmetadata").read_bytes()
+    for group in ("root", "other"):
+        res = run(["ncdump", str(m.path / f".zvfs/netcdf/{group}.nc")], timeout=60)
+        assert res.returncode == 0, res.stderr
+    assert "note = \"x\\\\ud800y\"" in run(["ncdump", "-h", str(m.path / ".zvfs/netcdf/root.nc")]).stdout
+    assert_alive(m, pid)
+    assert_good(m, root)
+
+
 @pytest.mark.parametrize("bad_type", ["(-1,)i4", "i4,,"])
 def test_an_nczarr_attribute_type_numpy_cannot_parse_is_taken_as_json(tmp_path: Path, mount, bad_type) -> None:
     """NCZarr names each attribute's type in ``_nczarr_attr.types``, which becomes a numpy

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import errno
 import json
+import math
 import os
 import re
 import shutil
@@ -676,6 +677,42 @@ def test_mirror_names_and_text_beyond_ascii_reach_netcdf_c(mount, tmp_path: Path
         assert ds.getncattr("title") == ref.attrs["title"]
         assert ds["t"].getncattr("units") == ref["t"].attrs["units"]
         assert ds["t"][:].tolist() == ref["t"][:].tolist()
+
+
+def test_non_finite_float_attributes_stay_numbers(mount, tmp_path: Path) -> None:
+    """A NaN or Infinity attribute (the literals zarr-python 2 writes, and reads as floats) was
+    made the string "NaN" for every view: zarr-python read the mirror's missing_value as text,
+    ncdump showed v:missing_value = "NaN", netCDF4 masked nothing with it. They are numbers
+    in the mirror and the netCDF file now; the string "NaN" stays a string."""
+    store = tmp_path / "nan.zarr"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        g = zarr.open_group(str(store), mode="w", zarr_format=2)
+        a = g.create_array("v", shape=(4,), chunks=(4,), dtype="f4", fill_value=-1.0)
+        a[:] = [1.0, np.nan, np.inf, 2.0]
+    attrs = {"_ARRAY_DIMENSIONS": ["x"], "missing_value": math.nan, "valid_range": [-math.inf, math.inf],
+             "note": "NaN"}
+    (store / "v/.zattrs").write_text(json.dumps(attrs))  # NaN, Infinity: JSON literals
+    (store / ".zattrs").write_text(json.dumps({"gnan": math.nan}))
+    want = dict(zarr.open_array(str(store), path="v", mode="r").attrs)
+    assert math.isnan(want["missing_value"]) and want["note"] == "NaN"
+    m = mount(store)
+    mirror = zarr.open_array(str(m.path / ".zvfs/v2"), path="v", mode="r").attrs
+    assert math.isnan(mirror["missing_value"]) and mirror["valid_range"] == [-math.inf, math.inf]
+    assert mirror["note"] == "NaN"
+    assert math.isnan(zarr.open_group(str(m.path / ".zvfs/v2"), mode="r").attrs["gnan"])
+    out = tmp_path / "copy.nc"
+    res = run([tool("nccopy"), f"file://{m.path}/.zvfs/v2#mode=zarr,file", str(out)])
+    assert res.returncode == 0, res.stderr
+    for f in (m.path / ".zvfs/netcdf/root.nc", out):
+        with netCDF4.Dataset(f) as ds:
+            var = ds["v"]
+            assert np.isnan(var.getncattr("missing_value")), f
+            assert np.array_equal(var.getncattr("valid_range"), [-np.inf, np.inf]), f
+            assert var.getncattr("note") == "NaN" and np.isnan(ds.getncattr("gnan")), f
+            var.set_auto_maskandscale(False)
+            raw = var[:]
+        assert np.array_equal(raw, zarr.open_array(str(store), path="v", mode="r")[:], equal_nan=True)
 
 
 # --------------------------------------------------------------------------- Zarr Vectors stores

@@ -15,7 +15,7 @@ from ..codecs import CodecError, UnknownCodecError
 from ..stores.base import KeyNotFound, Listing, Store, StoreError
 from . import keys, nczarr, zarr_v1, zarr_v2, zarr_v3
 from ._common import get_metadata, join, load_json, parse_json
-from .meta import ArrayMeta, FormatError, strict_json
+from .meta import ArrayMeta, FormatError
 
 
 @dataclass(slots=True)
@@ -68,7 +68,6 @@ class Hierarchy:
         if node.path.count("/") >= MAX_PATH_DEPTH:
             self.errors[node.path[:100] + "..."] = f"a node more than {MAX_PATH_DEPTH} levels deep; left out"
             return
-        node.attributes = strict_json(node.attributes)
         if isinstance(node, ArrayMeta):
             self.arrays[node.path] = node
         else:

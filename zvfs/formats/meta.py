@@ -186,10 +186,10 @@ class ArrayMeta:
     def validate(self) -> None:
         """Fill ``error`` if shape/chunks are inconsistent or absurd (never raises).
 
-        Also makes ``attributes`` strict JSON (NaN → "NaN"), so every view can
-        serialise them with ``allow_nan=False``.
+        ``attributes`` keep their non-finite floats as floats: a NaN is a number to the
+        views that can say so (the v2 mirror's JSON, netCDF attributes); meta.json makes
+        them strict JSON ("NaN") as it is written.
         """
-        self.attributes = strict_json(self.attributes)
         if self.error is not None:
             return
         problem = shape_problem(self.shape, self.chunks, self.dtype, self.vlen)

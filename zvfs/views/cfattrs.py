@@ -9,7 +9,8 @@ give some of them a type and a meaning:
   "unwritten chunk" value that no reader masks with (0 for a time variable).
 - NCZarr types its attributes in ``_nczarr_attr.types`` ("<f4", ">i2",
   "|S1"...), so a float attribute stays float and "NaN" is a number.
-- Strict JSON spells a non-finite float "NaN" / "Infinity" / "-Infinity".
+- Strict JSON spells a non-finite float "NaN" / "Infinity" / "-Infinity"; the
+  source's JSON may have the literals, which stay floats (numbers to every view).
 
 :func:`array_attributes` turns one array's attributes into :class:`Typed`
 values and finds its CF fill value once; the mirror renders them back as JSON
@@ -29,7 +30,7 @@ import numpy as np
 from zvfs.formats.meta import ArrayMeta
 from zvfs.formats.nczarr import attribute_types
 
-#: strict-JSON spellings of non-finite floats (meta.strict_json writes these)
+#: strict-JSON spellings of non-finite floats (meta.strict_json writes these; NCZarr types them)
 NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 #: attributes whose value has the variable's type in CF (and netCDF) conventions
 VALUE_TYPED = ("_FillValue", "missing_value", "valid_min", "valid_max", "valid_range")

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from zvfs.formats.meta import ArrayMeta
+from zvfs.formats.meta import ArrayMeta, strict_json
 from zvfs.views.arrays import DecodedArray
 from zvfs.views.cfattrs import VALUE_TYPED, Typed, VarAttributes, array_attributes, translate
 from zvfs.views.node import FileNode
@@ -141,6 +141,9 @@ def nc_name(name: str) -> str:
     control characters, no trailing space, a legal first character, at most NC_MAX_NAME
     bytes (cut at a character's end). Two names may come out the same: the callers keep
     the first (see _unique)."""
+    # what is no Unicode text (a lone surrogate from JSON, a name's byte that is not UTF-8)
+    # as its escape, in ASCII: encoding the name failed every file of the view
+    name = name.encode("utf-8", "backslashreplace").decode("utf-8")
     name = unicodedata.normalize("NFC", name)
     name = _BAD_NAME_CHARS.sub("_", name).rstrip(" ") or "_"
     if not (name[0].isalnum() or name[0] == "_" or ord(name[0]) > 127):
@@ -207,7 +210,7 @@ class NcAttr:
 
 
 def text_attr(name: str, text: str) -> NcAttr:
-    raw = text.encode("utf-8")
+    raw = text.encode("utf-8", "backslashreplace")  # see nc_name
     return NcAttr(name, NC_CHAR, raw, len(raw))
 
 
@@ -251,7 +254,7 @@ def typed_attr(name: str, typed: Typed, cdf5: bool, served: VarType | None = Non
     if typed.values is None:
         if typed.json is None:
             return None  # null has no netCDF form
-        return text_attr(name, json.dumps(typed.json, allow_nan=False))
+        return text_attr(name, json.dumps(strict_json(typed.json), allow_nan=False))
     values = typed.values
     if served is not None and name in VALUE_TYPED and served.nc_type != NC_CHAR:
         try:

@@ -40,8 +40,13 @@ from zvfs.views.node import BytesFile, Node, StaticDir
 
 def _dumps(doc: Any) -> bytes:
     """JSON as UTF-8 text, not \\u escapes: netCDF-C 4.10 reads an escaped name such as
-    "\\u65f6" as "u65f6" (zarr-python reads both)."""
-    return (json.dumps(doc, indent=2, allow_nan=False, ensure_ascii=False) + "\n").encode("utf-8")
+    "\\u65f6" as "u65f6" (zarr-python reads both). What UTF-8 cannot hold (a lone surrogate
+    from the source's JSON, a name's byte that is not UTF-8) is written as its JSON escape,
+    which reads back as the same string (it failed every file of the mirror). A non-finite
+    float attribute is the literal NaN / Infinity its source has, which zarr-python,
+    netCDF-C and GDAL read as a number (as a string "NaN" it was text to them)."""
+    text = json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+    return text.encode("utf-8", "backslashreplace")
 
 
 def mirror_dtype(dt: np.dtype) -> np.dtype:
