@@ -715,6 +715,38 @@ def test_non_finite_float_attributes_stay_numbers(mount, tmp_path: Path) -> None
         assert np.array_equal(raw, zarr.open_array(str(store), path="v", mode="r")[:], equal_nan=True)
 
 
+def test_times_read_as_numpy_has_them(mount, tmp_path: Path) -> None:
+    """datetime64 variables had CF units but no calendar, so readers took CF's default (Julian
+    before 1582-10-15): 1500-03-01 read as 1500-02-20 in xarray and ncdump -t. And NaT was
+    no _FillValue: netCDF4.num2date failed on the variable. xarray and netCDF4 now read the
+    values zarr-python reads."""
+    store = tmp_path / "t.zarr"
+    g = zarr.open_group(str(store), mode="w", zarr_format=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = g.create_array("t", shape=(4,), dtype="M8[s]", chunks=(4,), fill_value=np.datetime64("NaT"),
+                           dimension_names=["t"])
+        a[:] = np.array(["1500-03-01", "1582-10-04", "NaT", "2001-01-01T12:00:00"], "M8[s]")
+        d = g.create_array("dt", shape=(2,), dtype="m8[ms]", chunks=(2,), dimension_names=["n"])
+        d[:] = np.array([1500, "NaT"], "m8[ms]")
+    want_t = zarr.open_array(str(store), path="t", mode="r")[:]
+    want_dt = zarr.open_array(str(store), path="dt", mode="r")[:]
+    m = mount(store)
+    f = m.path / ".zvfs/netcdf/root.nc"
+    with xr.open_dataset(f, decode_times=xr.coders.CFDatetimeCoder(time_unit="s"), decode_timedelta=True) as ds:
+        assert ds["t"].dtype == np.dtype("M8[s]")
+        np.testing.assert_array_equal(ds["t"].values, want_t)
+        np.testing.assert_array_equal(ds["dt"].values.astype("m8[ms]"), want_dt)
+    with netCDF4.Dataset(f) as ds:
+        var = ds["t"]
+        assert var.getncattr("calendar") == "proleptic_gregorian"
+        got = netCDF4.num2date(var[:], var.units, var.calendar, only_use_cftime_datetimes=False)
+        assert np.ma.getmaskarray(got).tolist() == [False, False, True, False]
+        assert [str(x) for x in got[[0, 1, 3]]] == [str(want_t[i].astype(object)) for i in (0, 1, 3)]
+    res = run([tool("ncdump"), "-t", "-v", "t", str(f)])
+    assert res.returncode == 0 and '"1500-03-01", "1582-10-04", _, "2001-01-01 12"' in res.stdout, res.stdout
+
+
 # --------------------------------------------------------------------------- Zarr Vectors stores
 
 

@@ -18,7 +18,9 @@ variables pass 4 GiB.
 Type mapping (see :func:`var_type`): bool -> byte, float16 -> float,
 uint8/16/32 -> byte/short/int with ``_Unsigned = "true"`` (the netCDF
 convention; native ubyte/ushort/uint in a CDF-5 file), int64/uint64 -> CDF-5
-int64/uint64, datetime64/timedelta64 -> int64 with CF ``units``, fixed-width
+int64/uint64, datetime64/timedelta64 -> int64 with CF ``units`` (datetime64 with
+``calendar = "proleptic_gregorian"``, numpy's; NaT is the ``_FillValue`` of
+both when the array names no other), fixed-width
 bytes ``S<n>`` -> char with a ``strlen<n>`` dimension. Complex, structured,
 fixed-width Unicode and variable-length arrays are left out, named in the
 global attribute ``zvfs_left_out`` with the reason.
@@ -117,7 +119,10 @@ def var_type(dtype: np.dtype, cdf5: bool) -> VarType:
         extra = {}
         if unit in _TIME_UNITS:
             name = _TIME_UNITS[unit]
-            extra = {"units": f"{name} since 1970-01-01 00:00:00" if kind == "M" else name}
+            # numpy's calendar is the proleptic Gregorian one; CF's default mixes in the Julian
+            # calendar before 1582-10-15, and moved such dates 10 days earlier
+            extra = ({"units": f"{name} since 1970-01-01 00:00:00", "calendar": "proleptic_gregorian"}
+                     if kind == "M" else {"units": name})
         return VarType(NC_INT64, NC_DTYPE[NC_INT64], needs_cdf5=True, extra_attrs=extra)
     if kind == "S" and size > 0:
         return VarType(NC_CHAR, np.dtype(f"S{size}"), strlen=size)
@@ -356,6 +361,8 @@ def build_layout(
                 break
         else:
             vattrs = array_attributes(meta)
+            if vattrs.fill is None and meta.dtype.kind in "mM":  # NaT is numpy's missing time
+                vattrs.fill = np.array("NaT", meta.dtype)
             if "_FillValue" in vattrs.attrs:  # not a value of the variable's type
                 del vattrs.attrs["_FillValue"]
                 left_out[f"{name}: _FillValue"] = f"not a value of {meta.dtype}"
