@@ -747,6 +747,33 @@ def test_times_read_as_numpy_has_them(mount, tmp_path: Path) -> None:
     assert res.returncode == 0 and '"1500-03-01", "1582-10-04", _, "2001-01-01 12"' in res.stdout, res.stdout
 
 
+def test_an_nczarr_char_variable_reads_as_netcdf_wrote_it(mount, tmp_path: Path) -> None:
+    """netCDF-C 4.9 stores a char variable as dtype "<U1" with one byte a character: data.raw
+    failed with EIO (10 bytes decoded where 40 were expected) and the netCDF file left the
+    variable out as Unicode strings. It is char again: ncdump of the view prints what ncdump
+    of ncgen's file prints."""
+    cdl = tmp_path / "c.cdl"
+    cdl.write_text('netcdf c {\ndimensions: n = 2 ; l = 5 ;\nvariables: char c(n, l) ; int k(n) ;\n'
+                   'data: c = "hello", "wo" ; k = 1, 2 ;\n}\n')
+    nc, store = tmp_path / "c.nc", tmp_path / "cz"
+    assert run([tool("ncgen"), "-k", "nc4", "-o", str(nc), str(cdl)]).returncode == 0
+    res = run([tool("nccopy"), "-k", "nc4", str(nc), f"file://{store}#mode=nczarr,file"])
+    assert res.returncode == 0, res.stderr
+    assert json.loads((store / "c/.zarray").read_text())["dtype"] == "<U1"  # what this is about
+    m = mount(store)
+    with netCDF4.Dataset(nc) as ds:
+        ds.set_auto_chartostring(False)
+        want = ds["c"][:].filled(b"")
+    assert (m.path / ".zvfs/arrays/c/data.raw").read_bytes() == want.tobytes()
+
+    def body(path: Path) -> str:
+        res = run([tool("ncdump"), str(path)])
+        assert res.returncode == 0, res.stderr
+        return res.stdout.split("{", 1)[1]
+
+    assert body(m.path / ".zvfs/netcdf/root.nc") == body(nc)
+
+
 # --------------------------------------------------------------------------- Zarr Vectors stores
 
 

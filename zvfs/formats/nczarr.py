@@ -55,6 +55,10 @@ def parse_array(path: str, zarray: Any, zattrs: Any, key: str | None = None) -> 
     info = (
         nczarr_keys(zarray).get("_nczarr_array") or nczarr_keys(zattrs).get("_nczarr_array") or {}
     )
+    if isinstance(zarray, dict) and zarray.get("dtype") in ("<U1", ">U1", "|U1"):
+        # netCDF-C 4.9 writes a char variable as "<U1" holding one byte a character (zarr-python
+        # cannot read it either); its chunks decoded to a quarter of their size (EIO)
+        zarray = {**zarray, "dtype": "|S1"}
     meta = parse_v2_array(path, zarray, zattrs, key, fmt="nczarr")
     meta.attributes = strip_nczarr(meta.attributes)
     if isinstance(meta.source, dict):

@@ -21,7 +21,7 @@ convention; native ubyte/ushort/uint in a CDF-5 file), int64/uint64 -> CDF-5
 int64/uint64, datetime64/timedelta64 -> int64 with CF ``units`` (datetime64 with
 ``calendar = "proleptic_gregorian"``, numpy's; NaT is the ``_FillValue`` of
 both when the array names no other), fixed-width
-bytes ``S<n>`` -> char with a ``strlen<n>`` dimension. Complex, structured,
+bytes ``S<n>`` -> char with a ``strlen<n>`` dimension (``S1``: char, no extra dimension). Complex, structured,
 fixed-width Unicode and variable-length arrays are left out, named in the
 global attribute ``zvfs_left_out`` with the reason.
 """
@@ -125,7 +125,8 @@ def var_type(dtype: np.dtype, cdf5: bool) -> VarType:
                      if kind == "M" else {"units": name})
         return VarType(NC_INT64, NC_DTYPE[NC_INT64], needs_cdf5=True, extra_attrs=extra)
     if kind == "S" and size > 0:
-        return VarType(NC_CHAR, np.dtype(f"S{size}"), strlen=size)
+        # one byte an element is netCDF's own char array (NCZarr's char variables): no strlen
+        return VarType(NC_CHAR, np.dtype(f"S{size}"), strlen=size if size > 1 else 0)
     if kind == "c":
         raise LeftOut("complex numbers: classic netCDF has no complex type")
     if kind == "U":
