@@ -60,3 +60,17 @@ def test_disk_cache_stays_within_its_bound(mount, moto, s3_env, zarr_s3, zarr_di
     assert 0 < _cache_bytes(cache) <= bound
     assert _stats(m.path).get("disk_cache_evictions", 0) > 0
     assert not [p for p in cache.rglob("*.tmp")], os.listdir(cache)
+
+
+def test_the_disk_caches_writer_passes_every_writer_call_on() -> None:
+    """The disk cache wraps each S3 writer; a call it did not pass on fell to KeyWriter's
+    default: with --cache-dir, an unlink S3 refused left its writers storing nothing
+    (undiscard), an append went through write, and a SIGTERM's abandon said nothing of the
+    kept bytes."""
+    from zvfs.cache.disk import _ForgetOnCommit
+    from zvfs.stores.base import KeyWriter
+
+    calls = [n for n, v in vars(KeyWriter).items()
+             if not n.startswith("_") and (callable(v) or isinstance(v, property))]
+    assert {"commit", "close", "undiscard", "abandon", "append"} <= set(calls)
+    assert [n for n in calls if n not in vars(_ForgetOnCommit)] == []

@@ -237,6 +237,21 @@ def check_mountpoint(path: str, allow_non_empty: bool = False) -> str:
     return mp
 
 
+def lock_mountpoint(path: str) -> int | None:
+    """An exclusive flock on the mountpoint's directory, for the caller to hold until its mount
+    is made: two ``zvfs mount`` at once on one mountpoint each found it free, and stacked two
+    mounts. The second waits here, then finds the first mounted. None when the directory
+    cannot be opened (check_mountpoint says why)."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
 def _inside(path: str, top: str) -> bool:
     """True if ``path`` is ``top`` or lies below it (both resolved)."""
     path, top = os.path.realpath(path), os.path.realpath(top)
@@ -329,15 +344,24 @@ class _Reporter:
         if self.fd is None:
             _warn(message)
         else:
-            os.write(self.fd, f"WARN {message}\n".encode())
+            self._tell(f"WARN {message}")
 
     def fail(self, exc: CliError) -> int:
         # the user reads it on stderr; at debug level a refused mount leaves no log file behind
         log.debug("%s", exc)
         if self.fd is None:
             raise exc
-        os.write(self.fd, f"ERR {exc.code} {exc}\n".encode())
+        if not self._tell(f"ERR {exc.code} {exc}"):
+            log.error("%s", exc)  # no one waits to read it: the log says it
         return exc.code
+
+    def _tell(self, line: str) -> bool:
+        """False when the waiting command is gone (killed: it stops its daemon otherwise)."""
+        try:
+            os.write(self.fd, f"{line}\n".encode())  # type: ignore[arg-type]
+        except BrokenPipeError:
+            return False
+        return True
 
 
 def _scan(store: Any, description: str, report: _Reporter) -> Any:
@@ -412,12 +436,14 @@ def _mount_foreground(args: argparse.Namespace, opts: dict[str, Any], spec: Any 
     raise_fd_limit()
     # the mount's counters, which the store, the wrappers, the views and the fs layer count into
     counters = Counters()
+    lock = None
     try:
         spec = spec or _source_spec(args.source, opts)
         check_overlaps(os.path.abspath(args.mountpoint), spec, opts, daemon)  # before the log's directory is made
         where = _setup_logging(opts, daemon, args.mountpoint)
         if ready_fd is not None and where:
             os.write(ready_fd, f"LOG {where}\n".encode())
+        lock = lock_mountpoint(args.mountpoint)  # held until the mount answers
         mountpoint = check_mountpoint(args.mountpoint, opts["allow_non_empty"])
         store = _open_source(spec, opts, counters)
     except CliError as exc:
@@ -430,9 +456,16 @@ def _mount_foreground(args: argparse.Namespace, opts: dict[str, Any], spec: Any 
         store.close()
         return report.fail(exc)
 
+    def unlock() -> None:
+        nonlocal lock
+        if lock is not None:
+            os.close(lock)
+            lock = None
+
     def prepare(counted: Any) -> Any:
         """Once the mount answers: the source opened (S3), checked, and scanned; ``counted`` is
         the store as the mount reads it, so the scan's requests show in stats.json."""
+        unlock()  # mounted: another zvfs mount here now finds it so
         opening = getattr(store, "open", None)
         opened = store if opening is None else _source_errors(opening)
         if opts["writable"]:
@@ -450,6 +483,8 @@ def _mount_foreground(args: argparse.Namespace, opts: dict[str, Any], spec: Any 
     except Exception as exc:  # noqa: BLE001 - whatever it is, the user gets one line, not a traceback
         log.debug("mount failed", exc_info=True)
         return report.fail(CliError(f"cannot mount {args.source} at {mountpoint}: {exc}", EXIT_FAIL))
+    finally:
+        unlock()
     return 0
 
 
@@ -461,15 +496,44 @@ def _mount_daemon(args: argparse.Namespace, opts: dict[str, Any]) -> int:
     read_fd, write_fd = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_fd)
-        _daemon(args, opts, spec, mountpoint, write_fd)
-    os.close(write_fd)
+    # from the fork on, an interruption (Ctrl-C; SIGTERM or SIGHUP, as timeout(1) sends) stops
+    # the daemon too: it went on without anyone told of its mount, and wrote its answer into
+    # the closed pipe (a BrokenPipeError traceback in its log)
+    stops = {s: signal.signal(s, _interrupt) for s in _STOPS}
+    pid = -1
     try:
+        pid = os.fork()
+        if pid == 0:
+            for signum, handler in stops.items():
+                signal.signal(signum, handler)
+            os.close(read_fd)
+            _daemon(args, opts, spec, mountpoint, write_fd)
+        os.close(write_fd)
         return _await_ready(pid, read_fd, mountpoint, tell_log=not opts["log_file"])
+    except KeyboardInterrupt:
+        if pid <= 0:
+            raise
+        for signum in _STOPS:  # a second Ctrl-C while the daemon stops: no traceback
+            signal.signal(signum, signal.SIG_IGN)
+        os.kill(pid, signal.SIGTERM)
+        code = _exit_status(pid, timeout=READY_TIMEOUT)
+        if code == -1:
+            os.kill(pid, signal.SIGKILL)
+            _exit_status(pid)
+        _warn(f"interrupted: no mount was left at {mountpoint} (its daemon stopped)")
+        return 130
     finally:
+        for signum, handler in stops.items():
+            signal.signal(signum, handler)
         os.close(read_fd)
+
+
+#: what stops a waiting ``zvfs mount``, besides Ctrl-C (SIGINT)
+_STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _daemon(args: argparse.Namespace, opts: dict[str, Any], spec: Any, mountpoint: str,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import os
 import signal
 import sys
@@ -278,8 +279,14 @@ async def _announce_ready(ctx: MountContext, root: MountRoot, mountpoint: str, r
         ctx.background(root.raw.warm)
     log.info("mounted %s", mountpoint)
     if ready_fd is not None:
-        os.write(ready_fd, b"OK\n")
-        os.close(ready_fd)
+        try:
+            os.write(ready_fd, b"OK\n")
+        except BrokenPipeError:  # killed (it stops its daemon when it can): no one has the mount
+            log.warning("the zvfs mount command that started this mount is gone: unmounting")
+            pyfuse3.terminate()
+            return
+        finally:
+            os.close(ready_fd)
     sd_notify("READY=1\nSTATUS=mounted")
     # what the first decoded reads need, imported while the user types the first command
     # (not before: it would hold the interpreter while the source is being opened), and
@@ -437,7 +444,10 @@ async def _serve(ctx: MountContext, root: MountRoot, ops: ZvfsOperations, mountp
             await pyfuse3.main(min_tasks=SESSION_TASKS, max_tasks=MAX_SESSION_TASKS)
         if stop.requests.cancelled_caught:
             log.warning("stopped with requests still unanswered after %.0f s: they fail", stop.GRACE)
-        await ops.release_all()
+        # files still open for writing are released, as GRACE bounds requests: an upload or an
+        # abort waiting on a store that does not answer held a SIGTERM for their deadlines
+        with trio.move_on_after(stop.GRACE if stop.received is not None else math.inf):
+            await ops.release_all()
         nursery.cancel_scope.cancel()
 
 

@@ -267,8 +267,17 @@ class _ForgetOnCommit(KeyWriter):
     def closed(self) -> bool:
         return self._inner.closed
 
+    def append(self, data: bytes) -> int:
+        return self._inner.append(data)
+
     def discard(self) -> None:
         self._inner.discard()
+
+    def undiscard(self) -> None:
+        self._inner.undiscard()
+
+    def abandon(self) -> None:
+        self._inner.abandon()
 
     def moved(self, key: str) -> None:
         self._inner.moved(key)

@@ -643,12 +643,20 @@ class ZvfsOperations(pyfuse3.Operations):
 
     async def release_all(self) -> None:
         """At shutdown (a signal, with files still open): release every handle as the kernel
-        would, so a write never closed gives up its upload and says where its bytes are kept."""
-        for fh in list(self._files):
-            try:
-                await self.release(fh)
-            except pyfuse3.FUSEError:
-                pass  # logged; the next handle is released all the same
+        would, so a write never closed gives up its upload and says where its bytes are kept.
+        Cancelled (the store does not answer), the handles not yet released are abandoned:
+        their bytes are kept and named at once."""
+        handles = [f.handle for f in self._files.values() if f.handle is not None]
+        try:
+            for fh in list(self._files):
+                try:
+                    await self.release(fh)
+                except pyfuse3.FUSEError:
+                    pass  # logged; the next handle is released all the same
+        except trio.Cancelled:
+            for handle in handles:
+                handle.abandon()
+            raise
 
     async def access(self, inode: int, mode: int, ctx) -> bool:  # type: ignore[override]
         return not (mode & os.W_OK) or self._node(inode).writable

@@ -136,6 +136,11 @@ class KeyWriter(ABC):
     def discard(self) -> None:  # noqa: B027 - optional
         """Never store what was written (the key was unlinked while open)."""
 
+    def abandon(self) -> None:  # noqa: B027 - optional
+        """The daemon is stopping and :meth:`close` did not finish in time (the store does
+        not answer): keep the staged bytes and log where, waiting for nothing. The process
+        ends next, so nothing more is asked of the writer."""
+
     def undiscard(self) -> None:  # noqa: B027 - optional
         """The unlink that called :meth:`discard` failed: store what is written after all."""
 

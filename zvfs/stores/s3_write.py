@@ -82,6 +82,8 @@ class S3Writer(KeyWriter):
         self._committed = False
         self._closed = False
         self._discarded = False
+        #: where the staged bytes are kept was logged (by close or abandon: once)
+        self._told = False
         self._closed_before_discard = False
 
     # -- staging ----------------------------------------------------------------------------
@@ -305,6 +307,22 @@ class S3Writer(KeyWriter):
             log.warning("%s: could not abort multipart upload %s: %s (the next writable mount "
                         "reports it)", self.key, upload_id, exc)
 
+    def abandon(self) -> None:
+        """Closing waits for the parts under way and then aborts the multipart upload, each
+        up to the S3 deadline: a store that stopped answering held a SIGTERM for twice it
+        (120 s; systemd kills at 30 s, before the kept bytes were logged). The staged file is
+        kept and named now; an unfinished multipart upload is left to the next writable
+        mount, which reports it."""
+        with self._lock:
+            if self._told:
+                return
+            self._told = True
+            self._closed = True  # no more background parts
+            keep = self._dirty and not self._discarded
+        if keep:
+            log.error("%s: written bytes that were never uploaded are kept at %s (the daemon "
+                      "stopped while the store did not answer)", self.key, self.path)
+
     def moved(self, key: str) -> None:
         """The staged bytes are uploaded as ``key`` from now on. A multipart upload begun
         under the old key is aborted (its parts go up again under the new one)."""
@@ -338,11 +356,13 @@ class S3Writer(KeyWriter):
             self._settle_parts()
             keep = self._dirty and not self._discarded
             fd, self._fd = self._fd, -1
+            told, self._told = self._told, True
         os.close(fd)
         self.staging.grow(self.key, -self._size)
         if keep:
+            if not told:  # first: the abort after may wait for its deadline
+                log.error("%s: written bytes that were never uploaded are kept at %s", self.key, self.path)
             self._abort()
-            log.error("%s: written bytes that were never uploaded are kept at %s", self.key, self.path)
         else:
             try:
                 os.unlink(self.path)

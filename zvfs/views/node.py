@@ -69,6 +69,10 @@ class FileHandle(ABC):
     async def release(self) -> None:
         """The last close: the handle is not used afterwards."""
 
+    def abandon(self) -> None:  # noqa: B027 - optional
+        """The daemon is stopping and :meth:`release` did not finish in time (its store does
+        not answer): keep what was written and say where, waiting for nothing."""
+
 
 class Node(ABC):  # noqa: B024 - abstract through FileNode and DirNode
     """Anything with a name in the tree: a file or a directory. Its owner and permission

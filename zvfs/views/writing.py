@@ -137,6 +137,9 @@ class WriteHandle(FileHandle):
             self.ctx.listing_put(self.key, info)
             self.ctx.note_write(self.key, info)
 
+    def abandon(self) -> None:
+        self.writer.abandon()
+
     async def release(self) -> None:
         handles = self.ctx.writers.get(self.key, [])
         if self in handles:
