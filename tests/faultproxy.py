@@ -14,6 +14,7 @@ kind        what the client sees
 ``truncate`` the real status and headers (full Content-Length), then half the body,
             then the connection closes
 ``stall``   nothing for ``stall`` seconds, then the connection closes
+``late``    nothing for ``stall`` seconds, then the real response (a slow server)
 ``403``     403 AccessDenied
 ``expired`` 403 ExpiredToken
 ``404``     404 NoSuchKey (also for keys that exist)
@@ -79,7 +80,7 @@ _STATUS = {
     "404": (404, "Not Found", "NoSuchKey", "The specified key does not exist."),
 }
 KINDS = (*_STATUS, "reset", "truncate", "stall", "flip", "silent", "whole", "short", "endless", "trickle",
-         "drip")
+         "drip", "late")
 _AKID = re.compile(r"Credential=([^/,\s]+)/")
 
 
@@ -164,9 +165,11 @@ class Proxy:
                     await reader.read()  # until the client gives up and closes
                     return
                 if fault == "stall":
-                    await asyncio.sleep(self._stall_of(op, target))
+                    await asyncio.sleep(self._stall_of(op, "stall"))
                     _reset(writer)
                     return
+                if fault == "late":
+                    await asyncio.sleep(self._stall_of(op, "late"))
                 if fault == "endless":
                     writer.write(_serialize("HTTP/1.1 200 OK", {"content-length": str(1 << 40)}, b""))
                     zeros = bytes(1 << 16)
@@ -238,9 +241,9 @@ class Proxy:
             with contextlib.suppress(Exception):
                 writer.close()
 
-    def _stall_of(self, op: str, target: str) -> float:
+    def _stall_of(self, op: str, kind: str) -> float:
         for rule in self.rules:
-            if "stall" in rule.kinds and op in rule.ops:
+            if kind in rule.kinds and op in rule.ops:
                 return rule.stall
         return 30.0
 

@@ -210,7 +210,8 @@ def test_already_mounted(zarr_dir, mount) -> None:
     assert (first.path / "zarr.json").read_bytes() == (zarr_dir / "zarr.json").read_bytes()
     # also when the first mount is of another kind (not ours)
     res = zvfs_mount(zarr_dir, "/proc")
-    assert_fails(res, r"/proc", r"already mounted")
+    assert_fails(res, r"/proc", r"already mounted \(proc\)", r"umount /proc")
+    assert "zvfs unmount" not in res.stderr  # which refuses a mount not zvfs's
 
 
 def test_foreground_errors_too(tmp_path, mnt) -> None:
@@ -442,6 +443,40 @@ def test_a_dead_mount_still_in_use_is_unmounted(zarr_dir, mount) -> None:
     finally:
         inside.kill()
         inside.wait()
+
+
+def test_a_cache_dir_that_cannot_be_used_is_a_configuration_error(zarr_dir, mnt, tmp_path) -> None:
+    """A file, or a place nothing can be made in, given as --cache-dir failed the mount with
+    exit 1 (a failure systemd retries) and a raw errno message (a helper's audit)."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for bad, why in ((a_file, "not a directory"), (Path("/proc/zvfs-cache"), "no such file")):
+        for fg in ([], ["-f"]):
+            res = zvfs_mount(zarr_dir, mnt, "--cache-dir", bad, *fg)
+            assert res.returncode == 78, (res.returncode, res.stderr)
+            assert_fails(res, f"cannot use --cache-dir {re.escape(str(bad))}", why, "a directory zvfs can write in")
+            assert "Errno" not in res.stderr, res.stderr
+            assert_nothing_mounted(mnt)
+
+
+@pytest.mark.parametrize("args", [[], ["--json"]], ids=["text", "json"])
+def test_status_whose_output_cannot_be_written_says_so_without_a_traceback(zarr_dir, mount, args) -> None:
+    """`zvfs status | head -0` (its reader gone) and `zvfs status > /dev/full` printed a
+    traceback (a helper's audit)."""
+    mount(zarr_dir)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # nothing will read: the first write is EPIPE
+    try:
+        res = subprocess.run([*zvfs_cmd(), "status", *args], stdout=write_end, stderr=subprocess.PIPE,
+                             text=True, timeout=FAST)
+    finally:
+        os.close(write_end)
+    assert res.returncode == 141 and res.stderr == "", (res.returncode, res.stderr)
+    with open("/dev/full", "w") as full:
+        res = subprocess.run([*zvfs_cmd(), "status", *args], stdout=full, stderr=subprocess.PIPE, text=True,
+                             timeout=FAST)
+    assert res.returncode == 1, res
+    assert res.stderr.strip() == "zvfs: error: cannot write the output: No space left on device", res.stderr
 
 
 def test_a_log_file_that_cannot_be_written_is_refused(zarr_dir, mnt) -> None:

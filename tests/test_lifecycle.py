@@ -247,6 +247,27 @@ def test_s3_prefix_without_keys_is_refused(zarr_s3, moto, s3_env, tmp_path) -> N
         force_unmount(mnt)
 
 
+def test_a_slow_s3_server_mounts_within_the_timeout_given(zarr_s3, moto, s3_env, tmp_path) -> None:
+    """The check of the source at mount waited at most 5 s a try, whatever --s3-timeout said:
+    a server taking 6 s to list could never be mounted (a helper's audit). It waits
+    --s3-timeout now; a dead endpoint still fails the mount soon (two tries)."""
+    from faultproxy import FaultProxy
+
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    with FaultProxy(moto.port) as proxy:
+        proxy.set({"kind": "late", "stall": 6, "ops": ["list"], "count": 2})  # both of its tries
+        try:
+            res = run([*zvfs_cmd(), "mount", f"s3://{S3_BUCKET}/{S3_PREFIX}", mnt, "--endpoint-url",
+                       proxy.endpoint, "--s3-timeout", "20", "--log-file", tmp_path / "log"],
+                      env=s3_env, timeout=90)
+            assert res.returncode == 0, res.stderr
+            assert proxy.stats().get("fault_late", 0) >= 1
+            assert "zarr.json" in os.listdir(mnt)
+        finally:
+            force_unmount(mnt)
+
+
 def test_two_mounts_at_once_on_one_mountpoint_make_one_mount(zarr_dir, tmp_path) -> None:
     """Two ``zvfs mount`` at the same moment on one mountpoint each found it free and both
     mounted, one over the other (a helper's audit: 6 of 7 tries), and zvfs status then told

@@ -220,6 +220,9 @@ def check_mountpoint(path: str, allow_non_empty: bool = False) -> str:
             _fusermount(entry.mountpoint, lazy=True)
         _warn(f"cleared a dead zvfs mount at {mp} (its daemon had died)")
         entry = mount_entry(mp)
+    if entry is not None and entry.fstype != "fuse.zvfs":  # `zvfs unmount` refuses those
+        raise CliError(f"{mp} is already mounted ({entry.fstype}); choose another mountpoint, or "
+                       f"unmount it first with: umount {entry.mountpoint}")
     if entry is not None:
         raise CliError(f"{mp} is already mounted; unmount it first with: zvfs unmount {mp}")
     if not os.path.exists(mp):
@@ -274,6 +277,26 @@ def check_overlaps(mountpoint: str, spec: Any, opts: dict[str, Any], daemon: boo
             raise CliError(f"the {option[2:].replace('-', ' ')} {path} lies inside the mountpoint "
                            f"{mountpoint}, which the daemon would have to answer itself; "
                            f"give {option} a path outside it")
+    if opts["cache_dir"]:
+        check_cache_dir(opts["cache_dir"])
+
+
+def check_cache_dir(path: str) -> None:
+    """--cache-dir must be a directory zvfs can write in (made if missing): a file there, or
+    no permission, failed the mount as a failure to retry (exit 1) with a raw errno."""
+    import tempfile
+
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise CliError(f"cannot use --cache-dir {path}: not a directory; give a directory zvfs can write in")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        where = f" ({exc.filename})" if exc.filename and os.fspath(exc.filename) != path else ""
+        raise CliError(f"cannot use --cache-dir {path}: {reason}{where}; give a directory zvfs can "
+                       "write in") from None
 
 
 def _source_spec(source: str, opts: dict[str, Any]) -> Any:
@@ -688,7 +711,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "status":
             from zvfs.status import main as status_main
 
-            return status_main(args.mountpoint, as_json=args.json, timeout=args.timeout)
+            code = status_main(args.mountpoint, as_json=args.json, timeout=args.timeout)
+            sys.stdout.flush()  # here, where a failure to write is told (not at exit, as a traceback)
+            return code
         try:
             opts = zopts.resolve(args)
         except ValueError as exc:
@@ -702,6 +727,17 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # its reader went away (zvfs status | head -1): nothing more to say, as `ls` in a
+        # pipeline; the output still buffered must not be flushed again at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC or exc.filename is not None:
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"zvfs: error: cannot write the output: {exc.strerror}", file=sys.stderr)
+        return EXIT_FAIL
 
 
 def mount_helper_main(argv: list[str] | None = None) -> int:

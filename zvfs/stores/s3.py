@@ -274,7 +274,9 @@ class S3Store(Store):
             # one session for both: a session parses the service model once (~90 ms a client)
             session = self._session()
             self._client = make(1, self.retry.timeout, session)
-            probe = make(2, min(5.0, self.retry.timeout), session)  # fail fast at open on a dead endpoint
+            # fail soon at open on a dead endpoint: two tries, each of the user's --s3-timeout
+            # (capped at 5 s, a server slower than that to answer could never be mounted)
+            probe = make(2, self.retry.timeout, session)
         except ValueError as e:  # e.g. a malformed endpoint URL
             raise SourceError(f"bad S3 settings for {self.description}: {e}") from e
         self.endpoint = str(self._client.meta.endpoint_url)
