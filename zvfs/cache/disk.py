@@ -199,11 +199,10 @@ class DiskCachedStore(WrappedStore):
         for key in keys:
             self._forget(key)
 
-    def open_writer(self, key: str, *, truncate: bool, create: bool, exclusive: bool = False,
-                    mode: int = 0o644) -> KeyWriter:
+    def open_writer(self, key: str, *, truncate: bool, create: bool, exclusive: bool = False) -> KeyWriter:
         self._forget(key)
         return _ForgetOnCommit(self, self.inner.open_writer(
-            key, truncate=truncate, create=create, exclusive=exclusive, mode=mode))
+            key, truncate=truncate, create=create, exclusive=exclusive))
 
     def delete(self, key: str) -> None:
         self._forget(key)

@@ -68,7 +68,7 @@ NAME_MAX = 255
 _REFUSALS = frozenset({errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR, errno.EROFS,
                        errno.ENAMETOOLONG, errno.EXDEV, errno.ESTALE})
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
-_RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
+_RENAME_NOREPLACE = 1  # renameat2(2); its other flags (EXCHANGE, WHITEOUT) are refused
 #: free space a writable store with no bound of its own (S3) reports to df and cp
 _UNBOUNDED_FREE = 1 << 50
 
@@ -708,7 +708,7 @@ class ZvfsOperations(pyfuse3.Operations):
         sname = os.fsdecode(name)
         parent = self._dir(parent_inode)
         node, handle = await self._call(lambda: f"create {self._child_path(parent_inode, sname)}",
-                                        parent.create(sname, mode, bool(flags & os.O_EXCL)))
+                                        parent.create(sname, bool(flags & os.O_EXCL)))
         handle.appending = bool(flags & os.O_APPEND)
         self._unbind(parent_inode, sname)
         ino = self._remember(parent_inode, sname, node)
@@ -796,7 +796,7 @@ class ZvfsOperations(pyfuse3.Operations):
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,  # type: ignore[override]
                      name_new: bytes, flags: int, ctx) -> None:
         self._counters.add("fuse_ops_rename")
-        if flags & _RENAME_EXCHANGE:
+        if flags & ~_RENAME_NOREPLACE:  # EXCHANGE, WHITEOUT (overlayfs'): no store has them
             raise pyfuse3.FUSEError(errno.EINVAL)
         old, new = os.fsdecode(name_old), os.fsdecode(name_new)
         src, dst = self._dir(parent_inode_old), self._dir(parent_inode_new)

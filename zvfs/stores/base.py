@@ -349,10 +349,10 @@ class Store(ABC):
 
     # -- writing (optional) -------------------------------------------------------------------
 
-    def open_writer(self, key: str, *, truncate: bool, create: bool, exclusive: bool = False,
-                    mode: int = 0o644) -> KeyWriter:
+    def open_writer(self, key: str, *, truncate: bool, create: bool, exclusive: bool = False) -> KeyWriter:
         """A writer for ``key``. ``create`` makes a missing key (else KeyNotFound);
-        ``exclusive`` refuses an existing one (EEXIST); ``truncate`` starts empty."""
+        ``exclusive`` refuses an existing one (EEXIST); ``truncate`` starts empty. A store
+        keeps no modes: a new file gets its store's usual one (a directory's: 0644)."""
         raise _read_only(key)
 
     def delete(self, key: str) -> None:
@@ -461,10 +461,9 @@ class WrappedStore(Store):
     def close_idle(self) -> None:
         self.inner.close_idle()
 
-    def open_writer(self, key: str, *, truncate: bool, create: bool, exclusive: bool = False,
-                    mode: int = 0o644) -> KeyWriter:
+    def open_writer(self, key: str, *, truncate: bool, create: bool, exclusive: bool = False) -> KeyWriter:
         return self.inner.open_writer(key, truncate=truncate, create=create,
-                                      exclusive=exclusive, mode=mode)
+                                      exclusive=exclusive)
 
     def delete(self, key: str) -> None:
         self.inner.delete(key)

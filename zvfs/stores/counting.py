@@ -85,11 +85,10 @@ class CountingStore(WrappedStore):
         with self._timed("list"):
             return self.inner.list_tree(prefix)
 
-    def open_writer(self, key: str, *, truncate: bool, create: bool, exclusive: bool = False,
-                    mode: int = 0o644) -> KeyWriter:
+    def open_writer(self, key: str, *, truncate: bool, create: bool, exclusive: bool = False) -> KeyWriter:
         with self._timed("open_writer"):
             return self.inner.open_writer(key, truncate=truncate, create=create,
-                                          exclusive=exclusive, mode=mode)
+                                          exclusive=exclusive)
 
     def delete(self, key: str) -> None:
         with self._timed("delete"):

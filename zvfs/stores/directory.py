@@ -66,6 +66,8 @@ _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW
 
 # errors that mean "this key is not a regular file here"
 _ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EISDIR, errno.ENAMETOOLONG)
+#: the mode of a file made through the mount (the store keeps no modes; directories get 0755)
+NEW_FILE_MODE = 0o644
 
 #: files kept open for reading, at most (a small share of the usual 1024 descriptors)
 OPEN_FILES = 128
@@ -494,14 +496,15 @@ class DirectoryStore(Store):
         finally:
             os.close(fd)
 
-    def open_writer(self, key: str, *, truncate: bool, create: bool, exclusive: bool = False,
-                    mode: int = 0o644) -> KeyWriter:
+    def open_writer(self, key: str, *, truncate: bool, create: bool, exclusive: bool = False) -> KeyWriter:
         flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
         flags |= (os.O_CREAT if create else 0) | (os.O_EXCL if exclusive else 0)
         flags |= os.O_TRUNC if truncate else 0
         with self._in_parent(key) as (parent, name):
             try:
-                fd = os.open(name, flags, mode & 0o777 or 0o644, dir_fd=parent)
+                # not the application's mode: the store keeps none (chmod is not kept), and tools
+                # that create 0600 and chmod after (rsync, cp -a, tar) left every file 0600
+                fd = os.open(name, flags, NEW_FILE_MODE, dir_fd=parent)
             except OSError as e:
                 raise _refused(key, e) from None
         try:
@@ -544,12 +547,51 @@ class DirectoryStore(Store):
         self.rename(src.rstrip("/"), dst.rstrip("/"))
 
     def link(self, src: str, dst: str) -> None:
+        """``dst`` gets ``src``'s bytes as a file of its own, as on S3. A hard link showed in
+        the mount as two files of one link each, and a write through one name left the
+        other's size stale for the TTL: tar and rsync copied it cut short, and a rename of
+        one name over the other was the no-op rename(2) makes it, hiding a name the store
+        kept. The copy is made unnamed (O_TMPFILE) and linked into place: ``dst`` appears
+        whole, and only if it is not there (EEXIST), as zarr-python's exclusive create
+        (link, then unlink) needs."""
         with self._in_parent(src) as (a_dir, a), self._in_parent(dst) as (b_dir, b):
             self._files.drop(dst)
             try:
-                os.link(a, b, src_dir_fd=a_dir, dst_dir_fd=b_dir, follow_symlinks=False)
+                source = os.open(a, _OPEN_FLAGS, dir_fd=a_dir)
+            except OSError as e:
+                raise _refused(src, e) from None
+            try:
+                if not stat.S_ISREG(os.fstat(source).st_mode):
+                    raise WriteRefused(errno.EPERM, f"{src}: not a regular file")
+                try:
+                    copy = os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, NEW_FILE_MODE, dir_fd=b_dir)
+                except OSError as e:
+                    if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                        raise
+                    self._link_copy_named(source, b_dir, b)  # a file system without O_TMPFILE
+                    return
+                try:
+                    _copy_bytes(source, copy)
+                    os.link(f"/proc/self/fd/{copy}", b, dst_dir_fd=b_dir, follow_symlinks=True)
+                finally:
+                    os.close(copy)
             except OSError as e:
                 raise _refused(dst, e) from None
+            finally:
+                os.close(source)
+
+    @staticmethod
+    def _link_copy_named(source: int, parent: int, name: str) -> None:
+        """:meth:`link`'s copy under a hidden temporary name, linked into place, then unnamed."""
+        temp = f".zvfs-link-{os.getpid()}-{time.monotonic_ns()}"
+        copy = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW,
+                       NEW_FILE_MODE, dir_fd=parent)
+        try:
+            _copy_bytes(source, copy)
+            os.link(temp, name, src_dir_fd=parent, dst_dir_fd=parent, follow_symlinks=False)
+        finally:
+            os.close(copy)
+            os.unlink(temp, dir_fd=parent)
 
     def make_dir(self, prefix: str) -> None:
         with self._in_parent(prefix.rstrip("/")) as (parent, name):
@@ -758,6 +800,21 @@ class _FileReader(KeyReader):
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def _copy_bytes(source: int, target: int) -> None:
+    """All of ``source`` into ``target`` in the kernel (shared extents where the file system
+    has them), from their starts."""
+    offset = 0
+    try:
+        while n := os.copy_file_range(source, target, 1 << 30, offset, offset):
+            offset += n
+        return
+    except OSError as e:  # not between these file systems, or not on this kernel
+        if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+    while data := os.pread(source, 1 << 20, offset):
+        offset += pwrite_all(target, data, offset)
 
 
 class _FileWriter(KeyWriter):

@@ -543,8 +543,7 @@ class S3Store(Store):
             for name, value in self.upload_args.items():
                 params.setdefault(name, value)
 
-    def open_writer(self, key: str, *, truncate: bool, create: bool, exclusive: bool = False,
-                    mode: int = 0o644) -> KeyWriter:
+    def open_writer(self, key: str, *, truncate: bool, create: bool, exclusive: bool = False) -> KeyWriter:
         from zvfs.stores.s3_write import S3Writer
 
         check_key(key)

@@ -262,6 +262,8 @@ class S3Writer(KeyWriter):
             self._abort()
             if isinstance(exc, WriteRefused):
                 raise
+            with self._lock:
+                self._told = True  # this error's line says where (close() says it no more)
             raise StoreError(f"{self.key}: upload failed ({exc}); the written bytes are kept "
                              f"at {self.path}") from exc
         with self._lock:
@@ -364,6 +366,9 @@ class S3Writer(KeyWriter):
                 log.error("%s: written bytes that were never uploaded are kept at %s", self.key, self.path)
             self._abort()
         else:
+            # unlinked or replaced while a multipart upload was under way: nothing of it will
+            # ever be completed (it stayed in the bucket, its parts billed, for ever)
+            self._abort()
             try:
                 os.unlink(self.path)
             except OSError:

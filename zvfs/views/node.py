@@ -166,7 +166,7 @@ class DirNode(Node):
     async def children(self) -> Sequence[tuple[str, Node]]:
         """Visible children as (name, node), sorted by name."""
 
-    async def create(self, name: str, mode: int, exclusive: bool) -> tuple[FileNode, FileHandle]:
+    async def create(self, name: str, exclusive: bool) -> tuple[FileNode, FileHandle]:
         """A new (or emptied) file ``name``, open for writing."""
         raise read_only()
 

@@ -794,7 +794,7 @@ class RawDir(DirNode):
             raise NodeError(errno.EINVAL if size <= 255 else errno.ENAMETOOLONG)
         return self.prefix + name
 
-    async def create(self, name: str, mode: int, exclusive: bool) -> tuple[FileNode, FileHandle]:
+    async def create(self, name: str, exclusive: bool) -> tuple[FileNode, FileHandle]:
         key = self._key(name)
         listing = await self._listing()
         if name in listing.prefixes:
@@ -802,7 +802,7 @@ class RawDir(DirNode):
         if exclusive and name in listing.keys:
             raise NodeError(errno.EEXIST)
         writer = await store_call(self.ctx, key, self.ctx.store.open_writer, key, truncate=True, create=True,
-                                  exclusive=exclusive, mode=mode)
+                                  exclusive=exclusive)
         handle = WriteHandle(self.ctx, key, writer)
         info = KeyInfo(0, time.time())
         self.ctx.listing_put(key, info)
