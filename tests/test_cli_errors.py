@@ -551,3 +551,14 @@ def test_unmounting_another_users_mount_says_whose_it_is(monkeypatch) -> None:
     with pytest.raises(cli.CliError) as err:
         cli._unmount("/mnt/theirs", lazy=False)
     assert str(err.value) == "/mnt/theirs was mounted by uid 1234: only that user or root can unmount it"
+
+
+def test_default_log_files_of_two_mountpoints_are_two_files() -> None:
+    """/tmp/a-b/c and /tmp/a/b-c both logged to tmp-a-b-c.log (a helper's audit). The name is
+    the mountpoint's path as `systemd-escape --path` gives it (its output for these paths)."""
+    from zvfs.cli import default_log_file
+
+    one, two = default_log_file("/tmp/a-b/c"), default_log_file("/tmp/a/b-c")
+    assert one != two
+    assert os.path.basename(one) == "tmp-a\\x2db-c.log" and os.path.basename(two) == "tmp-a-b\\x2dc.log"
+    assert os.path.basename(default_log_file("/mnt/store")) == "mnt-store.log"

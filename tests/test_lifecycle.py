@@ -51,7 +51,7 @@ def _one_line_error(res: subprocess.CompletedProcess, *words: str) -> str:
 # --------------------------------------------------------------------------- signals
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGQUIT], ids=["TERM", "INT", "QUIT"])
 def test_signal_at_any_moment_unmounts_cleanly(signum, zarr_dir, tmp_path) -> None:
     """The signal goes out from 0 to ~60 ms after the mountpoint shows up in the mount
     table, i.e. also between pyfuse3.init and the trio loop, where it used to kill the
@@ -77,6 +77,25 @@ def test_signal_at_any_moment_unmounts_cleanly(signum, zarr_dir, tmp_path) -> No
                 proc.kill()
                 proc.wait(timeout=10)
             force_unmount(mnt)
+
+
+def test_signals_whose_default_is_to_end_a_process_are_logged_and_ignored(zarr_dir, tmp_path) -> None:
+    """SIGUSR1 (sent by habit to reopen logs), SIGUSR2 and SIGALRM killed the daemon with
+    their default action and left a dead mount, with no line said (a helper's audit)."""
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    log = tmp_path / "daemon.log"
+    res = run([*zvfs_cmd(), "mount", zarr_dir, mnt, "--log-file", log], timeout=90)
+    assert res.returncode == 0, res.stderr
+    try:
+        (pid,) = daemon_pids(mnt)
+        for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
+            os.kill(pid, signum)
+            name = signal.Signals(signum).name
+            assert wait_until(lambda name=name: f"got {name}: ignored" in log.read_text(), 10), log.read_text()
+            assert _pid_alive(pid) and (mnt / "zarr.json").read_bytes() == (zarr_dir / "zarr.json").read_bytes()
+    finally:
+        force_unmount(mnt)
 
 
 def test_sigterm_while_a_request_waits_on_a_store_that_never_answers(s3_env, tmp_path) -> None:
@@ -156,6 +175,41 @@ def test_interrupting_zvfs_mount_while_it_waits_leaves_no_mount_and_no_daemon(si
         assert not _pid_alive(pid)
         assert mount_entry(mnt) is None
         assert "Traceback" not in log.read_text(), log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        force_unmount(mnt)
+        silent.close()
+
+
+def test_a_daemon_killed_while_zvfs_mount_waits_leaves_no_dead_mount(s3_env, tmp_path) -> None:
+    """kill -9 of the daemon while its source opened: `zvfs mount` said it exited before the
+    mount was ready, and left its dead mount there unsaid (a helper's audit); it unmounts it
+    now, and says so."""
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    proc = subprocess.Popen(
+        [*zvfs_cmd(), "mount", "s3://silent-bucket/p", str(mnt), "--endpoint-url",
+         f"http://127.0.0.1:{silent.getsockname()[1]}", "--no-sign-request", "--s3-timeout", "30",
+         "--log-file", str(tmp_path / "daemon.log")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=s3_env)
+    try:
+        # mounted (the source opens after the mount answers), not ready
+        assert wait_until(lambda: mount_entry(mnt) is not None or proc.poll() is not None, 60)
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        (pid,) = set(daemon_pids(mnt)) - {proc.pid}
+        os.kill(pid, signal.SIGKILL)
+        rc = proc.wait(timeout=60)
+        err = proc.stderr.read() if proc.stderr else ""
+        assert rc == 1 and "exited (-9) before the mount was ready" in err, (rc, err)
+        assert "dead mount it left was unmounted" in err, err
+        assert mount_entry(mnt) is None
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -110,7 +110,10 @@ def default_log_file(mountpoint: str) -> str:
     else:
         state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
         base = os.path.join(state, "zvfs")
-    name = os.path.abspath(mountpoint).strip("/").replace("/", "-") or "root"
+    # the path's "/" as "-", its own "-" (and "\\") escaped as systemd-escape --path does: as
+    # plain dashes, /data/a-b/c and /data/a/b-c shared one log file
+    parts = os.path.abspath(mountpoint).strip("/").split("/")
+    name = "-".join(p.replace("\\", "\\x5c").replace("-", "\\x2d") for p in parts if p) or "root"
     return os.path.join(base, name + ".log")
 
 
@@ -659,7 +662,21 @@ def _await_ready(pid: int, read_fd: int, mountpoint: str, tell_log: bool) -> int
             raise CliError(message, int(code) if code.isdigit() else EXIT_FAIL)
     code = _exit_status(pid)
     hint = f"; see the log in {log_where}" if log_where else "; run with -f --log-level debug to see why"
-    raise CliError(f"the mount process exited ({code}) before the mount was ready{hint}", EXIT_FAIL)
+    raise CliError(f"the mount process exited ({code}) before the mount was ready{_clear_dead(mountpoint)}"
+                   f"{hint}", EXIT_FAIL)
+
+
+def _clear_dead(mountpoint: str) -> str:
+    """Unmount the dead mount a daemon killed while starting left (a later command would
+    have found it); what to add to the message about it."""
+    entry = mount_entry(mountpoint)
+    if entry is None or entry.fstype != "fuse.zvfs" or not is_dead(entry.mountpoint):
+        return ""
+    try:
+        _fusermount(entry.mountpoint, lazy=True)
+    except CliError as exc:
+        return f" (it left a dead mount: {exc})"
+    return " (the dead mount it left was unmounted)"
 
 
 def _fusermount(path: str, lazy: bool) -> None:

@@ -368,7 +368,7 @@ def init_fuse(ops: ZvfsOperations, mountpoint: str, options: set[str]) -> None:
 
 
 class SignalStop:
-    """SIGTERM, SIGINT and SIGHUP unmount cleanly, whenever they come.
+    """SIGTERM, SIGINT, SIGHUP and SIGQUIT unmount cleanly, whenever they come.
 
     The handlers go in before ``pyfuse3.init`` mounts, and stay until the mount
     is gone: a signal that arrives before the trio loop runs is remembered and
@@ -379,7 +379,11 @@ class SignalStop:
     is the call trio allows from a signal handler.
     """
 
-    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+    #: signals whose default action ends a process, which a daemon is sent by habit (USR1 to
+    #: reopen logs) or by mistake: each killed it and left a dead mount with no line said.
+    #: Logged and ignored (the log file is reopened when renamed, without being asked)
+    IGNORED = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM)
     #: seconds the requests under way at a stop get to be answered; then they are cancelled
     #: (a lookup waiting on a store that never answers held the unmount for its timeout)
     GRACE = 2.0
@@ -390,6 +394,11 @@ class SignalStop:
         #: what the session loop runs in (set by _serve)
         self.requests: trio.CancelScope | None = None
         self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        self._previous.update({s: signal.signal(s, self._ignore) for s in self.IGNORED})
+
+    @staticmethod
+    def _ignore(signum: int, _frame: object) -> None:
+        log.warning("got %s: ignored (TERM, INT, HUP and QUIT unmount)", signal.Signals(signum).name)
 
     def _handle(self, signum: int, _frame: object) -> None:
         if self.received is not None:
