@@ -336,6 +336,30 @@ def test_failed_listing_is_not_cached(corpus, proxy, mount, s3_env) -> None:
     assert read_all(arrays / "sharded/data.raw") == refs["sharded"].tobytes()
 
 
+def test_an_array_looked_up_while_the_store_fails_is_eio_not_enoent(corpus, proxy, mount, s3_env) -> None:
+    """While the store failed, the decoded views were discovered without the arrays it hid,
+    and a path below .zvfs/ was ENOENT, "no such file", which the kernel may also cache
+    (a helper's audit). It is EIO, and the array reads once the store answers again."""
+    _, refs = corpus
+    mnt = mount_s3(mount, proxy, s3_env, *FAST)
+    proxy.set({"kinds": ["403"], "ops": ["list", "get", "head"]})
+    raw = mnt.path / ".zvfs/arrays/plain/data.raw"
+    with pytest.raises(OSError) as ei:
+        raw.stat()
+    assert ei.value.errno == errno.EIO, ei.value
+    proxy.clear()
+
+    def back() -> bool:
+        try:
+            return raw.stat().st_size > 0
+        except OSError as exc:
+            assert exc.errno == errno.EIO, exc
+            return False
+
+    assert wait_until(back, 10), mnt.log_text()[-3000:]
+    assert read_all(raw) == refs["plain"].tobytes()
+
+
 def test_silent_endpoint_gives_up_and_sigterm_unmounts(corpus, proxy, mount, s3_env) -> None:
     mnt = mount_s3(mount, proxy, s3_env, *FAST)
     os.listdir(mnt.path)

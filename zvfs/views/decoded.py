@@ -8,6 +8,7 @@ importing this module only when ``.zvfs/`` is first used.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import time
@@ -20,7 +21,7 @@ from zvfs.formats.meta import ArrayMeta
 from zvfs.views.arrays import DecodedArray, array_files
 from zvfs.views.context import MountContext
 from zvfs.views.netcdf import group_file_names, group_members, netcdf_file
-from zvfs.views.node import DirNode, StaticDir
+from zvfs.views.node import DirNode, NodeError, StaticDir
 from zvfs.views.v2mirror import (
     consistent_dimensions,
     consolidate,
@@ -90,9 +91,18 @@ async def decoded(ctx: MountContext) -> Decoded:
     return d
 
 
+def _unknown(d: Decoded) -> NodeError | None:
+    """What a name missing from an incomplete discovery is: EIO (the array may be there; the
+    store failed), not ENOENT, for the second until it is discovered again."""
+    if not d.incomplete:
+        return None
+    return NodeError(errno.EIO, "the store failed while the hierarchy was read (tried again "
+                     "within a second)", key="decoded hierarchy")
+
+
 async def build_arrays_dir(ctx: MountContext) -> DirNode:
     d = await decoded(ctx)
-    root = StaticDir(mtime=ctx.stable_time)
+    root = StaticDir(mtime=ctx.stable_time, unknown=_unknown(d))
     for path, array in sorted(d.arrays.items()):
         root.place(path).entries.update(array_files(array))
     return root
@@ -101,7 +111,7 @@ async def build_arrays_dir(ctx: MountContext) -> DirNode:
 async def build_v2_dir(ctx: MountContext) -> DirNode:
     d = await decoded(ctx)
     mtime = ctx.stable_time
-    root = StaticDir(mtime=mtime)
+    root = StaticDir(mtime=mtime, unknown=_unknown(d))
     for path, attrs in sorted(d.groups.items()):
         root.place(path).entries.update(mirror_group_files(attrs, mtime, d.group_types.get(path)))
     arrays = {p: a for p, a in d.arrays.items() if a.readable and not a.meta.error}
@@ -122,7 +132,7 @@ async def build_netcdf_dir(ctx: MountContext) -> DirNode:
     """One classic netCDF file per group (see views.netcdf for the naming)."""
     d = await decoded(ctx)
     mtime = ctx.mount_time
-    root = StaticDir(mtime=mtime)
+    root = StaticDir(mtime=mtime, unknown=_unknown(d))
     members = group_members(sorted(d.groups), sorted(d.arrays))
     names = group_file_names(sorted(members))
     for group, variables in sorted(members.items()):

@@ -206,9 +206,13 @@ class BytesFile(FileNode):
 class StaticDir(DirNode):
     """A directory with a fixed set of children, built up front."""
 
-    def __init__(self, entries: dict[str, Node] | None = None, mtime: float = 0.0) -> None:
+    def __init__(self, entries: dict[str, Node] | None = None, mtime: float = 0.0,
+                 unknown: NodeError | None = None) -> None:
         self.entries: dict[str, Node] = dict(entries or {})
         self.mtime = mtime
+        #: what a name not here is, when this directory may lack some (built from a store
+        #: that failed): raised, not ENOENT, which says "no such file" and may be cached
+        self.unknown = unknown
 
     def place(self, path: str) -> StaticDir:
         """The directory at ``path`` ('a/b', '' for this one) below this one, made where
@@ -217,12 +221,15 @@ class StaticDir(DirNode):
         for part in (p for p in path.split("/") if p):
             child = node.entries.get(part)
             if not isinstance(child, StaticDir):
-                child = node.entries[part] = StaticDir(mtime=self.mtime)
+                child = node.entries[part] = StaticDir(mtime=self.mtime, unknown=self.unknown)
             node = child
         return node
 
     async def lookup(self, name: str) -> Node | None:
-        return self.entries.get(name)
+        node = self.entries.get(name)
+        if node is None and (u := self.unknown) is not None:
+            raise NodeError(u.errno, str(u), key=u.key)  # a new one: no traceback kept growing
+        return node
 
     async def children(self) -> Sequence[tuple[str, Node]]:
         return [(n, c) for n, c in sorted(self.entries.items()) if not c.hidden]
