@@ -1208,7 +1208,9 @@ def test_s3_an_unlink_s3_refuses_leaves_the_files_writers_storing(s3store: Store
 
 def test_s3_kill_during_multipart_upload(s3store: Store, mount, tmp_path) -> None:
     """kill -9 in the middle of a multipart upload: no object appears; the next writable
-    mount warns about the unfinished upload, and abort_uploads aborts it."""
+    mount warns about the unfinished upload, and abort_uploads aborts it. It also says where
+    the dead daemon's staged bytes are (they were left with no line said: a helper's audit),
+    and removes staging directories dead daemons left empty."""
     s3store.put("zarr.json", b"{}")
     name = "killed-upload.bin"
     tmpdir = tmp_path / "tmpdir"  # the daemon's private staging directory lands here
@@ -1237,10 +1239,16 @@ def test_s3_kill_during_multipart_upload(s3store: Store, mount, tmp_path) -> Non
     assert s3store.get(name) is None
     assert name not in s3store.keys()
     assert [u["Key"] for u in s3store.uploads()] == [full]
+    (left,) = tmpdir.glob("zvfs-staging-*")
+    (tmpdir / "zvfs-staging-empty").mkdir()  # what a daemon killed before writing leaves
     # the next writable mount reports it, naming the key, and leaves it alone
-    m2 = s3store.mount(mount)
+    m2 = s3store.mount(mount, env={"TMPDIR": str(tmpdir)})
     assert wait_until(lambda: name in m2.result.stderr + m2.log_text(), 20), (
         f"no warning names {name}: stderr {m2.result.stderr!r}\nlog:\n{m2.log_text()[-3000:]}")
+    assert f"{left} holds 1 staged file(s), {30 * MiB} bytes" in m2.result.stderr, m2.result.stderr
+    (staged,) = left.iterdir()
+    assert staged.name.endswith(name) and staged.read_bytes() == chunk * 30
+    assert not (tmpdir / "zvfs-staging-empty").exists()
     assert [u["Key"] for u in s3store.uploads()] == [full]
     run([tool("zvfs"), "unmount", m2.path], check=True)
     # -o abort_uploads aborts it
@@ -1926,7 +1934,10 @@ def test_s3_a_file_unlinked_while_written_leaves_nothing_staged(s3store: Store, 
         os.unlink(m.path / f"tmp{i}")
         os.write(fd, b"scratch" * 100_000)
         os.close(fd)
-    assert wait_until(lambda: not os.listdir(cache / "staging"), 5), os.listdir(cache / "staging")
+    def staged() -> list[Path]:  # in the daemon's own directory under cache/staging
+        return [f for d in (cache / "staging").iterdir() for f in d.iterdir()]
+
+    assert wait_until(lambda: not staged(), 5), staged()
     assert s3store.keys() == {}
     assert "never uploaded are kept" not in m.log_text()
 

@@ -428,6 +428,17 @@ def _refuse_read_only(store: Any, description: str) -> None:
                        "or fix its permissions")
 
 
+def _check_left_staged(store: Any, report: _Reporter) -> None:
+    """--writable: tell where earlier daemons that died (kill -9) left bytes they never stored."""
+    staging = getattr(store, "staging", None)
+    if staging is None:
+        return
+    for path, files, size in staging.left_behind():
+        report.warn(f"{path} holds {files} staged file(s), {size} bytes, written through a zvfs mount "
+                    "whose daemon stopped before storing them: copy back what you need (each is "
+                    "named <id>-<file name>), then remove the directory")
+
+
 def _check_uploads(store: Any, description: str, opts: dict[str, Any], report: _Reporter) -> None:
     """--writable: tell of (or abort) the multipart uploads an earlier writer left unfinished."""
     from zvfs.stores.base import StoreError
@@ -496,6 +507,7 @@ def _mount_foreground(args: argparse.Namespace, opts: dict[str, Any], spec: Any 
         opened = store if opening is None else _source_errors(opening)
         if opts["writable"]:
             _check_uploads(opened, description, opts, report)
+            _check_left_staged(opened, report)
         return _scan(counted, description, report)
 
     from zvfs.daemon import MountRefused, serve

@@ -10,6 +10,7 @@ path is logged: nothing written is lost silently.
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import shutil
@@ -24,6 +25,8 @@ log = logging.getLogger(__name__)
 
 #: seconds a write that finds staging full waits for space being given back (see grow())
 RELEASE_WAIT = 1.0
+#: each daemon stages in a directory of its own, named so, which it holds locked (flock)
+DIR_PREFIX = "zvfs-staging-"
 
 
 class Staging:
@@ -31,11 +34,14 @@ class Staging:
     leaving ``min_free`` bytes free on its disk."""
 
     def __init__(self, directory: str | None, max_bytes: int, min_free: int) -> None:
-        if directory is None:
-            self.dir = tempfile.mkdtemp(prefix="zvfs-staging-")
-        else:
-            self.dir = os.path.join(directory, "staging")
-            os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        # a directory of this daemon's own, locked while it lives: the next daemon can tell
+        # what one that died (kill -9, a crash) left unstored, and say so
+        base = tempfile.gettempdir() if directory is None else os.path.join(directory, "staging")
+        os.makedirs(base, mode=0o700, exist_ok=True)
+        self.dir = tempfile.mkdtemp(prefix=DIR_PREFIX, dir=base)
+        self._lock = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
+        self.base = base
         self.max_bytes = max_bytes
         self.min_free = min_free
         self.used = 0
@@ -86,9 +92,47 @@ class Staging:
         return None
 
     def cleanup(self) -> None:
-        """At unmount: remove the private directory if nothing was kept in it."""
+        """At unmount: remove this daemon's directory if nothing was kept in it."""
         try:
-            if os.path.basename(self.dir).startswith("zvfs-staging-") and not os.listdir(self.dir):
-                shutil.rmtree(self.dir, ignore_errors=True)
+            if not os.listdir(self.dir):
+                os.rmdir(self.dir)
         except OSError:
             pass
+        if self._lock >= 0:
+            os.close(self._lock)
+            self._lock = -1
+
+
+    def left_behind(self) -> list[tuple[str, int, int]]:
+        """(directory, files, bytes) of what daemons that died staged and never stored (a kill
+        -9 left them with no line said); such directories left empty are removed. A
+        directory still locked is a live daemon's."""
+        return _left_behind(self.base, self.dir)
+
+
+def _left_behind(base: str, own: str) -> list[tuple[str, int, int]]:
+    out: list[tuple[str, int, int]] = []
+    try:
+        entries = [e for e in os.scandir(base) if e.name.startswith(DIR_PREFIX) and e.path != own]
+    except OSError:
+        return out
+    for entry in entries:
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # its daemon is alive
+            files = [f for f in os.scandir(entry.path) if f.is_file(follow_symlinks=False)]
+            if not files:
+                shutil.rmtree(entry.path, ignore_errors=True)
+                continue
+            out.append((entry.path, len(files), sum(f.stat(follow_symlinks=False).st_size for f in files)))
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    return out
