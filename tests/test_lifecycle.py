@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -98,49 +100,65 @@ def test_signals_whose_default_is_to_end_a_process_are_logged_and_ignored(zarr_d
         force_unmount(mnt)
 
 
+@contextlib.contextmanager
+def _mount_of_a_silent_endpoint(tmp_path: Path, s3_env: dict[str, str], *args: str) -> Iterator[
+        tuple[subprocess.Popen, Path, Path]]:
+    """``zvfs mount ARGS`` of a bucket on an S3 endpoint that takes connections and never
+    answers (the kernel completes the handshakes; nothing reads): the mount answers, its
+    source never opens. Yields (the command, its mountpoint, its log); stops it by PID and
+    unmounts, whatever happened."""
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    mnt, log = tmp_path / "m", tmp_path / "daemon.log"
+    mnt.mkdir()
+    proc = subprocess.Popen(
+        [*zvfs_cmd(), "mount", *args, "s3://silent-bucket/p", str(mnt), "--endpoint-url",
+         f"http://127.0.0.1:{silent.getsockname()[1]}", "--no-sign-request", "--s3-timeout", "30",
+         "--log-file", str(log), "--log-level", "info"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=s3_env)
+    try:
+        yield proc, mnt, log
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        force_unmount(mnt)
+        silent.close()
+
+
 def test_sigterm_while_a_request_waits_on_a_store_that_never_answers(s3_env, tmp_path) -> None:
     """An S3 endpoint that takes connections and never answers: the mount answers, an `ls`
     waits for the source to open, and SIGTERM comes. terminate() stops taking requests, but
     pyfuse3's loop returned only once the `ls` was answered: when the open timed out, 10 s
     later, and the stop then ended in exit 1 and that open's error. Now the requests under
     way get SignalStop.GRACE seconds; the `ls` fails, and the stop is an exit 0."""
-    import socket
-
     from zvfs.daemon import SignalStop
 
-    silent = socket.socket()
-    silent.bind(("127.0.0.1", 0))
-    silent.listen(64)  # the kernel completes the handshakes; nothing reads or answers
-    mnt = tmp_path / "m"
-    mnt.mkdir()
-    proc = subprocess.Popen(
-        [*zvfs_cmd(), "mount", "-f", "s3://silent-bucket/p", str(mnt), "--endpoint-url",
-         f"http://127.0.0.1:{silent.getsockname()[1]}", "--no-sign-request", "--s3-timeout", "30",
-         "--log-file", str(tmp_path / "daemon.log"), "--log-level", "info"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=s3_env)
     listing = None
-    try:
-        assert wait_until(lambda: mount_entry(mnt) is not None or proc.poll() is not None, 60)
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        listing = subprocess.Popen(["ls", str(mnt)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(0.5)
-        assert listing.poll() is None  # waiting for the source
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(timeout=60)
-        took = time.monotonic() - t0
-        assert rc == 0, (rc, proc.stderr.read() if proc.stderr else "")
-        assert took < SignalStop.GRACE + 5, took
-        assert mount_entry(mnt) is None
-        assert listing.wait(timeout=10) != 0
-        assert "requests still unanswered" in (tmp_path / "daemon.log").read_text()
-    finally:
-        for p in (proc, listing):
-            if p is not None and p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
-        force_unmount(mnt)
-        silent.close()
+    with _mount_of_a_silent_endpoint(tmp_path, s3_env, "-f") as (proc, mnt, log):
+        try:
+            assert wait_until(lambda: mount_entry(mnt) is not None or proc.poll() is not None, 60)
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            listing = subprocess.Popen(["ls", str(mnt)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=True)
+            time.sleep(0.5)
+            assert listing.poll() is None  # waiting for the source
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            rc = proc.wait(timeout=60)
+            took = time.monotonic() - t0
+            assert rc == 0, (rc, proc.stderr.read() if proc.stderr else "")
+            assert took < SignalStop.GRACE + 5, took
+            assert mount_entry(mnt) is None
+            assert listing.wait(timeout=10) != 0
+            assert "requests still unanswered" in log.read_text()
+        finally:
+            if listing is not None and listing.poll() is None:
+                listing.kill()
+                listing.wait(timeout=10)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
@@ -149,20 +167,7 @@ def test_interrupting_zvfs_mount_while_it_waits_leaves_no_mount_and_no_daemon(si
     left its daemon running on, the mount in place with no one told of it; the daemon then
     wrote its answer into the closed pipe and logged a BrokenPipeError traceback (a helper's
     audit). Now the command stops its daemon and says so in one line."""
-    import socket
-
-    silent = socket.socket()
-    silent.bind(("127.0.0.1", 0))
-    silent.listen(64)  # the kernel completes the handshakes; nothing reads or answers
-    mnt = tmp_path / "m"
-    mnt.mkdir()
-    log = tmp_path / "daemon.log"
-    proc = subprocess.Popen(
-        [*zvfs_cmd(), "mount", "s3://silent-bucket/p", str(mnt), "--endpoint-url",
-         f"http://127.0.0.1:{silent.getsockname()[1]}", "--no-sign-request", "--s3-timeout", "30",
-         "--log-file", str(log), "--log-level", "info"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=s3_env)
-    try:
+    with _mount_of_a_silent_endpoint(tmp_path, s3_env) as (proc, mnt, log):
         # the command and its forked daemon (the same command line), the daemon waiting
         assert wait_until(lambda: len(daemon_pids(mnt)) == 2 or proc.poll() is not None, 60)
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
@@ -175,31 +180,13 @@ def test_interrupting_zvfs_mount_while_it_waits_leaves_no_mount_and_no_daemon(si
         assert not _pid_alive(pid)
         assert mount_entry(mnt) is None
         assert "Traceback" not in log.read_text(), log.read_text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-        force_unmount(mnt)
-        silent.close()
 
 
 def test_a_daemon_killed_while_zvfs_mount_waits_leaves_no_dead_mount(s3_env, tmp_path) -> None:
     """kill -9 of the daemon while its source opened: `zvfs mount` said it exited before the
     mount was ready, and left its dead mount there unsaid (a helper's audit); it unmounts it
     now, and says so."""
-    import socket
-
-    silent = socket.socket()
-    silent.bind(("127.0.0.1", 0))
-    silent.listen(64)
-    mnt = tmp_path / "m"
-    mnt.mkdir()
-    proc = subprocess.Popen(
-        [*zvfs_cmd(), "mount", "s3://silent-bucket/p", str(mnt), "--endpoint-url",
-         f"http://127.0.0.1:{silent.getsockname()[1]}", "--no-sign-request", "--s3-timeout", "30",
-         "--log-file", str(tmp_path / "daemon.log")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=s3_env)
-    try:
+    with _mount_of_a_silent_endpoint(tmp_path, s3_env) as (proc, mnt, _log):
         # mounted (the source opens after the mount answers), not ready
         assert wait_until(lambda: mount_entry(mnt) is not None or proc.poll() is not None, 60)
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
@@ -210,12 +197,6 @@ def test_a_daemon_killed_while_zvfs_mount_waits_leaves_no_dead_mount(s3_env, tmp
         assert rc == 1 and "exited (-9) before the mount was ready" in err, (rc, err)
         assert "dead mount it left was unmounted" in err, err
         assert mount_entry(mnt) is None
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-        force_unmount(mnt)
-        silent.close()
 
 
 # --------------------------------------------------------------------------- kill -9

@@ -41,8 +41,10 @@ from test_zv import (
     coord_edges,
     edge_set,
     level_cases,
+    manifest_items,
     ref,
     store_dir,
+    write_manifest_items,
 )
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "zv"
@@ -542,20 +544,12 @@ def bad_corpus(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     keys["magic"] = "magic.zarr/0/vertex_fragments/0.0.0"
     # object 0's manifest asks for fragments 0..4999 of its first chunk, which has one
     # (0.9 manifests: one zstd-compressed vlen-bytes cell holding every object's manifest)
-    from numcodecs import Zstd
-
     d = copy("manifest", "v09/points")
     cell = d / "0/object_index/manifests/c/0"
-    body = Zstd().decode(cell.read_bytes())
-    count, off, items = struct.unpack("<I", body[:4])[0], 4, []
-    for _ in range(count):
-        ln = struct.unpack("<I", body[off : off + 4])[0]
-        items.append(bytes(body[off + 4 : off + 4 + ln]))
-        off += 4 + ln
+    items = manifest_items(cell)
     coords = items[0][4 : 4 + 24]  # the first block's chunk coordinates
     items[0] = struct.pack("<I", 1) + coords + b"\x01" + struct.pack("<qq", 0, 5000)
-    body = struct.pack("<I", count) + b"".join(struct.pack("<I", len(b)) + b for b in items)
-    cell.write_bytes(Zstd().encode(body))
+    write_manifest_items(cell, items)
     keys["manifest"] = "manifest.zarr/0/object_index/manifests"
     # a truncated vertex blob in chunk (0,0,0), both layouts
     d = copy("trunc09", "v09/points")

@@ -774,6 +774,23 @@ def test_an_nczarr_char_variable_reads_as_netcdf_wrote_it(mount, tmp_path: Path)
     assert body(m.path / ".zvfs/netcdf/root.nc") == body(nc)
 
 
+def test_a_group_file_and_a_directory_of_one_name_both_show(mount, tmp_path: Path) -> None:
+    """Group ``b`` is the file b.nc; a group ``b.nc`` with a child group needs the directory
+    b.nc/: the directory won and group b's file was gone, with nothing said (a helper's
+    audit). The file is b_.nc now; every group's file reads, with zarr-python's values."""
+    store = tmp_path / "names.zarr"
+    root = zarr.open_group(str(store), mode="w", zarr_format=3)
+    for path, values in (("b/v", [1, 2]), ("b.nc/c/w", [3, 4, 5])):
+        a = root.create_array(path, shape=(len(values),), chunks=(len(values),), dtype="i4")
+        a[:] = values
+    m = mount(store)
+    nc = m.path / ".zvfs/netcdf"
+    assert (nc / "b_.nc").is_file() and (nc / "b.nc").is_dir() and (nc / "b.nc/c.nc").is_file()
+    for f, var, path in ((nc / "b_.nc", "v", "b/v"), (nc / "b.nc/c.nc", "w", "b.nc/c/w")):
+        with netCDF4.Dataset(f) as ds:
+            assert ds[var][:].tolist() == zarr.open_array(str(store), path=path, mode="r")[:].tolist()
+
+
 # --------------------------------------------------------------------------- Zarr Vectors stores
 
 

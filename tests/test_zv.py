@@ -317,7 +317,7 @@ def test_streamlines_trk_loads_with_nibabel(name: str, tmp_path: Path) -> None:
         np.testing.assert_array_equal(np.asarray(trk.streamlines[i], np.float32), ref(name, want[oid]))
 
 
-def _manifest_items(cell: Path) -> list[bytes]:
+def manifest_items(cell: Path) -> list[bytes]:
     """The per-object manifests of a 0.9 level (one zstd vlen-bytes cell)."""
     from numcodecs import Zstd
 
@@ -330,7 +330,7 @@ def _manifest_items(cell: Path) -> list[bytes]:
     return items
 
 
-def _write_manifest_items(cell: Path, items: list[bytes]) -> None:
+def write_manifest_items(cell: Path, items: list[bytes]) -> None:
     from numcodecs import Zstd
 
     body = struct.pack("<I", len(items)) + b"".join(struct.pack("<I", len(b)) + b for b in items)
@@ -346,12 +346,12 @@ def test_trk_leaves_out_empty_objects_and_names_each_streamlines_object(tmp_path
     want = MANIFEST[name]["levels"]["0"]["polylines"]
     d = _copy(tmp_path, name)
     cell = d / "0/object_index/manifests/c/0"
-    items = _manifest_items(cell)
+    items = manifest_items(cell)
     assert len(items) == len(want) == 3
     for emptied in (None, 1):
         if emptied is not None:
             items[emptied] = struct.pack("<I", 0)  # a manifest of no blocks: no vertices
-            _write_manifest_items(cell, items)
+            write_manifest_items(cell, items)
         p = tmp_path / f"s{emptied}.trk"
         p.write_bytes(read_file(d, "0/streamlines.trk"))
         trk = nib.streamlines.load(str(p))

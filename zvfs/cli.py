@@ -250,6 +250,8 @@ def lock_mountpoint(path: str) -> int | None:
     cannot be opened (check_mountpoint says why)."""
     import fcntl
 
+    if mount_entry(os.path.abspath(path)) is not None:
+        return None  # mounted already, perhaps hung (an open would wait): check_mountpoint says so
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:

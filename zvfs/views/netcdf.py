@@ -549,18 +549,21 @@ class NetcdfFile(FileNode):
 def group_file_names(groups: Sequence[str]) -> dict[str, tuple[str, str]]:
     """group path -> (directory below netcdf/, file name): ``a/b`` -> ('a', 'b.nc'), root -> ('', 'root.nc').
 
-    A top-level group called ``root`` would take the root's name: it is ``root_.nc``.
+    A name already taken, by the root's file (a top-level group called ``root``), by another
+    group's file (``root_``), or by the directory of a group's children (group ``b`` beside a
+    group ``b.nc`` with children: the directory hid the file), gets ``_`` before ``.nc``
+    until it is free: ``root_.nc``, ``b_.nc``.
     """
-    out: dict[str, tuple[str, str]] = {}
-    for g in groups:
-        if g == "":
-            out[g] = ("", ROOT_FILE)
-            continue
+    dirs = {"/".join(parts[:i]) for g in groups if g for parts in [g.split("/")] for i in range(1, len(parts))}
+    taken = {("", ROOT_FILE)}
+    out: dict[str, tuple[str, str]] = {"": ("", ROOT_FILE)} if "" in groups else {}
+    for g in sorted(x for x in groups if x):
         parent, _, base = g.rpartition("/")
-        name = f"{base}.nc"
-        if parent == "" and name == ROOT_FILE:
-            name = "root_.nc"
-        out[g] = (parent, name)
+        stem = base
+        while (parent, f"{stem}.nc") in taken or f"{parent}/{stem}.nc".lstrip("/") in dirs:
+            stem += "_"
+        taken.add((parent, f"{stem}.nc"))
+        out[g] = (parent, f"{stem}.nc")
     return out
 
 
