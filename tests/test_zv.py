@@ -368,17 +368,19 @@ def test_trk_object_ids_past_float32_exactness_ride_in_two_properties(tmp_path: 
 
     from zvfs.views.vectors import encoders as enc
 
-    ids = [3, 2**24 + 1, 2**40 + 12345]
-    lines = [(oid, np.full((k + 1, 3), k, np.float32)) for k, oid in enumerate(ids)]
-    props = enc.trk_id_properties(ids)
-    p = tmp_path / "big.trk"
-    p.write_bytes(enc.trk_header(len(lines), props) + enc.trk_records(lines, props))
-    assert p.stat().st_size == enc.TRK_HEADER_SIZE + sum(enc.trk_record_size(k + 1, props) for k in range(3))
-    trk = nib.streamlines.load(str(p))
-    per = trk.tractogram.data_per_streamline
-    got = per["object_id_hi"][:, 0].astype(np.int64) * 2**24 + per["object_id_lo"][:, 0].astype(np.int64)
-    assert got.tolist() == ids
-    assert [len(s) for s in trk.streamlines] == [1, 2, 3]
+    for ids in ([3, 2**24 + 1, 2**40 + 12345], [5, 2**48 + 7, 864691135000000123]):  # uint64 segment ids
+        lines = [(oid, np.full((k + 1, 3), k, np.float32)) for k, oid in enumerate(ids)]
+        props = enc.trk_id_properties(ids)
+        p = tmp_path / "big.trk"
+        p.write_bytes(enc.trk_header(len(lines), props) + enc.trk_records(lines, props))
+        assert p.stat().st_size == enc.TRK_HEADER_SIZE + sum(enc.trk_record_size(k + 1, props) for k in range(3))
+        trk = nib.streamlines.load(str(p))
+        per = trk.tractogram.data_per_streamline
+        got = np.zeros(3, np.int64)
+        for name in props:  # high part first
+            got = got * 2**24 + per[name][:, 0].astype(np.int64)
+        assert len(props) == (2 if ids[-1] < 2**48 else 3) and got.tolist() == ids, props
+        assert [len(s) for s in trk.streamlines] == [1, 2, 3]
 
 
 def parse_swc(text: str) -> tuple[np.ndarray, list[tuple[int, int]], np.ndarray]:

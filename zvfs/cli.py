@@ -110,8 +110,9 @@ def default_log_file(mountpoint: str) -> str:
     else:
         state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
         base = os.path.join(state, "zvfs")
-    # the path's "/" as "-", its own "-" (and "\\") escaped as systemd-escape --path does: as
-    # plain dashes, /data/a-b/c and /data/a/b-c shared one log file
+    # the path's "/" as "-", its own "-" (and "\\") escaped as systemd-escape --path escapes
+    # them (other characters stay as they are): as plain dashes, /data/a-b/c and /data/a/b-c
+    # shared one log file
     parts = os.path.abspath(mountpoint).strip("/").split("/")
     name = "-".join(p.replace("\\", "\\x5c").replace("-", "\\x2d") for p in parts if p) or "root"
     return os.path.join(base, name + ".log")

@@ -559,7 +559,15 @@ class DirectoryStore(Store):
             try:
                 source = os.open(a, _OPEN_FLAGS, dir_fd=a_dir)
             except OSError as e:
-                raise _refused(src, e) from None
+                # a symlink to a file inside the store reads as that file in the mount: its
+                # bytes are the source's (the same rule as a read: _resolve)
+                real = self._resolve(src) if e.errno == errno.ELOOP else None
+                try:
+                    if real is None:
+                        raise
+                    source = os.open(real, _OPEN_FLAGS)
+                except OSError as e2:
+                    raise _refused(src, e2) from None
             try:
                 if not stat.S_ISREG(os.fstat(source).st_mode):
                     raise WriteRefused(errno.EPERM, f"{src}: not a regular file")
@@ -803,17 +811,40 @@ class _FileReader(KeyReader):
 
 
 def _copy_bytes(source: int, target: int) -> None:
-    """All of ``source`` into ``target`` in the kernel (shared extents where the file system
-    has them), from their starts."""
+    """All of ``source`` into ``target``, holes kept holes (a 2 GiB sparse file was written
+    out whole), the data in the kernel (shared extents where the file system has them)."""
+    size = os.fstat(source).st_size
+    for start, end in _data_extents(source, size):
+        _copy_range(source, target, start, end)
+    os.ftruncate(target, size)
+
+
+def _data_extents(fd: int, size: int) -> Iterator[tuple[int, int]]:
+    """[start, end) of each stretch of ``fd`` that holds data (all of it where the file
+    system cannot tell holes)."""
     offset = 0
+    while offset < size:
+        try:
+            start = os.lseek(fd, offset, os.SEEK_DATA)
+            end = os.lseek(fd, start, os.SEEK_HOLE)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # nothing but a hole to the end
+                return
+            yield offset, size  # SEEK_DATA not supported here: all of it
+            return
+        yield start, min(end, size)
+        offset = end
+
+
+def _copy_range(source: int, target: int, offset: int, end: int) -> None:
     try:
-        while n := os.copy_file_range(source, target, 1 << 30, offset, offset):
+        while offset < end and (n := os.copy_file_range(source, target, end - offset, offset, offset)):
             offset += n
         return
     except OSError as e:  # not between these file systems, or not on this kernel
         if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
             raise
-    while data := os.pread(source, 1 << 20, offset):
+    while offset < end and (data := os.pread(source, min(1 << 20, end - offset), offset)):
         offset += pwrite_all(target, data, offset)
 
 

@@ -99,6 +99,11 @@ T = TypeVar("T")
 FIRST_PAGE_TTL = 5.0
 
 
+
+#: seconds at most one try of the check at open waits: its two tries end well within the
+#: 120 s `zvfs mount` waits for a mount to be ready (cli.READY_TIMEOUT)
+PROBE_TIMEOUT_MAX = 50.0
+
 class _ShortBody(Exception):
     """The body ended before its Content-Length (the server closed the connection), or a
     range came back shorter than asked though the object goes on: resumed where it stopped."""
@@ -275,8 +280,9 @@ class S3Store(Store):
             session = self._session()
             self._client = make(1, self.retry.timeout, session)
             # fail soon at open on a dead endpoint: two tries, each of the user's --s3-timeout
-            # (capped at 5 s, a server slower than that to answer could never be mounted)
-            probe = make(2, self.retry.timeout, session)
+            # (capped at 5 s, a server slower than that to answer could never be mounted), both
+            # within the time `zvfs mount` waits for the mount (else it told only of its wait)
+            probe = make(2, min(self.retry.timeout, PROBE_TIMEOUT_MAX), session)
         except ValueError as e:  # e.g. a malformed endpoint URL
             raise SourceError(f"bad S3 settings for {self.description}: {e}") from e
         self.endpoint = str(self._client.meta.endpoint_url)

@@ -270,6 +270,7 @@ class S3Writer(KeyWriter):
             self._dirty = False
             self._committed = True
             self.stored = True
+            self._told = False  # what is written next and never stored is told of again
         return KeyInfo(size, time.time())
 
     def _put_whole(self, size: int) -> None:

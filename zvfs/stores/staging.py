@@ -38,9 +38,14 @@ class Staging:
         # what one that died (kill -9, a crash) left unstored, and say so
         base = tempfile.gettempdir() if directory is None else os.path.join(directory, "staging")
         os.makedirs(base, mode=0o700, exist_ok=True)
-        self.dir = tempfile.mkdtemp(prefix=DIR_PREFIX, dir=base)
-        self._lock = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        # made under a name no daemon looks at, locked, then given its name: a directory named
+        # so is always locked while its daemon lives (another daemon starting at that moment
+        # took it for a dead one's)
+        made = tempfile.mkdtemp(prefix="." + DIR_PREFIX, dir=base)
+        self._lock = os.open(made, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         fcntl.flock(self._lock, fcntl.LOCK_EX)
+        self.dir = os.path.join(base, os.path.basename(made)[1:])
+        os.rename(made, self.dir)
         self.base = base
         self.max_bytes = max_bytes
         self.min_free = min_free
@@ -105,8 +110,8 @@ class Staging:
 
     def left_behind(self) -> list[tuple[str, int, int]]:
         """(directory, files, bytes) of what daemons that died staged and never stored (a kill
-        -9 left them with no line said); such directories left empty are removed. A
-        directory still locked is a live daemon's."""
+        -9 left them with no line said). A directory still locked is a live daemon's; none is
+        removed (an empty one may be a live daemon's of a zvfs that took no lock)."""
         return _left_behind(self.base, self.dir)
 
 
@@ -128,7 +133,6 @@ def _left_behind(base: str, own: str) -> list[tuple[str, int, int]]:
                 continue  # its daemon is alive
             files = [f for f in os.scandir(entry.path) if f.is_file(follow_symlinks=False)]
             if not files:
-                shutil.rmtree(entry.path, ignore_errors=True)
                 continue
             out.append((entry.path, len(files), sum(f.stat(follow_symlinks=False).st_size for f in files)))
         except OSError:

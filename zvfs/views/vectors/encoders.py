@@ -141,13 +141,24 @@ def trk_id_properties(ids: Sequence[int]) -> tuple[str, ...]:
     Readers drop a streamline of no points (nibabel does), so a level's objects
     and a file's streamlines cannot be matched by position once one is empty:
     the view leaves empty objects out and tells each streamline's object id.
-    Ids past float32's exact range ride in two properties, high and low part.
+    Ids past float32's exact range ride in 24-bit parts, high to low: two (``_hi``,
+    ``_lo``) up to 2**48, three (``_hi``, ``_mid``, ``_lo``) past it (uint64 segment ids).
     """
-    return ("object_id",) if max(ids, default=0) < _F4_EXACT else ("object_id_hi", "object_id_lo")
+    top = max(ids, default=0)
+    if top < _F4_EXACT:
+        return ("object_id",)
+    if top < _F4_EXACT**2:
+        return ("object_id_hi", "object_id_lo")
+    return ("object_id_hi", "object_id_mid", "object_id_lo")
 
 
-def _id_values(oid: int, properties: Sequence[str]) -> tuple[int, ...]:
-    return (oid,) if len(properties) == 1 else divmod(oid, _F4_EXACT)
+def _id_values(oid: int, properties: Sequence[str]) -> list[int]:
+    """``oid`` in 24-bit parts, high first, one a property."""
+    parts = []
+    for _ in properties:
+        oid, part = divmod(oid, _F4_EXACT)
+        parts.append(part)
+    return parts[::-1]
 
 
 def trk_header(n_streamlines: int, properties: Sequence[str] = ()) -> bytes:
