@@ -1333,9 +1333,15 @@ def test_decoded_views_follow_writes(store: Store, mount, tmp_path) -> None:
     np.testing.assert_array_equal(np.load(npy), v1)
     assert chunk00.read_bytes() == v1[:16, :16].tobytes()
     assert key00.read_bytes() == store.get("arr/c/0/0") != before
-    # metadata: a resize and an attribute
+    # metadata: a resize and an attribute; the views take its new mtime (they kept the mount's
+    # first one: make and rsync saw no change)
+    old_mtime = os.stat(raw).st_mtime
     a.resize((50, 30))
     a.attrs["units"] = "K"
+    new_mtime = os.stat(m.path / "arr/zarr.json").st_mtime
+    assert new_mtime > old_mtime
+    for view in (raw, npy, views / "arrays/arr/meta.json"):
+        assert os.stat(view).st_mtime == new_mtime, view
     meta = json.loads((views / "arrays/arr/meta.json").read_text())
     assert meta["shape"] == [50, 30] and meta["attributes"] == {"units": "K"}, meta
     ref = zarr.open_array(zarr.storage.LocalStore(str(store.download(tmp_path / "dl"))), path="arr",

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from zvfs.cache import BufferPool, Cache
+from zvfs.formats.probe import DESCRIBING_NAMES
 from zvfs.logonce import LogOnce
 from zvfs.stats import Counters
 from zvfs.stores.base import KeyInfo, Listing, Store
@@ -178,6 +179,10 @@ class MountContext:
         while len(self._epochs) > self.EPOCH_ENTRIES:
             _, (serial, _) = self._epochs.popitem(last=False)
             self._floor = max(self._floor, serial)
+        parent, _, name = key.strip("/").rpartition("/")
+        if name in DESCRIBING_NAMES:  # the views of that node take its metadata's new mtime
+            when = info.mtime if info is not None else time.time()
+            self.learn_mtimes({parent: max(when, self.metadata_mtimes.get(parent, 0.0))})
         self.listings.invalidate(("decoded",))
         for hook in self.on_change:
             hook()
