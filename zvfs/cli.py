@@ -283,15 +283,15 @@ def check_overlaps(mountpoint: str, spec: Any, opts: dict[str, Any], daemon: boo
             raise CliError(f"the {option[2:].replace('-', ' ')} {path} lies inside the mountpoint "
                            f"{mountpoint}, which the daemon would have to answer itself; "
                            f"give {option} a path outside it")
-    if opts["cache_dir"]:
-        check_cache_dir(opts["cache_dir"])
 
 
-def check_cache_dir(path: str) -> None:
+def check_cache_dir(path: str | None) -> None:
     """--cache-dir must be a directory zvfs can write in (made if missing): a file there, or
     no permission, failed the mount as a failure to retry (exit 1) with a raw errno."""
     import tempfile
 
+    if not path:
+        return
     if os.path.exists(path) and not os.path.isdir(path):
         raise CliError(f"cannot use --cache-dir {path}: not a directory; give a directory zvfs can write in")
     try:
@@ -480,6 +480,8 @@ def _mount_foreground(args: argparse.Namespace, opts: dict[str, Any], spec: Any 
     try:
         spec = spec or _source_spec(args.source, opts)
         check_overlaps(os.path.abspath(args.mountpoint), spec, opts, daemon)  # before the log's directory is made
+        if not daemon:  # a daemon's parent checked it, before the fork
+            check_cache_dir(opts["cache_dir"])
         where = _setup_logging(opts, daemon, args.mountpoint)
         if ready_fd is not None and where:
             os.write(ready_fd, f"LOG {where}\n".encode())
@@ -534,6 +536,7 @@ def _mount_daemon(args: argparse.Namespace, opts: dict[str, Any]) -> int:
     mountpoint = check_mountpoint(args.mountpoint, opts["allow_non_empty"])
     spec = _source_spec(args.source, opts)
     check_overlaps(mountpoint, spec, opts, daemon=True)
+    check_cache_dir(opts["cache_dir"])
     read_fd, write_fd = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()

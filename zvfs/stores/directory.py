@@ -556,50 +556,29 @@ class DirectoryStore(Store):
         (link, then unlink) needs."""
         with self._in_parent(src) as (a_dir, a), self._in_parent(dst) as (b_dir, b):
             self._files.drop(dst)
-            try:
-                source = os.open(a, _OPEN_FLAGS, dir_fd=a_dir)
-            except OSError as e:
-                # a symlink to a file inside the store reads as that file in the mount: its
-                # bytes are the source's (the same rule as a read: _resolve)
-                real = self._resolve(src) if e.errno == errno.ELOOP else None
-                try:
-                    if real is None:
-                        raise
-                    source = os.open(real, _OPEN_FLAGS)
-                except OSError as e2:
-                    raise _refused(src, e2) from None
+            source = self._open_link_source(src, a, a_dir)
             try:
                 if not stat.S_ISREG(os.fstat(source).st_mode):
                     raise WriteRefused(errno.EPERM, f"{src}: not a regular file")
-                try:
-                    copy = os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, NEW_FILE_MODE, dir_fd=b_dir)
-                except OSError as e:
-                    if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
-                        raise
-                    self._link_copy_named(source, b_dir, b)  # a file system without O_TMPFILE
-                    return
-                try:
-                    _copy_bytes(source, copy)
-                    os.link(f"/proc/self/fd/{copy}", b, dst_dir_fd=b_dir, follow_symlinks=True)
-                finally:
-                    os.close(copy)
+                _copy_into_place(source, b_dir, b)
             except OSError as e:
                 raise _refused(dst, e) from None
             finally:
                 os.close(source)
 
-    @staticmethod
-    def _link_copy_named(source: int, parent: int, name: str) -> None:
-        """:meth:`link`'s copy under a hidden temporary name, linked into place, then unnamed."""
-        temp = f".zvfs-link-{os.getpid()}-{time.monotonic_ns()}"
-        copy = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW,
-                       NEW_FILE_MODE, dir_fd=parent)
+    def _open_link_source(self, src: str, name: str, parent: int) -> int:
+        """``src`` open for reading; a symlink to a file inside the store reads as that file
+        in the mount, so its bytes are the source's (the rule of a read: _resolve)."""
         try:
-            _copy_bytes(source, copy)
-            os.link(temp, name, src_dir_fd=parent, dst_dir_fd=parent, follow_symlinks=False)
-        finally:
-            os.close(copy)
-            os.unlink(temp, dir_fd=parent)
+            return os.open(name, _OPEN_FLAGS, dir_fd=parent)
+        except OSError as e:
+            real = self._resolve(src) if e.errno == errno.ELOOP else None
+            try:
+                if real is None:
+                    raise
+                return os.open(real, _OPEN_FLAGS)
+            except OSError as e2:
+                raise _refused(src, e2) from None
 
     def make_dir(self, prefix: str) -> None:
         with self._in_parent(prefix.rstrip("/")) as (parent, name):
@@ -808,6 +787,31 @@ class _FileReader(KeyReader):
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def _copy_into_place(source: int, parent: int, name: str) -> None:
+    """A copy of ``source`` made unnamed (O_TMPFILE; a hidden temporary name on a file system
+    without it), then linked as ``name`` in ``parent``: it appears whole, and only if the
+    name is free (EEXIST)."""
+    temp = None
+    try:
+        copy = os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, NEW_FILE_MODE, dir_fd=parent)
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            raise
+        temp = f".zvfs-link-{os.getpid()}-{time.monotonic_ns()}"
+        copy = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW,
+                       NEW_FILE_MODE, dir_fd=parent)
+    try:
+        _copy_bytes(source, copy)
+        if temp is None:
+            os.link(f"/proc/self/fd/{copy}", name, dst_dir_fd=parent, follow_symlinks=True)
+        else:
+            os.link(temp, name, src_dir_fd=parent, dst_dir_fd=parent, follow_symlinks=False)
+    finally:
+        os.close(copy)
+        if temp is not None:
+            os.unlink(temp, dir_fd=parent)
 
 
 def _copy_bytes(source: int, target: int) -> None:

@@ -98,11 +98,10 @@ T = TypeVar("T")
 #: how long the probe's first listing page may stand in for the first flat listing
 FIRST_PAGE_TTL = 5.0
 
-
-
 #: seconds at most one try of the check at open waits: its two tries end well within the
 #: 120 s `zvfs mount` waits for a mount to be ready (cli.READY_TIMEOUT)
 PROBE_TIMEOUT_MAX = 50.0
+
 
 class _ShortBody(Exception):
     """The body ended before its Content-Length (the server closed the connection), or a

@@ -323,8 +323,10 @@ class S3Writer(KeyWriter):
             self._closed = True  # no more background parts
             keep = self._dirty and not self._discarded
         if keep:
-            log.error("%s: written bytes that were never uploaded are kept at %s (the daemon "
-                      "stopped while the store did not answer)", self.key, self.path)
+            self._say_kept(" (the daemon stopped while the store did not answer)")
+
+    def _say_kept(self, why: str = "") -> None:
+        log.error("%s: written bytes that were never uploaded are kept at %s%s", self.key, self.path, why)
 
     def moved(self, key: str) -> None:
         """The staged bytes are uploaded as ``key`` from now on. A multipart upload begun
@@ -364,7 +366,7 @@ class S3Writer(KeyWriter):
         self.staging.grow(self.key, -self._size)
         if keep:
             if not told:  # first: the abort after may wait for its deadline
-                log.error("%s: written bytes that were never uploaded are kept at %s", self.key, self.path)
+                self._say_kept()
             self._abort()
         else:
             # unlinked or replaced while a multipart upload was under way: nothing of it will

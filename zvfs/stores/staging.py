@@ -107,7 +107,6 @@ class Staging:
             os.close(self._lock)
             self._lock = -1
 
-
     def left_behind(self) -> list[tuple[str, int, int]]:
         """(directory, files, bytes) of what daemons that died staged and never stored (a kill
         -9 left them with no line said). A directory still locked is a live daemon's; none is

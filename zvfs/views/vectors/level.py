@@ -285,6 +285,7 @@ class LevelTree:
         faces = zv.mesh_faces(L) if geom == "mesh" else None
         attr_names = set(L.vertex_attribute_names())
         types = self._swc_types(attr_names) if tree else None
+        swc_width = enc.swc_type_width(types[1] if isinstance(types, tuple) else None)
         all_rows: dict[int, Any] = {
             oid: self._try(f"objects/{oid}", lambda oid=oid, blocks=blocks: L.object_rows(blocks, offsets, oid))
             for oid, blocks in sorted(manifests.items())
@@ -305,11 +306,10 @@ class LevelTree:
             if isinstance(types, Exception):
                 out[f"{oid}.swc"] = ErrorFile(ctx, base + ".swc", types)
             elif tree:
-                width = enc.swc_type_width(types[1] if types else None)
                 out[f"{oid}.swc"] = BuiltFile(
-                    ctx, (self.key, "swc", oid), base + ".swc", enc.swc_size(oid, n, L.dtype, width),
-                    lambda oid=oid, blocks=blocks, rows=rows, width=width:
-                        self._swc(oid, blocks, rows, parents, attr_names, types, width))
+                    ctx, (self.key, "swc", oid), base + ".swc", enc.swc_size(oid, n, L.dtype, swc_width),
+                    lambda oid=oid, blocks=blocks, rows=rows:
+                        self._swc(oid, blocks, rows, parents, attr_names, types, swc_width))
             if faces is not None:
                 ofaces = per_object_faces.get(oid, np.empty((0, 3), np.int64))
                 width = ofaces.shape[1] if len(ofaces) else 3
