@@ -249,6 +249,32 @@ def test_mount_over_a_dead_zvfs_mount_clears_it(zarr_dir, tmp_path) -> None:
 # --------------------------------------------------------------------------- relative SOURCE
 
 
+def test_an_aborted_connection_leaves_no_dead_mount_and_fails_the_daemon(zarr_dir, tmp_path) -> None:
+    """``echo 1 > /sys/fs/fuse/connections/N/abort`` (what one does to a hung mount): libfuse
+    then skips its unmount, so the daemon exited 0 and left a dead mount (ENOTCONN) with no
+    line said. It unmounts it, says so, and exits 1, so systemd's Restart=on-failure mounts
+    it again."""
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    proc = subprocess.Popen([*zvfs_cmd(), "mount", "-f", str(zarr_dir), str(mnt)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: (mnt / "zarr.json").exists(), 60)
+        dev = os.stat(mnt).st_dev
+        Path(f"/sys/fs/fuse/connections/{os.minor(dev)}/abort").write_text("1")
+        assert proc.wait(timeout=30) == 1
+        err = proc.stderr.read()
+        assert "connection of" in err and "aborted: its dead mount was unmounted" in err, err
+        assert "Traceback" not in err, err
+        assert mount_entry(mnt) is None
+        assert os.listdir(mnt) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        force_unmount(mnt)
+
+
 def test_relative_missing_source_is_the_callers(tmp_path) -> None:
     """In daemon mode the child runs in /: a relative source that does not exist used to be
     reported (and, had it existed there, mounted) as /sub/x.zip."""

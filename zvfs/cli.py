@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TypeVar
 
 from zvfs import options as zopts
-from zvfs.mounts import is_dead, mount_entry
+from zvfs.mounts import UnmountFailed, fusermount, is_dead, mount_entry
 from zvfs.stats import Counters
 
 log = logging.getLogger("zvfs")
@@ -515,7 +515,7 @@ def _mount_foreground(args: argparse.Namespace, opts: dict[str, Any], spec: Any 
             _check_left_staged(opened, report)
         return _scan(counted, description, report)
 
-    from zvfs.daemon import MountRefused, serve
+    from zvfs.daemon import MountRefused, SessionAborted, serve
 
     try:
         serve(store, mountpoint, description, opts, counters, ready_fd=ready_fd, prepare=prepare)
@@ -523,6 +523,8 @@ def _mount_foreground(args: argparse.Namespace, opts: dict[str, Any], spec: Any 
         return report.fail(exc)
     except MountRefused as exc:
         return report.fail(CliError(f"cannot mount at {mountpoint}: {exc}", EXIT_CONFIG))
+    except SessionAborted:
+        return EXIT_FAIL  # after the mount was ready, and the log has said it
     except Exception as exc:  # noqa: BLE001 - whatever it is, the user gets one line, not a traceback
         log.debug("mount failed", exc_info=True)
         return report.fail(CliError(f"cannot mount {args.source} at {mountpoint}: {exc}", EXIT_FAIL))
@@ -698,17 +700,10 @@ def _clear_dead(mountpoint: str) -> str:
 
 
 def _fusermount(path: str, lazy: bool) -> None:
-    import shutil
-    import subprocess
-
-    tool = shutil.which("fusermount3") or shutil.which("fusermount")
-    if tool is None:
-        raise CliError("fusermount3 not found; install the fuse3 package (apt-get install fuse3)")
-    res = subprocess.run([tool, "-uz" if lazy else "-u", path], capture_output=True, text=True)
-    if res.returncode != 0:
-        reason = res.stderr.strip() or f"{tool} exited {res.returncode}"
-        hint = " (it is busy: close the files open in it, or use zvfs unmount -z)" if "busy" in reason else ""
-        raise CliError(f"cannot unmount {path}: {reason}{hint}", EXIT_FAIL)
+    try:
+        fusermount(path, lazy)
+    except UnmountFailed as exc:
+        raise CliError(str(exc), EXIT_FAIL) from None
 
 
 def _unmount(path: str, lazy: bool) -> int:

@@ -29,7 +29,7 @@ from zvfs import warmup
 from zvfs.fs import Ownership, ZvfsOperations
 from zvfs.fs import loop as fs_loop
 from zvfs.fs.fuse import pyfuse3
-from zvfs.mounts import mount_device
+from zvfs.mounts import UnmountFailed, fusermount, mount_device
 from zvfs.options import OPTIONS, S3_WRITE_OPTIONS, format_value
 from zvfs.stats import Counters
 from zvfs.stores.base import KeyInfo, Store
@@ -339,6 +339,30 @@ def _forget_root_attributes() -> None:
         pass  # nothing cached
 
 
+class SessionAborted(Exception):
+    """The kernel ended the FUSE connection under a running mount (its ``abort`` file in
+    /sys/fs/fuse/connections, or ``umount -f``): not a stop anyone asked the daemon for, so
+    it exits with a failure (systemd's Restart=on-failure mounts it again)."""
+
+
+def clear_aborted(mountpoint: str, device: str | None) -> bool:
+    """Unmount our mount if it outlived its session, and say whether it did.
+
+    After an aborted connection libfuse leaves the unmount undone (it takes the error on
+    /dev/fuse for an unmount from outside), so the daemon exited and left a dead mount that
+    failed every access with ENOTCONN until someone ran ``zvfs unmount``. ``device`` is the
+    mount's as found once mounted: a mount made over it since is someone else's."""
+    if device is None or mount_device(mountpoint) != device:
+        return False
+    try:
+        fusermount(mountpoint, lazy=True)
+    except UnmountFailed as exc:
+        log.error("the FUSE connection of %s was aborted, and its dead mount stays: %s", mountpoint, exc)
+    else:
+        log.warning("the FUSE connection of %s was aborted: its dead mount was unmounted", mountpoint)
+    return True
+
+
 class MountRefused(Exception):
     """The kernel or fusermount3 refused the mount (no access to /dev/fuse or to the
     mountpoint, allow_other not allowed): a matter of configuration, not to be retried."""
@@ -522,6 +546,7 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
     failed: list[BaseException] = []
     try:
         init_fuse(ops, mountpoint, fuse_options(description, opts["allow_other"], ctx.writable))
+        ours = mount_device(mountpoint)
         undo_loop = fs_loop.install(counters, busy_poll=opts["busy_poll"] / 1e6,
                                     idle_for=ctx.workers.idle_for)
         try:
@@ -532,6 +557,7 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
             pyfuse3.close(unmount=True)
             if undo_loop is not None:
                 undo_loop()
+            aborted = clear_aborted(mountpoint, ours)
     finally:
         stop.restore()
         if metrics is not None:
@@ -544,3 +570,5 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
         log.info("unmounted %s: the source could not be opened", mountpoint)
         raise failed[0]
     log.info("unmounted %s%s", mountpoint, "" if unmounted else " after an error")
+    if aborted and unmounted and stop.received is None:
+        raise SessionAborted(f"the FUSE connection of {mountpoint} was aborted")

@@ -141,3 +141,23 @@ def is_dead(path: str, timeout: float = 2.0) -> bool:
     asker.start()
     asker.join(timeout)
     return bool(result and result[0])
+
+
+class UnmountFailed(Exception):
+    """fusermount3 refused or is missing; the text says why and what to do."""
+
+
+def fusermount(path: str, lazy: bool) -> None:
+    """Unmount the FUSE mount at ``path`` with fusermount3 (``-z``: lazily, detached from
+    the tree even while files in it are open), as any user who may unmount it can."""
+    import shutil
+    import subprocess
+
+    tool = shutil.which("fusermount3") or shutil.which("fusermount")
+    if tool is None:
+        raise UnmountFailed("fusermount3 not found; install the fuse3 package (apt-get install fuse3)")
+    res = subprocess.run([tool, "-uz" if lazy else "-u", path], capture_output=True, text=True)
+    if res.returncode != 0:
+        reason = res.stderr.strip() or f"{tool} exited {res.returncode}"
+        hint = " (it is busy: close the files open in it, or use zvfs unmount -z)" if "busy" in reason else ""
+        raise UnmountFailed(f"cannot unmount {path}: {reason}{hint}")
