@@ -516,7 +516,9 @@ class ChunkFile(FileNode):
     async def read(self, offset: int, length: int) -> bytes:
         chunk = await self.array.chunk(self.idx)
         region = self.array.meta.chunk_region_shape(self.idx)
-        return region_bytes(chunk[tuple(slice(0, s) for s in region)], offset, length)
+        # the Ellipsis keeps a 0-d chunk an array: chunk[()] is a numpy scalar, which is in
+        # native byte order and drops an S or U value's trailing NULs (wrong bytes, unsaid)
+        return region_bytes(chunk[(..., *(slice(0, s) for s in region))], offset, length)
 
 
 def convert_chunk(
