@@ -16,20 +16,26 @@ from .meta import ArrayMeta, FormatError, checked_dtype
 
 
 def parse_dtype(value: Any, key: str) -> np.dtype:
-    """A v2 dtype: typestr ('<f8') or structured descr list."""
+    """A v2 dtype: typestr ('<f8') or structured descr list, whose fields are [name, type]
+    or [name, type, shape] (a subarray field), type being a typestr or a nested list."""
 
-    def to_descr(v: Any) -> Any:
-        if isinstance(v, list):
-            return [tuple(to_descr(x) for x in field) for field in v]
-        return v
+    def to_descr(fields: list[Any]) -> list[tuple[Any, ...]]:
+        out = []
+        for f in fields:
+            if not isinstance(f, list) or len(f) not in (2, 3) or not isinstance(f[0], str):
+                raise TypeError(f"field {f!r} is not [name, type] or [name, type, shape]")
+            kind = to_descr(f[1]) if isinstance(f[1], list) else f[1]
+            if len(f) == 2:
+                out.append((f[0], kind))
+            else:
+                out.append((f[0], kind, f[2] if isinstance(f[2], int) else tuple(f[2])))
+        return out
 
     try:
         if isinstance(value, str):
             return checked_dtype(np.dtype(value), key)
         if isinstance(value, list):
-            return checked_dtype(np.dtype(
-                [tuple(to_descr(x) if isinstance(x, list) else x for x in f) for f in value]
-            ), key)
+            return checked_dtype(np.dtype(to_descr(value)), key)
     except (TypeError, ValueError) as exc:
         raise FormatError(f"{key}: unsupported dtype {value!r} ({exc})") from exc
     raise FormatError(f"{key}: unsupported dtype {value!r}")
@@ -86,7 +92,13 @@ def _fill_meta(meta: ArrayMeta, zarray: Any, zattrs: Any, key: str) -> None:
         if first not in VLEN_FILTER_IDS:
             raise FormatError(f"{key}: object dtype without an object codec filter")
         meta.vlen = VLEN_FILTER_IDS[first]
-    meta.fill_value = fill_scalar(zarray.get("fill_value"), meta.dtype, key)
+    fill = zarray.get("fill_value")
+    if fill is None and meta.dtype.kind in "Mm":
+        # null leaves unwritten elements undefined in the v2 spec; zarr-python 3, which
+        # writes null by default, reads its dtype's default there: NaT for times (zero, as
+        # zvfs serves for null, for every other dtype)
+        fill = "NaT"
+    meta.fill_value = fill_scalar(fill, meta.dtype, key)
     V2Pipeline(compressor, filters)  # fail now, not at the first chunk, on unknown codecs
 
 
