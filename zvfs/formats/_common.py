@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import math
-import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -133,25 +132,28 @@ def int_tuple(value: Any, what: str, key: str) -> tuple[int, ...]:
 _SPECIAL_FLOATS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
-def float_value(value: Any, itemsize: int, key: str) -> float:
-    """A JSON float fill: number, "NaN", "Infinity", "-Infinity" or a "0x..." bit pattern."""
-    if isinstance(value, bool):
-        raise FormatError(f"{key}: bad float fill_value {value!r}")
-    if isinstance(value, int | float):
+def float_value(value: Any, key: str) -> float:
+    """A JSON float fill given as a number, "NaN", "Infinity" or "-Infinity" (a "0x..." bit
+    pattern is :func:`_float_bits`'s: as a Python float a signalling NaN would be quieted)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
-    if isinstance(value, str):
-        if value in _SPECIAL_FLOATS:
-            return _SPECIAL_FLOATS[value]
-        if value.startswith("0x"):
-            fmt = {2: ">e", 4: ">f", 8: ">d"}.get(itemsize)
-            digits = value[2:]
-            if fmt is None or len(digits) != 2 * itemsize:
-                raise FormatError(f"{key}: bad hex fill_value {value!r} for {itemsize}-byte float")
-            try:
-                return float(struct.unpack(fmt, bytes.fromhex(digits))[0])
-            except ValueError as exc:
-                raise FormatError(f"{key}: bad hex fill_value {value!r}") from exc
+    if isinstance(value, str) and value in _SPECIAL_FLOATS:
+        return _SPECIAL_FLOATS[value]
     raise FormatError(f"{key}: bad float fill_value {value!r}")
+
+
+def _float_bits(value: Any, itemsize: int, key: str) -> bytes:
+    """A JSON float fill's big-endian bytes: a "0x..." pattern as given (NaN payloads and
+    signalling NaNs kept), anything else through :func:`float_value`."""
+    if isinstance(value, str) and value.startswith("0x"):
+        try:
+            raw = bytes.fromhex(value[2:])
+        except ValueError as exc:
+            raise FormatError(f"{key}: bad hex fill_value {value!r}") from exc
+        if len(raw) != itemsize or itemsize not in (2, 4, 8):
+            raise FormatError(f"{key}: bad hex fill_value {value!r} for {itemsize}-byte float")
+        return raw
+    return np.array(float_value(value, key), dtype=f">f{itemsize}").tobytes()
 
 
 def fill_scalar(value: Any, dtype: np.dtype, key: str) -> Any:
@@ -178,18 +180,18 @@ def fill_scalar(value: Any, dtype: np.dtype, key: str) -> Any:
                 raise FormatError(f"{key}: fill_value {value} out of range for {dtype}")
             return np.array(value, dtype=dtype)[()]
         if kind == "f":
-            if isinstance(value, str) and value.startswith("0x"):
-                raw = bytes.fromhex(value[2:])
-                if len(raw) != dtype.itemsize:
-                    raise FormatError(f"{key}: bad hex fill_value {value!r} for {dtype}")
-                return np.frombuffer(raw, dtype=dtype.newbyteorder(">"))[0].astype(dtype)
-            return np.array(float_value(value, dtype.itemsize, key), dtype=dtype)[()]
+            raw = _float_bits(value, dtype.itemsize, key)
+            return np.frombuffer(raw, dtype=dtype.newbyteorder(">"))[0].astype(dtype)
         if kind == "c":
-            if isinstance(value, list | tuple) and len(value) == 2:
-                half = dtype.itemsize // 2
-                re, im = (float_value(v, half, key) for v in value)
-                return np.array(complex(re, im), dtype=dtype)[()]
-            return np.array(complex(float_value(value, dtype.itemsize // 2, key)), dtype=dtype)[()]
+            # [re, im], or one number for the real part; each part through its bits: a
+            # Python float of a float32 signalling NaN is quieted (0x7f800001 became 0x7fc00001)
+            parts = value if isinstance(value, list | tuple) and len(value) == 2 else (value, 0.0)
+            half = dtype.itemsize // 2
+            out = np.zeros(1, dtype=dtype.newbyteorder("="))
+            bits = out.view(f"u{half}")
+            for i, part in enumerate(parts):
+                bits[i] = np.frombuffer(_float_bits(part, half, key), dtype=f">u{half}")[0]
+            return out.astype(dtype)[0]
         if kind in "Mm":
             if isinstance(value, str) and value == "NaT":
                 return np.array("NaT", dtype=dtype)[()]

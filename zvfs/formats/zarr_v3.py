@@ -35,7 +35,9 @@ _SIMPLE_TYPES = {
     "complex64": "c8",
     "complex128": "c16",
 }
-_VLEN_TYPES = {"string": "vlen-utf8", "variable_length_bytes": "vlen-bytes", "bytes": "vlen-bytes"}
+#: variable_length_utf8: zarr-python 3.1's other name for string
+_VLEN_TYPES = {"string": "vlen-utf8", "variable_length_utf8": "vlen-utf8",
+               "variable_length_bytes": "vlen-bytes", "bytes": "vlen-bytes"}
 
 
 def parse_data_type(value: Any, key: str) -> tuple[np.dtype, str | None]:
