@@ -295,6 +295,41 @@ def test_truncated_zip(zarr_zip_cmd, tmp_path, mnt) -> None:
     assert_nothing_mounted(mnt)
 
 
+def test_a_zip_that_fails_with_eio_is_not_called_corrupt(tmp_path, mnt, mount) -> None:
+    """An I/O error reading the archive (a failing disk; here the inner zip is a file of an
+    outer zvfs mount whose member is corrupt, so reading it is EIO) was "not a valid zip
+    archive" with exit 78, which tells systemd never to retry (a helper's audit). It is
+    an I/O error, exit 1."""
+    import struct
+    import zipfile
+
+    inner = tmp_path / "inner.zip"
+    with zipfile.ZipFile(inner, "w") as z:
+        z.writestr("zarr.json", b'{"zarr_format": 3, "node_type": "group", "attributes": {}}')
+        z.writestr("blob", os.urandom(1 << 20))
+    outer = tmp_path / "outer.zip"
+    with zipfile.ZipFile(outer, "w", zipfile.ZIP_DEFLATED) as z:
+        z.write(inner, "inner.zip")
+    with zipfile.ZipFile(outer) as z:
+        zi = z.getinfo("inner.zip")
+    with open(outer, "r+b") as f:  # flip bytes in the middle of the member's deflate stream
+        f.seek(zi.header_offset + 26)
+        n, e = struct.unpack("<HH", f.read(4))
+        at = zi.header_offset + 30 + n + e + zi.compress_size // 2
+        f.seek(at)
+        flipped = bytes(b ^ 0x55 for b in f.read(8))
+        f.seek(at)
+        f.write(flipped)
+    m = mount(outer)
+    with pytest.raises(OSError) as ei:
+        (m.path / "inner.zip").read_bytes()
+    assert ei.value.errno == errno.EIO
+    res = zvfs_mount(m.path / "inner.zip", mnt)
+    assert_fails(res, "cannot read the zip archive", "Input/output error")
+    assert res.returncode == 1, res.returncode
+    assert_nothing_mounted(mnt)
+
+
 def test_empty_source_file(tmp_path, mnt) -> None:
     src = tmp_path / "empty.zip"
     src.write_bytes(b"")

@@ -54,6 +54,7 @@ from zvfs.stores.base import (
     Listing,
     Reopen,
     SourceError,
+    SourceUnavailable,
     Store,
     StoreError,
     TooLarge,
@@ -104,6 +105,12 @@ def open_fd(path: str) -> int:
         raise SourceError(f"cannot open zip file {path}: {e.strerror}") from e
 
 
+def _unreadable(path: str, exc: OSError) -> SourceUnavailable:
+    """An I/O error reading the archive (a failing disk, NFS): it may pass, so it is not
+    the configuration error a corrupt archive is (exit 1, not 78: systemd retries it)."""
+    return SourceUnavailable(f"cannot read the zip archive {path}: {exc.strerror or exc}")
+
+
 class ZipStore(Store):
     """Read-only store over the members of a zip archive (zip64 included)."""
 
@@ -151,10 +158,17 @@ class ZipStore(Store):
             with open(self._fd, "rb", closefd=False) as fh, zipfile.ZipFile(fh) as zf:
                 infos = zf.infolist()
         except zipfile.BadZipFile as e:
+            if isinstance(e.__context__, OSError):  # zipfile says "not a zip file" for an EIO
+                raise _unreadable(self.path, e.__context__) from e
             raise SourceError(
                 f"{self.path} is not a valid zip archive (truncated or corrupt: {e})"
             ) from e
-        except (OSError, EOFError, ValueError, struct.error) as e:
+        except OSError as e:
+            raise _unreadable(self.path, e) from e
+        except UnicodeDecodeError as e:  # a name flagged UTF-8 that is not: zipfile stops there
+            raise SourceError(f"{self.path}: a member's name is flagged UTF-8 but is not ({e}); "
+                              "zipfile, zarr-python and fuse-zip refuse such an archive too") from e
+        except (EOFError, ValueError, struct.error) as e:
             raise SourceError(f"cannot read the zip directory of {self.path}: {e}") from e
         skipped: list[str] = []
         for zi in infos:
@@ -170,7 +184,7 @@ class ZipStore(Store):
                 skipped.append(name)
                 continue
             # the last of duplicate names wins, as in zipfile and zarr-python
-            self._members[name] = _Member(zi, _zip_mtime(zi.date_time, fallback_mtime))
+            self._members[name] = _Member(zi, _member_mtime(zi, fallback_mtime))
             parent, _, base = name.rpartition("/")
             pre = parent + "/" if parent else ""
             self._add_prefixes(pre)
@@ -342,6 +356,15 @@ class ZipStore(Store):
         return data
 
     def _read(self, key: str, m: _Member, start: int, length: int) -> bytes:
+        """Bytes [start, start+length) of the member; a failure counts as a store error
+        (``zvfs status``, the metrics), of kind checksum when the member is corrupt."""
+        try:
+            return self._read_member(key, m, start, length)
+        except StoreError:
+            self.counters.add("store_errors_checksum" if m.bad is not None else "store_errors_other")
+            raise
+
+    def _read_member(self, key: str, m: _Member, start: int, length: int) -> bytes:
         zi = m.info
         if zi.flag_bits & 0x1:
             raise StoreError(f"{key}: zip member is encrypted")
@@ -388,7 +411,8 @@ class ZipStore(Store):
                 skip -= n
             data = reader.read(length)
         except NotImplementedError as e:
-            raise StoreError(f"{key}: unsupported zip compression: {e}") from e
+            raise StoreError(f"{key}: unsupported zip compression method {zi.compress_type} "
+                             f"({e})") from e
         except Exception as e:  # zlib.error, BadZipFile (CRC), EOFError, lzma/bz2 errors, OSError
             raise StoreError(f"{key}: corrupt zip member: {e}") from e
         if len(data) != length:
@@ -829,6 +853,36 @@ def _member_name(zi: zipfile.ZipInfo) -> str:
         return name.encode("cp437").decode("utf-8")
     except UnicodeError:
         return name
+
+
+#: extra fields that hold a member's time in UTC: Info-ZIP's extended timestamp ("UT",
+#: which the ``zip`` command writes) and NTFS times (7-Zip, Windows)
+_UT_TAG, _NTFS_TAG = 0x5455, 0x000A
+#: 100 ns intervals from 1601-01-01 (NTFS) to 1970-01-01
+_NTFS_EPOCH = 116444736000000000
+
+
+def _member_mtime(zi: zipfile.ZipInfo, fallback: float) -> float:
+    """The member's mtime: from a UTC extra field when it has one, else its DOS time.
+
+    The DOS time is local time of no stated zone, at 2 s steps: read alone it moved with the
+    daemon's TZ (12:00:01 UTC showed as 03:00:02 in Tokyo), where unzip and fuse-zip read
+    the exact UTC second from the "UT" field every ``zip`` archive carries."""
+    extra = zi.extra
+    i = 0
+    while i + 4 <= len(extra):
+        tag, size = struct.unpack_from("<HH", extra, i)
+        body = extra[i + 4:i + 4 + size]
+        i += 4 + size
+        if tag == _UT_TAG and len(body) >= 5 and body[0] & 1:  # flag bit 0: mtime present
+            return float(struct.unpack_from("<i", body, 1)[0])
+        if tag == _NTFS_TAG and len(body) >= 32:
+            # 4 reserved bytes, then attributes; tag 1 (24 bytes) holds mtime, atime, ctime
+            tag1, size1 = struct.unpack_from("<HH", body, 4)
+            if tag1 == 1 and size1 >= 24:
+                (ticks,) = struct.unpack_from("<Q", body, 8)
+                return (ticks - _NTFS_EPOCH) / 1e7
+    return _zip_mtime(zi.date_time, fallback)
 
 
 @functools.lru_cache(maxsize=1024)
