@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -399,6 +400,35 @@ def test_directory_without_zarr_warns_once(zarr_dir, tmp_path) -> None:
     try:
         res = run([*zvfs_cmd(), "mount", zarr_dir, mnt, "--log-file", tmp_path / "log"], timeout=90)
         assert res.returncode == 0 and res.stderr == "", res.stderr
+    finally:
+        force_unmount(mnt)
+
+
+def test_a_store_of_its_own_dot_zvfs_is_told_and_shown_with_decoded_off(zarr_dir, tmp_path) -> None:
+    """Keys under the store's own ``.zvfs/`` are hidden by the decoded views' directory: that
+    was unsaid (rsync of the mount left them out), and with ``decoded=off`` they opened by
+    path but were never listed (a helper's audit)."""
+    store = tmp_path / "store"
+    shutil.copytree(zarr_dir, store)
+    (store / ".zvfs").mkdir()
+    (store / ".zvfs" / "mine").write_text("the store's own\n")
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    try:
+        res = run([*zvfs_cmd(), "mount", store, mnt, "--log-file", tmp_path / "log"], timeout=90)
+        assert res.returncode == 0, res.stderr
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and ".zvfs/" in lines[0] and "decoded=off" in lines[0], lines
+        assert not (mnt / ".zvfs" / "mine").exists()
+    finally:
+        force_unmount(mnt)
+    try:
+        res = run([*zvfs_cmd(), "mount", store, mnt, "-o", "decoded=off", "--log-file", tmp_path / "log"],
+                  timeout=90)
+        assert res.returncode == 0 and res.stderr == "", res.stderr
+        assert ".zvfs" in os.listdir(mnt)
+        assert os.listdir(mnt / ".zvfs") == ["mine"]
+        assert (mnt / ".zvfs" / "mine").read_text() == "the store's own\n"
     finally:
         force_unmount(mnt)
 

@@ -393,7 +393,7 @@ class _Reporter:
         return True
 
 
-def _scan(store: Any, description: str, report: _Reporter) -> Any:
+def _scan(store: Any, description: str, report: _Reporter, decoded: bool = True) -> Any:
     """Look at the store's key names once: warn when it holds no Zarr metadata at all (its
     plain files still mount), and learn the metadata mtimes the decoded views show.
     Returns a daemon.Prepared: the mtimes, and for a store listed flat (S3) that listing,
@@ -401,13 +401,15 @@ def _scan(store: Any, description: str, report: _Reporter) -> Any:
     from zvfs.daemon import Prepared
     from zvfs.formats.probe import scan_flat, scan_metadata
     from zvfs.stores.base import StoreError
+    from zvfs.views.root import CONTROL_NAME
 
     listing = None
+    reserved = CONTROL_NAME if decoded else None
     try:
         if store.flat_listing:
-            scan, listing = scan_flat(store)
+            scan, listing = scan_flat(store, reserved=reserved)
         else:
-            scan = scan_metadata(store)
+            scan = scan_metadata(store, reserved=reserved)
     except StoreError as exc:  # listing fails later too, with its own message; not worth a refusal
         log.debug("could not look for Zarr metadata: %s", exc)
         return Prepared({}, None)
@@ -417,6 +419,9 @@ def _scan(store: Any, description: str, report: _Reporter) -> Any:
     if scan.found is False:
         report.warn(f"{description} holds no Zarr metadata (zarr.json, .zarray, .zgroup); "
                     "mounting its plain files, and .zvfs/ will have no arrays")
+    if scan.reserved_used:
+        report.warn(f"{description} holds keys under {CONTROL_NAME}/, which the mount's decoded "
+                    f"views hide (mount with -o decoded=off to see them)")
     return Prepared(scan.mtimes, listing)
 
 
@@ -513,7 +518,7 @@ def _mount_foreground(args: argparse.Namespace, opts: dict[str, Any], spec: Any 
         if opts["writable"]:
             _check_uploads(opened, description, opts, report)
             _check_left_staged(opened, report)
-        return _scan(counted, description, report)
+        return _scan(counted, description, report, decoded=opts["decoded"] != "off")
 
     from zvfs.daemon import MountRefused, SessionAborted, serve
 

@@ -32,33 +32,41 @@ class MetadataScan:
 
     found: bool | None = False
     mtimes: dict[str, float] = field(default_factory=dict)
+    #: keys were seen under the ``reserved`` name asked about (the mount's control directory,
+    #: which hides them)
+    reserved_used: bool = False
 
     @property
     def newest(self) -> float | None:
         return max(self.mtimes.values(), default=None)
 
 
-def scan_metadata(store: Store, limit: int = SCAN_LIMIT) -> MetadataScan:
+def scan_metadata(store: Store, limit: int = SCAN_LIMIT, reserved: str | None = None) -> MetadataScan:
     """The scan of the store's first ``limit`` keys."""
-    return scan_keys(islice(store.list_tree(""), limit), limit)
+    return scan_keys(islice(store.list_tree(""), limit), limit, reserved)
 
 
-def scan_flat(store: Store, limit: int = SCAN_LIMIT) -> tuple[MetadataScan, Iterator[tuple[str, KeyInfo]]]:
+def scan_flat(store: Store, limit: int = SCAN_LIMIT, reserved: str | None = None
+              ) -> tuple[MetadataScan, Iterator[tuple[str, KeyInfo]]]:
     """For a store listed flat (S3): the scan, and the same listing resumed from its start
     (the keys the scan saw, then the rest as they come), for the raw tree's index. A
     bucket is then listed once at mount, not once for the scan and again for the tree:
     on S3 each page of 1,000 keys is a round trip, and the scan reads up to 10 of them."""
     listing = store.list_tree("")
     first = list(islice(listing, limit))
-    return scan_keys(first, limit), chain(first, listing)
+    return scan_keys(first, limit, reserved), chain(first, listing)
 
 
-def scan_keys(keys: Iterable[tuple[str, KeyInfo]], limit: int = SCAN_LIMIT) -> MetadataScan:
-    """The scan of these keys (at most ``limit`` of them are expected)."""
+def scan_keys(keys: Iterable[tuple[str, KeyInfo]], limit: int = SCAN_LIMIT,
+              reserved: str | None = None) -> MetadataScan:
+    """The scan of these keys (at most ``limit`` of them are expected); ``reserved``: a
+    top-level name whose use by the store to note (``reserved_used``)."""
     out = MetadataScan()
     seen = 0
     for key, info in keys:
         seen += 1
+        if reserved is not None and key.partition("/")[0] == reserved:
+            out.reserved_used = True
         parent, _, name = key.rpartition("/")
         if name in DESCRIBING_NAMES:
             out.found = out.found or name in METADATA_NAMES

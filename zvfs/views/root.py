@@ -73,7 +73,9 @@ class MountRoot(RawDirHolder):
         return await self.raw.lookup(name)
 
     async def children(self) -> Sequence[tuple[str, Node]]:
-        entries = [(n, c) for n, c in await self.raw.children() if n != CONTROL_NAME]
+        entries = list(await self.raw.children())
+        if self.control is not None:  # it hides the store's own .zvfs, which decoded=off shows
+            entries = [(n, c) for n, c in entries if n != CONTROL_NAME]
         if self.control is not None and not self.control.hidden:
             entries.append((CONTROL_NAME, self.control))
             entries.sort(key=lambda e: e[0])
