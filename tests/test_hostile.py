@@ -839,10 +839,17 @@ def test_zip_member_names_never_become_paths(tmp_path: Path, mount) -> None:
             zi.filename = name  # written as is: zipfile only normalises names on extract
             zi.compress_type = zipfile.ZIP_DEFLATED
             zf.writestr(zi, b"must not appear anywhere\n")
+        for name in ("/", "//"):  # directory entries of no name: dropped without a word before
+            zi = zipfile.ZipInfo("placeholder")
+            zi.filename = name
+            zf.writestr(zi, b"")
+        zi = zipfile.ZipInfo("placeholder")
+        zi.filename = "trail/"  # a directory entry holding bytes: a directory, bytes said lost
+        zf.writestr(zi, b"twenty bytes of data")
         zf.writestr("ok/safe.txt", b"safe\n")
     with zipfile.ZipFile(path) as zf:
         names = [zi.filename for zi in zf.infolist()]
-        assert "../evil-up" in names and "/abs/evil-abs" in names
+        assert "../evil-up" in names and "/abs/evil-abs" in names and "//" in names
     m = mount(path)
     pid = daemon_pid(m)
 
@@ -853,8 +860,10 @@ def test_zip_member_names_never_become_paths(tmp_path: Path, mount) -> None:
     assert stat_errno(m.path / "abs") == errno.ENOENT
     assert (m.path / "ok/safe.txt").read_bytes() == b"safe\n"
     assert_good(m, src)
-    for name in unsafe:
+    for name in [*unsafe, "/", "//"]:
         assert "not a safe path" in assert_one_line(m, repr(name))
+    assert (m.path / "trail").is_dir() and os.listdir(m.path / "trail") == []
+    assert "directory entry holding 20 bytes" in assert_one_line(m, repr("trail/"))
     assert_alive(m, pid)
 
 

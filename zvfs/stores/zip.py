@@ -177,7 +177,10 @@ class ZipStore(Store):
                 d = name.rstrip("/")
                 if d and bad_segment(d) is None:
                     self._add_prefixes(d + "/")
-                elif d:
+                    if zi.file_size:  # a directory it is, as zipfile and unzip take it
+                        log.warning("%s: member %r is a directory entry holding %d bytes; "
+                                    "the bytes are ignored", self.path, name, zi.file_size)
+                else:  # '/', '//' and the like, or an unsafe directory name
                     skipped.append(name)
                 continue
             if bad_segment(name) is not None:
