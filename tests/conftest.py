@@ -477,6 +477,54 @@ def write_arrays(store, specs: dict[str, dict], sample) -> None:
                 arr[region] = data[region]
 
 
+def numcodecs_filter_cases() -> dict[str, tuple[str, object, np.ndarray, str]]:
+    """v3 ``numcodecs.*`` array→array filters as zarr-python 3 writes them: name ->
+    (dtype, filter, values of shape (5, 3), dtype the filter encodes to). Each filter
+    gives these values back exactly, so the array written is their reference."""
+    import warnings
+
+    import zarr.codecs.numcodecs as znc
+
+    rng = np.random.default_rng(25)
+    k = np.arange(15).reshape(5, 3)
+    with warnings.catch_warnings():  # "not in the Zarr version 3 specification": known
+        warnings.simplefilter("ignore")
+        return {
+            "delta": ("i4", znc.Delta(dtype="<i4"),
+                      rng.integers(-(2**31), 2**31, (5, 3)).astype("i4"), "i4"),
+            "delta_astype_i2": ("i4", znc.Delta(dtype="<i4", astype="<i2"), k * 3 - 20, "i2"),
+            "fixedscaleoffset_i4": ("f4", znc.FixedScaleOffset(offset=0, scale=10, dtype="<f4",
+                                                               astype="<i4"), (k - 5) / 10, "i4"),
+            "fixedscaleoffset_u1": ("f8", znc.FixedScaleOffset(offset=0, scale=10, dtype="<f8",
+                                                               astype="|u1"), k / 10, "u1"),
+            "quantize": ("f8", znc.Quantize(digits=3, dtype="<f8"), k * 0.25 - 1, "f8"),
+            "bitround": ("f4", znc.BitRound(keepbits=3), (k - 7) * 0.5, "f4"),
+            "astype": ("f8", znc.AsType(encode_dtype="<f4", decode_dtype="<f8"), k / 4, "f4"),
+            "packbits": ("bool", znc.PackBits(), rng.integers(0, 2, (5, 3)).astype(bool), "u1"),
+        }  # fmt: skip
+
+
+def write_numcodecs_filter_array(
+    root: Path, name: str, endian: str, shards: tuple[int, ...] | None = None
+) -> np.ndarray:
+    """Write case ``name`` of :func:`numcodecs_filter_cases` with zarr-python 3 at
+    ``root/<endian>/<name>`` (chunks (2, 2), so edge chunks too; bytes codec in
+    ``endian``, no compressor), or ``root/<endian>-sharded/<name>`` in ``shards`` (the
+    filter goes inside the sharding codec); returns the array written, in the dtype
+    declared."""
+    import zarr
+    from zarr.codecs import BytesCodec
+
+    dtype, filt, values, _ = numcodecs_filter_cases()[name]
+    path = f"{endian}-sharded/{name}" if shards else f"{endian}/{name}"
+    arr = zarr.create_array(str(root), name=path, shape=values.shape, chunks=(2, 2), shards=shards,
+                            dtype=dtype, filters=[filt], serializer=BytesCodec(endian=endian),
+                            compressors=None, zarr_format=3)  # fmt: skip
+    written = values.astype(dtype)
+    arr[...] = written
+    return written.astype(np.dtype(dtype).newbyteorder("<" if endian == "little" else ">"))
+
+
 def read_errno(path: os.PathLike | str) -> int | None:
     """The errno reading ``path`` fails with, or None if it reads."""
     try:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import numcodecs_filter_cases, write_numcodecs_filter_array
 
 from zvfs import formats
 from zvfs.codecs import CodecError, UnknownCodecError, build_pipeline
@@ -485,6 +486,68 @@ def test_codec_registry_errors() -> None:
     p = build_pipeline([{"name": "bytes"}, {"name": "blosc"}], (4,), np.dtype("u1"))
     with pytest.raises(CodecError):
         p.decode(b"\x02\x01\x01\x01" + b"\xff" * 12)  # header claims more bytes than present
+
+
+@pytest.mark.parametrize("endian", ["little", "big"])
+@pytest.mark.parametrize("name", sorted(numcodecs_filter_cases()))
+def test_v3_numcodecs_filters(tmp_path, name: str, endian: str) -> None:
+    """A v3 array behind a ``numcodecs.*`` filter decodes to the array given to zarr-python
+    to write, in the byte order of its bytes codec. The reference is that array, not
+    zarr-python's read: zarr-python 3.1 misreads a filter followed by a big-endian bytes
+    codec (it hands numcodecs the big-endian array, which numcodecs views as its own
+    little-endian dtype), so each stored chunk is decoded here by hand with numcodecs too,
+    to show the bytes on disk hold what was written. Where zarr-python reads right
+    (little-endian), it must agree. Filters that change the dtype or shape (astype,
+    delta/fixedscaleoffset with astype, packbits) failed every read (the bytes codec
+    expected the chunk's own dtype); delta and fixedscaleoffset before a big-endian bytes
+    codec gave wrong values, silently."""
+    import numcodecs
+    import zarr
+
+    written = write_numcodecs_filter_array(tmp_path, name, endian)
+    encoded = np.dtype(numcodecs_filter_cases()[name][3])
+    order = "<" if endian == "little" else ">"
+    path = f"{endian}/{name}"
+    meta = discover(DirectoryStore(tmp_path)).arrays[path]
+    assert meta.error is None, meta.error
+    assert meta.dtype == written.dtype and meta.dtype.str == written.dtype.str
+    arr = open_array(DirectoryStore(tmp_path), path, meta)
+    out = arr.read_all()
+    assert out.dtype.str == written.dtype.str and out.tobytes() == written.tobytes()
+
+    config = json.loads((tmp_path / path / "zarr.json").read_text())["codecs"][0]
+    codec = numcodecs.get_codec({"id": config["name"].split(".", 1)[1], **config["configuration"]})
+    for idx in meta.chunk_indices():
+        key = tmp_path / path / "c" / "/".join(map(str, idx))
+        if not key.exists():
+            continue  # all fill value: zarr-python wrote no chunk
+        stored = np.frombuffer(key.read_bytes(), encoded.newbyteorder(order))
+        by_hand = np.asarray(codec.decode(stored.astype(encoded))).reshape(meta.chunks)
+        region = meta.chunk_slices(idx)
+        clipped = by_hand[tuple(slice(0, s.stop - s.start) for s in region)]
+        assert (clipped == written[region]).all(), idx
+        assert arr.read_chunk(idx)[tuple(slice(0, s.stop - s.start) for s in region)].tobytes() \
+            == written[region].tobytes(), idx  # fmt: skip
+    if endian == "little":
+        assert zarr.open_array(str(tmp_path), path=path, mode="r")[...].tobytes() == written.tobytes()
+
+
+def test_v3_numcodecs_filters_that_cannot_be_undone_are_refused() -> None:
+    """A filter whose chunks zvfs cannot decode to the array's values is an error in the
+    metadata (meta.json), never wrong bytes or an EIO at the first read."""
+    bytes_le = {"name": "bytes", "configuration": {"endian": "little"}}
+    bad = [
+        ("packbits", {}, "int8"),  # packbits packs bools
+        ("quantize", {"digits": 2, "dtype": "<f8", "astype": "<f4"}, "float64"),
+        ("delta", {"dtype": "<i8"}, "int32"),  # numcodecs would view the chunk as i8
+        ("astype", {"encode_dtype": "<f4", "decode_dtype": "<f4"}, "float64"),
+    ]
+    for codec_id, config, data_type in bad:
+        codecs = [{"name": f"numcodecs.{codec_id}", "configuration": config}, bytes_le]
+        store = DictStore({"a/zarr.json": _v3(codecs=codecs, data_type=data_type)})
+        meta = discover(store).arrays["a"]
+        assert meta.error and f"numcodecs.{codec_id}" in meta.error, (codec_id, meta.error)
+        assert json.loads(meta.json_bytes())["error"] == meta.error
 
 
 class Mangler(Store):

@@ -34,11 +34,13 @@ from conftest import (
     Mounted,
     daemon_pids,
     is_mounted,
+    numcodecs_filter_cases,
     run,
     s3_client,
     tool,
     upload_tree,
     write_arrays,
+    write_numcodecs_filter_array,
     zip_with_cmd,
     zip_with_zarr,
 )
@@ -897,6 +899,43 @@ def test_rediscoveries_do_not_keep_the_old_views(mount, tmp_path) -> None:
     assert last["entries"] <= first["entries"] + 2, (first, last)
     ref = zarr.open_array(str(root), path="b", mode="r")[...]
     assert (m.path / ".zvfs/arrays/b/data.raw").read_bytes() == ref.tobytes()
+
+
+def test_v3_numcodecs_filters_through_the_mount(mount, tmp_path) -> None:
+    """v3 arrays behind every ``numcodecs.*`` filter zarr-python 3 writes, before a little-
+    and a big-endian bytes codec, plain and inside shards: meta.json has no error, and
+    data.npy, data.raw, every chunks/ file and the v2 mirror hold the array given to
+    zarr-python to write. That array is the reference, not zarr-python's read, which is
+    wrong for a filter before a big-endian bytes codec (test_formats' test of the same
+    arrays decodes their stored chunks by hand with numcodecs: they hold what was
+    written). Before, the filters that change the dtype or shape failed every read with
+    EIO, and delta and fixedscaleoffset before big-endian bytes served wrong values."""
+    root = tmp_path / "filters.zarr"
+    written = {}
+    for name in sorted(numcodecs_filter_cases()):
+        for endian in ("little", "big"):
+            written[f"{endian}/{name}"] = write_numcodecs_filter_array(root, name, endian)
+            written[f"{endian}-sharded/{name}"] = write_numcodecs_filter_array(
+                root, name, endian, shards=(4, 2))
+    m = mount(root)
+    for path, ref in written.items():
+        base = m.path / ".zvfs/arrays" / path
+        meta = json.loads((base / "meta.json").read_text())
+        assert meta["error"] is None, (path, meta["error"])
+        assert meta["dtype"] == ref.dtype.str and meta["shape"] == list(ref.shape), path
+        a = np.load(base / "data.npy")
+        assert a.dtype.str == ref.dtype.str and a.tobytes() == ref.tobytes(), (path, a, ref)
+        raw = base / "data.raw"
+        assert raw.read_bytes() == ref.tobytes(), path
+        n = len(ref.tobytes())
+        assert read_range(raw, n // 3, n // 2) == ref.tobytes()[n // 3 : n // 3 + n // 2], path
+        for name in os.listdir(base / "chunks"):
+            idx = tuple(int(x) for x in name.split("."))
+            want = np.ascontiguousarray(ref[chunk_region(idx, meta["chunks"])]).tobytes()
+            assert (base / "chunks" / name).read_bytes() == want, (path, name)
+        mirror = _zarr_open_mirror(m.path / ".zvfs/v2", path)[...]
+        assert (mirror == ref).all(), (path, mirror, ref)
+    assert "ERROR" not in m.log_text()
 
 
 def test_npy_header_sizes() -> None:

@@ -76,6 +76,12 @@ class ShardingCodec(Codec):
         assert self.inner is not None
         return self.inner.dtype
 
+    @property
+    def byte_order(self) -> str:
+        """The inner chunks' byte order, which a sharded array is served in."""
+        assert self.inner is not None
+        return self.inner.byte_order
+
     # -- ranged access -------------------------------------------------------
 
     def index_range(self, shard_nbytes: int | None) -> tuple[int, int]:

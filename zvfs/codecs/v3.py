@@ -47,6 +47,9 @@ class Codec:
     def decoded_dtype(self, dtype: np.dtype) -> np.dtype:
         return dtype
 
+    #: array→bytes: the byte order multi-byte numbers are stored in ('=': none declared)
+    byte_order = "="
+
     #: fixed number of bytes a bytes→bytes codec adds (None if data-dependent)
     overhead: int | None = None
 
@@ -64,6 +67,7 @@ class BytesCodec(Codec):
         if endian not in (None, "little", "big"):
             raise UnknownCodecError(f"bytes codec: unknown endian {endian!r}")
         self.endian = endian
+        self.byte_order = {"little": "<", "big": ">"}.get(endian, "=")
 
     def decoded_dtype(self, dtype: np.dtype) -> np.dtype:
         if dtype.kind == "O":
@@ -137,20 +141,56 @@ class TransposeCodec(Codec):
 
 
 class NumcodecsFilter(Codec):
-    """zarr-python 3's "numcodecs.<id>" array→array wrappers (delta, fixedscaleoffset, ...)."""
+    """zarr-python 3's "numcodecs.<id>" array→array wrappers (delta, fixedscaleoffset, ...).
+
+    On encoding, numcodecs views the chunk as the filter's own dtype and returns an
+    array of the dtype (and, for packbits, the shape) it encodes to; the bytes codec then
+    stores that array by value in its own byte order. Decoding undoes each step: the
+    bytes codec's array is cast to the filter's encoded dtype, and the filter's result
+    is viewed back as the chunk's dtype, then cast to the byte order served.
+    """
 
     kind = "aa"
 
     def __init__(self, config: dict[str, Any], codec_id: str):
         super().__init__(config)
+        self.codec_id = codec_id
         self.name = "numcodecs." + codec_id
         self.codec = _numcodecs_codec({"id": codec_id, **config})
 
+    def _dtypes(self, dtype: np.dtype) -> tuple[np.dtype, np.dtype]:
+        """(dtype the filter decodes to, dtype it encodes to) for chunks of native ``dtype``."""
+        c = self.codec
+        if self.codec_id in ("delta", "fixedscaleoffset", "quantize"):
+            return np.dtype(c.dtype), np.dtype(c.astype)
+        if self.codec_id == "astype":
+            return np.dtype(c.decode_dtype), np.dtype(c.encode_dtype)
+        if self.codec_id == "packbits":
+            return np.dtype(bool), np.dtype("u1")
+        return dtype, dtype  # bitround rounds in place
+
+    def encoded_spec(
+        self, shape: tuple[int, ...], dtype: np.dtype
+    ) -> tuple[tuple[int, ...], np.dtype]:
+        decoded, encoded = self._dtypes(dtype)
+        if self.codec_id == "quantize" and encoded != decoded:
+            # zarr-python 3 keeps quantize's chunk spec, so it cannot read such chunks
+            raise UnknownCodecError(f"{self.name}: astype {encoded} other than dtype {decoded}")
+        if self.codec_id == "packbits":
+            if dtype != np.dtype(bool):
+                raise UnknownCodecError(f"{self.name} needs a bool array, not {dtype}")
+            return (1 + math.ceil(math.prod(shape) / 8),), encoded
+        if decoded.itemsize != dtype.itemsize:
+            raise UnknownCodecError(f"{self.name}: its dtype {decoded} does not fit {dtype} chunks")
+        return shape, encoded.newbyteorder("=")
+
     def decode(self, arr: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        out = np.asarray(self.codec.decode(arr))
-        if out.dtype != dtype:
-            out = out.astype(dtype) if out.dtype.itemsize != dtype.itemsize else out.view(dtype)
-        return out.reshape(shape)
+        native = dtype.newbyteorder("=")
+        encoded = self._dtypes(native)[1]
+        out = np.asarray(self.codec.decode(arr.astype(encoded, copy=False)))
+        if out.dtype != native:
+            out = out.view(native)
+        return out.reshape(shape).astype(dtype, copy=False)
 
 
 # -- bytes → bytes -------------------------------------------------------------
@@ -282,7 +322,7 @@ class Pipeline:
         self.aa = parsed[:ab]
         self.ab = parsed[ab]
         self.bb = parsed[ab + 1 :]
-        # shapes/dtypes each array→array codec sees on its encoded side
+        # shapes/dtypes each array→array codec encodes from (and decodes back to)
         self._aa_specs: list[tuple[tuple[int, ...], np.dtype]] = []
         spec_shape, spec_dtype = self.shape, dtype
         for codec in self.aa:
@@ -293,7 +333,13 @@ class Pipeline:
             self.ab.bind(spec_shape, spec_dtype, fill_value)
         self._ab_dtype = self.ab.decoded_dtype(spec_dtype)
         # the byte order declared by the bytes codec is the one chunks are served in
-        self.dtype = self._ab_dtype
+        self.byte_order = self.ab.byte_order
+        self.dtype = self._ab_dtype if spec_dtype == dtype else dtype.newbyteorder(self.byte_order)
+        # each array→array codec decodes to the spec it encoded from, in that byte order
+        self._aa_specs = [
+            (s, self.dtype if d == dtype else d.newbyteorder(self.byte_order))
+            for s, d in self._aa_specs
+        ]
         #: most bytes a bytes→bytes codec may yield (fixed-size elements only): a chunk's
         #: bytes, or a shard's (its chunks, however encoded, and its index)
         nbytes = math.prod(self._ab_shape) * self._ab_dtype.itemsize
@@ -327,10 +373,10 @@ class Pipeline:
         """Encoded chunk → C-ordered ndarray of ``self.shape`` and ``self.dtype``."""
         try:
             arr = self.ab.decode(self.decode_bytes(data), self._ab_shape, self._ab_dtype)
-            for codec, (shape, _dt) in zip(
+            for codec, (shape, dtype) in zip(
                 reversed(self.aa), reversed(self._aa_specs), strict=True
             ):
-                arr = codec.decode(arr, shape, self.dtype)
+                arr = codec.decode(arr, shape, dtype)
         except CodecError:
             raise
         except Exception as exc:  # numpy reshape/view errors on corrupt data
