@@ -2060,3 +2060,40 @@ def test_staging_tells_only_of_dead_daemons_files_and_removes_no_directory(tmp_p
     assert seen == []
     for s in (live, me):
         s.cleanup()
+
+
+def test_zip_written_over_in_place_is_refused_member_by_member(tmp_path: Path, caplog) -> None:
+    """``cp new.zip old.zip`` keeps the inode the store holds open: the members' offsets then
+    held other bytes, and random reads served them silently (a helper's audit). From the
+    change on, a member is read only once its local header is still its own; appending
+    (zip -g, zipfile's mode 'a') keeps the old members readable."""
+    path = tmp_path / "a.zip"
+    x, y = os.urandom(5000), os.urandom(3000)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("x", x)
+        zf.writestr("y", y)
+    st = ZipStore(path)
+    try:
+        assert st.get_range("x", 100, 50) == x[100:150]
+        # appended to: still the same members where they were
+        with zipfile.ZipFile(path, "a") as zf:
+            zf.writestr("z", b"new")
+        assert st.get_range("x", 200, 50) == x[200:250]
+        assert st.get("y") == y
+        assert any("changed since it was mounted" in r.getMessage() for r in caplog.records)
+        # written over in place with another archive: other bytes at x's offset
+        other = tmp_path / "b.zip"
+        with zipfile.ZipFile(other, "w", zipfile.ZIP_STORED) as zf:
+            zf.writestr("first", os.urandom(100))
+            zf.writestr("x", os.urandom(5000))
+        with open(path, "r+b") as f:
+            f.write(other.read_bytes())
+            f.truncate()
+        for key in ("x", "y"):
+            with pytest.raises(StoreError, match="written over since the mount"):
+                st.get_range(key, 10, 20)
+            assert st.get_range_at_once(key, 10, 20) is None
+        with pytest.raises(StoreError, match="written over"):  # and at once after
+            st.get("x")
+    finally:
+        st.close()

@@ -91,6 +91,8 @@ class _Member:
     info: zipfile.ZipInfo
     mtime: float
     data_offset: int = -1  # filled lazily from the local header
+    #: the archive's generation (see ZipStore._now) when that header was read
+    checked: int = 0
     #: why the member is known to be corrupt (CRC mismatch, bad stream); later reads fail at once
     bad: str | None = None
 
@@ -143,6 +145,9 @@ class ZipStore(Store):
             raise
         self._closed = False
         self._lock = threading.Lock()
+        #: bumped each time the archive is found changed since the mount (size or mtime)
+        self._generation = 0
+        self._seen = (self._size, self._stamp[3])
         self._streams = _StreamPool()
         self.counters = counters if counters is not None else Counters()
         self._inflate = _Inflater(self._fd, self.counters)
@@ -303,28 +308,64 @@ class ZipStore(Store):
             raise KeyNotFound(key)
         return m
 
-    def _data_offset(self, key: str, m: _Member) -> int:
-        """Where the member's data starts: after its local header (read once, then kept)."""
-        if m.data_offset >= 0:
-            return m.data_offset
+    def _now(self) -> int:
+        """The archive's generation: 0 while it is as mounted, one more each time its size or
+        mtime is found changed. An archive written over in place (``cp new.zip old.zip``
+        keeps the inode the mount holds open) put other bytes at the members' offsets, and
+        random reads served them silently; from a change on, each member's local header is
+        read again and must still be its own before the member is read (``zip -g``, which
+        appends, keeps the old members valid)."""
         try:
-            raw = os.pread(self._fd, _LOCAL_HEADER.size, m.info.header_offset)
+            st = os.fstat(self._fd)
+        except OSError:
+            return self._generation
+        if (st.st_size, st.st_mtime_ns) != self._seen:
+            with self._lock:
+                if (st.st_size, st.st_mtime_ns) != self._seen:
+                    self._seen = (st.st_size, st.st_mtime_ns)
+                    self._size = st.st_size
+                    self._generation += 1
+                    log.warning("%s changed since it was mounted: each member is checked against "
+                                "its local header before it is read again (remount to see what "
+                                "it holds now)", self.path)
+        return self._generation
+
+    def _data_offset(self, key: str, m: _Member) -> int:
+        """Where the member's data starts: after its local header (read once, then kept
+        while the archive is unchanged)."""
+        now = self._now()
+        if m.data_offset >= 0 and m.checked == now:
+            return m.data_offset
+        zi = m.info
+        # with the name: an archive changed since the mount has it compared
+        length = _LOCAL_HEADER.size + (len(_raw_name(zi)) if now else 0)
+        try:
+            raw = os.pread(self._fd, length, zi.header_offset)
         except OSError as e:
             raise StoreError(f"{key}: cannot read zip local header: {e.strerror}") from e
-        return self._local_header(key, m, raw)
+        return self._local_header(key, m, raw, now)
 
-    def _local_header(self, key: str, m: _Member, raw: bytes | memoryview) -> int:
-        """The data offset a member's local header gives (kept on the member)."""
+    def _local_header(self, key: str, m: _Member, raw: bytes | memoryview, now: int = 0) -> int:
+        """The data offset a member's local header gives (kept on the member). ``now``: the
+        archive's generation; past 0, the header must also name the member and, unless its
+        sizes come after the data, give the central directory's CRC and sizes."""
         zi = m.info
-        if len(raw) != _LOCAL_HEADER.size:
+        if len(raw) < _LOCAL_HEADER.size:
             raise StoreError(f"{key}: zip local header is truncated")
-        magic, name_len, extra_len = _LOCAL_HEADER.unpack(raw)
+        magic, name_len, extra_len = _LOCAL_HEADER.unpack_from(raw)
         if magic != _LOCAL_MAGIC:
-            raise StoreError(f"{key}: bad zip local header at offset {zi.header_offset}")
+            if now:
+                m.bad = _MOVED
+            raise StoreError(f"{key}: bad zip local header at offset {zi.header_offset}"
+                             + (f" ({_MOVED})" if now else ""))
+        if now and not _still_the_member(zi, raw, name_len):
+            m.bad = _MOVED
+            raise StoreError(f"{key}: {_MOVED}")
         off = zi.header_offset + _LOCAL_HEADER.size + name_len + extra_len
         if off + zi.compress_size > self._size:
             raise StoreError(f"{key}: member data extends past the end of the zip file")
         m.data_offset = off  # benign race: every thread computes the same value
+        m.checked = now
         return off
 
     def get_range_at_once(self, key: str, start: int, length: int) -> memoryview | None:
@@ -339,6 +380,8 @@ class ZipStore(Store):
         size = zi.file_size
         if (zi.compress_type != zipfile.ZIP_STORED or zi.flag_bits & 0x1
                 or zi.compress_size != size or start < 0 or length <= 0 or start >= size):
+            return None
+        if m.checked != self._now():  # the archive changed: the worker's read checks the member
             return None
         try:
             off = m.data_offset
@@ -423,6 +466,29 @@ class ZipStore(Store):
         if pooled:
             self._streams.give(key, reader)
         return data
+
+
+_MOVED = ("the zip archive was written over since the mount, and this member is no longer "
+          "where its directory says: remount to read it")
+_LOCAL_FIELDS = struct.Struct("<4sHHHHHIII")  # signature, version, flags, method, time, date, CRC, sizes
+
+
+def _raw_name(zi: zipfile.ZipInfo) -> bytes:
+    """The member's name as the archive spells it (zipfile decoded it by the UTF-8 flag)."""
+    return zi.orig_filename.encode("utf-8" if zi.flag_bits & 0x800 else "cp437", "surrogateescape")
+
+
+def _still_the_member(zi: zipfile.ZipInfo, raw: bytes | memoryview, name_len: int) -> bool:
+    """Whether a local header (``raw``, its name included) is still ``zi``'s."""
+    if bytes(raw[_LOCAL_HEADER.size:_LOCAL_HEADER.size + name_len]) != _raw_name(zi):
+        return False
+    _, _, flags, method, _, _, crc, csize, usize = _LOCAL_FIELDS.unpack_from(raw)
+    if method != zi.compress_type:
+        return False
+    if flags & 0x8:  # CRC and sizes in a data descriptor after the data
+        return True
+    zip64 = 0xFFFFFFFF
+    return crc == zi.CRC and csize in (zi.compress_size, zip64) and usize in (zi.file_size, zip64)
 
 
 class _Corrupt(Exception):
