@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import shutil
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from zvfs import formats
 from zvfs.codecs import CodecError, UnknownCodecError, build_pipeline
 from zvfs.formats import ArrayMeta, FormatError, discover, open_array
 from zvfs.formats._common import fill_scalar
+from zvfs.formats.probe import scan_metadata
 from zvfs.stores.base import KeyInfo, Listing, Store
 from zvfs.stores.directory import DirectoryStore
 
@@ -272,6 +274,71 @@ def test_chunk_keys_per_encoding() -> None:
     v1 = hierarchy_of("v1.zarr").arrays["float64"]
     arr = open_array(store_of("v1.zarr"), "float64", v1)
     assert arr.chunk_key((1, 0)) == "float64/__zdata__/1.0.blosc" and not arr.chunk_exists((1, 0))
+    spec = store_of("v1spec.zarr")
+    arr = open_array(spec, "zlib_i4", hierarchy_of("v1spec.zarr").arrays["zlib_i4"])
+    assert arr.chunk_key((1, 0)) == "zlib_i4/1.0" and arr.chunk_exists((1, 0))
+    assert not arr.chunk_exists((1, 1))
+    assert open_array(spec, "scalar").chunk_key(()) == "scalar/0"
+
+
+# --------------------------------------------------------------------------- Zarr v1 spec
+
+
+def test_v1_spec_metadata() -> None:
+    """The v1 storage spec's meta and attrs (zarr 2.18's meta_v1 wrote them) land in meta.json
+    as migrate_1to2 reads them: the compressor is the numcodecs codec its compression and
+    compression_opts make (an int is its one argument, an object its keywords)."""
+    h = hierarchy_of("v1spec.zarr")
+    doc = json.loads(h.arrays["zlib_i4"].json_bytes())
+    assert doc["format"] == "zarr_v1" and doc["error"] is None
+    assert doc["codecs"] == [{"id": "zlib", "level": 1}] and doc["fill_value"] == 42
+    assert doc["attributes"] == {"foo": 42} and doc["chunk_grid"] == [2, 2]
+    assert h.arrays["none_F_f8"].codecs == [] and h.arrays["none_F_f8"].order == "F"
+    assert json.loads(h.arrays["none_F_f8"].json_bytes())["fill_value"] == "NaN"
+    assert h.arrays["blosc_F_3d_u1"].codecs == [
+        {"id": "blosc", "cname": "zstd", "clevel": 3, "shuffle": 2, "blocksize": 0}]
+    assert h.arrays["structured"].dtype.names == ("id", "value", "tag")
+    root = hierarchy_of("v1spec_root.zarr").arrays[""]
+    assert root.attributes == {"title": "a v1 store", "answer": 42}
+    assert root.metadata_key == "meta" and root.fill_value == 7
+
+
+def test_v1_spec_meta_may_be_a_plain_file(tmp_path) -> None:
+    """'meta' is a name plain files have: only JSON with "zarr_format": 1 makes an array,
+    and a big 'meta' is not even read. Beside them discovery goes on (a v2 array below)."""
+    assert not {"notes", "other"} & set(hierarchy_of("v1spec.zarr").arrays)
+    (tmp_path / "meta").write_text("not JSON\n")
+    for name, body in (("a", "[1, 2]"), ("b", '{"zarr_format": true, "shape": [1]}'),
+                       ("c", '{"zarr_format": 2}'), ("d", "x" * ((1 << 20) + 1))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "meta").write_text(body)
+    shutil.copytree(CORPUS / "bad.zarr" / "good", tmp_path / "a" / "v2")
+
+    class Bounded(RecordingStore):
+        def get_at_most(self, key: str, limit: int) -> bytes:
+            self.calls.append(("get_at_most", key, limit))
+            return self.inner.get_at_most(key, limit)  # a directory store refuses before reading
+
+    rec = Bounded(DirectoryStore(tmp_path))
+    h = discover(rec)
+    assert set(h.arrays) == {"a/v2"} and not h.errors, (h.arrays, h.errors)
+    assert [c for c in rec.calls if c[1] == "d/meta"] == [("get_at_most", "d/meta", 1 << 20)]
+    assert scan_metadata(DirectoryStore(tmp_path / "a" / "v2")).found
+
+
+def test_v1_spec_scan_counts_meta_only_when_it_is_v1(tmp_path) -> None:
+    """The scan at mount warns of a store with no Zarr metadata: a v1 store has some (its
+    'meta', read to be sure), a directory whose only 'meta' is a plain file has none."""
+    for name in ("v1spec_root.zarr", "v1spec.zarr"):
+        scan = scan_metadata(store_of(name))
+        assert scan.found is True, name
+    assert scan_metadata(store_of("v1spec_root.zarr")).mtimes.keys() == {""}
+    plain = tmp_path / "plain"
+    (plain / "sub").mkdir(parents=True)
+    (plain / "meta").write_text("meeting notes\n")
+    (plain / "sub" / "meta").write_text('{"zarr_format": 2}')
+    (plain / "attrs").write_text("{}")
+    assert scan_metadata(DirectoryStore(plain)).found is False
 
 
 def test_nczarr_scalar_dims_and_attributes() -> None:

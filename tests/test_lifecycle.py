@@ -385,6 +385,7 @@ def test_directory_without_zarr_warns_once(zarr_dir, tmp_path) -> None:
     plain = tmp_path / "plain"
     (plain / "sub").mkdir(parents=True)
     (plain / "sub" / "notes.txt").write_text("no zarr here\n")
+    (plain / "sub" / "meta").write_text("a file named meta is no Zarr v1 metadata\n")
     mnt = tmp_path / "m"
     mnt.mkdir()
     try:
@@ -396,12 +397,14 @@ def test_directory_without_zarr_warns_once(zarr_dir, tmp_path) -> None:
         assert (mnt / "sub" / "notes.txt").read_text() == "no zarr here\n"
     finally:
         force_unmount(mnt)
-    # a Zarr store mounts without a word
-    try:
-        res = run([*zvfs_cmd(), "mount", zarr_dir, mnt, "--log-file", tmp_path / "log"], timeout=90)
-        assert res.returncode == 0 and res.stderr == "", res.stderr
-    finally:
-        force_unmount(mnt)
+    # a Zarr store mounts without a word, and so does a Zarr v1 one (its only metadata: meta)
+    v1 = Path(__file__).resolve().parent / "fixtures" / "zarr" / "v1spec_root.zarr"
+    for store in (zarr_dir, v1):
+        try:
+            res = run([*zvfs_cmd(), "mount", store, mnt, "--log-file", tmp_path / "log"], timeout=90)
+            assert res.returncode == 0 and res.stderr == "", res.stderr
+        finally:
+            force_unmount(mnt)
 
 
 def test_a_store_of_its_own_dot_zvfs_is_told_and_shown_with_decoded_off(zarr_dir, tmp_path) -> None:

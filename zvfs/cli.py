@@ -417,7 +417,7 @@ def _scan(store: Any, description: str, report: _Reporter, decoded: bool = True)
         log.debug("metadata scan failed", exc_info=True)
         return Prepared({}, None)
     if scan.found is False:
-        report.warn(f"{description} holds no Zarr metadata (zarr.json, .zarray, .zgroup); "
+        report.warn(f"{description} holds no Zarr metadata (zarr.json, .zarray, .zgroup, a v1 meta); "
                     "mounting its plain files, and .zvfs/ will have no arrays")
     if scan.reserved_used:
         report.warn(f"{description} holds keys under {CONTROL_NAME}/, which the mount's decoded "

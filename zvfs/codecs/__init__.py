@@ -11,7 +11,7 @@ from .blosc import decompress as blosc_decompress
 from .errors import CodecError, UnknownCodecError
 from .sharding import EMPTY as SHARD_EMPTY
 from .sharding import ShardingCodec
-from .v2 import VLEN_FILTER_IDS, V2Pipeline, decode_blosc_chunk
+from .v2 import VLEN_FILTER_IDS, V2Pipeline, decode_blosc_chunk, v1_compressor
 from .v3 import REGISTRY as V3_REGISTRY
 from .v3 import Pipeline, build_pipeline, make_codec
 from .vlen import decode_vlen
@@ -28,6 +28,7 @@ __all__ = [
     "V2Pipeline",
     "VLEN_FILTER_IDS",
     "decode_blosc_chunk",
+    "v1_compressor",
     "blosc_decompress",
     "decode_vlen",
 ]

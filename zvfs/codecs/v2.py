@@ -37,6 +37,28 @@ def get_codec(config: dict[str, Any]) -> Any:
         raise UnknownCodecError(f"unsupported codec {config.get('id')!r}: {exc}") from exc
 
 
+def v1_compressor(compression: Any, options: Any) -> dict[str, Any] | None:
+    """The v2 compressor configuration of a Zarr v1 ``compression`` and ``compression_opts``
+    (None: stored raw), made as zarr's migrate_1to2 makes it, the reference for v1 data:
+    the numcodecs class of that id, given the options as keywords (an object) or as its
+    one positional argument (anything else, a level for zlib, bz2 and lzma). So the v1
+    array decodes through the v2 pipeline, with the same codec objects."""
+    if compression is None or compression == "none":
+        return None
+    if not isinstance(compression, str) or compression in VLEN_FILTER_IDS:
+        raise UnknownCodecError(f"unsupported compression {compression!r}")
+    cls = numcodecs.registry.codec_registry.get(compression)
+    if cls is None:
+        raise UnknownCodecError(f"unsupported compression {compression!r}")
+    try:
+        codec = cls(**options) if isinstance(options, dict) else cls(options)
+        return dict(codec.get_config())
+    except Exception as exc:  # TypeError, ValueError: options the codec does not take
+        raise UnknownCodecError(
+            f"compression {compression!r} with compression_opts {options!r}: {exc}"
+        ) from exc
+
+
 #: numcodecs compressors that decode_bounded bounds (as a compressor or as a filter)
 BOUNDED_IDS = frozenset({"zlib", "gzip", "bz2", "lzma", "zstd", "lz4", "blosc"})
 

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..codecs import CodecError, UnknownCodecError
-from ..stores.base import KeyNotFound, Listing, Store, StoreError
+from ..stores.base import KeyNotFound, Listing, Store, StoreError, TooLarge
 from . import keys, nczarr, zarr_v1, zarr_v2, zarr_v3
 from ._common import get_metadata, join, load_json, parse_json
 from .meta import ArrayMeta, FormatError
@@ -189,7 +189,7 @@ def _make_reader(store: Store, meta: ArrayMeta) -> ChunkReader:
     if meta.format == "nczarr":
         return nczarr.Reader(store, meta)
     if meta.format == "zarr_v1":
-        return zarr_v1.Reader(store, meta)
+        return zarr_v1.make_reader(store, meta)
     raise FormatError(f"unknown format {meta.format!r}")
 
 
@@ -407,7 +407,25 @@ def _read_node(
         if attrs_err is not None:
             return ArrayMeta(path=path, format="zarr_v1", error=attrs_err, metadata_key=key)
         return zarr_v1.parse_array(path, zmeta, zattr, key)
+    key = join(path, keys.META)
+    meta = _v1_meta(store, key, known)
+    if meta is not None:
+        _, attrs, attrs_err = _get_doc(store, join(path, keys.ATTRS), known, keys.ATTRS)
+        return zarr_v1.parse_spec_array(path, meta, attrs, key, attrs_err)
     return None
+
+
+def _v1_meta(store: Store, key: str, known: set[str] | None) -> dict[str, Any] | None:
+    """The Zarr v1 (storage spec) metadata at ``key``, or None: absent, or a file that is no
+    such JSON (a store may hold a 'meta' of its own: it stays a plain file, and a big one is
+    not even read). Other store errors pass through, as in _get_doc."""
+    if known is not None and keys.META not in known:
+        return None
+    try:
+        doc = parse_json(store.get_at_most(key, keys.META_MAX_BYTES), key)
+    except (KeyNotFound, TooLarge, FormatError):
+        return None
+    return doc if keys.is_v1_meta(doc) else None
 
 
 def _walk(store: Store, h: Hierarchy, root: Listing) -> None:

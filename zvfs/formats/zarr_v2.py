@@ -110,13 +110,17 @@ def chunk_key(meta: ArrayMeta, idx: tuple[int, ...]) -> str:
 
 
 class Reader:
-    """Fetch + decode v2 chunks of one array (thread-safe: no mutable state)."""
+    """Fetch + decode v2 chunks of one array (thread-safe: no mutable state). ``pipeline``
+    is given for arrays whose chunks are v2's but whose metadata is not a .zarray (the
+    Zarr v1 storage spec's)."""
 
-    def __init__(self, store: Store, meta: ArrayMeta):
+    def __init__(self, store: Store, meta: ArrayMeta, pipeline: V2Pipeline | None = None):
         self.store = store
         self.meta = meta
-        zarray = meta.source["zarray"]
-        self.pipeline = V2Pipeline(zarray.get("compressor"), zarray.get("filters"))
+        if pipeline is None:
+            zarray = meta.source["zarray"]
+            pipeline = V2Pipeline(zarray.get("compressor"), zarray.get("filters"))
+        self.pipeline = pipeline
 
     def chunk_key(self, idx: tuple[int, ...]) -> str:
         return chunk_key(self.meta, idx)
