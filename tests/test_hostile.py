@@ -598,6 +598,54 @@ def build_bad_chunks(root: Path) -> dict[str, tuple[str, np.ndarray]]:
     return out
 
 
+class _Planted:
+    """A pickle that, unpickled, makes the file its path names: code a store's bytes run."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):  # noqa: ANN204 - pickle's protocol
+        return (open, (self.path, "w"))
+
+
+def test_a_pickle_codec_is_refused_and_never_runs_a_chunk(tmp_path: Path, mount) -> None:
+    """A v2 array whose compressor (or filter), or a v3 array whose codec, is numcodecs'
+    pickle: its chunks were unpickled in the daemon, so a hostile store ran code there (a
+    helper found it). The array shows meta.json with the error; no chunk is unpickled."""
+    import pickle
+
+    root = new_store(tmp_path / "pickled.zarr")
+    planted = tmp_path / "ran-code"
+    payload = pickle.dumps(_Planted(planted))
+    docs = {
+        "as_compressor": {"compressor": {"id": "pickle"}, "filters": None},
+        "as_filter": {"compressor": None, "filters": [{"id": "pickle"}]},
+    }
+    for name, codecs in docs.items():
+        (root / name).mkdir()
+        (root / name / ".zarray").write_text(json.dumps({
+            "zarr_format": 2, "shape": [4], "chunks": [4], "dtype": "<i8", "fill_value": 0,
+            "order": "C", **codecs}))
+        (root / name / "0").write_bytes(payload)
+    v3 = json.loads(json.dumps(_v3_doc([4], "int64")))
+    v3["chunk_grid"]["configuration"]["chunk_shape"] = [4]
+    v3["codecs"].append({"name": "numcodecs.pickle", "configuration": {}})
+    (root / "as_v3_codec").mkdir()
+    (root / "as_v3_codec" / "zarr.json").write_text(json.dumps(v3))
+    (root / "as_v3_codec" / "c").mkdir()
+    (root / "as_v3_codec" / "c" / "0").write_bytes(payload)
+    m = mount(root)
+    for name in (*docs, "as_v3_codec"):
+        base = m.path / ".zvfs/arrays" / name
+        meta = json.loads((base / "meta.json").read_text())
+        assert meta["error"] and "pickle" in meta["error"], meta
+        assert not (base / "data.raw").exists()
+        assert read_errno(m.path / ".zvfs/v2" / name / "0") == errno.ENOENT
+    assert (m.path / "as_compressor" / "0").read_bytes() == payload  # the raw file is just bytes
+    assert not planted.exists()
+    assert_good(m, root)
+
+
 def test_bad_chunks(tmp_path: Path, mount) -> None:
     """Corrupt, truncated and zero-length chunks: EIO for that chunk (and data.raw),
     the array's other chunks read, one log line names the chunk key."""

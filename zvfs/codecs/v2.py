@@ -27,10 +27,19 @@ VLEN_FILTER_IDS = {
 }
 
 
+#: codecs never run on a store's bytes: unpickling runs whatever code the bytes name, so a
+#: chunk of a hostile store would run in the daemon (as root, for a system mount)
+REFUSED_IDS = frozenset({"pickle"})
+
+
 def get_codec(config: dict[str, Any]) -> Any:
-    """numcodecs codec for a v2 compressor/filter config; UnknownCodecError if unknown."""
+    """numcodecs codec for a v2 compressor/filter config; UnknownCodecError if unknown or
+    refused (REFUSED_IDS)."""
     if not isinstance(config, dict) or not isinstance(config.get("id"), str):
         raise UnknownCodecError(f"malformed codec configuration {config!r}")
+    if config["id"] in REFUSED_IDS:
+        raise UnknownCodecError(f"codec {config['id']!r} is refused: decoding it would run code "
+                                "the store's bytes name")
     try:
         return numcodecs.get_codec(dict(config))
     except Exception as exc:  # ValueError for unknown ids, TypeError for bad options
