@@ -369,7 +369,7 @@ def test_array_views(backend: Backend, corpus: Corpus, case: Case) -> None:
     expected = ref.tobytes()
     assert meta["shape"] == list(ref.shape)
     # a structured dtype is its descr list (Zarr's spelling), any other its explicit typestr
-    assert meta["dtype"] == ([list(f) for f in ref.dtype.descr] if ref.dtype.fields else ref.dtype.str)
+    assert meta["dtype"] == (json.loads(json.dumps(ref.dtype.descr)) if ref.dtype.fields else ref.dtype.str)
     if case.chunks is not None:
         assert tuple(meta["chunks"]) == case.chunks
     fill_matches(meta["fill_value"], ref, corpus.fills.get(case.path))
@@ -425,12 +425,28 @@ def test_array_views(backend: Backend, corpus: Corpus, case: Case) -> None:
     else:
         assert not hdr.exists()
 
+    if _has_subarray_field(ref.dtype):
+        # zarr-python 3 reads no such dtype (zarr 2.18, the writer, is not installed for
+        # the tests): the mirror's chunk files hold the reference's bytes, padded at the edge
+        zarray = json.loads((backend.v2 / case.path / ".zarray").read_text())
+        assert zarray["dtype"] == json.loads(json.dumps(ref.dtype.descr))
+        (size,), (step,) = ref.shape, zarray["chunks"]
+        for i in range(-(-size // step)):
+            piece = np.zeros(step, dtype=ref.dtype)
+            piece[: min(step, size - i * step)] = ref[i * step:(i + 1) * step]
+            assert (backend.v2 / case.path / str(i)).read_bytes() == piece.tobytes(), i
+        return
     # the v2 mirror, read back by zarr-python: the same values, little-endian, 0-d as [1]
     mirror = _zarr_open_mirror(backend.v2, case.path)
     got = mirror[...]
     le = ref.dtype.newbyteorder("<") if ref.dtype.byteorder == ">" else ref.dtype
     assert mirror.metadata.zarr_format == 2 and mirror.shape == (ref.shape or (1,))
     assert np.asarray(got).astype(le).tobytes() == ref.astype(le).tobytes()
+
+
+def _has_subarray_field(dtype: np.dtype) -> bool:
+    return dtype.fields is not None and any(
+        sub.shape or _has_subarray_field(sub.base) for sub, *_ in dtype.fields.values())
 
 
 def _zarr_open_mirror(v2: Path, path: str):
