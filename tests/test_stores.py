@@ -2097,3 +2097,31 @@ def test_zip_written_over_in_place_is_refused_member_by_member(tmp_path: Path, c
             st.get("x")
     finally:
         st.close()
+
+
+def test_a_directory_removed_and_made_again_as_it_is_listed_lists_the_new_one(tmp_path: Path) -> None:
+    """rm -r of a directory and its making again (zarr's mode "w") just as the store opened it
+    to list: /proc named the open directory 'PATH (deleted)', taken for a symlink swapped
+    in, so it was listed as empty, with a warning, and cached so while the new one filled
+    up (a helper's soak: rmtree then failed ENOTEMPTY). It is opened anew."""
+    root = tmp_path / "store"
+    (root / "arr").mkdir(parents=True)
+    (root / "arr" / "old").write_bytes(b"o")
+
+    class Racing(DirectoryStore):
+        raced = False
+
+        def _opened_at(self, fd: int, path: str) -> bool:
+            if not self.raced and path.endswith("/arr"):
+                self.raced = True
+                shutil.rmtree(root / "arr")
+                (root / "arr").mkdir()
+                (root / "arr" / "new").write_bytes(b"n")
+            return super()._opened_at(fd, path)
+
+    st = Racing(root)
+    try:
+        assert sorted(st.list_dir("arr/").keys) == ["new"]
+        assert st.raced
+    finally:
+        st.close()

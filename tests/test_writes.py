@@ -1924,6 +1924,33 @@ def test_paths_below_a_renamed_directory_work_at_once(store: Store, mount) -> No
     assert store.get("t/a/f") is None and not (m.path / "t").exists()
 
 
+def test_a_directory_made_where_one_was_renamed_away_is_empty(store: Store, mount) -> None:
+    """mv a a_old, then zarr's mode "w" making a/c/0/ again: the listings of a/c/ and a/c/0/
+    cached before the mv were found again under those names, so ``mkdir -p a/c/0`` was
+    EEXIST from a ghost without making anything, and the chunk's create ENOENT (a helper's
+    soak: the mount kept ghosts of an array's earlier chunks for the metadata TTL)."""
+    m = store.mount(mount)
+    os.makedirs(m.path / "a/c/0")
+    (m.path / "a/c/0/0").write_bytes(b"old chunk")
+    assert sorted(os.listdir(m.path / "a/c/0")) == ["0"]  # listed: cached
+    os.rename(m.path / "a", m.path / "a_old")
+    os.makedirs(m.path / "a/c/0", exist_ok=True)
+    (m.path / "a/c/0/1").write_bytes(b"new chunk")
+    assert os.listdir(m.path / "a/c/0") == ["1"]
+    assert_key(store, m, "a/c/0/1", b"new chunk")
+    assert store.get("a/c/0/0") is None
+    # and a directory renamed onto a name whose old subdirectories were listed
+    os.makedirs(m.path / "b/c/9")
+    (m.path / "b/c/9/x").write_bytes(b"ghost")
+    assert os.listdir(m.path / "b/c/9") == ["x"]
+    shutil.rmtree(m.path / "b")
+    os.makedirs(m.path / "d/c")
+    (m.path / "d/c/y").write_bytes(b"real")
+    os.rename(m.path / "d", m.path / "b")
+    assert os.listdir(m.path / "b/c") == ["y"]
+    assert not (m.path / "b/c/9").exists()
+
+
 def test_a_name_that_is_not_utf8_is_refused_with_einval_and_a_log_line(store: Store, mount) -> None:
     """Store keys are UTF-8: such a name was EIO, and its log line was lost (writing the
     name's surrogate raised in the log handler). A newline in the name is escaped too: it

@@ -158,6 +158,13 @@ class Cache:
         if flight is not None:
             flight.stale = True
 
+    def invalidate_matching(self, match: Callable[[Hashable], bool]) -> None:
+        """:meth:`invalidate` every key ``match`` accepts (a scan of them all)."""
+        for key in [k for k in self._entries if match(k)]:
+            self._drop(key)
+        for key in [k for k in self._flights if match(k)]:
+            self._flights.pop(key).stale = True
+
     def _drop(self, key: Hashable) -> None:
         value, size, _ = self._entries.pop(key)
         self.current_bytes -= size

@@ -268,11 +268,11 @@ class DirectoryStore(Store):
         where /proc cannot tell (then the resolution's checks are all there is)."""
         if not self._proc_fd:
             return True
-        try:
-            return os.readlink(f"/proc/self/fd/{fd}") == path
-        except OSError:
+        where = _fd_path(fd)
+        if where is None:
             self._proc_fd = False
             return True
+        return where == path
 
     def _first_link(self, rel: str) -> str:
         """The shortest prefix of ``rel`` that is a symlink (for the log line)."""
@@ -736,17 +736,36 @@ class DirectoryStore(Store):
         """The directory ``real`` (resolved: no symlink on its path) opened for listing, or
         None when it is absent or is no longer what was resolved: a process that swaps a
         directory on the way for a symlink must not have the store list what lies outside."""
-        try:
-            fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError as e:
-            if e.errno in _ABSENT:
+        for _ in range(_REOPENS):
+            try:
+                fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError as e:
+                if e.errno in _ABSENT:
+                    return None
+                raise StoreError(f"{prefix or '/'}: cannot list: {e.strerror}") from e
+            if self._opened_at(fd, real):
+                return fd
+            removed = self._proc_fd and _fd_path(fd) == real + " (deleted)"
+            os.close(fd)
+            if not removed:
+                self._escapes.warning(prefix, "%s: %r changed while it was listed (a symlink swapped "
+                                      "in); listed as empty", self.description, prefix)
                 return None
-            raise StoreError(f"{prefix or '/'}: cannot list: {e.strerror}") from e
-        if self._opened_at(fd, real):
-            return fd
-        os.close(fd)
-        self._escapes.warning(prefix, "%s: %r changed while it was listed (a symlink swapped in); "
-                              "listed as empty", self.description, prefix)
+            # removed as it was opened (rm -r, and perhaps made again since, as zarr's mode
+            # "w" does): the name is opened anew. It was listed as empty, and cached so, while
+            # the new directory filled up (rmtree then failed ENOTEMPTY on what it did not see)
+        return None
+
+
+#: opens of a directory to list that was removed just as it was opened, at most
+_REOPENS = 3
+
+
+def _fd_path(fd: int) -> str | None:
+    """Where /proc says ``fd`` is open ('PATH (deleted)' once removed), or None."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
         return None
 
 

@@ -245,6 +245,29 @@ class MountContext:
         if info is None:
             self._cached_listings(prefix)  # the new directory's own (empty) listing
 
+    def listing_new_dir(self, key: str) -> None:
+        """Show the directory ``key/``, just made, as empty: a listing cached under its name
+        before (of a directory renamed or removed since) showed its old entries, so zarr's
+        ``mkdir -p`` of ``c/0`` was EEXIST from a ghost and the chunk's create then ENOENT."""
+        self.listing_put(key, None)
+        prefix = key.strip("/") + "/"
+        tree = self.listings.peek(("tree",))
+        if isinstance(tree, dict):
+            tree[prefix] = Listing()
+        if self.listings.peek(prefix) is not None:
+            self.listings.put(prefix, Listing())
+
+    def listings_forget(self, prefix: str) -> None:
+        """Forget every cached listing of directory ``prefix`` ('a/b/') and of the directories
+        below it: a directory renamed away, or replaced by one renamed there, left its
+        subdirectories' listings to be found again under the same names (a scan of the
+        cache: a rename of a directory only)."""
+        self.listings.invalidate_matching(lambda k: isinstance(k, str) and k.startswith(prefix))
+        tree = self.listings.peek(("tree",))
+        if isinstance(tree, dict):
+            for p in [p for p in tree if p.startswith(prefix)]:
+                del tree[p]
+
     def listing_drop(self, key: str, directory: bool = False) -> None:
         """Remove ``key`` (or the directory ``key/``) from the cached listings."""
         parent, _, name = key.strip("/").rpartition("/")

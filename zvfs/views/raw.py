@@ -817,7 +817,7 @@ class RawDir(DirNode):
         await store_call(self.ctx, key, self.ctx.store.make_dir, key + "/")
         if self.ctx.store.implicit_dirs:
             self.ctx.made_dirs.setdefault(self.prefix, set()).add(name)
-        self.ctx.listing_put(key, None)
+        self.ctx.listing_new_dir(key)
         self.ctx.note_write(key)
         return RawDir(self.ctx, key + "/")
 
@@ -891,7 +891,8 @@ class RawDir(DirNode):
             self.ctx.listing_drop(src, directory=True)
             self.ctx.listing_put(dst, None)
             self.ctx.listings.invalidate(("tree",))  # the moved keys are listed again
-            self.ctx.listings.invalidate(dst + "/")
+            self.ctx.listings_forget(src + "/")
+            self.ctx.listings_forget(dst + "/")
         else:
             if dst_dir:
                 raise NodeError(errno.EISDIR)
