@@ -528,7 +528,9 @@ def chunk_nbytes(spec: dict[str, Any], idx: tuple[int, ...]) -> int:
 
 def expected_chunk(spec: dict[str, Any], ref: np.ndarray, idx: tuple[int, ...]) -> bytes:
     """chunks/<i.j.k>: the chunk's region of the reference, clipped at the array's edge."""
-    region = np.asarray(ref)[chunk_region(spec, idx)]
+    # the Ellipsis keeps a 0-d region an array in its byte order (a numpy scalar is native:
+    # the model expected a big-endian 0-d chunk little-endian, as zvfs wrongly served it)
+    region = np.asarray(ref)[(..., *chunk_region(spec, idx))]
     return region.astype(declared_dtype(spec)).tobytes(order="C")
 
 
