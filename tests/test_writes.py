@@ -1242,6 +1242,43 @@ def test_s3_a_multipart_start_that_cannot_be_made_is_tried_once_more_by_close_no
         assert s3store.get("big.bin") == data
 
 
+def test_s3_a_multipart_upload_made_by_a_create_whose_answer_was_lost_is_aborted(
+        s3store: Store, moto, mount) -> None:
+    """The server makes the upload, but the answer to CreateMultipartUpload breaks off: the
+    retry makes a second upload, which stores the file, and the first stayed open for ever
+    (its parts billed on S3), with nothing logged. Now the uploads of the key made while the
+    create was retried are aborted, one line each; when that cannot be done, one line says an
+    upload may be left open and that --abort-uploads clears it, and close() still succeeds."""
+    from faultproxy import FaultProxy
+
+    s3store.put("zarr.json", b"{}")
+    with FaultProxy(moto.port) as proxy:
+        m = s3store.mount(mount, "--part-size", "5M", endpoint=proxy.endpoint)
+        os.listdir(m.path)
+        # the first CreateMultipartUpload's answer cut short (POST ...?uploads; not the parts,
+        # the completion or an abort, which name an uploadId)
+        proxy.set({"kind": "truncate", "ops": ["other"], "key": "lost.bin?uploads", "count": 1})
+        data = rand(12 * MiB, 25)
+        write_file(m.path / "lost.bin", data)
+        assert proxy.stats().get("fault_truncate") == 1, proxy.stats()
+        proxy.clear()
+        assert s3store.get("lost.bin") == data
+        assert s3store.uploads() == [], "the upload whose create answer was lost is still open"
+        lines = [ln for ln in m.log_text().splitlines() if "aborted multipart upload" in ln]
+        assert len(lines) == 1 and "lost.bin" in lines[0], m.log_text()[-3000:]
+
+        # the same, and the look for the lost upload is refused: said, and the file is stored
+        proxy.set({"kind": "truncate", "ops": ["other"], "key": "kept.bin?uploads", "count": 1},
+                  {"kind": "403", "ops": ["list"], "key": "?uploads"})
+        write_file(m.path / "kept.bin", data)
+        assert proxy.stats().get("fault_403", 0) >= 1, proxy.stats()
+        proxy.clear()
+        assert s3store.get("kept.bin") == data
+        assert [u["Key"] for u in s3store.uploads()] == [s3store.prefix + "kept.bin"]
+        lines = [ln for ln in m.log_text().splitlines() if "kept.bin" in ln and "left open" in ln]
+        assert len(lines) == 1 and "--abort-uploads" in lines[0], m.log_text()[-3000:]
+
+
 def test_s3_an_unlink_s3_refuses_leaves_the_files_writers_storing(s3store: Store, moto, mount) -> None:
     """An unlink whose DeleteObject fails (after its retries) tells the application EIO and
     changes nothing: the file's open writers, told first that it was unlinked (so that no

@@ -462,12 +462,12 @@ def _check_uploads(store: Any, description: str, opts: dict[str, Any], report: _
     if not leftovers:
         return
     if opts["abort_uploads"]:
-        for key, upload_id, _started in leftovers:
-            store.abort_upload(key, upload_id)
-            log.warning("aborted the unfinished multipart upload of %s (%s)", key, upload_id)
+        for up in leftovers:
+            store.abort_upload(up.key, up.upload_id)
+            log.warning("aborted the unfinished multipart upload of %s (%s)", up.key, up.upload_id)
         report.warn(f"aborted {len(leftovers)} unfinished multipart upload(s) under {description}")
         return
-    named = ", ".join(sorted({k for k, _, _ in leftovers})[:5])
+    named = ", ".join(sorted({up.key for up in leftovers})[:5])
     report.warn(f"{description} has {len(leftovers)} unfinished multipart upload(s), left by a writer "
                 f"that was stopped ({named}): no object was made of them, but their parts take space; "
                 "mount with --abort-uploads (-o abort_uploads) to abort them")

@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import boto3
 import botocore.exceptions as bce
@@ -114,6 +114,16 @@ class _Overdue(TimeoutError):
 
     def __init__(self, deadline: float) -> None:
         super().__init__(f"no whole answer within the {deadline:g} s deadline")
+
+
+class Upload(NamedTuple):
+    """An unfinished multipart upload: its key (below the prefix), its id, when S3 says it
+    was made (epoch seconds, S3's clock) and who made it (None when the server does not say)."""
+
+    key: str
+    upload_id: str
+    started: float
+    initiator: str | None
 
 
 def fault_kind(exc: BaseException) -> str:
@@ -638,15 +648,19 @@ class S3Store(Store):
         check_prefix(dst)
         rename_prefix(self, src, dst)
 
-    def unfinished_uploads(self) -> list[tuple[str, str, float]]:
-        """Multipart uploads under the prefix that were never completed: (key, id, started)."""
+    def unfinished_uploads(self, key: str | None = None) -> list[Upload]:
+        """Multipart uploads under the prefix that were never completed; with ``key``, only
+        those of exactly that key (the listing's Prefix matches longer keys too)."""
         out = []
-        args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.prefix}
+        args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.prefix + (key or "")}
         while True:
-            page = self._request("/", "ListMultipartUploads",
+            page = self._request(key or "/", "ListMultipartUploads",
                                  lambda c, a=dict(args): c.list_multipart_uploads(**a))
             for up in page.get("Uploads", ()):
-                out.append((up["Key"][len(self.prefix):], up["UploadId"], up["Initiated"].timestamp()))
+                name = up["Key"][len(self.prefix):]
+                if key is None or name == key:
+                    out.append(Upload(name, up["UploadId"], up["Initiated"].timestamp(),
+                                      up.get("Initiator", {}).get("ID")))
             if not page.get("IsTruncated"):
                 return out
             args["KeyMarker"] = page.get("NextKeyMarker")

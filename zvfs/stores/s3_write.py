@@ -45,6 +45,9 @@ QUEUED_WAIT = 1.0
 LINK_PUT_LIMIT = 64 << 20
 #: a directory rename copies key by key up to this many keys; past it, EXDEV (mv then copies)
 RENAME_DIR_LIMIT = 1000
+#: seconds an upload's date (S3's clock, in whole seconds on some servers) may lie outside the
+#: window in which a CreateMultipartUpload was retried and still count as made by its lost tries
+LOST_UPLOAD_SKEW = 5.0
 
 
 class S3Writer(KeyWriter):
@@ -227,16 +230,14 @@ class S3Writer(KeyWriter):
                 if background and self._start_failures != failures:
                     raise StoreError(f"{self.key}: the multipart upload could not be started")
             try:
-                r = self.store._request(self.key, "CreateMultipartUpload",
-                                        lambda c: c.create_multipart_upload(
-                                            Bucket=self.store.bucket, Key=self.store.prefix + self.key))
+                upload_id = create_upload(self.store, self.key)
             except Exception:
                 with self._lock:
                     self._start_failures += 1
                 raise
             with self._lock:
-                self._upload_id = str(r["UploadId"])
-                return self._upload_id
+                self._upload_id = upload_id
+                return upload_id
 
     def _upload_part(self, part: int, background: bool = False) -> None:
         upload_id = self._start_upload(background)
@@ -414,9 +415,7 @@ def copy_key(store: S3Store, src: str, dst: str, size: int) -> None:
         store._request(src, "CopyObject", lambda c: c.copy_object(
             Bucket=bucket, Key=full_dst, CopySource=source))
         return
-    r = store._request(dst, "CreateMultipartUpload",
-                       lambda c: c.create_multipart_upload(Bucket=bucket, Key=full_dst))
-    upload_id = r["UploadId"]
+    upload_id = create_upload(store, dst)
     step = 1 << 30
     try:
         parts = []
@@ -432,6 +431,60 @@ def copy_key(store: S3Store, src: str, dst: str, size: int) -> None:
         store._request(dst, "AbortMultipartUpload", lambda c: c.abort_multipart_upload(
             Bucket=bucket, Key=full_dst, UploadId=upload_id))
         raise
+
+
+def create_upload(store: S3Store, key: str) -> str:
+    """A new multipart upload of ``key``: its id. A create that took more than one try may
+    have made an upload on a try whose answer was lost; those are looked for and aborted
+    (see abort_lost_uploads), which costs a listing only then."""
+    tries = 0
+
+    def create(client: Any) -> Any:
+        nonlocal tries
+        tries += 1
+        return client.create_multipart_upload(Bucket=store.bucket, Key=store.prefix + key)
+
+    began = time.time()
+    upload_id = str(store._request(key, "CreateMultipartUpload", create)["UploadId"])
+    if tries > 1:
+        abort_lost_uploads(store, key, upload_id, began, time.time())
+    return upload_id
+
+
+def abort_lost_uploads(store: S3Store, key: str, kept: str, began: float, ended: float) -> None:
+    """Abort the uploads of ``key`` that the tries of a CreateMultipartUpload made between
+    ``began`` and ``ended`` (our clock) other than ``kept``, the one whose answer came: the
+    server made each, but only ``kept`` is ever completed or aborted, so the others stayed
+    open (their parts billed) with nothing said.
+
+    Which are ours: an upload's date is S3's clock, so the window is placed on the date S3
+    gave ``kept``: from the create's duration (plus LOST_UPLOAD_SKEW) before it to
+    LOST_UPLOAD_SKEW after it; our own clock's window, widened as much, only when ``kept``
+    is not listed. The uploads of another client of this key, made within that window (and
+    by the same principal, when the listing names who made each) are aborted too: its
+    upload then fails with NoSuchUpload, an error its writer sees and may retry, as it would
+    when it loses to this writer's object (the last to complete wins anyway). Leaving ours
+    open instead costs for ever and nobody is told."""
+    try:
+        listed = store.unfinished_uploads(key)
+        ours = next((up for up in listed if up.upload_id == kept), None)
+        if ours is not None:
+            low, high = ours.started - (ended - began), ours.started
+        else:
+            low, high = began, ended
+        who = ours.initiator if ours is not None else None
+        for up in listed:
+            if up.upload_id == kept or (who and up.initiator != who):
+                continue
+            if not low - LOST_UPLOAD_SKEW <= up.started <= high + LOST_UPLOAD_SKEW:
+                continue
+            store.abort_upload(key, up.upload_id)
+            log.warning("%s: aborted multipart upload %s, made by a CreateMultipartUpload whose "
+                        "answer was lost (its retry made %s)", key, up.upload_id, kept)
+    except StoreError as exc:
+        log.warning("%s: a multipart upload of it may be left open (a CreateMultipartUpload's answer "
+                    "was lost, and aborting the upload it made failed: %s); `zvfs mount --abort-uploads` "
+                    "clears it", key, exc)
 
 
 def link_key(store: S3Store, src: str, dst: str) -> None:
