@@ -381,6 +381,13 @@ def test_non_empty_mountpoint_is_refused(zarr_dir, tmp_path) -> None:
     assert (mnt / "precious.txt").read_text() == "do not hide me\n"
 
 
+def _mount_said(store: Path, mnt: Path, log: Path, *options: str) -> list[str]:
+    """``zvfs mount STORE MNT OPTIONS`` (which must succeed): the lines it wrote on stderr."""
+    res = run([*zvfs_cmd(), "mount", store, mnt, *options, "--log-file", log], timeout=90)
+    assert res.returncode == 0, res.stderr
+    return res.stderr.strip().splitlines()
+
+
 def test_directory_without_zarr_warns_once(zarr_dir, tmp_path) -> None:
     plain = tmp_path / "plain"
     (plain / "sub").mkdir(parents=True)
@@ -389,9 +396,7 @@ def test_directory_without_zarr_warns_once(zarr_dir, tmp_path) -> None:
     mnt = tmp_path / "m"
     mnt.mkdir()
     try:
-        res = run([*zvfs_cmd(), "mount", plain, mnt, "--log-file", tmp_path / "log"], timeout=90)
-        assert res.returncode == 0, res.stderr
-        lines = res.stderr.strip().splitlines()
+        lines = _mount_said(plain, mnt, tmp_path / "log")
         assert len(lines) == 1 and "warning" in lines[0] and "no Zarr metadata" in lines[0], lines
         assert str(plain) in lines[0]
         assert (mnt / "sub" / "notes.txt").read_text() == "no zarr here\n"
@@ -401,8 +406,7 @@ def test_directory_without_zarr_warns_once(zarr_dir, tmp_path) -> None:
     v1 = Path(__file__).resolve().parent / "fixtures" / "zarr" / "v1spec_root.zarr"
     for store in (zarr_dir, v1):
         try:
-            res = run([*zvfs_cmd(), "mount", store, mnt, "--log-file", tmp_path / "log"], timeout=90)
-            assert res.returncode == 0 and res.stderr == "", res.stderr
+            assert _mount_said(store, mnt, tmp_path / "log") == []
         finally:
             force_unmount(mnt)
 
@@ -418,17 +422,13 @@ def test_a_store_of_its_own_dot_zvfs_is_told_and_shown_with_decoded_off(zarr_dir
     mnt = tmp_path / "m"
     mnt.mkdir()
     try:
-        res = run([*zvfs_cmd(), "mount", store, mnt, "--log-file", tmp_path / "log"], timeout=90)
-        assert res.returncode == 0, res.stderr
-        lines = res.stderr.strip().splitlines()
+        lines = _mount_said(store, mnt, tmp_path / "log")
         assert len(lines) == 1 and ".zvfs/" in lines[0] and "decoded=off" in lines[0], lines
         assert not (mnt / ".zvfs" / "mine").exists()
     finally:
         force_unmount(mnt)
     try:
-        res = run([*zvfs_cmd(), "mount", store, mnt, "-o", "decoded=off", "--log-file", tmp_path / "log"],
-                  timeout=90)
-        assert res.returncode == 0 and res.stderr == "", res.stderr
+        assert _mount_said(store, mnt, tmp_path / "log", "-o", "decoded=off") == []
         assert ".zvfs" in os.listdir(mnt)
         assert os.listdir(mnt / ".zvfs") == ["mine"]
         assert (mnt / ".zvfs" / "mine").read_text() == "the store's own\n"

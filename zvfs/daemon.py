@@ -345,7 +345,7 @@ class SessionAborted(Exception):
     it exits with a failure (systemd's Restart=on-failure mounts it again)."""
 
 
-def clear_aborted(mountpoint: str, device: str | None) -> bool:
+def clear_aborted(mountpoint: str, device: str | None, crashed: bool = False) -> bool:
     """Unmount our mount if it outlived its session, and say whether it did.
 
     After an aborted connection libfuse leaves the unmount undone (it takes the error on
@@ -354,12 +354,14 @@ def clear_aborted(mountpoint: str, device: str | None) -> bool:
     mount's as found once mounted: a mount made over it since is someone else's."""
     if device is None or mount_device(mountpoint) != device:
         return False
+    # ``crashed``: the loop ended with an error, not the kernel: say so, not "aborted"
+    what = "the mount of %s outlived the daemon's loop" if crashed else "the FUSE connection of %s was aborted"
     try:
         fusermount(mountpoint, lazy=True)
     except UnmountFailed as exc:
-        log.error("the FUSE connection of %s was aborted, and its dead mount stays: %s", mountpoint, exc)
+        log.error(what + ", and its dead mount stays: %s", mountpoint, exc)
     else:
-        log.warning("the FUSE connection of %s was aborted: its dead mount was unmounted", mountpoint)
+        log.warning(what + ": its dead mount was unmounted", mountpoint)
     return True
 
 
@@ -557,7 +559,7 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
             pyfuse3.close(unmount=True)
             if undo_loop is not None:
                 undo_loop()
-            aborted = clear_aborted(mountpoint, ours)
+            aborted = clear_aborted(mountpoint, ours, crashed=not unmounted)
     finally:
         stop.restore()
         if metrics is not None:

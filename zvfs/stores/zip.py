@@ -325,9 +325,11 @@ class ZipStore(Store):
                     self._seen = (st.st_size, st.st_mtime_ns)
                     self._size = st.st_size
                     self._generation += 1
-                    log.warning("%s changed since it was mounted: each member is checked against "
-                                "its local header before it is read again (remount to see what "
-                                "it holds now)", self.path)
+                    # once: a cp under way changes it at every read
+                    log.log(logging.WARNING if self._generation == 1 else logging.DEBUG,
+                            "%s changed since it was mounted: each member is checked against its "
+                            "local header before it is read again (remount to see what it holds "
+                            "now)", self.path)
         return self._generation
 
     def _data_offset(self, key: str, m: _Member) -> int:
@@ -353,20 +355,42 @@ class ZipStore(Store):
         if len(raw) < _LOCAL_HEADER.size:
             raise StoreError(f"{key}: zip local header is truncated")
         magic, name_len, extra_len = _LOCAL_HEADER.unpack_from(raw)
+        # past generation 0 a failed check is not remembered (m.bad): the archive may be
+        # as mounted again (a copy back), or was caught halfway through a cp; the next
+        # read checks again, at the cost of a header read while the archive is changed
         if magic != _LOCAL_MAGIC:
-            if now:
-                m.bad = _MOVED
             raise StoreError(f"{key}: bad zip local header at offset {zi.header_offset}"
                              + (f" ({_MOVED})" if now else ""))
-        if now and not _still_the_member(zi, raw, name_len):
-            m.bad = _MOVED
-            raise StoreError(f"{key}: {_MOVED}")
         off = zi.header_offset + _LOCAL_HEADER.size + name_len + extra_len
+        if now and not (_still_the_member(zi, raw, name_len) and self._descriptor_agrees(zi, off)):
+            raise StoreError(f"{key}: {_MOVED}")
         if off + zi.compress_size > self._size:
             raise StoreError(f"{key}: member data extends past the end of the zip file")
         m.data_offset = off  # benign race: every thread computes the same value
         m.checked = now
         return off
+
+    def _descriptor_agrees(self, zi: zipfile.ZipInfo, off: int) -> bool:
+        """For a member whose CRC and sizes follow its data (flag 0x8: streamed, as zipfile
+        on a pipe, Go and Java write every member), whether the data descriptor where the
+        directory says the data ends holds them: the local header has only zeros to
+        compare, and a shorter member in its place was served with the next one's bytes."""
+        if not zi.flag_bits & 0x8:
+            return True
+        try:
+            raw = os.pread(self._fd, 24, off + zi.compress_size)
+        except OSError:
+            return False
+        if raw[:4] == b"PK\x07\x08":  # the signature is optional
+            raw = raw[4:]
+        if len(raw) < 12:
+            return False
+        crc, csize, usize = struct.unpack_from("<III", raw)
+        if crc == zi.CRC and (csize, usize) == (zi.compress_size, zi.file_size):
+            return True
+        if crc == zi.CRC and len(raw) >= 20:  # zip64: 8-byte sizes
+            return struct.unpack_from("<QQ", raw, 4) == (zi.compress_size, zi.file_size)
+        return False
 
     def get_range_at_once(self, key: str, start: int, length: int) -> memoryview | None:
         """A range of a stored member when the page cache holds it (and its local header,
