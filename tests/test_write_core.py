@@ -353,3 +353,82 @@ def test_directory_writes_never_leave_the_store(tmp_path):
         store.open_writer("f", truncate=True, create=True)
     assert err.value.errno == errno.EPERM
     assert list(outside.iterdir()) == []
+
+
+# -- the views' S3 write handles -------------------------------------------------------------
+
+
+def test_a_truncating_open_joins_the_writer_before_the_last_other_open_is_released(s3):
+    """An open with O_TRUNC of an S3 file already open for writing shares its staged copy,
+    and truncates it in a worker hop. The other open's release arriving during that hop
+    found no other user and closed the writer: the new open then wrote to a closed
+    descriptor (EBADF: a rewrite just after an append failed EIO, a helper's soak). Here the
+    release is run on the trio thread from inside the truncate's hop, every time."""
+    import trio
+
+    from zvfs.stores.s3_write import S3Writer
+    from zvfs.views.raw import RawFile
+
+    store, client, bucket, _staging = s3
+    client.put_object(Bucket=bucket, Key="pre/f", Body=b"old bytes")
+    ctx = MountContext(store=store, writable=True)
+
+    async def main() -> None:
+        node = RawFile(ctx, "f", store.info("f"))
+        first = await node.open_write(truncate=False)
+        await first.write(9, b", appended")
+        real_truncate = S3Writer.truncate
+        token = trio.lowlevel.current_trio_token()
+
+        def truncate_as_the_release_comes(self: S3Writer, size: int) -> None:
+            trio.from_thread.run(first.release, trio_token=token)  # the kernel's RELEASE of the other open
+            real_truncate(self, size)
+
+        S3Writer.truncate = truncate_as_the_release_comes  # type: ignore[method-assign]
+        try:
+            second = await node.open_write(truncate=True)
+        finally:
+            S3Writer.truncate = real_truncate  # type: ignore[method-assign]
+        await second.write(0, b"new")
+        await second.flush()
+        await second.release()
+
+    trio.run(main)
+    assert _object(client, bucket, "f") == b"new"
+
+
+def test_a_listing_answered_before_a_write_is_not_kept_after_it(tmp_path):
+    """A listing being fetched when a write through the mount lands was cached after it,
+    with what it was answered before: on S3 the written key's old ETag, so the writer's
+    next open read ESTALE (a helper's soak: 2 in 20 minutes). The load's answer goes to
+    its waiters, and is not kept."""
+    import threading
+
+    import trio
+
+    from zvfs.stores.listing import KeyInfo
+
+    (tmp_path / "a").write_bytes(b"a")
+    store = DirectoryStore(tmp_path)
+    answered, go_on = threading.Event(), threading.Event()
+    real_list_dir = store.list_dir
+
+    def slow_list_dir(prefix: str):  # noqa: ANN202 - the store's own type
+        got = real_list_dir(prefix)
+        answered.set()
+        go_on.wait(10)
+        return got
+
+    store.list_dir = slow_list_dir  # type: ignore[method-assign]
+    ctx = MountContext(store=store, writable=True)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ctx.listing, "")
+            await trio.to_thread.run_sync(answered.wait, 10)
+            (tmp_path / "x").write_bytes(b"xyz")  # written through the mount meanwhile
+            ctx.listing_put("x", KeyInfo(3, 0.0))
+            go_on.set()
+        assert "x" in (await ctx.listing("")).keys
+
+    trio.run(main)

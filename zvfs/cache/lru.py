@@ -154,6 +154,11 @@ class Cache:
         not kept, and later callers start a load of their own instead of joining it."""
         if key in self._entries:
             self._drop(key)
+        self.outdate_load(key)
+
+    def outdate_load(self, key: Hashable) -> None:
+        """A load of ``key`` under way began before a change the cached value was patched
+        for: its value is not kept (later callers load anew); the cached value stays."""
         flight = self._flights.pop(key, None)
         if flight is not None:
             flight.stale = True

@@ -215,7 +215,11 @@ class MountContext:
         return await self.listings.get(prefix, load)
 
     def _cached_listings(self, prefix: str) -> list[Listing]:
-        """The cached listings that show directory ``prefix`` ('' or ending in '/')."""
+        """The cached listings that show directory ``prefix`` ('' or ending in '/'), to patch
+        for a change. A listing of it still being fetched is not kept: it may have been
+        answered before the change (an S3 listing then cached the written key's old ETag, and
+        the writer's next open read ESTALE: a helper's soak)."""
+        self.listings.outdate_load(prefix)
         out = []
         tree = self.listings.peek(("tree",))
         if isinstance(tree, dict):

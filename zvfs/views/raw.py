@@ -251,9 +251,18 @@ class RawFile(FileNode):
         open_now = self.ctx.writers.get(self.key)
         if open_now:
             shared = open_now[-1]
+            # a peer from now on, before the truncate's worker hop: the last other open's
+            # release during it closed the writer, and this open wrote to a closed descriptor
+            # (EBADF: a rewrite just after an append failed EIO, a helper's soak)
+            handle = WriteHandle(self.ctx, self.key, shared.writer, peers=shared.peers)
             if truncate:
-                await store_call(self.ctx, self.key, shared.writer.truncate, 0)
-            return WriteHandle(self.ctx, self.key, shared.writer, peers=shared.peers)
+                try:
+                    await store_call(self.ctx, self.key, shared.writer.truncate, 0)
+                except BaseException:
+                    with trio.CancelScope(shield=True):
+                        await handle.release()
+                    raise
+            return handle
         opened = self.ctx.writers_opening[self.key] = trio.Event()
         try:
             return WriteHandle(self.ctx, self.key, await self._open_writer(truncate))
