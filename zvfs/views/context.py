@@ -220,6 +220,7 @@ class MountContext:
         answered before the change (an S3 listing then cached the written key's old ETag, and
         the writer's next open read ESTALE: a helper's soak)."""
         self.listings.outdate_load(prefix)
+        self.listings.outdate_load(("tree",))  # a store listed flat (S3): its whole index
         out = []
         tree = self.listings.peek(("tree",))
         if isinstance(tree, dict):
