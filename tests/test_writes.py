@@ -1365,6 +1365,26 @@ def test_s3_kill_during_multipart_upload(s3store: Store, mount, tmp_path) -> Non
     assert set(s3store.keys()) == {"zarr.json"}
 
 
+def test_abort_uploads_that_the_store_refuses_to_abort_still_mounts(s3store: Store, moto, mount) -> None:
+    """--abort-uploads where the store refuses the aborts (403: a role without
+    s3:AbortMultipartUpload): the first refusal ended the mount's start, "the source could not
+    be opened" (a helper found it). The mount goes on and says how many it could not abort."""
+    from faultproxy import FaultProxy
+
+    s3store.put("zarr.json", b"{}")
+    for name in ("one", "two"):
+        up = s3store.client.create_multipart_upload(Bucket=s3store.bucket, Key=s3store.prefix + name)
+        s3store.client.upload_part(Bucket=s3store.bucket, Key=s3store.prefix + name, PartNumber=1,
+                                   UploadId=up["UploadId"], Body=b"x" * 100)
+    with FaultProxy(moto.port) as proxy:
+        proxy.set({"kind": "403", "ops": ["other"]})  # DELETE ?uploadId: the aborts
+        m = s3store.mount(mount, "--abort-uploads", endpoint=proxy.endpoint)
+        assert "aborted 0 unfinished multipart upload(s)" in m.result.stderr, m.result.stderr
+        assert "2 could not be aborted" in m.result.stderr, m.result.stderr
+        assert (m.path / "zarr.json").read_bytes() == b"{}"
+    assert sorted(u["Key"] for u in s3store.uploads()) == [s3store.prefix + "one", s3store.prefix + "two"]
+
+
 # =========================================================================== coherence
 
 

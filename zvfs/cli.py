@@ -462,10 +462,17 @@ def _check_uploads(store: Any, description: str, opts: dict[str, Any], report: _
     if not leftovers:
         return
     if opts["abort_uploads"]:
+        failed: list[StoreError] = []
         for up in leftovers:
-            store.abort_upload(up.key, up.upload_id)
+            try:
+                store.abort_upload(up.key, up.upload_id)
+            except StoreError as exc:  # refused, or gone already: the mount goes on (it failed)
+                failed.append(exc)
+                continue
             log.warning("aborted the unfinished multipart upload of %s (%s)", up.key, up.upload_id)
-        report.warn(f"aborted {len(leftovers)} unfinished multipart upload(s) under {description}")
+        done = len(leftovers) - len(failed)
+        report.warn(f"aborted {done} unfinished multipart upload(s) under {description}"
+                    + (f"; {len(failed)} could not be aborted ({failed[0]})" if failed else ""))
         return
     named = ", ".join(sorted({up.key for up in leftovers})[:5])
     report.warn(f"{description} has {len(leftovers)} unfinished multipart upload(s), left by a writer "
