@@ -63,7 +63,8 @@ from zvfs.stores.keys import bad_segment
 
 log = logging.getLogger(__name__)
 
-_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., name length, extra length
+#: signature, version, flags, method, time, date, CRC, sizes, name length, extra length
+_LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
 _LOCAL_MAGIC = b"PK\x03\x04"
 # compressed members at least this big keep parked decompressors for sequential reads
 _POOL_MIN_SIZE = 4 << 20
@@ -354,7 +355,8 @@ class ZipStore(Store):
         zi = m.info
         if len(raw) < _LOCAL_HEADER.size:
             raise StoreError(f"{key}: zip local header is truncated")
-        magic, name_len, extra_len = _LOCAL_HEADER.unpack_from(raw)
+        fields = _LOCAL_HEADER.unpack_from(raw)
+        magic, name_len, extra_len = fields[0], fields[9], fields[10]
         # past generation 0 a failed check is not remembered (m.bad): the archive may be
         # as mounted again (a copy back), or was caught halfway through a cp; the next
         # read checks again, at the cost of a header read while the archive is changed
@@ -362,7 +364,7 @@ class ZipStore(Store):
             raise StoreError(f"{key}: bad zip local header at offset {zi.header_offset}"
                              + (f" ({_MOVED})" if now else ""))
         off = zi.header_offset + _LOCAL_HEADER.size + name_len + extra_len
-        if now and not (_still_the_member(zi, raw, name_len) and self._descriptor_agrees(zi, off)):
+        if now and not (_still_the_member(zi, fields, raw) and self._descriptor_agrees(zi, off)):
             raise StoreError(f"{key}: {_MOVED}")
         if off + zi.compress_size > self._size:
             raise StoreError(f"{key}: member data extends past the end of the zip file")
@@ -494,7 +496,6 @@ class ZipStore(Store):
 
 _MOVED = ("the zip archive was written over since the mount, and this member is no longer "
           "where its directory says: remount to read it")
-_LOCAL_FIELDS = struct.Struct("<4sHHHHHIII")  # signature, version, flags, method, time, date, CRC, sizes
 
 
 def _raw_name(zi: zipfile.ZipInfo) -> bytes:
@@ -502,11 +503,12 @@ def _raw_name(zi: zipfile.ZipInfo) -> bytes:
     return zi.orig_filename.encode("utf-8" if zi.flag_bits & 0x800 else "cp437", "surrogateescape")
 
 
-def _still_the_member(zi: zipfile.ZipInfo, raw: bytes | memoryview, name_len: int) -> bool:
-    """Whether a local header (``raw``, its name included) is still ``zi``'s."""
+def _still_the_member(zi: zipfile.ZipInfo, fields: tuple[Any, ...], raw: bytes | memoryview) -> bool:
+    """Whether a local header (``fields``, unpacked from ``raw``, which holds its name too)
+    is still ``zi``'s."""
+    _, _, flags, method, _, _, crc, csize, usize, name_len, _ = fields
     if bytes(raw[_LOCAL_HEADER.size:_LOCAL_HEADER.size + name_len]) != _raw_name(zi):
         return False
-    _, _, flags, method, _, _, crc, csize, usize = _LOCAL_FIELDS.unpack_from(raw)
     if method != zi.compress_type:
         return False
     if flags & 0x8:  # CRC and sizes in a data descriptor after the data

@@ -247,8 +247,6 @@ class MountContext:
                 else:
                     listing.prefixes.add(part)
             prefix += part + "/"
-        if info is None:
-            self._cached_listings(prefix)  # the new directory's own (empty) listing
 
     def listing_new_dir(self, key: str) -> None:
         """Show the directory ``key/``, just made, as empty: a listing cached under its name
@@ -262,19 +260,24 @@ class MountContext:
         if self.listings.peek(prefix) is not None:
             self.listings.put(prefix, Listing())
 
-    def listings_forget(self, prefix: str) -> None:
-        """Forget every cached listing of directory ``prefix`` ('a/b/') and of the directories
-        below it: a directory renamed away, or replaced by one renamed there, left its
-        subdirectories' listings to be found again under the same names (a scan of the
-        cache: a rename of a directory only)."""
-        self.listings.invalidate_matching(lambda k: isinstance(k, str) and k.startswith(prefix))
+    def listings_forget(self, prefix: str, below: bool = True) -> None:
+        """Forget the cached listing of directory ``prefix`` ('a/b/') and, with ``below``,
+        those of the directories below it: a directory renamed away, or replaced by one
+        renamed there, left its subdirectories' listings to be found again under the same
+        names (a scan of the cache, so for a rename of a directory only: an rmdir's
+        directory is empty). The whole tree's index forgets them all either way."""
+        if below:
+            self.listings.invalidate_matching(lambda k: isinstance(k, str) and k.startswith(prefix))
+        else:
+            self.listings.invalidate(prefix)
         tree = self.listings.peek(("tree",))
         if isinstance(tree, dict):
             for p in [p for p in tree if p.startswith(prefix)]:
                 del tree[p]
 
-    def listing_drop(self, key: str, directory: bool = False) -> None:
-        """Remove ``key`` (or the directory ``key/``) from the cached listings."""
+    def listing_drop(self, key: str, directory: bool = False, below: bool = False) -> None:
+        """Remove ``key`` (or the directory ``key/``, its listing forgotten, and with ``below``
+        its subdirectories' too: see listings_forget) from the cached listings."""
         parent, _, name = key.strip("/").rpartition("/")
         prefix = parent + "/" if parent else ""
         for listing in self._cached_listings(prefix):
@@ -283,12 +286,7 @@ class MountContext:
             else:
                 listing.keys.pop(name, None)
         if directory:
-            tree = self.listings.peek(("tree",))
-            if isinstance(tree, dict):
-                gone = key.strip("/") + "/"
-                for p in [p for p in tree if p.startswith(gone)]:
-                    del tree[p]
-            self.listings.invalidate(key.strip("/") + "/")
+            self.listings_forget(key.strip("/") + "/", below)
 
     def background(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
         """Run ``fn(*args)`` in the background, swallowing its errors (a prefetch that fails

@@ -897,10 +897,9 @@ class RawDir(DirNode):
             for made in [p for p in self.ctx.made_dirs if p.startswith(src + "/")]:
                 # empty directories made below it (S3) move with it
                 self.ctx.made_dirs[dst + made[len(src):]] = self.ctx.made_dirs.pop(made)
-            self.ctx.listing_drop(src, directory=True)
+            self.ctx.listing_drop(src, directory=True, below=True)
             self.ctx.listing_put(dst, None)
             self.ctx.listings.invalidate(("tree",))  # the moved keys are listed again
-            self.ctx.listings_forget(src + "/")
             self.ctx.listings_forget(dst + "/")
         else:
             if dst_dir:
