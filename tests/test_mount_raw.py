@@ -14,6 +14,7 @@ import mmap
 import os
 import stat
 import subprocess
+import sys
 import time
 import zipfile
 from dataclasses import dataclass
@@ -1016,6 +1017,43 @@ def test_mount_helper_flags(zarr_dir, tmp_path) -> None:
         assert run(["diff", "-r", zarr_dir, mnt]).returncode == 0
     finally:
         force_unmount(mnt)
+
+
+def test_mount_helper_namespace(zarr_dir, tmp_path) -> None:
+    """``mount -N NS -t zvfs``: mount(8) runs its helper in its own mount namespace and hands
+    it ``-N /proc/PID/fd/N``; the mount must be made in the namespace named (it was a usage
+    error), and ``umount -N`` must take it away with its daemon."""
+    from conftest import _pid_alive
+
+    mnt = tmp_path / "ns-mnt"
+    mnt.mkdir()
+    holder = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "600"])
+    ns = f"/proc/{holder.pid}/ns/mnt"
+    try:
+        assert wait_until(lambda: os.readlink(ns) != os.readlink("/proc/self/ns/mnt"), 10), \
+            "unshare did not make a mount namespace"
+        res = run(["mount", "-N", ns, "-t", "zvfs", zarr_dir, mnt, "-o", "metadata_ttl=5"], timeout=120)
+        assert res.returncode == 0, res.stderr
+        theirs = Path(f"/proc/{holder.pid}/mountinfo").read_text()
+        assert f" {mnt} " in theirs, "not mounted in the namespace named by -N"
+        assert mount_entry(mnt) is None, "mounted in mount(8)'s own namespace instead"
+        listed = run(["nsenter", "-t", str(holder.pid), "-m", sys.executable, "-c",
+                      "import json, os, sys; print(json.dumps(sorted(os.listdir(sys.argv[1]))))", mnt])
+        assert listed.returncode == 0, listed.stderr
+        assert json.loads(listed.stdout) == sorted(os.listdir(zarr_dir))
+        daemons = daemon_pids(mnt)
+        assert daemons, "no daemon serves the mount"
+        res = run(["umount", "-N", ns, mnt], timeout=60)
+        assert res.returncode == 0, res.stderr
+        assert f" {mnt} " not in Path(f"/proc/{holder.pid}/mountinfo").read_text()
+        assert wait_until(lambda: not any(_pid_alive(p) for p in daemons), 20), "the daemon outlived umount -N"
+    finally:
+        if holder.poll() is None and f" {mnt} " in Path(f"/proc/{holder.pid}/mountinfo").read_text():
+            run(["umount", "-l", "-N", ns, mnt], timeout=60)
+        for pid in daemon_pids(mnt):
+            os.kill(pid, 15)
+        holder.kill()
+        holder.wait()
 
 
 def test_readdir_is_sorted_by_name(backend: Backend) -> None:

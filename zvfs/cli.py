@@ -783,13 +783,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def mount_helper_main(argv: list[str] | None = None) -> int:
-    """``mount.zvfs SOURCE MOUNTPOINT [-sfnv] [-o opts] [-t type]``, as mount(8) calls it.
+    """``mount.zvfs SOURCE MOUNTPOINT [-sfnv] [-o opts] [-t type] [-N ns]``, as mount(8) calls it.
 
-    Note mount(8)'s ``-f`` means *fake*, not foreground.
+    Note mount(8)'s ``-f`` means *fake*, not foreground. ``-N`` (``mount -N``/``--namespace``)
+    names the mount namespace to mount in: mount(8) runs its helper in its own namespace.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     positional: list[str] = []
     o_values: list[str] = []
+    namespace: str | None = None
     fake = False
     i = 0
     while i < len(argv):
@@ -802,6 +804,9 @@ def mount_helper_main(argv: list[str] | None = None) -> int:
             o_values.append(a[2:])
         elif a == "-t" and i + 1 < len(argv):
             i += 1
+        elif a == "-N" and i + 1 < len(argv):
+            namespace = argv[i + 1]
+            i += 1
         elif a.startswith("-") and len(a) > 1:
             fake = fake or "f" in a[1:]
         else:
@@ -812,6 +817,20 @@ def mount_helper_main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     if fake:
         return 0
+    if namespace is not None:
+        from zvfs.stores.url import is_url
+
+        # paths given relative to where mount(8) ran; setns moves the cwd to the namespace's root
+        positional = [p if is_url(p) else os.path.abspath(p) for p in positional]
+        try:
+            from zvfs.mounts import enter_mount_namespace
+
+            enter_mount_namespace(namespace)
+        except OSError as exc:
+            print(f"mount.zvfs: cannot enter the mount namespace {namespace}: {exc.strerror or exc} "
+                  "(-N takes /proc/PID/ns/mnt of a process in that namespace; entering one needs root)",
+                  file=sys.stderr)
+            return EXIT_FAIL
     cmd = ["mount", *positional]
     for value in o_values:
         cmd += ["-o", value]

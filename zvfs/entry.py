@@ -27,7 +27,8 @@ def main() -> int:
 
 
 def mount_helper_main() -> int:
-    warmup.start()
+    if "-N" not in sys.argv[1:]:  # entering a mount namespace needs a single thread
+        warmup.start()
     from zvfs.cli import mount_helper_main as helper
 
     return helper()

@@ -143,6 +143,27 @@ def is_dead(path: str, timeout: float = 2.0) -> bool:
     return bool(result and result[0])
 
 
+def enter_mount_namespace(path: str) -> None:
+    """Move this process into the mount namespace ``path`` names (``/proc/PID/ns/mnt``, or the
+    ``/proc/PID/fd/N`` that mount(8) hands its helpers with ``-N``), so that the mount is
+    made there and the daemon forked after lives there. The kernel allows it only while the
+    process has a single thread (EINVAL otherwise)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        setns = getattr(os, "setns", None)  # Python 3.12+
+        if setns is not None:
+            setns(fd, os.CLONE_NEWNS)
+            return
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.setns(fd, 0x00020000) != 0:  # CLONE_NEWNS
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), path)
+    finally:
+        os.close(fd)
+
+
 class UnmountFailed(Exception):
     """fusermount3 refused or is missing; the text says why and what to do."""
 

@@ -71,6 +71,11 @@ class SourceSpec:
         return str(self.path)
 
 
+def is_url(source: str) -> bool:
+    """SOURCE names a URL (``s3://``, ``file://``, ``https://``), not a local path."""
+    return _SCHEME.match(source) is not None
+
+
 def parse_source(
     source: str,
     *,
