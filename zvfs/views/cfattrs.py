@@ -142,6 +142,9 @@ def _as_fill(typed: Typed, dtype: np.dtype) -> np.ndarray | None:
     if typed.text is not None:
         if typed.text in NONFINITE and dtype.kind in "fc":
             return np.array(NONFINITE[typed.text], dtype=dtype)
+        if dtype.kind == "S":  # netCDF's char fill is the character itself ("z"), as NCZarr keeps it
+            raw = typed.text.encode("utf-8")
+            return np.array(raw, dtype=dtype) if 0 < len(raw) <= dtype.itemsize else None
         return _base64_fill(typed.text, dtype)
     if typed.values is not None and typed.values.size == 1:
         value = np.array(typed.values[0])

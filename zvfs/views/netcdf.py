@@ -74,6 +74,7 @@ ROOT_ARRAY_NAME = "data"
 
 _TIME_UNITS = {"D": "days", "h": "hours", "m": "minutes", "s": "seconds",
                "ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds"}  # fmt: skip
+_CALENDAR_UNITS = ("W", "M", "Y")
 
 
 class LeftOut(Exception):
@@ -85,7 +86,9 @@ class VarType:
     """How one dtype is served: the netCDF type, the bytes' dtype, and the attributes it implies."""
 
     nc_type: int
-    served: np.dtype  # big-endian; same bytes as nc_type's element (unsigned stays unsigned here)
+    #: big-endian; same bytes as nc_type's element (unsigned stays unsigned here, times are
+    #: datetime64/timedelta64 in the unit their ``units`` attribute names)
+    served: np.dtype
     needs_cdf5: bool = False
     extra_attrs: dict[str, str] = field(default_factory=dict)
     strlen: int = 0  # fixed-width bytes: a trailing char dimension of this length
@@ -115,15 +118,19 @@ def var_type(dtype: np.dtype, cdf5: bool) -> VarType:
             return VarType(NC_FLOAT, NC_DTYPE[NC_FLOAT])
         raise LeftOut(f"float{size * 8}: no netCDF type holds it")
     if kind in "mM":
-        unit, _count = np.datetime_data(dtype)
-        extra = {}
-        if unit in _TIME_UNITS:
-            name = _TIME_UNITS[unit]
-            # numpy's calendar is the proleptic Gregorian one; CF's default mixes in the Julian
-            # calendar before 1582-10-15, and moved such dates 10 days earlier
-            extra = ({"units": f"{name} since 1970-01-01 00:00:00", "calendar": "proleptic_gregorian"}
-                     if kind == "M" else {"units": name})
-        return VarType(NC_INT64, NC_DTYPE[NC_INT64], needs_cdf5=True, extra_attrs=extra)
+        unit, count = np.datetime_data(dtype)
+        if kind == "M" and unit in _CALENDAR_UNITS:
+            unit = "D"  # weeks, months and years since 1970 are whole days (not so as durations)
+        if unit not in _TIME_UNITS:  # ps, fs, as, and durations in months or years: no CF unit
+            return VarType(NC_INT64, NC_DTYPE[NC_INT64], needs_cdf5=True)
+        name = _TIME_UNITS[unit]
+        # numpy's calendar is the proleptic Gregorian one; CF's default mixes in the Julian
+        # calendar before 1582-10-15, and moved such dates 10 days earlier
+        extra = ({"units": f"{name} since 1970-01-01 00:00:00", "calendar": "proleptic_gregorian"}
+                 if kind == "M" else {"units": name})
+        # counts of the unit itself: an M8[10s] element holds tens of seconds, served as seconds
+        # (its raw count labelled "seconds" read ten times too early); NaT stays NaT
+        return VarType(NC_INT64, np.dtype(f">{kind}8[{unit}]"), needs_cdf5=True, extra_attrs=extra)
     if kind == "S" and size > 0:
         # one byte an element is netCDF's own char array (NCZarr's char variables): no strlen
         return VarType(NC_CHAR, np.dtype(f"S{size}"), strlen=size if size > 1 else 0)
@@ -232,13 +239,15 @@ def _values_type(values: np.ndarray, cdf5: bool) -> np.ndarray | None:
             return values
         if kind == "i" and cdf5:
             return values
+        # by range, not by a cast there and back: that wraps both ways (uint8 200 came back
+        # from int8 -56 as 200, and was served as -56)
+        ints = [int(v) for v in values.reshape(-1)]
         for cand in ("i1", "i2", "i4") if kind == "u" else ("i4",):
-            conv = values.astype(cand)
-            if np.array_equal(conv.astype(values.dtype), values):
-                return conv
-        as_f8 = values.astype("f8")
-        if np.array_equal(as_f8.astype(values.dtype), values):
-            return as_f8
+            info = np.iinfo(cand)
+            if all(info.min <= v <= info.max for v in ints):
+                return values.astype(cand)
+        if all(int(float(v)) == v for v in ints):
+            return values.astype("f8")
     return None
 
 
@@ -270,8 +279,9 @@ def typed_attr(name: str, typed: Typed, cdf5: bool, served: VarType | None = Non
         except (OverflowError, ValueError, TypeError):
             pass
     fitted = _values_type(values, cdf5)
-    if fitted is None:
-        return text_attr(name, json.dumps(values.tolist()))
+    if fitted is None:  # an integer no netCDF type of this file holds exactly
+        listed = values.reshape(-1).tolist()
+        return text_attr(name, json.dumps(listed[0] if len(listed) == 1 else listed))
     code = _NP_TO_NC[(fitted.dtype.kind, fitted.dtype.itemsize)]
     return NcAttr(name, code, fitted.astype(NC_DTYPE[code]).tobytes(), fitted.size)
 
@@ -308,15 +318,15 @@ def _fill_attr(vattrs: VarAttributes, vtype: VarType, meta: ArrayMeta) -> NcAttr
     """The variable's _FillValue in its served type; None when it has none, or when the
     value does not fit that type (300 for a uint8 array was served as 44: the wrong
     values would have read as missing)."""
-    if vattrs.fill is None or vtype.nc_type == NC_CHAR or meta.dtype.kind == "b":
+    if vattrs.fill is None or meta.dtype.kind == "b":
         return None  # False is data, not "missing", in a bool array
     fill = np.asarray(vattrs.fill)
-    if meta.dtype.kind in "mM":
-        fill = fill.astype("i8")
+    if vtype.nc_type == NC_CHAR:  # one character; a string variable's fill has no char form
+        return NcAttr("_FillValue", NC_CHAR, fill.tobytes(), 1) if fill.dtype.itemsize == 1 else None
     with np.errstate(all="ignore"):
         data = fill.astype(vtype.served).reshape(1)
         if not np.array_equal(data.astype(fill.dtype).reshape(fill.shape), fill,
-                              equal_nan=fill.dtype.kind in "fc"):
+                              equal_nan=fill.dtype.kind in "fcmM"):  # NaN, NaT
             return None
     return NcAttr("_FillValue", vtype.nc_type, data.tobytes(), 1)
 
