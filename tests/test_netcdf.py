@@ -778,6 +778,35 @@ def test_times_in_multiples_of_a_unit_read_as_zarr_reads_them(mount, tmp_path: P
             np.testing.assert_array_equal(got.astype(ns), w.astype(ns), err_msg=name)
 
 
+def test_dimension_names_that_clash_as_netcdf_names_are_renamed_not_left_out(mount, tmp_path: Path) -> None:
+    """Dimensions "x" and "x " (one netCDF name) of two sizes, and a string variable beside
+    an array's own dimension "strlen2" of another size: the second variable of each pair was
+    left out ("dimension has two sizes"); it is served under a renamed dimension. A bool
+    variable carries xarray's ``dtype = "bool"`` and reads back as bool."""
+    store = tmp_path / "d.zarr"
+    g = zarr.open_group(str(store), mode="w", zarr_format=2)
+    arrays = {
+        "a": np.arange(3, dtype="i4"), "b": np.arange(5, dtype="i4"),
+        "g": np.arange(3, dtype="i4"), "s": np.array([b"ab", b"c", b"de"]),
+        "flag": np.array([True, False, True]),
+    }
+    dims = {"a": ["x"], "b": ["x "], "g": ["strlen2"], "s": ["q"], "flag": ["q"]}
+    for name, v in arrays.items():
+        g.create_array(name, shape=v.shape, dtype=v.dtype, chunks=v.shape,
+                       attributes={"_ARRAY_DIMENSIONS": dims[name]})[:] = v
+    want = {name: zarr.open_array(str(store), path=name, mode="r")[:] for name in arrays}
+    m = mount(store)
+    with xr.open_dataset(m.path / ".zvfs/netcdf/root.nc", mask_and_scale=False) as ds:
+        assert "zvfs_left_out" not in ds.attrs, ds.attrs["zvfs_left_out"]
+        for name, w in want.items():
+            got = ds[name].values
+            if w.dtype.kind == "S":
+                got = got.astype(w.dtype)
+            assert got.dtype == w.dtype, (name, got.dtype)
+            np.testing.assert_array_equal(got, w, err_msg=name)
+        assert ds["a"].dims != ds["b"].dims and ds["g"].dims == ("strlen2",)
+
+
 def test_unsigned_attributes_of_a_classic_file_keep_their_values(mount, tmp_path: Path) -> None:
     """A CDF-1/2 file has no unsigned types: ubyte 200, ushort 40000 and uint 3000000000 were
     served in the signed type of their width (-56, -25536, -1294967296), flag_masks 128 as -128.

@@ -99,8 +99,8 @@ def var_type(dtype: np.dtype, cdf5: bool) -> VarType:
     kind, size = dtype.kind, dtype.itemsize
     if dtype.fields is not None:
         raise LeftOut("structured dtype: classic netCDF has no compound type")
-    if kind == "b":
-        return VarType(NC_BYTE, np.dtype(">i1"))
+    if kind == "b":  # xarray's mark: it reads such a variable back as bool
+        return VarType(NC_BYTE, np.dtype(">i1"), extra_attrs={"dtype": "bool"})
     if kind == "i":
         code = {1: NC_BYTE, 2: NC_SHORT, 4: NC_INT, 8: NC_INT64}[size]
         return VarType(code, NC_DTYPE[code], needs_cdf5=code == NC_INT64)
@@ -355,7 +355,8 @@ def build_layout(
     # CDF-1 and CDF-2 write a dimension's length in 32 bits: a longer one needs CDF-5 (and
     # then its types: unsigned bytes are NC_UBYTE there)
     cdf5 = cdf5 or any(n > 2**32 - 1 for a in usable.values() for n in a.meta.shape)
-    dims_by_name = consistent_dimensions({n: a.meta for n, a in usable.items()}, generate=True)
+    dims_by_name = consistent_dimensions({n: a.meta for n, a in usable.items()}, generate=True, legal=nc_name)
+    source_dims = {d for names in dims_by_name.values() for d in names or []}
 
     variables: list[NcVar] = []
     dim_sizes: dict[str, int] = {}
@@ -363,9 +364,12 @@ def build_layout(
     for name, array in usable.items():
         meta = array.meta
         vtype = var_type(meta.dtype, cdf5)
-        dims = [nc_name(d) for d in dims_by_name[name] or []]
-        if vtype.strlen:
-            dims.append(f"strlen{vtype.strlen}")
+        dims = list(dims_by_name[name] or [])
+        if vtype.strlen:  # a name no array's own dimension has
+            strlen = f"strlen{vtype.strlen}"
+            while strlen in source_dims:
+                strlen += "_"
+            dims.append(strlen)
         for d, n in zip(dims, [*meta.shape, *([vtype.strlen] if vtype.strlen else [])], strict=True):
             if dim_sizes.setdefault(d, n) != n:  # a name still clashing after the rename rule
                 left_out[name] = f"dimension {d!r} has two sizes ({dim_sizes[d]} and {n})"

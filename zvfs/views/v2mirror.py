@@ -28,6 +28,7 @@ Choices made for those readers:
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -129,7 +130,7 @@ def generated_dimension_names(meta: ArrayMeta) -> list[str]:
 
 
 def consistent_dimensions(
-    metas: dict[str, ArrayMeta], generate: bool = False
+    metas: dict[str, ArrayMeta], generate: bool = False, legal: Callable[[str], str] | None = None
 ) -> dict[str, list[str] | None]:
     """path -> ``_ARRAY_DIMENSIONS`` with one size per name across the whole mirror.
 
@@ -139,7 +140,8 @@ def consistent_dimensions(
     ``<name>_<size>_<k>`` when a source's own name is that already (a rename onto a name
     of another size let netCDF-C read the array cut to that size, silently).
     With ``generate`` (the netCDF files), unnamed dimensions get
-    :func:`generated_dimension_names` instead of None.
+    :func:`generated_dimension_names` instead of None. ``legal`` makes a name one the
+    format can hold before the sizes are compared ("x " and "x" are one netCDF name).
     """
     sizes: dict[str, int] = {}
     out: dict[str, list[str] | None] = {}
@@ -152,7 +154,7 @@ def consistent_dimensions(
             out[path] = None
             continue
         fixed = []
-        for name, size in zip(names, meta.shape, strict=True):
+        for name, size in zip(names if legal is None else map(legal, names), meta.shape, strict=True):
             if sizes.setdefault(name, size) != size:
                 name = base = f"{name}_{size}"
                 k = 1
