@@ -472,6 +472,34 @@ def test_malformed_v3_metadata(doc: bytes) -> None:
         open_array(store, "a").read_chunk((0,))
 
 
+def test_v3_extension_fields_must_be_understood(tmp_path) -> None:
+    """An array's zarr.json member the v3 spec does not define, without ``"must_understand":
+    false``, was ignored: the values were served as if it were absent (an extension may change
+    what they mean). zarr-python, which wrote the array, refuses to open it; with
+    ``must_understand: false`` it reads it, and so does zvfs."""
+    import zarr
+
+    root = tmp_path / "s"
+    zarr.create_array(str(root / "must"), shape=(4,), chunks=(2,), dtype="i4", fill_value=0)[:] = [1, 2, 3, 4]
+    zarr.create_array(str(root / "may"), shape=(4,), chunks=(2,), dtype="i4", fill_value=0)[:] = [5, 6, 7, 8]
+    for name, ext in (("must", {"scale": 2}), ("may", {"scale": 2, "must_understand": False})):
+        key = root / name / "zarr.json"
+        doc = json.loads(key.read_text())
+        doc["scale_offset_ext"] = ext
+        key.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="extra fields"):
+        zarr.open_array(str(root / "must"), mode="r")
+    want = zarr.open_array(str(root / "may"), mode="r")[:]
+    store = DirectoryStore(str(root))
+    h = discover(store)
+    assert "scale_offset_ext" in (h.arrays["must"].error or ""), h.arrays["must"].error
+    with pytest.raises(FormatError):
+        open_array(store, "must").read_chunk((0,))
+    assert h.arrays["may"].error is None
+    got = np.concatenate([open_array(store, "may").read_chunk((i,)) for i in range(2)])
+    np.testing.assert_array_equal(got, want)
+
+
 def test_non_finite_attributes_stay_floats_and_meta_json_is_strict() -> None:
     """The views tell a NaN attribute as a number (mirror, netCDF); meta.json, strict JSON,
     spells it "NaN" as Zarr does."""

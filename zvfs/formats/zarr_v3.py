@@ -90,11 +90,30 @@ def parse_array(path: str, doc: Any, key: str | None = None) -> ArrayMeta:
     return meta
 
 
+#: the members of an array's zarr.json the v3 spec defines
+ARRAY_FIELDS = frozenset({
+    "zarr_format", "node_type", "shape", "data_type", "chunk_grid", "chunk_key_encoding",
+    "fill_value", "codecs", "attributes", "storage_transformers", "dimension_names",
+})  # fmt: skip
+
+
+def _unknown_fields(doc: dict[str, Any]) -> list[str]:
+    """Members the spec does not define and that do not say ``"must_understand": false``: the
+    spec says an array with one is not to be opened (an extension may change what the
+    stored values mean; zarr-python refuses them too)."""
+    return sorted(name for name, value in doc.items() if name not in ARRAY_FIELDS
+                  and not (isinstance(value, dict) and value.get("must_understand") is False))
+
+
 def _fill_meta(meta: ArrayMeta, doc: Any, key: str) -> None:
     if not isinstance(doc, dict):
         raise FormatError(f"{key}: expected a JSON object")
     if doc.get("zarr_format") != 3 or doc.get("node_type") != "array":
         raise FormatError(f"{key}: not a Zarr v3 array")
+    unknown = _unknown_fields(doc)
+    if unknown:
+        raise FormatError(f"{key}: unknown extension field(s) {', '.join(map(repr, unknown))} without "
+                          '"must_understand": false; the Zarr v3 spec forbids reading such an array')
     attrs = doc.get("attributes") or {}
     meta.attributes = dict(attrs) if isinstance(attrs, dict) else {}
     for field in ("shape", "data_type", "chunk_grid", "chunk_key_encoding", "codecs"):
