@@ -293,7 +293,7 @@ def test_stats_json_keys_are_stable_and_size_is_true(zarr_dir, mount) -> None:
 
 
 def test_status_lists_health_source_options_and_traffic(zarr_dir, zarr_s3, moto, s3_env, mount) -> None:
-    local = mount(zarr_dir, "--threads", "3")
+    local = mount(zarr_dir, "--threads", "3", "--metadata-ttl", "indefinite")
     remote = mount(zarr_s3, "--endpoint-url", moto.endpoint, env=s3_env)
     (remote.path / "temperature" / "zarr.json").read_bytes()
     (local.path / ".zvfs" / "arrays" / "temperature" / "data.raw").read_bytes()
@@ -311,12 +311,15 @@ def test_status_lists_health_source_options_and_traffic(zarr_dir, zarr_s3, moto,
         assert info["cache"]["max_bytes"] == 512 << 20
         assert info["last_error"] is None
     assert mine[0]["source"] == str(zarr_dir) and mine[0]["options"]["threads"] == "3"
+    # the option an operator most needs to see (it was left out: it parses to None)
+    assert mine[0]["options"]["metadata_ttl"] == "indefinite" and mine[1]["options"]["metadata_ttl"] == "60"
     assert mine[1]["source"] == zarr_s3 and mine[1]["options"]["endpoint_url"] == moto.endpoint
     assert mine[0]["cache"]["misses"] > 0 and mine[0]["cache"]["hit_rate"] is not None
     # one mount, as text
     res = zvfs("status", local.path)
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith(f"{local.path}: ok") and str(zarr_dir) in res.stdout
+    assert "metadata_ttl=indefinite" in res.stdout, res.stdout
     # a dead mount is reported dead (and the status exits 1)
     pid = daemon_pids(remote.path)[0]
     os.kill(pid, signal.SIGKILL)

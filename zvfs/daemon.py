@@ -30,7 +30,7 @@ from zvfs.fs import Ownership, ZvfsOperations
 from zvfs.fs import loop as fs_loop
 from zvfs.fs.fuse import pyfuse3
 from zvfs.mounts import UnmountFailed, fusermount, mount_device
-from zvfs.options import OPTIONS, S3_WRITE_OPTIONS, format_value
+from zvfs.options import OPTIONS, S3_WRITE_OPTIONS, format_value, parse_ttl
 from zvfs.stats import Counters
 from zvfs.stores.base import KeyInfo, Store
 from zvfs.stores.counting import CountingStore
@@ -206,8 +206,9 @@ def build_context(store: Store, opts: dict[str, Any], counters: Counters,
         cache_size=opts["cache_size"],
         decoded=opts["decoded"],
         source=description or store.description,
+        # None is "not set", but for a TTL it is what "indefinite" parses to
         options={o.name: format_value(o, opts[o.name]) if o.parse else opts[o.name]
-                 for o in OPTIONS if opts.get(o.name) is not None},
+                 for o in OPTIONS if opts.get(o.name) is not None or o.parse is parse_ttl and o.name in opts},
     )
 
 
