@@ -231,6 +231,26 @@ def test_unknown_option(zarr_dir, mnt) -> None:
     assert_nothing_mounted(mnt)
 
 
+def test_a_mistyped_flag_is_named_with_the_one_meant(zarr_dir, mnt) -> None:
+    """A typo in a long flag was "unrecognized arguments: --cache-sze MNT" (the flag's value
+    pushed the mountpoint out of place) with a hint at ``zvfs --help``: it is named as an
+    unknown option, with the flag meant and the command's own help. Exit 2, which the
+    systemd unit does not retry (a typo in OPTIONS= was restarted five times)."""
+    res = zvfs_mount("--cache-sze", "1G", zarr_dir, mnt)
+    assert_fails(res, r"unknown option --cache-sze \(did you mean --cache-size\?\)", r"zvfs mount --help")
+    assert res.returncode == 2 and str(mnt) not in res.stderr
+    assert_nothing_mounted(mnt)
+    res = zvfs_mount(zarr_dir, mnt, "surplus")
+    assert_fails(res, r"unexpected argument: surplus")
+    assert res.returncode == 2
+    res = zvfs_mount(zarr_dir, "")  # was the current directory
+    assert_fails(res, r"MOUNTPOINT is empty")
+    assert res.returncode == 2
+    unit = (Path(__file__).resolve().parents[1] / "systemd" / "zvfs@.service").read_text()
+    prevent = re.search(r"^RestartPreventExitStatus=(.*)$", unit, re.M)
+    assert prevent and {"2", "78"} <= set(prevent.group(1).split()), prevent
+
+
 @pytest.mark.parametrize("args,pattern", [
     (["--cache-size", "lots"], r"cache"),
     (["--metadata-ttl", "-5"], r"ttl"),

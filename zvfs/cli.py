@@ -96,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("-z", "--lazy", action="store_true", help="detach now, clean up when no longer busy")
     st = sub.add_parser("status", help="show the zvfs mounts of this machine: source, options, "
                         "health, traffic, errors")
+    p.set_defaults(_commands={"mount": m, "unmount": u, "umount": u, "status": st})
     st.add_argument("mountpoint", nargs="?", help="only this mount (default: all)")
     st.add_argument("--json", action="store_true", help="print JSON for scripts (default: text)")
     st.add_argument("--timeout", type=_positive_seconds, default=5.0, metavar="SECONDS",
@@ -743,10 +744,29 @@ def _unmount(path: str, lazy: bool) -> int:
     raise CliError(f"{path} is not mounted")
 
 
+def _refuse_extra(command: argparse.ArgumentParser, extra: list[str]) -> NoReturn:
+    """What argparse could not place, said as what it is: an option no one knows, named (with
+    the one meant, when it is near), rather than argparse's "unrecognized arguments" that also
+    lists the positional the typo pushed out of place. Exits EXIT_USAGE through the command's
+    own parser (so the hint is ``zvfs mount --help``)."""
+    import difflib
+
+    unknown = [x.split("=", 1)[0] for x in extra if x.startswith("-") and x != "-"]
+    if unknown:
+        known = [o for action in command._actions for o in action.option_strings]
+        near = difflib.get_close_matches(unknown[0], known, n=1)
+        command.error(f"unknown option {unknown[0]}" + (f" (did you mean {near[0]}?)" if near else ""))
+    command.error(f"unexpected argument{'s' if len(extra) > 1 else ''}: {' '.join(extra)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _refuse_extra(args._commands[args.command], extra)
+    if getattr(args, "mountpoint", None) == "":  # os.path.abspath("") is the current directory
+        args._commands[args.command].error("MOUNTPOINT is empty")
     try:
         if args.command in ("unmount", "umount"):
             return _unmount(args.mountpoint, args.lazy)
