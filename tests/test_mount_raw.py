@@ -997,7 +997,8 @@ def test_s3_server_gone_fails_reads_not_daemon(zarr_dir, s3_env, mount) -> None:
 
 
 def test_mount_helper_flags(zarr_dir, tmp_path) -> None:
-    """mount.zvfs takes the flags mount(8) passes: -s -n -v, and -f (fake: mount nothing)."""
+    """mount.zvfs takes the flags mount(8) passes: -s (sloppy: unknown options ignored, not
+    refused), -n -v, and -f (fake: mount nothing)."""
     from conftest import force_unmount
 
     helper = "/sbin/mount.zvfs"
@@ -1010,11 +1011,18 @@ def test_mount_helper_flags(zarr_dir, tmp_path) -> None:
         assert mount_entry(mnt) is None, "mount -f (fake) mounted something"
         res = run(["mount", "-f", "-t", "zvfs", zarr_dir, mnt], timeout=60)
         assert res.returncode == 0 and mount_entry(mnt) is None, res.stderr
-        res = run([helper, zarr_dir, mnt, "-s", "-n", "-v", "-o", "rw,noatime,metadata_ttl=5"], timeout=120)
+        # without -s (sloppy) an option zvfs does not know is refused; with it, said and ignored
+        res = run(["mount", "-t", "zvfs", zarr_dir, mnt, "-o", "no_such_opt=1,metadata_ttl=5"], timeout=60)
+        assert res.returncode != 0 and "no_such_opt" in res.stderr and mount_entry(mnt) is None, res.stderr
+        res = run([helper, zarr_dir, mnt, "-s", "-n", "-v", "-o", "rw,noatime,no_such_opt=1,metadata_ttl=5"],
+                  timeout=120)
         assert res.returncode == 0, res.stderr
+        assert "ignoring unknown option no_such_opt=1" in res.stderr, res.stderr
         entry = mount_entry(mnt)
         assert entry is not None and "ro" in entry["options"].split(","), entry
         assert run(["diff", "-r", zarr_dir, mnt]).returncode == 0
+        status = run([tool("zvfs"), "status", "--json", mnt])
+        assert json.loads(status.stdout)[0]["options"]["metadata_ttl"] == "5", status.stdout
     finally:
         force_unmount(mnt)
 

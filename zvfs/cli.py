@@ -802,17 +802,32 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAIL
 
 
+def _known_options(o_values: list[str]) -> list[str]:
+    """``-o`` lists without the keys zvfs does not know, each told on stderr (``mount -s``)."""
+    kept, dropped = [], []
+    for item in zopts.split_o(o_values):
+        given = item.partition("=")[0].strip()
+        key = given.replace("-", "_")
+        known = key in zopts.BY_KEY or key in zopts.IGNORED or given.lower().startswith("x-") or given == "comment"
+        (kept if known else dropped).append(item)
+    if dropped:
+        print(f"mount.zvfs: ignoring unknown option{'s' if len(dropped) > 1 else ''} "
+              f"{', '.join(dropped)} (mount -s)", file=sys.stderr)
+    return [",".join(item.replace(",", "\\,") for item in kept)] if kept else []
+
+
 def mount_helper_main(argv: list[str] | None = None) -> int:
     """``mount.zvfs SOURCE MOUNTPOINT [-sfnv] [-o opts] [-t type] [-N ns]``, as mount(8) calls it.
 
     Note mount(8)'s ``-f`` means *fake*, not foreground. ``-N`` (``mount -N``/``--namespace``)
     names the mount namespace to mount in: mount(8) runs its helper in its own namespace.
+    ``-s`` (sloppy) asks that options the helper does not know be ignored, not refused.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     positional: list[str] = []
     o_values: list[str] = []
     namespace: str | None = None
-    fake = False
+    fake = sloppy = False
     i = 0
     while i < len(argv):
         a = argv[i]
@@ -829,9 +844,12 @@ def mount_helper_main(argv: list[str] | None = None) -> int:
             i += 1
         elif a.startswith("-") and len(a) > 1:
             fake = fake or "f" in a[1:]
+            sloppy = sloppy or "s" in a[1:]
         else:
             positional.append(a)
         i += 1
+    if sloppy:
+        o_values = _known_options(o_values)
     if len(positional) != 2:
         print("usage: mount.zvfs SOURCE MOUNTPOINT [-o options]", file=sys.stderr)
         return EXIT_USAGE
