@@ -541,6 +541,18 @@ def test_a_log_file_that_cannot_be_written_is_refused(zarr_dir, mnt) -> None:
     assert_nothing_mounted(mnt)
 
 
+def test_a_log_file_in_a_directory_that_does_not_exist_is_refused(zarr_dir, mnt, tmp_path) -> None:
+    """A typo in --log-file's directory made the whole path and mounted, the log going to a
+    stray place: it is refused, as a file a shell redirection could not create (the default
+    log's own directory, /var/log/zvfs, is still made)."""
+    typo = tmp_path / "var" / "lgo" / "zvfs.log"
+    res = zvfs_mount(zarr_dir, mnt, "--log-file", typo)
+    assert res.returncode == 78, (res.returncode, res.stderr)
+    assert_fails(res, rf"cannot write to the log file {re.escape(str(typo))}: No such file or directory")
+    assert not (tmp_path / "var").exists()
+    assert_nothing_mounted(mnt)
+
+
 def test_the_log_directory_removed_under_a_mount_ends_nothing(tmp_path, mount) -> None:
     """The log's directory removed (a cleanup, logrotate gone wrong): the next line logged
     (a corrupt chunk's) raised out of logging and ended the daemon, and the mount with it."""

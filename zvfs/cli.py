@@ -179,7 +179,8 @@ def _setup_logging(opts: dict[str, Any], daemon: bool, mountpoint: str) -> str:
             handler = SysLogHandler("/dev/log")
             fmt = "zvfs[%(process)d]: %(levelname)s %(message)s"
         elif where:
-            os.makedirs(os.path.dirname(where), exist_ok=True)
+            if not opts.get("log_file"):  # the default's directory (/var/log/zvfs); a path given
+                os.makedirs(os.path.dirname(where), exist_ok=True)  # with a typo is told, not made
             os.close(os.open(where, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644))
             handler = _log_file(where)
         else:  # the foreground, and systemd: stderr goes to the journal
