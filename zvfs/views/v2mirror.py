@@ -7,7 +7,8 @@ decoded bytes per chunk (edge chunks padded with the fill value, as v2 wants).
 
 Choices made for those readers:
 
-- The byte order is always little-endian ('<'), whatever the source declares:
+- The byte order is always little-endian ('<'), whatever the source declares (each
+  field of a structured dtype too):
   netCDF-C 4.9.0's Zarr reader ignores '>' and returns byte-swapped numbers.
   (``arrays/<path>/data.raw`` keeps the declared order.)
 - Every directory of the mirror is a group with ``.zgroup`` and ``.zattrs``,
@@ -52,9 +53,8 @@ def _dumps(doc: Any) -> bytes:
 
 def mirror_dtype(dt: np.dtype) -> np.dtype:
     """The dtype the mirror serves: the source's, made little-endian (see the module doc)."""
-    if dt.fields is None and dt.byteorder in (">", "="):
-        return dt.newbyteorder("<")
-    return dt
+    little = dt.newbyteorder("<")  # a structured dtype's fields too
+    return dt if little == dt else little
 
 
 def zarray_doc(meta: ArrayMeta) -> dict[str, Any]:
@@ -68,7 +68,8 @@ def zarray_doc(meta: ArrayMeta) -> dict[str, Any]:
         "dtype": dtype_str(mirror_dtype(meta.dtype)),
         "compressor": None,
         "filters": None,
-        "fill_value": None if meta.dtype.kind == "c" or cf is None else json_scalar(cf),
+        "fill_value": None if meta.dtype.kind == "c" or cf is None else json_scalar(
+            np.asarray(cf).astype(mirror_dtype(meta.dtype))),
         "order": "C",
         "dimension_separator": ".",
     }
