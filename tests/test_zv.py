@@ -747,3 +747,74 @@ def test_mesh_object_ply(name: str) -> None:
     np.testing.assert_array_equal(pos, load_npy(d, "0/objects/0.npy"))
     faces = np.stack(ply["face"]["vertex_indices"])
     assert len(faces) == 8 and faces.max() < len(pos)
+
+
+# --------------------------------------------------------------------------- attribute names in level.ply
+
+
+def _names_ply(d: Path) -> tuple[Any, dict[str, Any]]:
+    from plyfile import PlyData
+
+    return PlyData.read(io.BytesIO(read_file(d, "0/level.ply"))), json.loads(read_file(d, "0/meta.json"))
+
+
+def test_attribute_names_a_ply_header_cannot_take_are_made_safe_and_unique() -> None:
+    """zarr-vectors writes ``my attr`` and ``dichte_é``: the first went into the header as
+    it was (plyfile: PlyHeaderParseError, nothing logged), the second failed the whole
+    level directory (UnicodeEncodeError); ``x`` with ``attr_x`` renamed the axis clash to
+    a name taken already (plyfile: duplicate field). Each now has a property of its own,
+    named in meta.json, holding the values the writer was given."""
+    name = "v09/points_names"
+    d = store_dir(name)
+    ply, meta = _names_ply(d)
+    props = [p.name for p in ply["vertex"].properties]
+    assert len(props) == len(set(props))
+    np.testing.assert_array_equal(np.stack([ply["vertex"][a] for a in "xyz"], axis=1),
+                                  ref(name, MANIFEST[name]["levels"]["0"]["positions"]))
+    want = {"my attr": ["my_attr"], "dichte_é": ["dichte__"], "attr_x": ["attr_x"], "x": ["attr_x_2"]}
+    for attr, ply_props in want.items():
+        assert meta["vertex_attributes"][attr]["ply_properties"] == ply_props
+        values = ref(name, MANIFEST[name]["levels"]["0"]["attributes"][attr])
+        np.testing.assert_array_equal(ply["vertex"][ply_props[0]], values)
+        np.testing.assert_array_equal(load_npy(d, f"0/vertex_attributes/{attr}.npy"), values)
+
+
+def test_a_newline_in_an_attribute_name_injects_no_header_line(tmp_path: Path) -> None:
+    """A newline in a name started a header line of its own (here ``lines``, which plyfile
+    refuses; ``end_header`` would have ended the header there)."""
+    d = _copy(tmp_path, "v09/points_names")
+    va = d / "0/vertex_attributes"
+    (va / "my attr").rename(va / "end_header\nlines")
+    doc = json.loads((va / "end_header\nlines/zarr.json").read_text())
+    doc["attributes"]["name"] = "end_header\nlines"
+    (va / "end_header\nlines/zarr.json").write_text(json.dumps(doc))
+    ply, meta = _names_ply(d)
+    assert meta["vertex_attributes"]["end_header\nlines"]["ply_properties"] == ["end_header_lines"]
+    np.testing.assert_array_equal(ply["vertex"]["end_header_lines"],
+                                  load_npy(d, "0/vertex_attributes/end_header\nlines.npy"))
+    header = read_file(d, "0/level.ply").split(b"\nend_header\n", 1)[0].decode("ascii").split("\n")
+    assert {ln.split()[0] for ln in header[1:]} == {"format", "comment", "element", "property"}
+
+
+def test_a_level_ply_that_cannot_be_built_fails_only_level_ply(monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """The PLY header was built outside the per-file guard: its failure was the whole level
+    directory's (listing, meta.json, vertices.npy EIO), logged naming no file. Now level.ply
+    alone fails (left out of the listing, EIO naming it), with one log line naming it."""
+    from zvfs.views.vectors import encoders as enc
+
+    def broken(*args: Any, **kw: Any) -> bytes:
+        raise UnicodeEncodeError("ascii", "é", 0, 1, "ordinal not in range(128)")
+
+    monkeypatch.setattr(enc, "ply_header", broken)
+    name = "v09/points"
+    d = store_dir(name)
+    with caplog.at_level("WARNING"):
+        assert {"meta.json", "vertices.npy", "vertex_attributes"} <= set(listing(d, "0"))
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "0/level.ply" in lines[0], lines
+    np.testing.assert_array_equal(load_npy(d, "0/vertices.npy"), ref(name, "L0_positions.npy"))
+    assert "level.ply" in json.loads(read_file(d, "0/meta.json"))["errors"]
+    with pytest.raises(NodeError) as err:
+        read_file(d, "0/level.ply")
+    assert "0/level.ply" in str(err.value)

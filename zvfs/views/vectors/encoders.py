@@ -45,23 +45,53 @@ def ply_type(dtype: np.dtype) -> str:
     return _PLY_TYPES.get(np.dtype(dtype).str[1:], "double")
 
 
+def ply_name(name: str) -> str:
+    """``name`` as a PLY property name: a header line is ``property <type> <name>`` split on
+    whitespace, so every character that is not printable ASCII other than space (whitespace,
+    newlines, control and non-ASCII characters) becomes ``_``, one per character. A name left
+    as it was (``my attr`` read as two tokens, a newline started a header line of its own)
+    made the file unreadable, and ``.encode("ascii")`` of a non-ASCII one failed the header."""
+    return "".join(ch if "!" <= ch <= "~" else "_" for ch in name) or "_"
+
+
 def vertex_columns(ndim: int, pos_dtype: np.dtype,
                    attrs: Sequence[tuple[str, np.dtype, int]]) -> list[tuple[str, str]]:
     """(property name, PLY type) for positions and attribute channels, names made unique."""
     names = [AXES[i] if i < 3 else f"axis{i}" for i in range(ndim)]
     cols = [(n, ply_type(pos_dtype)) for n in names]
-    taken = set(names)
-    for name, dt, ncols in attrs:
-        base = name if name not in taken else f"attr_{name}"
-        subs = [base] if ncols == 1 else [f"{base}_{i}" for i in range(ncols)]
-        for s in subs:
-            taken.add(s)
-            cols.append((s, ply_type(dt)))
+    for prop_names, (_name, dt, _ncols) in zip(attribute_properties(names, attrs), attrs, strict=True):
+        cols.extend((s, ply_type(dt)) for s in prop_names)
     return cols
+
+
+def attribute_properties(axes: Sequence[str],
+                         attrs: Sequence[tuple[str, np.dtype, int]]) -> list[list[str]]:
+    """The PLY property names of each attribute: ``ply_name(name)``, ``<that>_<j>`` per
+    channel of a multi-column one. Where one of them is taken (by an axis, an earlier
+    attribute or channel, or another name that sanitises the same), ``attr_<that>``, then
+    ``attr_<that>_2``, ``_3``, ... until all are free: ``x`` and ``attr_x`` together made
+    the second ``attr_x`` twice (plyfile: duplicate field), failing the whole file."""
+    taken = set(axes)
+    out = []
+    for name, _dt, ncols in attrs:
+        safe = ply_name(name)
+        k = 0
+        while True:
+            base = safe if k == 0 else f"attr_{safe}" if k == 1 else f"attr_{safe}_{k}"
+            props = [base] if ncols == 1 else [f"{base}_{i}" for i in range(ncols)]
+            if taken.isdisjoint(props):
+                break
+            k += 1
+        taken.update(props)
+        out.append(props)
+    return out
 
 
 def ply_header(n_vertices: int, columns: list[tuple[str, str]], n_faces: int, face_width: int,
                n_edges: int, comment: str) -> bytes:
+    """The header; ``columns`` named by ``vertex_columns``, the comment (it carries the store's
+    geometry type) kept to one line of printable ASCII."""
+    comment = "".join(ch if " " <= ch <= "~" else "_" for ch in comment)
     lines = ["ply", "format binary_little_endian 1.0", f"comment {comment}", f"element vertex {n_vertices}"]
     lines += [f"property {t} {n}" for n, t in columns]
     if n_faces:

@@ -59,6 +59,8 @@ class LevelTree:
         self.level: Level = group.level(name)
         self.what = self.level.path
         self.errors: dict[str, str] = {}
+        #: each vertex attribute's property names in level.ply (``enc.attribute_properties``)
+        self.ply_properties: dict[str, list[str]] = {}
 
     def _try(self, part: str, fn: Callable[[], Any]) -> Any:
         """Run one part of the build; remember its error so meta.json and the file can say it."""
@@ -168,17 +170,27 @@ class LevelTree:
 
     def _level_ply(self, out: dict[str, Node], chunks: list, counts: list[int], infos: dict) -> None:
         """level.ply streamed in parts: header, each chunk's vertex rows, faces, edges."""
-        L = self.level
         conn = self._try("level.ply", self._connectivity)
         if isinstance(conn, Exception):
             out["level.ply"] = ErrorFile(self.ctx, f"{self.what}/level.ply", conn)
             return
+        # a header that cannot be built (or any other surprise here) fails level.ply alone:
+        # it failed the level's whole directory, meta.json and vertices.npy included
+        ply = self._try("level.ply", lambda: self._level_ply_file(conn, chunks, counts, infos))
+        out["level.ply"] = ErrorFile(self.ctx, f"{self.what}/level.ply", ply) if isinstance(ply, Exception) else ply
+
+    def _level_ply_file(self, conn: tuple[np.ndarray, np.ndarray], chunks: list, counts: list[int],
+                        infos: dict) -> SegmentedFile:
+        L = self.level
         faces, edges = conn
         n = sum(counts)
         if L.encoding == "draco":
             infos = {}  # Draco drops unused vertices, so attribute rows need not line up
         names = list(infos)
-        cols = enc.vertex_columns(L.ndim, L.dtype, [(k, i.dtype, i.ncols) for k, i in infos.items()])
+        specs = [(k, i.dtype, i.ncols) for k, i in infos.items()]
+        cols = enc.vertex_columns(L.ndim, L.dtype, specs)
+        axes = [c for c, _t in cols[: L.ndim]]
+        self.ply_properties = dict(zip(names, enc.attribute_properties(axes, specs), strict=True))
         width = faces.shape[1] if len(faces) else 3
         comment = f"zvfs {self.group.geometry} level {L.name}"
         header = enc.ply_header(n, cols, len(faces), width, len(edges), comment)
@@ -200,8 +212,8 @@ class LevelTree:
             s = esteps[i - 1 - nc - nf]
             return enc.ply_edge_bytes(edges[s : s + PART_ROWS])
 
-        out["level.ply"] = SegmentedFile(self.ctx, (self.key, "level.ply"), f"{self.what}/level.ply",
-                                         sizes, load, literal={0: header})
+        return SegmentedFile(self.ctx, (self.key, "level.ply"), f"{self.what}/level.ply",
+                             sizes, load, literal={0: header})
 
     def _trk(self, out: dict[str, Node]) -> None:
         """streamlines.trk streamed in batches of whole streamlines, one per object with
@@ -484,7 +496,8 @@ class LevelTree:
                 name: {"dtype": i.dtype.str,
                        "shape": [n, *i.row_shape] if n is not None and L.encoding != "draco" else None,
                        **({"categories": i.categories} if i.categories is not None else {}),
-                       **({"channel_names": i.channel_names} if i.channel_names else {})}
+                       **({"channel_names": i.channel_names} if i.channel_names else {}),
+                       **({"ply_properties": self.ply_properties[name]} if name in self.ply_properties else {})}
                 for name, i in infos.items()
             },
             "link_deltas": deltas,
