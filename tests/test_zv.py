@@ -818,3 +818,19 @@ def test_a_level_ply_that_cannot_be_built_fails_only_level_ply(monkeypatch: pyte
     with pytest.raises(NodeError) as err:
         read_file(d, "0/level.ply")
     assert "0/level.ply" in str(err.value)
+
+
+def test_an_attribute_named_c_is_served() -> None:
+    """``c`` is a chunk directory below an array, but was dropped below groups too: the
+    attribute ``c`` zarr-vectors wrote was missing from vertex_attributes/, level.ply and
+    meta.json, and nothing said so."""
+    from plyfile import PlyData
+
+    name = "v09/points_names"
+    d = store_dir(name)
+    want = ref(name, MANIFEST[name]["levels"]["0"]["attributes"]["c"])
+    assert "c.npy" in listing(d, "0/vertex_attributes")
+    np.testing.assert_array_equal(load_npy(d, "0/vertex_attributes/c.npy"), want)
+    assert json.loads(read_file(d, "0/meta.json"))["vertex_attributes"]["c"]["ply_properties"] == ["c"]
+    ply = PlyData.read(io.BytesIO(read_file(d, "0/level.ply")))
+    np.testing.assert_array_equal(ply["vertex"]["c"], want)

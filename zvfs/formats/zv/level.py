@@ -223,11 +223,15 @@ class Level:
         return self.doc(rel) is not None
 
     def children(self, rel: str) -> list[str]:
-        """Sub-node names below ``rel`` (listing, not metadata; kept, like the zarr.json docs)."""
+        """Sub-node names below ``rel`` (listing, not metadata; kept, like the zarr.json docs).
+        ``c`` is left out below an array only, where it holds the chunks: below a group it is
+        a node (an attribute named ``c`` was missing from every view)."""
         hit = self._children.get(rel)
         if hit is None:
             _keys, prefixes = _ls(self.store, self.key(rel))
-            hit = sorted(prefixes - {"c"})
+            if (self.doc(rel) or {}).get("node_type") == "array":
+                prefixes -= {"c"}
+            hit = sorted(prefixes)
             self._children[rel] = hit
         return list(hit)
 
