@@ -834,3 +834,33 @@ def test_an_attribute_named_c_is_served() -> None:
     assert json.loads(read_file(d, "0/meta.json"))["vertex_attributes"]["c"]["ply_properties"] == ["c"]
     ply = PlyData.read(io.BytesIO(read_file(d, "0/level.ply")))
     np.testing.assert_array_equal(ply["vertex"]["c"], want)
+
+
+def _trk_ids(trk: Any) -> list[int]:
+    """Each streamline's object id from its id properties, high part first (README)."""
+    per = trk.tractogram.data_per_streamline
+    names = [n for n in ("object_id", "object_id_hi", "object_id_mid", "object_id_lo") if n in per]
+    got = np.zeros(len(trk.streamlines), np.int64)
+    for n in names:
+        got = got * 2**24 + per[n][:, 0].astype(np.int64)
+    return got.tolist()
+
+
+@pytest.mark.parametrize("ids", [[-5, 7, 2], [-5, 7, -2**30], [2**40, -2**50 - 3, 0]])
+def test_trk_negative_object_ids_round_trip(tmp_path: Path, ids: list[int]) -> None:
+    """zarr-vectors' object_ids array is int64 and objects/<id>.npy serve negative ids, but
+    streamlines.trk sized its id parts by the largest id and split the rest modulo 2**24:
+    -5 read 16777211 and -2**30 read 0 (a real object's id). nibabel now reads each
+    streamline's own id, the one whose objects/<id>.npy holds its points."""
+    import nibabel as nib
+    import zarr
+
+    d = _copy(tmp_path, "v09/streamlines")
+    zarr.open_array(str(d / "0/object_index/object_ids"), mode="r+")[:] = np.array(ids, np.int64)
+    p = tmp_path / "s.trk"
+    p.write_bytes(read_file(d, "0/streamlines.trk"))
+    trk = nib.streamlines.load(str(p))
+    got = _trk_ids(trk)
+    assert sorted(got) == sorted(ids)
+    for oid, pts in zip(got, trk.streamlines, strict=True):
+        np.testing.assert_array_equal(np.asarray(pts, np.float32), load_npy(d, f"0/objects/{oid}.npy"))

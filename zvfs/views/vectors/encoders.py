@@ -173,21 +173,27 @@ def trk_id_properties(ids: Sequence[int]) -> tuple[str, ...]:
     the view leaves empty objects out and tells each streamline's object id.
     Ids past float32's exact range ride in 24-bit parts, high to low: two (``_hi``,
     ``_lo``) up to 2**48, three (``_hi``, ``_mid``, ``_lo``) past it (uint64 segment ids).
+    A negative id's sign rides in the high part (the others are 0..2**24-1), so the same
+    sum gives it back; the range is checked on both sides (only the largest id was, and
+    -2**30 went out as 0).
     """
     top = max(ids, default=0)
-    if top < _F4_EXACT:
+    low = min(ids, default=0)
+    if -_F4_EXACT <= low and top < _F4_EXACT:
         return ("object_id",)
-    if top < _F4_EXACT**2:
+    if -(_F4_EXACT**2) <= low and top < _F4_EXACT**2:
         return ("object_id_hi", "object_id_lo")
     return ("object_id_hi", "object_id_mid", "object_id_lo")
 
 
 def _id_values(oid: int, properties: Sequence[str]) -> list[int]:
-    """``oid`` in 24-bit parts, high first, one a property."""
+    """``oid`` in 24-bit parts, high first, one a property: the lower parts are 0..2**24-1
+    (floor division), the high one what is left, signed (-5 went out as 16777211)."""
     parts = []
-    for _ in properties:
+    for _ in properties[1:]:
         oid, part = divmod(oid, _F4_EXACT)
         parts.append(part)
+    parts.append(oid)
     return parts[::-1]
 
 
