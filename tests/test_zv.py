@@ -864,3 +864,15 @@ def test_trk_negative_object_ids_round_trip(tmp_path: Path, ids: list[int]) -> N
     assert sorted(got) == sorted(ids)
     for oid, pts in zip(got, trk.streamlines, strict=True):
         np.testing.assert_array_equal(np.asarray(pts, np.float32), load_npy(d, f"0/objects/{oid}.npy"))
+
+
+def test_a_bad_nonempty_chunks_entry_names_its_key(tmp_path: Path) -> None:
+    """A chunk name that is no integers raised a bare ValueError: the log line named no key."""
+    d = _copy(tmp_path, "v09/points")
+    meta = d / "0/vertices/zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["attributes"]["nonempty_chunks"] = ["0.0.0", "x.y.z"]
+    meta.write_text(json.dumps(doc))
+    with pytest.raises(NodeError) as err:
+        read_file(d, "0/vertices.npy")
+    assert "0/vertices/zarr.json" in str(err.value) and "nonempty_chunks" in str(err.value)

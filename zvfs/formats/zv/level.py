@@ -263,7 +263,10 @@ class Level:
         listed = arr.attributes.get("nonempty_chunks")
         if isinstance(listed, list):
             # once each: a chunk listed twice had its vertices served twice (15 rows of 14)
-            return sorted({parse_chunk_name(str(n)) for n in listed})
+            try:
+                return sorted({parse_chunk_name(str(n)) for n in listed})
+            except ValueError as exc:  # a bare ValueError named no key in the log
+                raise ZVError(join(self.key(rel), "zarr.json"), f"bad nonempty_chunks entry ({exc})") from None
         origin = arr.attributes.get("chunk_grid_origin") or [0] * len(arr.shape)
         cells_count = math.prod(arr.shape)
         if cells_count > MAX_GRID_WALK:
