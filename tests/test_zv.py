@@ -866,6 +866,25 @@ def test_trk_negative_object_ids_round_trip(tmp_path: Path, ids: list[int]) -> N
         np.testing.assert_array_equal(np.asarray(pts, np.float32), load_npy(d, f"0/objects/{oid}.npy"))
 
 
+def test_a_bad_mesh_link_cell_fails_the_object_plys_not_the_objects_dir(tmp_path: Path) -> None:
+    """objects/ built the mesh's faces outside the per-file guard: one link cell whose
+    endpoint is not a vertex of its chunk made the whole directory EIO, the objects'
+    .npy files (which need no faces) too. Only the .ply files fail now, naming the cell."""
+    d = _copy(tmp_path, "v09/mesh_draco")
+    cell = d / "0/links/0/+1.0.0_+1.0.0/c/0/1/1"
+    rows = np.frombuffer(cell.read_bytes()[8:], "<i8").copy()
+    rows[-1] = 999  # ragged header (1 group at offset 0), then perm + three endpoints
+    cell.write_bytes(_vlen_cell(rows.tobytes()))
+    names = listing(d, "0/objects")
+    npys = [n for n in names if n.endswith(".npy")]
+    assert npys and not any(n.endswith(".ply") for n in names)
+    for n in npys:
+        assert len(load_npy(d, f"0/objects/{n}")) > 0
+        with pytest.raises(NodeError) as err:
+            read_file(d, f"0/objects/{n[:-4]}.ply")
+        assert "0/links/0/" in str(err.value) and "vertex 999" in str(err.value)
+
+
 def test_a_bad_nonempty_chunks_entry_names_its_key(tmp_path: Path) -> None:
     """A chunk name that is no integers raised a bare ValueError: the log line named no key."""
     d = _copy(tmp_path, "v09/points")

@@ -294,7 +294,8 @@ class LevelTree:
         tree = self.group.links_convention == TREE_CONVENTION
         out: dict[str, Node] = {}
         parents: list[np.ndarray] = []  # computed once, on the first SWC build
-        faces = zv.mesh_faces(L) if geom == "mesh" else None
+        # a bad link cell fails the objects' .ply files only (it failed the whole directory)
+        faces = self._try("objects/*.ply", lambda: zv.mesh_faces(L)) if geom == "mesh" else None
         attr_names = set(L.vertex_attribute_names())
         types = self._swc_types(attr_names) if tree else None
         swc_width = enc.swc_type_width(types[1] if isinstance(types, tuple) else None)
@@ -302,7 +303,8 @@ class LevelTree:
             oid: self._try(f"objects/{oid}", lambda oid=oid, blocks=blocks: L.object_rows(blocks, offsets, oid))
             for oid, blocks in sorted(manifests.items())
         }
-        per_object_faces = self._faces_by_object(faces, all_rows) if faces is not None else {}
+        per_object_faces = self._faces_by_object(faces, all_rows) \
+            if faces is not None and not isinstance(faces, Exception) else {}
         for oid, blocks in sorted(manifests.items()):
             base = f"{self.what}/objects/{oid}"
             rows = all_rows[oid]
@@ -322,7 +324,9 @@ class LevelTree:
                     ctx, (self.key, "swc", oid), base + ".swc", enc.swc_size(oid, n, L.dtype, swc_width),
                     lambda oid=oid, blocks=blocks, rows=rows:
                         self._swc(oid, blocks, rows, parents, attr_names, types, swc_width))
-            if faces is not None:
+            if isinstance(faces, Exception):
+                out[f"{oid}.ply"] = ErrorFile(ctx, base + ".ply", faces)
+            elif faces is not None:
                 ofaces = per_object_faces.get(oid, np.empty((0, 3), np.int64))
                 width = ofaces.shape[1] if len(ofaces) else 3
                 comment = f"zvfs mesh object {oid}"
