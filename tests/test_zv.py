@@ -596,7 +596,13 @@ def test_sizes_come_without_reading_vertices(name: str) -> None:
     data_keys = [k for k in st.fetched if "/vertices/" in k and not k.endswith("zarr.json")]
     if name != "v09/points_sharded_blosc":  # a shard holds vertices and nothing else
         assert data_keys == []
-    assert not any("/vertex_attributes/" in k and not k.endswith("zarr.json") for k in st.fetched)
+    # an attribute whose metadata gives no width has it measured on one cell: zarr-vectors
+    # stamps multi-column ones one column (0.7: the child array's shape says it, no read)
+    cells_read = [k for k in st.fetched if "/vertex_attributes/" in k and not k.endswith("zarr.json")]
+    if name.startswith("v07"):
+        assert cells_read == []
+    else:
+        assert len(set(cells_read)) <= 2 and {k.split("/")[2] for k in cells_read} <= {"intensity", "cls"}, cells_read
 
 
 def test_no_zv_group_gives_none(tmp_path: Path) -> None:
@@ -895,3 +901,59 @@ def test_a_bad_nonempty_chunks_entry_names_its_key(tmp_path: Path) -> None:
     with pytest.raises(NodeError) as err:
         read_file(d, "0/vertices.npy")
     assert "0/vertices/zarr.json" in str(err.value) and "nonempty_chunks" in str(err.value)
+
+
+def _wide_attribute_by_vertex(name: str) -> dict[tuple[float, ...], np.ndarray]:
+    """The two-column attribute zarr-vectors was given, keyed by each vertex's position."""
+    le = MANIFEST[name]["levels"]["0"]
+    out = {}
+    for pf, af in zip(le["input_polylines"], le["input_attributes"]["f16"], strict=True):
+        for p, a in zip(ref(name, pf), ref(name, af), strict=True):
+            out[tuple(p.tolist())] = a
+    return out
+
+
+def test_a_multi_column_attribute_stamped_one_column_is_served_at_its_width() -> None:
+    """zarr-vectors 0.9.2's write_polylines stamps a (N, 2) attribute ``row_shape: []``:
+    taken at its word, vertex_attributes/f16.npy and all of level.ply (geometry too) were
+    EIO ("4 attribute rows for 2 vertices"). The bytes show two columns: both serve them,
+    with the values the writer was given (its own reader drops the second column)."""
+    from plyfile import PlyData
+
+    name = "v09/polylines_wide_attr"
+    d = store_dir(name)
+    doc = json.loads((d / "0/vertex_attributes/f16/zarr.json").read_text())
+    assert doc["attributes"]["row_shape"] == []  # the writer's stamp this is about
+    want = _wide_attribute_by_vertex(name)
+    pos = load_npy(d, "0/vertices.npy")
+    f16 = load_npy(d, "0/vertex_attributes/f16.npy")
+    assert f16.shape == (len(pos), 2) and f16.dtype == np.float16
+    for p, a in zip(pos, f16, strict=True):
+        np.testing.assert_array_equal(a, want[tuple(p.tolist())])
+    meta = json.loads(read_file(d, "0/meta.json"))
+    assert meta["vertex_attributes"]["f16"]["shape"] == [len(pos), 2] and "errors" not in meta
+    ply = PlyData.read(io.BytesIO(read_file(d, "0/level.ply")))
+    np.testing.assert_array_equal(np.stack([ply["vertex"][a] for a in "xyz"], axis=1), pos)
+    np.testing.assert_array_equal(np.stack([ply["vertex"]["f16_0"], ply["vertex"]["f16_1"]], axis=1),
+                                  f16.astype(np.float32))
+
+
+def test_attribute_bytes_of_no_whole_width_leave_only_that_attribute_out(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Bytes that are no whole number of columns cannot say the width: that attribute is
+    left out of vertex_attributes/ and level.ply (one log line naming its cell), the rest
+    of level.ply reads."""
+    from plyfile import PlyData
+
+    d = _copy(tmp_path, "v09/polylines_wide_attr")
+    cells_dir = d / "0/vertex_attributes/f16/c"
+    for cell in sorted(p for p in cells_dir.rglob("*") if p.is_file()):
+        cell.write_bytes(_vlen_cell(cell.read_bytes()[8:] + b"\x00\x00"))  # one value more
+    with caplog.at_level("WARNING"):
+        assert "vertex_attributes" not in listing(d, "0")  # f16 was its only attribute
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "0/vertex_attributes/f16/" in lines[0] and "columns" in lines[0], lines
+    ply = PlyData.read(io.BytesIO(read_file(d, "0/level.ply")))
+    assert [p.name for p in ply["vertex"].properties] == ["x", "y", "z"]
+    np.testing.assert_array_equal(np.stack([ply["vertex"][a] for a in "xyz"], axis=1),
+                                  load_npy(d, "0/vertices.npy"))

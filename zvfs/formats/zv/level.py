@@ -149,6 +149,8 @@ class AttrInfo:
     ncols: int  # 1 means rows are scalars (an (N,) array)
     categories: list[Any] | None = None
     channel_names: list[str] | None = None
+    #: the column count was read off the data: the metadata gave none but one
+    columns_from_data: bool = False
 
     @property
     def row_shape(self) -> tuple[int, ...]:
@@ -197,6 +199,7 @@ class Level:
         self._counts: dict[Chunk, int] = {}
         self._draco_cache: dict[Chunk, tuple[np.ndarray, np.ndarray]] = {}
         self._fragments: dict[tuple[str, Chunk], FragmentIndex | None] = {}
+        self._vattr_infos: dict[str, AttrInfo] = {}
 
     # -- nodes ------------------------------------------------------------------------------
 
@@ -408,8 +411,51 @@ class Level:
         return self.children("vertex_attributes") if "vertex_attributes" in self.members else []
 
     def vertex_attribute_info(self, name: str) -> AttrInfo:
-        rel = f"vertex_attributes/{name}"
-        return self._attr_info(name, self.attrs(rel), self.key(rel + "/zarr.json"))
+        """How the attribute's rows look; a width the metadata leaves at one column is
+        checked against the data (``_columns_from_data``). Kept: every chunk asks."""
+        hit = self._vattr_infos.get(name)
+        if hit is None:
+            rel = f"vertex_attributes/{name}"
+            a = self.attrs(rel)
+            hit = self._attr_info(name, a, self.key(rel + "/zarr.json"))
+            if hit.ncols == 1 and not a.get("row_shape") and not a.get("channel_names") \
+                    and a.get("num_channels") is None and self.encoding != "draco":
+                hit = self._columns_from_data(hit)
+            self._vattr_infos[name] = hit
+        return hit
+
+    #: chunks with no cell of an attribute passed over while looking for one to measure
+    WIDTH_PROBES = 8
+
+    def _columns_from_data(self, info: AttrInfo) -> AttrInfo:
+        """The attribute's width from one cell's bytes: zarr-vectors (0.2.0 and 0.9.2)
+        writes ``row_shape: []`` for the multi-column attributes of write_polylines and
+        write_mesh too, and taken at its word the metadata failed every read of that
+        attribute and all of level.ply with it. A cell of ``n`` vertices and ``k * n``
+        values has ``k`` columns; bytes that are no whole number of columns fail the
+        attribute, naming the cell."""
+        rel = f"vertex_attributes/{info.name}"
+        empty = 0
+        for c in self.chunks():
+            n = self.vertex_count(c)
+            size = self._cell_size(rel, c) if n else None
+            if not size:
+                empty += 1
+                if empty >= self.WIDTH_PROBES:
+                    break
+                continue
+            row = n * info.dtype.itemsize
+            key = self.key(f"{rel}/{chunk_name(c)}")
+            if size % row:
+                raise ZVError(key, f"{size} bytes for {n} vertices of {info.dtype}: no whole "
+                                   f"number of columns (the metadata gives none)")
+            k = size // row
+            if k == 1:
+                return info
+            if not 1 <= k <= MAX_COLUMNS:
+                raise ZVError(key, f"attribute {info.name!r} has {k} columns (at most {MAX_COLUMNS:,})")
+            return AttrInfo(info.name, info.dtype, k, info.categories, None, columns_from_data=True)
+        return info
 
     def vertex_attribute(self, name: str, chunk: Chunk) -> np.ndarray:
         """Rows of one attribute in one chunk, aligned with :meth:`vertices`."""
@@ -425,6 +471,19 @@ class Level:
         if len(rows) != n:
             raise ZVError(key, f"{len(rows)} attribute rows for {n} vertices")
         return rows.reshape((n, *info.row_shape))
+
+    def _cell_size(self, rel: str, chunk: Chunk) -> int | None:
+        """Bytes of one chunk's cell of ``rel``: a 0.7 child array's shape says it without a
+        read of the data; a 0.9 vlen cell is read. None where there is none."""
+        if not self.new:
+            doc = self.doc(f"{rel}/{chunk_name(chunk)}")
+            if doc is None:
+                return None
+            shape = doc.get("shape") or []
+            if len(shape) == 1 and isinstance(shape[0], int):
+                return shape[0]
+        raw = self.cell(rel, chunk)
+        return None if raw is None else len(raw)
 
     # -- links ----------------------------------------------------------------------------------
 

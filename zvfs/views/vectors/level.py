@@ -501,6 +501,7 @@ class LevelTree:
                        "shape": [n, *i.row_shape] if n is not None and L.encoding != "draco" else None,
                        **({"categories": i.categories} if i.categories is not None else {}),
                        **({"channel_names": i.channel_names} if i.channel_names else {}),
+                       **({"columns": "from the data (the metadata gives one)"} if i.columns_from_data else {}),
                        **({"ply_properties": self.ply_properties[name]} if name in self.ply_properties else {})}
                 for name, i in infos.items()
             },
