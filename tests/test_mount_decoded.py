@@ -684,6 +684,24 @@ def test_gdal_checksum(backend: Backend, corpus: Corpus, case: Case, tmp_path_fa
     assert gdal_checksum(str(raw)) == want, raw
 
 
+def test_envi_header_only_where_gdal_can_hold_the_dimensions(mount, tmp_path) -> None:
+    """GDAL holds samples, lines and bands in a signed 32-bit int: a header of an array with
+    2**31 lines was served and gdalinfo refused it ("Invalid dataset dimensions"). Such an
+    array has no data.hdr; one of 2**31 - 1 lines keeps it, and GDAL opens it."""
+    import zarr
+
+    store = tmp_path / "big.zarr"
+    zarr.open_group(str(store), mode="w", zarr_format=3)
+    for name, rows in (("past", 2**31), ("at", 2**31 - 1)):  # sparse: no chunk written
+        zarr.create_array(str(store), name=name, shape=(rows, 2), chunks=(2**20, 2), dtype="u1", fill_value=7)
+    m = mount(store)
+    assert not (m.path / ".zvfs/arrays/past/data.hdr").exists()
+    assert (m.path / ".zvfs/arrays/past/data.raw").stat().st_size == 2**32
+    raw = m.path / ".zvfs/arrays/at/data.raw"
+    res = run(["gdalinfo", str(raw)])
+    assert res.returncode == 0 and f"Size is 2, {2**31 - 1}" in res.stdout, res.stdout + res.stderr
+
+
 # --------------------------------------------------------------------------- 4. done when
 
 

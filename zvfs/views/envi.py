@@ -23,10 +23,16 @@ ENVI_TYPES = {
 MAX_BAND_NAMES = 10_000
 
 
+#: GDAL (and ENVI) hold samples, lines and bands in a signed 32-bit int: a header past it
+#: is one no reader opens ("Invalid dataset dimensions : 1073741824 x -2147483648")
+MAX_DIM = 2**31 - 1
+
+
 def envi_supported(meta: ArrayMeta) -> bool:
-    """1-3 dimensions, a type ENVI has, and some data (GDAL opens no band of size 0)."""
+    """1-3 dimensions, a type ENVI has, and some data (GDAL opens no band of size 0), each
+    dimension within MAX_DIM."""
     return (1 <= meta.ndim <= 3 and (meta.dtype.kind, meta.dtype.itemsize) in ENVI_TYPES
-            and all(meta.shape))
+            and all(0 < n <= MAX_DIM for n in meta.shape))
 
 
 #: what ends or splits a header value: ``}`` closes a braced value and a newline starts a
