@@ -243,7 +243,7 @@ class _ListingHandoff:
 
 
 async def _announce_ready(ctx: MountContext, root: MountRoot, mountpoint: str, ready_fd: int | None,
-                          prepare: Prepare | None, failed: list[BaseException],
+                          prepare: Prepare | None, failed: list[BaseException], stop: SignalStop,
                           handoff: _ListingHandoff | None = None) -> None:
     # stat goes through FUSE, so it proves the loop answers; it must leave the trio thread.
     # The thread is abandoned if a signal stops the loop first: its stat would then wait
@@ -279,6 +279,7 @@ async def _announce_ready(ctx: MountContext, root: MountRoot, mountpoint: str, r
         # command (going on with the listing the scan began)
         ctx.background(root.raw.warm)
     log.info("mounted %s", mountpoint)
+    stop.ready = True
     if ready_fd is not None:
         try:
             os.write(ready_fd, b"OK\n")
@@ -417,6 +418,9 @@ class SignalStop:
 
     def __init__(self) -> None:
         self.received: int | None = None
+        #: set once the mount is announced ready: a stop before it is said at the default
+        #: level (the log of a start that ended so was empty, and ``zvfs mount`` pointed at it)
+        self.ready = False
         self._token: trio.lowlevel.TrioToken | None = None
         #: what the session loop runs in (set by _serve)
         self.requests: trio.CancelScope | None = None
@@ -444,7 +448,11 @@ class SignalStop:
             self._stop()
 
     def _stop(self) -> None:
-        log.info("got %s, unmounting", signal.Signals(self.received or signal.SIGTERM).name)
+        name = signal.Signals(self.received or signal.SIGTERM).name
+        if self.ready:
+            log.info("got %s, unmounting", name)
+        else:
+            log.warning("got %s before the mount was ready: stopping, nothing stays mounted", name)
         sd_notify("STOPPING=1")
         pyfuse3.terminate()  # the session loop checks this flag first: safe before main() runs
         if self.requests is not None:
@@ -469,7 +477,7 @@ async def _serve(ctx: MountContext, root: MountRoot, ops: ZvfsOperations, mountp
             # before any request is served: the first listing of the tree must find it
             handoff = _ListingHandoff()
             ctx.listing_under_way = handoff.take
-        nursery.start_soon(_announce_ready, ctx, root, mountpoint, ready_fd, prepare, failed, handoff)
+        nursery.start_soon(_announce_ready, ctx, root, mountpoint, ready_fd, prepare, failed, stop, handoff)
         # terminate() stops the loop taking requests, but main() returns only once those
         # under way are answered; at a stop they get GRACE seconds (SignalStop), then are
         # cancelled, their threads abandoned: the unmount (lazy) and the closing of
