@@ -183,6 +183,15 @@ class ArrayMeta:
         (in the cache, and to the decoder processes, which check theirs against it)."""
         return hashlib.blake2b(self.json_bytes(), digest_size=12).hexdigest()
 
+    def layout_digest(self) -> str:
+        """What the array's bytes are read by, in 24 hex digits: the digest of its metadata
+        less what only describes them (attributes, dimension names). A decoded file opened
+        under one layout reads ESTALE once the store shows another (views.arrays)."""
+        doc = self.to_json()
+        del doc["attributes"], doc["dimension_names"]
+        text = json.dumps(doc, sort_keys=True, allow_nan=False).encode()
+        return hashlib.blake2b(text, digest_size=12).hexdigest()
+
     def validate(self) -> None:
         """Fill ``error`` if shape/chunks are inconsistent or absurd (never raises).
 

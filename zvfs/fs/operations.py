@@ -416,7 +416,7 @@ class ZvfsOperations(pyfuse3.Operations):
                 if exc.key is None or self._log_once.first(exc.key):
                     # what the application asked for cannot be (rmdir of a full directory, a
                     # write to a read-only mount): its answer, not a failure of the mount
-                    refusal = exc.errno in _REFUSALS and exc.key is None
+                    refusal = exc.errno in _REFUSALS and (exc.key is None or exc.answer)
                     log.log(logging.INFO if refusal else logging.ERROR, "%s: %s", what, exc)
             raise pyfuse3.FUSEError(exc.errno) from None
         except Exception as exc:  # noqa: BLE001 - one bad file must not take the daemon down

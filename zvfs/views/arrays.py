@@ -45,6 +45,8 @@ class DecodedArray:
         self.ctx = ctx
         self.meta = meta
         self.digest = meta.digest()
+        #: what its bytes are read by (see MountContext.array_layouts)
+        self.layout = meta.layout_digest()
         self.identity = ("chunk", meta.path, self.digest)
         self._opener = opener
         self._reader: ZarrArray | None = None
@@ -111,6 +113,32 @@ class DecodedArray:
         if key and not self.ctx.unwritten and self.ctx.epoch(key) != self._meta_epoch:
             raise NodeError(errno.ESTALE, f"{self.meta.path or '/'}: its metadata ({key}) was "
                             "rewritten since this file was opened")
+        # and behind the mount (another process, another S3 client), as the mount's
+        # latest read of the metadata found it: the array gone, or read by other metadata
+        known = self.ctx.array_layouts
+        if known is not None and known.get(self.meta.path) != self.layout:
+            path = self.meta.path or "/"
+            raise NodeError(errno.ESTALE, f"{path}: its metadata ({key or path}) changed in the "
+                            "store since this file was opened; open it again",
+                            key=f"stale {path} {self.layout}", answer=True)
+
+    async def current(self) -> None:
+        """:meth:`_current`, for a read of an open file: when the mount last read the
+        metadata a metadata TTL ago or more, it reads it again first (one discovery for all
+        readers, as a lookup would make), so a reader that keeps a file open past a change
+        behind the mount is told ESTALE rather than served the new chunks by the old
+        metadata. Within the TTL it may be, as a new open is served the old metadata then.
+        A discovery that fails leaves the check to what is known."""
+        ctx = self.ctx
+        ttl = ctx.metadata_ttl
+        if ttl is not None and time.monotonic() - ctx.layouts_read >= max(ttl, RECHECK_MIN):
+            from zvfs.views.decoded import decoded  # it imports this module
+
+            try:
+                await decoded(ctx)
+            except Exception as exc:  # noqa: BLE001 - the read reports its own failures
+                log.debug("metadata not read again for %s: %s", self.meta.path or "/", exc)
+        self._current()
 
     async def chunk(self, idx: tuple[int, ...]) -> np.ndarray:
         """Decoded chunk ``idx`` (full chunk shape); raises NodeError(EIO) naming the key."""
@@ -374,7 +402,7 @@ class DecodedArray:
     ) -> memoryview | bytes:
         """Bytes [offset, offset+length) of the C-order array (as ``dtype``, when given), clipped
         to its size. ``ahead`` is the reading open's own sequential detector (:meth:`read_ahead`)."""
-        self._current()
+        await self.current()
         dt = self._other(dtype)
         item = (dt or self.meta.dtype).itemsize
         total = self.meta.nbytes // self.meta.dtype.itemsize * item
@@ -392,6 +420,10 @@ class DecodedArray:
         skip = offset - first * item
         return data[skip : skip + (end - offset)]
 
+
+#: seconds at least between a read's rereadings of the metadata (see DecodedArray.current),
+#: whatever the metadata TTL: with 0, each read of a stream would discover the store anew
+RECHECK_MIN = 1.0
 
 #: chunks one read holds at a time (bounds a read's memory whatever the chunk count)
 CHUNK_BATCH = 256
@@ -514,6 +546,7 @@ class ChunkFile(FileNode):
         return n * meta.dtype.itemsize
 
     async def read(self, offset: int, length: int) -> bytes:
+        await self.array.current()
         chunk = await self.array.chunk(self.idx)
         region = self.array.meta.chunk_region_shape(self.idx)
         # the Ellipsis keeps a 0-d chunk an array: chunk[()] is a numpy scalar, which is in

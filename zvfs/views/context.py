@@ -90,6 +90,13 @@ class MountContext:
         field(default=None, init=False)
     #: called after a write through the mount changed what derived views show
     on_change: list[Callable[[], None]] = field(default_factory=list, init=False)
+    #: array path -> its layout digest (ArrayMeta.layout_digest) as the newest discovery read
+    #: it; None before the first. A decoded file whose array differs reads ESTALE
+    #: (views.arrays.DecodedArray.current): its metadata changed behind the mount
+    array_layouts: dict[str, str] | None = field(default=None, init=False)
+    #: the discovery array_layouts are from (its number), and when it began (monotonic)
+    layouts_generation: int = field(default=-1, init=False)
+    layouts_read: float = field(default=0.0, init=False)
     #: path -> (serial of its last write, the key's info after it); see epoch()
     _epochs: OrderedDict[str, tuple[int, KeyInfo | None]] = field(default_factory=OrderedDict, init=False)
     _serial: int = field(default=0, init=False)
@@ -126,6 +133,21 @@ class MountContext:
         self.metadata_mtimes.update(mtimes)
         self._stable_time = max(self.metadata_mtimes.values(), default=self.mount_time)
         return before
+
+    def learn_layouts(self, generation: int, began: float, layouts: dict[str, str], complete: bool) -> None:
+        """Take the array layouts of discovery ``generation`` (begun at ``began``), unless a
+        later one's are known already (a discovery that began before a write may end after
+        the next one). An incomplete discovery (a store request failed) may have missed
+        arrays that are there: it adds what it found, removes nothing, and the metadata
+        counts as not read again."""
+        if generation <= self.layouts_generation:
+            return
+        self.layouts_generation = generation
+        if complete or self.array_layouts is None:
+            self.array_layouts = layouts
+            self.layouts_read = began
+        else:
+            self.array_layouts = {**self.array_layouts, **layouts}
 
     def node_mtime(self, path: str) -> float:
         """The mtime of the views of the array or group at ``path``: its metadata's."""

@@ -53,8 +53,9 @@ INCOMPLETE_TTL = 1.0
 
 def _discover(ctx: MountContext) -> Decoded:
     """Worker-thread side: walk the metadata (never the chunks) and wrap each array."""
+    out = Decoded()  # numbered and timed before the store is read: what it saw is that new
     hierarchy = formats.discover(ctx.store)
-    out = Decoded(incomplete=hierarchy.incomplete)
+    out.incomplete = hierarchy.incomplete
     for path, attrs in hierarchy.groups.items():
         out.groups[path] = dict(attrs)
     for path, group in hierarchy.group_meta.items():
@@ -88,6 +89,9 @@ async def decoded(ctx: MountContext) -> Decoded:
     if d.incomplete and time.monotonic() - d.made > INCOMPLETE_TTL:
         ctx.listings.invalidate(("decoded",))
         d = await ctx.listings.get(("decoded",), lambda: ctx.workers.run_urgent(_discover, ctx))
+    if d.generation > ctx.layouts_generation:  # what files opened under older ones check
+        ctx.learn_layouts(d.generation, d.made, {p: a.layout for p, a in d.arrays.items()},
+                          complete=not d.incomplete)
     return d
 
 

@@ -25,12 +25,17 @@ class NodeError(Exception):
     ``key`` names what failed (a store key, or a message naming it): the fs layer
     logs one line per key per mount, however often and through however many
     files the same bad key is read (the kernel retries failed page reads too).
+    ``answer``: the errno answers what the application asked (ESTALE for a file whose
+    content changed since its open), logged at info like an unkeyed refusal, though once
+    per ``key``.
     """
 
-    def __init__(self, errno_: int, message: str = "", key: str | None = None) -> None:
+    def __init__(self, errno_: int, message: str = "", key: str | None = None,
+                 answer: bool = False) -> None:
         super().__init__(message or errno.errorcode.get(errno_, str(errno_)))
         self.errno = errno_
         self.key = key
+        self.answer = answer
 
 
 def read_only() -> NodeError:

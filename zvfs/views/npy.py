@@ -40,6 +40,8 @@ class NpyFile(RawDataFile):
 
     async def read(self, offset: int, length: int) -> bytes | memoryview:
         hlen = len(self.header)
+        if offset < hlen:  # the header is the open's array's too: not served once that is stale
+            await self.array.current()
         if offset >= hlen:  # the data: data.raw's bytes, not copied
             return await super().read(offset - hlen, length)
         head = self.header[offset : offset + length]

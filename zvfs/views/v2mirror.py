@@ -175,6 +175,7 @@ class V2ChunkFile(ChunkFile):
         return self.array.meta.chunk_nbytes
 
     async def read(self, offset: int, length: int) -> bytes:
+        await self.array.current()
         chunk = await self.array.chunk_as(self.idx, mirror_dtype(self.array.meta.dtype))
         return region_bytes(chunk, offset, length)
 
