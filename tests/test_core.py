@@ -1265,3 +1265,18 @@ def test_df_recounts_a_store_no_sooner_than_its_count_allows(tmp_path):
             assert (await cheap())[0] == 121
 
     trio.run(main)
+
+
+def test_array_layouts_come_from_the_newest_discovery(tmp_path):
+    """The layouts an open decoded file is checked against (a metadata change behind the
+    mount reads ESTALE) are those of the discovery that began last: one that began before a
+    write and ended after the next one's must not bring back the old layout; an incomplete
+    one (a store request failed) adds what it found and removes nothing."""
+    ctx = MountContext(store=DirectoryStore(tmp_path))
+    ctx.learn_layouts(2, 10.0, {"a": "new", "b": "b1"}, complete=True)
+    ctx.learn_layouts(1, 5.0, {"a": "old", "b": "b1"}, complete=True)  # began before, ended after
+    assert ctx.array_layouts == {"a": "new", "b": "b1"} and ctx.layouts_read == 10.0
+    ctx.learn_layouts(3, 20.0, {"b": "b2"}, complete=False)  # "a" not read: a store failure
+    assert ctx.array_layouts == {"a": "new", "b": "b2"} and ctx.layouts_read == 10.0
+    ctx.learn_layouts(4, 30.0, {"b": "b2"}, complete=True)  # "a" removed
+    assert ctx.array_layouts == {"b": "b2"} and ctx.layouts_read == 30.0

@@ -43,6 +43,8 @@ class Decoded:
     group_types: dict[str, dict[str, str]] = field(default_factory=dict)
     #: a store request failed during discovery: kept only briefly, then discovered again
     incomplete: bool = False
+    #: when the store began to be read (what it shows is at least that new), and was read
+    began: float = field(default_factory=time.monotonic)
     made: float = field(default_factory=time.monotonic)
     generation: int = field(default_factory=itertools.count().__next__)
 
@@ -69,6 +71,7 @@ def _discover(ctx: MountContext) -> Decoded:
             msg = meta.error if where in meta.error else f"{where}: {meta.error}"
             ctx.warn_once(f"array-error {path} {msg}", f"array {path or '/'}: {msg}")
         out.arrays[path] = DecodedArray(ctx, meta, _opener(ctx, meta))
+    out.made = time.monotonic()
     return out
 
 
@@ -90,7 +93,7 @@ async def decoded(ctx: MountContext) -> Decoded:
         ctx.listings.invalidate(("decoded",))
         d = await ctx.listings.get(("decoded",), lambda: ctx.workers.run_urgent(_discover, ctx))
     if d.generation > ctx.layouts_generation:  # what files opened under older ones check
-        ctx.learn_layouts(d.generation, d.made, {p: a.layout for p, a in d.arrays.items()},
+        ctx.learn_layouts(d.generation, d.began, {p: a.layout for p, a in d.arrays.items()},
                           complete=not d.incomplete)
     return d
 
