@@ -55,7 +55,7 @@ import trio
 from zvfs.fs.fuse import pyfuse3
 from zvfs.fs.ownership import Ownership
 from zvfs.views.context import MountContext
-from zvfs.views.node import DirNode, FileHandle, FileNode, Node, NodeError
+from zvfs.views.node import DirNode, FileHandle, FileNode, LazyEntries, Node, NodeError
 from zvfs.workers import run_abandonable
 
 log = logging.getLogger("zvfs")
@@ -143,6 +143,9 @@ class ZvfsOperations(pyfuse3.Operations):
         self._unbinds = 0
         #: parent inode -> name -> inode: the bindings made one at a time
         self._ino_of: dict[int, dict[str, int]] = {}
+        #: directories whose listing is being numbered (see _remember_all): set once done,
+        #: and the names bound one by one under them meanwhile
+        self._numbering: dict[int, tuple[trio.Event, list[str]]] = {}
         #: open directories: their entries as read at opendir, and the inode of each
         self._dir_handles: dict[int, _DirSnapshot] = {}
         self._next_fh = itertools.count(1)
@@ -247,12 +250,15 @@ class ZvfsOperations(pyfuse3.Operations):
         if parent in self._derived:
             self._derived.add(ino)
         elif parent in self._toward_derived:
-            path = self._child_path(parent, name)
-            if path.startswith(self._derived_prefixes):
-                self._derived.add(ino)
-            elif any(p.startswith(path + "/") for p in self._derived_prefixes):
-                self._toward_derived.add(ino)
+            self._mark_derived(parent, name, ino)
         return ino
+
+    def _mark_derived(self, parent: int, name: str, ino: int) -> None:
+        path = self._child_path(parent, name)
+        if path.startswith(self._derived_prefixes):
+            self._derived.add(ino)
+        elif any(p.startswith(path + "/") for p in self._derived_prefixes):
+            self._toward_derived.add(ino)
 
     def _remember(self, parent: int, name: str, node: Node, count: bool = True) -> int:
         """Inode for ``name`` under ``parent``: the same number every time."""
@@ -260,38 +266,129 @@ class ZvfsOperations(pyfuse3.Operations):
         if ino is None:
             ino = self._new(parent, name, node)
             self._ino_of.setdefault(parent, {})[name] = ino
+            if self._numbering:
+                self._bound_meanwhile(parent, name)
         else:
             self._node_at[ino - ROOT] = node
         if count:
             self._lookups[ino - ROOT] += 1
         return ino
 
-    def _remember_all(self, parent: int, entries: Sequence[tuple[str, Node]]) -> array:
-        """Inodes for a directory's ``entries``: the names never met before are numbered as
-        one run, in sorted order, or, when there are freed numbers enough for them (a
-        writable mount's churn: a listing that meets a file before its create is answered),
-        one by one from those. (An array, not a list of ints: a directory of 200,000 keys
-        would hold 200,000 int objects while it is open.)"""
-        found = [self._find(parent, name) for name, _ in entries]
-        new = sorted({name for (name, _), ino in zip(entries, found, strict=True) if ino is None})
+    async def _remember_all(self, parent: int, entries: Sequence[tuple[str, Node]]) -> array | None:
+        """Inodes for a directory's ``entries`` (sorted by name, as ``children()`` gives
+        them): the names never met before are numbered as one run, in sorted order, or,
+        when there are freed numbers enough for them (a writable mount's churn: a listing
+        that meets a file before its create is answered), one by one from those. (An array,
+        not a list of ints: a directory of 200,000 keys would hold 200,000 int objects while
+        it is open.) None: the directory was removed meanwhile.
+
+        The names are gone through a slice at a time, letting the mount's other requests
+        in between (a million names took seconds, during which nothing else was answered);
+        the numbers are dealt out at the end, at once. One directory is numbered by one
+        listing at a time, and a name bound meanwhile by a lookup (or a create, a rename)
+        keeps the number it was given. No node is kept here: readdir keeps those of the
+        entries it tells the kernel of."""
+        while (busy := self._numbering.get(parent)) is not None:
+            await busy[0].wait()
+        meanwhile: list[str] = []
+        self._numbering[parent] = (done := trio.Event(), meanwhile)
+        try:
+            return await self._number(parent, entries, meanwhile)
+        finally:
+            del self._numbering[parent]
+            done.set()
+
+    async def _number(self, parent: int, entries: Sequence[tuple[str, Node]],
+                      meanwhile: list[str]) -> array | None:
+        names: Sequence[str] = entries.names if isinstance(entries, LazyEntries) else _Names(entries)
+        n = len(names)
+        generation = self._generation.get(parent, 0)
+        found = array("q", bytes(8 * n))  # 0: not bound yet
+        new: list[str] = []
+        in_order = True  # strictly sorted: no name twice
+        last: str | None = None
+        quick = parent not in self._ino_of and parent not in self._runs  # nothing bound yet
+        find = self._find
+        each = iter(names)
+        for lo in range(0, n, LISTING_SLICE):
+            if lo:
+                await trio.sleep(0)
+            for k, name in zip(range(lo, min(n, lo + LISTING_SLICE)), each, strict=False):
+                if last is not None and name <= last:
+                    in_order = False
+                last = name
+                ino = None if quick else find(parent, name)
+                if ino is None:
+                    new.append(name)
+                else:
+                    found[k] = ino
+        # from here to the numbers dealt out, no await: the table does not change meanwhile
+        if parent != ROOT and (not self._name_at[parent - ROOT]
+                               or self._generation.get(parent, 0) != generation):
+            return None  # removed (and its number maybe dealt out again) meanwhile
+        if not in_order:  # not as children() promises: each name looked up again, sorted
+            found = array("q", (find(parent, name) or 0 for name in names))
+            new = sorted({name for name, ino in zip(names, found, strict=True) if not ino})
+        elif meanwhile:
+            for name in meanwhile:  # bound by a lookup, a create or a rename into it
+                ino = find(parent, name)
+                k = bisect_left(names, name)
+                if ino is None or k == n or names[k] != name or found[k]:
+                    continue
+                found[k] = ino
+                j = bisect_left(new, name)
+                del new[j]
         reused: dict[str, int] = {}
+        first = 0
         self._release_quarantine()
         if new and len(new) <= len(self._free):
-            names = self._ino_of.setdefault(parent, {})
+            bound = self._ino_of.setdefault(parent, {})
             for name in new:
-                reused[name] = names[name] = self._new(parent, name, None)
+                reused[name] = bound[name] = self._new(parent, name, None)
         elif new:
-            first = ROOT + len(self._node_at)
-            for name in new:
-                self._new(parent, name, None, fresh=True)
-            self._runs.setdefault(parent, []).append((first, new))
-        inos = array("q")
-        for (name, node), ino in zip(entries, found, strict=True):
-            if ino is None:
-                ino = reused[name] if reused else first + bisect_left(new, name)
-            self._node_at[ino - ROOT] = node
-            inos.append(ino)
-        return inos
+            first = self._new_run(parent, new)
+        if not new:
+            return found
+        if not reused and in_order and len(new) == n:
+            return array("q", range(first, first + n))  # every name new: the run itself
+        # the numbers are bound now: the rest may let other requests in between again
+        r = 0
+        for lo in range(0, n, LISTING_SLICE):
+            if lo:
+                await trio.sleep(0)
+            for k in range(lo, min(n, lo + LISTING_SLICE)):
+                if not found[k]:
+                    name = names[k]
+                    if reused:
+                        found[k] = reused[name]
+                    else:  # new is in the names' order, unless they were not sorted
+                        found[k] = first + (r if in_order else bisect_left(new, name))
+                        r += 1
+        return found
+
+    def _new_run(self, parent: int, names: list[str]) -> int:
+        """Numbers for ``names`` (sorted, none bound under ``parent``), one run: the first."""
+        first = ROOT + len(self._node_at)
+        n = len(names)
+        self._parent_of.extend(array("I", [parent]) * n)
+        self._name_at.extend(names)
+        self._node_at.extend(itertools.repeat(None, n))
+        self._lookups.extend(array("q", [0]) * n)
+        self._told.extend(array("q", [-1]) * n)
+        if parent in self._derived:
+            self._derived.update(range(first, first + n))
+        elif parent in self._toward_derived:
+            for ino, name in enumerate(names, first):
+                self._mark_derived(parent, name, ino)
+        self._runs.setdefault(parent, []).append((first, names))
+        return first
+
+    def _bound_meanwhile(self, parent: int, name: str) -> None:
+        """``name`` was bound under ``parent`` one by one: a listing numbering ``parent``
+        meanwhile must not number it again."""
+        numbering = self._numbering.get(parent)
+        if numbering is not None:
+            numbering[1].append(name)
 
     def _detach(self, ino: int) -> None:
         """``ino``'s name was removed or replaced through the mount: its number is freed now,
@@ -484,7 +581,11 @@ class ZvfsOperations(pyfuse3.Operations):
         node = await self._fresh(inode) if self._stale else self._node(inode)
         if not isinstance(node, DirNode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
+        unbinds = self._unbinds  # a name unbound from here on is checked at readdir
         entries = await self._call(lambda: f"readdir {self._path(inode)}", node.children())
+        inos = await self._remember_all(inode, entries)
+        if inos is None:  # removed while it was listed
+            entries, inos = (), array("q")
         fh = self._last_fh = next(self._next_fh)
         parent = self._parent(inode)
         # '.' and '..' come first, as on every POSIX file system; the kernel takes no
@@ -492,7 +593,7 @@ class ZvfsOperations(pyfuse3.Operations):
         above = self._known(parent)
         self._dir_handles[fh] = _DirSnapshot(
             ((".", inode, node), ("..", parent, node if above is None else above)),
-            entries, self._remember_all(inode, entries), self._unbinds)
+            entries, inos, unbinds)
         return fh
 
     async def readdir(self, fh: int, start_id: int, token) -> None:  # type: ignore[override]
@@ -534,9 +635,10 @@ class ZvfsOperations(pyfuse3.Operations):
                 continue
             if not told:
                 return
+            # the kernel holds it now (readdirplus: a lookup reference, and a FORGET when it
+            # lets go), so the node is kept: only the entries it was told of keep one
             self._lookups[ino - ROOT] += 1
-            if self._node_at[ino - ROOT] is None:  # it may have been forgotten since opendir
-                self._node_at[ino - ROOT] = node
+            self._node_at[ino - ROOT] = node
 
     def _unlisted(self, name: str, exc: Exception) -> None:
         self._counters.add("fuse_errors_readdir")
@@ -814,6 +916,8 @@ class ZvfsOperations(pyfuse3.Operations):
         # the number moves with the entry (the kernel moved its dentry), and so do the names
         # below it, which hang from it
         self._ino_of.setdefault(parent_inode_new, {})[new] = ino
+        if self._numbering:
+            self._bound_meanwhile(parent_inode_new, new)
         self._parent_of[ino - ROOT], self._name_at[ino - ROOT] = parent_inode_new, new
         moved = await dst.lookup(new)
         if moved is not None:
@@ -968,6 +1072,25 @@ class ZvfsOperations(pyfuse3.Operations):
         finally:
             self._invalidating = False
             self._settled.set()
+
+
+#: names a listing goes through between two chances for the mount's other requests
+LISTING_SLICE = 2048
+
+
+class _Names(Sequence[str]):
+    """The names of a list of (name, node) entries, as a sequence (bisect reads it)."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self, entries: Sequence[tuple[str, Node]]) -> None:
+        self._entries = entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def,override]
+        return self._entries[i][0]
 
 
 #: the most blocks statfs tells: their bytes fit in a signed 64-bit count (its fields are

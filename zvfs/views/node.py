@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import errno
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 
 class NodeError(Exception):
@@ -191,6 +191,29 @@ class DirNode(Node):
     async def link(self, node: FileNode, name: str) -> FileNode:
         """A new name ``name`` for ``node``'s content; EEXIST if taken."""
         raise read_only()
+
+
+class LazyEntries(Sequence[tuple[str, Node]]):
+    """A directory's children whose nodes are made only when asked: ``names`` (sorted) is
+    read on its own, and ``entries[i]`` makes ``make(i)``. A directory of a million names
+    (a chunk grid) lists without a million nodes, and the fs layer keeps a node only for
+    what it tells the kernel. ``entry(i)`` is the i-th (name, node)."""
+
+    __slots__ = ("names", "_entry")
+
+    def __init__(self, names: Sequence[str], entry: Callable[[int], tuple[str, Node]]) -> None:
+        self.names = names
+        self._entry = entry
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def,override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        return self._entry(i)
 
 
 class BytesFile(FileNode):
