@@ -224,3 +224,26 @@ def test_names_asked_in_order_out_of_order_and_missing_are_found_as_by_a_search(
         else:
             assert table[n] == KeyInfo(want, want + 0.5), n
             assert table.made_size_and_mtime(n) == (want, want + 0.5), n
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 13), max_size=3),
+       st.lists(st.sampled_from([".zarray", ".zattrs", "0", "1.x", "zz", "9"]), unique=True))
+def test_a_grids_names_made_when_read_are_the_sorted_names_of_its_chunks(grid, extra) -> None:
+    """A chunks/ directory (and a v2 mirror's array) lists its grid's names without making
+    them all: each is computed from its position, in or out of order, and its chunk index
+    with it. They are what sorting every chunk_name (and the extra files) gives."""
+    from itertools import product
+
+    from zvfs.views.arrays import GridNames, chunk_name
+
+    names = GridNames(tuple(grid), sorted(extra))
+    model = sorted([(e, None) for e in extra]  # as ChunkGridDir listed them: extras first
+                   + [(chunk_name(i), i) for i in product(*(range(n) for n in grid))],
+                   key=lambda e: e[0])
+    assert len(names) == len(model) and list(names) == [n for n, _ in model]
+    order = list(range(len(model)))
+    random.Random(len(model)).shuffle(order)
+    for i in list(range(len(model))) + order:  # in order (one after the other), then any
+        assert names.entry(i) == model[i] and names[i] == model[i][0]
+    assert list(GridNames(None, sorted(extra))) == sorted(extra)  # too many chunks: none

@@ -9,10 +9,13 @@ their own modules.
 from __future__ import annotations
 
 import errno
+import heapq
+import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from bisect import bisect_left
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import trio
@@ -24,7 +27,7 @@ from zvfs.formats.meta import ArrayMeta
 from zvfs.stores.base import is_store_failure
 from zvfs.views.context import MountContext
 from zvfs.views.layout import Box, chunk_span, chunks_in_box, range_boxes
-from zvfs.views.node import BytesFile, DirNode, FileNode, Node, NodeError
+from zvfs.views.node import BytesFile, DirNode, FileNode, LazyEntries, Node, NodeError
 from zvfs.views.readahead import ReadAhead
 from zvfs.workers import gather
 
@@ -528,6 +531,8 @@ class RawDataFile(FileNode):
 class ChunkFile(FileNode):
     """``chunks/<i.j.k>``: one decoded chunk, clipped at the array's edge."""
 
+    __slots__ = ("array", "idx", "mtime", "immutable")  # a listing makes one per chunk told
+
     def __init__(self, array: DecodedArray, idx: tuple[int, ...]) -> None:
         self.array = array
         self.idx = idx
@@ -540,10 +545,10 @@ class ChunkFile(FileNode):
     @property
     def size(self) -> int:
         meta = self.array.meta
-        n = 1
-        for s in meta.chunk_region_shape(self.idx):
-            n *= s
-        return n * meta.dtype.itemsize
+        n = meta.dtype.itemsize
+        for i, c, s in zip(self.idx, meta.chunks, meta.shape, strict=True):
+            n *= max(0, min(c, s - i * c))  # meta.chunk_region_shape's, in one pass
+        return n
 
     async def read(self, offset: int, length: int) -> bytes:
         await self.array.current()
@@ -630,12 +635,120 @@ class ChunkGridDir(DirNode):
         return self.make(self.array, idx)
 
     async def children(self) -> Sequence[tuple[str, Node]]:
+        """The grid's names are computed when read, and each chunk's node when asked: a
+        grid of a million chunks lists with no million names and nodes made at once (their
+        making held the mount's one trio thread for seconds, at every listing)."""
         meta = self.array.meta
-        entries: list[tuple[str, Node]] = list(self.extra.items())
-        if meta.nchunks <= MAX_LISTED_CHUNKS:
-            entries += [(chunk_name(i), self.make(self.array, i)) for i in meta.chunk_indices()]
-        entries.sort(key=lambda e: e[0])
-        return entries
+        grid = meta.grid_shape if meta.nchunks <= MAX_LISTED_CHUNKS else None
+        names = GridNames(grid, sorted(self.extra))
+        array, make, extra = self.array, self.make, self.extra
+
+        def entry(i: int) -> tuple[str, Node]:
+            name, idx = names.entry(i)
+            return name, extra[name] if idx is None else make(array, idx)
+
+        return LazyEntries(names, entry)
+
+
+class GridNames(Sequence[str]):
+    """The sorted names of a chunk grid's files (``chunk_name`` of every index) merged with
+    a few ``extra`` names (sorted), each made when read.
+
+    Sorted as strings, the names of the grid go dimension by dimension, each dimension's
+    numbers in the order of their decimal strings ('.' sorts before every digit, so '1.5'
+    comes before '10.2'): one short sorted list per dimension gives the i-th name."""
+
+    __slots__ = ("_orders", "_texts", "_sizes", "_n", "_extra", "_at", "_last", "_last_k")
+
+    def __init__(self, grid: tuple[int, ...] | None, extra: list[str]) -> None:
+        # grid None: too many chunks to list; () is a 0-d array's one chunk, named '0'
+        self._orders = [sorted(range(n), key=str) for n in grid] if grid is not None else []
+        self._texts = [[str(i) for i in order] for order in self._orders]
+        self._sizes = [len(o) for o in self._orders][::-1]  # last dimension first
+        self._n = 0 if grid is None else math.prod(grid)
+        self._extra = extra
+        self._last: list[int] = []
+        self._last_k = -2
+        #: the position of each extra name among all the names
+        self._at = [self._grid_bisect(name) + j for j, name in enumerate(extra)]
+
+    def __len__(self) -> int:
+        return self._n + len(self._extra)
+
+    def __iter__(self) -> Iterator[str]:
+        """In order, as a listing reads them: a name for each, without a search."""
+        grid: Iterator[str] = (
+            map(".".join, itertools.product(*self._texts)) if self._orders else iter(["0"] * self._n))
+        if not self._extra:
+            return grid
+        return heapq.merge(grid, self._extra)
+
+    def _grid_bisect(self, name: str) -> int:
+        lo, hi = 0, self._n
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._grid_name(mid) < name:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def _digits(self, k: int) -> list[int]:
+        """The position of the k-th grid name in each dimension's order (a listing reads
+        the names one after the other: then the last one's, moved on by one)."""
+        last = self._last
+        if k == self._last_k + 1 and last:
+            self._last_k = k
+            d = len(last) - 1
+            while True:
+                last[d] += 1
+                if last[d] < self._sizes[len(last) - 1 - d] or d == 0:
+                    return last
+                last[d] = 0
+                d -= 1
+        digits = []
+        rest = k
+        for n in self._sizes:
+            rest, d = divmod(rest, n)
+            digits.append(d)
+        digits.reverse()
+        self._last, self._last_k = digits, k  # moved on in place by the next name's
+        return digits
+
+    def _grid_name(self, k: int) -> str:
+        if not self._orders:
+            return "0"
+        return ".".join([t[d] for t, d in zip(self._texts, self._digits(k), strict=True)])
+
+    def _locate(self, i: int) -> tuple[int, int]:
+        """(-1, j) for the j-th extra name, else (0, k) for the k-th name of the grid."""
+        if i < 0:
+            i += self._n + len(self._extra)
+        if not 0 <= i < self._n + len(self._extra):
+            raise IndexError(i)
+        if not self._at:
+            return 0, i
+        j = bisect_left(self._at, i)
+        if j < len(self._at) and self._at[j] == i:
+            return -1, j
+        return 0, i - j
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def,override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        kind, k = self._locate(i)
+        return self._extra[k] if kind < 0 else self._grid_name(k)
+
+    def entry(self, i: int) -> tuple[str, tuple[int, ...] | None]:
+        """The i-th name and its chunk index (None for an extra name)."""
+        kind, k = self._locate(i)
+        if kind < 0:
+            return self._extra[k], None
+        if not self._orders:
+            return "0", ()
+        digits = self._digits(k)
+        return (".".join([t[d] for t, d in zip(self._texts, digits, strict=True)]),
+                tuple([o[d] for o, d in zip(self._orders, digits, strict=True)]))
 
 
 def array_files(array: DecodedArray) -> dict[str, Node]:

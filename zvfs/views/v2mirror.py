@@ -170,6 +170,8 @@ def consistent_dimensions(
 class V2ChunkFile(ChunkFile):
     """One full decoded chunk (C order, padded at the edges), as v2 stores it uncompressed."""
 
+    __slots__ = ()
+
     @property
     def size(self) -> int:
         return self.array.meta.chunk_nbytes
