@@ -13,7 +13,9 @@ read), never formats or stores. Its concurrency rules, all on the trio thread:
   writable mount's table stays the size of what lives in it, however many
   files come and go.
 - A directory handle snapshots the sorted children at ``opendir``; readdir
-  offsets index that snapshot, so they are stable for the handle's life.
+  offsets index that snapshot, so they are stable for the handle's life. The
+  names are numbered a slice at a time, other requests answered in between; a
+  node is kept only for what the kernel holds (looked up, or sent by readdir).
 - A file handle is a number of its own per open: it holds the node, and for an
   open with write flags the node's write handle (reads through it see what was
   written through it). Writes go only to nodes that say ``writable``; every
