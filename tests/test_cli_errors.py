@@ -243,6 +243,11 @@ def test_a_mistyped_flag_is_named_with_the_one_meant(zarr_dir, mnt) -> None:
     res = zvfs_mount(zarr_dir, mnt, "surplus")
     assert_fails(res, r"unexpected argument: surplus")
     assert res.returncode == 2
+    res = zvfs_mount(zarr_dir, mnt, "--", "--x")  # after "--": an argument, not an option
+    assert_fails(res, r"unexpected argument: --x")
+    res = run([*zvfs_cmd(), "-x", "mount", zarr_dir, mnt])  # before the command: zvfs's own
+    assert res.returncode == 2 and "unknown option -x (see: zvfs --help)" in res.stderr, res.stderr
+    assert_nothing_mounted(mnt)
     res = zvfs_mount(zarr_dir, "")  # was the current directory
     assert_fails(res, r"MOUNTPOINT is empty")
     assert res.returncode == 2

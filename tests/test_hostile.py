@@ -211,12 +211,14 @@ def test_an_envi_header_names_at_most_max_band_names_bands(tmp_path: Path, mount
     """data.hdr names each band after the first dimension; metadata may declare 2**40 bands
     (a uint8 array of shape [2**40, 1, 1] is metadata only), and naming each stalled the
     daemon's loop while .zvfs/arrays was listed, then failed it with MemoryError. Past
-    MAX_BAND_NAMES bands the header names none. A dimension name that is no Unicode text
-    (a lone surrogate, valid JSON) is escaped in the header, not an error."""
+    MAX_BAND_NAMES bands the header names none; past 2**31 - 1 (GDAL's and ENVI's count)
+    there is no header. A dimension name that is no Unicode text (a lone surrogate, valid
+    JSON) is escaped in the header, not an error."""
     from zvfs.views.envi import MAX_BAND_NAMES
 
     root = new_store(tmp_path / "store")
-    for name, bands, dim in (("many", 1 << 40, "band"), ("few", 3, "\ud800")):
+    named = MAX_BAND_NAMES + 1
+    for name, bands, dim in (("many", 1 << 40, "band"), ("named", named, "band"), ("few", 3, "\ud800")):
         doc = _v3_doc([bands, 1, 1], "uint8")
         doc["chunk_grid"]["configuration"]["chunk_shape"] = [1 << 20, 1, 1]
         doc["dimension_names"] = [dim, "y", "x"]
@@ -224,9 +226,11 @@ def test_an_envi_header_names_at_most_max_band_names_bands(tmp_path: Path, mount
         (root / name / "zarr.json").write_text(json.dumps(doc))
     m = mount(root)
     pid = daemon_pid(m)
-    assert {"good", "many", "few"} <= set(os.listdir(m.path / ".zvfs/arrays"))
-    many = (m.path / ".zvfs/arrays/many/data.hdr").read_text()
-    assert f"bands = {1 << 40}" in many and "band names" not in many and (1 << 40) > MAX_BAND_NAMES
+    assert {"good", "many", "named", "few"} <= set(os.listdir(m.path / ".zvfs/arrays"))
+    assert not (m.path / ".zvfs/arrays/many/data.hdr").exists()
+    assert (m.path / ".zvfs/arrays/many/data.raw").stat().st_size == 1 << 40
+    header = (m.path / ".zvfs/arrays/named/data.hdr").read_text()
+    assert f"bands = {named}" in header and "band names" not in header
     few = (m.path / ".zvfs/arrays/few/data.hdr").read_text()
     assert "band names = {\\ud800 0, \\ud800 1, \\ud800 2}" in few, few
     assert_alive(m, pid)

@@ -223,12 +223,23 @@ def test_a_stop_while_importing_is_said_and_still_ends_the_process_by_its_signal
     happened and that nothing was mounted, then dies of the signal as before (systemd counts
     that a clean stop). The entry point's handler, run in a process of its own."""
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-        code = ("import os, signal, time\nfrom zvfs import entry\nentry._watch_early_stops()\n"
+        # from the default, as a start has it (under nohup SIGHUP is ignored, and stays so)
+        code = ("import os, signal, time\nfrom zvfs import earlystop\n"
+                f"signal.signal({int(signum)}, signal.SIG_DFL)\nearlystop.watch()\n"
                 f"os.kill(os.getpid(), {int(signum)})\ntime.sleep(30)\n")
         res = run([sys.executable, "-c", code], timeout=60)
         assert res.returncode == -signum, (res.returncode, res.stderr)
         assert res.stderr.strip() == (f"zvfs: stopped by {signal.Signals(signum).name} while starting, "
                                       "before anything was mounted"), res.stderr
+    # taken over (SignalStop forgets it first): restored after an unmount, it said nothing
+    # was mounted (a review); and an ignored signal stays ignored
+    code = ("import signal\nfrom zvfs import earlystop\nfrom zvfs.daemon import SignalStop\n"
+            "signal.signal(signal.SIGHUP, signal.SIG_IGN)\nsignal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
+            "earlystop.watch()\nstop = SignalStop()\nstop.restore()\n"
+            "print(signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, "
+            "signal.getsignal(signal.SIGHUP) == signal.SIG_IGN)\n")
+    res = run([sys.executable, "-c", code], timeout=60)
+    assert res.returncode == 0 and res.stdout.split() == ["True", "True"], (res.stdout, res.stderr)
 
 
 # --------------------------------------------------------------------------- kill -9

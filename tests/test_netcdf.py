@@ -809,15 +809,17 @@ def test_dimension_names_that_clash_as_netcdf_names_are_renamed_not_left_out(mou
 
 def test_unsigned_attributes_of_a_classic_file_keep_their_values(mount, tmp_path: Path) -> None:
     """A CDF-1/2 file has no unsigned types: ubyte 200, ushort 40000 and uint 3000000000 were
-    served in the signed type of their width (-56, -25536, -1294967296), flag_masks 128 as -128.
+    served in the signed type of their width (-56, -25536, -1294967296), flag_masks 128 as -128,
+    and a valid_max of 200 on a byte variable as -56 (every value then read as missing).
     They are served in a type that holds the value (short, int, double), as netCDF-C reads the
     NCZarr store ncgen's file was copied into; a uint64 past every type of the file is text."""
     cdl = tmp_path / "u.cdl"
     cdl.write_text("netcdf u {\ndimensions: x = 3 ;\nvariables:\n ubyte flags(x) ;\n"
                    "  flags:flag_masks = 1UB, 2UB, 128UB ;\n  flags:flag_meanings = \"a b c\" ;\n"
                    " float t(x) ;\n  t:ucount = 40000US ;\n  t:big = 3000000000U ;\n"
+                   " byte b(x) ;\n  b:valid_max = 200UB ;\n"
                    ":ub = 200UB ;\n:u64 = 18446744073709551615ULL ;\n"
-                   "data: flags = 1, 2, 128 ; t = 1, 2, 3 ;\n}\n")
+                   "data: flags = 1, 2, 128 ; t = 1, 2, 3 ; b = 1, 2, 3 ;\n}\n")
     nc, store = tmp_path / "u.nc", tmp_path / "uz"
     assert run([tool("ncgen"), "-k", "nc4", "-o", str(nc), str(cdl)]).returncode == 0
     res = run([tool("nccopy"), "-k", "nc4", str(nc), f"file://{store}#mode=nczarr,file"])
@@ -826,12 +828,15 @@ def test_unsigned_attributes_of_a_classic_file_keep_their_values(mount, tmp_path
     served = m.path / ".zvfs/netcdf/root.nc"
     with netCDF4.Dataset(f"file://{store}#mode=nczarr,file") as want, netCDF4.Dataset(served) as got:
         assert got.data_model in ("NETCDF3_CLASSIC", "NETCDF3_64BIT_OFFSET")  # what this is about
-        for var, attr in (("flags", "flag_masks"), ("t", "ucount"), ("t", "big"), (None, "ub")):
+        for var, attr in (("flags", "flag_masks"), ("t", "ucount"), ("t", "big"), ("b", "valid_max"),
+                          (None, "ub")):
             w = (want[var] if var else want).getncattr(attr)
             g = (got[var] if var else got).getncattr(attr)
             assert [int(x) for x in np.atleast_1d(g)] == [int(x) for x in np.atleast_1d(w)], attr
         assert int(want.getncattr("u64")) == 2**64 - 1
         assert got.getncattr("u64") == str(2**64 - 1)
+        # valid_max 200 on a signed byte variable: as -56 it masked every value (a review)
+        assert got["b"][:].tolist() == want["b"][:].tolist() == [1, 2, 3]
 
 
 def test_an_nczarr_char_variable_reads_as_netcdf_wrote_it(mount, tmp_path: Path) -> None:

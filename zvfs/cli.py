@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TypeVar
 
+from zvfs import earlystop
 from zvfs import options as zopts
 from zvfs.mounts import UnmountFailed, fusermount, is_dead, mount_entry
 from zvfs.stats import Counters
@@ -558,7 +559,9 @@ def _mount_daemon(args: argparse.Namespace, opts: dict[str, Any]) -> int:
     sys.stderr.flush()
     # from the fork on, an interruption (Ctrl-C; SIGTERM or SIGHUP, as timeout(1) sends) stops
     # the daemon too: it went on without anyone told of its mount, and wrote its answer into
-    # the closed pipe (a BrokenPipeError traceback in its log)
+    # the closed pipe (a BrokenPipeError traceback in its log). SIGQUIT keeps its default
+    # here: the daemon may be mounting, so "before anything was mounted" would not be true
+    earlystop.forget()
     stops = {s: signal.signal(s, _interrupt) for s in _STOPS}
     pid = -1
     try:
@@ -566,6 +569,7 @@ def _mount_daemon(args: argparse.Namespace, opts: dict[str, Any]) -> int:
         if pid == 0:
             for signum, handler in stops.items():
                 signal.signal(signum, handler)
+            earlystop.watch()  # the daemon mounts nothing before its SignalStop is in
             os.close(read_fd)
             _daemon(args, opts, spec, mountpoint, write_fd)
         os.close(write_fd)
@@ -745,19 +749,27 @@ def _unmount(path: str, lazy: bool) -> int:
     raise CliError(f"{path} is not mounted")
 
 
-def _refuse_extra(command: argparse.ArgumentParser, extra: list[str]) -> NoReturn:
+def _refuse_extra(top: argparse.ArgumentParser, command: argparse.ArgumentParser, name: str,
+                  argv: list[str], extra: list[str]) -> NoReturn:
     """What argparse could not place, said as what it is: an option no one knows, named (with
     the one meant, when it is near), rather than argparse's "unrecognized arguments" that also
-    lists the positional the typo pushed out of place. Exits EXIT_USAGE through the command's
-    own parser (so the hint is ``zvfs mount --help``)."""
+    lists the positional the typo pushed out of place. Exits EXIT_USAGE through the parser
+    the option was given to (so the hint is ``zvfs mount --help`` after the command, ``zvfs
+    --help`` before it); what follows ``--`` is an argument, never an option."""
     import difflib
 
-    unknown = [x.split("=", 1)[0] for x in extra if x.startswith("-") and x != "-"]
-    if unknown:
-        known = [o for action in command._actions for o in action.option_strings]
-        near = difflib.get_close_matches(unknown[0], known, n=1)
-        command.error(f"unknown option {unknown[0]}" + (f" (did you mean {near[0]}?)" if near else ""))
-    command.error(f"unexpected argument{'s' if len(extra) > 1 else ''}: {' '.join(extra)}")
+    end = argv.index("--") if "--" in argv else len(argv)
+    at = argv.index(name) if name in argv[:end] else 0
+    for x in extra:
+        if not x.startswith("-") or x in ("-", "--") or x not in argv[:end]:
+            continue
+        where = top if argv.index(x) < at else command
+        option = x.split("=", 1)[0]
+        known = [o for action in where._actions for o in action.option_strings]
+        near = difflib.get_close_matches(option, known, n=1)
+        where.error(f"unknown option {option}" + (f" (did you mean {near[0]}?)" if near else ""))
+    args = [x for x in extra if x != "--"]
+    command.error(f"unexpected argument{'s' if len(args) > 1 else ''}: {' '.join(args)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -765,7 +777,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
     if extra:
-        _refuse_extra(args._commands[args.command], extra)
+        _refuse_extra(parser, args._commands[args.command], args.command, argv, extra)
     if getattr(args, "mountpoint", None) == "":  # os.path.abspath("") is the current directory
         args._commands[args.command].error("MOUNTPOINT is empty")
     try:

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import trio
 
-from zvfs import warmup
+from zvfs import earlystop, warmup
 from zvfs.fs import Ownership, ZvfsOperations
 from zvfs.fs import loop as fs_loop
 from zvfs.fs.fuse import pyfuse3
@@ -424,6 +424,7 @@ class SignalStop:
         self._token: trio.lowlevel.TrioToken | None = None
         #: what the session loop runs in (set by _serve)
         self.requests: trio.CancelScope | None = None
+        earlystop.forget()  # restored after the unmount, it would say nothing was mounted
         self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
         self._previous.update({s: signal.signal(s, self._ignore) for s in self.IGNORED})
 

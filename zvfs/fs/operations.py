@@ -638,9 +638,12 @@ class ZvfsOperations(pyfuse3.Operations):
             if not told:
                 return
             # the kernel holds it now (readdirplus: a lookup reference, and a FORGET when it
-            # lets go), so the node is kept: only the entries it was told of keep one
+            # lets go), so the node is kept: only the entries it was told of keep one. A node
+            # the table has already stays: a lookup during the listing made it afresh (from
+            # metadata newer than the listing's, whose node read ESTALE in every new open)
             self._lookups[ino - ROOT] += 1
-            self._node_at[ino - ROOT] = node
+            if self._node_at[ino - ROOT] is None:
+                self._node_at[ino - ROOT] = node
 
     def _unlisted(self, name: str, exc: Exception) -> None:
         self._counters.add("fuse_errors_readdir")

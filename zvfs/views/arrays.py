@@ -130,11 +130,17 @@ class DecodedArray:
         metadata a metadata TTL ago or more, it reads it again first (one discovery for all
         readers, as a lookup would make), so a reader that keeps a file open past a change
         behind the mount is told ESTALE rather than served the new chunks by the old
-        metadata. Within the TTL it may be, as a new open is served the old metadata then.
-        A discovery that fails leaves the check to what is known."""
+        metadata (a dtype change read as wrong values, unsaid). Waited for: in the
+        background, the reads meanwhile were served so (a review tried it). So a stream pays
+        one discovery a TTL; within the TTL the old metadata serves, as it serves a new open
+        then. At most one is asked for a TTL (at least RECHECK_MIN s), also while they come
+        back incomplete (an S3 fault: each read began another). A discovery that fails
+        leaves the check to what is known."""
         ctx = self.ctx
         ttl = ctx.metadata_ttl
-        if ttl is not None and time.monotonic() - ctx.layouts_read >= max(ttl, RECHECK_MIN):
+        now = time.monotonic()
+        if ttl is not None and now - max(ctx.layouts_read, ctx.layouts_asked) >= max(ttl, RECHECK_MIN):
+            ctx.layouts_asked = now
             from zvfs.views.decoded import decoded  # it imports this module
 
             try:
@@ -427,6 +433,7 @@ class DecodedArray:
 #: seconds at least between a read's rereadings of the metadata (see DecodedArray.current),
 #: whatever the metadata TTL: with 0, each read of a stream would discover the store anew
 RECHECK_MIN = 1.0
+
 
 #: chunks one read holds at a time (bounds a read's memory whatever the chunk count)
 CHUNK_BATCH = 256

@@ -137,6 +137,25 @@ def _base64_fill(text: str, dtype: np.dtype) -> np.ndarray | None:
     return np.frombuffer(raw, dtype=stored).astype(dtype).reshape(())
 
 
+def cast_exactly(values: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
+    """``values`` as ``dtype`` when every one comes through unchanged, else None. Integers
+    are checked by range: a cast there and back wraps both ways (uint8 200 went to int8 -56
+    and back to 200, and a valid_max of 200 was served as -56, masking every value)."""
+    dtype = np.dtype(dtype)
+    try:
+        with np.errstate(all="ignore"):
+            conv = values.astype(dtype)
+            if dtype.kind in "iu" and values.dtype.kind in "iub":
+                info = np.iinfo(dtype)
+                fits = not values.size or info.min <= int(values.min()) and int(values.max()) <= info.max
+                return conv if fits else None
+            back = conv.astype(values.dtype)
+    except (OverflowError, ValueError, TypeError):
+        return None
+    # 300 as uint8 is 44, 2.5 as int 2: a value of another type; NaN and NaT stay themselves
+    return conv if np.array_equal(back, values, equal_nan=values.dtype.kind in "fcmM") else None
+
+
 def _as_fill(typed: Typed, dtype: np.dtype) -> np.ndarray | None:
     """A ``_FillValue`` attribute as one element of ``dtype``."""
     if typed.text is not None:
@@ -147,15 +166,7 @@ def _as_fill(typed: Typed, dtype: np.dtype) -> np.ndarray | None:
             return np.array(raw, dtype=dtype) if 0 < len(raw) <= dtype.itemsize else None
         return _base64_fill(typed.text, dtype)
     if typed.values is not None and typed.values.size == 1:
-        value = np.array(typed.values[0])
-        try:
-            with np.errstate(all="ignore"):
-                fill = value.astype(dtype)
-                # 300 as uint8 is 44: a value of another type is no fill of this one
-                same = np.array_equal(fill.astype(value.dtype), value, equal_nan=value.dtype.kind in "fc")
-        except (OverflowError, ValueError, TypeError):
-            return None
-        return fill if same else None
+        return cast_exactly(np.array(typed.values[0]), dtype)  # a value of another type is no fill
     return None
 
 
@@ -182,11 +193,8 @@ def array_attributes(meta: ArrayMeta) -> VarAttributes:
     for name in VALUE_TYPED[1:]:  # CF: these have the variable's type (when that keeps the values)
         typed = attrs.get(name)
         if typed is not None and typed.values is not None and meta.dtype.kind in "iuf":
-            try:
-                conv = typed.values.astype(meta.dtype.newbyteorder("="))
-            except (OverflowError, ValueError, TypeError):
-                continue
-            if np.array_equal(conv.astype(typed.values.dtype), typed.values, equal_nan=meta.dtype.kind == "f"):
+            conv = cast_exactly(typed.values, meta.dtype.newbyteorder("="))
+            if conv is not None:
                 typed.values = conv
     typed_fill = attrs.pop("_FillValue", None)
     fill = _as_fill(typed_fill, meta.dtype) if typed_fill is not None else None

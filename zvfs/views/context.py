@@ -97,6 +97,9 @@ class MountContext:
     #: the discovery array_layouts are from (its number), and when it began (monotonic)
     layouts_generation: int = field(default=-1, init=False)
     layouts_read: float = field(default=0.0, init=False)
+    #: when a read of an open decoded file last had them read again (monotonic): at most one
+    #: a TTL, whether it came back complete or not
+    layouts_asked: float = field(default=0.0, init=False)
     #: path -> (serial of its last write, the key's info after it); see epoch()
     _epochs: OrderedDict[str, tuple[int, KeyInfo | None]] = field(default_factory=OrderedDict, init=False)
     _serial: int = field(default=0, init=False)

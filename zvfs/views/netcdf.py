@@ -40,7 +40,14 @@ import numpy as np
 
 from zvfs.formats.meta import ArrayMeta, strict_json
 from zvfs.views.arrays import DecodedArray
-from zvfs.views.cfattrs import VALUE_TYPED, Typed, VarAttributes, array_attributes, translate
+from zvfs.views.cfattrs import (
+    VALUE_TYPED,
+    Typed,
+    VarAttributes,
+    array_attributes,
+    cast_exactly,
+    translate,
+)
 from zvfs.views.node import FileNode
 from zvfs.views.readahead import ReadAhead
 from zvfs.views.v2mirror import consistent_dimensions
@@ -239,14 +246,12 @@ def _values_type(values: np.ndarray, cdf5: bool) -> np.ndarray | None:
             return values
         if kind == "i" and cdf5:
             return values
-        # by range, not by a cast there and back: that wraps both ways (uint8 200 came back
-        # from int8 -56 as 200, and was served as -56)
-        ints = [int(v) for v in values.reshape(-1)]
         for cand in ("i1", "i2", "i4") if kind == "u" else ("i4",):
-            info = np.iinfo(cand)
-            if all(info.min <= v <= info.max for v in ints):
-                return values.astype(cand)
-        if all(int(float(v)) == v for v in ints):
+            conv = cast_exactly(values, np.dtype(cand))  # by range (uint8 200 was served as -56)
+            if conv is not None:
+                return conv
+        # Python's ints: a cast of 2**64 - 1 to float and back is undefined
+        if all(int(float(v)) == v for v in values.reshape(-1).tolist()):
             return values.astype("f8")
     return None
 
@@ -272,12 +277,9 @@ def typed_attr(name: str, typed: Typed, cdf5: bool, served: VarType | None = Non
         return text_attr(name, json.dumps(strict_json(typed.json), allow_nan=False))
     values = typed.values
     if served is not None and name in VALUE_TYPED and served.nc_type != NC_CHAR:
-        try:
-            conv = values.astype(served.served)
-            if np.array_equal(conv.astype(values.dtype), values, equal_nan=values.dtype.kind == "f"):
-                return NcAttr(name, served.nc_type, conv.tobytes(), conv.size)
-        except (OverflowError, ValueError, TypeError):
-            pass
+        conv = cast_exactly(values, served.served)
+        if conv is not None:
+            return NcAttr(name, served.nc_type, conv.tobytes(), conv.size)
     fitted = _values_type(values, cdf5)
     if fitted is None:  # an integer no netCDF type of this file holds exactly
         listed = values.reshape(-1).tolist()
@@ -323,12 +325,8 @@ def _fill_attr(vattrs: VarAttributes, vtype: VarType, meta: ArrayMeta) -> NcAttr
     fill = np.asarray(vattrs.fill)
     if vtype.nc_type == NC_CHAR:  # one character; a string variable's fill has no char form
         return NcAttr("_FillValue", NC_CHAR, fill.tobytes(), 1) if fill.dtype.itemsize == 1 else None
-    with np.errstate(all="ignore"):
-        data = fill.astype(vtype.served).reshape(1)
-        if not np.array_equal(data.astype(fill.dtype).reshape(fill.shape), fill,
-                              equal_nan=fill.dtype.kind in "fcmM"):  # NaN, NaT
-            return None
-    return NcAttr("_FillValue", vtype.nc_type, data.tobytes(), 1)
+    data = cast_exactly(fill.reshape(1), vtype.served)
+    return None if data is None else NcAttr("_FillValue", vtype.nc_type, data.tobytes(), 1)
 
 
 def build_layout(
