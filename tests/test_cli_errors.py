@@ -20,6 +20,7 @@ import signal
 import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ from conftest import (
     Mounted,
     _pid_alive,
     daemon_pids,
+    force_unmount,
     mount_entry,
     run,
     s3_client,
@@ -66,10 +68,13 @@ def assert_nothing_mounted(mnt: Path) -> None:
 
 
 @pytest.fixture
-def mnt(tmp_path) -> Path:
+def mnt(tmp_path) -> Iterator[Path]:
+    """A mountpoint; whatever a test mounted there (a mount that should have been refused
+    and was not) is unmounted and its daemon stopped, pass or fail."""
     p = tmp_path / "mnt"
     p.mkdir()
-    return p
+    yield p
+    force_unmount(p)
 
 
 # --------------------------------------------------------------------------- sources
