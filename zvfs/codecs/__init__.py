@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .blosc import decompress as blosc_decompress
 from .errors import CodecError, UnknownCodecError
+from .settings import decoding_settings
 from .sharding import EMPTY as SHARD_EMPTY
 from .sharding import ShardingCodec
 from .v2 import VLEN_FILTER_IDS, V2Pipeline, decode_blosc_chunk, v1_compressor
@@ -31,4 +32,5 @@ __all__ = [
     "v1_compressor",
     "blosc_decompress",
     "decode_vlen",
+    "decoding_settings",
 ]

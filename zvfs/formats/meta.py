@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from ..codecs.settings import decoding_settings
+
 FORMATS = ("zarr_v1", "zarr_v2", "zarr_v3", "nczarr")
 
 #: arrays whose total decoded size is beyond this are refused (numpy and file offsets cannot hold them)
@@ -186,11 +188,11 @@ class ArrayMeta:
     def layout_digest(self) -> str:
         """What the array's bytes are read by, in 24 hex digits: the digest of its metadata
         less what only describes them (attributes, dimension names) or only tunes the
-        encoder (see _decoding_codecs). A decoded file opened under one layout reads ESTALE
+        encoder (``codecs.decoding_settings``). A decoded file opened under one layout reads ESTALE
         once the store shows another (views.arrays)."""
         doc = self.to_json()
         del doc["attributes"], doc["dimension_names"]
-        doc["codecs"] = _decoding_codecs(doc["codecs"])
+        doc["codecs"] = decoding_settings(doc["codecs"])
         text = json.dumps(doc, sort_keys=True, allow_nan=False).encode()
         return hashlib.blake2b(text, digest_size=12).hexdigest()
 
@@ -274,32 +276,3 @@ def strict_json(obj: Any) -> Any:
     if isinstance(obj, float) and not math.isfinite(obj):
         return json_scalar(obj)
     return obj
-
-
-#: compressors whose stream says how to undo it (zstd's checksum flag, blosc's header): their
-#: settings only tune the encoder
-_SELF_DESCRIBING = frozenset({"zstd", "gzip", "blosc", "lz4", "zlib", "bz2", "lzma"})
-_ENCODER_ONLY = frozenset({"level", "clevel", "checksum", "acceleration", "blocksize", "cname",
-                           "shuffle", "typesize"})
-
-
-def _decoding_codecs(codecs: Any) -> Any:
-    """A codec chain as far as decoding goes: without the encoder-only settings of
-    self-describing compressors, and with sharding's default index location, so that
-    zarr-python rewriting a zarr.json for an attribute (it fills in ``"checksum": false``,
-    ``"index_location": "end"``, ...) changes nothing (it made open files read ESTALE)."""
-    if isinstance(codecs, list):
-        return [_decoding_codecs(c) for c in codecs]
-    if not isinstance(codecs, dict):
-        return codecs
-    name = str(codecs.get("name", codecs.get("id", ""))).removeprefix("numcodecs.")
-    out = {k: _decoding_codecs(v) for k, v in codecs.items()}
-    config = out.get("configuration")
-    if name in _SELF_DESCRIBING:
-        out = {k: v for k, v in out.items() if k not in _ENCODER_ONLY}  # v2: settings beside "id"
-        if isinstance(config, dict):
-            out["configuration"] = {k: v for k, v in config.items() if k not in _ENCODER_ONLY}
-    elif name == "sharding_indexed" and isinstance(config, dict):
-        out["configuration"] = {"index_location": "end", **config}
-    return out
-
