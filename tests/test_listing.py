@@ -247,3 +247,36 @@ def test_a_grids_names_made_when_read_are_the_sorted_names_of_its_chunks(grid, e
     for i in list(range(len(model))) + order:  # in order (one after the other), then any
         assert names.entry(i) == model[i] and names[i] == model[i][0]
     assert list(GridNames(None, sorted(extra))) == sorted(extra)  # too many chunks: none
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(alphabet="ab.\x00", max_size=3), max_size=30),
+       st.sets(st.text(alphabet="ab.", max_size=2), max_size=4),
+       st.lists(st.tuples(st.booleans(), st.text(alphabet="ab.\x00", max_size=3)), max_size=8),
+       st.sampled_from([((), ()), ({"ab"}, ()), ({"ab"}, {"ab"}), ((), {"b.."})]))
+def test_a_listings_names_read_in_place_are_its_sorted_usable_names(keys, prefixes, changes, shown) -> None:
+    """What the raw tree lists (``names_view``): every key and prefix, each once, sorted,
+    less the names that cannot be a path segment (given apart) and those hidden, plus those
+    added; whatever the writes after the listing was sealed, read by index, by bisection
+    and in order, as a list of them all would be."""
+    from bisect import bisect_left
+
+    from zvfs.stores.keys import safe_name
+
+    listing = Listing(KeyTable((k, KeyInfo(1, 0.0)) for k in keys), set(prefixes))
+    list(listing.keys)  # sealed: later sets and deletes are the table's overlay
+    for add, name in changes:
+        if add:
+            listing.keys[name] = KeyInfo(2, 0.0)
+        else:
+            listing.keys.pop(name, None)
+    hide, add = shown
+    names, unsafe = listing.names_view(hide=hide, add=add)
+    every = set(listing.keys) | listing.prefixes
+    want = sorted({n for n in every if safe_name(n) and n not in hide} | set(add))
+    assert list(names) == want and len(names) == len(want)
+    assert [names[i] for i in range(len(names))] == want
+    assert [names[i] for i in range(-len(names), 0)] == want
+    for name in every | {"", "a", "b~", "zz"}:
+        assert bisect_left(names, name) == bisect_left(want, name)
+    assert sorted(set(unsafe)) == sorted(n for n in every if not safe_name(n))

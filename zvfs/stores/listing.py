@@ -21,8 +21,11 @@ import heapq
 import threading
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Collection, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
+
+from zvfs.stores.keys import safe_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +59,7 @@ class KeyTable(MutableMapping[str, KeyInfo]):
     """
 
     __slots__ = ("_names", "_sizes", "_mtimes", "_versions", "_building", "_in_order", "_over", "_dead",
-                 "_memo")
+                 "_memo", "_unsafe")
 
     def __init__(self, items: Mapping[str, KeyInfo] | Iterable[tuple[str, KeyInfo]] = ()) -> None:
         self._names: list[str] = []
@@ -73,6 +76,8 @@ class KeyTable(MutableMapping[str, KeyInfo]):
         self._over: dict[str, KeyInfo] = {}
         self._dead: set[str] = set()
         self._memo: tuple[str, int] | None = None
+        #: the sorted indices of the arrays' names that cannot be a path segment, once sought
+        self._unsafe: list[int] | None = None
         self.update(items)
 
     # -- building ------------------------------------------------------------------------
@@ -221,7 +226,37 @@ class KeyTable(MutableMapping[str, KeyInfo]):
             self._names, self._sizes, self._mtimes, self._versions)
         out._building = False
         out._over, out._dead = dict(self._over), set(self._dead)
+        out._unsafe = self._unsafe
         return out
+
+    def parts(self) -> tuple[list[str], list[int], list[str]]:
+        """The table as its sealed names (sorted, shared: never changed) and what changed
+        since: the sorted indices of the names removed, and the names added that the arrays
+        lack, sorted (a name set again keeps its place in the arrays)."""
+        self._seal()
+        index = self._index
+        removed = sorted(index(name) for name in self._dead)
+        added = sorted(name for name in self._over if index(name) < 0)
+        return self._names, removed, added
+
+    def unsafe(self) -> list[int]:
+        """The sorted indices of the sealed names that cannot be a path segment ('', '.',
+        '..', or one with a NUL or a slash): a store that filters none (a flat listing's
+        tree index) may have some. Sought once, at C speed: '', '.' and '..' by bisection,
+        the others by one search of the names joined (a test of each of a million names
+        took 0.3 s)."""
+        self._seal()
+        found = self._unsafe
+        if found is None:
+            names = self._names
+            joined = "".join(names)
+            if "\x00" in joined or "/" in joined:
+                found = [i for i, name in enumerate(names) if not safe_name(name)]
+            else:
+                found = [i for name in ("", ".", "..")
+                         if (i := bisect_left(names, name)) < len(names) and names[i] == name]
+            self._unsafe = found
+        return found
 
     # -- the mapping ----------------------------------------------------------------------
 
@@ -327,6 +362,86 @@ class Listing:
         if not self.prefixes:
             return list(self.keys)
         return list(_unique(heapq.merge(self.keys, sorted(self.prefixes))))
+
+    def names_view(self, hide: Collection[str] = (), add: Collection[str] = ()) -> tuple[Sequence[str], list[str]]:
+        """Like :meth:`names`, less the names that cannot be a path segment and those of
+        ``hide``, plus those of ``add``: a sequence that reads the sealed arrays in place
+        (their own list when nothing is left out or added), so a directory of a million keys
+        is handed over with no list of its names made; and the names left out as unsafe.
+        What a later write changes in the listing does not change the sequence."""
+        base, removed, added = self.keys.parts()
+        unsafe_at = self.keys.unsafe()
+        drop = set(removed)
+        skipped = [base[i] for i in unsafe_at if i not in drop]
+        drop.update(unsafe_at)
+        hidden = set(hide).union(add)
+        for name in hidden:
+            i = bisect_left(base, name)
+            if i < len(base) and base[i] == name:
+                drop.add(i)
+        extra = set(added)
+        for name in self.prefixes:
+            if name not in self.keys:
+                extra.add(name)
+        for name in [n for n in extra if not safe_name(n)]:
+            extra.discard(name)
+            skipped.append(name)
+        extra.difference_update(hidden)
+        extra.update(add)
+        if not drop and not extra:
+            return base, skipped
+        return SortedNames(base, sorted(drop), sorted(extra)), sorted(set(skipped))
+
+
+class SortedNames(Sequence[str]):
+    """The sorted names ``base`` less those at the sorted indices ``drop``, merged with the
+    sorted names ``extra`` (none of them kept in ``base``): a sequence that reads ``base``
+    in place, by index (a bisection or two) or in order (no search at all)."""
+
+    __slots__ = ("_base", "_drop", "_shift", "_extra", "_at", "_n")
+
+    def __init__(self, base: Sequence[str], drop: list[int], extra: list[str]) -> None:
+        self._base, self._drop, self._extra = base, drop, extra
+        #: the kept names before each dropped one: kept name k is base[k + bisect_right(shift, k)]
+        self._shift = [d - j for j, d in enumerate(drop)]
+        self._n = len(base) - len(drop) + len(extra)
+        #: the position of each extra name among all the names
+        self._at = [self._kept_before(name) + j for j, name in enumerate(extra)]
+
+    def _kept_before(self, name: str) -> int:
+        """How many kept names of ``base`` sort before ``name``."""
+        i = bisect_left(self._base, name)
+        return i - bisect_left(self._drop, i)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _kept(self) -> Iterator[str]:
+        it = iter(self._base)
+        start = 0
+        for d in self._drop:
+            yield from islice(it, d - start)
+            next(it, None)
+            start = d + 1
+        yield from it
+
+    def __iter__(self) -> Iterator[str]:
+        kept = self._kept() if self._drop else iter(self._base)
+        return heapq.merge(kept, self._extra) if self._extra else kept
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def,override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._n))]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        if self._at:
+            j = bisect_left(self._at, i)
+            if j < len(self._at) and self._at[j] == i:
+                return self._extra[j]
+            i -= j
+        return self._base[i + bisect_right(self._shift, i)] if self._shift else self._base[i]
 
 
 def _unique(names: Iterator[str]) -> Iterator[str]:

@@ -30,7 +30,7 @@ from zvfs.stores.base import (
 from zvfs.stores.keys import bad_segment
 from zvfs.stores.listing import KeyTable
 from zvfs.views.context import MountContext
-from zvfs.views.node import DirNode, FileHandle, FileNode, Node, NodeError
+from zvfs.views.node import DirNode, FileHandle, FileNode, LazyEntries, Node, NodeError
 from zvfs.views.readahead import FILES_SPREAD, FILES_WINDOW, ReadAhead, files_window
 from zvfs.views.tree_ahead import TreeAhead
 from zvfs.views.writing import (
@@ -738,23 +738,34 @@ class RawDir(DirNode):
     def _usable(self, name: str, listing: Listing) -> bool:
         why = bad_segment(name)
         if why is not None:
-            self.ctx.warn_once(
-                "bad:" + self.prefix + name,
-                f"skipping store key {self.prefix + name!r}: cannot be a POSIX path ({why})",
-            )
+            self._skipping(name, why)
             return False
         # the prefixes first: a set of a few, where the keys are searched (a million names)
         if name in listing.prefixes and name in listing.keys:
-            self.ctx.warn_once(
-                "clash:" + self.prefix + name,
-                f"store key {self.prefix + name!r} is also a prefix; showing the directory",
-            )
+            self._clash(name)
         return True
+
+    def _skipping(self, name: str, why: str | None) -> None:
+        self.ctx.warn_once(
+            "bad:" + self.prefix + name,
+            f"skipping store key {self.prefix + name!r}: cannot be a POSIX path ({why})",
+        )
+
+    def _clash(self, name: str) -> None:
+        self.ctx.warn_once(
+            "clash:" + self.prefix + name,
+            f"store key {self.prefix + name!r} is also a prefix; showing the directory",
+        )
 
     def _child(self, name: str, listing: Listing) -> Node:
         if name in listing.prefixes:
             return RawDir(self.ctx, self.prefix + name + "/")
-        return RawFile.child(self.ctx, self.prefix, name, listing)
+        try:
+            return RawFile.child(self.ctx, self.prefix, name, listing)
+        except KeyError:
+            # listed, then removed through the mount before readdir came to it (the listing
+            # makes its nodes when read): readdir leaves such a name out
+            return RawFile(self.ctx, self.prefix + name, KeyInfo(0, self.mtime), pinned=True)
 
     def _list_ahead(self, listing: Listing) -> None:
         """A walk of the tree (find, du, ls -R, rsync) opens this directory's subdirectories
@@ -784,11 +795,32 @@ class RawDir(DirNode):
         return None
 
     async def children(self) -> Sequence[tuple[str, Node]]:
+        return await self.entries()
+
+    async def entries(self, shown: Mapping[str, Node | None] | None = None) -> LazyEntries:
+        """:meth:`children`, with each name of ``shown`` as its node there (None: left out).
+
+        The names are the listing's own, read in place, and each node is made when its
+        entry is read: a directory of 400,000 keys made its whole list of (name, node) here,
+        and held the mount's one thread for half a second, at every listing."""
         listing = await self._listing()
         if self.ctx.store.list_ahead and not self.ctx.writable:
             self._list_ahead(listing)
-        names = listing.names()
-        return [(n, self._child(n, listing)) for n in names if self._usable(n, listing)]
+        given = {name: node for name, node in (shown or {}).items() if node is not None}
+        names, unsafe = listing.names_view(hide=shown or (), add=given)
+        for name in unsafe:
+            self._skipping(name, bad_segment(name))
+        for name in listing.prefixes:
+            if name in listing.keys and name not in unsafe:
+                self._clash(name)
+        child = self._child
+
+        def entry(i: int) -> tuple[str, Node]:
+            name = names[i]
+            node = given.get(name) if given else None
+            return name, child(name, listing) if node is None else node
+
+        return LazyEntries(names, entry)
 
     # -- writing ----------------------------------------------------------------------------
 

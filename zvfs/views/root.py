@@ -73,13 +73,10 @@ class MountRoot(RawDirHolder):
         return await self.raw.lookup(name)
 
     async def children(self) -> Sequence[tuple[str, Node]]:
-        entries = list(await self.raw.children())
-        if self.control is not None:  # it hides the store's own .zvfs, which decoded=off shows
-            entries = [(n, c) for n, c in entries if n != CONTROL_NAME]
-        if self.control is not None and not self.control.hidden:
-            entries.append((CONTROL_NAME, self.control))
-            entries.sort(key=lambda e: e[0])
-        return entries
+        if self.control is None:
+            return await self.raw.children()
+        # it hides the store's own .zvfs, which decoded=off shows
+        return await self.raw.entries({CONTROL_NAME: None if self.control.hidden else self.control})
 
     def _plain(self, name: str) -> None:
         if name == CONTROL_NAME and self.control is not None:
