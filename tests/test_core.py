@@ -870,6 +870,59 @@ def test_a_listing_open_across_a_replace_lists_what_the_name_holds_now(tmp_path,
     trio.run(main)
 
 
+def test_a_name_removed_or_replaced_while_a_long_readdir_reply_is_filled_is_listed_as_it_is_now(
+        tmp_path, monkeypatch):
+    """A readdir reply (thousands of entries: the kernel asks for up to a megabyte) now lets
+    the mount's other requests in every READDIR_SLICE entries, and the nodes of a raw
+    listing are made when their entries are told: a name removed through the mount in
+    between is left out, and a replaced one listed as what it holds now, as between two
+    replies, whether or not the listing made its node before."""
+    from zvfs.fs import operations
+    from zvfs.views.root import build_root
+
+    for i in range(1200):
+        (tmp_path / f"{i:04d}").write_bytes(b"x")
+    ctx = MountContext(store=DirectoryStore(tmp_path), writable=True)
+    ops = ZvfsOperations(build_root(ctx), ctx, derived=["/.zvfs/"])
+    root = pyfuse3.ROOT_INODE
+    monkeypatch.setattr(operations, "READDIR_SLICE", 8)
+
+    async def main() -> None:
+        fh = await ops.opendir(root, None)
+        listed: dict[bytes, tuple[int, int]] = {}
+        started = trio.Event()
+
+        def reply(token, name, a, off) -> bool:
+            started.set()
+            time.sleep(0.0005)  # 0.6 s in all: the changes below are done well before the end
+            listed[name] = (a.st_ino, a.st_size)
+            return True
+
+        async def change() -> None:
+            await started.wait()
+            await ops.unlink(root, b"1100", None)
+            fi, attr = await ops.create(root, b"new", 0o644, os.O_WRONLY | os.O_CREAT, None)
+            await ops.write(fi.fh, 0, b"longer")
+            await ops.flush(fi.fh)
+            await ops.release(fi.fh)
+            await ops.rename(root, b"new", root, b"1150", 0, None)
+            replaced.append(attr.st_ino)
+
+        replaced: list[int] = []
+        monkeypatch.setattr(pyfuse3, "readdir_reply", reply)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ops.readdir, fh, 0, None)
+            nursery.start_soon(change)
+        monkeypatch.undo()
+        await ops.releasedir(fh)
+        assert b"0000" in listed and b"1199" in listed
+        assert b"1100" not in listed and b"new" not in listed
+        assert listed[b"1150"] == (replaced[0], 6), (listed[b"1150"], replaced)
+        assert len(listed) == 2 + 1199
+
+    trio.run(main)
+
+
 def test_an_open_during_a_rename_over_its_name_is_told_estale_not_given_the_new_file(tmp_path):
     """An open of a looked-up file that came while a rename over its name was in the store
     but not yet in the table opened the new file under the old inode number: its reads were

@@ -617,7 +617,14 @@ class ZvfsOperations(pyfuse3.Operations):
         # dealt out to another file since
         changed = snap.unbinds != self._unbinds
         dir_ino = snap.dots[0][1]
-        for i in range(max(start_id - 2, 0), len(entries)):
+        first = max(start_id - 2, 0)
+        for i in range(first, len(entries)):
+            if i > first and not (i - first) % READDIR_SLICE:
+                # the kernel asks for up to a megabyte of entries at once (thousands of
+                # names, tens of ms): the mount's other requests are let in between (the
+                # entries told so far wait in this reply, and the table keeps their numbers)
+                await trio.sleep(0)
+                changed = snap.unbinds != self._unbinds
             name, node = entries[i]
             ino = inos[i]
             if changed and not self._still_named(ino, dir_ino, name):
@@ -1081,6 +1088,8 @@ class ZvfsOperations(pyfuse3.Operations):
 
 #: names a listing goes through between two chances for the mount's other requests
 LISTING_SLICE = 2048
+#: entries one readdir reply fills between two such chances (each costs more than a name)
+READDIR_SLICE = LISTING_SLICE // 4
 
 
 class _Names(Sequence[str]):
