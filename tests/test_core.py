@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zvfs.cache import Cache
-from zvfs.fs.operations import ZvfsOperations
+from zvfs.fs.operations import ROOT, ZvfsOperations
 from zvfs.stats import Counters
 from zvfs.stores.directory import DirectoryStore
 from zvfs.views.arrays import DecodedArray, RawDataFile
@@ -825,6 +825,78 @@ def test_numbers_a_listing_gave_first_and_removed_directories_are_dealt_out_agai
             await cycle()
         assert len(ops._node_at) <= size + 3, (size, len(ops._node_at))
         assert ctx.counters.snapshot()["inodes"] <= 2 and not ops._unbound and not ops._runs
+
+    trio.run(main)
+
+
+def test_numbers_of_names_gone_behind_a_read_only_mount_are_dealt_out_again(tmp_path, monkeypatch):
+    """A store whose keys come and go behind a read-only mount (a bucket with new keys daily
+    and old ones deleted): each listing numbered the new names, and the old ones kept their
+    numbers, and their names, for the mount's life (264 more a round of 200 keys and one
+    array replaced, in a helper's audit). Now a name a listing no longer has, that the kernel
+    has forgotten, gives its number back, dealt out again with a new generation; one the
+    kernel still holds keeps it until it forgets; a name listings leave out but lookup finds
+    (the root's '.zvfs') keeps its number; and a lookup that no longer finds a name frees it."""
+    def names(serials) -> dict[str, BytesFile]:
+        return {f"k{i:05d}": BytesFile(b"%d" % i) for i in serials}
+
+    hidden = BytesFile(b"h")
+    hidden.hidden = True
+    d = StaticDir({**names(range(100)), ".hidden": hidden})
+    ops = ZvfsOperations(StaticDir({"d": d}), MountContext(store=DirectoryStore(tmp_path)))
+    sent: list[tuple[bytes, int]] = []
+    monkeypatch.setattr(pyfuse3, "readdir_reply",
+                        lambda token, name, attr, off: sent.append((name, attr.st_ino)) or True)
+    generations: dict[int, set[int]] = {}
+
+    async def listed(ino: int) -> dict[str, int]:
+        """A walk of the directory, then drop_caches: the kernel forgets what it was sent."""
+        sent.clear()
+        fh = await ops.opendir(ino, None)
+        await ops.readdir(fh, 0, None)
+        await ops.releasedir(fh)
+        got = {name.decode(): n for name, n in sent[2:]}
+        await ops.forget([(n, 1) for n in got.values()])
+        for n in got.values():
+            generations.setdefault(n, set()).add(ops._generation.get(n, 0))
+        return got
+
+    async def main() -> None:
+        dino = (await ops.lookup(pyfuse3.ROOT_INODE, b"d")).st_ino
+        hid = (await ops.lookup(dino, b".hidden")).st_ino
+        await ops.forget([(hid, 1)])
+        first = await listed(dino)
+        size = len(ops._node_at)
+        held = (await ops.lookup(dino, b"k00000")).st_ino  # the kernel keeps this one
+        serial = 100
+        for _ in range(50):  # 20 keys gone and 20 new ones a round
+            for i in range(serial - 100, serial - 80):
+                d.entries.pop(f"k{i:05d}", None)
+            d.entries.update(names(range(serial, serial + 20)))
+            serial += 20
+            now = await listed(dino)
+            assert sorted(now) == sorted(n for n in d.entries if n != ".hidden")
+            assert len(set(now.values())) == len(now)
+            assert held not in now.values() or now.get("k00000") == held
+            assert (await ops.lookup(dino, b".hidden")).st_ino == hid  # listed never, kept
+            await ops.forget([(hid, 1)])
+        # the table stays the directory's size, and so do its runs
+        assert len(ops._node_at) <= size + 45, (size, len(ops._node_at))
+        assert sum(len(run) for _, run in ops._runs.get(dino, ())) + len(ops._ino_of.get(dino, {})) <= 150
+        assert len(ops._unbound) <= 100
+        assert any(len(gens) > 1 for gens in generations.values()), "numbers were dealt out again"
+        # the held name is still its number, until the kernel forgets it
+        assert ops._name_at[held - ROOT] == "k00000" and ops._find(dino, "k00000") == held
+        await ops.forget([(held, 1)])  # then freed at once
+        assert ops._find(dino, "k00000") is None and ops._name_at[held - ROOT] == ""
+        # a lookup that no longer finds a forgotten name frees its number
+        name = min(n for n in d.entries if n != ".hidden")
+        ino = ops._find(dino, name)
+        in_use = ops._inodes_in_use()
+        del d.entries[name]
+        assert (await ops.lookup(dino, name.encode())).st_ino == 0
+        assert ops._find(dino, name) is None and ops._inodes_in_use() == in_use - 1
+        assert first and ino
 
     trio.run(main)
 

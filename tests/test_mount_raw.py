@@ -918,6 +918,52 @@ def test_metadata_ttl_expiry_shows_new_keys(kind, tmp_path, moto, s3_env, mount)
     assert (m.path / "second").read_bytes() == b"2"
 
 
+@pytest.mark.parametrize("kind", ["dir", "s3"])
+def test_keys_that_come_and_go_behind_the_mount_leave_the_inode_table_its_size(kind, tmp_path, moto, s3_env,
+                                                                              mount) -> None:
+    """A daemon that runs for weeks over a store whose keys come and go (a bucket with new
+    keys daily and old ones deleted): each walk numbered the new keys and the old ones kept
+    their numbers for good, 20 more a round here (statfs's f_files is the table's length).
+    Now a key the listing no longer has gives its number back once the kernel forgets it."""
+    if kind == "dir":
+        src = tmp_path / "churn"
+        (src / "keys").mkdir(parents=True)
+        m_args: tuple[str, ...] = (str(src),)
+        env = None
+        put = lambda key: (src / key).write_bytes(b"k")  # noqa: E731
+        delete = lambda key: (src / key).unlink()  # noqa: E731
+    else:
+        client = s3_client(moto.endpoint)
+        client.create_bucket(Bucket="churn")
+        m_args = ("s3://churn", "--endpoint-url", moto.endpoint)
+        env = s3_env
+        put = lambda key: client.put_object(Bucket="churn", Key=key, Body=b"k")  # noqa: E731
+        delete = lambda key: client.delete_object(Bucket="churn", Key=key)  # noqa: E731
+    for i in range(60):
+        put(f"keys/k{i:04d}")
+    m = mount(*m_args, "--metadata-ttl", "1", env=env)
+
+    def walk() -> list[str]:
+        names = sorted(os.listdir(m.path / "keys"))
+        for name in names:
+            os.stat(m.path / "keys" / name)
+        Path("/proc/sys/vm/drop_caches").write_text("2\n")  # the kernel forgets them
+        return names
+
+    walk()
+    table = os.statvfs(m.path).f_files
+    for r in range(1, 9):
+        for i in range(20 * r - 20, 20 * r):
+            delete(f"keys/k{i:04d}")
+            put(f"keys/k{i + 60:04d}")
+        want = [f"k{i:04d}" for i in range(20 * r, 20 * r + 60)]
+        assert wait_until(lambda: walk() == want, 10, interval=0.5)  # noqa: B023
+    grown = os.statvfs(m.path).f_files - table
+    assert grown <= 45, f"the inode table grew by {grown} numbers over 8 rounds of 20 keys"
+    for name in want:
+        assert (m.path / "keys" / name).read_bytes() == b"k"
+
+
 def test_metadata_ttl_indefinite(zarr_dir, mount) -> None:
     m = mount(zarr_dir, "--metadata-ttl", "indefinite")
     assert run(["diff", "-r", zarr_dir, m.path]).returncode == 0

@@ -138,8 +138,18 @@ class ZvfsOperations(pyfuse3.Operations):
         # names (8 bytes a name) searched by bisection; the others one by one in a dict
         #: parent inode -> runs (first inode, sorted names): names[i] is inode first + i ...
         self._runs: dict[int, list[tuple[int, list[str]]]] = {}
-        #: ... unless removed or replaced through the mount since
+        #: ... unless removed or replaced since (through the mount, or behind it: see
+        #: _drop_gone)
         self._unbound: set[int] = set()
+        #: parent inode -> how many slots of its runs are in _unbound: past half, the runs
+        #: are let go (see _compact)
+        self._dead_in: dict[int, int] = {}
+        #: parent inode -> names bound under it that its last listing did not have and that
+        #: kept their numbers (the kernel held them, or a lookup finds them: '.zvfs')
+        self._unlisted_kept: dict[int, int] = {}
+        #: numbers of names a listing no longer had while the kernel held them: unbound
+        #: when it forgets them
+        self._gone_held: set[int] = set()
         #: names unbound (removed, replaced or renamed) through the mount so far: a directory
         #: snapshot taken before the last one checks its entries against the table
         self._unbinds = 0
@@ -220,12 +230,41 @@ class ZvfsOperations(pyfuse3.Operations):
         """Unbind ``name`` under ``parent``: its inode, or None if it had none."""
         self._unbinds += 1
         names = self._ino_of.get(parent)
-        if names and name in names:
-            return names.pop(name)
-        ino = self._find(parent, name)
-        if ino is not None:
-            self._unbound.add(ino)
+        ino = names.pop(name, None) if names else None
+        if ino is None:
+            ino = self._find(parent, name)
+            if ino is None:
+                return None
+            self._unbound.add(ino)  # a slot of a run
+            self._dead_in[parent] = dead = self._dead_in.get(parent, 0) + 1
+            if dead * 2 >= sum(len(run) for _, run in self._runs[parent]):
+                self._compact(parent)
+        return self._unbound_now(parent, ino)
+
+    def _unbound_now(self, parent: int, ino: int) -> int:
+        """``ino``, just unbound from under ``parent``: no longer one of its kept unlisted names."""
+        if ino in self._gone_held:
+            self._gone_held.discard(ino)
+            kept = self._unlisted_kept.get(parent, 0) - 1
+            if kept > 0:
+                self._unlisted_kept[parent] = kept
+            else:
+                self._unlisted_kept.pop(parent, None)
         return ino
+
+    def _compact(self, parent: int) -> None:
+        """Let go of ``parent``'s runs, at least half of whose slots are dead (their names
+        removed or replaced): the names still bound in them are bound one by one instead.
+        A store whose keys come and go behind the mount (a bucket with new keys daily and
+        old ones deleted) gave each listing's new names a run, held for the mount's life."""
+        bound = self._ino_of.setdefault(parent, {})
+        for first, run in self._runs.pop(parent, ()):
+            for ino, name in enumerate(run, first):
+                if ino in self._unbound:
+                    self._unbound.discard(ino)
+                else:
+                    bound[name] = ino
+        self._dead_in.pop(parent, None)
 
     def _bound_children(self, parent: int) -> list[int]:
         """The inodes bound under ``parent``."""
@@ -368,6 +407,59 @@ class ZvfsOperations(pyfuse3.Operations):
                         r += 1
         return found
 
+    async def _drop_gone(self, parent: int, node: DirNode, entries: Sequence[tuple[str, Node]]) -> int:
+        """Free the numbers of the names bound under ``parent`` that its listing ``entries``
+        (sorted, every name numbered) no longer has and that ``node`` no longer finds: the
+        store lost them behind the mount (a bucket's old keys, an array zarr-python rewrote).
+        Those the kernel has forgotten, and no open file holds, are unbound as a removal
+        through the mount is, their numbers dealt out again; the others once it forgets them.
+        A read-only mount of a store whose keys come and go kept a number, and its name,
+        for every key it ever listed: about 180 bytes each, for the mount's life.
+
+        Costs nothing while every bound name is listed (but those kept last time): the
+        bound names are counted, not compared. Gone through a slice at a time. Returns how
+        many names it unbound."""
+        live = len(self._ino_of.get(parent, ())) - self._dead_in.get(parent, 0)
+        live += sum(len(run) for _, run in self._runs.get(parent, ()))
+        if live - len(entries) <= self._unlisted_kept.get(parent, 0):
+            return 0
+        names: Sequence[str] = entries.names if isinstance(entries, LazyEntries) else _Names(entries)
+        n = len(names)
+        bound = list(self._ino_of.get(parent, {}).items())
+        for first, run in self._runs.get(parent, ()):
+            bound.extend((name, ino) for ino, name in enumerate(run, first) if ino not in self._unbound)
+        gone: list[tuple[str, int]] = []
+        held: list[int] = []
+        for lo in range(0, len(bound), LISTING_SLICE):
+            if lo:
+                await trio.sleep(0)
+            for name, ino in bound[lo:lo + LISTING_SLICE]:
+                k = bisect_left(names, name)
+                if k == n or names[k] != name:
+                    if self._lookups[ino - ROOT] > 0:
+                        held.append(ino)
+                    else:
+                        gone.append((name, ino))
+        self._gone_held.update(held)  # unbound when the kernel forgets them (forget)
+        kept = len(held)
+        dropped = 0
+        for name, ino in gone:
+            try:  # a name a listing leaves out (the root's '.zvfs') is not gone
+                there = await node.lookup(name) is not None
+            except NodeError:
+                there = True  # not known to be gone
+            if not there and self._find(parent, name) == ino and self._lookups[ino - ROOT] <= 0 \
+                    and ino not in self._writing and (parent, name) not in self._changing:
+                self._unbind(parent, name)
+                dropped += 1
+            else:
+                kept += 1
+        if kept > 0:
+            self._unlisted_kept[parent] = kept
+        else:
+            self._unlisted_kept.pop(parent, None)
+        return dropped
+
     def _new_run(self, parent: int, names: list[str]) -> int:
         """Numbers for ``names`` (sorted, none bound under ``parent``), one run: the first."""
         first = ROOT + len(self._node_at)
@@ -406,6 +498,9 @@ class ZvfsOperations(pyfuse3.Operations):
         # a removed directory held nothing in the store, whatever names hang from it here
         # (removed outside the mount, or a listing's dead slots): they go with it
         below = list(self._ino_of.pop(ino, {}).values())
+        self._dead_in.pop(ino, None)
+        self._unlisted_kept.pop(ino, None)
+        self._gone_held.discard(ino)
         for first, run in self._runs.pop(ino, ()):
             for child in range(first, first + len(run)):
                 if child in self._unbound:
@@ -540,9 +635,13 @@ class ZvfsOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         if self._changing:
             await self._changed(parent_inode, sname)
+        before = self._find(parent_inode, sname)
         child = await self._call(lambda: f"lookup {self._child_path(parent_inode, sname)}",
                                  parent.lookup(sname))
         if child is None:
+            if before is not None and self._find(parent_inode, sname) == before \
+                    and self._lookups[before - ROOT] <= 0 and before not in self._writing:
+                self._unbind(parent_inode, sname)  # gone from the store behind the mount
             neg = pyfuse3.EntryAttributes()
             neg.st_ino = 0
             neg.entry_timeout = self.ttl
@@ -575,6 +674,12 @@ class ZvfsOperations(pyfuse3.Operations):
                 if ino in self._detached:  # unbound through the mount: free its number
                     self._detached.discard(ino)
                     self._detach(ino)  # unless a write handle still holds it
+                elif self._gone_held and ino in self._gone_held:
+                    # its listing no longer had it: the store lost it behind the mount
+                    parent, name = self._parent_of[i], self._name_at[i]
+                    if self._find(parent, name) == ino and ino not in self._writing \
+                            and (parent, name) not in self._changing:
+                        self._unbind(parent, name)
 
     # -- directories ---------------------------------------------------------
 
@@ -588,6 +693,11 @@ class ZvfsOperations(pyfuse3.Operations):
         inos = await self._remember_all(inode, entries)
         if inos is None:  # removed while it was listed
             entries, inos = (), array("q")
+        else:
+            before = self._unbinds
+            dropped = await self._drop_gone(inode, node, entries)
+            if before == unbinds and self._unbinds == before + dropped:
+                unbinds = self._unbinds  # only names these entries do not have were unbound
         fh = self._last_fh = next(self._next_fh)
         parent = self._parent(inode)
         # '.' and '..' come first, as on every POSIX file system; the kernel takes no
