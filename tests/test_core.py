@@ -88,6 +88,24 @@ def test_cache_entries_expire_after_their_ttl(monkeypatch):
     assert c.peek("k") is None and c.peek("forever") == b"v"
 
 
+def test_expired_entries_go_though_never_asked_for_again(monkeypatch):
+    """The listings cache is bounded by count (100,000 listings), and an expired entry went
+    only when asked for again: a store whose prefixes come and go (a bucket with a new
+    prefix a day, arrays rewritten under new names) left every old prefix's listing in a
+    long-running daemon. Now expired entries are swept out as new ones come: what it holds
+    stays what one TTL puts in, and what never expires stays."""
+    now = [1000.0]
+    monkeypatch.setattr("zvfs.cache.lru.time.monotonic", lambda: now[0])
+    c = Cache(max_bytes=100_000, ttl=10, sizeof=lambda _v: 1)
+    c.put("forever", b"v", ttl=None)
+    for day in range(200):
+        for i in range(50):  # 50 new prefixes a TTL, none asked for again
+            c.put(f"day{day}/p{i}", b"listing")
+        now[0] += 11
+    assert len(c) <= 1 + 50 + max(256, 2 * 50), len(c)
+    assert c.peek("forever") == b"v" and c.current_bytes == len(c)
+
+
 def test_cache_loads_once_for_concurrent_callers_and_never_keeps_a_failure():
     c = Cache(max_bytes=1000)
     loads = []

@@ -31,6 +31,10 @@ def _default_size(value: Any) -> int:
         return 1
 
 
+#: puts between two sweeps of expired entries, at least (see Cache._sweep)
+SWEEP_AFTER = 256
+
+
 @dataclass
 class CacheStats:
     hits: int = 0
@@ -77,6 +81,9 @@ class Cache:
         self._flights: dict[Hashable, _Flight] = {}
         self.current_bytes = 0
         self.stats = CacheStats()
+        #: puts since expired entries were last swept out (only once an entry may expire)
+        self._puts_since_sweep = 0
+        self._may_expire = False
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -144,10 +151,27 @@ class Cache:
             self._drop(key)
         self._entries[key] = (value, size, None if ttl is None else time.monotonic() + ttl)
         self.current_bytes += size
+        if ttl is not None:
+            self._may_expire = True
+        if self._may_expire:
+            self._puts_since_sweep += 1
+            if self._puts_since_sweep >= max(SWEEP_AFTER, len(self._entries) // 2):
+                self._sweep()
         while self.current_bytes > self.max_bytes and self._entries:
             old = next(iter(self._entries))
             self._drop(old)
             self.stats.evictions += 1
+
+    def _sweep(self) -> None:
+        """Drop every expired entry. An expired entry went only when asked for again or
+        evicted by the bound: a listings cache bounded by count (100,000) kept the listing
+        of every prefix a store ever had, stale, for the mount's life (a bucket with a new
+        prefix a day; a directory store whose arrays are rewritten under new names). Run
+        once every len(entries) / 2 puts: a put costs O(1) on average."""
+        self._puts_since_sweep = 0
+        now = time.monotonic()
+        for key in [k for k, (_, _, expires) in self._entries.items() if expires is not None and now > expires]:
+            self._drop(key)
 
     def invalidate(self, key: Hashable) -> None:
         """Forget ``key``. A load of it under way began before the change: its value is
