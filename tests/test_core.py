@@ -276,6 +276,31 @@ def test_each_open_has_its_own_read_ahead(tmp_path):
     assert counts["prefetch_requests"] > 0 and counts["prefetch_hits"] > 0, counts
 
 
+def test_chunks_read_ahead_and_never_read_are_not_remembered_for_ever(tmp_path, monkeypatch):
+    """The mount remembers each chunk key read-ahead loads until a reader asks for it, to
+    count prefetch hits: one loaded and never read (a reader that stopped, a file written
+    since) stayed for the daemon's life (a raw block's; a decoded chunk's load counted itself
+    as its hit, read or not). Now only the newest PREFETCHED_MAX are, and a hit is a read's."""
+    monkeypatch.setattr(MountContext, "PREFETCHED_MAX", 12, raising=False)
+    path, ref = _array(tmp_path, shape=(64, 64), chunks=(4, 64))  # 16 chunks
+    ctx = MountContext(store=DirectoryStore(path), cache_size=64 << 20, counters=Counters())
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            ctx.nursery = nursery
+            array = await _decoded_array(ctx)
+            for _ in range(10):
+                ctx.note_write("c/0/0")  # the array's keys are new ones after a write
+                array._prefetch(0, ref.nbytes, ref.itemsize)  # loaded ahead, never read
+                await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    counts = ctx.counters.snapshot()
+    assert counts["prefetch_requests"] == 160 and counts["prefetch_hits"] == 0, counts
+    assert len(ctx.prefetched) <= 12, len(ctx.prefetched)
+
+
 def test_chunks_decoded_in_a_batch_are_cached_under_the_keys_of_before_a_write(tmp_path, monkeypatch):
     """A batch of small chunks decoded in one worker hop was cached under keys taken after
     the hop: a write through the mount during it (which bumps the array's epoch) found the

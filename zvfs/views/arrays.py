@@ -161,7 +161,13 @@ class DecodedArray:
         self._current()
         return await self._cached(idx, self._other(dtype))
 
-    async def _cached(self, idx: tuple[int, ...], dt: np.dtype | None) -> np.ndarray:
+    async def _ahead(self, idx: tuple[int, ...]) -> np.ndarray:
+        """Chunk ``idx`` loaded ahead of its reader: not counted as a prefetch hit (each
+        chunk read ahead counted one, read or not)."""
+        self._current()
+        return await self._cached(idx, None, ahead=True)
+
+    async def _cached(self, idx: tuple[int, ...], dt: np.dtype | None, ahead: bool = False) -> np.ndarray:
         """Chunk ``idx`` (as ``dt``, None for the declared dtype) through the cache.
 
         A chunk whose bytes are corrupt stays failed for the metadata TTL: later
@@ -202,7 +208,8 @@ class DecodedArray:
                 raise err from exc
 
         key = native if dt is None else self._key(idx, dt)
-        self.ctx.prefetch_hit(key)
+        if not ahead:
+            self.ctx.prefetch_hit(key)
         return await self.ctx.chunks.get(key, load, ttl=self.ctx.metadata_ttl)
 
     async def _decode_elsewhere(self, decoders: DecoderPool, idx: tuple[int, ...]) -> np.ndarray:
@@ -253,10 +260,9 @@ class DecodedArray:
             key = self.cache_key(idx)
             if self.ctx.chunks.contains(key):
                 continue
-            if not self.ctx.prefetch(self.meta.chunk_nbytes, self.chunk, idx):
+            if not self.ctx.prefetch(self.meta.chunk_nbytes, self._ahead, idx):
                 return
-            self.ctx.prefetched.add(key)
-            self.ctx.counters.add("prefetch_requests")
+            self.ctx.prefetch_asked(key)
 
     def _ready(
         self, indices: list[tuple[int, ...]]

@@ -63,8 +63,9 @@ class MountContext:
     failures: Cache = field(init=False)
     #: set by the daemon while serving; background prefetches run in it
     nursery: trio.Nursery | None = field(default=None, init=False)
-    #: cache keys loaded ahead of any reader, to count prefetch hits
-    prefetched: set[object] = field(default_factory=set, init=False)
+    #: cache keys loaded ahead of any reader, to count prefetch hits: the newest
+    #: PREFETCHED_MAX (see prefetch_asked)
+    prefetched: dict[object, None] = field(default_factory=dict, init=False)
     #: bytes of read-ahead in flight at most, over every reader of the mount (see prefetch())
     prefetch_budget: int = field(default=0, init=False)
     _prefetching: int = field(default=0, init=False)
@@ -368,10 +369,22 @@ class MountContext:
         finally:
             self._listing_ahead -= 1
 
+    #: keys of chunks loaded ahead and not yet read that are remembered, at most
+    PREFETCHED_MAX = 65_536
+
+    def prefetch_asked(self, key: object) -> None:
+        """Read-ahead loads ``key``: remembered until a reader asks for it. A key loaded
+        ahead and never read (a reader that stopped, a file changed since) went never: a
+        daemon's set of them grew for weeks. Past PREFETCHED_MAX the oldest are forgotten
+        (a reader of one of them is then not counted as a hit)."""
+        self.prefetched[key] = None
+        self.counters.add("prefetch_requests")
+        if len(self.prefetched) > self.PREFETCHED_MAX:
+            del self.prefetched[next(iter(self.prefetched))]
+
     def prefetch_hit(self, key: object) -> None:
         """A reader asks for ``key``: count it once as a hit if read-ahead loaded (or is loading) it."""
-        if key in self.prefetched:
-            self.prefetched.discard(key)
+        if self.prefetched.pop(key, 0) is None:
             self.counters.add("prefetch_hits")
 
     def warn_once(self, tag: str, message: str) -> None:

@@ -347,8 +347,7 @@ class RawFile(FileNode):
         if prefetch:
             if self.ctx.chunks.contains(key):
                 return b""
-            self.ctx.prefetched.add(key)
-            self.ctx.counters.add("prefetch_requests")
+            self.ctx.prefetch_asked(key)
         else:
             self.ctx.prefetch_hit(key)
         start = n * bs
