@@ -429,31 +429,27 @@ class ZvfsOperations(pyfuse3.Operations):
         for first, run in self._runs.get(parent, ()):
             bound.extend((name, ino) for ino, name in enumerate(run, first) if ino not in self._unbound)
         gone: list[tuple[str, int]] = []
-        held: list[int] = []
         for lo in range(0, len(bound), LISTING_SLICE):
             if lo:
                 await trio.sleep(0)
             for name, ino in bound[lo:lo + LISTING_SLICE]:
                 k = bisect_left(names, name)
                 if k == n or names[k] != name:
-                    if self._lookups[ino - ROOT] > 0:
-                        held.append(ino)
-                    else:
-                        gone.append((name, ino))
-        self._gone_held.update(held)  # unbound when the kernel forgets them (forget)
-        kept = len(held)
-        dropped = 0
+                    gone.append((name, ino))
+        kept = dropped = 0
         for name, ino in gone:
             try:  # a name a listing leaves out (the root's '.zvfs') is not gone
                 there = await node.lookup(name) is not None
             except NodeError:
                 there = True  # not known to be gone
-            if not there and self._find(parent, name) == ino and self._lookups[ino - ROOT] <= 0 \
-                    and ino not in self._writing and (parent, name) not in self._changing:
+            if there or self._find(parent, name) != ino or (parent, name) in self._changing:
+                kept += 1
+            elif self._lookups[ino - ROOT] > 0 or ino in self._writing:
+                self._gone_held.add(ino)  # unbound when the kernel forgets it (forget)
+                kept += 1
+            else:
                 self._unbind(parent, name)
                 dropped += 1
-            else:
-                kept += 1
         if kept > 0:
             self._unlisted_kept[parent] = kept
         else:
