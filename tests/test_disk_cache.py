@@ -3,10 +3,27 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pytest
+from conftest import (
+    daemon_pids,
+    in_threads,
+    put_many,
+    run,
+    s3_client,
+    store_files,
+    upload_tree,
+    wait_until,
+)
 from conftest import mount_stats as _stats
-from conftest import store_files
 
 
 def _read_all(mnt: Path, ref: Path) -> None:
@@ -74,3 +91,343 @@ def test_the_disk_caches_writer_passes_every_writer_call_on() -> None:
              if not n.startswith("_") and (callable(v) or isinstance(v, property))]
     assert {"commit", "close", "undiscard", "abandon", "append"} <= set(calls)
     assert [n for n in calls if n not in vars(_ForgetOnCommit)] == []
+
+
+# -- what a cache directory holds is checked, never trusted --------------------------------
+
+HEADROOM = 256  # an entry file holds its value and at most this much more (its header)
+
+
+def _values(n: int, base: int = 100_000) -> dict[str, bytes]:
+    """``n`` keys of distinct sizes (under a raw block: each is kept as one entry), so an
+    entry file tells whose it is by its size."""
+    return {f"v/k{i}": os.urandom(base + 1000 * i) for i in range(n)}
+
+
+def _entries_by_key(cache: Path, values: dict[str, bytes]) -> dict[str, Path]:
+    found = {}
+    for p in cache.rglob("*"):
+        if p.is_file() and not p.is_symlink():
+            for key, value in values.items():
+                if 0 <= p.stat().st_size - len(value) < HEADROOM:
+                    found[key] = p
+    return found
+
+
+@pytest.fixture
+def bucket(moto):
+    """A fresh bucket of its own on the session's moto; ``(name, client)``."""
+    client = s3_client(moto.endpoint)
+    name = f"dc-{os.urandom(4).hex()}"
+    client.create_bucket(Bucket=name)
+    return name, client
+
+
+def _immutable_mount(mount, moto, s3_env, bucket, cache: Path, n: int):  # type: ignore[no-untyped-def]
+    """``n`` values put in ``bucket``, mounted with ``cache`` kept for later mounts, and
+    read once: (bucket name, values, the mount's options, the mount)."""
+    name, client = bucket
+    values = _values(n)
+    put_many(client, name, values)
+    opts = ("--endpoint-url", moto.endpoint, "--cache-dir", str(cache), "--metadata-ttl", "indefinite")
+    m = mount(f"s3://{name}", *opts, env=s3_env)
+    for key, value in values.items():
+        assert (m / key).read_bytes() == value
+    return name, values, opts, m
+
+
+def test_a_corrupt_cache_file_is_dropped_and_read_from_the_store(mount, moto, s3_env, bucket, tmp_path):
+    """Entry files truncated, bit-flipped, swapped for another key's, emptied, made a
+    directory or a symlink out of the cache: each key still reads its own bytes (the
+    entry is dropped and read again), the log names each key once, and a good entry is
+    still a hit. Before, all but the directory were served as they were: wrong bytes."""
+    cache = tmp_path / "cache"
+    name, values, opts, _ = _immutable_mount(mount, moto, s3_env, bucket, cache, 8)
+    mount.cleanup()
+    files = _entries_by_key(cache, values)
+    assert sorted(files) == sorted(values)
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"x" * files["v/k6"].stat().st_size)
+    os.truncate(files["v/k0"], files["v/k0"].stat().st_size // 2)
+    flipped = bytearray(files["v/k1"].read_bytes())
+    flipped[-1000] ^= 1
+    files["v/k1"].write_bytes(bytes(flipped))
+    shutil.copyfile(files["v/k3"], files["v/k2"])  # another key's entry, whole
+    files["v/k4"].write_bytes(b"")
+    files["v/k5"].unlink()
+    files["v/k5"].mkdir()
+    files["v/k6"].unlink()
+    files["v/k6"].symlink_to(outside)
+
+    second = mount(f"s3://{name}", *opts, env=s3_env)
+    for key, value in values.items():
+        assert (second / key).read_bytes() == value, key
+    stats = _stats(second.path)
+    assert stats["disk_cache_hits"] >= 2  # k3 and k7 were good
+    log = second.log_text()
+    for key in ("v/k0", "v/k1", "v/k2", "v/k4"):
+        assert len(re.findall(rf"disk cache: dropped the cached copy of {key} ", log)) == 1, log
+    assert "no mount wrote there" in log  # the directory and the symlink, removed at mount
+    assert not files["v/k5"].is_dir() and outside.read_bytes() == b"x" * outside.stat().st_size
+    # what was read again is kept again, good this time
+    mount.cleanup()
+    third = mount(f"s3://{name}", *opts, env=s3_env)
+    for key, value in values.items():
+        assert (third / key).read_bytes() == value, key
+    assert _stats(third.path).get("store_requests", 0) == 0
+    assert "dropped the cached copy" not in third.log_text()
+
+
+def _sharded(root: Path, value: int) -> bytes:
+    """A sharded v3 array (its index read as a suffix, its chunks as ranges) and a plain
+    compressed one (chunks read whole), all ``value``; returns the sharded one's bytes."""
+    import numpy as np
+    import zarr
+
+    shutil.rmtree(root, ignore_errors=True)
+    g = zarr.open_group(zarr.storage.LocalStore(str(root)), mode="w", zarr_format=3)
+    a = g.create_array("sharded", shape=(64, 64), chunks=(8, 8), shards=(32, 32), dtype="int32",
+                       compressors=None)
+    a[:] = value
+    g.create_array("plain", shape=(40, 40), chunks=(20, 20), dtype="int16")[:] = value
+    return np.full((64, 64), value, "int32").tobytes()
+
+
+def _plain(value: int) -> bytes:
+    import numpy as np
+
+    return np.full((40, 40), value, "int16").tobytes()
+
+
+def test_an_object_rewritten_between_mounts_is_read_anew(mount, moto, s3_env, bucket, tmp_path):
+    """An immutable mount keeps its cache for the next one; the store rewrites the array
+    (same keys, new bytes, new ETags) before that next mount, whose listing shows it: the
+    decoded views serve the new values. Before, the entries were named by key and range
+    only, and the old values came back from disk."""
+    name, client = bucket
+    src = tmp_path / "src"
+    old = _sharded(src, 1)
+    upload_tree(client, src, name, "")
+    cache = tmp_path / "cache"
+    opts = ("--endpoint-url", moto.endpoint, "--cache-dir", str(cache), "--metadata-ttl", "indefinite")
+    first = mount(f"s3://{name}", *opts, env=s3_env)
+    assert (first / ".zvfs/arrays/sharded/data.raw").read_bytes() == old
+    mount.cleanup()
+    new = _sharded(src, 2)
+    upload_tree(client, src, name, "")
+    second = mount(f"s3://{name}", *opts, env=s3_env)
+    assert (second / ".zvfs/arrays/sharded/data.raw").read_bytes() == new
+    assert (second / ".zvfs/arrays/plain/data.raw").read_bytes() == _plain(2)
+
+
+def test_a_second_mount_reads_decoded_chunks_from_disk(mount, moto, s3_env, bucket, tmp_path):
+    """Decoded chunks of known size are read with get_at_most, which the disk tier passed
+    by: an immutable mount's successor fetched every chunk of a plain v3 array again."""
+    name, client = bucket
+    src = tmp_path / "src"
+    old = _sharded(src, 1)
+    upload_tree(client, src, name, "")
+    opts = ("--endpoint-url", moto.endpoint, "--cache-dir", str(tmp_path / "cache"),
+            "--metadata-ttl", "indefinite")
+    first = mount(f"s3://{name}", *opts, env=s3_env)
+    assert (first / ".zvfs/arrays/sharded/data.raw").read_bytes() == old
+    assert (first / ".zvfs/arrays/plain/data.raw").read_bytes() == _plain(1)
+    mount.cleanup()
+    again = mount(f"s3://{name}", *opts, env=s3_env)
+    assert (again / ".zvfs/arrays/sharded/meta.json").read_bytes()
+    assert (again / ".zvfs/arrays/plain/meta.json").read_bytes()
+    before = _stats(again.path).get("store_requests", 0)
+    assert (again / ".zvfs/arrays/sharded/data.raw").read_bytes() == old
+    assert (again / ".zvfs/arrays/plain/data.raw").read_bytes() == _plain(1)
+    assert _stats(again.path).get("store_requests", 0) == before
+
+
+def test_an_object_rewritten_behind_a_live_mount_is_read_anew_after_the_ttl(mount, moto, s3_env, bucket,
+                                                                             tmp_path):
+    """With a finite TTL the disk tier trusts what a listing said for the TTL only: after
+    it, a rewritten shard is read anew, as without the disk tier. Before, the entry of
+    the old bytes was served for the mount's life."""
+    name, client = bucket
+    src = tmp_path / "src"
+    old = _sharded(src, 1)
+    upload_tree(client, src, name, "")
+    m = mount(f"s3://{name}", "--endpoint-url", moto.endpoint, "--cache-dir", str(tmp_path / "cache"),
+              "--metadata-ttl", "1", env=s3_env)
+    data = m / ".zvfs/arrays/sharded/data.raw"
+    assert data.read_bytes() == old
+    new = _sharded(src, 2)
+    upload_tree(client, src, name, "")
+    time.sleep(2.5)
+    assert data.read_bytes() == new
+
+
+def test_one_bucket_name_on_two_endpoints_is_two_caches(mount, moto, s3_env, tmp_path):
+    """The shared directory was named by the source's URL alone: a mount of bucket "b" on
+    another endpoint was served the first endpoint's bytes from disk."""
+    from moto_server import MotoServer
+
+    src = tmp_path / "src"
+    other = MotoServer().start()
+    try:
+        for server, value in ((moto, 1), (other, 2)):
+            client = s3_client(server.endpoint)
+            client.create_bucket(Bucket="dc-two-endpoints")
+            _sharded(src, value)
+            upload_tree(client, src, "dc-two-endpoints", "")
+        cache = ("--cache-dir", str(tmp_path / "cache"), "--metadata-ttl", "indefinite")
+        first = mount("s3://dc-two-endpoints", "--endpoint-url", moto.endpoint, *cache, env=s3_env)
+        assert (first / ".zvfs/arrays/sharded/data.raw").read_bytes() == _sharded(src, 1)
+        mount.cleanup()
+        second = mount("s3://dc-two-endpoints", "--endpoint-url", other.endpoint, *cache, env=s3_env)
+        assert (second / ".zvfs/arrays/sharded/data.raw").read_bytes() == _sharded(src, 2)
+    finally:
+        mount.cleanup()
+        other.stop()
+
+
+def _cache_files(cache: Path) -> list[Path]:
+    return [p for p in cache.rglob("*") if p.is_file() and p.name != ".lock"]
+
+
+def test_mounts_sharing_a_cache_dir(mount, moto, s3_env, bucket, tmp_path):
+    """An immutable mount's cache is its own while it runs: a second mount of the same
+    source, with or without a TTL, caches apart (the one without used to delete the
+    first's files as it started), each reads right, and what a mount that may not keep its
+    cache wrote is gone at its unmount (it stayed, and a cache dir used by many sources
+    grew by a whole --cache-max-size each)."""
+    cache = tmp_path / "cache"
+    name, values, keep, first = _immutable_mount(mount, moto, s3_env, bucket, cache, 6)
+    kept = sorted(_cache_files(cache))
+    assert len(kept) == len(values)
+    plain = mount(f"s3://{name}", "--endpoint-url", moto.endpoint, "--cache-dir", str(cache), env=s3_env)
+    twin = mount(f"s3://{name}", *keep, env=s3_env)
+    assert "in use by another mount" in twin.log_text()
+    assert all(p.exists() for p in kept)
+    for m in (plain, twin, first):
+        for key, value in values.items():
+            assert (m / key).read_bytes() == value, (m.path, key)
+    assert all(p.exists() for p in kept)
+    for m in (plain, twin):
+        subprocess.run(["fusermount3", "-u", str(m.path)], check=True)
+    assert wait_until(lambda: sorted(_cache_files(cache)) == kept, 10), _cache_files(cache)
+    mount.cleanup()
+    assert sorted(_cache_files(cache)) == kept
+
+
+def test_a_killed_mounts_cache_is_removed_by_the_next_mount(mount, moto, s3_env, bucket, tmp_path):
+    """kill -9 while a mount fills its cache: the next mount with that cache dir, of any
+    source, removes what the dead one may not keep (before, it stayed until a mount of the
+    same source came), and one of the same immutable source reads right and leaves no
+    half-written file."""
+    name, client = bucket
+    values = {f"big/k{i}": os.urandom(3_000_000) for i in range(8)}
+    put_many(client, name, values)
+    cache = tmp_path / "cache"
+    for keep in ((), ("--metadata-ttl", "indefinite")):
+        opts = ("--endpoint-url", moto.endpoint, "--cache-dir", str(cache), *keep)
+        m = mount(f"s3://{name}", *opts, env=s3_env)
+        [pid] = daemon_pids(m.path)
+        readers = [threading.Thread(target=_read_quietly, args=(m.path, list(values)[i::2]), daemon=True)
+                   for i in range(2)]
+        for t in readers:
+            t.start()
+        assert wait_until(lambda: _cache_files(cache), 30, interval=0.005)  # it is filling
+        os.kill(pid, signal.SIGKILL)
+        for t in readers:
+            t.join(30)
+        mount.cleanup()
+        assert _cache_files(cache)  # the dead mount's files
+        if not keep:
+            other = f"{name}-other"
+            client.create_bucket(Bucket=other)
+            put_many(client, other, {"x": b"x"})
+            mount(f"s3://{other}", "--endpoint-url", moto.endpoint, "--cache-dir", str(cache), env=s3_env)
+            assert _cache_files(cache) == [], _cache_files(cache)
+        else:
+            again = mount(f"s3://{name}", *opts, env=s3_env)
+            assert not [p for p in cache.rglob("*.tmp")]
+            for key, value in values.items():
+                assert (again / key).read_bytes() == value, key
+        mount.cleanup()
+
+
+def _read_quietly(root: Path, keys: list[str]) -> None:
+    for key in keys:
+        try:
+            (root / key).read_bytes()
+        except OSError:
+            pass  # the daemon was killed
+
+
+@pytest.fixture
+def small_disk(tmp_path, mount) -> Iterator[Callable[[str], Path]]:
+    """``small_disk("size=2m")``: a tmpfs of its own with those options, for a cache dir;
+    unmounted after the test's zvfs mounts are."""
+    made: list[Path] = []
+
+    def make(options: str) -> Path:
+        root = tmp_path / f"disk{len(made)}"
+        root.mkdir()
+        run(["mount", "-t", "tmpfs", "-o", options, "zvfs-test-cache", root], check=True)
+        made.append(root)
+        return root
+
+    try:
+        yield make
+    finally:
+        mount.cleanup()
+        for root in made:
+            run(["umount", root], check=True)
+
+
+def _read_in_threads(root: Path, values: dict[str, bytes], threads: int) -> list:
+    bad: list = []
+
+    def read(keys: list[str]) -> None:
+        for key in keys:
+            try:
+                if (root / key).read_bytes() != values[key]:
+                    bad.append(key)
+            except OSError as exc:
+                bad.append((key, exc))
+
+    errors = in_threads(lambda i: read(list(values)[i::threads]), threads)
+    return bad + errors
+
+
+def test_a_full_cache_disk_fails_no_read(mount, moto, s3_env, bucket, small_disk):
+    """A cache disk that refuses new files (ENOSPC: here, out of inodes): every read is
+    served from the store, one log line says so (before: one per read), and no
+    half-written file stays."""
+    name, client = bucket
+    values = _values(12)
+    put_many(client, name, values)
+    disk = small_disk("size=8m,nr_inodes=6")
+    m = mount(f"s3://{name}", "--endpoint-url", moto.endpoint, "--cache-dir", str(disk),
+              "--cache-min-free", "0", env=s3_env)
+    assert _read_in_threads(m.path, values, 3) == []
+    log = m.log_text()
+    assert log.count("disk cache: cannot write") == 1, log
+    assert "No space left on device" in log
+    assert not [p for p in disk.rglob("*.tmp")]
+
+
+def test_the_free_space_floor_holds_under_concurrent_reads(mount, moto, s3_env, bucket, small_disk):
+    """Several readers filling a 2 MiB cache disk at once: the floor counts the entries
+    being written (the disk's free space shows them only once written), so none fails
+    with ENOSPC (before: each of several readers wrote into the same last free bytes,
+    and each failure logged a line); a floor the disk can never leave says so once."""
+    name, client = bucket
+    values = _values(24, base=250_000)
+    put_many(client, name, values)
+    disk = small_disk("size=2m")
+    m = mount(f"s3://{name}", "--endpoint-url", moto.endpoint, "--cache-dir", str(disk),
+              "--cache-min-free", "0", env=s3_env)
+    assert _read_in_threads(m.path, values, 8) == []
+    assert "disk cache: cannot write" not in m.log_text(), m.log_text()
+    assert _stats(m.path)["disk_cache_evictions"] > 0
+    mount.cleanup()
+    floor = mount(f"s3://{name}", "--endpoint-url", moto.endpoint, "--cache-dir", str(disk), env=s3_env)
+    assert _read_in_threads(floor.path, values, 2) == []
+    assert floor.log_text().count("below --cache-min-free") == 1, floor.log_text()
+    assert _cache_files(disk) == []

@@ -179,6 +179,9 @@ def build_context(store: Store, opts: dict[str, Any], counters: Counters,
             # a writable mount changes the store: nothing it cached may outlive it
             persistent=opts["metadata_ttl"] is None and not opts.get("writable"),
             counters=counters,
+            # one bucket name on two endpoints is two sources
+            identity=f"{opts.get('endpoint_url') or ''}\0{store.description}",
+            ttl=opts["metadata_ttl"],
         )
     if opts.get("writable"):
         enable_writes = getattr(store, "enable_writes", None)
@@ -576,7 +579,7 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
             metrics.shutdown()
         if ctx.decoders is not None:
             ctx.decoders.close()
-        store.close()
+        ctx.store.close()  # the store, through its wrappers (the disk tier removes its own files)
         warmup.finish()
     if failed and stop.received is None:  # stopped on purpose: no failure to report
         log.info("unmounted %s: the source could not be opened", mountpoint)

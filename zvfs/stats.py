@@ -38,6 +38,8 @@ KNOWN_COUNTERS: tuple[str, ...] = (
     # directory listings started ahead of a walk of the tree (a directory store's find, du)
     "listings_ahead",
     "disk_cache_hits", "disk_cache_misses", "disk_cache_evictions",
+    # cached copies dropped as corrupt (and read from the store instead)
+    "disk_cache_corrupt",
     "fuse_lookups", "fuse_getattrs", "fuse_readdirs", "fuse_read_requests", "fuse_read_bytes",
     # opens answered with keep_cache: the kernel may serve them from the pages it has
     "fuse_opens_cached",

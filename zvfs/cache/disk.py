@@ -1,33 +1,114 @@
 """An optional disk tier under the memory cache, for objects fetched from a slow store.
 
-It wraps a store (so it sits between the views and the network) and keeps
-what ``get``, ``get_range`` and ``get_suffix`` returned as files under ``--cache-dir``,
-bounded by ``--cache-max-size`` and by a floor of free space on that disk.
-Entries are named by a hash of (key, range). They are only trusted for the
-life of one mount, unless the mount declares the data immutable
-(``metadata_ttl=indefinite``): then they are kept and reused by later mounts
-of the same source, as rclone's VFS cache is.
+It wraps a store (so it sits between the views and the network) and keeps what
+``get``, ``get_at_most``, ``get_range``, ``get_suffix`` and ``get_version`` returned as
+files under ``--cache-dir``, bounded by ``--cache-max-size`` and by a floor of free space
+on that disk.
+
+An entry is named by a hash of (key, range, version), where the version is the one the
+store gave the key (S3's ETag) in a listing or an ``info`` at most ``metadata_ttl`` ago
+(older, the key's ``info`` is asked again: a HEAD, not the bytes), or the one a reader
+pinned: bytes are fetched pinned to that version (``get_version``; a key replaced since
+raises Stale, and what is then read unpinned is not kept), so an entry only ever holds the
+bytes of the version it is named for, and a key rewritten behind the mount is read anew
+once the TTL has passed, as without the disk tier. A key of no version, or that no
+listing has named yet, is cached for this mount only, and for one TTL. Each file
+begins with a header that names the entry and holds its length and CRC-32: a file that
+was truncated, changed, swapped for another entry, or is no regular file is dropped (one
+log line naming the key) and read again from the store, never served.
+
+A mount declared immutable (``metadata_ttl=indefinite``, read-only) keeps its entries in
+a directory of its source (its URL and endpoint), which later mounts reuse, as rclone's
+VFS cache is reused; a listing that shows a key changed names new entries, so the old
+ones are never served and age out. Only one mount uses that directory at a time (it holds
+a lock): another mount of the same source, and every other mount, caches in a directory
+of its own, removed at unmount (or, after a crash, by the next mount that finds it
+unlocked).
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import logging
 import os
 import shutil
+import stat
 import struct
+import tempfile
 import threading
+import time
+import zlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from zvfs.logonce import LogOnce
 from zvfs.stats import Counters
-from zvfs.stores.base import KeyInfo, KeyWriter, Store, WrappedStore
+from zvfs.stores.base import KeyWriter, Stale, Store, StoreError, TooLarge, WrappedStore
+from zvfs.stores.listing import KeyInfo, Listing
 
 log = logging.getLogger("zvfs")
 
-#: the key's size after a cached tail (get_suffix)
+#: the key's size after a cached tail (get_suffix of a key with no known version)
 _SIZE = struct.Struct("<Q")
+#: an entry file's header: magic, the sha256 its name is the hex of, payload length, CRC-32
+_HEAD = struct.Struct("<8s32sQI")
+_MAGIC = b"zvfsdc2\n"
+#: the entry format, part of the shared directory's name: entries of another format are
+#: never read as these
+_FORMAT = "2"
+_LOCK = ".lock"
+#: prefix of a directory one mount caches in for its own life
+_PRIVATE = "mount-"
+#: a private directory with no lock file yet is being made, unless it is older than this
+_UNLOCKED_GRACE = 3600.0
+#: suffix of an entry of a key with no known version: never reused by a later mount
+_LOCAL = ".m"
+
+
+def _locked(directory: Path, strict: bool = False) -> int | None:
+    """``directory``'s lock file, locked (its descriptor), or None if another holds it.
+    On a file system that has no locks the file is only held open (``strict``: None)."""
+    fd = os.open(directory / _LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if strict or exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            os.close(fd)
+            return None
+        log.debug("disk cache: cannot lock %s: %s", directory, exc)
+    return fd
+
+
+def _remove_leftovers(top: Path) -> None:
+    """Remove the private directories of mounts that are gone (killed, crashed): each live
+    one holds its lock."""
+    try:
+        found = [e for e in os.scandir(top) if e.name.startswith(_PRIVATE)
+                 and e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return
+    for entry in found:
+        path = Path(entry.path)
+        try:
+            if not (path / _LOCK).exists():
+                if time.time() - entry.stat(follow_symlinks=False).st_mtime < _UNLOCKED_GRACE:
+                    continue  # being made this moment
+                fd = None
+            else:
+                fd = _locked(path, strict=True)
+                if fd is None:
+                    continue  # a live mount's (or no locks here to tell)
+        except OSError:
+            continue
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+            log.info("disk cache: removed %s, left by a mount that is gone", path)
+        finally:
+            if fd is not None:
+                os.close(fd)
 
 
 class DiskCachedStore(WrappedStore):
@@ -39,16 +120,37 @@ class DiskCachedStore(WrappedStore):
         min_free_bytes: int,
         persistent: bool,
         counters: Counters,
+        identity: str | None = None,
+        ttl: float | None = None,
     ) -> None:
+        """``identity``: what names the source (its URL and endpoint), so a later mount of
+        the same finds the entries; the store's description when None. ``ttl``: the
+        mount's metadata TTL (None: indefinite), how long what a listing said is trusted."""
         super().__init__(inner)
+        self.ttl = ttl
         self.max_bytes = max_bytes
         self.min_free = min_free_bytes
         self.counters = counters
-        tag = hashlib.sha256(inner.description.encode()).hexdigest()[:16]
-        self.dir = Path(directory) / tag
-        if not persistent and self.dir.exists():
-            shutil.rmtree(self.dir, ignore_errors=True)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        top = Path(directory)
+        top.mkdir(parents=True, exist_ok=True)
+        _remove_leftovers(top)
+        #: entries of keys with no known version are named with it: no later mount has it
+        self._nonce = os.urandom(16).hex()
+        self._lock_fd: int | None = None
+        self.private = True
+        if persistent:
+            text = f"{_FORMAT}\0{identity if identity is not None else inner.description}"
+            shared = top / hashlib.sha256(text.encode()).hexdigest()[:16]
+            shared.mkdir(exist_ok=True)
+            self._lock_fd = _locked(shared)
+            if self._lock_fd is None:
+                log.warning("disk cache: %s is in use by another mount of %s; this mount caches "
+                            "in a directory of its own, removed at unmount", shared, self.description)
+            else:
+                self.dir, self.private = shared, False
+        if self.private:
+            self.dir = Path(tempfile.mkdtemp(prefix=_PRIVATE, dir=top))
+            self._lock_fd = _locked(self.dir)
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, int] = OrderedDict()
         #: key -> the names cached for it this mount, so a write through the mount drops them
@@ -56,53 +158,182 @@ class DiskCachedStore(WrappedStore):
         #: key -> how many times it was written through the mount: bytes fetched before a
         #: write, and returned after it, are the old content and must not be kept
         self._writes: dict[str, int] = {}
+        #: key -> what the latest listing (or info) that passed through said of it, and when
+        self._known: dict[str, tuple[KeyInfo, float]] = {}
         self._bytes = 0
+        #: bytes being written now: the disk's free space does not show them yet
+        self._writing = 0
+        self._once = LogOnce(log)
         self._load_index()
 
     def _load_index(self) -> None:
-        """Pick up what an earlier mount left, least recently used first."""
+        """Pick up what an earlier mount left, least recently used first; drop what no
+        mount can use (files half written, entries of one mount, what is no entry)."""
         found = []
+        strange = []
         for entry in os.scandir(self.dir):
-            if entry.name.endswith(".tmp"):
-                os.unlink(entry.path)
-            elif entry.is_file():
-                st = entry.stat()
-                found.append((st.st_atime, entry.name, st.st_size))
+            name = entry.name
+            if name == _LOCK:
+                continue
+            try:
+                if (len(name) == 64 and entry.is_file(follow_symlinks=False)
+                        and all(c in "0123456789abcdef" for c in name)):
+                    st = entry.stat(follow_symlinks=False)
+                    found.append((st.st_atime, name, st.st_size))
+                    continue
+                if not name.endswith((".tmp", _LOCAL)):
+                    strange.append(name)
+                self._remove(Path(entry.path))
+            except OSError:
+                pass
+        if strange:
+            log.warning("disk cache: removed %d file(s) from %s that no mount wrote there (%s)",
+                        len(strange), self.dir, ", ".join(sorted(strange)[:3]))
         for _, name, size in sorted(found):
             self._entries[name] = size
             self._bytes += size
-        self._shrink(0)
+        with self._lock:
+            self._shrink(0)
 
     @staticmethod
-    def _name(key: str, start: int = -1, length: int = -1, version: str | None = None) -> str:
-        """An entry's file name. Bytes read from one version of the key are named for it:
-        an open file pinned to the old content reads on after a write through the mount,
-        and what it reads must not be served to those that open the new one."""
-        text = f"{key}\0{start}\0{length}" + ("" if version is None else f"\0{version}")
-        return hashlib.sha256(text.encode()).hexdigest()
+    def _remove(path: Path) -> None:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
-    def _read(self, name: str) -> bytes | None:
+    def _name(self, key: str, start: int = -1, length: int = -1, version: object = None) -> str:
+        """An entry's file name. Bytes read from one version of the key are named for it:
+        a version the listing gives, or one an open file is pinned to (it reads on after a
+        write through the mount, and what it reads must not be served to those that open
+        the new one). Without a version the name is this mount's only."""
+        if version is None:  # this mount's, for one TTL
+            epoch = 0 if not self.ttl else int(time.monotonic() // self.ttl)
+            text = f"{key}\0{start}\0{length}\0\0{self._nonce}\0{epoch}"
+        else:
+            text = f"{key}\0{start}\0{length}\0v{version}"
+        name = hashlib.sha256(text.encode()).hexdigest()
+        return name + _LOCAL if version is None else name
+
+    # -- what the listings say -----------------------------------------------------------
+
+    def _learn(self, key: str, info: KeyInfo) -> None:
+        self._known[key] = (info, time.monotonic())
+
+    def _info_of(self, key: str) -> KeyInfo | None:
+        """The key's size and version as listed less than a TTL ago, else (listed longer
+        ago) as ``info`` says now; None if there is no version, the store could not say,
+        or no listing named the key (a chunk never written is not asked about twice)."""
+        known = self._known.get(key)
+        if known is None:
+            return None
+        info = known[0]
+        if self.ttl is not None and time.monotonic() - known[1] >= self.ttl:
+            try:
+                info = self.info(key)
+            except StoreError:  # gone, or failing: the read itself will say
+                self._known.pop(key, None)
+                return None
+        return info if info.version is not None else None
+
+    def info(self, key: str) -> KeyInfo:
+        info = self.inner.info(key)
+        self._learn(key, info)
+        return info
+
+    def list_dir(self, prefix: str) -> Listing:
+        listing = self.inner.list_dir(prefix)
+        for name, info in listing.keys.items():
+            self._learn(prefix + name, info)
+        return listing
+
+    def list_tree(self, prefix: str) -> Iterator[tuple[str, KeyInfo]]:
+        listing = self.inner.list_tree(prefix)  # its errors at once, as the inner store's
+
+        def learnt() -> Iterator[tuple[str, KeyInfo]]:
+            for key, info in listing:
+                self._learn(key, info)
+                yield key, info
+
+        return learnt()
+
+    # -- entries -------------------------------------------------------------------------
+
+    def _bad(self, key: str, name: str, why: str) -> None:
+        """The entry ``name`` of ``key`` cannot be trusted: drop it, say so once."""
+        self.counters.add("disk_cache_corrupt")
+        self._once.warning(key, "disk cache: dropped the cached copy of %s (%s): %s; read from "
+                           "the store instead", key, self.dir / name, why)
+        with self._lock:
+            self._bytes -= self._entries.pop(name, 0)
+        try:
+            self._remove(self.dir / name)
+        except OSError:
+            pass
+
+    def _read(self, key: str, name: str) -> bytes | None:
         with self._lock:
             if name not in self._entries:
                 return None
             self._entries.move_to_end(name)
+        path = self.dir / name
+        why = None
         try:
-            with open(self.dir / name, "rb") as f:
-                data = f.read()
-        except OSError:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:  # removed by hand: a miss
             with self._lock:
                 self._bytes -= self._entries.pop(name, 0)
+            return None
+        except OSError as exc:
+            why = "a symbolic link" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
+        else:
+            try:
+                why, data = self._check(fd, name)
+            except OSError as exc:
+                why = exc.strerror or str(exc)
+            finally:
+                os.close(fd)
+        if why is not None:
+            self._bad(key, name, why)
             return None
         self.counters.add("disk_cache_hits")
         return data
 
+    @staticmethod
+    def _check(fd: int, name: str) -> tuple[str | None, bytes]:
+        """(why the file is not the entry ``name``, or None; its payload)."""
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return "not a regular file", b""
+        head = os.pread(fd, _HEAD.size, 0)
+        if len(head) < _HEAD.size:
+            return f"{st.st_size} bytes, shorter than its header", b""
+        magic, digest, length, crc = _HEAD.unpack(head)
+        if magic != _MAGIC:
+            return "no entry header", b""
+        if digest != bytes.fromhex(name[:64]):
+            return "the entry of another key or range", b""
+        if st.st_size != _HEAD.size + length:
+            return f"{st.st_size - _HEAD.size} bytes where {length} were kept", b""
+        data = os.pread(fd, length, _HEAD.size) if length else b""
+        if len(data) != length:
+            return f"read {len(data)} of {length} bytes", b""
+        if zlib.crc32(data) != crc:
+            return "its bytes do not match their checksum", b""
+        return None, data
+
     def _shrink(self, incoming: int) -> bool:
-        """Evict until ``incoming`` more bytes fit both bounds; False if they never can."""
+        """Evict until ``incoming`` more bytes fit both bounds; False if they never can.
+        Called with the lock held."""
         if incoming > self.max_bytes:
             return False
+
+        def fits() -> bool:
+            free = shutil.disk_usage(self.dir).free - self._writing
+            return self._bytes + incoming <= self.max_bytes and free - incoming >= self.min_free
+
         while self._entries:
-            free = shutil.disk_usage(self.dir).free
-            if self._bytes + incoming <= self.max_bytes and free - incoming >= self.min_free:
+            if fits():
                 return True
             name, size = self._entries.popitem(last=False)
             self._bytes -= size
@@ -111,22 +342,32 @@ class DiskCachedStore(WrappedStore):
                 os.unlink(self.dir / name)
             except OSError:
                 pass
-        return shutil.disk_usage(self.dir).free - incoming >= self.min_free
+        return fits()
 
     def _write(self, key: str, name: str, data: bytes, writes: int) -> None:
         """Keep ``data`` as ``name``, unless ``key`` was written through the mount since
         its fetch began (``writes`` is the count then)."""
+        size = _HEAD.size + len(data)
         with self._lock:
             if self._writes.get(key, 0) != writes:
                 return
             self._names_of.setdefault(key, set()).add(name)
-            if name in self._entries or not self._shrink(len(data)):
+            if name in self._entries:
                 return
-            self._entries[name] = len(data)
-            self._bytes += len(data)
-        tmp = self.dir / f"{name}.{threading.get_ident()}.tmp"
+            if not self._shrink(size):
+                if size <= self.max_bytes:
+                    self._once.warning("\0floor", "disk cache: %s keeps no more: its disk would drop "
+                                       "below --cache-min-free (%d bytes free); reads go on from "
+                                       "the store", self.dir, shutil.disk_usage(self.dir).free)
+                return
+            self._entries[name] = size
+            self._bytes += size
+            self._writing += size
+        tmp = self.dir / f"{name}.{os.getpid()}.{threading.get_ident()}.tmp"
         try:
+            head = _HEAD.pack(_MAGIC, bytes.fromhex(name[:64]), len(data), zlib.crc32(data))
             with open(tmp, "wb") as f:
+                f.write(head)
                 f.write(data)
             os.replace(tmp, self.dir / name)
             with self._lock:
@@ -135,33 +376,91 @@ class DiskCachedStore(WrappedStore):
                     # file would hold space the bound does not see
                     (self.dir / name).unlink(missing_ok=True)
         except OSError as exc:  # a full or failing cache disk must not fail the read
-            log.warning("disk cache: cannot write %s: %s", self.dir, exc)
+            self._once.warning(f"\0{exc.errno}", "disk cache: cannot write in %s: %s; what does "
+                               "not fit is read from the store (said once)", self.dir,
+                               exc.strerror or exc)
             with self._lock:
                 self._bytes -= self._entries.pop(name, 0)
             tmp.unlink(missing_ok=True)
+        finally:
+            with self._lock:
+                self._writing -= size
 
-    def _cached(self, key: str, name: str, fetch, keep=None) -> bytes:  # type: ignore[no-untyped-def]
+    def _cached(self, key: str, name: str, fetch, keep=None, fallback=None):  # type: ignore[no-untyped-def]
         """``fetch()`` unless ``name`` is on disk; what it fetched is kept there unless
-        ``keep(data)`` says it is not what ``name`` names."""
-        data = self._read(name)
+        ``keep(data)`` says it is not what ``name`` names. A fetch pinned to the version
+        the listing gave may find the key replaced since (Stale): ``fallback()`` then reads
+        what is there now, which is not kept (the listing has not named it yet)."""
+        if self.ttl == 0 and name.endswith(_LOCAL):  # trusted for no time at all
+            return fetch()
+        data = self._read(key, name)
         if data is None:
             self.counters.add("disk_cache_misses")
             with self._lock:
                 writes = self._writes.get(key, 0)
-            data = fetch()
+            try:
+                data = fetch()
+            except Stale:
+                if fallback is None:
+                    raise
+                return fallback()
             if keep is None or keep(data):
                 self._write(key, name, data, writes)
         return data
 
     def get(self, key: str) -> bytes:
-        return self._cached(key, self._name(key), lambda: self.inner.get(key))
+        info = self._info_of(key)
+        if info is None:
+            return self._cached(key, self._name(key), lambda: self.inner.get(key))
+        return self._cached(key, self._name(key, version=info.version),
+                            lambda: self.inner.get_version(key, 0, None, info.version),
+                            fallback=lambda: self.inner.get(key))
+
+    def get_at_most(self, key: str, limit: int) -> bytes:
+        """The whole value, kept as ``get`` keeps it; a version too large is never kept."""
+        info = self._info_of(key)
+        if info is None or info.size > limit:
+            return self.inner.get_at_most(key, limit)
+
+        def fetch() -> bytes:
+            data = self.inner.get_version(key, 0, None, info.version, limit + 1)
+            if len(data) > limit:
+                raise TooLarge(f"{key}: holds more than the {limit} bytes it may")
+            return data
+
+        data = self._cached(key, self._name(key, version=info.version), fetch,
+                            fallback=lambda: self.inner.get_at_most(key, limit))
+        if len(data) > limit:
+            raise TooLarge(f"{key}: holds {len(data)} bytes, more than the {limit} it may")
+        return data
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
-        return self._cached(key, self._name(key, start, length),
-                            lambda: self.inner.get_range(key, start, length))
+        info = self._info_of(key)
+        if info is None:
+            return self._cached(key, self._name(key, start, length),
+                                lambda: self.inner.get_range(key, start, length))
+        return self._cached(key, self._name(key, start, length, info.version),
+                            lambda: self.inner.get_version(key, start, length, info.version),
+                            fallback=lambda: self.inner.get_range(key, start, length))
 
     def get_suffix(self, key: str, length: int) -> tuple[bytes, int]:
-        """Kept as the tail followed by the key's size (8 bytes), so a hit needs no request."""
+        """With a listed version, the range the listed size puts the tail at; else kept as
+        the tail followed by the key's size (8 bytes), so a hit needs no request."""
+        info = self._info_of(key)
+        if info is not None and length >= 0:
+            start = max(0, info.size - length)
+            if start == info.size:
+                return self.inner.get_suffix(key, length)
+            fell_back: list[tuple[bytes, int]] = []
+
+            def fallback() -> bytes:
+                fell_back.append(self.inner.get_suffix(key, length))
+                return b""
+
+            data = self._cached(key, self._name(key, start, info.size - start, info.version),
+                                lambda: self.inner.get_version(key, start, info.size - start, info.version),
+                                fallback=fallback)
+            return fell_back[0] if fell_back else (data, info.size)
 
         def fetch() -> bytes:
             data, size = self.inner.get_suffix(key, length)
@@ -180,13 +479,23 @@ class DiskCachedStore(WrappedStore):
                             None if limit is None else (lambda d: len(d) < limit))
         return data if limit is None or length is not None else data[:limit]
 
+    def close(self) -> None:
+        try:
+            self.inner.close()
+        finally:
+            if self.private:
+                shutil.rmtree(self.dir, ignore_errors=True)
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+
     def _forget(self, key: str) -> None:
-        """Drop what is cached of ``key``: it is being written through the mount. (A
-        persistent cache is only for stores that never change, so nothing of an earlier
-        mount can be stale; only this mount's names are tracked.)"""
+        """Drop what is cached of ``key``: it is being written through the mount (a
+        writable mount's cache is its own, so only this mount's names are tracked)."""
         with self._lock:
             self._writes[key] = self._writes.get(key, 0) + 1
-            names = self._names_of.pop(key, set()) | {self._name(key)}
+            self._known.pop(key, None)  # listed again once written
+            names = self._names_of.pop(key, set())
             for name in names:
                 size = self._entries.pop(name, None)
                 if size is not None:
