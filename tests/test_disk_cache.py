@@ -301,7 +301,7 @@ def test_mounts_sharing_a_cache_dir(mount, moto, s3_env, bucket, tmp_path):
     assert len(kept) == len(values)
     plain = mount(f"s3://{name}", "--endpoint-url", moto.endpoint, "--cache-dir", str(cache), env=s3_env)
     twin = mount(f"s3://{name}", *keep, env=s3_env)
-    assert "in use by another mount" in twin.log_text()
+    assert "in use by another mount of the same source" in twin.log_text()
     assert all(p.exists() for p in kept)
     for m in (plain, twin, first):
         for key, value in values.items():
@@ -431,3 +431,24 @@ def test_the_free_space_floor_holds_under_concurrent_reads(mount, moto, s3_env, 
     assert _read_in_threads(floor.path, values, 2) == []
     assert floor.log_text().count("below --cache-min-free") == 1, floor.log_text()
     assert _cache_files(disk) == []
+
+
+@pytest.mark.parametrize("spoil", ["lock", "directory"])
+def test_a_spoilt_shared_cache_directory_fails_no_mount(mount, moto, s3_env, bucket, tmp_path, spoil):
+    """The directory an immutable mount keeps for the next one replaced by a file, or its
+    lock file by a directory: the next mount failed (exit 1, an errno); it now mounts,
+    caches in a directory of its own and says why once."""
+    cache = tmp_path / "cache"
+    name, values, opts, _ = _immutable_mount(mount, moto, s3_env, bucket, cache, 2)
+    mount.cleanup()
+    [shared] = [p for p in cache.iterdir() if p.is_dir()]
+    if spoil == "lock":
+        (shared / ".lock").unlink(missing_ok=True)
+        (shared / ".lock").mkdir()
+    else:
+        shutil.rmtree(shared)
+        shared.write_bytes(b"not a directory")
+    m = mount(f"s3://{name}", *opts, env=s3_env)
+    for key, value in values.items():
+        assert (m / key).read_bytes() == value
+    assert m.log_text().count(f"cannot keep this mount's cache in {shared}") == 1, m.log_text()

@@ -141,11 +141,15 @@ class DiskCachedStore(WrappedStore):
         if persistent:
             text = f"{_FORMAT}\0{identity if identity is not None else inner.description}"
             shared = top / hashlib.sha256(text.encode()).hexdigest()[:16]
-            shared.mkdir(exist_ok=True)
-            self._lock_fd = _locked(shared)
-            if self._lock_fd is None:
-                log.warning("disk cache: %s is in use by another mount of %s; this mount caches "
-                            "in a directory of its own, removed at unmount", shared, self.description)
+            try:
+                shared.mkdir(exist_ok=True)
+                self._lock_fd = _locked(shared)
+                why = "it is in use by another mount of the same source" if self._lock_fd is None else None
+            except OSError as exc:  # a file there, a .lock that is none: not worth a failed mount
+                why = f"{exc.strerror or exc} ({exc.filename}); remove it"
+            if why is not None:
+                log.warning("disk cache: cannot keep this mount's cache in %s for later mounts: %s. "
+                            "It caches in a directory of its own, removed at unmount", shared, why)
             else:
                 self.dir, self.private = shared, False
         if self.private:
