@@ -13,7 +13,7 @@ raises Stale, and what is then read unpinned is not kept), so an entry only ever
 bytes of the version it is named for, and a key rewritten behind the mount is read anew
 once the TTL has passed, as without the disk tier. A key of no version, or that no
 listing has named yet, is cached for this mount only, and for one TTL. Each file
-begins with a header that names the entry and holds its length and CRC-32: a file that
+begins with a header that names the entry and holds its length and CRC-32C: a file that
 was truncated, changed, swapped for another entry, or is no regular file is dropped (one
 log line naming the key) and read again from the store, never served.
 
@@ -39,10 +39,11 @@ import struct
 import tempfile
 import threading
 import time
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import crc32c
 
 from zvfs.logonce import LogOnce
 from zvfs.stats import Counters
@@ -53,7 +54,7 @@ log = logging.getLogger("zvfs")
 
 #: the key's size after a cached tail (get_suffix of a key with no known version)
 _SIZE = struct.Struct("<Q")
-#: an entry file's header: magic, the sha256 its name is the hex of, payload length, CRC-32
+#: an entry file's header: magic, the sha256 its name is the hex of, payload length, CRC-32C
 _HEAD = struct.Struct("<8s32sQI")
 _MAGIC = b"zvfsdc2\n"
 #: the entry format, part of the shared directory's name: entries of another format are
@@ -322,7 +323,7 @@ class DiskCachedStore(WrappedStore):
         data = os.pread(fd, length, _HEAD.size) if length else b""
         if len(data) != length:
             return f"read {len(data)} of {length} bytes", b""
-        if zlib.crc32(data) != crc:
+        if crc32c.crc32c(data) != crc:
             return "its bytes do not match their checksum", b""
         return None, data
 
@@ -369,7 +370,7 @@ class DiskCachedStore(WrappedStore):
             self._writing += size
         tmp = self.dir / f"{name}.{os.getpid()}.{threading.get_ident()}.tmp"
         try:
-            head = _HEAD.pack(_MAGIC, bytes.fromhex(name[:64]), len(data), zlib.crc32(data))
+            head = _HEAD.pack(_MAGIC, bytes.fromhex(name[:64]), len(data), crc32c.crc32c(data))
             with open(tmp, "wb") as f:
                 f.write(head)
                 f.write(data)
