@@ -452,3 +452,34 @@ def test_a_spoilt_shared_cache_directory_fails_no_mount(mount, moto, s3_env, buc
     for key, value in values.items():
         assert (m / key).read_bytes() == value
     assert m.log_text().count(f"cannot keep this mount's cache in {shared}") == 1, m.log_text()
+
+
+def test_the_users_own_files_in_the_cache_dir_are_never_removed(mount, moto, s3_env, bucket, tmp_path):
+    """--cache-dir may name a directory that holds the user's own files. A mount removed
+    every "mount-*" directory in it that had a ".lock" file, or that was an hour old,
+    as the leftover of a killed mount (a user's "mount-scripts/" went with its files);
+    now only a directory zvfs made is. A killed mount's directory still goes."""
+    name, client = bucket
+    put_many(client, name, {"k": b"k" * 1000})
+    cache = tmp_path / "mine"
+    (cache / "mount-scripts").mkdir(parents=True)
+    (cache / "mount-scripts" / "backup.sh").write_text("mine")
+    an_hour_ago = time.time() - 7200
+    os.utime(cache / "mount-scripts", (an_hour_ago, an_hour_ago))
+    (cache / "mount-points").mkdir()
+    (cache / "mount-points" / ".lock").write_text("")
+    (cache / "mount-points" / "list").write_text("mine too")
+    (cache / "notes.txt").write_text("mine")
+    mine = sorted(p for p in cache.rglob("*"))
+    opts = ("--endpoint-url", moto.endpoint, "--cache-dir", str(cache))
+    m = mount(f"s3://{name}", *opts, env=s3_env)
+    [pid] = daemon_pids(m.path)
+    assert (m / "k").read_bytes() == b"k" * 1000
+    os.kill(pid, signal.SIGKILL)  # leaves its directory behind
+    mount.cleanup()
+    assert len(sorted(p for p in cache.iterdir() if p.is_dir())) == 3
+    again = mount(f"s3://{name}", *opts, env=s3_env)
+    assert (again / "k").read_bytes() == b"k" * 1000
+    mount.cleanup()
+    assert sorted(p for p in cache.rglob("*")) == mine
+    assert (cache / "mount-scripts" / "backup.sh").read_text() == "mine"

@@ -63,8 +63,10 @@ _FORMAT = "2"
 _LOCK = ".lock"
 #: prefix of a directory one mount caches in for its own life
 _PRIVATE = "mount-"
-#: a private directory with no lock file yet is being made, unless it is older than this
-_UNLOCKED_GRACE = 3600.0
+#: what such a directory's lock file holds, written once the mount holds the lock: the
+#: mark that zvfs made the directory. --cache-dir may hold the user's own files (a
+#: "mount-scripts/" among them), and a directory without the mark is never removed
+_OWNED = b"zvfs: the disk cache of one mount, removed at its unmount\n"
 #: suffix of an entry of a key with no known version: never reused by a later mount
 _LOCAL = ".m"
 
@@ -84,8 +86,8 @@ def _locked(directory: Path, strict: bool = False) -> int | None:
 
 
 def _remove_leftovers(top: Path) -> None:
-    """Remove the private directories of mounts that are gone (killed, crashed): each live
-    one holds its lock."""
+    """Remove the private directories of mounts that are gone (killed, crashed): a
+    directory zvfs made (its lock file holds ``_OWNED``) whose lock no live mount holds."""
     try:
         found = [e for e in os.scandir(top) if e.name.startswith(_PRIVATE)
                  and e.is_dir(follow_symlinks=False)]
@@ -94,22 +96,36 @@ def _remove_leftovers(top: Path) -> None:
     for entry in found:
         path = Path(entry.path)
         try:
-            if not (path / _LOCK).exists():
-                if time.time() - entry.stat(follow_symlinks=False).st_mtime < _UNLOCKED_GRACE:
-                    continue  # being made this moment
-                fd = None
-            else:
-                fd = _locked(path, strict=True)
-                if fd is None:
-                    continue  # a live mount's (or no locks here to tell)
+            fd = os.open(path / _LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError:
-            continue
+            continue  # not zvfs's (or being made this moment)
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode) or os.pread(fd, len(_OWNED) + 1, 0) != _OWNED:
+                continue  # not zvfs's
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held until the directory is gone
+        except OSError:
+            continue  # a live mount's (or no locks here to tell)
+        else:
             shutil.rmtree(path, ignore_errors=True)
             log.info("disk cache: removed %s, left by a mount that is gone", path)
         finally:
-            if fd is not None:
-                os.close(fd)
+            os.close(fd)
+
+
+def _make_private(top: Path) -> tuple[Path, int | None]:
+    """A directory of this mount's own under ``top``, and its lock (None: no locks here).
+    The mark is written only once the lock is held, so a mount that reads it to remove
+    leftovers finds the lock taken."""
+    path = Path(tempfile.mkdtemp(prefix=_PRIVATE, dir=top))
+    fd = os.open(path / _LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:  # no locks on this file system: never taken for a leftover
+        log.debug("disk cache: cannot lock %s: %s", path, exc)
+        os.close(fd)
+        return path, None
+    os.write(fd, _OWNED)
+    return path, fd
 
 
 class DiskCachedStore(WrappedStore):
@@ -154,8 +170,7 @@ class DiskCachedStore(WrappedStore):
             else:
                 self.dir, self.private = shared, False
         if self.private:
-            self.dir = Path(tempfile.mkdtemp(prefix=_PRIVATE, dir=top))
-            self._lock_fd = _locked(self.dir)
+            self.dir, self._lock_fd = _make_private(top)
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, int] = OrderedDict()
         #: key -> the names cached for it this mount, so a write through the mount drops them
