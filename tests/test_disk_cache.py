@@ -483,3 +483,22 @@ def test_the_users_own_files_in_the_cache_dir_are_never_removed(mount, moto, s3_
     mount.cleanup()
     assert sorted(p for p in cache.rglob("*")) == mine
     assert (cache / "mount-scripts" / "backup.sh").read_text() == "mine"
+
+
+@pytest.mark.parametrize("keep", [(), ("--metadata-ttl", "indefinite")])
+def test_a_cache_dir_removed_under_a_live_mount_fails_no_read(mount, moto, s3_env, bucket, tmp_path, keep):
+    """The cache directory removed while the mount runs (a tmp cleaner, an rm -rf of
+    ~/.cache): every read that missed the cache failed with EIO (the free space of a
+    directory that is gone could not be asked); now it is read from the store, and the
+    log says once that nothing more is kept."""
+    name, client = bucket
+    values = _values(5)
+    put_many(client, name, values)
+    cache = tmp_path / "cache"
+    m = mount(f"s3://{name}", "--endpoint-url", moto.endpoint, "--cache-dir", str(cache), *keep, env=s3_env)
+    assert (m / "v/k0").read_bytes() == values["v/k0"]
+    shutil.rmtree(cache)
+    for key, value in values.items():
+        assert (m / key).read_bytes() == value, key
+    assert m.log_text().count("disk cache: cannot write") == 1, m.log_text()
+    assert " ERROR " not in m.log_text()

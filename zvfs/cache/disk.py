@@ -374,7 +374,12 @@ class DiskCachedStore(WrappedStore):
             self._names_of.setdefault(key, set()).add(name)
             if name in self._entries:
                 return
-            if not self._shrink(size):
+            try:
+                fits = self._shrink(size)
+            except OSError as exc:  # its free space unknown: the directory was removed, or fails
+                self._cannot_write(exc)
+                return
+            if not fits:
                 if size <= self.max_bytes:
                     self._once.warning("\0floor", "disk cache: %s keeps no more: its disk would drop "
                                        "below --cache-min-free (%d bytes free); reads go on from "
@@ -396,15 +401,18 @@ class DiskCachedStore(WrappedStore):
                     # file would hold space the bound does not see
                     (self.dir / name).unlink(missing_ok=True)
         except OSError as exc:  # a full or failing cache disk must not fail the read
-            self._once.warning(f"\0{exc.errno}", "disk cache: cannot write in %s: %s; what does "
-                               "not fit is read from the store (said once)", self.dir,
-                               exc.strerror or exc)
+            self._cannot_write(exc)
             with self._lock:
                 self._bytes -= self._entries.pop(name, 0)
             tmp.unlink(missing_ok=True)
         finally:
             with self._lock:
                 self._writing -= size
+
+    def _cannot_write(self, exc: OSError) -> None:
+        self._once.warning(f"\0{exc.errno}", "disk cache: cannot write in %s: %s; what does "
+                           "not fit is read from the store (said once)", self.dir,
+                           exc.strerror or exc)
 
     def _cached(self, key: str, name: str, fetch, keep=None, fallback=None):  # type: ignore[no-untyped-def]
         """``fetch()`` unless ``name`` is on disk; what it fetched is kept there unless
