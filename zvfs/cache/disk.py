@@ -240,21 +240,52 @@ class DiskCachedStore(WrappedStore):
     def _learn(self, key: str, info: KeyInfo) -> None:
         self._known[key] = (info, time.monotonic())
 
-    def _info_of(self, key: str) -> KeyInfo | None:
-        """The key's size and version as listed less than a TTL ago, else (listed longer
-        ago) as ``info`` says now; None if there is no version, the store could not say,
-        or no listing named the key (a chunk never written is not asked about twice)."""
+    def _info_of(self, key: str, name_of: Callable[[KeyInfo], str]) -> KeyInfo | None:
+        """The key's size and version as listed less than a TTL ago; None if there is no
+        version, the store could not say, or no listing named the key (a chunk never
+        written is not asked about twice). Listed longer ago, the version is asked again
+        (``info``: a HEAD) only when the disk holds its entry ``name_of(info)``, which must
+        not be served unchecked: a fetch pinned to the version checks it as it reads, and
+        a HEAD before each cold read after the TTL doubled the requests of a read."""
         known = self._known.get(key)
         if known is None:
             return None
         info = known[0]
+        if info.version is None:
+            return None
         if self.ttl is not None and time.monotonic() - known[1] >= self.ttl:
-            try:
-                info = self.info(key)
-            except StoreError:  # gone, or failing: the read itself will say
-                self._known.pop(key, None)
-                return None
+            with self._lock:
+                on_disk = name_of(info) in self._entries
+            if on_disk:
+                try:
+                    info = self.info(key)
+                except StoreError:  # gone, or failing: the read itself will say
+                    self._known.pop(key, None)
+                    return None
         return info if info.version is not None else None
+
+    def _pinned(self, key: str, info: KeyInfo, fetch: Callable[[], bytes]) -> Callable[[], bytes]:
+        """``fetch``, pinned to ``info``'s version; once it read, the version is known to
+        be the key's now (for another TTL), unless a write or listing has said since; if
+        the key was replaced (Stale), the version is forgotten, so the next read is not
+        pinned to it again (two requests a read until a listing came)."""
+
+        def pinned() -> bytes:
+            try:
+                data = fetch()
+            except Stale:
+                with self._lock:
+                    known = self._known.get(key)
+                    if known is not None and known[0] is info:
+                        del self._known[key]
+                raise
+            with self._lock:
+                known = self._known.get(key)
+                if known is not None and known[0] is info:
+                    self._known[key] = (info, time.monotonic())
+            return data
+
+        return pinned
 
     def info(self, key: str) -> KeyInfo:
         info = self.inner.info(key)
@@ -437,16 +468,16 @@ class DiskCachedStore(WrappedStore):
         return data
 
     def get(self, key: str) -> bytes:
-        info = self._info_of(key)
+        info = self._info_of(key, lambda i: self._name(key, version=i.version))
         if info is None:
             return self._cached(key, self._name(key), lambda: self.inner.get(key))
         return self._cached(key, self._name(key, version=info.version),
-                            lambda: self.inner.get_version(key, 0, None, info.version),
+                            self._pinned(key, info, lambda: self.inner.get_version(key, 0, None, info.version)),
                             fallback=lambda: self.inner.get(key))
 
     def get_at_most(self, key: str, limit: int) -> bytes:
         """The whole value, kept as ``get`` keeps it; a version too large is never kept."""
-        info = self._info_of(key)
+        info = self._info_of(key, lambda i: self._name(key, version=i.version))
         if info is None or info.size > limit:
             return self.inner.get_at_most(key, limit)
 
@@ -456,26 +487,31 @@ class DiskCachedStore(WrappedStore):
                 raise TooLarge(f"{key}: holds more than the {limit} bytes it may")
             return data
 
-        data = self._cached(key, self._name(key, version=info.version), fetch,
+        data = self._cached(key, self._name(key, version=info.version), self._pinned(key, info, fetch),
                             fallback=lambda: self.inner.get_at_most(key, limit))
         if len(data) > limit:
             raise TooLarge(f"{key}: holds {len(data)} bytes, more than the {limit} it may")
         return data
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
-        info = self._info_of(key)
+        info = self._info_of(key, lambda i: self._name(key, start, length, i.version))
         if info is None:
             return self._cached(key, self._name(key, start, length),
                                 lambda: self.inner.get_range(key, start, length))
         return self._cached(key, self._name(key, start, length, info.version),
-                            lambda: self.inner.get_version(key, start, length, info.version),
+                            self._pinned(key, info, lambda: self.inner.get_version(key, start, length,
+                                                                                    info.version)),
                             fallback=lambda: self.inner.get_range(key, start, length))
 
     def get_suffix(self, key: str, length: int) -> tuple[bytes, int]:
         """With a listed version, the range the listed size puts the tail at; else kept as
         the tail followed by the key's size (8 bytes), so a hit needs no request."""
-        info = self._info_of(key)
-        if info is not None and length >= 0:
+        def tail_of(i: KeyInfo) -> str:
+            first = max(0, i.size - length)
+            return self._name(key, first, i.size - first, i.version)
+
+        info = self._info_of(key, tail_of) if length >= 0 else None
+        if info is not None:
             start = max(0, info.size - length)
             if start == info.size:
                 return self.inner.get_suffix(key, length)
@@ -485,8 +521,9 @@ class DiskCachedStore(WrappedStore):
                 fell_back.append(self.inner.get_suffix(key, length))
                 return b""
 
-            data = self._cached(key, self._name(key, start, info.size - start, info.version),
-                                lambda: self.inner.get_version(key, start, info.size - start, info.version),
+            data = self._cached(key, tail_of(info),
+                                self._pinned(key, info, lambda: self.inner.get_version(
+                                    key, start, info.size - start, info.version)),
                                 fallback=fallback)
             return fell_back[0] if fell_back else (data, info.size)
 
