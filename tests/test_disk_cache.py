@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -535,3 +536,35 @@ def test_a_cold_read_past_the_ttl_asks_no_version_first(mount, moto, s3_env, buc
     assert data.read_bytes() == np.full((64, 64), 2, "int32").tobytes()
     time.sleep(1.5)
     assert data.read_bytes() == np.full((64, 64), 2, "int32").tobytes()
+
+
+def test_an_entry_replaced_by_a_fifo_holds_no_read(mount, moto, s3_env, bucket, tmp_path):
+    """An entry file replaced by a FIFO while the mount runs: its open blocked until a
+    writer came (the read hung, and a worker thread with it); now the entry is dropped
+    and the key read from the store. The directory kept for later mounts is the
+    mounting user's alone (it was 0755 with 0644 files: a private bucket's bytes for
+    any local user to read)."""
+    cache = tmp_path / "cache"
+    name, values, opts, m = _immutable_mount(mount, moto, s3_env, bucket, cache, 1)
+    mount.cleanup()
+    [shared] = [p for p in cache.iterdir() if p.is_dir()]
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o700
+    others = {f"w/k{i}": os.urandom(200_000) for i in range(3)}
+    put_many(bucket[1], name, others)
+    m = mount(f"s3://{name}", *opts, "--cache-size", "300K", env=s3_env)
+    [entry] = _entries_by_key(cache, values).values()
+    entry.unlink()
+    os.mkfifo(entry)
+    for key, value in others.items():  # out of the memory cache
+        assert (m / key).read_bytes() == value
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append((m / "v/k0").read_bytes()), daemon=True)
+    reader.start()
+    reader.join(10)
+    hung = reader.is_alive()
+    if hung:
+        os.close(os.open(entry, os.O_WRONLY | os.O_NONBLOCK))  # let the daemon go on
+        reader.join(10)
+    assert not hung
+    assert got == [values["v/k0"]]
+    assert "disk cache: dropped the cached copy of v/k0 " in m.log_text()

@@ -7,7 +7,7 @@ on that disk.
 
 An entry is named by a hash of (key, range, version), where the version is the one the
 store gave the key (S3's ETag) in a listing or an ``info`` at most ``metadata_ttl`` ago
-(older, the key's ``info`` is asked again: a HEAD, not the bytes), or the one a reader
+(older, the key's ``info`` is asked again, a HEAD, before an entry on disk is served), or the one a reader
 pinned: bytes are fetched pinned to that version (``get_version``; a key replaced since
 raises Stale, and what is then read unpinned is not kept), so an entry only ever holds the
 bytes of the version it is named for, and a key rewritten behind the mount is read anew
@@ -159,7 +159,7 @@ class DiskCachedStore(WrappedStore):
             text = f"{_FORMAT}\0{identity if identity is not None else inner.description}"
             shared = top / hashlib.sha256(text.encode()).hexdigest()[:16]
             try:
-                shared.mkdir(exist_ok=True)
+                shared.mkdir(mode=0o700, exist_ok=True)  # the bucket's bytes: no other user's to read
                 self._lock_fd = _locked(shared)
                 why = "it is in use by another mount of the same source" if self._lock_fd is None else None
             except OSError as exc:  # a file there, a .lock that is none: not worth a failed mount
@@ -330,7 +330,8 @@ class DiskCachedStore(WrappedStore):
         path = self.dir / name
         why = None
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            # O_NONBLOCK: a FIFO in its place must not hold the read (and a thread) forever
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         except FileNotFoundError:  # removed by hand: a miss
             with self._lock:
                 self._bytes -= self._entries.pop(name, 0)
