@@ -964,6 +964,34 @@ def test_keys_that_come_and_go_behind_the_mount_leave_the_inode_table_its_size(k
         assert (m.path / "keys" / name).read_bytes() == b"k"
 
 
+def test_a_key_deleted_and_made_again_behind_the_mount_stays_listed_when_the_kernel_forgets_it(
+        tmp_path, mount) -> None:
+    """A key deleted behind the mount while the kernel held its inode was set to be unbound
+    at the kernel's forget. Made again and listed again under the same number, it was still
+    unbound at that forget: a listing opened before it (its snapshot had the name under that
+    number) then left the name out, though the store has it."""
+    src = tmp_path / "store"
+    (src / "d").mkdir(parents=True)
+    for i in range(5):
+        (src / "d" / f"f{i}").write_bytes(b"x" * (i + 1))
+    m = mount(src, "--metadata-ttl", "1")
+    d = m.path / "d"
+    assert sorted(os.listdir(d)) == [f"f{i}" for i in range(5)]
+    os.stat(d / "f2")  # the kernel holds it
+    (src / "d" / "f2").unlink()
+    time.sleep(1.5)  # the listing's TTL
+    assert "f2" not in os.listdir(d)  # gone from the store, held by the kernel
+    (src / "d" / "f2").write_bytes(b"y" * 100)
+    time.sleep(1.5)
+    assert os.stat(d / "f2").st_size == 100
+    with os.scandir(d) as it:  # opendir: f2 in the snapshot, under the number the kernel holds
+        Path("/proc/sys/vm/drop_caches").write_text("2\n")  # the kernel forgets it
+        time.sleep(0.2)
+        names = sorted(e.name for e in it)
+    assert names == [f"f{i}" for i in range(5)]
+    assert (d / "f2").read_bytes() == b"y" * 100
+
+
 def test_metadata_ttl_indefinite(zarr_dir, mount) -> None:
     m = mount(zarr_dir, "--metadata-ttl", "indefinite")
     assert run(["diff", "-r", zarr_dir, m.path]).returncode == 0

@@ -311,6 +311,8 @@ class ZvfsOperations(pyfuse3.Operations):
                 self._bound_meanwhile(parent, name)
         else:
             self._node_at[ino - ROOT] = node
+            if self._gone_held and ino in self._gone_held:
+                self._unbound_now(parent, ino)  # back in the store: not unbound at forget
         if count:
             self._lookups[ino - ROOT] += 1
         return ino
@@ -455,6 +457,25 @@ class ZvfsOperations(pyfuse3.Operations):
         else:
             self._unlisted_kept.pop(parent, None)
         return dropped
+
+    def _listed_again(self, parent: int, entries: Sequence[tuple[str, Node]], inos: array) -> None:
+        """The names of ``_gone_held`` under ``parent`` that its listing ``entries`` (numbered
+        ``inos``) has again: the store has them back (removed and made again behind the
+        mount), so the kernel's forget must not unbind them. (It did: a listing opened
+        meanwhile, whose snapshot had the name under its number, left the name out.)"""
+        held = self._gone_held
+        if len(held) < len(inos):
+            names: Sequence[str] = entries.names if isinstance(entries, LazyEntries) else _Names(entries)
+            n = len(names)
+            for ino in [ino for ino in held if self._parent_of[ino - ROOT] == parent]:
+                name = self._name_at[ino - ROOT]
+                k = bisect_left(names, name)
+                if k < n and names[k] == name and inos[k] == ino:
+                    self._unbound_now(parent, ino)
+        else:
+            for ino in inos:
+                if ino in held:
+                    self._unbound_now(parent, ino)
 
     def _new_run(self, parent: int, names: list[str]) -> int:
         """Numbers for ``names`` (sorted, none bound under ``parent``), one run: the first."""
@@ -690,6 +711,8 @@ class ZvfsOperations(pyfuse3.Operations):
         if inos is None:  # removed while it was listed
             entries, inos = (), array("q")
         else:
+            if self._unlisted_kept.get(inode):
+                self._listed_again(inode, entries, inos)
             before = self._unbinds
             dropped = await self._drop_gone(inode, node, entries)
             if before == unbinds and self._unbinds == before + dropped:
