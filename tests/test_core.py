@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zvfs.cache import Cache
-from zvfs.fs.operations import ROOT, ZvfsOperations
+from zvfs.fs.operations import LISTING_SLICE, ROOT, ZvfsOperations
 from zvfs.stats import Counters
 from zvfs.stores.directory import DirectoryStore
 from zvfs.views.arrays import DecodedArray, RawDataFile
@@ -940,6 +940,43 @@ def test_numbers_of_names_gone_behind_a_read_only_mount_are_dealt_out_again(tmp_
         assert (await ops.lookup(dino, name.encode())).st_ino == 0
         assert ops._find(dino, name) is None and ops._inodes_in_use() == in_use - 1
         assert first and ino
+
+    trio.run(main)
+
+
+def test_names_gone_behind_the_mount_by_the_thousand_are_unbound_a_slice_at_a_time(tmp_path, monkeypatch):
+    """A directory of 200,000 keys of which 150,000 went behind the mount: the next opendir
+    looked up and unbound each gone name with no pause, and a read of stats.json beside it
+    waited 0.7 s (0.05 s before names were unbound there). Now the mount's other requests
+    are let in every LISTING_SLICE names."""
+    n, gone = 5 * LISTING_SLICE, 4 * LISTING_SLICE
+    d = StaticDir({f"k{i:05d}": BytesFile(b"k") for i in range(n)})
+    ops = ZvfsOperations(StaticDir({"d": d}), MountContext(store=DirectoryStore(tmp_path)))
+    sent: list[int] = []
+    monkeypatch.setattr(pyfuse3, "readdir_reply", lambda token, name, attr, off: sent.append(attr.st_ino) or True)
+    pauses = [0]
+    seen: list[int] = []  # the pauses made so far at each unbind
+    unbind, sleep = ops._unbind, trio.sleep
+
+    async def pause(seconds: float) -> None:
+        pauses[0] += 1
+        await sleep(seconds)
+
+    monkeypatch.setattr(ops, "_unbind", lambda parent, name: seen.append(pauses[0]) or unbind(parent, name))
+    monkeypatch.setattr(trio, "sleep", pause)
+
+    async def main() -> None:
+        dino = (await ops.lookup(pyfuse3.ROOT_INODE, b"d")).st_ino
+        fh = await ops.opendir(dino, None)
+        await ops.readdir(fh, 0, None)
+        await ops.releasedir(fh)
+        await ops.forget([(ino, 1) for ino in sent[2:]])  # drop_caches
+        for i in range(gone):
+            del d.entries[f"k{i:05d}"]
+        fh = await ops.opendir(dino, None)
+        await ops.releasedir(fh)
+        assert len(seen) == gone and len(ops._bound_children(dino)) == n - gone
+        assert len(set(seen)) >= gone // LISTING_SLICE, "the names were unbound with no pause"
 
     trio.run(main)
 

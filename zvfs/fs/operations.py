@@ -428,8 +428,12 @@ class ZvfsOperations(pyfuse3.Operations):
         names: Sequence[str] = entries.names if isinstance(entries, LazyEntries) else _Names(entries)
         n = len(names)
         bound = list(self._ino_of.get(parent, {}).items())
-        for first, run in self._runs.get(parent, ()):
-            bound.extend((name, ino) for ino, name in enumerate(run, first) if ino not in self._unbound)
+        for first, run in list(self._runs.get(parent, ())):
+            for lo in range(0, len(run), LISTING_SLICE):
+                if lo:
+                    await trio.sleep(0)  # a run's names are never changed: a gone one is checked below
+                bound.extend((name, ino) for ino, name in enumerate(run[lo:lo + LISTING_SLICE], first + lo)
+                             if ino not in self._unbound)
         gone: list[tuple[str, int]] = []
         for lo in range(0, len(bound), LISTING_SLICE):
             if lo:
@@ -439,7 +443,11 @@ class ZvfsOperations(pyfuse3.Operations):
                 if k == n or names[k] != name:
                     gone.append((name, ino))
         kept = dropped = 0
-        for name, ino in gone:
+        for j, (name, ino) in enumerate(gone):
+            if j and not j % LISTING_SLICE:
+                # each is looked up and unbound: a store that lost 150,000 keys held the
+                # mount for 0.7 s here (everything below is checked again after a pause)
+                await trio.sleep(0)
             try:  # a name a listing leaves out (the root's '.zvfs') is not gone
                 there = await node.lookup(name) is not None
             except NodeError:
