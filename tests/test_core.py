@@ -944,6 +944,40 @@ def test_numbers_of_names_gone_behind_a_read_only_mount_are_dealt_out_again(tmp_
     trio.run(main)
 
 
+def test_a_name_gone_while_held_and_listed_again_is_not_unbound_at_forget(tmp_path, monkeypatch):
+    """A name a listing no longer had while the kernel held it was set to be unbound when the
+    kernel forgets it. Back in the store and listed again under its number, it was unbound
+    at that forget all the same: a listing opened before the forget left it out."""
+    d = StaticDir({f"k{i}": BytesFile(b"k") for i in range(5)})
+    ops = ZvfsOperations(StaticDir({"d": d}), MountContext(store=DirectoryStore(tmp_path)))
+    sent: list[tuple[str, int]] = []
+    monkeypatch.setattr(pyfuse3, "readdir_reply",
+                        lambda token, name, attr, off: sent.append((name.decode(), attr.st_ino)) or True)
+
+    async def listed(dino: int, forget_first: int = 0) -> dict[str, int]:
+        sent.clear()
+        fh = await ops.opendir(dino, None)
+        if forget_first:
+            await ops.forget([(forget_first, ops._lookups[forget_first - ROOT])])
+        await ops.readdir(fh, 0, None)
+        await ops.releasedir(fh)
+        return dict(sent[2:])
+
+    async def main() -> None:
+        dino = (await ops.lookup(pyfuse3.ROOT_INODE, b"d")).st_ino
+        held = (await listed(dino))["k2"]  # the kernel holds every name now
+        gone = d.entries.pop("k2")
+        assert "k2" not in await listed(dino)  # gone from the store, still held
+        d.entries["k2"] = gone
+        again = await listed(dino, forget_first=held)  # listed again; the kernel forgets the old count
+        assert again.get("k2") == held and ops._find(dino, "k2") == held
+        await ops.forget([(held, ops._lookups[held - ROOT])])
+        assert ops._find(dino, "k2") == held  # still there: not unbound
+        assert "k2" in await listed(dino)
+
+    trio.run(main)
+
+
 def test_names_gone_behind_the_mount_by_the_thousand_are_unbound_a_slice_at_a_time(tmp_path, monkeypatch):
     """A directory of 200,000 keys of which 150,000 went behind the mount: the next opendir
     looked up and unbound each gone name with no pause, and a read of stats.json beside it
