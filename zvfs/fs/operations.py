@@ -448,6 +448,9 @@ class ZvfsOperations(pyfuse3.Operations):
                 # each is looked up and unbound: a store that lost 150,000 keys held the
                 # mount for 0.7 s here (everything below is checked again after a pause)
                 await trio.sleep(0)
+            if ino in self._gone_held and self._lookups[ino - ROOT] > 0:
+                kept += 1  # found gone by an earlier listing, and still held: no lookup again
+                continue
             try:  # a name a listing leaves out (the root's '.zvfs') is not gone
                 there = await node.lookup(name) is not None
             except NodeError:
