@@ -1017,6 +1017,31 @@ def test_names_found_gone_while_held_are_not_looked_up_again_at_every_listing(tm
     trio.run(main)
 
 
+def test_a_directory_the_kernel_holds_through_a_dotdot_lookup_keeps_its_number(tmp_path, monkeypatch):
+    """An NFS export finds a directory's parent by a lookup of '..', and the kernel counts
+    that reply as a lookup reference (fuse_get_parent: fuse_iget), forgotten later. It was
+    not counted here: once the parent's own entry was forgotten, the parent gone behind the
+    mount had its number freed (and dealt out again) while the kernel still held it."""
+    e = StaticDir({"f": BytesFile(b"f")})
+    top = StaticDir({"d": StaticDir({"e": e}), "x": BytesFile(b"x")})
+    ops = ZvfsOperations(top, MountContext(store=DirectoryStore(tmp_path)))
+    monkeypatch.setattr(pyfuse3, "readdir_reply", lambda token, name, attr, off: True)
+
+    async def main() -> None:
+        dino = (await ops.lookup(pyfuse3.ROOT_INODE, b"d")).st_ino
+        eino = (await ops.lookup(dino, b"e")).st_ino
+        assert (await ops.lookup(eino, b"..")).st_ino == dino  # the kernel holds d twice now
+        await ops.forget([(dino, 1)])  # its dentry's reference; the one of '..' stays
+        del top.entries["d"]
+        fh = await ops.opendir(pyfuse3.ROOT_INODE, None)  # d is gone from the listing
+        await ops.releasedir(fh)
+        assert ops._find(pyfuse3.ROOT_INODE, "d") == dino and ops._name_at[dino - ROOT] == "d"
+        await ops.forget([(dino, 1)])  # the kernel lets go of it: now it is freed
+        assert ops._find(pyfuse3.ROOT_INODE, "d") is None
+
+    trio.run(main)
+
+
 def test_names_gone_behind_the_mount_by_the_thousand_are_unbound_a_slice_at_a_time(tmp_path, monkeypatch):
     """A directory of 200,000 keys of which 150,000 went behind the mount: the next opendir
     looked up and unbound each gone name with no pause, and a read of stats.json beside it

@@ -654,10 +654,13 @@ class ZvfsOperations(pyfuse3.Operations):
         self._counters.add("fuse_lookups")
         self._counters.add("fuse_ops_lookup")
         sname = os.fsdecode(name)
-        if sname == ".":
-            return await self.getattr(parent_inode)
-        if sname == "..":
-            return await self.getattr(self._parent(parent_inode))
+        if sname in (".", ".."):
+            # the kernel asks these only to find a directory's parent for an NFS export
+            # (fuse_get_parent), and counts the reply as a lookup reference it will forget
+            ino = parent_inode if sname == "." else self._parent(parent_inode)
+            entry = await self.getattr(ino)
+            self._lookups[ino - ROOT] += 1
+            return entry
         parent = await self._fresh(parent_inode) if self._stale else self._node(parent_inode)
         if not isinstance(parent, DirNode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
