@@ -468,13 +468,20 @@ class DiskCachedStore(WrappedStore):
                 self._write(key, name, data, writes)
         return data
 
-    def get(self, key: str) -> bytes:
-        info = self._info_of(key, lambda i: self._name(key, version=i.version))
+    def _through(self, key: str, start: int, length: int, unpinned: Callable[[], bytes],
+                 pinned: Callable[[object], bytes]) -> bytes:
+        """Bytes ``start``/``length`` of ``key`` through the cache: by the version a listing
+        gave (``pinned(version)`` fetches them, ``unpinned()`` once the key was replaced),
+        or, with none known, this mount's own entry of ``unpinned()``."""
+        info = self._info_of(key, lambda i: self._name(key, start, length, i.version))
         if info is None:
-            return self._cached(key, self._name(key), lambda: self.inner.get(key))
-        return self._cached(key, self._name(key, version=info.version),
-                            self._pinned(key, info, lambda: self.inner.get_version(key, 0, None, info.version)),
-                            fallback=lambda: self.inner.get(key))
+            return self._cached(key, self._name(key, start, length), unpinned)
+        return self._cached(key, self._name(key, start, length, info.version),
+                            self._pinned(key, info, lambda: pinned(info.version)), fallback=unpinned)
+
+    def get(self, key: str) -> bytes:
+        return self._through(key, -1, -1, lambda: self.inner.get(key),
+                             lambda v: self.inner.get_version(key, 0, None, v))
 
     def get_at_most(self, key: str, limit: int) -> bytes:
         """The whole value, kept as ``get`` keeps it; a version too large is never kept."""
@@ -495,14 +502,8 @@ class DiskCachedStore(WrappedStore):
         return data
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
-        info = self._info_of(key, lambda i: self._name(key, start, length, i.version))
-        if info is None:
-            return self._cached(key, self._name(key, start, length),
-                                lambda: self.inner.get_range(key, start, length))
-        return self._cached(key, self._name(key, start, length, info.version),
-                            self._pinned(key, info, lambda: self.inner.get_version(key, start, length,
-                                                                                    info.version)),
-                            fallback=lambda: self.inner.get_range(key, start, length))
+        return self._through(key, start, length, lambda: self.inner.get_range(key, start, length),
+                             lambda v: self.inner.get_version(key, start, length, v))
 
     def get_suffix(self, key: str, length: int) -> tuple[bytes, int]:
         """With a listed version, the range the listed size puts the tail at; else kept as
