@@ -343,7 +343,7 @@ class ZvfsOperations(pyfuse3.Operations):
 
     async def _number(self, parent: int, entries: Sequence[tuple[str, Node]],
                       meanwhile: list[str]) -> array | None:
-        names: Sequence[str] = entries.names if isinstance(entries, LazyEntries) else _Names(entries)
+        names = _names_of(entries)
         n = len(names)
         generation = self._generation.get(parent, 0)
         found = array("q", bytes(8 * n))  # 0: not bound yet
@@ -425,7 +425,7 @@ class ZvfsOperations(pyfuse3.Operations):
         live += sum(len(run) for _, run in self._runs.get(parent, ()))
         if live - len(entries) <= self._unlisted_kept.get(parent, 0):
             return 0
-        names: Sequence[str] = entries.names if isinstance(entries, LazyEntries) else _Names(entries)
+        names = _names_of(entries)
         n = len(names)
         bound = list(self._ino_of.get(parent, {}).items())
         for first, run in list(self._runs.get(parent, ())):
@@ -476,7 +476,7 @@ class ZvfsOperations(pyfuse3.Operations):
         meanwhile, whose snapshot had the name under its number, left the name out.)"""
         held = self._gone_held
         if len(held) < len(inos):
-            names: Sequence[str] = entries.names if isinstance(entries, LazyEntries) else _Names(entries)
+            names = _names_of(entries)
             n = len(names)
             for ino in [ino for ino in held if self._parent_of[ino - ROOT] == parent]:
                 name = self._name_at[ino - ROOT]
@@ -1233,6 +1233,11 @@ class ZvfsOperations(pyfuse3.Operations):
 LISTING_SLICE = 2048
 #: entries one readdir reply fills between two such chances (each costs more than a name)
 READDIR_SLICE = LISTING_SLICE // 4
+
+
+def _names_of(entries: Sequence[tuple[str, Node]]) -> Sequence[str]:
+    """The names of a directory's ``entries``, read in place (bisect reads them)."""
+    return entries.names if isinstance(entries, LazyEntries) else _Names(entries)
 
 
 class _Names(Sequence[str]):
