@@ -1231,6 +1231,26 @@ def test_disk_cache_keeps_suffixes(tree: Path, tmp_path: Path) -> None:
     assert store.get_suffix("a/big", 7) == (big[-7:], len(big))
 
 
+def _held_store(root: Path, held: str):  # type: ignore[no-untyped-def]
+    """A directory store whose reads of ``held`` return only once released (the bytes
+    read): a fetch in flight. Returns (store, fetched, release) events."""
+    import threading
+
+    from zvfs.stores.base import WrappedStore
+
+    fetched, release = threading.Event(), threading.Event()
+
+    class Held(WrappedStore):
+        def get_range(self, key: str, start: int, length: int) -> bytes:
+            data = self.inner.get_range(key, start, length)
+            if key == held and not release.is_set():
+                fetched.set()
+                assert release.wait(30)
+            return data
+
+    return Held(DirectoryStore(root)), fetched, release
+
+
 def test_disk_cache_keeps_no_bytes_fetched_before_a_write(tmp_path: Path) -> None:
     """A read that fetched a key's old bytes and returns after a write through the mount
     has replaced them: the reader gets what it fetched, but the disk tier does not keep
@@ -1240,26 +1260,13 @@ def test_disk_cache_keeps_no_bytes_fetched_before_a_write(tmp_path: Path) -> Non
 
     from zvfs.cache.disk import DiskCachedStore
     from zvfs.stats import Counters
-    from zvfs.stores.base import WrappedStore
 
     root = tmp_path / "store"
     root.mkdir()
     (root / "k").write_bytes(b"old " * 1000)
-    fetched, release = threading.Event(), threading.Event()
-
-    class HeldAfterFetch(WrappedStore):
-        """The directory store, but a read of "k" returns only once released (after it has
-        read the bytes): the fetch in flight while the key is written."""
-
-        def get_range(self, key: str, start: int, length: int) -> bytes:
-            data = self.inner.get_range(key, start, length)
-            if key == "k" and not release.is_set():
-                fetched.set()
-                assert release.wait(30)
-            return data
-
+    inner, fetched, release = _held_store(root, "k")  # the fetch in flight while "k" is written
     counters = Counters()
-    store = DiskCachedStore(HeldAfterFetch(DirectoryStore(root)), tmp_path / "cache",
+    store = DiskCachedStore(inner, tmp_path / "cache",
                             max_bytes=1 << 30, min_free_bytes=0, persistent=False,
                             counters=counters)
     got: list[bytes] = []
@@ -1279,6 +1286,61 @@ def test_disk_cache_keeps_no_bytes_fetched_before_a_write(tmp_path: Path) -> Non
     # bytes read for one version are named for it
     assert store.get_version("k", 0, 100, "v1") == b"new " * 25
     assert len({store._name("k", 0, 100, "v1"), store._name("k", 0, 100, "v2"), store._name("k", 0, 100)}) == 3
+
+
+def test_disk_cache_close_leaves_no_file_of_a_write_under_way(tmp_path: Path, monkeypatch, caplog) -> None:
+    """Unmount while a read-ahead still fills the disk tier: close() waits for the entry
+    being written, then its directory is gone whole. (It removed the directory at once: a
+    file written between rmtree's scan and its rmdir kept the directory, its lock file
+    gone, so no later mount removed it; CI saw one left.) A fetch still in flight after
+    close() writes nothing and logs nothing."""
+    import threading
+
+    from zvfs.cache import disk
+    from zvfs.stats import Counters
+
+    root = tmp_path / "store"
+    root.mkdir()
+    (root / "k").write_bytes(b"k" * 5000)
+    (root / "late").write_bytes(b"l" * 5000)
+    inner, fetched, release = _held_store(root, "late")
+    store = disk.DiskCachedStore(inner, tmp_path / "cache", max_bytes=1 << 30, min_free_bytes=0,
+                                 persistent=False, counters=Counters())
+    replacing, let_replace = threading.Event(), threading.Event()
+    real_replace = os.replace
+
+    def held_replace(src, dst):  # type: ignore[no-untyped-def]
+        if Path(dst).parent == store.dir:
+            replacing.set()
+            assert let_replace.wait(30)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(disk.os, "replace", held_replace)
+    got: dict[str, bytes] = {}
+    writer = threading.Thread(target=lambda: got.update(k=store.get_range("k", 0, 5000)))
+    late = threading.Thread(target=lambda: got.update(late=store.get_range("late", 0, 5000)))
+    writer.start()
+    late.start()
+    try:
+        assert replacing.wait(30) and fetched.wait(30)
+        closer = threading.Thread(target=store.close)
+        closer.start()
+        closer.join(0.5)
+        assert closer.is_alive(), "close() removed the directory under a write"
+        assert store.dir.exists()
+        let_replace.set()
+        closer.join(30)
+        assert not closer.is_alive()
+        assert not store.dir.exists()
+        release.set()
+        writer.join(30)
+        late.join(30)
+    finally:  # a failure must not leave the threads held for 30 s
+        let_replace.set()
+        release.set()
+    assert got == {"k": b"k" * 5000, "late": b"l" * 5000}
+    assert not store.dir.exists()
+    assert not [r for r in caplog.records if "disk cache" in r.getMessage()], caplog.text
 
 
 # -- URL parsing -------------------------------------------------------------------------

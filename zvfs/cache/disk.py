@@ -67,6 +67,9 @@ _PRIVATE = "mount-"
 #: mark that zvfs made the directory. --cache-dir may hold the user's own files (a
 #: "mount-scripts/" among them), and a directory without the mark is never removed
 _OWNED = b"zvfs: the disk cache of one mount, removed at its unmount\n"
+#: how long close() waits for the entries being written (each is one value's bytes)
+_CLOSE_WAIT = 30
+
 #: suffix of an entry of a key with no known version: never reused by a later mount
 _LOCAL = ".m"
 
@@ -183,6 +186,9 @@ class DiskCachedStore(WrappedStore):
         self._bytes = 0
         #: bytes being written now: the disk's free space does not show them yet
         self._writing = 0
+        #: set by close(): no entry is written after it, and it waits for those under way
+        self._closing = False
+        self._written = threading.Condition(self._lock)
         self._once = LogOnce(log)
         self._load_index()
 
@@ -401,7 +407,7 @@ class DiskCachedStore(WrappedStore):
         its fetch began (``writes`` is the count then)."""
         size = _HEAD.size + len(data)
         with self._lock:
-            if self._writes.get(key, 0) != writes:
+            if self._closing or self._writes.get(key, 0) != writes:
                 return
             self._names_of.setdefault(key, set()).add(name)
             if name in self._entries:
@@ -440,6 +446,7 @@ class DiskCachedStore(WrappedStore):
         finally:
             with self._lock:
                 self._writing -= size
+                self._written.notify_all()
 
     def _cannot_write(self, exc: OSError) -> None:
         self._once.warning(f"\0{exc.errno}", "disk cache: cannot write in %s: %s; what does "
@@ -547,6 +554,15 @@ class DiskCachedStore(WrappedStore):
         return data if limit is None or length is not None else data[:limit]
 
     def close(self) -> None:
+        """Remove this mount's own directory, once the entries being written are: a
+        fetch still in flight at unmount (a read-ahead the kernel no longer waits for)
+        wrote its file between rmtree's scan and its rmdir, and the directory stayed,
+        its lock file gone, so no later mount took it for a leftover."""
+        with self._lock:
+            self._closing = True
+            if not self._written.wait_for(lambda: self._writing == 0, _CLOSE_WAIT):
+                log.warning("disk cache: an entry of %s still being written after %d s; "
+                            "removing it anyway", self.dir, _CLOSE_WAIT)
         try:
             self.inner.close()
         finally:
