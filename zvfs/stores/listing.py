@@ -429,9 +429,9 @@ class SortedNames(Sequence[str]):
         kept = self._kept() if self._drop else iter(self._base)
         return heapq.merge(kept, self._extra) if self._extra else kept
 
-    def __getitem__(self, i):  # type: ignore[no-untyped-def,override]
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self._n))]
+    def locate(self, i: int) -> tuple[bool, int]:
+        """Where the i-th name is: (True, j) for ``extra[j]``, else (False, its index in
+        ``base``)."""
         if i < 0:
             i += self._n
         if not 0 <= i < self._n:
@@ -439,9 +439,15 @@ class SortedNames(Sequence[str]):
         if self._at:
             j = bisect_left(self._at, i)
             if j < len(self._at) and self._at[j] == i:
-                return self._extra[j]
+                return True, j
             i -= j
-        return self._base[i + bisect_right(self._shift, i)] if self._shift else self._base[i]
+        return False, i + bisect_right(self._shift, i) if self._shift else i
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def,override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._n))]
+        extra, k = self.locate(i)
+        return self._extra[k] if extra else self._base[k]
 
 
 def _unique(names: Iterator[str]) -> Iterator[str]:

@@ -9,12 +9,10 @@ their own modules.
 from __future__ import annotations
 
 import errno
-import heapq
 import itertools
 import logging
 import math
 import time
-from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -25,6 +23,7 @@ from zvfs.decoders.pool import DecoderPool, NotServed
 from zvfs.formats import ZarrArray
 from zvfs.formats.meta import ArrayMeta
 from zvfs.stores.base import is_store_failure
+from zvfs.stores.listing import SortedNames
 from zvfs.views.context import MountContext
 from zvfs.views.layout import Box, chunk_span, chunks_in_box, range_boxes
 from zvfs.views.node import BytesFile, DirNode, FileNode, LazyEntries, Node, NodeError
@@ -663,52 +662,37 @@ class ChunkGridDir(DirNode):
         return LazyEntries(names, entry)
 
 
-class GridNames(Sequence[str]):
-    """The sorted names of a chunk grid's files (``chunk_name`` of every index) merged with
-    a few ``extra`` names (sorted), each made when read.
+class _Grid(Sequence[str]):
+    """The sorted names of a chunk grid's files (``chunk_name`` of every index), each
+    made when read.
 
     Sorted as strings, the names of the grid go dimension by dimension, each dimension's
     numbers in the order of their decimal strings ('.' sorts before every digit, so '1.5'
-    comes before '10.2'): one short sorted list per dimension gives the i-th name."""
+    comes before '10.2'): one short sorted list per dimension gives the k-th name."""
 
-    __slots__ = ("_orders", "_texts", "_sizes", "_n", "_extra", "_at", "_last", "_last_k")
+    __slots__ = ("_orders", "_texts", "_sizes", "_n", "_last", "_last_k")
 
-    def __init__(self, grid: tuple[int, ...] | None, extra: list[str]) -> None:
+    def __init__(self, grid: tuple[int, ...] | None) -> None:
         # grid None: too many chunks to list; () is a 0-d array's one chunk, named '0'
         self._orders = [sorted(range(n), key=str) for n in grid] if grid is not None else []
         self._texts = [[str(i) for i in order] for order in self._orders]
         self._sizes = [len(o) for o in self._orders][::-1]  # last dimension first
         self._n = 0 if grid is None else math.prod(grid)
-        self._extra = extra
         self._last: list[int] = []
         self._last_k = -2
-        #: the position of each extra name among all the names
-        self._at = [self._grid_bisect(name) + j for j, name in enumerate(extra)]
 
     def __len__(self) -> int:
-        return self._n + len(self._extra)
+        return self._n
 
     def __iter__(self) -> Iterator[str]:
         """In order, as a listing reads them: a name for each, without a search."""
-        grid: Iterator[str] = (
-            map(".".join, itertools.product(*self._texts)) if self._orders else iter(["0"] * self._n))
-        if not self._extra:
-            return grid
-        return heapq.merge(grid, self._extra)
-
-    def _grid_bisect(self, name: str) -> int:
-        lo, hi = 0, self._n
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self._grid_name(mid) < name:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        if self._orders:
+            return map(".".join, itertools.product(*self._texts))
+        return iter(["0"] * self._n)
 
     def _digits(self, k: int) -> list[int]:
-        """The position of the k-th grid name in each dimension's order (a listing reads
-        the names one after the other: then the last one's, moved on by one)."""
+        """The position of the k-th name in each dimension's order (a listing reads the
+        names one after the other: then the last one's, moved on by one)."""
         last = self._last
         if k == self._last_k + 1 and last:
             self._last_k = k
@@ -728,40 +712,35 @@ class GridNames(Sequence[str]):
         self._last, self._last_k = digits, k  # moved on in place by the next name's
         return digits
 
-    def _grid_name(self, k: int) -> str:
-        if not self._orders:
-            return "0"
-        return ".".join([t[d] for t, d in zip(self._texts, self._digits(k), strict=True)])
+    def __getitem__(self, k):  # type: ignore[no-untyped-def,override]
+        if isinstance(k, slice):
+            return [self[j] for j in range(*k.indices(self._n))]
+        if not 0 <= k < self._n:
+            raise IndexError(k)
+        return self.entry(k)[0]
 
-    def _locate(self, i: int) -> tuple[int, int]:
-        """(-1, j) for the j-th extra name, else (0, k) for the k-th name of the grid."""
-        if i < 0:
-            i += self._n + len(self._extra)
-        if not 0 <= i < self._n + len(self._extra):
-            raise IndexError(i)
-        if not self._at:
-            return 0, i
-        j = bisect_left(self._at, i)
-        if j < len(self._at) and self._at[j] == i:
-            return -1, j
-        return 0, i - j
-
-    def __getitem__(self, i):  # type: ignore[no-untyped-def,override]
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        kind, k = self._locate(i)
-        return self._extra[k] if kind < 0 else self._grid_name(k)
-
-    def entry(self, i: int) -> tuple[str, tuple[int, ...] | None]:
-        """The i-th name and its chunk index (None for an extra name)."""
-        kind, k = self._locate(i)
-        if kind < 0:
-            return self._extra[k], None
+    def entry(self, k: int) -> tuple[str, tuple[int, ...]]:
+        """The k-th name and its chunk index."""
         if not self._orders:
             return "0", ()
         digits = self._digits(k)
         return (".".join([t[d] for t, d in zip(self._texts, digits, strict=True)]),
                 tuple([o[d] for o, d in zip(self._orders, digits, strict=True)]))
+
+
+class GridNames(SortedNames):
+    """A chunk grid's names (``grid`` None: too many to list, none) merged with a few
+    sorted ``extra`` names, as a chunks/ directory or a v2 mirror's array lists them."""
+
+    __slots__ = ()
+
+    def __init__(self, grid: tuple[int, ...] | None, extra: list[str]) -> None:
+        super().__init__(_Grid(grid), [], extra)
+
+    def entry(self, i: int) -> tuple[str, tuple[int, ...] | None]:
+        """The i-th name and its chunk index (None for an extra name)."""
+        extra, k = self.locate(i)
+        return (self._extra[k], None) if extra else self._base.entry(k)  # type: ignore[attr-defined]
 
 
 def array_files(array: DecodedArray) -> dict[str, Node]:
