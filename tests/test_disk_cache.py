@@ -32,8 +32,30 @@ def _read_all(mnt: Path, ref: Path) -> None:
         assert (mnt / key).read_bytes() == path.read_bytes(), key
 
 
+def _cache_files(cache: Path) -> list[Path]:
+    """The entry files under ``cache``, read while unmounting daemons remove their
+    directories: one removed during the walk is skipped (``rglob`` raised FileNotFoundError
+    when a directory it had listed was gone before it went in)."""
+    return [path for top, _, names in os.walk(cache) for name in names
+            if name != ".lock" and (path := Path(top, name)).is_file()]
+
+
+def _entry_sizes(cache: Path) -> dict[Path, int]:
+    """The size of each regular entry file (not a symlink) under ``cache``, less those a
+    live mount evicts while they are read."""
+    sizes = {}
+    for path in _cache_files(cache):
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            sizes[path] = st.st_size
+    return sizes
+
+
 def _cache_bytes(cache_dir: Path) -> int:
-    return sum(p.stat().st_size for p in cache_dir.rglob("*") if p.is_file())
+    return sum(_entry_sizes(cache_dir).values())
 
 
 def test_persistent_disk_cache_serves_a_second_mount(mount, moto, s3_env, zarr_s3, zarr_dir, tmp_path):
@@ -107,11 +129,10 @@ def _values(n: int, base: int = 100_000) -> dict[str, bytes]:
 
 def _entries_by_key(cache: Path, values: dict[str, bytes]) -> dict[str, Path]:
     found = {}
-    for p in cache.rglob("*"):
-        if p.is_file() and not p.is_symlink():
-            for key, value in values.items():
-                if 0 <= p.stat().st_size - len(value) < HEADROOM:
-                    found[key] = p
+    for p, size in _entry_sizes(cache).items():
+        for key, value in values.items():
+            if 0 <= size - len(value) < HEADROOM:
+                found[key] = p
     return found
 
 
@@ -284,10 +305,6 @@ def test_one_bucket_name_on_two_endpoints_is_two_caches(mount, moto, s3_env, tmp
     finally:
         mount.cleanup()
         other.stop()
-
-
-def _cache_files(cache: Path) -> list[Path]:
-    return [p for p in cache.rglob("*") if p.is_file() and p.name != ".lock"]
 
 
 def test_mounts_sharing_a_cache_dir(mount, moto, s3_env, bucket, tmp_path):
