@@ -171,6 +171,13 @@ def daemon_pids(mountpoint: os.PathLike | str) -> list[int]:
     return pids
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time process ``pid`` has used so far, all its threads. A bound on
+    the work a daemon did, unlike wall time, does not move with the machine's load."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
