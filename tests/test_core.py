@@ -349,12 +349,15 @@ def test_prefetch_stays_within_the_mount_budget(tmp_path):
         async with trio.open_nursery() as nursery:
             ctx.nursery = nursery
             assert [ctx.prefetch(1 << 20, slow, i) for i in range(5)] == [True] * 3 + [False] * 2
-            await trio.sleep(0)
+            # waits until the read-aheads have run as far as they can, not a sleep: a loop
+            # held 50 ms on a busy machine woke this task in the same batch as them, and
+            # maybe before them (their shares not yet given back)
+            await trio.testing.wait_all_tasks_blocked()
             release.set()
-            await trio.sleep(0.05)
+            await trio.testing.wait_all_tasks_blocked()
             assert ctx.prefetch(1 << 20, slow, 9)  # what finished gave its share back
             # one read-ahead bigger than the whole budget still goes, when nothing else is in flight
-            await trio.sleep(0.05)
+            await trio.testing.wait_all_tasks_blocked()
             assert ctx.prefetch(10 << 20, slow, 10)
 
     trio.run(main)
