@@ -13,6 +13,7 @@ not tested there: moto's auth mode answers an unsigned request with a 500.)
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import shutil
@@ -39,6 +40,8 @@ from conftest import (
     wait_until,
     zvfs_cmd,
 )
+
+from zvfs.mounts import mount_table
 
 FAST = 60  # an error must come back within this many seconds (no endless retries)
 
@@ -490,6 +493,33 @@ def test_a_hung_mount_is_told_hung_refused_and_unmounted(zarr_dir, mount) -> Non
     finally:
         os.kill(pid, signal.SIGCONT)
     assert wait_until(lambda: not _pid_alive(pid), 20), "the daemon did not end once unmounted"
+
+
+def test_hung_mounts_cost_status_one_timeout_not_one_each(zarr_dir, mount) -> None:
+    """`zvfs status` probed the mounts one after the other: three hung ones took three
+    timeouts (and many healthy ones on a busy machine added up: 47 s seen). They are
+    probed side by side now: one timeout, each still told hung, in the mount table's
+    order."""
+    mounts = [mount(zarr_dir) for _ in range(3)]
+    pids = [pid for m in mounts for pid in daemon_pids(m.path)]
+    assert len(pids) == 3
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        res = run([tool("zvfs"), "status", "--json", "--timeout", "4"], timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    assert res.returncode == 1, res
+    infos = {i["mountpoint"]: i for i in json.loads(res.stdout)}
+    for m in mounts:
+        assert infos[str(m.path)]["health"] == "hung", infos[str(m.path)]
+    mine = {str(m.path) for m in mounts}
+    assert [i["mountpoint"] for i in json.loads(res.stdout) if i["mountpoint"] in mine] == \
+        [e.mountpoint for e in mount_table() if e.mountpoint in mine]
+    assert took < 8, f"three hung mounts took {took:.1f} s (one after the other: 12 s at least)"
 
 
 def test_a_dead_mount_still_in_use_is_unmounted(zarr_dir, mount) -> None:
