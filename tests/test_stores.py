@@ -1887,13 +1887,21 @@ def test_s3_walk_stops_listing_once_its_reader_lets_go() -> None:
         time.sleep(0.01)
         return inner(prefix)
 
+    import threading
+
+    before = set(threading.enumerate())
     it = s3_walk.walk(list_dir, "", "", threads=4)
     assert [k for k, _ in itertools.islice(it, 5)] == keys[:5]
+    workers = [t for t in threading.enumerate() if t.name == "zvfs-list" and t not in before]
+    assert len(workers) == 4, workers
     it.close()
-    time.sleep(0.2)  # the listings under way (10 ms each) end
-    settled = len(calls)
-    time.sleep(0.2)
-    assert len(calls) == settled < 100, settled
+    # the walk's threads end after the listing each is in: once they have, no listing can
+    # start. (Two sleeps of 0.2 s stood for that, and a thread held up for longer between
+    # its check of the stop and its call, on a busy machine, would have listed after them.)
+    for t in workers:
+        t.join(10)
+    assert not any(t.is_alive() for t in workers), "the walk's threads go on after close()"
+    assert len(calls) < 100, len(calls)  # 201 directories: they stopped early
 
 
 def test_zip_blocks_read_out_of_order_are_inflated_once(tmp_path: Path) -> None:
