@@ -1987,28 +1987,55 @@ class _Conn:
         self.sock = sock
 
 
-def test_the_watchdog_cuts_off_a_request_at_its_deadline_and_only_then() -> None:
+class _FrozenClock:
+    """time.monotonic for the watchdog, standing still until the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_the_watchdog_cuts_off_a_request_at_its_deadline_and_only_then(monkeypatch) -> None:
     """stores/watchdog.py: a connection the request's thread took, blocked past the
     deadline, is shut down (the read returns) and end() says the request was cut off; a
     connection given back to its pool before the deadline is left alone, even when the
     deadline passes while the request goes on; a request done in time is not cut off; one
-    that takes a connection after its deadline gets it shut at once."""
+    that takes a connection after its deadline gets it shut at once.
+
+    The watchdog's clock stands still until the test moves it past a deadline: with real
+    deadlines 0.1-0.3 s away, this thread held up that long between start() and
+    given_back() (a busy machine) had its connection cut "before" the deadline, and a
+    sleep of 0.3 s stood for the watchdog's thread having seen a deadline pass."""
     import socket
 
+    from zvfs.stores import watchdog
     from zvfs.stores.watchdog import Watchdog
 
+    clock = _FrozenClock()
+    monkeypatch.setattr(watchdog, "time", clock)
     dog = Watchdog()
+
+    def pass_deadline(deadline: float) -> None:
+        clock.now = deadline
+        with dog._cond:  # its thread waits (in real time) for the deadline it knows: look again
+            dog._cond.notify_all()
+
     pairs = [socket.socketpair() for _ in range(4)]
     late, back, kept, after = (_Conn(a) for a, _ in pairs)
     try:
-        t0 = time.monotonic()
-        watch = dog.start(t0 + 0.3)
+        watch = dog.start(clock.now + 0.3)
         dog.taken(back)
         dog.given_back(back)  # its answer was read: back in the pool, free for others
         dog.taken(late)
+        late.sock.settimeout(0.5)
+        with pytest.raises(TimeoutError):  # not cut before its deadline
+            late.sock.recv(10)
+        assert not watch.fired
+        pass_deadline(clock.now + 0.3)
         late.sock.settimeout(10)
         assert late.sock.recv(10) == b""  # blocked until the watchdog shut it down
-        assert 0.25 < time.monotonic() - t0 < 5
         dog.taken(after)  # a retry's connection, past the deadline
         after.sock.settimeout(10)
         assert after.sock.recv(10) == b""
@@ -2016,20 +2043,21 @@ def test_the_watchdog_cuts_off_a_request_at_its_deadline_and_only_then() -> None
         pairs[1][1].sendall(b"not cut")
         assert back.sock.recv(10) == b"not cut"
 
-        with dog.watching(time.monotonic() + 30) as ok:
+        with dog.watching(clock.now + 30) as ok:
             dog.taken(kept)
         assert ok.cut is False
-        slow = dog.start(time.monotonic() + 0.1)
+        slow = dog.start(clock.now + 0.1)
         dog.taken(kept)
         dog.given_back(kept)
-        time.sleep(0.3)  # the deadline passes while no connection is held
-        assert slow.fired and dog.end(slow) is False
+        pass_deadline(clock.now + 0.1)  # the deadline passes while no connection is held
+        assert wait_until(lambda: slow.fired, 10)
+        assert dog.end(slow) is False
         pairs[2][1].sendall(b"still here")
         assert kept.sock.recv(10) == b"still here"
         dog.taken(kept)  # no request watching this thread now: nothing to cut
         assert dog.end(slow) is False
         for _ in range(5000):  # requests done long before their deadlines leave no trace
-            with dog.watching(time.monotonic() + 60):
+            with dog.watching(clock.now + 60):
                 dog.taken(kept)
                 dog.given_back(kept)
         assert len(dog._heap) <= 4 * 256 and not dog._holder
