@@ -564,7 +564,19 @@ def _mount_daemon(args: argparse.Namespace, opts: dict[str, Any]) -> int:
     earlystop.forget()
     stops = {s: signal.signal(s, _interrupt) for s in _STOPS}
     pid = -1
+    global _forking
     try:
+        # The stops are blocked across the fork, and the child unblocks them once its own
+        # handlers are in (in _daemon). A SIGTERM this process passed on to a child that had
+        # not yet run again after fork() (a busy machine) reached it with _interrupt still
+        # in place and was dropped by CPython's reset of a child's pending signals: the
+        # daemon mounted on while this process waited for it (2 runs in 15 of a lifecycle
+        # test under load). Blocked, it waits in the kernel until the child unblocks it. In
+        # this process a stop that comes while forking (one another thread, such as
+        # warmup's, took) is held until the child's PID is known, so the child is always
+        # stopped with it.
+        _forking = True
+        signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
         pid = os.fork()
         if pid == 0:
             for signum, handler in stops.items():
@@ -572,7 +584,11 @@ def _mount_daemon(args: argparse.Namespace, opts: dict[str, Any]) -> int:
             earlystop.watch()  # the daemon mounts nothing before its SignalStop is in
             os.close(read_fd)
             _daemon(args, opts, spec, mountpoint, write_fd)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
+        _forking = False
         os.close(write_fd)
+        if _interrupted_while_forking():
+            raise KeyboardInterrupt
         return _await_ready(pid, read_fd, mountpoint, tell_log=not opts["log_file"])
     except KeyboardInterrupt:
         if pid <= 0:
@@ -587,6 +603,9 @@ def _mount_daemon(args: argparse.Namespace, opts: dict[str, Any]) -> int:
         _warn(f"interrupted: no mount was left at {mountpoint} (its daemon stopped)")
         return 130
     finally:
+        _forking = False
+        _interrupted_while_forking()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)  # the fork failed
         for signum, handler in stops.items():
             signal.signal(signum, handler)
         os.close(read_fd)
@@ -595,9 +614,24 @@ def _mount_daemon(args: argparse.Namespace, opts: dict[str, Any]) -> int:
 #: what stops a waiting ``zvfs mount``, besides Ctrl-C (SIGINT)
 _STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
+#: set while ``zvfs mount`` forks its daemon: a stop then is held (see _mount_daemon)
+_forking = False
+#: a stop held while forking
+_held: list[int] = []
 
-def _interrupt(_signum: int, _frame: object) -> None:
+
+def _interrupt(signum: int, _frame: object) -> None:
+    if _forking:
+        _held.append(signum)
+        return
     raise KeyboardInterrupt
+
+
+def _interrupted_while_forking() -> bool:
+    """Whether a stop was held while forking (forgotten once asked)."""
+    held = bool(_held)
+    _held.clear()
+    return held
 
 
 def _daemon(args: argparse.Namespace, opts: dict[str, Any], spec: Any, mountpoint: str,
@@ -612,6 +646,10 @@ def _daemon(args: argparse.Namespace, opts: dict[str, Any], spec: Any, mountpoin
         for fd in (0, 1, 2):
             os.dup2(null, fd)
         os.close(null)
+        # the stops, blocked across the fork (see _mount_daemon), come now: not before its
+        # stderr is the caller's no more, where earlystop's line would be a second one
+        # after the "interrupted" that `zvfs mount` says
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
         # what the caller held open (a lock, a pipe) is not the daemon's to keep for the
         # whole mount: a `flock 9 zvfs mount ...` in a cron script kept its lock until unmount
         os.closerange(3, ready_fd)
