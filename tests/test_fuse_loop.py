@@ -321,7 +321,10 @@ def _apart(pids: list[int]) -> Iterator[None]:
     assert len(ids) >= 2 and pids, (ids, pids)
     threads = [int(t) for pid in pids for t in os.listdir(f"/proc/{pid}/task")]
     for tid in threads:
-        os.sched_setaffinity(tid, {ids[1]})
+        try:
+            os.sched_setaffinity(tid, {ids[1]})
+        except ProcessLookupError:
+            pass  # a worker thread that ended since the listing (idle for 10 s, trio ends it)
     os.sched_setaffinity(0, {ids[0]})
     try:
         yield
