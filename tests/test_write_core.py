@@ -255,7 +255,7 @@ def test_staging_full_is_enospc_and_frees_what_it_held(s3):
     assert staging.used == 0
 
 
-def test_staging_full_waits_a_moment_for_space_being_given_back(tmp_path):
+def test_staging_full_waits_a_moment_for_space_being_given_back(tmp_path, monkeypatch):
     """A file's staged space comes back at its release, just after its close() returned: a
     write that finds staging full waits for it up to RELEASE_WAIT, then refuses (a cp of one
     big file after another near the bound failed with ENOSPC now and then; an audit)."""
@@ -266,10 +266,15 @@ def test_staging_full_waits_a_moment_for_space_being_given_back(tmp_path):
 
     staging = Staging(str(tmp_path), max_bytes=10 * MiB, min_free=0)
     staging.grow("old", 8 * MiB)
+    # the release comes from a timer 0.2 s on: with the real wait of 1 s, a timer thread
+    # held up 0.8 s more (a busy machine) made the write refuse. Here the wait outlasts
+    # any such delay; returning before it ends is returning at the release.
+    monkeypatch.setattr(staging_mod, "RELEASE_WAIT", 60.0)
     threading.Timer(0.2, staging.grow, ("old", -8 * MiB)).start()
     t0 = time.monotonic()
     staging.grow("new", 8 * MiB)  # waits for the release
     assert 0.1 < time.monotonic() - t0 < staging_mod.RELEASE_WAIT
+    monkeypatch.undo()
     t0 = time.monotonic()
     with pytest.raises(WriteRefused) as err:
         staging.grow("more", 8 * MiB)  # nothing is given back: refused after the wait
