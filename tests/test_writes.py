@@ -987,6 +987,31 @@ def test_dir_rename_is_atomic(dirstore: Store, mount) -> None:
     assert (dirstore.root / "target").read_bytes() == versions[1 + 59 % 3]
 
 
+def test_an_open_that_found_a_file_before_it_was_renamed_over_reads_it(dirstore: Store, mount) -> None:
+    """The kernel may look a name up, then a rename over it through the mount runs, then
+    the open it sends is for the inode it found: on a local file system that open reads the
+    file it found. zvfs told it ESTALE, and the kernel looked the name up once more, so a
+    reader of a name renamed over again and again got ESTALE itself now and then
+    (test_dir_rename_is_atomic, 2 runs in 15 of three at once). Here the lookup and the
+    open are apart for sure: an O_PATH descriptor, opened again through /proc/self/fd after
+    the rename (nothing to look up again: ESTALE reached the reader every time). An unlinked
+    name's open is still told ESTALE, then ENOENT when the kernel looks again."""
+    old, new = b"old " * 25_000, b"new " * 10
+    dirstore.put("target", old)
+    m = dirstore.mount(mount)
+    found = os.open(m.path / "target", os.O_PATH)
+    try:
+        (m.path / "incoming").write_bytes(new)
+        os.replace(m.path / "incoming", m.path / "target")
+        with open(f"/proc/self/fd/{found}", "rb") as f:
+            assert f.read() == old
+            assert os.fstat(f.fileno()).st_size == len(old)
+    finally:
+        os.close(found)
+    assert (m.path / "target").read_bytes() == new
+    assert (dirstore.root / "target").read_bytes() == new
+
+
 # =========================================================================== S3 only
 
 

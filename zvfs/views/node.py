@@ -149,6 +149,12 @@ class FileNode(Node):
     def released(self) -> None:  # noqa: B027 - optional hook
         """The open that :meth:`reader` returned this node for was closed."""
 
+    async def lasting_reader(self) -> FileNode | None:
+        """What :meth:`reader` gives, opened now, if it goes on reading these bytes once
+        the name is removed or replaced (a local file's descriptor); None where nothing
+        does (an S3 object overwritten is gone)."""
+        return None
+
     async def open_write(self, truncate: bool) -> FileHandle:
         """Open for writing (the fs layer calls it for opens with write flags)."""
         raise read_only()

@@ -152,6 +152,15 @@ class RawFile(FileNode):
     def detach(self) -> None:
         self._set_marks(True, self._epoch, self._born)
 
+    async def lasting_reader(self) -> FileNode | None:
+        store = self.ctx.store
+        if not store.opens_readers or (self.ctx.writable and store.stages_writes):
+            return None
+        try:
+            return await self.reader()
+        except NodeError:  # gone already: nothing to keep
+            return None
+
     async def reader(self) -> FileNode:
         """An open reads the version there is now, whatever happens to the key meanwhile.
 
