@@ -824,13 +824,17 @@ class ZvfsOperations(pyfuse3.Operations):
         kept = None
         if not self._bound(inode):
             # its name was removed or replaced through the mount after the kernel looked it
-            # up. A file renamed over was kept open, where that can be: it is read, as on a
-            # local file system. Else ESTALE makes the kernel look the path up again and
-            # open what is there now
-            kept = self._kept.pop(inode, None)
-            if kept is None or flags & _WRITE_FLAGS:
-                if kept is not None:
-                    kept.released()
+            # up. A file renamed over was kept open, where that can be: every open reads
+            # it, as on a local file system (each its own descriptor, what is kept staying
+            # until the kernel forgets the inode: a second reader that found it, or an
+            # O_PATH descriptor reopened). Else, and for writing, ESTALE makes the kernel
+            # look the path up again and open what is there now
+            kept = self._kept.get(inode)
+            if kept is not None and not flags & _WRITE_FLAGS:
+                kept = kept.again()
+            else:
+                kept = None
+            if kept is None:
                 raise pyfuse3.FUSEError(errno.ESTALE)
         handle = None
         if kept is not None:

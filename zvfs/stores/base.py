@@ -181,6 +181,11 @@ class KeyReader(ABC):
         """fsync() of the key through this reader (a local file's descriptor: its
         write-back errors); nothing for a store that keeps no local file."""
 
+    def again(self) -> KeyReader | None:
+        """Another reader of the same content, closed on its own (a local file's descriptor
+        duplicated: it reads the file even once no name has it); None where there is none."""
+        return None
+
     @abstractmethod
     def close(self) -> None: ...
 

@@ -802,6 +802,20 @@ class _FileReader(KeyReader):
         except OSError as e:
             raise _refused(self.key, e) from None
 
+    def again(self) -> _FileReader | None:
+        if self._fd < 0:
+            return None
+        try:
+            fd = os.dup(self._fd)
+        except OSError:  # out of descriptors
+            return None
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            os.close(fd)
+            return None
+        return _FileReader(self.key, fd, st)
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)

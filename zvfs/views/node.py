@@ -155,6 +155,11 @@ class FileNode(Node):
         does (an S3 object overwritten is gone)."""
         return None
 
+    def again(self) -> FileNode | None:
+        """Another open of what this reader (a :meth:`lasting_reader`) reads, released on
+        its own; None where there is none."""
+        return None
+
     async def open_write(self, truncate: bool) -> FileHandle:
         """Open for writing (the fs layer calls it for opens with write flags)."""
         raise read_only()

@@ -567,6 +567,14 @@ class LocalReader(FileNode):
         except StoreError as exc:
             raise NodeError(errno.EIO, str(exc), key=self.key) from exc
 
+    def again(self) -> LocalReader | None:
+        reader = self._reader.again()
+        if reader is None:
+            return None
+        node = LocalReader(self.key, reader, self.mtime, self._workers)
+        node.direct_io = self.direct_io
+        return node
+
     def released(self) -> None:
         self._reader.close()
 
