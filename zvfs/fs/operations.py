@@ -703,8 +703,8 @@ class ZvfsOperations(pyfuse3.Operations):
                 continue
             self._lookups[i] = 0
             self._page_epochs.pop(ino, None)  # the kernel's inode, and its pages, are gone
-            if self._kept and (kept := self._kept.pop(ino, None)) is not None:
-                kept.released()
+            if self._kept:
+                self._let_go(ino)
             self._stale.discard(ino)
             self._told[i] = -1
             if ino != ROOT:
@@ -830,18 +830,11 @@ class ZvfsOperations(pyfuse3.Operations):
             # O_PATH descriptor reopened). Else, and for writing, ESTALE makes the kernel
             # look the path up again and open what is there now
             kept = self._kept.get(inode)
-            if kept is not None and not flags & _WRITE_FLAGS:
-                kept = kept.again()
-            else:
-                kept = None
+            kept = kept.again() if kept is not None and not flags & _WRITE_FLAGS else None
             if kept is None:
                 raise pyfuse3.FUSEError(errno.ESTALE)
         handle = None
-        if kept is not None:
-            node = kept
-            before = None
-            keep = self._keep_pages(inode, node)
-        elif flags & _WRITE_FLAGS:
+        if flags & _WRITE_FLAGS:
             if not node.writable:
                 raise pyfuse3.FUSEError(errno.EROFS)
             truncate = bool(flags & os.O_TRUNC)
@@ -849,8 +842,11 @@ class ZvfsOperations(pyfuse3.Operations):
             handle.appending = bool(flags & os.O_APPEND)
             keep = self._keep_pages(inode, node)
         else:
-            node.opened()
-            node = await self._call(lambda: f"open {self._path(inode)}", node.reader())
+            if kept is None:
+                node.opened()
+                node = await self._call(lambda: f"open {self._path(inode)}", node.reader())
+            else:
+                node = kept
             # after reader(): the pages kept are those of the content this open reads
             before = self._page_epochs.get(inode)
             keep = self._keep_pages(inode, node)
@@ -1119,7 +1115,8 @@ class ZvfsOperations(pyfuse3.Operations):
         return ino
 
     def _let_go(self, ino: int | None) -> None:
-        """Close what _keep_open kept of ``ino`` (the rename failed)."""
+        """Close what _keep_open kept of ``ino`` (the kernel forgot it, or the rename
+        failed)."""
         if ino is not None and (kept := self._kept.pop(ino, None)) is not None:
             kept.released()
 

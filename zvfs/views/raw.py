@@ -152,9 +152,14 @@ class RawFile(FileNode):
     def detach(self) -> None:
         self._set_marks(True, self._epoch, self._born)
 
-    async def lasting_reader(self) -> FileNode | None:
+    def _reads_locally(self) -> bool:
+        """An open reads through a descriptor of its own (a directory store's file), not
+        staged bytes nor a pinned remote version."""
         store = self.ctx.store
-        if not store.opens_readers or (self.ctx.writable and store.stages_writes):
+        return store.opens_readers and not (self.ctx.writable and store.stages_writes)
+
+    async def lasting_reader(self) -> FileNode | None:
+        if not self._reads_locally():
             return None
         try:
             return await self.reader()
@@ -181,7 +186,7 @@ class RawFile(FileNode):
         store = self.ctx.store
         staged = self.ctx.writable and store.stages_writes
         local = None
-        if store.opens_readers and not staged:
+        if self._reads_locally():
             # on this thread where that cannot block (a path the kernel has cached), as a
             # thread hop is most of what such an open costs; else in a worker
             local = store.open_reader_at_once(self.key) or \
