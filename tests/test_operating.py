@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import threading
 import urllib.request
 from pathlib import Path
@@ -35,6 +34,7 @@ from conftest import (
     wait_until,
     zvfs_cmd,
 )
+from moto_server import free_port
 
 EX_CONFIG = 78
 
@@ -53,12 +53,6 @@ def one_line(res, *words: str, code: int | None = None) -> str:
     for w in words:
         assert re.search(w, err, re.I), f"{w!r} not in: {err}"
     return err
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --------------------------------------------------------------------------- version, help, options
@@ -103,6 +97,7 @@ def test_help_shows_every_default_and_choice() -> None:
     (["--decoded", "sideways"], [r"--decoded", "hidden, visible, off"]),
     (["--log-level", "chatty"], [r"--log-level", "debug, info, warning, error"]),
     (["--metrics-addr", "here"], [r"--metrics-addr", "HOST:PORT"]),
+    (["--metrics-addr", "127.0.0.1:65536"], [r"--metrics-addr", "HOST:PORT", "0 .any free one. to 65535"]),
     (["--s3-attempts", "0"], [r"--s3-attempts", r">= 1"]),
     (["-o", "s3_timeout=0"], [r"s3_timeout", r"> 0"]),
     (["-o", "no_such_option=1"], [r"no_such_option", "--help"]),
@@ -167,6 +162,7 @@ def test_plain_file_that_is_no_zip(tmp_path) -> None:
 
 
 def test_unreachable_endpoint_is_not_a_config_error(tmp_path, s3_env) -> None:
+    """A closed port: one picked beforehand (nothing must listen on it, so nothing binds it)."""
     (tmp_path / "m").mkdir()
     res = zvfs("mount", "s3://b/p", tmp_path / "m", "--endpoint-url", f"http://127.0.0.1:{free_port()}",
                env=s3_env)
@@ -333,11 +329,25 @@ def test_status_lists_health_source_options_and_traffic(zarr_dir, zarr_s3, moto,
 # --------------------------------------------------------------------------- metrics
 
 
-def scrape(port: int) -> dict[tuple[str, tuple], float]:
+def metrics_url(mnt: Path) -> str:
+    """Where the mount serves its metrics, as `zvfs status` reports it: a mount asked for
+    port 0 is found there (a port picked by the test and handed over could be taken first)."""
+    res = zvfs("status", "--json", mnt)
+    assert res.returncode == 0, res.stderr
+    (info,) = json.loads(res.stdout)
+    assert info["metrics"], info
+    return info["metrics"]
+
+
+def scrape_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.read().decode()
+
+
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
     from prometheus_client.parser import text_string_to_metric_families
 
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
+    text = scrape_text(url)
     out = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -351,14 +361,15 @@ def total(samples: dict, name: str, **labels: str) -> float:
 
 
 def test_metrics_endpoint_moves_with_a_workload(zarr_s3, zarr_dir, moto, s3_env, mount) -> None:
-    port = free_port()
-    m = mount(zarr_s3, "--endpoint-url", moto.endpoint, "--metrics-addr", str(port),
+    m = mount(zarr_s3, "--endpoint-url", moto.endpoint, "--metrics-addr", "0",
               "--metrics-label", "sample", env=s3_env)
+    url = metrics_url(m.path)
+    port = int(re.fullmatch(r"http://127\.0\.0\.1:(\d+)/metrics", url).group(1))
     # a port alone listens on loopback only
     with open("/proc/net/tcp") as f:
         listening = [ln.split()[1] for ln in f if ln.split()[3] == "0A"]
     assert f"0100007F:{port:04X}" in listening, listening
-    before = scrape(port)
+    before = scrape(url)
     assert all(dict(lab).get("mount") == "sample" for (_n, lab) in before)
     for kind in ("throttled", "server", "timeout", "denied"):
         assert ("zvfs_store_errors_total", (("kind", kind), ("mount", "sample"))) in before
@@ -379,10 +390,10 @@ def test_metrics_endpoint_moves_with_a_workload(zarr_s3, zarr_dir, moto, s3_env,
             assert (m.path / k).read_bytes() == (zarr_dir / k).read_bytes()
 
     work(files[:half])
-    during = scrape(port)
+    during = scrape(url)
     work(files[half:])
     (m.path / ".zvfs" / "arrays" / "temperature" / "data.raw").read_bytes()
-    after = scrape(port)
+    after = scrape(url)
     for name, labels in (("zvfs_store_requests_total", {}), ("zvfs_store_bytes_total", {}),
                          ("zvfs_fuse_operations_total", {"op": "read"}),
                          ("zvfs_store_request_seconds_count", {})):
@@ -396,15 +407,59 @@ def test_metrics_endpoint_moves_with_a_workload(zarr_s3, zarr_dir, moto, s3_env,
     assert total(after, "zvfs_mount_info", source=zarr_s3) == 1
 
 
+def test_metrics_on_port_0_are_served_where_the_log_and_status_say(zarr_dir, mount) -> None:
+    """`--metrics-addr 0`: the OS picks a free port as the daemon binds, so no other process
+    can take it in between, and the daemon says which it got: in its log, in `zvfs status`
+    (text and JSON) and in the options stats.json shows. A fixed port already in use still
+    fails the mount with one clear line."""
+    m = mount(zarr_dir, "--metrics-addr", "0")
+    res = zvfs("status", m.path)
+    assert res.returncode == 0, res.stderr
+    line = re.search(r"^  metrics: +(http://127\.0\.0\.1:(\d+)/metrics)$", res.stdout, re.M)
+    assert line, res.stdout
+    url, port = line.group(1), int(line.group(2))
+    assert 0 < port < 65536
+    assert f"metrics_addr=127.0.0.1:{port} " in res.stdout, res.stdout
+    assert metrics_url(m.path) == url
+    assert mount_stats(m.path)["options"]["metrics_addr"] == f"127.0.0.1:{port}"
+    assert f"serving Prometheus metrics at {url}\n" in m.log_text(), m.log_text()
+    samples = scrape(url)
+    assert total(samples, "zvfs_mount_info", source=str(zarr_dir)) == 1
+    assert ("zvfs_store_retries_total", (("mount", str(zarr_dir)),)) in samples
+    # a mount without metrics shows none
+    plain = mount(zarr_dir)
+    res = zvfs("status", "--json", plain.path)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)[0]["metrics"] is None
+    assert "metrics" not in zvfs("status", plain.path).stdout
+    # the port bound, asked for as a fixed port by another mount, is in use
+    busy = mount(zarr_dir, "--metrics-addr", str(port), check=False)
+    one_line(busy.result, rf"cannot serve metrics at 127\.0\.0\.1:{port}\b", "already in use",
+             "choose another --metrics-addr", code=1)
+    assert mount_entry(busy.path) is None
+    assert total(scrape(url), "zvfs_mount_info", source=str(zarr_dir)) == 1  # the first serves on
+
+
+def test_metrics_addr_parses_and_shows_as_a_url() -> None:
+    from zvfs.options import metrics_url as url_of
+    from zvfs.options import parse_addr
+
+    assert parse_addr("9464") == "127.0.0.1:9464" and parse_addr(":0") == "127.0.0.1:0"
+    assert parse_addr("0.0.0.0:0") == "0.0.0.0:0" and parse_addr("[::1]:9464") == "::1:9464"
+    with pytest.raises(ValueError, match="65535"):
+        parse_addr("65536")
+    assert url_of("127.0.0.1:9464") == "http://127.0.0.1:9464/metrics"
+    assert url_of("::1:9464") == "http://[::1]:9464/metrics"
+
+
 def test_what_can_go_down_is_a_gauge(zarr_dir, mount) -> None:
     """The decoder processes running now go down when one ends: exported as counters, a
     Prometheus rate() read each drop as a reset."""
-    port = free_port()
-    m = mount(zarr_dir, "--decoders", "1", "--metrics-addr", str(port))
+    m = mount(zarr_dir, "--decoders", "1", "--metrics-addr", "127.0.0.1:0")
+    url = metrics_url(m.path)
     assert os.listdir(m.path / ".zvfs" / "arrays")  # starts the processes
-    assert wait_until(lambda: total(scrape(port), "zvfs_decoder_processes") == 1, 30), scrape(port)
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
+    assert wait_until(lambda: total(scrape(url), "zvfs_decoder_processes") == 1, 30), scrape(url)
+    text = scrape_text(url)
     for name in ("zvfs_decoder_processes", "zvfs_decoder_zygote"):
         assert f"# TYPE {name} gauge" in text, text
     assert "# TYPE zvfs_bytes_decoded_total counter" in text, text  # what only grows stays a counter

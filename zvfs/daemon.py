@@ -556,6 +556,9 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
         from zvfs.metrics import serve_metrics
 
         metrics = serve_metrics(opts["metrics_addr"], ctx, opts.get("metrics_label") or description)
+        # the option in effect is the address bound: port 0 asked shows, in stats.json and
+        # zvfs status, the port an operator scrapes
+        ctx.options["metrics_addr"] = metrics.addr
     stop = SignalStop()
     unmounted = False
     failed: list[BaseException] = []

@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector, CollectorRegistry
 
 import zvfs
+from zvfs.options import metrics_url
 from zvfs.views.context import MountContext
 
 log = logging.getLogger("zvfs")
@@ -100,10 +101,13 @@ class MountCollector(Collector):
 
 
 class MetricsServer:
-    """The HTTP endpoint; its thread is a daemon thread, stopped by :meth:`shutdown`."""
+    """The HTTP endpoint; its thread is a daemon thread, stopped by :meth:`shutdown`.
 
-    def __init__(self, server: Any) -> None:
+    ``addr`` is the address bound ('HOST:PORT'): with port 0 asked, the port the OS chose."""
+
+    def __init__(self, server: Any, host: str) -> None:
         self._server = server
+        self.addr = f"{host}:{server.server_address[1]}"
 
     def shutdown(self) -> None:
         self._server.shutdown()
@@ -111,7 +115,8 @@ class MetricsServer:
 
 
 def serve_metrics(addr: str, ctx: MountContext, label: str) -> MetricsServer:
-    """Listen at ``addr`` ('HOST:PORT'); raises OSError with a message naming the address."""
+    """Listen at ``addr`` ('HOST:PORT', port 0 for any free one); raises OSError with a
+    message naming the address."""
     host, _, port = addr.rpartition(":")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(MountCollector(ctx, label))
@@ -120,5 +125,6 @@ def serve_metrics(addr: str, ctx: MountContext, label: str) -> MetricsServer:
     except OSError as exc:
         raise OSError(f"cannot serve metrics at {addr}: {exc.strerror}; "
                       "choose another --metrics-addr") from None
-    log.info("serving Prometheus metrics at http://%s/metrics", addr)
-    return MetricsServer(server)
+    served = MetricsServer(server, host)
+    log.info("serving Prometheus metrics at %s", metrics_url(served.addr))
+    return served

@@ -90,14 +90,23 @@ def parse_part_size(text: str) -> int:
 
 
 def parse_addr(text: str) -> str:
-    """'PORT', ':PORT' or 'HOST:PORT' -> 'HOST:PORT'; the host defaults to 127.0.0.1 (not exposed)."""
+    """'PORT', ':PORT' or 'HOST:PORT' -> 'HOST:PORT'; the host defaults to 127.0.0.1 (not exposed).
+    Port 0 asks the OS for a free port: a port picked beforehand may be taken before it is bound."""
     host, sep, port = str(text).strip().rpartition(":")
     if not sep:
         host, port = "", str(text).strip()
     host = host.strip("[]") or "127.0.0.1"
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{text!r} is not HOST:PORT with a port from 1 to 65535 (e.g. 127.0.0.1:9464)")
+    if not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"{text!r} is not HOST:PORT with a port from 0 (any free one) to 65535 "
+                         "(e.g. 127.0.0.1:9464)")
     return f"{host}:{int(port)}"
+
+
+def metrics_url(addr: str) -> str:
+    """The URL of the metrics served at ``addr`` ('HOST:PORT', as parse_addr returns it); an
+    IPv6 host is bracketed, as a URL needs."""
+    host, _, port = addr.rpartition(":")
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
 
 
 def parse_uid(text: str) -> int:
@@ -273,7 +282,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("requester_pays", None, False, "S3: send every request as paid by the requester (to "
            "read or write a bucket that has Requester Pays on)"),
     Option("metrics_addr", parse_addr, None, "serve Prometheus metrics at HOST:PORT (host 127.0.0.1 "
-           "unless given)", shown_default="off"),
+           "unless given; port 0: a free one, shown by the log and zvfs status)", shown_default="off"),
     Option("metrics_label", str, None, "the 'mount' label of the metrics", shown_default="the source"),
 )
 

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from zvfs.mounts import MountEntry, mount_entry, mount_table
+from zvfs.options import metrics_url
 from zvfs.stats import ERROR_KINDS
 
 #: run in a child: statfs proves the daemon answers; stats.json may be absent (decoded=off)
@@ -95,6 +96,7 @@ def describe(entry: MountEntry, timeout: float) -> dict[str, Any]:
         "uptime_seconds": stats.get("uptime_seconds"),
         "options": stats.get("options"),
         "mount_options": entry.options,
+        "metrics": _metrics(stats.get("options")),
     }
     if stats:
         chunk = stats.get("chunk_cache", {})
@@ -114,6 +116,13 @@ def describe(entry: MountEntry, timeout: float) -> dict[str, Any]:
         }
         out["last_error"] = stats.get("last_error")
     return out
+
+
+def _metrics(options: dict[str, Any] | None) -> str | None:
+    """Where the mount serves its metrics, or None: its option in effect is the address bound,
+    so a mount asked for port 0 shows the port the OS chose."""
+    addr = (options or {}).get("metrics_addr")
+    return metrics_url(addr) if addr else None
 
 
 def _size(n: float) -> str:
@@ -141,6 +150,8 @@ def render_text(info: dict[str, Any]) -> str:
     if info.get("options"):
         opts = " ".join(f"{k}={v}" for k, v in sorted(info["options"].items()) if v not in (None, False))
         lines.append(f"  options:    {opts}")
+    if info.get("metrics"):
+        lines.append(f"  metrics:    {info['metrics']}")
     if "store" in info:
         st = info["store"]
         errors = sum(st["errors"].values())
