@@ -678,6 +678,37 @@ def test_a_mount_records_what_it_imported_and_the_next_start_reads_it_ahead(
     assert warmup.start() is None
 
 
+def test_manifests_of_copies_of_zvfs_that_are_gone_are_swept(tmp_path, monkeypatch) -> None:
+    """Each copy of zvfs (a checkout, an environment) keeps its own start-up manifest: every
+    clone a CI job mounted from left one in the user's cache for ever. A start that writes
+    its manifest removes those whose copy's package is gone, and only those."""
+    from zvfs import warmup
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(warmup, "_finished", False)
+    live_pkg = tmp_path / "live" / "zvfs"
+    live_pkg.mkdir(parents=True)
+    (live_pkg / "__init__.py").write_text("")
+    stdlib = os.__file__
+    folder = Path(warmup.manifest_path() or "").parent
+    folder.mkdir(parents=True)
+
+    def manifest(name: str, *files: str | Path) -> Path:
+        path = folder / name
+        path.write_text("".join(f"{f}\n" for f in files))
+        return path
+
+    gone = manifest("startup-cpython-311-0000000a.txt", stdlib, tmp_path / "gone" / "zvfs" / "__init__.py")
+    live = manifest("startup-cpython-311-0000000b.txt", stdlib, live_pkg / "__init__.py")
+    no_package = manifest("startup-cpython-311-0000000c.txt", stdlib)
+    other = manifest("notes.txt", tmp_path / "gone" / "zvfs" / "__init__.py")
+    warmup.record([warmup.__file__])
+    mine = Path(warmup.manifest_path() or "")
+    assert mine.read_text().splitlines() == [warmup.__file__]
+    assert not gone.exists()
+    assert live.exists() and no_package.exists() and other.exists()
+
+
 def test_an_exit_lets_a_manifest_being_written_finish(tmp_path, monkeypatch) -> None:
     """A daemon that exits just after its mount answered (unmounted at once) waits for the
     manifest its worker thread is writing, instead of cutting the write short and leaving

@@ -126,13 +126,40 @@ def finish(timeout: float = 1.0) -> None:
 
 
 def _sweep(path: str) -> None:
-    """Remove the temporary manifests (``path.<pid>``) that starts killed while writing
-    theirs left behind: those of processes that are gone."""
+    """Remove what earlier starts left in the manifests' directory: the temporary manifests
+    (``path.<pid>``) of starts killed while writing theirs, and the manifests of copies of
+    zvfs that are gone. Each copy (a checkout, an environment) keeps a manifest of its own,
+    so every clone a CI job or a test run mounted from left one behind for ever."""
     directory, base = os.path.split(path)
     for name in os.listdir(directory):
+        full = os.path.join(directory, name)
         pid = name[len(base) + 1:]
-        if name.startswith(base + ".") and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+        if name.startswith(base + ".") and pid.isdigit():
+            gone = not os.path.exists(f"/proc/{pid}")
+        else:
+            gone = (full != path and name.startswith("startup-") and name.endswith(".txt")
+                    and _orphaned(full))
+        if gone:
             try:
-                os.unlink(os.path.join(directory, name))
+                os.unlink(full)
             except OSError:
                 pass  # another start swept it first
+
+
+def _orphaned(manifest: str) -> bool:
+    """Whether ``manifest`` belongs to a copy of zvfs that is gone: it lists that copy's
+    package, and the package's ``__init__.py`` is no longer there. A manifest that names
+    no package (or cannot be read) is kept: it is not known to be stale."""
+    try:
+        with open(manifest, encoding="utf-8") as f:
+            for line in f:
+                name = line.rstrip("\n")
+                if name.endswith(_PACKAGE_INIT):
+                    return not os.path.exists(name)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+#: how a manifest names its copy's package (any start imports zvfs/__init__.py)
+_PACKAGE_INIT = f"{os.sep}zvfs{os.sep}__init__.py"
