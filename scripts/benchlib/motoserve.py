@@ -1,12 +1,12 @@
 """moto's S3 server, with buckets seeded in-process before it starts serving.
 
-  motoserve.py HOST PORT [BUCKET=ROWSxCOLS ...]
+  motoserve.py HOST PORT [BUCKET=ROWSxCOLS ...]   (PORT 0: any free one)
 
 Each BUCKET gets the keys of corpus.v2_items((ROWS, COLS)), put straight into moto's
 backend (the same objects a PUT makes) and not over HTTP: moto serves about 200 PUTs a
 second here, so 200,000 keys would take a quarter of an hour to upload, against seconds
-this way. Then it runs ``moto.server.main``, the server ``python -m moto.server`` runs.
-Prints "seeded N keys in S s" before serving.
+this way. Then it serves the application ``python -m moto.server`` serves.
+Prints "seeded N keys in S s", then "ready PORT" once listening.
 """
 
 from __future__ import annotations
@@ -38,12 +38,23 @@ def seed(specs: list[str]) -> None:
 
 
 def main(argv: list[str]) -> None:
-    host, port, specs = argv[0], argv[1], argv[2:]
+    host, port, specs = argv[0], int(argv[1]), argv[2:]
     if specs:
         seed(specs)
-    from moto.server import main as moto_main
+    import os
 
-    moto_main(["-H", host, "-p", port])
+    from moto.server import DomainDispatcherApplication, create_backend_app
+    from werkzeug.serving import make_server
+
+    # moto's own main (python -m moto.server) with the server made here: port 0 binds one
+    # the kernel picks, told on stdout, where a port found free beforehand may be taken by
+    # someone's outgoing connection before moto binds it
+    app = DomainDispatcherApplication(create_backend_app)
+    app.debug = True  # as moto's main has it
+    server = make_server(host, port, app, threaded=True)
+    os.environ["MOTO_PORT"] = str(server.port)  # as moto's main sets it: its URLs name it
+    print("ready", server.port, flush=True)
+    server.serve_forever()
 
 
 if __name__ == "__main__":

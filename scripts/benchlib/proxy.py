@@ -12,6 +12,7 @@ gets "REQUESTS BYTES_DOWN BYTES_UP\n" back, so the bench can tell how many
 requests each system made for a workload.
 
 Run: python proxy.py LISTEN_PORT TARGET_PORT [DELAY_MS [STATS_PORT]]
+(port 0: any free one; it prints "ready LISTEN_PORT [STATS_PORT]" once listening)
 """
 
 from __future__ import annotations
@@ -89,12 +90,17 @@ async def _stats(_reader, writer) -> None:
     writer.close()
 
 
-async def serve(listen_port: int, target_port: int, delay: float, stats_port: int = 0) -> None:
+async def serve(listen_port: int, target_port: int, delay: float, stats_port: int | None = None) -> None:
+    """Listen (port 0: on a port the kernel picks) and print "ready PORT [STATS_PORT]", the
+    ports bound, once listening: a port found free beforehand may be taken by someone's
+    outgoing connection before the bind."""
     server = await asyncio.start_server(
         lambda r, w: _handle(r, w, target_port, delay), "127.0.0.1", listen_port,
         reuse_address=True, backlog=512)
-    if stats_port:
-        await asyncio.start_server(_stats, "127.0.0.1", stats_port, reuse_address=True)
+    servers = [server]
+    if stats_port is not None:
+        servers.append(await asyncio.start_server(_stats, "127.0.0.1", stats_port, reuse_address=True))
+    print("ready", *(s.sockets[0].getsockname()[1] for s in servers), flush=True)
     async with server:
         await server.serve_forever()
 
@@ -102,7 +108,7 @@ async def serve(listen_port: int, target_port: int, delay: float, stats_port: in
 def main(argv: list[str]) -> None:
     listen_port, target_port = int(argv[0]), int(argv[1])
     delay = float(argv[2]) / 1000 if len(argv) > 2 else 0.020
-    stats_port = int(argv[3]) if len(argv) > 3 else 0
+    stats_port = int(argv[3]) if len(argv) > 3 else None
     asyncio.run(serve(listen_port, target_port, delay, stats_port))
 
 

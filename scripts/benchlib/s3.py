@@ -24,23 +24,23 @@ CREDS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "benchsecret",
          "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_port(port: int, proc, timeout: float = 30) -> None:
+def _wait_ready(proc, log_path: Path, start: int, timeout: float) -> list[int]:
+    """The ports ``proc`` bound, from the "ready PORT ..." line it prints to ``log_path``
+    (past byte ``start``: the log is appended to by every run) once it listens. The ports
+    are asked as 0 and the kernel picks them: a port found free beforehand may be taken by
+    someone's outgoing connection before the server binds it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        with open(log_path, "rb") as f:
+            f.seek(start)
+            for line in f.read().decode(errors="replace").splitlines():
+                if line.startswith("ready "):
+                    return [int(x) for x in line.split()[1:]]
         if proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before listening on {port}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+            raise RuntimeError(f"process exited with {proc.returncode} before listening "
+                               f"(see {log_path})")
+        time.sleep(0.05)
+    raise RuntimeError(f"not listening after {timeout}s (see {log_path})")
 
 
 class S3Env:
@@ -49,9 +49,7 @@ class S3Env:
     def __init__(self, work: Path, latency_ms: float) -> None:
         self.work = work
         self.latency_ms = latency_ms
-        self.moto_port = free_port()
-        self.proxy_port = free_port()
-        self.stats_port = free_port()
+        self.moto_port = self.proxy_port = self.stats_port = 0  # bound by start()
         self.moto = None
         self.uploaded: set[str] = set()
         self.proxy = None
@@ -81,10 +79,11 @@ class S3Env:
         logs.mkdir(parents=True, exist_ok=True)
         specs = [f"{bucket(name)}={g[0]}x{g[1]}" for name, g in (seed or {}).items()]
         t0 = time.monotonic()
+        moto_log, proxy_log = logs / "moto.log", logs / "proxy.log"
+        at = moto_log.stat().st_size if moto_log.exists() else 0
         self.moto = procs.start([sys.executable, str(Path(__file__).with_name("motoserve.py")),
-                                 "127.0.0.1", str(self.moto_port), *specs],
-                                log_path=logs / "moto.log", env=self.env())
-        _wait_port(self.moto_port, self.moto, timeout=120 + 2e-3 * sum(
+                                 "127.0.0.1", "0", *specs], log_path=moto_log, env=self.env())
+        (self.moto_port,) = _wait_ready(self.moto, moto_log, at, timeout=120 + 2e-3 * sum(
             g[0] * g[1] for g in (seed or {}).values()))
         if seed:
             self.seed_seconds = time.monotonic() - t0
@@ -92,12 +91,10 @@ class S3Env:
             self.seeded = dict(seed)
             log(f"moto seeded with {', '.join(specs)} in {self.seed_seconds:.1f}s")
         proxy_py = Path(__file__).with_name("proxy.py")
-        self.proxy = procs.start([sys.executable, str(proxy_py), str(self.proxy_port),
-                                  str(self.moto_port), str(self.latency_ms),
-                                  str(self.stats_port)],
-                                 log_path=logs / "proxy.log")
-        _wait_port(self.proxy_port, self.proxy)
-        _wait_port(self.stats_port, self.proxy)
+        at = proxy_log.stat().st_size if proxy_log.exists() else 0
+        self.proxy = procs.start([sys.executable, str(proxy_py), "0", str(self.moto_port),
+                                  str(self.latency_ms), "0"], log_path=proxy_log)
+        self.proxy_port, self.stats_port = _wait_ready(self.proxy, proxy_log, at, timeout=30)
         log(f"moto on :{self.moto_port} (pid {self.moto.pid}), "
             f"+{self.latency_ms:g} ms proxy on :{self.proxy_port} (pid {self.proxy.pid})")
 
