@@ -291,6 +291,9 @@ def test_bad_option_values(zarr_dir, mnt, args, pattern) -> None:
     ("s3", ["--storage-class", "STANDARD_IA"], r"--storage-class .*read-only: add --writable"),
     ("s3", ["--writable", "--sse-kms-key-id", "k1"], r"--sse-kms-key-id .*add --sse aws:kms"),
     ("s3", ["--writable", "--sse", "AES256", "--sse-kms-key-id", "k1"], r"add --sse aws:kms"),
+    ("dir", ["--abort-uploads", "--writable"], r"--abort-uploads applies to S3 sources only"),
+    ("s3", ["--abort-uploads"], r"--abort-uploads .*read-only.*add --writable"),
+    ("s3", ["-o", "abort_uploads"], r"--abort-uploads .*read-only.*add --writable"),
 ])
 def test_s3_only_options_are_refused_where_they_cannot_apply(zarr_dir, mnt, source, args, pattern) -> None:
     """Encryption asked for and silently not done would be worse than an error: options

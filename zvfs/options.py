@@ -169,7 +169,7 @@ STORAGE_CLASSES = ("STANDARD", "REDUCED_REDUNDANCY", "STANDARD_IA", "ONEZONE_IA"
 #: options that only an S3 source's writes have a use for (each is one upload parameter)
 S3_WRITE_OPTIONS = ("sse", "sse_kms_key_id", "storage_class")
 #: options that only an S3 source has a use for
-S3_OPTIONS = ("requester_pays", *S3_WRITE_OPTIONS)
+S3_OPTIONS = ("requester_pays", "abort_uploads", *S3_WRITE_OPTIONS)
 
 
 def flag(name: str) -> str:
