@@ -323,6 +323,8 @@ def test_status_lists_health_source_options_and_traffic(zarr_dir, zarr_s3, moto,
     res = zvfs("status", remote.path, "--json")
     assert res.returncode == 1
     assert json.loads(res.stdout)[0]["health"] == "dead"
+    res = zvfs("status", remote.path)  # as text, it says how to clear it
+    assert res.returncode == 1 and f"clear it with: zvfs unmount {remote.path}" in res.stdout, res.stdout
     one_line(zvfs("status", "/proc"), "not a zvfs mount")
 
 

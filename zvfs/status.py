@@ -144,6 +144,9 @@ def _duration(s: float) -> str:
 def render_text(info: dict[str, Any]) -> str:
     lines = [f"{info['mountpoint']}: {info['health']}" + (f" ({info['error']})" if info.get("error") else "")]
     lines.append(f"  source:     {info['source']}")
+    if info["health"] in ("dead", "hung"):  # zvfs unmount asks the daemon nothing: it clears both
+        lines.append(f"  {'' if info['health'] == 'dead' else 'if it stays hung, '}clear it with: "
+                     f"zvfs unmount {info['mountpoint']}")
     if info.get("pid") is not None:
         lines.append(f"  process:    pid {info['pid']}, up {_duration(info['uptime_seconds'] or 0)}, "
                      f"zvfs {info['version']}")
