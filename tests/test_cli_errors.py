@@ -592,6 +592,8 @@ def test_a_log_file_in_a_directory_that_does_not_exist_is_refused(zarr_dir, mnt,
     res = zvfs_mount(zarr_dir, mnt, "--log-file", typo)
     assert res.returncode == 78, (res.returncode, res.stderr)
     assert_fails(res, rf"cannot write to the log file {re.escape(str(typo))}: No such file or directory")
+    # the path was given: the hint is to fix it, not to 'pass --log-file PATH' again
+    assert "give --log-file a file in a directory that exists" in res.stderr, res.stderr
     assert not (tmp_path / "var").exists()
     assert_nothing_mounted(mnt)
 

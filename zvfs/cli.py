@@ -188,7 +188,13 @@ def _setup_logging(opts: dict[str, Any], daemon: bool, mountpoint: str) -> str:
             handler = logging.StreamHandler(sys.stderr)
     except OSError as exc:
         what = "the syslog socket /dev/log" if where == "syslog" else f"the log file {where}"
-        raise CliError(f"cannot write to {what}: {exc.strerror}; pass --log-file PATH") from None
+        if where == "syslog":
+            hint = "pass --log-file PATH instead"
+        elif opts.get("log_file"):  # the user's own path: it is that path that needs fixing
+            hint = "give --log-file a file in a directory that exists and that you may write in"
+        else:  # the default place
+            hint = "pass --log-file PATH"
+        raise CliError(f"cannot write to {what}: {exc.strerror}; {hint}") from None
     handler.setFormatter(_SafeFormatter(fmt))
     root = logging.getLogger()
     root.handlers[:] = [handler]
