@@ -229,13 +229,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("metadata_ttl", parse_ttl, 60.0, "seconds to cache listings and attributes, or 'indefinite' for data that never changes"),
     Option("cache_size", parse_size, 512 << 20, "memory bound for decoded chunks (e.g. 512M, 2G)"),
     Option("decoded", _choice("hidden", "visible", "off"), "hidden", "the .zvfs/ decoded views: hidden from the root listing, visible, or off"),
-    Option("cache_dir", parse_path, None, "keep fetched objects on disk here too (a disk tier under the memory cache)",
+    Option("cache_dir", parse_path, None, "S3: keep fetched objects on disk here too (a disk tier under the memory cache; a directory or zip source keeps nothing here)",
            shown_default="off"),
     Option("cache_max_size", parse_size, 10 << 30, "bound for --cache-dir (e.g. 10G)"),
     Option("cache_min_free", parse_size, 1 << 30, "free space --cache-dir always leaves on its disk"),
     Option("s3_attempts", parse_count, 10, "tries per S3 request: throttling, 5xx, resets, stalls and broken bodies are retried with exponential backoff and jitter"),
     Option("s3_timeout", parse_seconds, 10.0, "seconds an S3 try waits to connect or for the next bytes"),
-    Option("s3_deadline", parse_seconds, 60.0, "seconds after which an S3 request stops retrying: a read fails with EIO within about s3_deadline + s3_timeout + 2 seconds"),
+    Option("s3_deadline", parse_seconds, 60.0, "seconds after which an S3 request stops retrying: a read fails with EIO within about twice s3_deadline + s3_timeout + 2 seconds (the kernel tries a failed read once more)"),
     Option("threads", parse_count, 16, "worker threads for store I/O and decoding (at least 1)"),
     Option("decoders", parse_processes, 0, "processes that read and decode the chunks of a local "
            "store (a directory or a zip) for the decoded views, beside the daemon, or 'auto' (as "
