@@ -1042,6 +1042,19 @@ def test_s3_profile_from_config_files(zarr_s3, zarr_dir, moto, s3_env, tmp_path,
     assert run(["diff", "-r", zarr_dir, m2.path]).returncode == 0
 
 
+def test_an_s3_compatible_url_mounts_and_status_names_its_endpoint(zarr_s3, zarr_dir, moto, s3_env,
+                                                                   mount) -> None:
+    """http://host:port/bucket/prefix#mode=zarr,s3 takes its endpoint from the URL; `zvfs status`
+    showed no endpoint for it (only a --endpoint-url given as a flag), so two such mounts of
+    one bucket name on two servers could not be told apart."""
+    m = mount(f"{moto.endpoint}/{S3_BUCKET}/{S3_PREFIX}#mode=zarr,s3", env=s3_env)
+    assert run(["diff", "-r", zarr_dir, m.path]).returncode == 0
+    res = run([tool("zvfs"), "status", "--json", m.path])
+    assert res.returncode == 0, res.stderr
+    (info,) = json.loads(res.stdout)
+    assert info["options"]["endpoint_url"] == moto.endpoint, info["options"]
+
+
 def test_s3_server_gone_fails_reads_not_daemon(zarr_dir, s3_env, mount) -> None:
     """When the S3 server disappears, reads fail with EIO (quickly) and the daemon stays up."""
     from conftest import _pid_alive, daemon_pids

@@ -85,8 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     m = sub.add_parser("mount", help="mount SOURCE at MOUNTPOINT",
                        description="SOURCE: a directory, a .zip file, s3://bucket[/prefix], "
                        "file:///path#mode=zarr,file, file:///path.zip#mode=nczarr,zip, "
-                       "https://s3.REGION.amazonaws.com/bucket/prefix or "
-                       "https://bucket.s3.REGION.amazonaws.com/prefix")
+                       "https://s3.REGION.amazonaws.com/bucket/prefix, "
+                       "https://bucket.s3.REGION.amazonaws.com/prefix or, for an S3-compatible "
+                       "server, http(s)://host[:port]/bucket/prefix#mode=zarr,s3")
     m.add_argument("source")
     m.add_argument("mountpoint")
     m.add_argument("-f", "--foreground", action="store_true",
@@ -326,6 +327,10 @@ def _source_spec(source: str, opts: dict[str, Any]) -> Any:
     except (SourceError, ValueError) as exc:
         raise CliError(str(exc)) from None
     _check_s3_options(spec, opts)
+    if spec.kind == "s3":  # what the URL set (an endpoint, a region, a profile) is in effect too:
+        for name in ("endpoint_url", "region", "profile"):  # status, stats.json and the disk
+            if not opts[name] and getattr(spec, name):  # cache's identity name it
+                opts[name] = getattr(spec, name)
     return spec
 
 
