@@ -208,6 +208,19 @@ def test_mountpoint_is_a_file(zarr_dir, tmp_path) -> None:
     assert_fails(res, re.escape(str(mp)), r"not a directory")
 
 
+def test_mountpoint_not_empty(zarr_dir, tmp_path) -> None:
+    """Refused with a count of what would be hidden (in English for one entry too) and the way out."""
+    mp = tmp_path / "full"
+    mp.mkdir()
+    (mp / "one").write_text("x")
+    res = zvfs_mount(zarr_dir, mp)
+    assert_fails(res, re.escape(str(mp)), r"is not empty \(1 entry would be hidden\)", r"--allow-non-empty")
+    (mp / "two").write_text("x")
+    res = zvfs_mount(zarr_dir, mp)
+    assert_fails(res, r"\(2 entries would be hidden\)")
+    assert_nothing_mounted(mp)
+
+
 def test_already_mounted(zarr_dir, mount) -> None:
     first: Mounted = mount(zarr_dir)
     pids = daemon_pids(first.path)

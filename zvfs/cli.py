@@ -249,7 +249,8 @@ def check_mountpoint(path: str, allow_non_empty: bool = False) -> str:
         except OSError as exc:
             raise CliError(f"cannot read the mountpoint {mp}: {exc.strerror}") from None
         if entries:
-            raise CliError(f"mountpoint {mp} is not empty ({len(entries)} entries would be hidden); "
+            hidden = "1 entry" if len(entries) == 1 else f"{len(entries)} entries"
+            raise CliError(f"mountpoint {mp} is not empty ({hidden} would be hidden); "
                            "use an empty directory, or pass --allow-non-empty (-o nonempty)")
     return mp
 
