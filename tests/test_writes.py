@@ -1282,8 +1282,11 @@ def test_s3_a_multipart_start_that_cannot_be_made_is_tried_once_more_by_close_no
     s3store.put("zarr.json", b"{}")
     deadline, timeout = 2, 1
     with FaultProxy(moto.port) as proxy:
+        # staged under tmp_path: the 24 MiB that close() could not store are kept where
+        # staging is (nothing written is lost), which by default is /tmp, for ever
         m = s3store.mount(mount, "--part-size", "5M", "--s3-timeout", str(timeout),
-                          "--s3-deadline", str(deadline), endpoint=proxy.endpoint)
+                          "--s3-deadline", str(deadline), "--cache-dir", str(tmp_path / "cache"),
+                          endpoint=proxy.endpoint)
         os.listdir(m.path)
         # POSTs to the key: CreateMultipartUpload (and CompleteMultipartUpload, never reached)
         proxy.set({"kind": "drip", "ops": ["other"], "key": "big.bin"})
