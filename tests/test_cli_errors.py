@@ -307,6 +307,8 @@ def test_bad_option_values(zarr_dir, mnt, args, pattern) -> None:
     ("dir", ["--abort-uploads", "--writable"], r"--abort-uploads applies to S3 sources only"),
     ("s3", ["--abort-uploads"], r"--abort-uploads .*read-only.*add --writable"),
     ("s3", ["-o", "abort_uploads"], r"--abort-uploads .*read-only.*add --writable"),
+    ("s3", ["--decoders", "2"], r"--decoders 2 starts processes .*S3 source.*drop it"),
+    ("s3", ["-o", "decoders=1"], r"--decoders 1 starts processes"),
 ])
 def test_s3_only_options_are_refused_where_they_cannot_apply(zarr_dir, mnt, source, args, pattern) -> None:
     """Encryption asked for and silently not done would be worse than an error: options

@@ -337,11 +337,18 @@ def _source_spec(source: str, opts: dict[str, Any]) -> Any:
 
 def _check_s3_options(spec: Any, opts: dict[str, Any]) -> None:
     """Options only an S3 source (or only its writes) can use are refused elsewhere, not ignored:
-    a user who asked for encryption must not get unencrypted objects without a word."""
+    a user who asked for encryption must not get unencrypted objects without a word. So is a
+    number of decoder processes for S3, which only a local source has (``auto`` is taken as
+    "what suits the source": none for S3)."""
     given = [name for name in zopts.S3_OPTIONS if opts[name]]
     if given and spec.kind != "s3":
         raise CliError(f"{zopts.flag(given[0])} applies to S3 sources only, and {spec.describe()} is a "
                        f"{spec.kind}: drop it")
+    if spec.kind == "s3" and opts["decoders"]:
+        raise CliError(f"{zopts.flag('decoders')} {opts['decoders']} starts processes that read and decode "
+                       "a directory's or a zip's chunks; an S3 source's are decoded in the daemon's "
+                       f"threads while others wait on the network: drop it (or give auto, which is "
+                       "none for S3)")
     writes = [name for name in zopts.S3_WRITE_OPTIONS if opts[name]]
     if writes and not opts["writable"]:
         raise CliError(f"{zopts.flag(writes[0])} says how objects are written, but the mount is read-only: "
