@@ -290,6 +290,8 @@ def test_a_mistyped_flag_is_named_with_the_one_meant(zarr_dir, mnt) -> None:
     (["-o", "dir_mode=1777"], r"--dir-mode.*octal"),
     (["-o", "sse=maybe"], r"--sse.*not one of AES256, aws:kms, aws:kms:dsse"),
     (["--storage-class", "COLD"], r"--storage-class.*not one of STANDARD"),
+    # the flag wins over -o, but the typo it overrides is still told (it was mounted, exit 0)
+    (["--cache-size", "1G", "-o", "cache_size=2X"], r"invalid -o cache_size=2X .*--cache-size given too"),
 ])
 def test_bad_option_values(zarr_dir, mnt, args, pattern) -> None:
     res = zvfs_mount(zarr_dir, mnt, *args)

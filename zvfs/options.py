@@ -348,6 +348,13 @@ def resolve(ns: argparse.Namespace) -> dict[str, Any]:
     for opt in OPTIONS:
         flag_value = getattr(ns, opt.name, None)
         if flag_value is not None:
+            overridden = raw.get(opt.name)
+            if opt.parse is not None and isinstance(overridden, str):
+                try:  # the flag wins, but a typo in the -o it overrides is still told
+                    opt.parse(overridden)
+                except ValueError as exc:
+                    raise ValueError(f"invalid -o {opt.name}={overridden} (the {flag(opt.name)} given "
+                                     f"too wins, but fix or drop it): {exc}") from None
             raw[opt.name] = flag_value
     if read_only and raw.get("writable"):
         raise ValueError("-o ro and writable contradict each other: drop one of them")
