@@ -347,7 +347,7 @@ def _check_s3_options(spec: Any, opts: dict[str, Any]) -> None:
     if spec.kind == "s3" and opts["decoders"]:
         raise CliError(f"{zopts.flag('decoders')} {opts['decoders']} starts processes that read and decode "
                        "a directory's or a zip's chunks; an S3 source's are decoded in the daemon's "
-                       f"threads while others wait on the network: drop it (or give auto, which is "
+                       "threads while others wait on the network: drop it (or give auto, which is "
                        "none for S3)")
     writes = [name for name in zopts.S3_WRITE_OPTIONS if opts[name]]
     if writes and not opts["writable"]:
