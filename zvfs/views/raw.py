@@ -152,11 +152,14 @@ class RawFile(FileNode):
     def detach(self) -> None:
         self._set_marks(True, self._epoch, self._born)
 
+    def _staged(self) -> bool:
+        """Writes through this mount are staged locally, then stored (S3)."""
+        return self.ctx.writable and self.ctx.store.stages_writes
+
     def _reads_locally(self) -> bool:
         """An open reads through a descriptor of its own (a directory store's file), not
         staged bytes nor a pinned remote version."""
-        store = self.ctx.store
-        return store.opens_readers and not (self.ctx.writable and store.stages_writes)
+        return self.ctx.store.opens_readers and not self._staged()
 
     async def lasting_reader(self) -> FileNode | None:
         if not self._reads_locally():
@@ -184,7 +187,7 @@ class RawFile(FileNode):
         """
         self._refresh()
         store = self.ctx.store
-        staged = self.ctx.writable and store.stages_writes
+        staged = self._staged()
         local = None
         if self._reads_locally():
             # on this thread where that cannot block (a path the kernel has cached), as a
