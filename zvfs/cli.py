@@ -349,13 +349,10 @@ def _check_s3_options(spec: Any, opts: dict[str, Any]) -> None:
                        "a directory's or a zip's chunks; an S3 source's are decoded in the daemon's "
                        "threads while others wait on the network: drop it (or give auto, which is "
                        "none for S3)")
-    writes = [name for name in zopts.S3_WRITE_OPTIONS if opts[name]]
-    if writes and not opts["writable"]:
-        raise CliError(f"{zopts.flag(writes[0])} says how objects are written, but the mount is read-only: "
+    writes = [name for name in zopts.S3_WRITABLE_OPTIONS if opts[name]]
+    if writes and not opts["writable"]:  # how objects are written, or what a writable start does
+        raise CliError(f"{zopts.flag(writes[0])} is for a writable mount, but the mount is read-only: "
                        "add --writable (-o writable), or drop it")
-    if opts["abort_uploads"] and not opts["writable"]:  # only a writable mount looks for uploads
-        raise CliError("--abort-uploads aborts unfinished multipart uploads as a writable mount starts, "
-                       "but the mount is read-only: add --writable (-o writable), or drop it")
     if opts["sse_kms_key_id"] and opts["sse"] not in ("aws:kms", "aws:kms:dsse"):
         raise CliError("--sse-kms-key-id names the key of KMS encryption: add --sse aws:kms "
                        "(or aws:kms:dsse)")

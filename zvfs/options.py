@@ -168,8 +168,10 @@ STORAGE_CLASSES = ("STANDARD", "REDUCED_REDUNDANCY", "STANDARD_IA", "ONEZONE_IA"
                    "GLACIER", "DEEP_ARCHIVE", "OUTPOSTS", "GLACIER_IR", "SNOW", "EXPRESS_ONEZONE")
 #: options that only an S3 source's writes have a use for (each is one upload parameter)
 S3_WRITE_OPTIONS = ("sse", "sse_kms_key_id", "storage_class")
+#: options that only a writable S3 mount has a use for
+S3_WRITABLE_OPTIONS = (*S3_WRITE_OPTIONS, "abort_uploads")
 #: options that only an S3 source has a use for
-S3_OPTIONS = ("requester_pays", "abort_uploads", *S3_WRITE_OPTIONS)
+S3_OPTIONS = ("requester_pays", *S3_WRITABLE_OPTIONS)
 
 
 def flag(name: str) -> str:
