@@ -583,7 +583,6 @@ def _mount_daemon(args: argparse.Namespace, opts: dict[str, Any]) -> int:
     earlystop.forget()
     stops = {s: signal.signal(s, _interrupt) for s in _STOPS}
     pid = -1
-    global _forking
     try:
         # The stops are blocked across the fork, and the child unblocks them once its own
         # handlers are in (in _daemon). A SIGTERM this process passed on to a child that had
@@ -594,7 +593,7 @@ def _mount_daemon(args: argparse.Namespace, opts: dict[str, Any]) -> int:
         # this process a stop that comes while forking (one another thread, such as
         # warmup's, took) is held until the child's PID is known, so the child is always
         # stopped with it.
-        _forking = True
+        _fork.active = True
         signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
         pid = os.fork()
         if pid == 0:
@@ -604,9 +603,9 @@ def _mount_daemon(args: argparse.Namespace, opts: dict[str, Any]) -> int:
             os.close(read_fd)
             _daemon(args, opts, spec, mountpoint, write_fd)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
-        _forking = False
+        _fork.active = False
         os.close(write_fd)
-        if _interrupted_while_forking():
+        if _fork.take_held():
             raise KeyboardInterrupt
         return _await_ready(pid, read_fd, mountpoint, tell_log=not opts["log_file"])
     except KeyboardInterrupt:
@@ -622,8 +621,8 @@ def _mount_daemon(args: argparse.Namespace, opts: dict[str, Any]) -> int:
         _warn(f"interrupted: no mount was left at {mountpoint} (its daemon stopped)")
         return 130
     finally:
-        _forking = False
-        _interrupted_while_forking()
+        _fork.active = False
+        _fork.take_held()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)  # the fork failed
         for signum, handler in stops.items():
             signal.signal(signum, handler)
@@ -633,24 +632,28 @@ def _mount_daemon(args: argparse.Namespace, opts: dict[str, Any]) -> int:
 #: what stops a waiting ``zvfs mount``, besides Ctrl-C (SIGINT)
 _STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-#: set while ``zvfs mount`` forks its daemon: a stop then is held (see _mount_daemon)
-_forking = False
-#: a stop held while forking
-_held: list[int] = []
+class _Forking:
+    """While ``zvfs mount`` forks its daemon (``active``), a stop is held, not raised (see
+    _mount_daemon)."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.held = False
+
+    def take_held(self) -> bool:
+        """Whether a stop was held while forking (forgotten once asked)."""
+        held, self.held = self.held, False
+        return held
 
 
-def _interrupt(signum: int, _frame: object) -> None:
-    if _forking:
-        _held.append(signum)
+_fork = _Forking()
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    if _fork.active:
+        _fork.held = True
         return
     raise KeyboardInterrupt
-
-
-def _interrupted_while_forking() -> bool:
-    """Whether a stop was held while forking (forgotten once asked)."""
-    held = bool(_held)
-    _held.clear()
-    return held
 
 
 def _daemon(args: argparse.Namespace, opts: dict[str, Any], spec: Any, mountpoint: str,
