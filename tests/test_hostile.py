@@ -542,6 +542,36 @@ def test_bad_metadata(tmp_path: Path, mount) -> None:
     assert_alive(m, pid)
 
 
+def test_a_group_with_an_extension_it_must_understand_says_nothing_of_its_own(tmp_path: Path, mount) -> None:
+    """A v3 group's zarr.json with a member the spec does not define, without
+    ``"must_understand": false``, was served as if the member were absent: its attributes in
+    the mirror's .zattrs and in the netCDF file's global attributes, and no word in the log.
+    The spec says such a node is not to be read: its attributes are now left out, one line
+    names its key, and its members (each with metadata of its own) stay readable. With
+    ``must_understand: false`` the group reads as before."""
+    import zarr
+
+    root = tmp_path / "ext.zarr"
+    top = zarr.open_group(str(root), mode="w")
+    for name in ("must", "may"):
+        g = top.create_group(name, attributes={"title": name})
+        g.create_array("a", shape=(4,), chunks=(2,), dtype="i4", fill_value=0)[:] = [1, 2, 3, 4]
+        key = root / name / "zarr.json"
+        doc = json.loads(key.read_text())
+        doc["scale_ext"] = {"k": 2} if name == "must" else {"k": 2, "must_understand": False}
+        key.write_text(json.dumps(doc))
+    want = zarr.open_array(str(root / "must" / "a"), mode="r")[:]  # the member alone opens
+    m = mount(root)
+    v2 = m.path / ".zvfs/v2"
+    assert json.loads((v2 / "may/.zattrs").read_text())["title"] == "may"
+    assert "title" not in json.loads((v2 / "must/.zattrs").read_text())
+    got = np.frombuffer((m.path / ".zvfs/arrays/must/a/data.raw").read_bytes(), want.dtype)
+    np.testing.assert_array_equal(got, want)
+    line = assert_one_line(m, "must/zarr.json")
+    assert "scale_ext" in line and "must_understand" in line, line
+    assert not lines_naming(m, "may/zarr.json")
+
+
 # --------------------------------------------------------------------------- chunks
 
 

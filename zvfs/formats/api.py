@@ -210,8 +210,11 @@ def _v2_array(path: str, zarray: Any, zattrs: Any, key: str, err: str | None) ->
 def _v3_node(path: str, doc: Any, key: str) -> ArrayMeta | GroupMeta:
     node_type = doc.get("node_type") if isinstance(doc, dict) else None
     if node_type == "group":
+        err = zarr_v3.group_error(doc, key)
         attrs = doc.get("attributes") or {}
-        return GroupMeta(path, "zarr_v3", dict(attrs) if isinstance(attrs, dict) else {}, None, key)
+        if err or not isinstance(attrs, dict):  # an extension may change what they mean
+            attrs = {}
+        return GroupMeta(path, "zarr_v3", dict(attrs), err, key)
     if node_type != "array":
         return ArrayMeta(
             path=path,

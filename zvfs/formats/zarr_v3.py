@@ -97,12 +97,29 @@ ARRAY_FIELDS = frozenset({
 })  # fmt: skip
 
 
-def _unknown_fields(doc: dict[str, Any]) -> list[str]:
+#: the members of a group's zarr.json: the spec's, and zarr-python's consolidated metadata
+#: (written with ``"must_understand": false``, or as null where a group has none)
+GROUP_FIELDS = frozenset({"zarr_format", "node_type", "attributes", "consolidated_metadata"})
+
+
+def _unknown_fields(doc: dict[str, Any], known: frozenset[str] = ARRAY_FIELDS) -> list[str]:
     """Members the spec does not define and that do not say ``"must_understand": false``: the
-    spec says an array with one is not to be opened (an extension may change what the
-    stored values mean; zarr-python refuses them too)."""
-    return sorted(name for name, value in doc.items() if name not in ARRAY_FIELDS
+    spec says a node with one is not to be opened (an extension may change what the stored
+    values mean; zarr-python refuses them too)."""
+    return sorted(name for name, value in doc.items() if name not in known
                   and not (isinstance(value, dict) and value.get("must_understand") is False))
+
+
+def _unknown_message(key: str, unknown: list[str], what: str) -> str:
+    return (f"{key}: unknown extension field(s) {', '.join(map(repr, unknown))} without "
+            f'"must_understand": false; the Zarr v3 spec forbids reading such {what}')
+
+
+def group_error(doc: dict[str, Any], key: str) -> str | None:
+    """Why a group's zarr.json must not be read, or None. Such a group still holds its
+    members (each has metadata of its own); only what the group itself says is unusable."""
+    unknown = _unknown_fields(doc, GROUP_FIELDS)
+    return _unknown_message(key, unknown, "a group") if unknown else None
 
 
 def _fill_meta(meta: ArrayMeta, doc: Any, key: str) -> None:
@@ -112,8 +129,7 @@ def _fill_meta(meta: ArrayMeta, doc: Any, key: str) -> None:
         raise FormatError(f"{key}: not a Zarr v3 array")
     unknown = _unknown_fields(doc)
     if unknown:
-        raise FormatError(f"{key}: unknown extension field(s) {', '.join(map(repr, unknown))} without "
-                          '"must_understand": false; the Zarr v3 spec forbids reading such an array')
+        raise FormatError(_unknown_message(key, unknown, "an array"))
     attrs = doc.get("attributes") or {}
     meta.attributes = dict(attrs) if isinstance(attrs, dict) else {}
     for field in ("shape", "data_type", "chunk_grid", "chunk_key_encoding", "codecs"):

@@ -63,16 +63,23 @@ def _discover(ctx: MountContext) -> Decoded:
     for path, group in hierarchy.group_meta.items():
         if group.attribute_types:
             out.group_types[path] = dict(group.attribute_types)
+        if group.error:  # its members stay: each has metadata of its own
+            _warn_node(ctx, "group", path, group.metadata_key, group.error)
     for prefix, error in hierarchy.errors.items():
         ctx.warn_once(f"discover-error {prefix}", f"discovery below {prefix or '/'}: {error}")
     for path, meta in hierarchy.arrays.items():
-        if meta.error:  # one log line per array and mount (not per rediscovery): it names the key
-            where = meta.metadata_key or path or "/"
-            msg = meta.error if where in meta.error else f"{where}: {meta.error}"
-            ctx.warn_once(f"array-error {path} {msg}", f"array {path or '/'}: {msg}")
+        if meta.error:
+            _warn_node(ctx, "array", path, meta.metadata_key, meta.error)
         out.arrays[path] = DecodedArray(ctx, meta, _opener(ctx, meta))
     out.made = time.monotonic()
     return out
+
+
+def _warn_node(ctx: MountContext, kind: str, path: str, key: str, error: str) -> None:
+    """One log line per node and mount (not per rediscovery), naming the metadata key."""
+    where = key or path or "/"
+    msg = error if where in error else f"{where}: {error}"
+    ctx.warn_once(f"{kind}-error {path} {msg}", f"{kind} {path or '/'}: {msg}")
 
 
 def _opener(ctx: MountContext, meta: ArrayMeta) -> Callable[[], formats.ZarrArray]:
