@@ -8,6 +8,7 @@ are scraped over HTTP and parsed by prometheus-client's own parser.
 from __future__ import annotations
 
 import contextlib
+import errno
 import http.server
 import importlib.metadata
 import json
@@ -252,6 +253,73 @@ def test_the_daemon_keeps_none_of_its_callers_descriptors_and_raises_its_file_li
         with contextlib.suppress(OSError):
             os.close(fd)
         force_unmount(mnt)
+
+
+def test_a_daemon_out_of_descriptors_reads_on_and_says_which_limit(tmp_path) -> None:
+    """Under a hard limit of 64 open files the daemon's scan kept 58 metadata files open (its
+    cache of read descriptors held 128), so every open through the mount failed with EIO,
+    a `cat` of one raw file too, and its log, not opened until its first line, could not be
+    opened to say why: the log stayed empty. The descriptors kept are now at most an eighth
+    of the limit, and shed when an open finds none left; an open that still finds none
+    fails with EIO and one line naming the key and the limit to raise."""
+    import resource
+    import subprocess
+
+    import zarr
+
+    store = tmp_path / "many.zarr"
+    g = zarr.open_group(str(store), mode="w", zarr_format=2)
+    for i in range(40):
+        g.create_array(f"a{i}", shape=(8, 8), chunks=(4, 4), dtype="u1")[:] = _values(i)
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    log = tmp_path / "log"
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+    res = subprocess.run([*zvfs_cmd(), "mount", str(store), str(mnt), "--log-file", str(log)],
+                         preexec_fn=low_limit, capture_output=True, text=True, timeout=90)
+    assert res.returncode == 0, res.stderr
+    held: list[int] = []
+    try:
+        _read_on_out_of_descriptors(store, mnt, log, held)
+    finally:
+        for fd in held:
+            os.close(fd)
+        force_unmount(mnt)
+
+
+def _read_on_out_of_descriptors(store: Path, mnt: Path, log: Path, held: list[int]) -> None:
+    try:
+        for i in range(40):  # decoded reads: each of its 4 chunks read through the kept descriptors
+            assert (mnt / ".zvfs/arrays" / f"a{i}" / "data.raw").read_bytes() == _values(i).tobytes()
+            assert (mnt / f"a{i}" / "0.0").read_bytes() == (store / f"a{i}" / "0.0").read_bytes()
+        # each open raw file holds one of the daemon's descriptors: past its limit, EIO
+        errors = []
+        for i in range(40):
+            for c in ("0.0", "0.1", "1.0", "1.1"):
+                try:
+                    held.append(os.open(mnt / f"a{i}" / c, os.O_RDONLY))
+                except OSError as e:
+                    errors.append(e.errno)
+        assert errors and set(errors) == {errno.EIO}, errors
+        text = log.read_text()
+        assert re.search(r"ERROR open /a\d+/\d\.\d: a\d+/\d\.\d: cannot open: Too many open files; "
+                         r"the daemon's open-file limit \(64\) is reached: raise it", text), text
+    finally:
+        for fd in held:
+            os.close(fd)
+        held.clear()
+    # and once they are closed, everything reads again
+    assert (mnt / "a39" / "1.1").read_bytes() == (store / "a39" / "1.1").read_bytes()
+    assert (mnt / ".zvfs/arrays/a7/data.raw").read_bytes() == _values(7).tobytes()
+
+
+def _values(i: int):
+    import numpy as np
+
+    return (np.arange(64, dtype="u1") + 1 + i).reshape(8, 8)
 
 
 # --------------------------------------------------------------------------- stats.json

@@ -134,7 +134,11 @@ def _log_file(path: str) -> logging.Handler:
     log's directory was removed, or its disk went read-only, the first line logged raised
     OSError into whatever was logging, and a read that logged its error ended the daemon.
     A line that cannot be written is lost instead (stderr, where logging reports it, is
-    /dev/null in the daemon), and the next one tries the path again."""
+    /dev/null in the daemon), and the next one tries the path again.
+
+    Opened at once, not at the first line: a daemon that had logged nothing yet (the
+    default level) when it ran out of descriptors could not open its log to say so, and
+    lost every line of the failures that followed."""
     from logging.handlers import WatchedFileHandler
 
     class LogFile(WatchedFileHandler):
@@ -144,7 +148,7 @@ def _log_file(path: str) -> logging.Handler:
             except Exception:  # noqa: BLE001 - see above
                 self.handleError(record)
 
-    return LogFile(path, delay=True)
+    return LogFile(path)
 
 
 #: control characters a message's names may hold (a key may hold any but NUL), written

@@ -28,6 +28,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import resource
 import stat
 import sys
 import threading
@@ -69,8 +70,11 @@ _ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EISDIR, errno.ENAMETO
 #: the mode of a file made through the mount (the store keeps no modes; directories get 0755)
 NEW_FILE_MODE = 0o644
 
-#: files kept open for reading, at most (a small share of the usual 1024 descriptors)
+#: files kept open for reading, at most (a small share of the usual 1024 descriptors; an
+#: eighth of the process's limit where that is lower, see _kept_files)
 OPEN_FILES = 128
+#: an open's errors that mean the process (ENFILE: the system) has no descriptor to give
+_NO_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 #: seconds a kept descriptor may go unused before it is closed: a file deleted or replaced
 #: outside the mount keeps its disk space (and the file system under the store busy) for
 #: as long as a descriptor of it is open
@@ -172,6 +176,16 @@ class _OpenFiles:
                 self._retire(entry)
             self._open.clear()
 
+    def shed(self) -> int:
+        """Close every kept descriptor no reader is using (the process ran out of them: an
+        open is worth more than a descriptor kept for a read that may never come); how
+        many were closed."""
+        with self._lock:
+            idle = [key for key, entry in self._open.items() if entry.users == 0]
+            for key in idle:
+                self._retire(self._open.pop(key))
+            return len(idle)
+
     def _retire(self, entry: _Open) -> None:
         """Under the lock: close now, or when the last reader gives it back."""
         entry.dropped = True
@@ -192,7 +206,7 @@ class DirectoryStore(Store):
     local = True
     list_ahead = LIST_AHEAD
 
-    def __init__(self, root: str | os.PathLike[str], open_files: int = OPEN_FILES) -> None:
+    def __init__(self, root: str | os.PathLike[str], open_files: int | None = None) -> None:
         shown = os.path.abspath(os.fspath(root))
         if not os.path.exists(shown):
             raise SourceError(f"source directory {shown} does not exist")
@@ -204,7 +218,7 @@ class DirectoryStore(Store):
         self._root_sep = self.root if self.root.endswith("/") else self.root + "/"
         self.description = shown
         self._escapes = LogOnce(log)
-        self._files = _OpenFiles(open_files)
+        self._files = _OpenFiles(_kept_files() if open_files is None else open_files)
         self._proc_fd = True  # /proc/self/fd names opened files (see _open_direct)
         weakref.finalize(self, self._files.close)  # a store dropped unclosed closes its files
 
@@ -251,13 +265,13 @@ class DirectoryStore(Store):
             return None
         path = os.path.join(self.root, key)
         try:
-            fd = os.open(path, _OPEN_FLAGS)  # O_NOFOLLOW: a link at the end is ELOOP
+            fd = self._os_open(path, _OPEN_FLAGS)  # O_NOFOLLOW: a link at the end is ELOOP
         except OSError as e:
             if e.errno == errno.ELOOP:
                 return None
             if e.errno in _ABSENT:
                 raise KeyNotFound(key) from None
-            raise StoreError(f"{key}: cannot open: {e.strerror}") from e
+            raise _cannot_open(key, e) from e
         if self._opened_at(fd, path) and self._proc_fd:  # with no /proc here: always resolve
             return fd
         os.close(fd)
@@ -292,11 +306,11 @@ class DirectoryStore(Store):
             if real is None:
                 raise KeyNotFound(key)
             try:
-                fd = os.open(real, _OPEN_FLAGS)
+                fd = self._os_open(real, _OPEN_FLAGS)
             except OSError as e:
                 if e.errno in _ABSENT:
                     raise KeyNotFound(key) from None
-                raise StoreError(f"{key}: cannot open: {e.strerror}") from e
+                raise _cannot_open(key, e) from e
             if not self._opened_at(fd, real):
                 # a directory on the way became a symlink between the resolution and the
                 # open (another process racing us): what was opened may be outside
@@ -486,8 +500,10 @@ class DirectoryStore(Store):
         except OSError:
             raise missing from None
         try:
-            fd = os.open(parent_path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
+            fd = self._os_open(parent_path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno in _NO_DESCRIPTORS:
+                raise _cannot_open(key, e) from None
             raise missing from None
         try:
             if not self._opened_at(fd, parent_path):
@@ -504,8 +520,10 @@ class DirectoryStore(Store):
             try:
                 # not the application's mode: the store keeps none (chmod is not kept), and tools
                 # that create 0600 and chmod after (rsync, cp -a, tar) left every file 0600
-                fd = os.open(name, flags, NEW_FILE_MODE, dir_fd=parent)
+                fd = self._os_open(name, flags, NEW_FILE_MODE, dir_fd=parent)
             except OSError as e:
+                if e.errno in _NO_DESCRIPTORS:
+                    raise _cannot_open(key, e) from None
                 raise _refused(key, e) from None
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -612,6 +630,17 @@ class DirectoryStore(Store):
         self._files.close()
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _os_open(self, path: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        """os.open; out of descriptors, the kept ones no reader uses are closed and the open
+        is tried once more (kept, they took every descriptor a low limit allows, and every
+        open failed: a cat of a raw file too, for as long as they stayed)."""
+        try:
+            return os.open(path, flags, mode, dir_fd=dir_fd)
+        except OSError as e:
+            if e.errno not in _NO_DESCRIPTORS or not self._files.shed():
+                raise
+        return os.open(path, flags, mode, dir_fd=dir_fd)
 
     def _walk(self, prefix: str, real: str, ancestors: frozenset[tuple[int, int]]) -> Iterator[str]:
         try:
@@ -738,10 +767,12 @@ class DirectoryStore(Store):
         directory on the way for a symlink must not have the store list what lies outside."""
         for _ in range(_REOPENS):
             try:
-                fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                fd = self._os_open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
             except OSError as e:
                 if e.errno in _ABSENT:
                     return None
+                if e.errno in _NO_DESCRIPTORS:
+                    raise _cannot_open(prefix or "/", e, "list") from e
                 raise StoreError(f"{prefix or '/'}: cannot list: {e.strerror}") from e
             if self._opened_at(fd, real):
                 return fd
@@ -759,6 +790,30 @@ class DirectoryStore(Store):
 
 #: opens of a directory to list that was removed just as it was opened, at most
 _REOPENS = 3
+
+
+def _kept_files() -> int:
+    """How many read descriptors to keep: OPEN_FILES, but at most an eighth of the open-file
+    limit (a daemon run with a hard limit of 64 kept 58 files of metadata open after its
+    scan, and every open then failed with EIO)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return OPEN_FILES
+    return max(1, min(OPEN_FILES, soft // 8))
+
+
+def _cannot_open(key: str, e: OSError, what: str = "open") -> StoreError:
+    """The error of an open that failed; out of descriptors, it says which limit to raise."""
+    if e.errno not in _NO_DESCRIPTORS:
+        return StoreError(f"{key}: cannot {what}: {e.strerror}")
+    if e.errno == errno.ENFILE:
+        hint = "the system's limit (fs.file-max) is reached"
+    else:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        limit = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+        hint = (f"the daemon's open-file limit ({limit}) is reached: raise it (ulimit -Hn before "
+                "zvfs mount, LimitNOFILE= in a systemd unit), or hold fewer files of the mount open")
+    return StoreError(f"{key}: cannot {what}: {e.strerror}; {hint}")
 
 
 def _fd_path(fd: int) -> str | None:
