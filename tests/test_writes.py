@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -2159,6 +2160,33 @@ def test_s3_a_file_unlinked_while_written_leaves_nothing_staged(s3store: Store, 
     assert wait_until(lambda: not staged(), 5), staged()
     assert s3store.keys() == {}
     assert "never uploaded are kept" not in m.log_text()
+
+
+def test_s3_a_staging_directory_removed_under_the_mount_is_made_again(s3store: Store, mount, tmp_path) -> None:
+    """systemd-tmpfiles ages out of /tmp what sat unused for 10 days, a writable mount's
+    empty staging directory too: from then on every create through the mount failed with
+    EIO ("create /x: FileNotFoundError: ..."), until it was remounted. The directory is
+    made again, locked as before, with one warning."""
+    tmpdir = tmp_path / "tmpdir"  # the daemon's private staging directory lands here
+    tmpdir.mkdir()
+    m = s3store.mount(mount, env={"TMPDIR": str(tmpdir)})
+    (m.path / "before").write_bytes(b"one")
+    (first,) = tmpdir.glob("zvfs-staging-*")
+    shutil.rmtree(tmpdir)  # and its parent too
+    for i in range(3):
+        (m.path / f"after{i}").write_bytes(b"two")
+        assert s3store.get(f"after{i}") == b"two"
+    (again,) = tmpdir.glob("zvfs-staging-*")
+    warned = [ln for ln in m.log_text().splitlines() if "was removed under the mount" in ln]
+    assert len(warned) == 1 and str(first) in warned[0] and str(again) in warned[0], m.log_text()
+    assert "ERROR" not in m.log_text(), m.log_text()
+    # still locked: the next writable mount takes it for a live daemon's, not a dead one's
+    fd = os.open(again, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
 
 
 @pytest.mark.parametrize("how", ["unlinked", "replaced"])

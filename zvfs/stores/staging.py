@@ -36,28 +36,64 @@ class Staging:
     def __init__(self, directory: str | None, max_bytes: int, min_free: int) -> None:
         # a directory of this daemon's own, locked while it lives: the next daemon can tell
         # what one that died (kill -9, a crash) left unstored, and say so
-        base = tempfile.gettempdir() if directory is None else os.path.join(directory, "staging")
-        os.makedirs(base, mode=0o700, exist_ok=True)
-        # made under a name no daemon looks at, locked, then given its name: a directory named
-        # so is always locked while its daemon lives (another daemon starting at that moment
-        # took it for a dead one's)
-        made = tempfile.mkdtemp(prefix="." + DIR_PREFIX, dir=base)
-        self._lock = os.open(made, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        fcntl.flock(self._lock, fcntl.LOCK_EX)
-        self.dir = os.path.join(base, os.path.basename(made)[1:])
-        os.rename(made, self.dir)
-        self.base = base
+        self.base = tempfile.gettempdir() if directory is None else os.path.join(directory, "staging")
+        self._lock = -1
+        self._make_dir()
         self.max_bytes = max_bytes
         self.min_free = min_free
         self.used = 0
         self._cond = threading.Condition()
+        self._remade = threading.Lock()
+
+    def _make_dir(self) -> None:
+        """Make this daemon's directory, and hold it locked."""
+        os.makedirs(self.base, mode=0o700, exist_ok=True)
+        # made under a name no daemon looks at, locked, then given its name: a directory named
+        # so is always locked while its daemon lives (another daemon starting at that moment
+        # took it for a dead one's)
+        made = tempfile.mkdtemp(prefix="." + DIR_PREFIX, dir=self.base)
+        lock = os.open(made, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        self.dir = os.path.join(self.base, os.path.basename(made)[1:])
+        os.rename(made, self.dir)
+        if self._lock >= 0:
+            os.close(self._lock)
+        self._lock = lock
 
     def new_file(self, key: str) -> tuple[str, int]:
-        """A new empty staged file for ``key``: (path, fd opened read-write)."""
+        """A new empty staged file for ``key``: (path, fd opened read-write).
+
+        The directory removed under the daemon (systemd-tmpfiles ages out what sat unused in
+        /tmp for 10 days, a clean-up script, an operator) is made again, with one warning:
+        every create failed with EIO until the mount was remade."""
         name = f"{uuid.uuid4().hex}-{os.path.basename(key)[:80]}"
+        gone = self.dir
+        try:
+            return self._create(key, name)
+        except FileNotFoundError:
+            pass
+        with self._remade:
+            if self.dir == gone:  # not made again by another writer meanwhile
+                try:
+                    self._make_dir()
+                except OSError as e:
+                    raise WriteRefused(errno.EIO, f"{key}: the staging directory {gone} was removed, "
+                                       f"and it cannot be made again under {self.base}: "
+                                       f"{e.strerror}") from None
+                log.warning("the staging directory %s was removed under the mount; staging in %s "
+                            "from now on", gone, self.dir)
+        return self._create(key, name)
+
+    def _create(self, key: str, name: str) -> tuple[str, int]:
         path = os.path.join(self.dir, name)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        return path, fd
+        try:
+            return path, os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:
+            raise
+        except OSError as e:  # a full disk, or one turned read-only: said as what it is
+            full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+            raise WriteRefused(errno.ENOSPC if full else errno.EIO,
+                               f"{key}: cannot stage in {self.dir}: {e.strerror}") from None
 
     def grow(self, key: str, extra: int) -> None:
         """Account ``extra`` more staged bytes, or refuse with ENOSPC.
