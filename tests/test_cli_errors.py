@@ -468,6 +468,21 @@ def test_generic_mount_options_are_accepted(zarr_dir, mount) -> None:
     assert mount_entry(m.path)["options"].startswith("ro,"), mount_entry(m.path)
 
 
+def test_a_quoted_option_value_holds_its_commas_as_mount8_quotes_it(zarr_dir, tmp_path) -> None:
+    """mount(8) and fstab quote a value that holds commas (`-o context="a,b"`) and pass it to
+    the helper quotes and all: zvfs split it at its commas ("unknown option -o b\"")."""
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    res = run(["mount", "-t", "zvfs", str(zarr_dir), str(mnt), "-o",
+               f'metrics_addr=0,metrics_label="run a,b",comment="x,y",log_file={tmp_path / "log"}'])
+    try:
+        assert res.returncode == 0, res.stderr
+        stats = json.loads((mnt / ".zvfs" / "stats.json").read_bytes())
+        assert stats["options"]["metrics_label"] == "run a,b", stats["options"]
+    finally:
+        force_unmount(mnt)
+
+
 def test_unmount_refuses_a_file_system_that_is_not_zvfs(tmp_path) -> None:
     """zvfs unmount ran fusermount3 -u on whatever was mounted there: as root, a tmpfs went."""
     tm = tmp_path / "tm"

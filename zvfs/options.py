@@ -315,11 +315,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="any option above as key=value (switches as bare keys), comma separated")
 
 
+#: one item of an -o list: a value in double quotes may hold commas (mount(8)'s own rule:
+#: `-o context="a,b"`, which mount passes on to its helper quotes and all), and a backslash
+#: escapes a comma anywhere
+_O_ITEM = re.compile(r'(?:"[^"]*"|\\.|\\$|[^,\\])+')
+
+
 def split_o(values: list[str]) -> list[str]:
-    """Split -o lists on commas, keeping backslash-escaped commas inside values."""
+    """Split -o lists on commas, keeping backslash-escaped commas inside values, and the
+    commas of a value in double quotes (the quotes are dropped: `key="a,b"` is key=a,b)."""
     out: list[str] = []
     for value in values:
-        out.extend(p.replace("\\,", ",") for p in re.split(r"(?<!\\),", value) if p)
+        for item in _O_ITEM.findall(value):
+            key, eq, v = item.partition("=")
+            if eq and len(v) >= 2 and v[0] == v[-1] == '"':
+                v = v[1:-1]
+            out.append(key + eq + re.sub(r"\\,", ",", v))
     return out
 
 
