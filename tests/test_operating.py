@@ -430,6 +430,43 @@ def total(samples: dict, name: str, **labels: str) -> float:
                if n == name and all(dict(lab).get(k) == want for k, want in labels.items()))
 
 
+def test_status_tells_a_mount_whose_source_is_still_being_opened_starting(
+        zarr_s3, moto, s3_env, tmp_path) -> None:
+    """While an S3 source is still being probed the mount answers (its stats.json too), but
+    every listing waits for the store, and the mount is undone if the probe fails: `zvfs
+    status` called it "ok" and exited 0. It is "starting" (exit 1) until it is ready."""
+    import subprocess
+
+    from faultproxy import FaultProxy
+
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    with FaultProxy(moto.port) as proxy:
+        proxy.set({"kind": "silent", "ops": ["list"]})  # the probe hangs until cleared
+        proc = subprocess.Popen([*zvfs_cmd(), "mount", zarr_s3, str(mnt), "--endpoint-url", proxy.endpoint,
+                                 "--log-file", str(tmp_path / "log")], env=s3_env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert wait_until(lambda: mount_entry(mnt) is not None, 60), proc.poll()
+            assert wait_until(lambda: proxy.stats().get("requests_list", 0) >= 1, 60)
+            res = zvfs("status", mnt, "--json")
+            (info,) = json.loads(res.stdout)
+            assert info["health"] == "starting" and res.returncode == 1, res.stdout
+            assert "still being opened" in info["error"], info
+            text = zvfs("status", mnt)
+            assert text.stdout.startswith(f"{mnt}: starting (its source is still being opened"), text.stdout
+            assert "process:    pid" in text.stdout, text.stdout
+            proxy.clear()
+            _out, err = proc.communicate(timeout=90)
+            assert proc.returncode == 0, err
+            res = zvfs("status", mnt, "--json")
+            assert json.loads(res.stdout)[0]["health"] == "ok" and res.returncode == 0, res.stdout
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            force_unmount(mnt)
+
+
 def test_metrics_endpoint_moves_with_a_workload(zarr_s3, zarr_dir, moto, s3_env, mount) -> None:
     m = mount(zarr_s3, "--endpoint-url", moto.endpoint, "--metrics-addr", "0",
               "--metrics-label", "sample", env=s3_env)

@@ -283,6 +283,7 @@ async def _announce_ready(ctx: MountContext, root: MountRoot, mountpoint: str, r
         ctx.background(root.raw.warm)
     log.info("mounted %s", mountpoint)
     stop.ready = True
+    ctx.counters.ready = True
     if ready_fd is not None:
         try:
             os.write(ready_fd, b"OK\n")

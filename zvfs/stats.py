@@ -91,6 +91,9 @@ class Counters:
         self.started = time.time()
         #: (unix time, one line) of the last error a user saw as a failed operation
         self.last_error: tuple[float, str] | None = None
+        #: set once the mount is announced ready (its source open and scanned): until then
+        #: it answers, but a request that needs the store waits for it
+        self.ready = False
         #: gauges read when a snapshot is taken: they cost their owner nothing until then
         self._readings: dict[str, Callable[[], float]] = {}
 

@@ -53,7 +53,7 @@ def zvfs_mounts() -> list[MountEntry]:
 
 def probe(mountpoint: str, timeout: float) -> dict[str, Any]:
     """Health ('ok', 'dead', 'hung', 'error', or 'unknown' to a user the mount does not let
-    in) and stats.json of one mount."""
+    in) and stats.json of one mount ('starting', told by stats.json, comes in describe)."""
     try:
         res = subprocess.run([sys.executable, "-c", _PROBE, mountpoint], capture_output=True,
                              text=True, timeout=timeout)
@@ -86,6 +86,11 @@ def describe(entry: MountEntry, timeout: float) -> dict[str, Any]:
     if "error" in stats:  # stats.json could not be read
         found = {**found, "error": f"stats.json: {stats['error']}"}
         stats = {}
+    if found["health"] == "ok" and stats.get("ready") is False:
+        # it answers, but its source is still being opened (an S3 probe, a zip's directory):
+        # "ok" said so of a mount whose every listing waited, and that may yet be undone
+        found = {**found, "health": "starting",
+                 "error": "its source is still being opened: requests that need it wait"}
     out: dict[str, Any] = {
         "mountpoint": entry.mountpoint,
         "source": stats.get("source") or entry.source.removeprefix("zvfs:"),

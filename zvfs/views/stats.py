@@ -43,6 +43,7 @@ class StatsFile(FileNode):
             source=self.ctx.source,
             options=self.ctx.options,
             pid=os.getpid(),
+            ready=self.ctx.counters.ready,
             started=round(self.ctx.mount_time, 3),
             last_error={"time": round(last[0], 3), "message": last[1]} if last else None,
             time=round(time.time(), 3),
