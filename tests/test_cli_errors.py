@@ -483,6 +483,33 @@ def test_a_quoted_option_value_holds_its_commas_as_mount8_quotes_it(zarr_dir, tm
         force_unmount(mnt)
 
 
+def test_mount_fuse_type_and_remount(zarr_dir, tmp_path) -> None:
+    """The mount table gives a zvfs mount's type as fuse.zvfs, so `mount -o remount,...`, and
+    an fstab line of type fuse.zvfs (the FUSE convention: fuse.sshfs, fuse.rclone), go
+    through mount.fuse, which runs `zvfs SOURCE MOUNTPOINT -o OPTS`: that failed with
+    "argument COMMAND: invalid choice: 'zvfs:/...'". Such a call mounts; a remount, which
+    zvfs cannot do, is refused in one line saying what to do, and the mount stays."""
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    res = run(["mount", "-t", "fuse.zvfs", str(zarr_dir), str(mnt), "-o",
+               f"metadata_ttl=5,log_file={tmp_path / 'log'}"])
+    try:
+        assert res.returncode == 0, res.stderr
+        assert mount_entry(mnt)["fstype"] == "fuse.zvfs"
+        assert sorted(os.listdir(mnt)) == sorted(p.name for p in zarr_dir.iterdir())
+        res = run(["mount", "-o", "remount,ro", str(mnt)])
+        assert res.returncode != 0
+        assert res.stderr.strip() == ("mount.zvfs: a zvfs mount's options cannot be changed while it "
+                                      "is mounted (-o remount): unmount it and mount it again with the "
+                                      "new options"), res.stderr
+        assert sorted(os.listdir(mnt)) == sorted(p.name for p in zarr_dir.iterdir())
+    finally:
+        force_unmount(mnt)
+    # a mistyped command is still told as one
+    res = run([tool("zvfs"), "mout", str(zarr_dir), str(tmp_path / "missing")])
+    assert res.returncode == 2 and "invalid choice: 'mout'" in res.stderr, res.stderr
+
+
 def test_unmount_refuses_a_file_system_that_is_not_zvfs(tmp_path) -> None:
     """zvfs unmount ran fusermount3 -u on whatever was mounted there: as root, a tmpfs went."""
     tm = tmp_path / "tm"

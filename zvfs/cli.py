@@ -925,6 +925,10 @@ def mount_helper_main(argv: list[str] | None = None) -> int:
         else:
             positional.append(a)
         i += 1
+    if "remount" in (item.partition("=")[0].strip() for item in zopts.split_o(o_values)):
+        print("mount.zvfs: a zvfs mount's options cannot be changed while it is mounted "
+              "(-o remount): unmount it and mount it again with the new options", file=sys.stderr)
+        return EXIT_CONFIG
     if sloppy:
         o_values = _known_options(o_values)
     if len(positional) != 2:

@@ -17,8 +17,24 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from zvfs import earlystop, warmup  # noqa: E402
 
+#: the commands of ``zvfs``; anything else first, with two operands, is mount.fuse's call
+_COMMANDS = ("mount", "unmount", "umount", "status")
+
+
+def _called_by_mount_fuse(args: list[str]) -> bool:
+    """Whether ``zvfs`` was run as ``zvfs SOURCE MOUNTPOINT [-o OPTS]``: how mount.fuse (the
+    helper of ``mount -t fuse.zvfs``, an fstab line of that type, and every ``mount -o
+    remount`` of a zvfs mount, whose type the mount table gives as fuse.zvfs) runs the
+    program named by the type. It failed as "invalid choice" of COMMAND."""
+    if not args or args[0] in _COMMANDS or args[0].startswith("-"):
+        return False
+    operands = [a for i, a in enumerate(args) if not a.startswith("-") and (i == 0 or args[i - 1] != "-o")]
+    return len(operands) == 2 and ("-o" in args or os.path.isdir(operands[1]))
+
 
 def main() -> int:
+    if _called_by_mount_fuse(sys.argv[1:]):
+        return mount_helper_main()
     if sys.argv[1:2] == ["mount"]:
         earlystop.watch()
         warmup.start()
