@@ -430,6 +430,30 @@ def test_a_full_cache_disk_fails_no_read(mount, moto, s3_env, bucket, small_disk
     assert not [p for p in disk.rglob("*.tmp")]
 
 
+def test_a_cache_that_filled_its_disk_makes_room_for_writes_staged_there(mount, moto, s3_env, bucket,
+                                                                          small_disk):
+    """A writable S3 mount stages under --cache-dir too: once its reads had filled the disk
+    down to --cache-min-free, every write failed with ENOSPC for --staging-min-free (the two
+    floors are alike by default), while the disk was full of evictable cache entries. The
+    cache now gives up entries, least recently used first, for a write to stage."""
+    name, client = bucket
+    values = _values(26, base=1_000_000)  # about 26 MB of entries on a 28 MiB disk
+    put_many(client, name, values)
+    disk = small_disk("size=28m")
+    m = mount(f"s3://{name}", "--endpoint-url", moto.endpoint, "--cache-dir", str(disk), "--writable",
+              "--cache-min-free", "6M", "--staging-min-free", "6M", env=s3_env)
+    assert _read_in_threads(m.path, values, 2) == []
+    data = os.urandom(3 * 2**20)
+    # the cache took the disk down near its floor: the write cannot stage above its own
+    assert shutil.disk_usage(disk).free - len(data) < 6 * 2**20
+    evicted = _stats(m.path)["disk_cache_evictions"]
+    (m.path / "new.bin").write_bytes(data)
+    assert client.get_object(Bucket=name, Key="new.bin")["Body"].read() == data
+    assert _stats(m.path)["disk_cache_evictions"] > evicted
+    assert "ERROR" not in m.log_text(), m.log_text()
+    assert _read_in_threads(m.path, values, 2) == []  # and everything still reads
+
+
 def test_the_free_space_floor_holds_under_concurrent_reads(mount, moto, s3_env, bucket, small_disk):
     """Several readers filling a 2 MiB cache disk at once: the floor counts the entries
     being written (the disk's free space shows them only once written), so none fails

@@ -168,10 +168,11 @@ def build_context(store: Store, opts: dict[str, Any], counters: Counters,
     only real requests; the optional disk tier sits above it. ``counters`` are the mount's
     (the store was opened with them too): the context owns them from here on."""
     layered: Store = CountingStore(store, counters)
+    disk = None
     if opts["cache_dir"]:
         from zvfs.cache.disk import DiskCachedStore
 
-        layered = DiskCachedStore(
+        layered = disk = DiskCachedStore(
             layered,
             opts["cache_dir"],
             max_bytes=opts["cache_max_size"],
@@ -188,8 +189,12 @@ def build_context(store: Store, opts: dict[str, Any], counters: Counters,
         if enable_writes is not None:  # a store that stages (S3)
             from zvfs.stores.staging import Staging
 
-            enable_writes(Staging(opts["cache_dir"], opts["staging_max_size"], opts["staging_min_free"]),
-                          opts["part_size"], opts["rewrite_max_size"],
+            staging = Staging(opts["cache_dir"], opts["staging_max_size"], opts["staging_min_free"])
+            if disk is not None and disk.on_disk_of(staging.base):
+                # its cache filled the disk down to --cache-min-free, and then every write
+                # was ENOSPC (the floors are alike by default): what is cached makes room
+                staging.make_room = disk.make_room
+            enable_writes(staging, opts["part_size"], opts["rewrite_max_size"],
                           {name: opts[name] for name in S3_WRITE_OPTIONS if opts.get(name)})
     workers = Workers(opts["threads"])
     decoders = None

@@ -402,6 +402,31 @@ class DiskCachedStore(WrappedStore):
                 pass
         return fits()
 
+    def on_disk_of(self, path: str | os.PathLike[str]) -> bool:
+        """Whether ``path`` is on the file system this cache writes in."""
+        try:
+            return os.stat(path).st_dev == os.stat(self.dir).st_dev
+        except OSError:
+            return False
+
+    def make_room(self, free: int) -> None:
+        """Evict, least recently used first, until the disk has ``free`` bytes free or nothing
+        is left to evict: writes staged on the same disk come before what is cached."""
+        with self._lock:
+            while self._entries:
+                try:
+                    if shutil.disk_usage(self.dir).free - self._writing >= free:
+                        return
+                except OSError:
+                    return
+                name, size = self._entries.popitem(last=False)
+                self._bytes -= size
+                self.counters.add("disk_cache_evictions")
+                try:
+                    os.unlink(self.dir / name)
+                except OSError:
+                    pass
+
     def _write(self, key: str, name: str, data: bytes, writes: int) -> None:
         """Keep ``data`` as ``name``, unless ``key`` was written through the mount since
         its fetch began (``writes`` is the count then)."""

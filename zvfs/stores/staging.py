@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 from zvfs.stores.base import WriteRefused
 
@@ -44,6 +45,9 @@ class Staging:
         self.used = 0
         self._cond = threading.Condition()
         self._remade = threading.Lock()
+        #: asked to free this many bytes on the staging disk before a write is refused for
+        #: its floor (a disk cache sharing the disk), or None
+        self.make_room: Callable[[int], None] | None = None
 
     def _make_dir(self) -> None:
         """Make this daemon's directory, and hold it locked."""
@@ -124,13 +128,23 @@ class Staging:
                 f"{key}: staging space is full ({self.used} of {self.max_bytes} bytes in use; "
                 "raise --staging-max-size)",
             )
-        if shutil.disk_usage(self.dir).free - extra < self.min_free:
+        if self._short_of(extra):
             return WriteRefused(
                 errno.ENOSPC,
                 f"{key}: the staging disk ({self.dir}) would drop below its {self.min_free} "
                 "free bytes (--staging-min-free)",
             )
         return None
+
+    def _short_of(self, extra: int) -> bool:
+        """Whether ``extra`` more bytes would take the disk below the floor, after what
+        shares the disk (make_room) has made room."""
+        if shutil.disk_usage(self.dir).free - extra >= self.min_free:
+            return False
+        if self.make_room is None:
+            return True
+        self.make_room(self.min_free + extra)
+        return shutil.disk_usage(self.dir).free - extra < self.min_free
 
     def cleanup(self) -> None:
         """At unmount: remove this daemon's directory if nothing was kept in it."""
