@@ -117,3 +117,21 @@ def pwrite_all(fd: int, data: bytes | memoryview, offset: int, *, append: bool =
                 return done
             raise
     return done
+
+
+#: an open's errors that mean the process (ENFILE: the system) has no descriptor to give
+NO_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
+
+
+def no_descriptors_hint(e: OSError) -> str:
+    """'; which limit to raise' for an error of running out of descriptors, else ''."""
+    import resource
+
+    if e.errno == errno.ENFILE:
+        return "; the system's limit (fs.file-max) is reached"
+    if e.errno != errno.EMFILE:
+        return ""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    limit = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+    return (f"; the daemon's open-file limit ({limit}) is reached: raise it (ulimit -Hn before "
+            "zvfs mount, LimitNOFILE= in a systemd unit), or hold fewer files of the mount open")

@@ -41,7 +41,18 @@ from dataclasses import dataclass
 
 from zvfs.pagecache import read_ahead_and_close
 from zvfs.stores import find_lister
-from zvfs.stores._util import LogOnce, check_key, check_prefix, pread_all, pread_at_once, pwrite_all
+from zvfs.stores._util import (
+    NO_DESCRIPTORS as _NO_DESCRIPTORS,
+)
+from zvfs.stores._util import (
+    LogOnce,
+    check_key,
+    check_prefix,
+    no_descriptors_hint,
+    pread_all,
+    pread_at_once,
+    pwrite_all,
+)
 from zvfs.stores.base import (
     GONE,
     KeyInfo,
@@ -73,8 +84,6 @@ NEW_FILE_MODE = 0o644
 #: files kept open for reading, at most (a small share of the usual 1024 descriptors; an
 #: eighth of the process's limit where that is lower, see _kept_files)
 OPEN_FILES = 128
-#: an open's errors that mean the process (ENFILE: the system) has no descriptor to give
-_NO_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 #: seconds a kept descriptor may go unused before it is closed: a file deleted or replaced
 #: outside the mount keeps its disk space (and the file system under the store busy) for
 #: as long as a descriptor of it is open
@@ -804,16 +813,7 @@ def _kept_files() -> int:
 
 def _cannot_open(key: str, e: OSError, what: str = "open") -> StoreError:
     """The error of an open that failed; out of descriptors, it says which limit to raise."""
-    if e.errno not in _NO_DESCRIPTORS:
-        return StoreError(f"{key}: cannot {what}: {e.strerror}")
-    if e.errno == errno.ENFILE:
-        hint = "the system's limit (fs.file-max) is reached"
-    else:
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        limit = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
-        hint = (f"the daemon's open-file limit ({limit}) is reached: raise it (ulimit -Hn before "
-                "zvfs mount, LimitNOFILE= in a systemd unit), or hold fewer files of the mount open")
-    return StoreError(f"{key}: cannot {what}: {e.strerror}; {hint}")
+    return StoreError(f"{key}: cannot {what}: {e.strerror}{no_descriptors_hint(e)}")
 
 
 def _fd_path(fd: int) -> str | None:

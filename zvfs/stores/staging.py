@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+from zvfs.stores._util import no_descriptors_hint
 from zvfs.stores.base import WriteRefused
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ class Staging:
         except OSError as e:  # a full disk, or one turned read-only: said as what it is
             full = e.errno in (errno.ENOSPC, errno.EDQUOT)
             raise WriteRefused(errno.ENOSPC if full else errno.EIO,
-                               f"{key}: cannot stage in {self.dir}: {e.strerror}") from None
+                               f"{key}: cannot stage in {self.dir}: {e.strerror}{no_descriptors_hint(e)}") from None
 
     def grow(self, key: str, extra: int) -> None:
         """Account ``extra`` more staged bytes, or refuse with ENOSPC.
