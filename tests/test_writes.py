@@ -2189,6 +2189,59 @@ def test_s3_a_staging_directory_removed_under_the_mount_is_made_again(s3store: S
         os.close(fd)
 
 
+def test_s3_out_of_descriptors_a_create_and_an_upload_name_the_limit(s3store: Store, tmp_path) -> None:
+    """Each file open for writing on S3 holds a staged descriptor: under a low open-file limit
+    a create failed with "create /x: OSError: ...", and an upload that found no socket to
+    make failed with "Could not connect to the endpoint URL", the endpoint blamed for the
+    daemon's limit. Both now say the limit is reached, and which to raise."""
+    import resource
+
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    log = tmp_path / "log"
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+    res = subprocess.run([tool("zvfs"), "mount", s3store.source, str(mnt), "--endpoint-url", s3store.endpoint,
+                          "--allow-empty", "--writable", "--log-file", str(log)],
+                         # the bytes of the upload that fails are kept: here, not in /tmp
+                         env={**s3store.env, "TMPDIR": str(tmp_path)}, preexec_fn=low_limit,
+                         capture_output=True, text=True, timeout=90)
+    assert res.returncode == 0, res.stderr
+    held: list[int] = []
+    try:
+        failed = None
+        for i in range(80):
+            try:
+                fd = os.open(mnt / f"f{i}", os.O_CREAT | os.O_WRONLY, 0o644)
+            except OSError as e:
+                failed = e.errno
+                break
+            os.write(fd, b"x")
+            held.append(fd)
+        assert failed == errno.EIO, failed
+        closed = []
+        for fd in held:
+            try:
+                os.close(fd)
+                closed.append(None)
+            except OSError as e:
+                closed.append(e.errno)
+        held.clear()
+        assert errno.EIO in closed, closed
+        limit = r"the daemon's open-file limit \(64\) is reached: raise it"
+        text = log.read_text()
+        assert re.search(r"ERROR create /f\d+: f\d+: cannot stage in \S+: Too many open files; " + limit, text), text
+        assert re.search(r"upload failed \(f\d+: S3 PutObject failed after \d+ attempts: "
+                         r"EndpointConnectionError: .*; " + limit, text), text
+    finally:
+        for fd in held:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        force_unmount(mnt)
+
+
 @pytest.mark.parametrize("how", ["unlinked", "replaced"])
 def test_s3_a_file_unlinked_or_replaced_during_its_multipart_upload_leaves_no_upload(
         s3store: Store, mount, how: str) -> None:

@@ -42,7 +42,7 @@ from botocore.handlers import add_expect_header
 
 from zvfs.stats import Counters
 from zvfs.stores import s3_walk
-from zvfs.stores._util import LogOnce, check_key, check_prefix
+from zvfs.stores._util import NO_DESCRIPTORS, LogOnce, check_key, check_prefix, no_descriptors_hint
 from zvfs.stores.base import (
     KeyInfo,
     KeyNotFound,
@@ -895,6 +895,9 @@ class S3Store(Store):
             what = f"{code} {msg}".rstrip()
         else:
             what = f"{type(exc).__name__}: {exc}"
+            cause = _out_of_descriptors(exc)
+            if cause is not None:  # "Could not connect to the endpoint URL": no socket to connect
+                what += no_descriptors_hint(cause)
         if kind in ("denied", "expired"):
             return StoreError(
                 f"{key}: S3 {op} refused: {what}. The credentials were rejected for "
@@ -904,3 +907,22 @@ class S3Store(Store):
         if kind in TRANSIENT_KINDS:
             return StoreError(f"{key}: S3 {op} failed after {tries.number} attempts: {what}")
         return StoreError(f"{key}: S3 {op} failed: {what}")
+
+
+def _out_of_descriptors(exc: BaseException) -> OSError | None:
+    """The EMFILE (or ENFILE) behind ``exc``, if that is what it comes from: botocore tells
+    a socket that could not be made as an endpoint it could not connect to."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in NO_DESCRIPTORS:
+            return e
+        todo += [e.__cause__, e.__context__, *(a for a in e.args if isinstance(a, BaseException))]
+        kwargs = getattr(e, "kwargs", None)
+        if isinstance(kwargs, dict) and isinstance(kwargs.get("error"), BaseException):
+            todo.append(kwargs["error"])
+    return None
