@@ -1231,6 +1231,48 @@ def test_disk_cache_keeps_suffixes(tree: Path, tmp_path: Path) -> None:
     assert store.get_suffix("a/big", 7) == (big[-7:], len(big))
 
 
+def test_disk_cache_out_of_descriptors_keeps_its_entries(tree: Path, tmp_path: Path, monkeypatch,
+                                                        caplog) -> None:
+    """An entry that cannot be opened because the daemon has no descriptor left (EMFILE) was
+    taken for a corrupt one: removed, counted in disk_cache_corrupt, and logged as "dropped
+    the cached copy", one line per key, wiping a cache kept for later mounts. It is a miss
+    now (read from the store), said once, and the entry serves the next read."""
+    import errno
+
+    from zvfs.cache import disk
+    from zvfs.stats import Counters
+    from zvfs.stores.counting import CountingStore
+
+    counters = Counters()
+    store = disk.DiskCachedStore(CountingStore(DirectoryStore(tree), counters), tmp_path / "cache",
+                                 max_bytes=1 << 30, min_free_bytes=0, persistent=False, counters=counters)
+    keys = [k for k in SAMPLE if SAMPLE[k]][:3]
+    for key in keys:
+        assert store.get(key) == SAMPLE[key]
+    entries = sorted(p.name for p in store.dir.iterdir())
+    real_open = os.open
+
+    def no_descriptors(path, *args, **kw):  # type: ignore[no-untyped-def]
+        if Path(path).parent == store.dir:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), str(path))
+        return real_open(path, *args, **kw)
+
+    monkeypatch.setattr(disk.os, "open", no_descriptors)
+    with caplog.at_level("WARNING"):
+        for key in keys:
+            assert store.get(key) == SAMPLE[key]  # from the store
+    monkeypatch.setattr(disk.os, "open", real_open)
+    assert counters.snapshot()["disk_cache_corrupt"] == 0
+    assert sorted(p.name for p in store.dir.iterdir()) == entries
+    lines = [r.getMessage() for r in caplog.records if "disk cache" in r.getMessage()]
+    assert len(lines) == 1 and "Too many open files" in lines[0] and "dropped" not in lines[0], lines
+    hits = counters.snapshot()["disk_cache_hits"]
+    for key in keys:
+        assert store.get(key) == SAMPLE[key]
+    assert counters.snapshot()["disk_cache_hits"] == hits + len(keys)
+    store.close()
+
+
 def _held_store(root: Path, held: str):  # type: ignore[no-untyped-def]
     """A directory store whose reads of ``held`` return only once released (the bytes
     read): a fetch in flight. Returns (store, fetched, release) events."""

@@ -47,6 +47,7 @@ import crc32c
 
 from zvfs.logonce import LogOnce
 from zvfs.stats import Counters
+from zvfs.stores._util import no_descriptors_hint
 from zvfs.stores.base import KeyWriter, Stale, Store, StoreError, TooLarge, WrappedStore
 from zvfs.stores.listing import KeyInfo, Listing
 
@@ -129,6 +130,12 @@ def _make_private(top: Path) -> tuple[Path, int | None]:
         return path, None
     os.write(fd, _OWNED)
     return path, fd
+
+
+#: errors of an entry's open that say nothing of the entry (no descriptor, no memory, a
+#: signal): it is kept, and the read goes to the store. Counting it corrupt, and removing
+#: it, wiped a cache kept for later mounts whenever the daemon ran out of descriptors
+_NOT_THE_ENTRYS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EINTR)
 
 
 class DiskCachedStore(WrappedStore):
@@ -343,6 +350,11 @@ class DiskCachedStore(WrappedStore):
                 self._bytes -= self._entries.pop(name, 0)
             return None
         except OSError as exc:
+            if exc.errno in _NOT_THE_ENTRYS:  # the daemon's trouble, not the file's: a miss
+                self._once.warning(f"\0open{exc.errno}", "disk cache: cannot open its entries in "
+                                   "%s: %s; read from the store meanwhile (said once)", self.dir,
+                                   f"{exc.strerror}{no_descriptors_hint(exc)}")
+                return None
             why = "a symbolic link" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
         else:
             try:
