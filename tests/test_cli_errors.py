@@ -616,6 +616,30 @@ def test_a_cache_dir_that_cannot_be_used_is_a_configuration_error(zarr_dir, mnt,
             assert_nothing_mounted(mnt)
 
 
+def test_a_cache_dir_whose_staging_cannot_be_used_is_a_configuration_error(zarr_s3, moto, s3_env, mnt,
+                                                                            tmp_path) -> None:
+    """A writable S3 mount stages under --cache-dir/staging: a file of that name failed the
+    mount with exit 1 (which systemd retries, to no end) and "[Errno 17] File exists". A
+    read-only mount, which stages nothing, still mounts."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "staging").write_text("x")
+    for fg in ([], ["-f"]):
+        res = zvfs_mount(zarr_s3, mnt, "--endpoint-url", moto.endpoint, "--cache-dir", cache, "--writable",
+                         *fg, env=s3_env)
+        assert res.returncode == 78, (res.returncode, res.stderr)
+        assert_fails(res, f"cannot use --cache-dir {re.escape(str(cache))}: "
+                          f"{re.escape(str(cache / 'staging'))} is not a directory")
+        assert "Errno" not in res.stderr, res.stderr
+        assert_nothing_mounted(mnt)
+    res = zvfs_mount(zarr_s3, mnt, "--endpoint-url", moto.endpoint, "--cache-dir", cache,
+                     "--log-file", tmp_path / "log", env=s3_env)
+    try:
+        assert res.returncode == 0, res.stderr
+    finally:
+        force_unmount(mnt)
+
+
 @pytest.mark.parametrize("args", [[], ["--json"]], ids=["text", "json"])
 def test_status_whose_output_cannot_be_written_says_so_without_a_traceback(zarr_dir, mount, args) -> None:
     """`zvfs status | head -0` (its reader gone) and `zvfs status > /dev/full` printed a

@@ -300,23 +300,32 @@ def check_overlaps(mountpoint: str, spec: Any, opts: dict[str, Any], daemon: boo
                            f"give {option} a path outside it")
 
 
-def check_cache_dir(path: str | None) -> None:
+def check_cache_dir(path: str | None, stages: bool = False) -> None:
     """--cache-dir must be a directory zvfs can write in (made if missing): a file there, or
-    no permission, failed the mount as a failure to retry (exit 1) with a raw errno."""
-    import tempfile
-
+    no permission, failed the mount as a failure to retry (exit 1) with a raw errno. So must
+    its ``staging/`` when the mount ``stages`` writes there (a writable S3 mount): a file
+    of that name failed it so too ("[Errno 17] File exists")."""
     if not path:
         return
+    _check_writable_dir(path, path)
+    if stages:
+        _check_writable_dir(os.path.join(path, "staging"), path)
+
+
+def _check_writable_dir(path: str, given: str) -> None:
+    import tempfile
+
     if os.path.exists(path) and not os.path.isdir(path):
-        raise CliError(f"cannot use --cache-dir {path}: not a directory; give a directory zvfs can write in")
+        what = "not a directory" if path == given else f"{path} is not a directory"
+        raise CliError(f"cannot use --cache-dir {given}: {what}; give a directory zvfs can write in")
     try:
         os.makedirs(path, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as exc:
         reason = exc.strerror or str(exc)
-        where = f" ({exc.filename})" if exc.filename and os.fspath(exc.filename) != path else ""
-        raise CliError(f"cannot use --cache-dir {path}: {reason}{where}; give a directory zvfs can "
+        where = f" ({exc.filename})" if exc.filename and os.fspath(exc.filename) != given else ""
+        raise CliError(f"cannot use --cache-dir {given}: {reason}{where}; give a directory zvfs can "
                        "write in") from None
 
 
@@ -519,7 +528,7 @@ def _mount_foreground(args: argparse.Namespace, opts: dict[str, Any], spec: Any 
         spec = spec or _source_spec(args.source, opts)
         check_overlaps(os.path.abspath(args.mountpoint), spec, opts, daemon)  # before the log's directory is made
         if not daemon:  # a daemon's parent checked it, before the fork
-            check_cache_dir(opts["cache_dir"])
+            check_cache_dir(opts["cache_dir"], stages=opts["writable"] and spec.kind == "s3")
         where = _setup_logging(opts, daemon, args.mountpoint)
         if ready_fd is not None and where:
             os.write(ready_fd, f"LOG {where}\n".encode())
@@ -576,7 +585,7 @@ def _mount_daemon(args: argparse.Namespace, opts: dict[str, Any]) -> int:
     mountpoint = check_mountpoint(args.mountpoint, opts["allow_non_empty"])
     spec = _source_spec(args.source, opts)
     check_overlaps(mountpoint, spec, opts, daemon=True)
-    check_cache_dir(opts["cache_dir"])
+    check_cache_dir(opts["cache_dir"], stages=opts["writable"] and spec.kind == "s3")
     read_fd, write_fd = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
