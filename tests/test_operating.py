@@ -559,6 +559,21 @@ def test_metrics_addr_parses_and_shows_as_a_url() -> None:
     assert url_of("::1:9464") == "http://[::1]:9464/metrics"
 
 
+def test_uptime_does_not_follow_a_stepped_wall_clock(monkeypatch) -> None:
+    """Uptime was wall-clock time since the start: NTP stepping the clock back an hour at boot,
+    after systemd had started the mount, made `zvfs status` say "up -1h..." and the metric
+    negative. It is counted on the monotonic clock; `started` stays the wall-clock time."""
+    import time
+
+    from zvfs.stats import Counters
+
+    counters = Counters()
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() - 3600)
+    up = counters.snapshot()["uptime_seconds"]
+    assert 0 <= up < 60, up
+
+
 def test_what_can_go_down_is_a_gauge(zarr_dir, mount) -> None:
     """The decoder processes running now go down when one ends: exported as counters, a
     Prometheus rate() read each drop as a reset."""

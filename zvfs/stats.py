@@ -89,6 +89,9 @@ class Counters:
         self._values.update(dict.fromkeys(KNOWN_COUNTERS, 0))
         self._histograms: dict[str, Histogram] = {n: Histogram() for n in KNOWN_HISTOGRAMS}
         self.started = time.time()
+        #: uptime is counted on the monotonic clock: a wall clock stepped after the mount (NTP
+        #: setting it at boot, under a mount systemd started first) made it negative, or hours
+        self._began = time.monotonic()
         #: (unix time, one line) of the last error a user saw as a failed operation
         self.last_error: tuple[float, str] | None = None
         #: set once the mount is announced ready (its source open and scanned): until then
@@ -119,7 +122,7 @@ class Counters:
     def snapshot(self) -> dict[str, float]:
         with self._lock:
             out = {k: (int(v) if float(v).is_integer() else round(v, 6)) for k, v in self._values.items()}
-        out["uptime_seconds"] = round(time.time() - self.started, 3)
+        out["uptime_seconds"] = round(time.monotonic() - self._began, 3)
         for name, read in list(self._readings.items()):
             out[name] = read()
         return dict(sorted(out.items()))
