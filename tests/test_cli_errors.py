@@ -757,3 +757,24 @@ def test_default_log_files_of_two_mountpoints_are_two_files() -> None:
     assert one != two
     assert os.path.basename(one) == "tmp-a\\x2db-c.log" and os.path.basename(two) == "tmp-a-b\\x2dc.log"
     assert os.path.basename(default_log_file("/mnt/store")) == "mnt-store.log"
+
+
+def test_a_mountpoint_too_long_for_a_log_file_name_mounts(zarr_dir, tmp_path) -> None:
+    """A mountpoint whose escaped path has more than 255 bytes was refused without --log-file
+    ("File name too long; pass --log-file PATH"): its default log's name is then a digest
+    of the path and the path's end, 255 bytes at most, one for each mountpoint."""
+    from zvfs.cli import default_log_file
+
+    long_a = tmp_path / ("d" * 120) / ("e" * 140)
+    long_b = tmp_path / ("d" * 121) / ("e" * 140)
+    names = {os.path.basename(default_log_file(str(p))) for p in (long_a, long_b)}
+    assert len(names) == 2 and all(len(os.fsencode(n)) <= 255 and n.endswith("e" * 100 + ".log") for n in names)
+    long_a.mkdir(parents=True)
+    log = Path(default_log_file(str(long_a)))
+    res = run([*zvfs_cmd(), "mount", str(zarr_dir), str(long_a)], timeout=FAST + 30)
+    try:
+        assert res.returncode == 0, res.stderr
+        assert str(log) in res.stderr and log.exists(), (res.stderr, log)
+    finally:
+        force_unmount(long_a)
+        log.unlink(missing_ok=True)

@@ -118,7 +118,20 @@ def default_log_file(mountpoint: str) -> str:
     # shared one log file
     parts = os.path.abspath(mountpoint).strip("/").split("/")
     name = "-".join(p.replace("\\", "\\x5c").replace("-", "\\x2d") for p in parts if p) or "root"
+    if len(os.fsencode(name + ".log")) > _NAME_MAX:
+        # a file name has at most 255 bytes: a mountpoint of a longer path was refused ("File
+        # name too long; pass --log-file PATH"). Its end, which tells mounts apart, is kept,
+        # after a digest of the whole name
+        import hashlib
+
+        digest = hashlib.sha256(os.fsencode(name)).hexdigest()[:16]
+        tail = os.fsencode(name)[-(_NAME_MAX - len(digest) - len("-.log")):]
+        name = digest + "-" + tail.decode(errors="ignore")
     return os.path.join(base, name + ".log")
+
+
+#: the longest file name, in bytes (Linux's NAME_MAX)
+_NAME_MAX = 255
 
 
 def _log_target(opts: dict[str, Any], daemon: bool, mountpoint: str) -> str:
