@@ -8,6 +8,7 @@ by PID, and everything mounted is unmounted, also when a test fails.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import json
 import mmap
@@ -101,6 +102,24 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         problems.append("fusermount3 is not installed (Debian package fuse3; run scripts/setup)")
     if problems:
         pytest.exit("zvfs tests need a working FUSE:\n  " + "\n  ".join(problems), returncode=3)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The default log files of this session's mounts go: the tests that mount without
+    --log-file (as a user would) left one each in /var/log/zvfs per run, hundreds in all.
+    Only the names made from this session's temporary directory are removed."""
+    from zvfs.cli import default_log_file
+
+    try:
+        base = Path(session.config._tmp_path_factory.getbasetemp())  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):
+        return
+    own = Path(default_log_file(str(base)))
+    prefix = own.name.removesuffix(".log") + "-"
+    with contextlib.suppress(OSError):
+        for f in own.parent.iterdir():
+            if f.name.startswith(prefix) and f.name.endswith(".log"):
+                f.unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------- mounts
