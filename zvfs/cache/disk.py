@@ -402,6 +402,11 @@ class DiskCachedStore(WrappedStore):
             free = shutil.disk_usage(self.dir).free - self._writing
             return self._bytes + incoming <= self.max_bytes and free - incoming >= self.min_free
 
+        return self._evict_until(fits)
+
+    def _evict_until(self, fits: Callable[[], bool]) -> bool:
+        """Evict, least recently used first, until ``fits()``; whether it then does. Called
+        with the lock held."""
         while self._entries:
             if fits():
                 return True
@@ -424,20 +429,14 @@ class DiskCachedStore(WrappedStore):
     def make_room(self, free: int) -> None:
         """Evict, least recently used first, until the disk has ``free`` bytes free or nothing
         is left to evict: writes staged on the same disk come before what is cached."""
+        def fits() -> bool:
+            return shutil.disk_usage(self.dir).free - self._writing >= free
+
         with self._lock:
-            while self._entries:
-                try:
-                    if shutil.disk_usage(self.dir).free - self._writing >= free:
-                        return
-                except OSError:
-                    return
-                name, size = self._entries.popitem(last=False)
-                self._bytes -= size
-                self.counters.add("disk_cache_evictions")
-                try:
-                    os.unlink(self.dir / name)
-                except OSError:
-                    pass
+            try:
+                self._evict_until(fits)
+            except OSError:  # the disk cannot be told: the write's own check decides
+                pass
 
     def _write(self, key: str, name: str, data: bytes, writes: int) -> None:
         """Keep ``data`` as ``name``, unless ``key`` was written through the mount since

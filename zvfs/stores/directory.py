@@ -42,9 +42,7 @@ from dataclasses import dataclass
 from zvfs.pagecache import read_ahead_and_close
 from zvfs.stores import find_lister
 from zvfs.stores._util import (
-    NO_DESCRIPTORS as _NO_DESCRIPTORS,
-)
-from zvfs.stores._util import (
+    NO_DESCRIPTORS,
     LogOnce,
     check_key,
     check_prefix,
@@ -511,7 +509,7 @@ class DirectoryStore(Store):
         try:
             fd = self._os_open(parent_path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as e:
-            if e.errno in _NO_DESCRIPTORS:
+            if e.errno in NO_DESCRIPTORS:
                 raise _cannot_open(key, e) from None
             raise missing from None
         try:
@@ -531,7 +529,7 @@ class DirectoryStore(Store):
                 # that create 0600 and chmod after (rsync, cp -a, tar) left every file 0600
                 fd = self._os_open(name, flags, NEW_FILE_MODE, dir_fd=parent)
             except OSError as e:
-                if e.errno in _NO_DESCRIPTORS:
+                if e.errno in NO_DESCRIPTORS:
                     raise _cannot_open(key, e) from None
                 raise _refused(key, e) from None
         try:
@@ -647,7 +645,7 @@ class DirectoryStore(Store):
         try:
             return os.open(path, flags, mode, dir_fd=dir_fd)
         except OSError as e:
-            if e.errno not in _NO_DESCRIPTORS or not self._files.shed():
+            if e.errno not in NO_DESCRIPTORS or not self._files.shed():
                 raise
         return os.open(path, flags, mode, dir_fd=dir_fd)
 
@@ -780,7 +778,7 @@ class DirectoryStore(Store):
             except OSError as e:
                 if e.errno in _ABSENT:
                     return None
-                if e.errno in _NO_DESCRIPTORS:
+                if e.errno in NO_DESCRIPTORS:
                     raise _cannot_open(prefix or "/", e, "list") from e
                 raise StoreError(f"{prefix or '/'}: cannot list: {e.strerror}") from e
             if self._opened_at(fd, real):
