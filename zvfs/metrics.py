@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector, CollectorRegistry
 
 import zvfs
-from zvfs.options import metrics_url
+from zvfs.options import join_addr, metrics_url, split_addr
 from zvfs.views.context import MountContext
 
 log = logging.getLogger("zvfs")
@@ -107,7 +107,7 @@ class MetricsServer:
 
     def __init__(self, server: Any, host: str) -> None:
         self._server = server
-        self.addr = f"{host}:{server.server_address[1]}"
+        self.addr = join_addr(host, server.server_address[1])
 
     def shutdown(self) -> None:
         self._server.shutdown()
@@ -117,11 +117,11 @@ class MetricsServer:
 def serve_metrics(addr: str, ctx: MountContext, label: str) -> MetricsServer:
     """Listen at ``addr`` ('HOST:PORT', port 0 for any free one); raises OSError with a
     message naming the address."""
-    host, _, port = addr.rpartition(":")
+    host, port = split_addr(addr)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(MountCollector(ctx, label))
     try:
-        server, _thread = start_http_server(int(port), addr=host, registry=registry)
+        server, _thread = start_http_server(port, addr=host, registry=registry)
     except OSError as exc:
         raise OSError(f"cannot serve metrics at {addr}: {exc.strerror}; "
                       "choose another --metrics-addr") from None

@@ -95,18 +95,26 @@ def parse_addr(text: str) -> str:
     host, sep, port = str(text).strip().rpartition(":")
     if not sep:
         host, port = "", str(text).strip()
-    host = host.strip("[]") or "127.0.0.1"
     if not port.isdigit() or not 0 <= int(port) < 65536:
         raise ValueError(f"{text!r} is not HOST:PORT with a port from 0 (any free one) to 65535 "
                          "(e.g. 127.0.0.1:9464)")
-    return f"{host}:{int(port)}"
+    return join_addr(host.strip("[]") or "127.0.0.1", int(port))
+
+
+def join_addr(host: str, port: int) -> str:
+    """'HOST:PORT', an IPv6 host bracketed ('[::1]:9464'), as a URL and a reader need it."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def split_addr(addr: str) -> tuple[str, int]:
+    """(host, port) of an address parse_addr returned; the host without brackets."""
+    host, _, port = addr.rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 def metrics_url(addr: str) -> str:
-    """The URL of the metrics served at ``addr`` ('HOST:PORT', as parse_addr returns it); an
-    IPv6 host is bracketed, as a URL needs."""
-    host, _, port = addr.rpartition(":")
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
+    """The URL of the metrics served at ``addr`` ('HOST:PORT', as parse_addr returns it)."""
+    return f"http://{join_addr(*split_addr(addr))}/metrics"
 
 
 def parse_uid(text: str) -> int:
