@@ -2189,6 +2189,46 @@ def test_s3_a_staging_directory_removed_under_the_mount_is_made_again(s3store: S
         os.close(fd)
 
 
+def test_s3_bytes_staged_in_a_directory_removed_under_the_mount_are_kept_where_the_log_says(
+        s3store: Store, moto, mount, tmp_path) -> None:
+    """A file open for writing whose staging directory is removed (systemd-tmpfiles, a
+    clean-up script) lives only in its open descriptor. Its writes failed with EIO from then
+    on; they now go on. When its upload then failed, the
+    log named a path that no longer existed, and close() dropped the bytes: lost with an
+    error that said they were kept. They are now copied to a new staged file, which the
+    log names, and which holds every byte written, those written after the failure too."""
+    from faultproxy import FaultProxy
+
+    s3store.put("zarr.json", b"{}")
+    cache = tmp_path / "cache"
+    first, second = rand(300_000, 31), rand(200_000, 32)
+    with FaultProxy(moto.port) as proxy:
+        m = s3store.mount(mount, "--cache-dir", str(cache), "--s3-attempts", "1", endpoint=proxy.endpoint)
+        # no fault: a file open across the removal is written on and stored (every write
+        # after the removal failed with EIO: the free-space check looked the directory up)
+        with open(m.path / "across.bin", "wb", buffering=0) as f:
+            f.write(first)
+            shutil.rmtree(cache / "staging")
+            f.write(second)
+        assert s3store.get("across.bin") == first + second
+        proxy.set({"kinds": ["403"], "ops": ["put"], "key": "gone"})
+        fd = os.open(m.path / "gone.bin", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, first)
+            shutil.rmtree(cache / "staging")  # made again by this create: removed once more
+            fails(errno.EIO, os.fsync, fd)
+            os.write(fd, second)
+        finally:
+            fails(errno.EIO, os.close, fd)
+    assert s3store.get("gone.bin") is None
+    named = [p for ln in m.log_text().splitlines() if "gone.bin" in ln and "kept" in ln
+             for p in _path_in(ln)]
+    assert named, m.log_text()[-3000:]
+    assert all(p.read_bytes() == first + second for p in named), [(p, p.stat().st_size) for p in named]
+    moved = [ln for ln in m.log_text().splitlines() if "was removed under the mount" in ln and "gone.bin" in ln]
+    assert len(moved) == 1, m.log_text()[-3000:]
+
+
 def test_s3_out_of_descriptors_a_create_and_an_upload_name_the_limit(s3store: Store, tmp_path) -> None:
     """Each file open for writing on S3 holds a staged descriptor: under a low open-file limit
     a create failed with "create /x: OSError: ...", and an upload that found no socket to

@@ -281,6 +281,7 @@ class S3Writer(KeyWriter):
             if isinstance(exc, WriteRefused):
                 raise
             with self._lock:
+                self._keep_where_named()
                 self._told = True  # this error's line says where (close() says it no more)
             raise StoreError(f"{self.key}: upload failed ({exc}); the written bytes are kept "
                              f"at {self.path}") from exc
@@ -340,11 +341,40 @@ class S3Writer(KeyWriter):
             self._told = True
             self._closed = True  # no more background parts
             keep = self._dirty and not self._discarded
+            if keep:
+                self._keep_where_named()
         if keep:
             self._say_kept(" (the daemon stopped while the store did not answer)")
 
     def _say_kept(self, why: str = "") -> None:
         log.error("%s: written bytes that were never uploaded are kept at %s%s", self.key, self.path, why)
+
+    def _keep_where_named(self) -> None:
+        """Under the lock, before a line names ``self.path`` as where the bytes are kept: a
+        staged file removed from its directory (the staging directory deleted under the mount:
+        systemd-tmpfiles, a clean-up script) lived only in its open descriptor, so the path
+        named held nothing and the bytes went with the descriptor's close. They are copied
+        into a new staged file, which then stands in the descriptor's place (dup2: a part
+        upload reading meanwhile reads the same bytes from either)."""
+        try:
+            if self._fd < 0 or os.fstat(self._fd).st_nlink > 0:
+                return
+            path, fd = self.staging.new_file(self.key)
+        except (OSError, WriteRefused) as exc:
+            log.error("%s: its staged file was removed, and no other can be made: %s", self.key, exc)
+            return
+        try:
+            for start in range(0, self._size, _COPY_STEP):
+                pwrite_all(fd, self.read(start, _COPY_STEP), start)
+            os.dup2(fd, self._fd)
+        except (OSError, StoreError) as exc:
+            log.error("%s: its staged file was removed, and copying it to %s failed: %s", self.key, path, exc)
+            return
+        finally:
+            os.close(fd)
+        log.warning("%s: its staged file %s was removed under the mount; its bytes are now in %s",
+                    self.key, self.path, path)
+        self.path = path
 
     def moved(self, key: str) -> None:
         """The staged bytes are uploaded as ``key`` from now on. A multipart upload begun
@@ -379,6 +409,8 @@ class S3Writer(KeyWriter):
             self._closed = True
             self._settle_parts()
             keep = self._dirty and not self._discarded
+            if keep:
+                self._keep_where_named()
             fd, self._fd = self._fd, -1
             told, self._told = self._told, True
         os.close(fd)
@@ -395,6 +427,10 @@ class S3Writer(KeyWriter):
                 os.unlink(self.path)
             except OSError:
                 pass
+
+
+#: bytes copied at a time when a removed staged file is kept again (see _keep_where_named)
+_COPY_STEP = 8 << 20
 
 
 def _count_put(counters: Counters, nbytes: int, seconds: float) -> None:

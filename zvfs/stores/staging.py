@@ -13,7 +13,6 @@ import errno
 import fcntl
 import logging
 import os
-import shutil
 import tempfile
 import threading
 import time
@@ -140,12 +139,18 @@ class Staging:
     def _short_of(self, extra: int) -> bool:
         """Whether ``extra`` more bytes would take the disk below the floor, after what
         shares the disk (make_room) has made room."""
-        if shutil.disk_usage(self.dir).free - extra >= self.min_free:
+        if self._free() - extra >= self.min_free:
             return False
         if self.make_room is None:
             return True
         self.make_room(self.min_free + extra)
-        return shutil.disk_usage(self.dir).free - extra < self.min_free
+        return self._free() - extra < self.min_free
+
+    def _free(self) -> int:
+        """Free bytes on the staging disk, from the directory's own descriptor: by its path,
+        every write to a file already open failed with EIO once the directory was removed."""
+        st = os.fstatvfs(self._lock)
+        return st.f_bavail * st.f_frsize
 
     def cleanup(self) -> None:
         """At unmount: remove this daemon's directory if nothing was kept in it."""
