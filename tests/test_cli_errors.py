@@ -510,6 +510,36 @@ def test_mount_fuse_type_and_remount(zarr_dir, tmp_path) -> None:
     assert res.returncode == 2 and "invalid choice: 'mout'" in res.stderr, res.stderr
 
 
+def test_an_fstab_line_copied_from_the_mount_table_mounts(zarr_dir, tmp_path) -> None:
+    """`grep MNT /proc/mounts >> /etc/fstab` is how many keep a mount they made by hand. The
+    line's source is `zvfs:/path`, taken for a relative path ("source directory
+    /root/zvfs:/path does not exist"), and its options hold the kernel's own (user_id=0,
+    group_id=0): "unknown option -o user_id". The line, verbatim, now mounts the same."""
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    log = tmp_path / "log"
+    res = run([tool("zvfs"), "mount", "--log-file", str(log), str(zarr_dir), str(mnt)])
+    assert res.returncode == 0, res.stderr
+    try:
+        (line,) = [ln for ln in Path("/proc/mounts").read_text().splitlines()
+                   if ln.split()[1] == str(mnt)]
+    finally:
+        force_unmount(mnt)
+    assert line.startswith("zvfs:/") and "user_id=" in line, line
+    fstab = tmp_path / "fstab"
+    fstab.write_text(line + "\n")
+    res = run(["mount", "-T", str(fstab), str(mnt), "-o", f"log_file={log}"])
+    try:
+        assert res.returncode == 0, res.stderr
+        assert sorted(os.listdir(mnt)) == sorted(p.name for p in zarr_dir.iterdir())
+        assert mount_entry(mnt)["source"] == line.split()[0]
+    finally:
+        force_unmount(mnt)
+    # a source that only begins with the prefix is still a path of its own
+    res = run([tool("zvfs"), "mount", "zvfs:notes", str(mnt)], cwd=tmp_path)
+    assert res.returncode == 78 and "zvfs:notes does not exist" in res.stderr, res.stderr
+
+
 def test_unmount_refuses_a_file_system_that_is_not_zvfs(tmp_path) -> None:
     """zvfs unmount ran fusermount3 -u on whatever was mounted there: as root, a tmpfs went."""
     tm = tmp_path / "tm"

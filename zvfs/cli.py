@@ -342,6 +342,22 @@ def _check_writable_dir(path: str, given: str) -> None:
                        "write in") from None
 
 
+#: what the mount table (/proc/mounts, `mount`, `findmnt`) puts before a zvfs mount's source
+MOUNT_TABLE_PREFIX = "zvfs:"
+
+
+def source_from_mount_table(source: str) -> str:
+    """SOURCE as the mount table shows it (``zvfs:/data/run.zarr``, ``zvfs:s3://bucket/x``),
+    for an fstab line copied from it, is the source after the prefix: it was taken for a
+    relative path ("source directory /root/zvfs:/data/run.zarr does not exist"). A name that
+    only begins so (``zvfs:notes``, a relative path) stays what it is."""
+    rest = source.removeprefix(MOUNT_TABLE_PREFIX)
+    scheme, sep, _ = rest.partition("://")
+    if rest != source and (rest.startswith("/") or (sep and scheme.replace("+", "").isalnum())):
+        return rest
+    return source
+
+
 def _source_spec(source: str, opts: dict[str, Any]) -> Any:
     """SOURCE parsed, local paths checked (cheap: no store is opened, nothing is asked of S3)."""
     from zvfs.stores.base import SourceError
@@ -879,6 +895,7 @@ def main(argv: list[str] | None = None) -> int:
             opts = zopts.resolve(args)
         except ValueError as exc:
             raise CliError(str(exc)) from None
+        args.source = source_from_mount_table(args.source)
         _warn_unreachable_owner(opts)
         if args.foreground:
             return _mount_foreground(args, opts)

@@ -305,7 +305,10 @@ IGNORED = {"rw", "ro", "defaults", "auto", "noauto", "user", "nouser", "users", 
            "nofail", "_netdev", "_rnetdev", "exec", "noexec", "suid", "nosuid", "dev", "nodev",
            "atime", "noatime", "relatime", "norelatime", "strictatime", "nostrictatime", "diratime",
            "nodiratime", "lazytime", "nolazytime", "symfollow", "nosymfollow", "iversion",
-           "noiversion", "sync", "async", "dirsync", "silent", "loud", "default_permissions"}
+           "noiversion", "sync", "async", "dirsync", "silent", "loud", "default_permissions",
+           # the kernel's own FUSE options, which the mount table shows (an fstab line copied
+           # from it holds them): set by the mount itself, whatever they say (uid/gid own files)
+           "user_id", "group_id", "rootmode", "max_read", "blksize"}
 
 #: the words a switch's -o value may be (a bare key means on)
 _ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
