@@ -1131,3 +1131,34 @@ def test_zip_bomb_as_a_chunk(tmp_path: Path, mount) -> None:
     assert (m.path / "good.txt").read_bytes() == b"still here\n"
     assert_good(m, src)
     assert_alive(m, pid)
+
+
+# --------------------------------------------------------------------------- Zarr Vectors discovery
+
+
+def test_a_node_zarr_vectors_cannot_parse_leaves_the_other_zv_groups_listed(tmp_path: Path, mount) -> None:
+    """Finding the ZV groups walks every Zarr group's zarr.json. A sibling node whose
+    ``attributes`` is a JSON list (valid JSON, an array zarr-python opens) raised
+    AttributeError there, and one whose zarr.json is not an object raised ZVError: either
+    failed the listing of .zvfs/vectors as a whole, with a line naming no key (a helper
+    found it). Such a node is no ZV group: the ZV group beside it lists and reads."""
+    import shutil
+
+    from test_zv import ref, store_dir
+
+    root = new_store(tmp_path / "store")
+    shutil.copytree(store_dir("v09/points"), root / "cells")
+    v3_array(root, "listattrs", np.arange(4, dtype="<i2"), (2,))
+    _mutate(root / "listattrs/zarr.json", lambda d: d.__setitem__("attributes", [1, 2]))
+    (root / "notobject").mkdir()
+    (root / "notobject/zarr.json").write_text("[1, 2]")
+    m = mount(root)
+    pid = daemon_pid(m)
+    vectors = m.path / ".zvfs/vectors"
+    assert "cells" in os.listdir(vectors)
+    got = np.load(vectors / "cells/0/vertices.npy", allow_pickle=False)
+    np.testing.assert_array_equal(got, ref("v09/points", "L0_positions.npy"))
+    assert (m.path / ".zvfs/arrays/listattrs/data.raw").read_bytes() == np.arange(4, dtype="<i2").tobytes()
+    assert not lines_naming(m, "finding ZV groups"), m.log_text()[-3000:]
+    assert_good(m, root)
+    assert_alive(m, pid)

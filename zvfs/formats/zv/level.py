@@ -78,13 +78,31 @@ def _ls(store: Store, prefix: str) -> tuple[set[str], set[str]]:
     return set(listing.keys), set(listing.prefixes)
 
 
+def attributes_of(doc: dict[str, Any] | None) -> dict[str, Any]:
+    """A node's ``attributes``, or {} when it has none, or none that is a JSON object (a list
+    is valid JSON, and zarr-python opens the array, but it holds no ZV attribute)."""
+    attrs = (doc or {}).get("attributes")
+    return attrs if isinstance(attrs, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def is_zv_root(doc: dict[str, Any] | None) -> bool:
-    return bool(doc) and isinstance((doc.get("attributes") or {}).get("zarr_vectors"), dict)
+    return bool(doc) and isinstance(attributes_of(doc).get("zarr_vectors"), dict)
 
 
 def find_groups(store: Store, path: str = "", depth: int = 6) -> list[str]:
-    """Paths of ZV groups at or below ``path``; descends Zarr groups only, never arrays."""
-    doc = cells.load_node(store, path)
+    """Paths of ZV groups at or below ``path``; descends Zarr groups only, never arrays.
+    A node whose zarr.json is no JSON object is no ZV group (the arrays view reports it);
+    only a store's failure to read one fails the search."""
+    try:
+        doc = cells.load_node(store, path)
+    except ZVError as exc:
+        if isinstance(exc.__cause__, StoreError):
+            raise
+        return []
     if doc is None and path:
         return []
     if is_zv_root(doc):
@@ -105,19 +123,20 @@ class ZVGroup:
         self.store = store
         self.path = path
         key = join(path, "zarr.json")
-        attrs = doc.get("attributes") or {}
+        attrs = attributes_of(doc)
         self.zv: dict[str, Any] = attrs.get("zarr_vectors") or {}
         self.zv_version: str = str(self.zv.get("zv_version"))
         self.layout = layout_of(self.zv.get("zv_version"), key)
-        ms = attrs.get("multiscales") or [{}]
-        self.axes: list[dict[str, Any]] = list((ms[0] or {}).get("axes") or [])
+        ms = _list(attrs.get("multiscales"))
+        first = ms[0] if ms and isinstance(ms[0], dict) else {}
+        self.axes: list[dict[str, Any]] = list(_list(first.get("axes")))
         space = [a for a in self.axes if isinstance(a, dict) and a.get("type") == "space"]
-        self.ndim = len(space) or len(self.zv.get("chunk_shape") or []) or 3
+        self.ndim = len(space) or len(_list(self.zv.get("chunk_shape"))) or 3
         self.space_axes = space
-        self.geometry_types: list[str] = list(self.zv.get("geometry_types") or [])
+        self.geometry_types: list[str] = [str(g) for g in _list(self.zv.get("geometry_types"))]
         self.geometry = self.geometry_types[0] if self.geometry_types else "unknown"
         self.links_convention: str = str(self.zv.get("links_convention") or "")
-        self.datasets = list((ms[0] or {}).get("datasets") or [])
+        self.datasets = list(_list(first.get("datasets")))
         _keys, prefixes = _ls(store, path)
         self.level_names = sorted((p for p in prefixes if p.isdigit()), key=int)
 
@@ -189,10 +208,10 @@ class Level:
         self._arrays: dict[str, cells.Array] = {}
         self._lock = threading.Lock()
         doc = self.doc("") or {}
-        self.meta: dict[str, Any] = (doc.get("attributes") or {}).get("zarr_vectors_level") or {}
+        self.meta: dict[str, Any] = attributes_of(doc).get("zarr_vectors_level") or {}
         _keys, self.members = _ls(self.store, self.path)
         vdoc = self.doc("vertices")
-        vattrs = (vdoc or {}).get("attributes") or {}
+        vattrs = attributes_of(vdoc)
         self.dtype = _dtype(vattrs.get("dtype", "float32"), self.key("vertices/zarr.json"))
         self.encoding = str(vattrs.get("encoding", "raw"))
         self._chunks: list[Chunk] | None = None
@@ -213,7 +232,7 @@ class Level:
         return self._docs[rel]
 
     def attrs(self, rel: str) -> dict[str, Any]:
-        return ((self.doc(rel) or {}).get("attributes")) or {}
+        return attributes_of(self.doc(rel))
 
     def array(self, rel: str) -> cells.Array:
         arr = self._arrays.get(rel)
@@ -696,7 +715,7 @@ class Level:
         doc = self.doc("groups") or {}
         if doc.get("node_type") == "array":
             arr = cells.read_all(self.store, self.array("groups")).reshape(-1)
-            ranges = (doc.get("attributes") or {}).get("group_ranges") or {}
+            ranges = attributes_of(doc).get("group_ranges") or {}
             out = {}
             for gid, blob in enumerate(arr):
                 rng = ranges.get(str(gid))
