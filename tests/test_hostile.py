@@ -1162,3 +1162,53 @@ def test_a_node_zarr_vectors_cannot_parse_leaves_the_other_zv_groups_listed(tmp_
     assert not lines_naming(m, "finding ZV groups"), m.log_text()[-3000:]
     assert_good(m, root)
     assert_alive(m, pid)
+
+
+def test_elements_of_no_bytes_and_more_dimensions_than_numpy_has_are_metadata_errors(tmp_path: Path, mount) -> None:
+    """``|S0``, ``|V0``, ``<U0`` (v2), a structured type of no field and a 3-byte UTF-32
+    string (v3) declare elements of 0 bytes: data.npy failed every read with
+    ZeroDivisionError, twice per read and naming no key. Shapes of 65 and of 1,000
+    dimensions (numpy holds 64) failed data.raw with RecursionError or ValueError the same
+    way. Each is now its array's metadata error: meta.json says why, one line names the key,
+    and nothing else is offered."""
+    root = new_store(tmp_path / "store")
+    bad: dict[str, str] = {}
+    for name, dtype, fill in (("S0", "|S0", ""), ("V0", "|V0", None), ("U0", "<U0", "")):
+        (root / name).mkdir()
+        (root / name / ".zarray").write_text(json.dumps({
+            "zarr_format": 2, "shape": [4], "chunks": [2], "dtype": dtype, "compressor": None,
+            "fill_value": fill, "order": "C", "filters": None}))
+        bad[name] = f"{name}/.zarray"
+    for name, dtype, fill in (
+            ("nofields", {"name": "structured", "configuration": {"fields": []}}, None),
+            ("utf32_3", {"name": "fixed_length_utf32", "configuration": {"length_bytes": 3}}, "")):
+        doc = _v3_doc([4], "uint8")
+        doc.update(data_type=dtype, fill_value=fill)
+        (root / name).mkdir()
+        (root / name / "zarr.json").write_text(json.dumps(doc))
+        bad[name] = f"{name}/zarr.json"
+    for ndim in (65, 1000):
+        doc = _v3_doc([1] * ndim, "uint8")
+        doc["chunk_grid"]["configuration"]["chunk_shape"] = [1] * ndim
+        (root / f"dims{ndim}").mkdir()
+        (root / f"dims{ndim}/zarr.json").write_text(json.dumps(doc))
+        bad[f"dims{ndim}"] = f"dims{ndim}/zarr.json"
+    doc = _v3_doc([1] * 64, "uint8")  # numpy's most: served
+    doc["chunk_grid"]["configuration"]["chunk_shape"] = [1] * 64
+    doc["fill_value"] = 7
+    (root / "dims64").mkdir()
+    (root / "dims64/zarr.json").write_text(json.dumps(doc))
+    m = mount(root)
+    pid = daemon_pid(m)
+    arrays = m.path / ".zvfs/arrays"
+    for name, key in bad.items():
+        meta = json.loads((arrays / name / "meta.json").read_text())
+        assert meta["error"] and key in meta["error"], (name, meta["error"])
+        assert sorted(os.listdir(arrays / name)) == ["meta.json"], name
+        assert stat_errno(arrays / name / "data.npy") == errno.ENOENT, name
+        assert not (m.path / ".zvfs/v2" / name).exists()
+        assert_one_line(m, key)
+    assert (arrays / "dims64/data.raw").read_bytes() == b"\x07"
+    assert np.load(arrays / "dims64/data.npy").shape == (1,) * 64
+    assert_good(m, root)
+    assert_alive(m, pid)

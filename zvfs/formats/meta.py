@@ -30,13 +30,20 @@ MAX_CHUNK_NBYTES = 2**32
 #: an array keeps a fill value of that size from its discovery on (256 MiB elements in
 #: four arrays held a GiB); real ones are far smaller
 MAX_ITEMSIZE = 1 << 20
+#: dimensions an array may have: numpy's most (an ndarray of more cannot be made, and the
+#: views' range arithmetic recurses once a dimension)
+MAX_NDIM = 64
 
 
 def checked_dtype(dtype: np.dtype, key: str) -> np.dtype:
-    """``dtype``, or FormatError if one element would hold more than MAX_ITEMSIZE bytes."""
+    """``dtype``, or FormatError if one element would hold more than MAX_ITEMSIZE bytes, or
+    none at all (``|S0``, ``|V0``, ``<U0``, a structured type of no field: numpy cannot lay
+    out an array of them, and a file of them would say nothing)."""
     if dtype.itemsize > MAX_ITEMSIZE:
         raise FormatError(f"{key}: elements of {dtype.itemsize} bytes; zvfs serves at most "
                           f"{MAX_ITEMSIZE} an element")
+    if dtype.itemsize == 0:
+        raise FormatError(f"{key}: elements of 0 bytes (dtype {dtype.str})")
     return dtype
 
 
@@ -227,6 +234,8 @@ def shape_problem(
     """Why this shape/chunk layout cannot be served, or None."""
     if len(shape) != len(chunks):
         return f"shape {list(shape)} and chunks {list(chunks)} differ in length"
+    if len(shape) > MAX_NDIM:
+        return f"{len(shape)} dimensions; numpy, and zvfs, hold at most {MAX_NDIM}"
     if any(s < 0 for s in shape):
         return f"negative dimension in shape {list(shape)}"
     if any(c < 1 for c in chunks):
