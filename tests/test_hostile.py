@@ -1212,3 +1212,94 @@ def test_elements_of_no_bytes_and_more_dimensions_than_numpy_has_are_metadata_er
     assert np.load(arrays / "dims64/data.npy").shape == (1,) * 64
     assert_good(m, root)
     assert_alive(m, pid)
+
+
+# --------------------------------------------------------------------------- special files
+
+
+class _OpenWatch:
+    """inotify IN_OPEN on some paths: whether anything opened them (a device node's open has
+    effects of its own, whatever is read after)."""
+
+    IN_OPEN = 0x20
+
+    def __init__(self, paths: list[Path]) -> None:
+        import ctypes
+
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = self.libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        assert self.fd >= 0, ctypes.get_errno()
+        self.names = {}
+        for p in paths:
+            wd = self.libc.inotify_add_watch(self.fd, os.fsencode(p), self.IN_OPEN)
+            assert wd >= 0, (p, ctypes.get_errno())
+            self.names[wd] = p
+
+    def opened(self) -> list[Path]:
+        import struct
+
+        out = []
+        try:
+            data = os.read(self.fd, 1 << 16)
+        except BlockingIOError:
+            return out
+        at = 0
+        while at < len(data):
+            wd, mask, _cookie, n = struct.unpack_from("iIII", data, at)
+            at += 16 + n
+            if mask & self.IN_OPEN:
+                out.append(self.names[wd])
+        return out
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def test_sockets_and_device_nodes_in_a_directory_store_are_absent_and_never_opened(tmp_path: Path, mount) -> None:
+    """A UNIX socket named zarr.json (its open fails with ENXIO) was a store *error*: discovery
+    counted the hierarchy as failed, so every lookup of a name it did not hold under .zvfs/
+    (``stat .zvfs/arrays/nothere``) was EIO for as long as the mount lived, and discovery ran
+    again every second. And device nodes named as keys were opened before their type was
+    looked at: an open of a device has effects of its own (a watchdog arms, a tape rewinds),
+    whatever zvfs read after. Both are now absent keys, and a device node is never opened
+    (inotify sees no open). A tar of a store unpacked as root can hold any of them."""
+    import socket
+
+    root = new_store(tmp_path / "store")
+    data = np.arange(16, dtype="<i2").reshape(4, 4)
+    v3_array(root, "sock", data, (2, 2))
+    os.remove(root / "sock/zarr.json")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(root / "sock/zarr.json"))
+    v3_array(root, "devmeta", data, (2, 2))
+    os.remove(root / "devmeta/zarr.json")
+    os.mknod(root / "devmeta/zarr.json", 0o644 | 0o020000, os.makedev(1, 3))  # /dev/null's
+    v3_array(root, "devchunk", data, (2, 2))
+    os.remove(root / "devchunk/c/0/1")
+    os.mknod(root / "devchunk/c/0/1", 0o644 | 0o020000, os.makedev(1, 5))  # /dev/zero's
+    os.mknod(root / "devzero", 0o644 | 0o020000, os.makedev(1, 5))
+    devices = [root / "devmeta/zarr.json", root / "devchunk/c/0/1", root / "devzero"]
+    watch = _OpenWatch(devices)
+    try:
+        m = mount(root)
+        pid = daemon_pid(m)
+        arrays = m.path / ".zvfs/arrays"
+        assert "devchunk" in os.listdir(arrays)
+        time.sleep(1.5)  # past the second after which a failed discovery is tried again
+        for name in ("nothere", "sock", "devmeta"):
+            assert stat_errno(arrays / name) == errno.ENOENT, name
+            assert stat_errno(m.path / ".zvfs/v2" / name) == errno.ENOENT, name
+        want = data.copy()
+        want[0:2, 2:4] = 0  # the device is no chunk: fill
+        assert (arrays / "devchunk/data.raw").read_bytes() == want.tobytes()
+        for rel in ("devzero", "devchunk/c/0/1", "devmeta/zarr.json", "sock/zarr.json"):
+            assert stat_errno(m.path / rel) == errno.ENOENT, rel
+            assert read_errno(m.path / rel) == errno.ENOENT, rel
+        assert run(["find", m.path], timeout=60).returncode == 0
+        assert watch.opened() == []
+        assert not lines_naming(m, "sock/zarr.json"), m.log_text()[-3000:]
+        assert_good(m, root)
+        assert_alive(m, pid)
+    finally:
+        watch.close()
+        sock.close()

@@ -74,8 +74,21 @@ log = logging.getLogger(__name__)
 # O_NOFOLLOW so that a last component swapped for a symlink after we resolved it is refused.
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW
 
-# errors that mean "this key is not a regular file here"
-_ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EISDIR, errno.ENAMETOOLONG)
+# errors that mean "this key is not a regular file here" (ENXIO: a UNIX socket, which no
+# open reaches; it failed the store's reads as an error, and discovery with them for good)
+_ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EISDIR, errno.ENAMETOOLONG, errno.ENXIO)
+
+
+def _special(path: str) -> bool:
+    """Whether ``path`` is a device node, a FIFO or a socket: not a key, and never opened (an
+    open has effects of its own on a device: a watchdog arms, a tape rewinds, a serial line
+    raises DTR). Checked before each open; a process that can make device nodes could swap
+    one in between, and that one the open's fstat still refuses as a key, once opened."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return False  # the open that follows says what is wrong
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode))
 #: the mode of a file made through the mount (the store keeps no modes; directories get 0755)
 NEW_FILE_MODE = 0o644
 
@@ -271,6 +284,8 @@ class DirectoryStore(Store):
         if not self._proc_fd:
             return None
         path = os.path.join(self.root, key)
+        if _special(path):
+            raise KeyNotFound(key)
         try:
             fd = self._os_open(path, _OPEN_FLAGS)  # O_NOFOLLOW: a link at the end is ELOOP
         except OSError as e:
@@ -310,7 +325,7 @@ class DirectoryStore(Store):
         fd = self._open_direct(key)
         if fd is None:  # a symlink on the way: the full rules decide
             real = self._resolve(key)
-            if real is None:
+            if real is None or _special(real):
                 raise KeyNotFound(key)
             try:
                 fd = self._os_open(real, _OPEN_FLAGS)
@@ -413,18 +428,22 @@ class DirectoryStore(Store):
         """Opened on the caller's thread when the kernel has the whole path cached and no
         symlink is on it (see :mod:`zvfs.stores.cached_open`); None sends the caller to
         ``open_reader``, in a worker, for everything else."""
-        if bad_segment(key) is not None:
+        if bad_segment(key) is not None or not self._proc_fd:
             return None
-        fd = open_if_cached(self._root_sep + key, _OPEN_FLAGS)
-        if fd is None:
+        # the path alone first (O_PATH opens nothing): a device node is never opened, and
+        # an lstat here could wait on the disk, on the trio thread
+        where = open_if_cached(self._root_sep + key, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        if where is None:
             return None
         try:
-            st = os.fstat(fd)
+            st = os.fstat(where)
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            fd = os.open(f"/proc/self/fd/{where}", _OPEN_FLAGS & ~os.O_NOFOLLOW)  # that very file
         except OSError:
-            st = None
-        if st is None or not stat.S_ISREG(st.st_mode):
-            os.close(fd)
             return None
+        finally:
+            os.close(where)
         return _FileReader(key, fd, st)
 
     def info(self, key: str) -> KeyInfo:
@@ -524,6 +543,12 @@ class DirectoryStore(Store):
         flags |= (os.O_CREAT if create else 0) | (os.O_EXCL if exclusive else 0)
         flags |= os.O_TRUNC if truncate else 0
         with self._in_parent(key) as (parent, name):
+            try:
+                mode = os.lstat(name, dir_fd=parent).st_mode
+            except OSError:
+                mode = None  # absent (or unreadable): the open below says which
+            if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISLNK(mode) or stat.S_ISDIR(mode)):
+                raise WriteRefused(errno.EPERM, f"{key}: not a regular file")  # never opened
             try:
                 # not the application's mode: the store keeps none (chmod is not kept), and tools
                 # that create 0600 and chmod after (rsync, cp -a, tar) left every file 0600
