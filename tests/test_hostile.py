@@ -1303,3 +1303,55 @@ def test_sockets_and_device_nodes_in_a_directory_store_are_absent_and_never_open
     finally:
         watch.close()
         sock.close()
+
+
+# --------------------------------------------------------------------------- consolidated metadata
+
+
+def test_consolidated_metadata_naming_unsafe_paths_leaves_those_nodes_out(tmp_path: Path, mount) -> None:
+    """Consolidated metadata names its nodes by path, and a hostile one may name "/abs",
+    "a//b", "./c", "../up" or "x<NUL>y". The store refuses such keys (no path escapes), and
+    it did so as "no such key", so "/abs" and "a//b" showed as arrays under .zvfs/arrays
+    (as abs and a/b) whose every chunk read as fill, silently, whatever the store holds at
+    abs/0, for a key no store can have. Such a node is now left out of every view, with one
+    line naming it, as the walk of the store would leave it out; the others read."""
+    import zarr
+
+    root = tmp_path / "store"
+    st = zarr.storage.LocalStore(str(root))
+    g = zarr.open_group(st, mode="w", zarr_format=2)
+    g.create_array("good", shape=GOOD.shape, chunks=(8, 8), dtype=GOOD.dtype)[:] = GOOD
+    g.create_array("abs", shape=(4,), chunks=(2,), dtype="<i2")[:] = [1, 2, 3, 4]
+    zarr.consolidate_metadata(st)
+    zm = json.loads((root / ".zmetadata").read_text())
+    doc = zm["metadata"]["abs/.zarray"]
+    unsafe = ["/abs", "a//b", "./c", "../up", "d/./e", "x\x00y", "f/"]
+    for path in unsafe:
+        zm["metadata"][path + "/.zarray"] = doc
+    (root / ".zmetadata").write_text(json.dumps(zm))
+    m = mount(root)
+    pid = daemon_pid(m)
+    arrays = m.path / ".zvfs/arrays"
+    assert sorted(os.listdir(arrays)) == ["abs", "good"]
+    assert json.loads((arrays / "abs/meta.json").read_text())["path"] == "abs"
+    assert (arrays / "abs/data.raw").read_bytes() == np.array([1, 2, 3, 4], "<i2").tobytes()
+    assert sorted(os.listdir(m.path / ".zvfs/v2")) == [".zattrs", ".zgroup", ".zmetadata", "abs", "good"]
+    assert sorted(json.loads((m.path / ".zvfs/v2/.zmetadata").read_bytes())["metadata"]) == [
+        ".zattrs", ".zgroup", "abs/.zarray", "abs/.zattrs", "good/.zarray", "good/.zattrs"]
+    for path in unsafe:
+        assert "not a safe path" in assert_one_line(m, repr(path + "/.zarray")), path
+    assert (arrays / "good/data.raw").read_bytes() == zarr_read(root, "good").tobytes()
+
+    # the same in a v3 root group's consolidated_metadata
+    v3root = new_store(tmp_path / "v3")
+    top = json.loads((v3root / "zarr.json").read_text())
+    node = json.loads((v3root / "good/zarr.json").read_text())
+    top["consolidated_metadata"] = {"kind": "inline", "must_understand": False,
+                                    "metadata": {"good": node, **{p: node for p in unsafe}}}
+    (v3root / "zarr.json").write_text(json.dumps(top))
+    m3 = mount(v3root)
+    assert sorted(os.listdir(m3.path / ".zvfs/arrays")) == ["good"]
+    for path in unsafe:
+        assert "not a safe path" in assert_one_line(m3, repr(path)), path
+    assert_good(m3, v3root)
+    assert_alive(m, pid)

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..codecs import CodecError, UnknownCodecError
 from ..stores.base import KeyNotFound, Listing, Store, StoreError, TooLarge
+from ..stores.keys import bad_segment
 from . import keys, nczarr, zarr_v1, zarr_v2, zarr_v3
 from ._common import get_metadata, join, load_json, parse_json
 from .meta import ArrayMeta, FormatError
@@ -322,11 +323,18 @@ def _from_v3_consolidated(store: Store, h: Hierarchy) -> bool:
 def _nameable(h: Hierarchy, path: str) -> bool:
     """Whether a path that consolidated metadata names can become file names: JSON may hold
     lone surrogates ("\\ud800"), which are not Unicode text and cannot be encoded into a
-    name, a netCDF header or an ENVI header. Such a node is left out (noted in ``h.errors``)."""
+    name, a netCDF header or an ENVI header; and paths no store key can have (an empty,
+    ``.`` or ``..`` segment, a NUL). Such a node is left out (noted in ``h.errors``)."""
     try:
         path.encode("utf-8")
     except UnicodeEncodeError:
         h.errors[ascii(path)] = "consolidated metadata names a node whose path is not valid Unicode; left out"
+        return False
+    why = bad_segment(path) if path else None
+    if why is not None:
+        # "/abs", "a//b", "./c", "../up", "x<NUL>y": no store holds such a key, and each
+        # refuses it as absent, so the node would read as fill whatever the store holds
+        h.errors[repr(path)] = f"consolidated metadata names a node whose path is not a safe path ({why}); left out"
         return False
     return True
 
