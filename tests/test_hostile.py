@@ -1355,3 +1355,41 @@ def test_consolidated_metadata_naming_unsafe_paths_leaves_those_nodes_out(tmp_pa
         assert "not a safe path" in assert_one_line(m3, repr(path)), path
     assert_good(m3, v3root)
     assert_alive(m, pid)
+
+
+def test_a_metadata_document_of_millions_of_tiny_values_is_refused_before_parsing(tmp_path: Path, mount) -> None:
+    """A zarr.json within MAX_JSON_BYTES whose attributes hold millions of ``{}`` (3 bytes
+    each, 64 once parsed, and walked again for its depth): a 200 KiB zip of a 200 MiB one
+    took the daemon to 14 GiB and stalled discovery for minutes (a helper measured it). A
+    document of more than MAX_JSON_VALUES values is now refused before a value is made:
+    that node shows its error, the rest reads, and the daemon grows by little."""
+    from zvfs.formats._common import MAX_JSON_BYTES, MAX_JSON_VALUES
+
+    root = new_store(tmp_path / "store")
+    n = MAX_JSON_VALUES + 1000
+    doc = json.loads((root / "good/zarr.json").read_text())
+    doc["attributes"] = {"a": "BOMB"}
+    text = json.dumps(doc).encode().replace(b'"BOMB"', b"[" + b"{}," * n + b"{}]")
+    assert len(text) < MAX_JSON_BYTES
+    path = tmp_path / "values.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for p in sorted(root.rglob("*")):
+            if p.is_file():
+                zf.write(p, p.relative_to(root).as_posix())
+        zf.writestr("bomb/zarr.json", text)
+        zf.writestr("bomb/c/0/0", (root / "good/c/0/0").read_bytes())
+    assert path.stat().st_size < 1 * MiB
+    m = mount(path)
+    pid = daemon_pid(m)
+    base = status_kib(pid, "VmHWM")
+    arrays = m.path / ".zvfs/arrays"
+    t0 = time.monotonic()
+    assert {"good", "bomb"} <= set(os.listdir(arrays))
+    assert time.monotonic() - t0 < 20
+    meta = json.loads((arrays / "bomb/meta.json").read_text())
+    assert "values" in meta["error"] and "bomb/zarr.json" in meta["error"], meta["error"]
+    assert read_errno(arrays / "bomb/data.raw") == errno.ENOENT
+    assert_good(m, root)
+    assert status_kib(pid, "VmHWM") - base < 128 * 1024
+    assert_one_line(m, "bomb/zarr.json")
+    assert_alive(m, pid)

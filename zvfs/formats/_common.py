@@ -23,6 +23,12 @@ def join(path: str, name: str) -> str:
 #: metadata nested deeper than this is refused: Zarr documents need a handful of levels, and
 #: every later step (attribute cleaning, meta.json, the v2 mirror) may walk it recursively
 MAX_JSON_DEPTH = 100
+#: values a metadata document may hold. Parsed, a value costs far more than its text: "{},"
+#: is 3 bytes and an empty dict 64 (and discovery walks each container once more), so a
+#: document within MAX_JSON_BYTES of them took 14 GiB of the daemon (a 200 KiB zip of it).
+#: This many take at most about 600 MiB; consolidated metadata of 100,000 arrays holds
+#: about 5 million (a root's that holds more is passed over: the store is walked instead)
+MAX_JSON_VALUES = 1 << 23
 
 
 def parse_json(raw: bytes, key: str) -> Any:
@@ -31,8 +37,15 @@ def parse_json(raw: bytes, key: str) -> Any:
     ``json.loads`` raises RecursionError (not ValueError) on deep nesting; that must stay a
     problem of this one document, never escape into discovery and break other arrays.
     """
+    data = raw if isinstance(raw, bytes | bytearray) else bytes(raw)
+    # every value but the first follows a ",", a ":" or an opening bracket: counted in C,
+    # before a single object is made (the count includes those inside strings: a bound)
+    values = data.count(b",") + data.count(b":") + data.count(b"[") + data.count(b"{")
+    if values > MAX_JSON_VALUES:
+        raise FormatError(f"{key}: JSON of more than {MAX_JSON_VALUES} values ({values} separators); "
+                          "not metadata zvfs reads")
     try:
-        doc = json.loads(raw)
+        doc = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise FormatError(f"{key}: malformed JSON ({exc})") from exc
     except RecursionError:
