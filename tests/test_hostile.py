@@ -1393,3 +1393,64 @@ def test_a_metadata_document_of_millions_of_tiny_values_is_refused_before_parsin
     assert status_kib(pid, "VmHWM") - base < 128 * 1024
     assert_one_line(m, "bomb/zarr.json")
     assert_alive(m, pid)
+
+
+# --------------------------------------------------------------------------- shard indexes
+
+
+def _sharded_doc(shape: int, shard: int, inner: int) -> dict:
+    doc = _v3_doc([shape], "uint8")
+    doc["chunk_grid"]["configuration"]["chunk_shape"] = [shard]
+    doc["fill_value"] = 7
+    doc["codecs"] = [{"name": "sharding_indexed", "configuration": {
+        "chunk_shape": [inner], "codecs": [{"name": "bytes"}],
+        "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
+        "index_location": "end"}}]
+    return doc
+
+
+def test_a_shard_index_is_bounded_and_read_once_by_concurrent_readers(tmp_path: Path, mount) -> None:
+    """A shard's index is 16 bytes an inner chunk, read and decoded whole, and metadata alone
+    sets its size: a shard of 2**26 one-byte chunks has an index of 1 GiB, which a 116 KiB
+    store of sparse files provides. Each thread decoding one of its chunks fetched, checked
+    and decoded its own copy at once; the daemon went to 24 GiB and the kernel killed it
+    (a helper measured it, on a machine of 24). A shard of more than MAX_INDEX_ENTRIES inner
+    chunks is now the array's metadata error; an index within it is loaded once however many
+    readers want it, and the indexes kept are bounded in bytes too."""
+    from numcodecs import CRC32C
+
+    from zvfs.codecs.sharding import MAX_INDEX_ENTRIES
+
+    root = new_store(tmp_path / "store")
+    (root / "huge").mkdir()  # metadata only: never read
+    (root / "huge/zarr.json").write_text(json.dumps(_sharded_doc(4 << 26, 1 << 26, 1)))
+    n = MAX_INDEX_ENTRIES
+    (root / "wide/c").mkdir(parents=True)
+    (root / "wide/zarr.json").write_text(json.dumps(_sharded_doc(2 * n, n, 1)))
+    empty = b"\xff" * (16 * n)  # every inner chunk unwritten: fill
+    (root / "wide/c/0").write_bytes(bytes(CRC32C().encode(np.frombuffer(empty, "u1"))))
+    del empty
+    m = mount(root, "--cache-size", "64M")
+    pid = daemon_pid(m)
+    arrays = m.path / ".zvfs/arrays"
+    meta = json.loads((arrays / "huge/meta.json").read_text())
+    assert "inner chunks a shard" in meta["error"] and "huge/zarr.json" in meta["error"], meta["error"]
+    assert sorted(os.listdir(arrays / "huge")) == ["meta.json"]
+    assert_one_line(m, "huge/zarr.json")
+    os.listdir(arrays / "wide")
+    base = status_kib(pid, "VmHWM")
+
+    def reader(i: int) -> None:
+        fd = os.open(arrays / "wide/data.raw", os.O_RDONLY)
+        try:
+            assert os.pread(fd, 256, i * 65536) == b"\x07" * 256
+        finally:
+            os.close(fd)
+
+    errors = in_threads(reader, 8, timeout=120)
+    assert not errors, errors[:3]
+    grew = status_kib(pid, "VmHWM") - base  # about 36 MiB, 105 when each thread loaded it
+    assert grew < 72 * 1024, f"the daemon grew by {grew / 1024:.0f} MiB reading one 16 MiB index"
+    assert (arrays / "wide/chunks/5").read_bytes() == b"\x07"
+    assert_good(m, root)
+    assert_alive(m, pid)

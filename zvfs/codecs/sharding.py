@@ -20,6 +20,10 @@ from .v3 import Codec, Pipeline
 
 #: offset/nbytes of an inner chunk that was never written
 EMPTY = 2**64 - 1
+#: inner chunks one shard may hold: its index (16 bytes each) is read and held whole, so a
+#: shard of 2**26 one-byte chunks (metadata alone) had every reader of it fetch, check and
+#: decode 1 GiB at once; real shards hold thousands
+MAX_INDEX_ENTRIES = 1 << 20
 
 _DEFAULT_INDEX_CODECS = [
     {"name": "bytes", "configuration": {"endian": "little"}},
@@ -63,6 +67,12 @@ class ShardingCodec(Codec):
         self.chunks_per_shard = tuple(
             s // c for s, c in zip(shard_shape, self.chunk_shape, strict=True)
         )
+        if math.prod(self.chunks_per_shard) > MAX_INDEX_ENTRIES:
+            raise UnknownCodecError(
+                f"sharding_indexed: {math.prod(self.chunks_per_shard)} inner chunks a shard "
+                f"(an index of {16 * math.prod(self.chunks_per_shard)} bytes); zvfs reads at most "
+                f"{MAX_INDEX_ENTRIES}"
+            )
         self.inner = Pipeline(self.codecs_config, self.chunk_shape, dtype, fill_value)
         self.index_pipeline = Pipeline(
             self.index_codecs_config, self.chunks_per_shard + (2,), np.dtype("u8")

@@ -203,6 +203,8 @@ class Reader:
     """Fetch + decode v3 chunks of one array; thread-safe (the index cache is locked)."""
 
     INDEX_CACHE = 512
+    #: bytes of decoded indexes kept, at most (an index may be 16 MiB: MAX_INDEX_ENTRIES)
+    INDEX_CACHE_BYTES = 64 << 20
 
     def __init__(self, store: Store, meta: ArrayMeta):
         self.store = store
@@ -222,6 +224,10 @@ class Reader:
         self._indexes: OrderedDict[tuple[str, int, int], tuple[np.ndarray, int | None]] = (
             OrderedDict()
         )
+        self._index_bytes = 0
+        # one load of an index at a time: the threads decoding a shard's chunks all wanted
+        # its index at once, and each fetched and decoded its own copy
+        self._loading: dict[tuple[str, int, int], threading.Lock] = {}
 
     def _position(self, idx: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(outer grid index, element offset inside that stored chunk) of unit chunk ``idx``."""
@@ -242,10 +248,32 @@ class Reader:
         suffix, whose read tells the shard's size too (one request, no size lookup)."""
         cache_key = (key, level, start)
         with self._lock:
-            hit = self._indexes.get(cache_key)
+            hit = self._cached_index(cache_key)
             if hit is not None:
-                self._indexes.move_to_end(cache_key)
                 return hit
+            gate = self._loading.setdefault(cache_key, threading.Lock())
+        with gate:
+            try:
+                with self._lock:
+                    hit = self._cached_index(cache_key)
+                if hit is not None:
+                    return hit
+                return self._load_index(cache_key, key, codec, start, length)
+            finally:
+                with self._lock:
+                    if self._loading.get(cache_key) is gate:
+                        del self._loading[cache_key]
+
+    def _cached_index(self, cache_key: tuple[str, int, int]) -> tuple[np.ndarray, int | None] | None:
+        """The cached index (most recently used now), or None; the caller holds the lock."""
+        hit = self._indexes.get(cache_key)
+        if hit is not None:
+            self._indexes.move_to_end(cache_key)
+        return hit
+
+    def _load_index(
+        self, cache_key: tuple[str, int, int], key: str, codec: ShardingCodec, start: int, length: int | None
+    ) -> tuple[np.ndarray, int | None]:
         ilen = codec.index_nbytes
         if length is None and codec.index_location == "end":
             raw, length = self.store.get_suffix(key, ilen)
@@ -257,9 +285,15 @@ class Reader:
             raise CodecError(f"shard index truncated ({len(raw)} of {ilen} bytes)")
         index = codec.decode_index(raw)
         with self._lock:
+            old = self._indexes.pop(cache_key, None)
+            if old is not None:
+                self._index_bytes -= old[0].nbytes
             self._indexes[cache_key] = (index, length)
-            while len(self._indexes) > self.INDEX_CACHE:
-                self._indexes.popitem(last=False)
+            self._index_bytes += index.nbytes
+            while len(self._indexes) > 1 and (len(self._indexes) > self.INDEX_CACHE
+                                              or self._index_bytes > self.INDEX_CACHE_BYTES):
+                _k, (dropped, _n) = self._indexes.popitem(last=False)
+                self._index_bytes -= dropped.nbytes
         return index, length
 
     def _locate(self, idx: tuple[int, ...]) -> tuple[str, int, int | None] | None:
@@ -305,7 +339,7 @@ class Reader:
         with self._lock:
             mine = [k for k in self._indexes if k[0] == key]
             for k in mine:
-                del self._indexes[k]
+                self._index_bytes -= self._indexes.pop(k)[0].nbytes
         return bool(mine)
 
     def _read(self, idx: tuple[int, ...]) -> np.ndarray | None:
