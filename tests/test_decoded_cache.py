@@ -119,3 +119,51 @@ def test_never_written_huge_chunk_is_not_materialised(tmp_path, mount) -> None:
         assert os.stat(mnt.path / ".zvfs/arrays/h" / name).st_size == 1 << 30
     grew = (vm_hwm_kib(pid) - base) / 1024
     assert grew < 64, f"daemon RSS peak grew by {grew:.0f} MiB"
+
+
+def test_byte_budget_serves_waiters_in_order_and_survives_cancellation() -> None:
+    """zvfs.cache.ByteBudget: a small request does not pass a big one queued before it; a
+    waiter cancelled before its turn lets the next ones in; a request bigger than the budget
+    holds all of it, alone; everything is given back."""
+    import trio
+    import trio.testing
+
+    from zvfs.cache import ByteBudget
+
+    async def main() -> None:
+        budget = ByteBudget(10)
+        got: list[str] = []
+        release = {name: trio.Event() for name in "abcde"}
+        scopes = {name: trio.CancelScope() for name in "abcde"}
+
+        async def job(name: str, n: int) -> None:
+            with scopes[name]:
+                async with budget.hold(n):
+                    got.append(name)
+                    await release[name].wait()
+
+        async with trio.open_nursery() as nursery:
+            for name, n in (("a", 9), ("b", 8), ("c", 1)):
+                nursery.start_soon(job, name, n)
+                await trio.testing.wait_all_tasks_blocked()
+            assert got == ["a"] and budget.used == 9  # c would fit, but b came first
+            scopes["b"].cancel()  # b leaves the queue: c goes in
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == ["a", "c"] and budget.used == 10
+            nursery.start_soon(job, "d", 40)  # more than the budget: all of it, alone
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(job, "e", 1)
+            await trio.testing.wait_all_tasks_blocked()
+            release["a"].set()
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == ["a", "c"]  # d waits for c too; e waits behind d
+            release["c"].set()
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == ["a", "c", "d"] and budget.used == 10
+            release["d"].set()
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == ["a", "c", "d", "e"] and budget.used == 1
+            release["e"].set()
+        assert budget.used == 0 and not budget._waiters
+
+    trio.run(main)

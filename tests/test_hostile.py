@@ -1454,3 +1454,50 @@ def test_a_shard_index_is_bounded_and_read_once_by_concurrent_readers(tmp_path: 
     assert (arrays / "wide/chunks/5").read_bytes() == b"\x07"
     assert_good(m, root)
     assert_alive(m, pid)
+
+
+# --------------------------------------------------------------------------- chunks decoded at once
+
+
+def test_chunks_of_a_quarter_gib_decode_one_at_a_time_not_one_per_thread(tmp_path: Path, mount) -> None:
+    """A chunk may decode to up to 4 GiB (MAX_CHUNK_NBYTES) from a few MiB of gzip, and the
+    cache bounds only what is kept: each of the 16 worker threads decoded one at once. Two
+    readers of two 1 GiB chunks took a daemon with a 64 MiB cache to 3.1 GiB (a helper
+    measured it); eight such readers would have ended it. The bytes of chunks being decoded
+    at once are now bounded (half the cache, at least 256 MiB; a bigger chunk goes alone):
+    four readers of four 256 MiB chunks cost about one chunk's decode, and read right."""
+    import gzip
+
+    import zarr
+    from zarr.codecs import GzipCodec
+
+    root = new_store(tmp_path / "store")
+    n = 256 * MiB
+    a = zarr.create_array(zarr.storage.LocalStore(str(root)), name="big", shape=(4 * n,), chunks=(n,),
+                          dtype="u1", zarr_format=3, compressors=GzipCodec(level=1), fill_value=0)
+    del a
+    (root / "big/c").mkdir()
+    block = np.zeros(n, "u1")
+    for k in range(4):
+        block[:16] = k + 1  # each chunk its own first bytes
+        (root / f"big/c/{k}").write_bytes(gzip.compress(block.tobytes(), 1))
+    del block
+    assert sum((root / f"big/c/{k}").stat().st_size for k in range(4)) < 8 * MiB
+    m = mount(root, "--cache-size", "64M")
+    pid = daemon_pid(m)
+    os.listdir(m.path / ".zvfs/arrays/big")
+    base = status_kib(pid, "VmHWM")
+
+    def reader(k: int) -> None:
+        fd = os.open(m.path / ".zvfs/arrays/big/data.raw", os.O_RDONLY)
+        try:
+            assert os.pread(fd, 32, k * n) == bytes([k + 1]) * 16 + bytes(16)
+        finally:
+            os.close(fd)
+
+    errors = in_threads(reader, 4, timeout=120)
+    assert not errors, errors[:3]
+    grew = status_kib(pid, "VmHWM") - base  # 512 MiB; 1266 when each thread decoded one
+    assert grew < 800 * 1024, f"the daemon grew by {grew / 1024:.0f} MiB decoding four 256 MiB chunks"
+    assert_good(m, root)
+    assert_alive(m, pid)

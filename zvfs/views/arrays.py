@@ -182,6 +182,10 @@ class DecodedArray:
             raise self._failure(*failed)
 
         async def load() -> np.ndarray:
+            async with self.ctx.decoding.hold(self.meta.chunk_nbytes):
+                return await decode()
+
+        async def decode() -> np.ndarray:
             if dt is not None:
                 decoded = self.ctx.chunks.peek(native)
                 if decoded is not None:

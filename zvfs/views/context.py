@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from zvfs.cache import BufferPool, Cache
+from zvfs.cache import BufferPool, ByteBudget, Cache
 from zvfs.formats.probe import DESCRIBING_NAMES
 from zvfs.logonce import LogOnce
 from zvfs.stats import Counters
@@ -30,6 +30,9 @@ BUFFER_POOL_MAX = 16 << 20
 
 #: bytes the chunk cache counts for an entry on top of its data (see MountContext.chunks)
 CHUNK_ENTRY_OVERHEAD = 640
+#: bytes of chunks being decoded at once, at least (half the cache if that is more): a
+#: chunk bigger than that is decoded alone (see zvfs.cache.budget)
+DECODING_MIN = 256 << 20
 
 
 @dataclass
@@ -122,6 +125,9 @@ class MountContext:
         self.failures = Cache(max_bytes=10_000, ttl=self.metadata_ttl, sizeof=lambda _v: 1)
         # half the cache: what is fetched ahead must still be there when its reader arrives
         self.prefetch_budget = max(4 << 20, self.cache_size // 2)
+        # bytes of chunks being decoded at once: each worker thread decoded a chunk of a GiB
+        # (4 MiB of gzip) at the same time, 3 GiB for two readers with a 64 MiB cache
+        self.decoding = ByteBudget(max(DECODING_MIN, self.cache_size // 2))
 
     @property
     def stable_time(self) -> float:
