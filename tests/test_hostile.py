@@ -1501,3 +1501,35 @@ def test_chunks_of_a_quarter_gib_decode_one_at_a_time_not_one_per_thread(tmp_pat
     assert grew < 800 * 1024, f"the daemon grew by {grew / 1024:.0f} MiB decoding four 256 MiB chunks"
     assert_good(m, root)
     assert_alive(m, pid)
+
+
+def test_the_metadata_of_a_whole_discovery_holds_a_bounded_number_of_values(tmp_path: Path, mount) -> None:
+    """MAX_JSON_VALUES bounds one document; a store of many documents just under it was
+    bound by nothing: 20 zarr.json of 8 million numbers each (a 335 KiB zip) kept 2.8 GiB
+    in the daemon after a 225 s listing (a helper measured it). The values of all the
+    documents one discovery reads are now bounded together (MAX_DISCOVERY_VALUES): a
+    document past the rest is its node's error, one line names it, the others read.
+    (Counted from the separators, so an attribute of millions of ":" stands for the
+    millions of values it costs to count: cheap to build here.)"""
+    from zvfs.formats._common import MAX_DISCOVERY_VALUES, MAX_JSON_VALUES
+
+    root = new_store(tmp_path / "store")
+    each = MAX_JSON_VALUES - 1000
+    count = MAX_DISCOVERY_VALUES // each + 1
+    for k in range(count):
+        v3_array(root, f"a{k}", np.arange(4, dtype="<i2"), (2,), attributes={"note": ":" * each})
+    m = mount(root)
+    pid = daemon_pid(m)
+    arrays = m.path / ".zvfs/arrays"
+    refused = []
+    for k in range(count):
+        meta = json.loads((arrays / f"a{k}/meta.json").read_text())
+        if meta["error"]:
+            assert "a discovery reads" in meta["error"] and f"a{k}/zarr.json" in meta["error"], meta["error"]
+            refused.append(k)
+        else:
+            assert (arrays / f"a{k}/data.raw").read_bytes() == np.arange(4, dtype="<i2").tobytes()
+    assert len(refused) == 1, refused
+    assert_one_line(m, f"a{refused[0]}/zarr.json")
+    assert_good(m, root)
+    assert_alive(m, pid)

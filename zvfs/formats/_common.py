@@ -5,7 +5,9 @@ from __future__ import annotations
 import base64
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -29,6 +31,24 @@ MAX_JSON_DEPTH = 100
 #: This many take at most about 600 MiB; consolidated metadata of 100,000 arrays holds
 #: about 5 million (a root's that holds more is passed over: the store is walked instead)
 MAX_JSON_VALUES = 1 << 23
+#: values all the documents one discovery reads may hold together: the bound of one
+#: document times the documents of a store is no bound (20 documents of 8 million numbers, a
+#: 335 KiB zip, kept 2.8 GiB). Past it, each further document is its node's error
+MAX_DISCOVERY_VALUES = 1 << 24
+
+#: the values the running discovery may still parse ([count], mutable), or None outside one
+_values_left: ContextVar[list[int] | None] = ContextVar("zvfs_json_values_left", default=None)
+
+
+@contextmanager
+def values_budget(total: int = MAX_DISCOVERY_VALUES) -> Iterator[None]:
+    """Within this block (one thread's discovery), the documents parse_json reads hold at
+    most ``total`` values together."""
+    token = _values_left.set([total])
+    try:
+        yield
+    finally:
+        _values_left.reset(token)
 
 
 def parse_json(raw: bytes, key: str) -> Any:
@@ -44,6 +64,12 @@ def parse_json(raw: bytes, key: str) -> Any:
     if values > MAX_JSON_VALUES:
         raise FormatError(f"{key}: JSON of more than {MAX_JSON_VALUES} values ({values} separators); "
                           "not metadata zvfs reads")
+    left = _values_left.get()
+    if left is not None:
+        if values > left[0]:
+            raise FormatError(f"{key}: the metadata read before it holds so many values that its "
+                              f"{values} more pass the {MAX_DISCOVERY_VALUES} a discovery reads")
+        left[0] -= values
     try:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:

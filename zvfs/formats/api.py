@@ -15,7 +15,7 @@ from ..codecs import CodecError, UnknownCodecError
 from ..stores.base import KeyNotFound, Listing, Store, StoreError, TooLarge
 from ..stores.keys import bad_segment
 from . import keys, nczarr, zarr_v1, zarr_v2, zarr_v3
-from ._common import get_metadata, join, load_json, parse_json
+from ._common import get_metadata, join, load_json, parse_json, values_budget
 from .meta import ArrayMeta, FormatError
 
 
@@ -267,11 +267,12 @@ def discover(store: Store) -> Hierarchy:
         h.errors[""] = str(exc)
         h.incomplete = True
         return h
-    if keys.ZMETADATA in root.keys and _from_zmetadata(store, h):
-        return h
-    if keys.ZARR_JSON in root.keys and _from_v3_consolidated(store, h):
-        return h
-    _walk(store, h, root)
+    with values_budget():  # the documents' values together, not only each one's
+        if keys.ZMETADATA in root.keys and _from_zmetadata(store, h):
+            return h
+        if keys.ZARR_JSON in root.keys and _from_v3_consolidated(store, h):
+            return h
+        _walk(store, h, root)
     return h
 
 
