@@ -78,6 +78,31 @@ def test_the_chunk_cache_counts_at_least_what_a_tiny_chunk_entry_takes(tmp_path)
     assert took <= counted, f"an entry takes {took:.0f} bytes and is counted {counted:.0f}"
 
 
+@pytest.mark.parametrize("ndim", [1, 8, 40, 64])
+def test_the_chunk_cache_counts_what_a_chunk_of_many_dimensions_takes(tmp_path, ndim):
+    """Metadata sets a chunk's dimension count, up to 64, and numpy keeps an array's shape
+    and strides (16 bytes a dimension) as the key keeps its index (8): a never-written
+    64-dimensional 1-byte chunk (a broadcast fill) took 1,964 bytes and was counted 641,
+    so a store of such arrays held three times the cache size (a helper's audit). Each
+    entry is now counted at least what it takes."""
+    import tracemalloc
+
+    ctx = MountContext(store=DirectoryStore(tmp_path), cache_size=1 << 40)
+    n = 20_000
+    fill = np.zeros((), np.uint8)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(n):
+            key = ("chunk", "group/array", "e8fead1dcf70df3cf8827fa4", 12345, (i, *(0,) * (ndim - 1)))
+            ctx.chunks.put(key, np.broadcast_to(fill, (1,) * ndim), ttl=60.0)
+        took = (tracemalloc.get_traced_memory()[0] - before) / n
+    finally:
+        tracemalloc.stop()
+    counted = ctx.chunks.current_bytes / n
+    assert took <= counted, f"an entry of {ndim} dimensions takes {took:.0f} bytes and is counted {counted:.0f}"
+
+
 def test_cache_entries_expire_after_their_ttl(monkeypatch):
     now = [1000.0]
     monkeypatch.setattr("zvfs.cache.lru.time.monotonic", lambda: now[0])

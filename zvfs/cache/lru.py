@@ -18,7 +18,8 @@ from typing import Any
 import trio
 
 
-def _default_size(value: Any) -> int:
+def default_size(value: Any) -> int:
+    """What an entry's value takes: ``.nbytes`` (one element for a broadcast fill), else ``len()``."""
     nbytes = getattr(value, "nbytes", None)
     if nbytes is not None:
         strides = getattr(value, "strides", None)
@@ -68,7 +69,7 @@ class Cache:
         self,
         max_bytes: int,
         ttl: float | None = None,
-        sizeof: Callable[[Any], int] = _default_size,
+        sizeof: Callable[[Any], int] = default_size,
         overhead: int = 0,
         on_drop: Callable[[Any], None] | None = None,
     ) -> None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from zvfs.cache import BufferPool, ByteBudget, Cache
+from zvfs.cache.lru import default_size
 from zvfs.formats.probe import DESCRIBING_NAMES
 from zvfs.logonce import LogOnce
 from zvfs.stats import Counters
@@ -30,6 +31,15 @@ BUFFER_POOL_MAX = 16 << 20
 
 #: bytes the chunk cache counts for an entry on top of its data (see MountContext.chunks)
 CHUNK_ENTRY_OVERHEAD = 640
+#: and for each dimension of its chunk: numpy keeps an array's shape and strides (16 bytes
+#: a dimension) and the key's chunk index takes 8. A 64-dimensional chunk entry took 1,964
+#: bytes counted as 641: the cache held three times its size in tiny chunks
+CHUNK_BYTES_PER_DIM = 24
+
+
+def chunk_entry_size(value: object) -> int:
+    """What the chunk cache counts for ``value`` (its overhead comes on top)."""
+    return default_size(value) + CHUNK_BYTES_PER_DIM * getattr(value, "ndim", 0)
 #: bytes of chunks being decoded at once, at least (half the cache if that is more): a
 #: chunk bigger than that is decoded alone (see zvfs.cache.budget)
 DECODING_MIN = 256 << 20
@@ -121,7 +131,7 @@ class MountContext:
         # at 557 bytes (200,000 chunks of 8 bytes); 256 let the daemon grow to 3x the
         # cache size with tiny chunks (a helper's audit: 392 MiB RSS for a 128 MiB cache)
         self.chunks = Cache(max_bytes=self.cache_size, overhead=CHUNK_ENTRY_OVERHEAD,
-                            on_drop=self.buffers.give)
+                            sizeof=chunk_entry_size, on_drop=self.buffers.give)
         self.failures = Cache(max_bytes=10_000, ttl=self.metadata_ttl, sizeof=lambda _v: 1)
         # half the cache: what is fetched ahead must still be there when its reader arrives
         self.prefetch_budget = max(4 << 20, self.cache_size // 2)
