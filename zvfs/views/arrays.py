@@ -25,7 +25,7 @@ from zvfs.formats.meta import ArrayMeta
 from zvfs.stores.base import is_store_failure
 from zvfs.stores.listing import SortedNames
 from zvfs.views.context import MountContext
-from zvfs.views.layout import Box, chunk_span, chunks_in_box, range_boxes
+from zvfs.views.layout import Box, chunk_span, chunks_in_box, chunks_under, range_boxes
 from zvfs.views.node import BytesFile, DirNode, FileNode, LazyEntries, Node, NodeError
 from zvfs.views.readahead import ReadAhead
 from zvfs.workers import gather
@@ -328,28 +328,29 @@ class DecodedArray:
         meta = self.meta
         dt = self._other(dtype)
         boxes = list(range_boxes(meta.shape, start, stop))
-        needed = list(dict.fromkeys(i for b in boxes for i in chunks_in_box(b, meta.chunks)))
-        if len(needed) == 1 and dt is None:
-            idx = needed[0]
+        needed = chunks_under(boxes, meta.chunks)  # made a group at a time, never all at once
+        group = list(itertools.islice(needed, CHUNK_BATCH))
+        if len(group) == 1 and dt is None:  # fewer than a group: that is all of them
+            idx = group[0]
             chunk = self._peek(idx)
             if chunk is None:
                 chunk = await self.chunk(idx)
             view = _contiguous_part(meta, idx, chunk, start, stop, boxes)
             if view is not None:
                 if passed_from is not None:
-                    self._release(needed, passed_from, stop)
+                    self._release(group, passed_from, stop)
                 return view
         buf: np.ndarray | None = None
-        for n in range(0, len(needed), CHUNK_BATCH):
-            group = needed[n : n + CHUNK_BATCH]
+        while group:
             decoded = await (self._batch(group) if len(group) == CHUNK_BATCH else self.chunks(group))
             if buf is None:  # taken once the first chunks are in: a read waiting for them holds none
                 buf, out, views = self._reply_buffer(stop - start, dt or meta.dtype, boxes)
             for idx in group:
                 _copy_chunk(meta.chunks, idx, decoded[idx], boxes, views)
             del decoded  # not held while the next group loads
-        if passed_from is not None:
-            self._release(needed, passed_from, stop)
+            if passed_from is not None:
+                self._release(group, passed_from, stop)
+            group = list(itertools.islice(needed, CHUNK_BATCH))
         self.ctx.buffers.give(buf)  # lent again once the reply made from it is gone
         return byte_view(out)
 

@@ -52,6 +52,24 @@ def chunks_in_box(box: Box, chunks: tuple[int, ...]) -> Iterator[tuple[int, ...]
     yield from _product(ranges)
 
 
+def chunks_under(boxes: list[Box], chunks: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+    """Chunk grid indices that intersect any of ``boxes``, each once, in the order first
+    met, made as they are asked for: a read of a million 1-byte chunks never holds all
+    their indices (``dict.fromkeys`` of them took a 64-dimensional tuple each). A chunk
+    is yielded at its first box: one that also meets an earlier box was yielded there."""
+    for j, box in enumerate(boxes):
+        earlier = boxes[:j]
+        for idx in chunks_in_box(box, chunks):
+            if earlier and any(_meets(idx, chunks, b) for b in earlier):
+                continue
+            yield idx
+
+
+def _meets(idx: tuple[int, ...], chunks: tuple[int, ...], box: Box) -> bool:
+    lo, hi = box
+    return all(i * c < h and (i + 1) * c > low for i, c, low, h in zip(idx, chunks, lo, hi, strict=True))
+
+
 def _product(ranges: list[range]) -> Iterator[tuple[int, ...]]:
     if not ranges:
         yield ()
