@@ -1300,6 +1300,15 @@ def test_sockets_and_device_nodes_in_a_directory_store_are_absent_and_never_open
         assert not lines_naming(m, "sock/zarr.json"), m.log_text()[-3000:]
         assert_good(m, root)
         assert_alive(m, pid)
+        # a writable mount: a create of a device's name (absent in the mount, so the
+        # kernel asks for a create) is refused without opening it, as is a rewrite
+        w = mount(root, "--writable")
+        for rel in ("devzero", "devchunk/c/0/1"):
+            with pytest.raises(OSError) as err:
+                os.close(os.open(w.path / rel, os.O_WRONLY | os.O_CREAT, 0o644))
+            assert err.value.errno == errno.EPERM, (rel, err.value)
+        assert watch.opened() == []
+        assert os.path.exists(root / "devzero") and not (root / "devzero").is_file()
     finally:
         watch.close()
         sock.close()

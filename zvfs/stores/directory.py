@@ -79,16 +79,18 @@ _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW
 _ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EISDIR, errno.ENAMETOOLONG, errno.ENXIO)
 
 
-def _special(path: str) -> bool:
+def _special(path: str, dir_fd: int | None = None) -> bool:
     """Whether ``path`` is a device node, a FIFO or a socket: not a key, and never opened (an
     open has effects of its own on a device: a watchdog arms, a tape rewinds, a serial line
     raises DTR). Checked before each open; a process that can make device nodes could swap
     one in between, and that one the open's fstat still refuses as a key, once opened."""
     try:
-        mode = os.lstat(path).st_mode
+        mode = os.lstat(path, dir_fd=dir_fd).st_mode
     except OSError:
         return False  # the open that follows says what is wrong
     return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode))
+
+
 #: the mode of a file made through the mount (the store keeps no modes; directories get 0755)
 NEW_FILE_MODE = 0o644
 
@@ -543,11 +545,7 @@ class DirectoryStore(Store):
         flags |= (os.O_CREAT if create else 0) | (os.O_EXCL if exclusive else 0)
         flags |= os.O_TRUNC if truncate else 0
         with self._in_parent(key) as (parent, name):
-            try:
-                mode = os.lstat(name, dir_fd=parent).st_mode
-            except OSError:
-                mode = None  # absent (or unreadable): the open below says which
-            if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISLNK(mode) or stat.S_ISDIR(mode)):
+            if _special(name, parent):
                 raise WriteRefused(errno.EPERM, f"{key}: not a regular file")  # never opened
             try:
                 # not the application's mode: the store keeps none (chmod is not kept), and tools
@@ -619,6 +617,8 @@ class DirectoryStore(Store):
     def _open_link_source(self, src: str, name: str, parent: int) -> int:
         """``src`` open for reading; a symlink to a file inside the store reads as that file
         in the mount, so its bytes are the source's (the rule of a read: _resolve)."""
+        if _special(name, parent):  # a device is never opened (see _special)
+            raise WriteRefused(errno.EPERM, f"{src}: not a regular file")
         try:
             return os.open(name, _OPEN_FLAGS, dir_fd=parent)
         except OSError as e:
@@ -626,6 +626,8 @@ class DirectoryStore(Store):
             try:
                 if real is None:
                     raise
+                if _special(real):
+                    raise WriteRefused(errno.EPERM, f"{src}: not a regular file") from None
                 return os.open(real, _OPEN_FLAGS)
             except OSError as e2:
                 raise _refused(src, e2) from None
