@@ -35,6 +35,14 @@ class HostileS3:
     #: every listing page is truncated and hands back this same token
     loop_token: str | None = None
     page_keys: int = 1000
+    #: truncated pages carry no NextContinuationToken (as a server speaking only V1 sends)
+    no_token: bool = False
+    #: GETs and HEADs honour If-Match (a strict comparison with the quoted ETag), as S3 does
+    if_match: bool = False
+    #: listings give ETags without their quotes (the GET's header keeps them)
+    bare_list_etags: bool = False
+    #: GETs served, by key (a test replaces an object between two of them)
+    gets: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         server = self
@@ -112,7 +120,12 @@ class HostileS3:
         if data is None:
             self._send(h, 404, b"<Error><Code>NoSuchKey</Code></Error>", {})
             return
+        self.gets[key] = self.gets.get(key, 0) + 1
         headers = self._object_headers(key)
+        wanted = h.headers.get("If-Match")
+        if self.if_match and wanted is not None and wanted not in ("*", headers["ETag"]):
+            self._send(h, 412, b"<Error><Code>PreconditionFailed</Code></Error>", {})
+            return
         rng = h.headers.get("Range")
         if rng and rng.startswith("bytes="):
             first, _, last = rng[6:].partition("-")
@@ -166,9 +179,10 @@ class HostileS3:
             out.append(f"<Delimiter>{escape(delim)}</Delimiter>")
         if encode:
             out.append("<EncodingType>url</EncodingType>")
-        if more:
+        if more and not self.no_token:
             token = self.loop_token if self.loop_token is not None else "tok:" + page[-1][0]
             out.append(f"<NextContinuationToken>{escape(token)}</NextContinuationToken>")
+        quote = "" if self.bare_list_etags else '"'
         for entry, is_prefix in page:
             if is_prefix:
                 out.append(f"<CommonPrefixes><Prefix>{name(entry)}</Prefix></CommonPrefixes>")
@@ -177,7 +191,7 @@ class HostileS3:
             size = len(self.objects[entry]) if lie.size is None else lie.size
             when = lie.last_modified or "2026-11-28T10:00:00.000Z"
             out.append(f"<Contents><Key>{name(entry)}</Key><LastModified>{escape(when)}</LastModified>"
-                       f'<ETag>"{hashlib.md5(self.objects[entry]).hexdigest()}"</ETag>'  # noqa: S324
+                       f"<ETag>{quote}{hashlib.md5(self.objects[entry]).hexdigest()}{quote}</ETag>"  # noqa: S324
                        f"<Size>{escape(str(size))}</Size><StorageClass>STANDARD</StorageClass></Contents>")
         out.append("</ListBucketResult>")
         self._send(h, 200, "".join(out).encode(), {"Content-Type": "application/xml"})

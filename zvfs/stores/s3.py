@@ -108,6 +108,12 @@ class _ShortBody(Exception):
     range came back shorter than asked though the object goes on: resumed where it stopped."""
 
 
+class _Replaced(Exception):
+    """The answer came from another version of the object than the one asked for (its ETag
+    is not the pinned one): a server that ignores If-Match would otherwise mix two objects
+    in one read."""
+
+
 class _Overdue(TimeoutError):
     """The answer still coming when the request's deadline passed (a server trickling it a
     byte at a time never trips the timeout between bytes)."""
@@ -172,7 +178,31 @@ def _info(obj: dict[str, Any]) -> KeyInfo | None:
     if not isinstance(size, int) or not 0 <= size <= _MAX_SIZE:
         return None
     when = obj.get("LastModified")
-    return KeyInfo(size, when.timestamp() if isinstance(when, datetime) else 0.0, obj.get("ETag"))
+    return KeyInfo(size, when.timestamp() if isinstance(when, datetime) else 0.0, _etag(obj.get("ETag")))
+
+
+def _etag(value: object) -> str | None:
+    """An ETag in one spelling, strong and quoted (``"abc"``), whatever the server wrote: a
+    listing's may lack the quotes its GET's header has (then a strict If-Match with it
+    failed every read of the file: ESTALE), and a proxy may mark it weak (``W/``). None
+    when there is none."""
+    if not isinstance(value, str):
+        return None
+    tag = value.strip()
+    if tag.startswith("W/"):
+        tag = tag[2:]
+    tag = tag.strip('"')
+    return f'"{tag}"' if tag else None
+
+
+def _last_listed(page: dict[str, Any]) -> str | None:
+    """Where a listing goes on after ``page`` when the server gave no token: after its
+    greatest key, or after every key below its greatest common prefix (U+10FFFF sorts
+    after any character that can follow it, in S3's UTF-8 order as in Python's)."""
+    keys = [o["Key"] for o in page.get("Contents", ()) if isinstance(o.get("Key"), str)]
+    prefixes = [p["Prefix"] + "\U0010ffff" for p in page.get("CommonPrefixes", ())
+                if isinstance(p.get("Prefix"), str)]
+    return max(keys + prefixes, default=None)
 
 
 def _answered_range(resp: dict[str, Any]) -> tuple[int, int, int | None] | None:
@@ -447,7 +477,7 @@ class S3Store(Store):
     def info(self, key: str) -> KeyInfo:
         check_key(key)
         r = self._request(key, "HeadObject", lambda c: c.head_object(Bucket=self.bucket, Key=self.prefix + key))
-        return KeyInfo(int(r["ContentLength"]), r["LastModified"].timestamp(), r.get("ETag"))
+        return KeyInfo(int(r["ContentLength"]), r["LastModified"].timestamp(), _etag(r.get("ETag")))
 
     def list_dir(self, prefix: str) -> Listing:
         check_prefix(prefix)
@@ -678,8 +708,14 @@ class S3Store(Store):
 
         A listing that does not end fails (StoreError): one whose server hands back a
         continuation token it gave before (a loop, which held an ``ls`` for ever), or past
-        MAX_LISTED_KEYS entries (a server inventing keys: memory grew 12 MB/s)."""
+        MAX_LISTED_KEYS entries (a server inventing keys: memory grew 12 MB/s).
+
+        A page said to be truncated but with no continuation token (a server paging as
+        ListObjects V1 does) is followed by one asking for what comes after its last name
+        (StartAfter): the listing was taken as complete, and every name past its first
+        page was silently missing. A page that gives nothing to go on from fails."""
         token: str | None = None
+        after: str | None = None  # StartAfter, where the server gives no token
         where = prefix or "/"
         whole = kw == {"Prefix": self.prefix}  # the whole store, flat: what the probe listed
         seen: set[str] = set()
@@ -688,7 +724,9 @@ class S3Store(Store):
             args = dict(kw, Bucket=self.bucket, MaxKeys=self.page_keys)
             if token:
                 args["ContinuationToken"] = token
-            page = self._probed_page() if whole and not token else None
+            elif after is not None:
+                args["StartAfter"] = after
+            page = self._probed_page() if whole and not token and after is None else None
             if page is None:
                 page = self._request(where, "ListObjectsV2", lambda c, a=args: c.list_objects_v2(**a))
             listed += len(page.get("Contents", ())) + len(page.get("CommonPrefixes", ()))
@@ -696,9 +734,19 @@ class S3Store(Store):
                 raise StoreError(f"{where}: the listing goes on past {MAX_LISTED_KEYS:,} entries; "
                                  "zvfs lists no more in one directory")
             yield page
-            token = page.get("NextContinuationToken")
-            if not page.get("IsTruncated") or not token:
+            if not page.get("IsTruncated"):
                 return
+            token = page.get("NextContinuationToken")
+            if not token:
+                last = _last_listed(page)
+                if last is None or (after is not None and last <= after):
+                    raise StoreError(f"{where}: the server's listing is cut short (a page said to be "
+                                     "truncated gave no continuation token, and no name to go on from)")
+                self._skipped.warning("\0paging", "the S3 server gives no continuation token on a "
+                                      "truncated listing page (first in %s); zvfs lists on after "
+                                      "each such page's last name", where)
+                after = last
+                continue
             if token in seen:
                 raise StoreError(f"{where}: the server's listing loops (it gave continuation "
                                  f"token {token[:40]!r} twice)")
@@ -759,6 +807,7 @@ class S3Store(Store):
         """
         parts: list[bytes] = []
         got = 0
+        pin = _etag(pin)
         etag: str | None = pin
         size: int | None = None
         tail = suffix  # still to be placed: the first response says where the suffix starts
@@ -781,9 +830,13 @@ class S3Store(Store):
             watch = self._watchdog.start(time.monotonic() + tries.left)
             try:
                 resp = client.get_object(**kw)
-                etag = etag or resp.get("ETag")
+                answered_tag = _etag(resp.get("ETag"))
                 expected = int(resp.get("ContentLength", -1))
                 try:  # what the answer holds, against what was asked; else its body is let go
+                    if "IfMatch" in kw and answered_tag is not None and answered_tag != etag:
+                        # the server ignored If-Match: these bytes are another version's
+                        raise _Replaced(f"asked for version {etag}, answered with {answered_tag}")
+                    etag = etag or answered_tag
                     answered = _answered_range(resp) if "Range" in kw else None
                     skip = 0  # bytes of the body before what was asked (a range answered whole)
                     if tail is not None:  # from now on an absolute range: a resume asks the rest
@@ -839,24 +892,26 @@ class S3Store(Store):
             except Exception as exc:  # noqa: BLE001 - classified below; anything else is re-raised
                 if self._watchdog.end(watch) and not isinstance(exc, _Overdue):
                     exc = _Overdue(self.retry.deadline)  # whatever broke, broke as it came too late
-                if not isinstance(exc, (*_REQUEST_ERRORS, _ShortBody, _Overdue)):
+                if not isinstance(exc, (*_REQUEST_ERRORS, _ShortBody, _Overdue, _Replaced)):
                     raise
+                changed = isinstance(exc, _Replaced)
                 if isinstance(exc, bce.ClientError):
                     code = _code(exc)
                     if code == "InvalidRange" and tail is not None:
                         return b"", 0  # a suffix of an empty object (RFC 9110: unsatisfiable)
                     if code == "InvalidRange" and (length is not None or got):
                         return b"".join(parts), size  # at or past the end: fewer bytes, like pread
-                    if (code == "PreconditionFailed" or _status(exc) == 412) and pin:
-                        raise Stale(f"{key}: replaced since it was opened; open it again") from None
-                    if code == "PreconditionFailed" or _status(exc) == 412:
-                        # the object changed between two pieces: start over on the new version
-                        log.info("%s: object changed while it was read; reading it again", key)
-                        parts, got, etag = [], 0, None
-                        if suffix is not None:
-                            tail = suffix
-                        if tries.retry():
-                            continue
+                    changed = code == "PreconditionFailed" or _status(exc) == 412
+                if changed and pin:
+                    raise Stale(f"{key}: replaced since it was opened; open it again") from None
+                if changed:
+                    # the object changed between two pieces: start over on the new version
+                    log.info("%s: object changed while it was read; reading it again", key)
+                    parts, got, etag = [], 0, None
+                    if suffix is not None:
+                        tail = suffix
+                    if tries.retry():
+                        continue
                 kind = self._count(exc)
                 if kind == "checksum":
                     parts, got, etag = [], 0, pin
