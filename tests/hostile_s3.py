@@ -41,6 +41,9 @@ class HostileS3:
     if_match: bool = False
     #: listings give ETags without their quotes (the GET's header keeps them)
     bare_list_etags: bool = False
+    #: ListMultipartUploads: every page lists one upload, is truncated and hands back the
+    #: same markers (None: no uploads, one page)
+    uploads_loop: str | None = None
     #: GETs served, by key (a test replaces an object between two of them)
     gets: dict[str, int] = field(default_factory=dict)
 
@@ -112,6 +115,9 @@ class HostileS3:
     def _get(self, h: BaseHTTPRequestHandler) -> None:
         key, query = self._split(h)
         if "_refused" in query:
+            return
+        if not key and "uploads" in query:
+            self._uploads(h)
             return
         if not key:
             self._list(h, query)
@@ -194,4 +200,19 @@ class HostileS3:
                        f"<ETag>{quote}{hashlib.md5(self.objects[entry]).hexdigest()}{quote}</ETag>"  # noqa: S324
                        f"<Size>{escape(str(size))}</Size><StorageClass>STANDARD</StorageClass></Contents>")
         out.append("</ListBucketResult>")
+        self._send(h, 200, "".join(out).encode(), {"Content-Type": "application/xml"})
+
+    def _uploads(self, h: BaseHTTPRequestHandler) -> None:
+        out = ['<?xml version="1.0" encoding="UTF-8"?>',
+               '<ListMultipartUploadsResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">',
+               f"<Bucket>{self.bucket}</Bucket>"]
+        if self.uploads_loop is None:
+            out.append("<IsTruncated>false</IsTruncated>")
+        else:
+            marker = escape(self.uploads_loop)
+            out.append(f"<NextKeyMarker>{marker}</NextKeyMarker>"
+                       f"<NextUploadIdMarker>{marker}</NextUploadIdMarker><IsTruncated>true</IsTruncated>"
+                       f"<Upload><Key>s/{marker}</Key><UploadId>{marker}</UploadId>"
+                       "<Initiated>2026-11-28T10:00:00.000Z</Initiated></Upload>")
+        out.append("</ListMultipartUploadsResult>")
         self._send(h, 200, "".join(out).encode(), {"Content-Type": "application/xml"})

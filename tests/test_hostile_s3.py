@@ -131,3 +131,19 @@ def test_a_listing_whose_etags_lack_their_quotes_still_reads(mount) -> None:
     with HostileS3(BUCKET, {"s/a.txt": b"hello\n"}, if_match=True, bare_list_etags=True) as server:
         m = mount_it(mount, server)
         assert (m.path / "a.txt").read_bytes() == b"hello\n"
+
+
+def test_a_listing_of_multipart_uploads_that_loops_fails_at_once(mount) -> None:
+    """ListMultipartUploads pages each truncated, handing back the same markers: a writable
+    mount, which looks for uploads an earlier writer left open, waited for ever (`zvfs mount`
+    gave up after its 90 s, the daemon listing on, its list of uploads growing), as would a
+    close() whose CreateMultipartUpload answer was lost. Now the second sight of the
+    markers ends the listing with an error: the mount comes up at once and says it could
+    not look."""
+    with HostileS3(BUCKET, {"s/a.txt": b"a"}, uploads_loop="SAME") as server:
+        t0 = time.monotonic()
+        m = mount_it(mount, server, "--writable")
+        assert time.monotonic() - t0 < 20
+        assert os.listdir(m.path) == ["a.txt"]
+        log = m.log_text()
+        assert "could not look for unfinished multipart uploads" in log and "'SAME'" in log, log[-3000:]

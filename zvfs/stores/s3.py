@@ -682,19 +682,37 @@ class S3Store(Store):
         """Multipart uploads under the prefix that were never completed; with ``key``, only
         those of exactly that key (the listing's Prefix matches longer keys too)."""
         out = []
+        where = key or "/"
         args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.prefix + (key or "")}
+        seen: set[tuple[str, str]] = set()
+        listed = 0
         while True:
-            page = self._request(key or "/", "ListMultipartUploads",
+            page = self._request(where, "ListMultipartUploads",
                                  lambda c, a=dict(args): c.list_multipart_uploads(**a))
             for up in page.get("Uploads", ()):
+                listed += 1
                 name = up["Key"][len(self.prefix):]
                 if key is None or name == key:
                     out.append(Upload(name, up["UploadId"], up["Initiated"].timestamp(),
                                       up.get("Initiator", {}).get("ID")))
             if not page.get("IsTruncated"):
                 return out
-            args["KeyMarker"] = page.get("NextKeyMarker")
-            args["UploadIdMarker"] = page.get("NextUploadIdMarker")
+            # a listing that cannot end fails, as a ListObjectsV2 one does: markers handed
+            # back twice (a loop held the mount, or a close(), for ever, its list growing)
+            markers = (str(page.get("NextKeyMarker") or ""), str(page.get("NextUploadIdMarker") or ""))
+            if listed > MAX_LISTED_KEYS:
+                raise StoreError(f"{where}: the server's listing of multipart uploads goes on past "
+                                 f"{MAX_LISTED_KEYS:,} uploads")
+            if markers == ("", "") or markers in seen:
+                raise StoreError(f"{where}: the server's listing of multipart uploads does not end "
+                                 f"(a truncated page gave the markers {markers[0][:40]!r}, "
+                                 f"{markers[1][:40]!r}: none, or ones it gave before)")
+            seen.add(markers)
+            for param, marker in zip(("KeyMarker", "UploadIdMarker"), markers, strict=True):
+                if marker:
+                    args[param] = marker
+                else:
+                    args.pop(param, None)
 
     def abort_upload(self, key: str, upload_id: str) -> None:
         self._request(key, "AbortMultipartUpload", lambda c: c.abort_multipart_upload(
