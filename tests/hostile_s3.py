@@ -44,6 +44,13 @@ class HostileS3:
     #: ListMultipartUploads: every page lists one upload, is truncated and hands back the
     #: same markers (None: no uploads, one page)
     uploads_loop: str | None = None
+    #: listings past the first ``pad_after`` carry this many bytes of blanks inside their
+    #: document (sent 1 MiB at a time, until the client hangs up; with no Content-Length,
+    #: the body ending when the connection closes, unless ``pad_announced``)
+    pad: int = 0
+    pad_after: int = 1
+    pad_announced: bool = False
+    listings: int = 0
     #: GETs served, by key (a test replaces an object between two of them)
     gets: dict[str, int] = field(default_factory=dict)
 
@@ -199,6 +206,27 @@ class HostileS3:
             out.append(f"<Contents><Key>{name(entry)}</Key><LastModified>{escape(when)}</LastModified>"
                        f"<ETag>{quote}{hashlib.md5(self.objects[entry]).hexdigest()}{quote}</ETag>"  # noqa: S324
                        f"<Size>{escape(str(size))}</Size><StorageClass>STANDARD</StorageClass></Contents>")
+        self.listings += 1
+        if self.pad and self.listings > self.pad_after:
+            head, tail = "".join(out).encode(), b"</ListBucketResult>"
+            h.send_response(200)
+            h.send_header("Content-Type", "application/xml")
+            if self.pad_announced:
+                h.send_header("Content-Length", str(len(head) + self.pad + len(tail)))
+            else:
+                h.send_header("Connection", "close")
+                h.close_connection = True
+            h.end_headers()
+            h.wfile.write(head)
+            blanks, left = b" " * (1 << 20), self.pad
+            try:
+                while left > 0:
+                    h.wfile.write(blanks[:left])
+                    left -= len(blanks)
+                h.wfile.write(tail)
+            except OSError:
+                pass  # the client hung up
+            return
         out.append("</ListBucketResult>")
         self._send(h, 200, "".join(out).encode(), {"Content-Type": "application/xml"})
 

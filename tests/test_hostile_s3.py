@@ -147,3 +147,30 @@ def test_a_listing_of_multipart_uploads_that_loops_fails_at_once(mount) -> None:
         assert os.listdir(m.path) == ["a.txt"]
         log = m.log_text()
         assert "could not look for unfinished multipart uploads" in log and "'SAME'" in log, log[-3000:]
+
+
+@pytest.mark.parametrize("announced", [False, True], ids=["until-close", "content-length"])
+def test_a_listing_page_without_end_fails_in_bounded_memory(mount, announced: bool) -> None:
+    """A listing page of 4 GiB (blanks inside the document, sent as fast as loopback goes,
+    its length announced or not):
+    botocore reads an answer whole before it parses it, so the daemon grew by what came
+    within s3_deadline, gigabytes, and then parsed it. Now an answer read whole stops at
+    ANSWER_MAX (32 MiB): that listing fails at once (EIO), its line naming the directory,
+    and the daemon serves on, its memory not grown."""
+    import psutil
+
+    objects = {"s/a.txt": b"a", "s/sub/b.txt": b"b"}
+    with HostileS3(BUCKET, objects, pad=4 << 30, pad_after=1, pad_announced=announced) as server:
+        m = mount_it(mount, server, "--metadata-ttl", "0")
+        (pid,) = daemon_pids(m.path)
+        before = psutil.Process(pid).memory_info().rss
+        t0 = time.monotonic()
+        with pytest.raises(OSError) as err:
+            os.listdir(m.path / "sub")
+        assert err.value.errno == errno.EIO
+        assert time.monotonic() - t0 < 10
+        assert psutil.Process(pid).memory_info().rss - before < 200 << 20
+        log = m.log_text()
+        assert "more than 33,554,432 bytes" in log, log[-3000:]
+        server.pad = 0
+        assert os.listdir(m.path / "sub") == ["b.txt"]  # nothing remembered

@@ -58,7 +58,7 @@ from zvfs.stores.base import (
 from zvfs.stores.keys import bad_segment, is_safe_key, safe_name
 from zvfs.stores.retry import TRANSIENT_KINDS, Attempts, RetryPolicy
 from zvfs.stores.url import S3_BLOCK_SIZE
-from zvfs.stores.watchdog import Watchdog, watch_pools
+from zvfs.stores.watchdog import AnswerTooLarge, Watchdog, watch_pools
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,9 @@ _UPLOAD_PARAMS = {"sse": "ServerSideEncryption", "sse_kms_key_id": "SSEKMSKeyId"
                   "storage_class": "StorageClass"}
 #: bytes read from a response body per call: the unit a broken body is resumed at
 _BODY_PIECE = 1 << 20
+#: bytes at most of an answer botocore reads whole and parses (every one but a GET's body):
+#: ten times a ListObjectsV2 page of 1,000 keys of 1,024 bytes each, percent-encoded
+ANSWER_MAX = 32 << 20
 
 #: "bytes FIRST-LAST/SIZE", what a ranged GET answers (SIZE may be "*": unknown)
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)$")
@@ -364,7 +367,8 @@ class S3Store(Store):
 
         where = f"at endpoint {self.endpoint}"
         try:
-            page = client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix, MaxKeys=self.page_keys)
+            with self._watchdog.bounded(ANSWER_MAX):
+                page = client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix, MaxKeys=self.page_keys)
         except bce.ClientError as e:
             code, status = _code(e), _status(e)
             msg = e.response.get("Error", {}).get("Message", "")
@@ -414,7 +418,12 @@ class S3Store(Store):
                 f"'{self.bucket}' is not a valid S3 bucket name: use 3-63 lowercase letters, digits, "
                 "dots and hyphens, e.g. s3://my-bucket/prefix"
             ) from None
-        except bce.BotoCoreError as e:
+        except (bce.BotoCoreError, ValueError) as e:
+            too_large = e if isinstance(e, AnswerTooLarge) else _too_large(e)
+            if too_large is not None or not isinstance(e, bce.BotoCoreError):
+                # an answer that could not be read, or went on without end
+                raise SourceError(f"cannot open {self.description} ({where}): the server's listing "
+                                  f"could not be read ({too_large or e})") from None
             raise SourceUnavailable(f"cannot open {self.description} ({where}): {e}") from None
         if not self.allow_empty and not page.get("KeyCount") and not page.get("Contents") \
                 and not page.get("CommonPrefixes"):
@@ -779,7 +788,7 @@ class S3Store(Store):
             watching = (contextlib.nullcontext() if op in _KEPT_ALIVE
                         else self._watchdog.watching(time.monotonic() + tries.left))
             try:
-                with watching as watch:
+                with watching as watch, self._watchdog.bounded(ANSWER_MAX):
                     try:
                         answer = call(client)
                     except Exception as exc:
@@ -797,6 +806,10 @@ class S3Store(Store):
             except Exception as exc:  # noqa: BLE001 - classified below; anything else is re-raised
                 if not isinstance(exc, _REQUEST_ERRORS):
                     raise
+                too_large = _too_large(exc)
+                if too_large is not None:  # not retried: the server would send it all again
+                    self.counters.add("store_failures")
+                    raise StoreError(f"{key}: S3 {op}: {too_large}") from None
                 kind = self._count(exc)
                 if kind == "expired" and not refreshed:
                     refreshed = True
@@ -980,6 +993,17 @@ class S3Store(Store):
         if kind in TRANSIENT_KINDS:
             return StoreError(f"{key}: S3 {op} failed after {tries.number} attempts: {what}")
         return StoreError(f"{key}: S3 {op} failed: {what}")
+
+
+def _too_large(exc: BaseException) -> AnswerTooLarge | None:
+    """The AnswerTooLarge behind ``exc``: botocore reads an answer's body inside its send,
+    and wraps what that raises as an HTTPClientError (which would be retried as a reset)."""
+    kwargs = getattr(exc, "kwargs", None)
+    error = kwargs.get("error") if isinstance(kwargs, dict) else None
+    for e in (exc, error, exc.__cause__, exc.__context__):
+        if isinstance(e, AnswerTooLarge):
+            return e
+    return None
 
 
 def _out_of_descriptors(exc: BaseException) -> OSError | None:

@@ -29,6 +29,12 @@ from contextlib import contextmanager
 from typing import Any
 
 
+class AnswerTooLarge(ValueError):
+    """An answer read whole (a listing page, an upload's answer) went on past the bound the
+    request set (:meth:`Watchdog.bounded`): a ValueError, as botocore's parse of a malformed
+    answer raises, so the store fails the request and does not retry it."""
+
+
 class Watch:
     """One request's deadline and the connections it holds; ``fired`` once the deadline
     passed, ``cut`` once a connection was shut down for it (one still held then, or taken
@@ -116,6 +122,24 @@ class Watchdog:
             yield watch
         finally:
             self.end(watch)
+
+    @contextmanager
+    def bounded(self, limit: int) -> Iterator[None]:
+        """Within the block, an answer the calling thread's requests read whole (each one but
+        a GET's body, which the store reads itself, piece by piece) may hold at most
+        ``limit`` bytes: botocore reads such a body into memory, then parses all of it, so a
+        server sending a listing page without end (or an upload's answer of endless blanks,
+        which only the timeout between bytes bounds) grew the daemon without bound."""
+        outer = getattr(self._local, "limit", None)
+        self._local.limit = limit
+        try:
+            yield
+        finally:
+            self._local.limit = outer
+
+    def limit(self) -> int | None:
+        """The calling thread's bound on an answer read whole (:meth:`bounded`), if any."""
+        return getattr(self._local, "limit", None)
 
     def taken(self, conn: Any) -> None:
         """A pool handed ``conn`` to the calling thread: it counts against that thread's
@@ -207,5 +231,40 @@ def _reporting(base: type, watchdog: Watchdog) -> type:
                 watchdog.given_back(conn)
             super()._put_conn(conn)
 
+        def urlopen(self, *args: Any, **kwargs: Any) -> Any:
+            resp = super().urlopen(*args, **kwargs)
+            limit = watchdog.limit()
+            if limit is not None and callable(getattr(resp, "stream", None)):
+                _bound(resp, limit)
+            return resp
+
     Reporting.__name__ = Reporting.__qualname__ = f"Watched{base.__name__}"
     return Reporting
+
+
+def _bound(resp: Any, limit: int) -> None:
+    """Make ``resp`` (a urllib3 response) fail its ``stream()``, which botocore reads an
+    answer's whole body with, once more than ``limit`` bytes came, or at once when its
+    Content-Length says more will. Raised there, not here: botocore would take an error
+    of the send for a broken connection, and the request would be tried again."""
+    stream = resp.stream
+
+    def bounded(*args: Any, **kwargs: Any) -> Iterator[bytes]:
+        try:
+            announced = int(resp.headers.get("Content-Length") or 0)
+        except (TypeError, ValueError):
+            announced = 0
+        got = 0
+        if announced <= limit:
+            for piece in stream(*args, **kwargs):
+                got += len(piece)
+                if got > limit:
+                    break
+                yield piece
+            else:
+                return
+        resp.close()  # the rest is never read: the connection cannot be used again
+        raise AnswerTooLarge(f"the server's answer holds more than {limit:,} bytes "
+                             f"({max(got, announced):,} announced or read so far); zvfs reads no more")
+
+    resp.stream = bounded
