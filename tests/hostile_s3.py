@@ -51,6 +51,11 @@ class HostileS3:
     pad_after: int = 1
     pad_announced: bool = False
     listings: int = 0
+    #: listings with a delimiter also give the asked prefix as one of its own common
+    #: prefixes (a directory holding itself)
+    self_prefix: bool = False
+    #: listings with a delimiter give each common prefix twice
+    repeat_prefixes: bool = False
     #: GETs served, by key (a test replaces an object between two of them)
     gets: dict[str, int] = field(default_factory=dict)
 
@@ -173,8 +178,12 @@ class HostileS3:
                 if cp not in seen_prefixes:
                     seen_prefixes.add(cp)
                     entries.append((cp, True))
+                    if self.repeat_prefixes:
+                        entries.append((cp, True))
             else:
                 entries.append((key, False))
+        if self.self_prefix and delim and prefix.endswith(delim):
+            entries.insert(0, (prefix, True))
         entries = [e for e in entries if e[0] > after]
         page, more = entries[: self.page_keys], len(entries) > self.page_keys
         if self.loop_token is not None:

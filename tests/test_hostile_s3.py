@@ -174,3 +174,31 @@ def test_a_listing_page_without_end_fails_in_bounded_memory(mount, announced: bo
         assert "more than 33,554,432 bytes" in log, log[-3000:]
         server.pad = 0
         assert os.listdir(m.path / "sub") == ["b.txt"]  # nothing remembered
+
+
+@pytest.mark.parametrize("lie", ["self_prefix", "repeat_prefixes"])
+def test_a_directory_listed_as_its_own_subdirectory_or_twice_costs_nothing(mount, lie: str) -> None:
+    """A store of big directories is listed directory by directory (s3_walk). A server whose
+    listing of a directory gave that directory as one of its own subdirectories made the
+    walk list it again and again, for ever (1,600 requests in 30 s, the mount's listing
+    never done); one giving a subdirectory twice failed the walk with a KeyError. Now a
+    common prefix is taken only once, and only one level below the directory listed."""
+    import threading
+
+    objects = {f"s/d{j}/{i:04d}": b"v" for j in range(3) for i in range(600)}
+    with HostileS3(BUCKET, objects, **{lie: True}) as server:
+        m = mount_it(mount, server)
+        got: dict[str, object] = {}
+
+        def ls() -> None:
+            try:
+                got["root"] = sorted(os.listdir(m.path))
+                got["d1"] = len(os.listdir(m.path / "d1"))
+            except OSError as exc:
+                got["error"] = exc
+
+        t = threading.Thread(target=ls, daemon=True)
+        t.start()
+        t.join(30)
+        assert got == {"root": ["d0", "d1", "d2"], "d1": 600}, (got, m.log_text()[-3000:])
+        assert server.listings < 20

@@ -527,6 +527,8 @@ class S3Store(Store):
         skip = len(self.prefix)
         for page in self._pages(prefix, Prefix=full):
             for obj in page.get("Contents", ()):
+                if not self._belongs(obj.get("Key"), full):
+                    continue
                 key = obj["Key"][skip:]
                 if not key.endswith("/") and is_safe_key(key):
                     yield key
@@ -538,9 +540,10 @@ class S3Store(Store):
         if prefix:
             check_prefix(prefix)
         skip = len(self.prefix)
-        pages = self._pages(prefix, Prefix=self.prefix + prefix)
+        full = self.prefix + prefix
+        pages = self._pages(prefix, Prefix=full)
         for n, page in enumerate(pages):
-            contents = page.get("Contents", ())
+            contents = [obj for obj in page.get("Contents", ()) if self._belongs(obj.get("Key"), full)]
             for obj in contents:
                 info = self._listed(obj)
                 if info is not None:
@@ -560,13 +563,39 @@ class S3Store(Store):
         skip = len(self.prefix)
         keys: list[tuple[str, KeyInfo]] = []
         subdirs: list[str] = []
+        seen: set[str] = set()
         for page in self._pages(prefix, Prefix=full, Delimiter="/"):
             for obj in page.get("Contents", ()):
-                info = self._listed(obj)
+                info = self._listed(obj) if self._belongs(obj.get("Key"), full) else None
                 if info is not None:
                     keys.append((obj["Key"][skip:], info))
-            subdirs.extend(cp["Prefix"][skip:] for cp in page.get("CommonPrefixes", ()))
+            for cp in page.get("CommonPrefixes", ()):
+                sub = cp.get("Prefix")
+                # only a directory one level below this one, once: a server giving the asked
+                # prefix as its own subdirectory (or one from elsewhere) made the walk list
+                # it again and again, for ever; one given twice failed the walk (KeyError)
+                if not self._belongs(sub, full, directory=True) or sub in seen:
+                    continue
+                seen.add(sub)
+                subdirs.append(sub[skip:])
         return keys, subdirs
+
+    def _belongs(self, name: object, full: str, directory: bool = False) -> bool:
+        """Whether a listing of ``full`` (the bucket's prefix included) may hold ``name``:
+        a key below it, or with ``directory``, a common prefix one level below it. What
+        does not is left out, one line naming it: cut to the store's keys as it would be,
+        a key from elsewhere became a file of another name."""
+        if not isinstance(name, str) or not name.startswith(full):
+            ok = False
+        elif directory:
+            rest = name[len(full):]
+            ok = bool(rest) and rest.endswith("/") and "/" not in rest[:-1]
+        else:
+            ok = True  # the directory's own folder marker ("dir/") too, as S3 lists it
+        if not ok:
+            self._skipped.warning(f"{full}\0{name}", "skipping %r: the server lists it in the "
+                                  "listing of %r, where it cannot be", name, full)
+        return ok
 
     def close(self) -> None:
         self._client.close()
