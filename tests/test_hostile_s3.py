@@ -202,3 +202,16 @@ def test_a_directory_listed_as_its_own_subdirectory_or_twice_costs_nothing(mount
         t.join(30)
         assert got == {"root": ["d0", "d1", "d2"], "d1": 600}, (got, m.log_text()[-3000:])
         assert server.listings < 20
+
+
+def test_a_head_without_last_modified_does_not_fail_an_open_for_writing(mount) -> None:
+    """A HEAD answered without Last-Modified (a small server's): the store's info raised
+    KeyError, so every open for writing without O_TRUNC (and every rename and link) of the
+    file failed with EIO, "KeyError: 'LastModified'" the only line. The mtime is now the
+    epoch, as for a listing's missing date; a HEAD without a usable size is a StoreError."""
+    with HostileS3(BUCKET, {"s/a.txt": b"hello\n"}, head_without=("Last-Modified",)) as server:
+        m = mount_it(mount, server, "--writable")
+        fd = os.open(m.path / "a.txt", os.O_WRONLY | os.O_APPEND)
+        os.close(fd)  # nothing written: nothing to upload
+        assert (m.path / "a.txt").read_bytes() == b"hello\n"
+        assert "KeyError" not in m.log_text(), m.log_text()[-3000:]

@@ -486,7 +486,13 @@ class S3Store(Store):
     def info(self, key: str) -> KeyInfo:
         check_key(key)
         r = self._request(key, "HeadObject", lambda c: c.head_object(Bucket=self.bucket, Key=self.prefix + key))
-        return KeyInfo(int(r["ContentLength"]), r["LastModified"].timestamp(), _etag(r.get("ETag")))
+        # checked, not trusted: a HEAD without Last-Modified (a small server's) raised
+        # KeyError, so every open for writing without O_TRUNC, rename and link of it failed
+        size, when = r.get("ContentLength"), r.get("LastModified")
+        if not isinstance(size, int) or not 0 <= size <= _MAX_SIZE:
+            raise StoreError(f"{key}: S3 HeadObject: the server's answer gives no size a file "
+                             f"can have (Content-Length {size!r})")
+        return KeyInfo(size, when.timestamp() if isinstance(when, datetime) else 0.0, _etag(r.get("ETag")))
 
     def list_dir(self, prefix: str) -> Listing:
         check_prefix(prefix)
@@ -729,10 +735,13 @@ class S3Store(Store):
                                  lambda c, a=dict(args): c.list_multipart_uploads(**a))
             for up in page.get("Uploads", ()):
                 listed += 1
-                name = up["Key"][len(self.prefix):]
+                full, upload_id, when = up.get("Key"), up.get("UploadId"), up.get("Initiated")
+                if not isinstance(full, str) or not full.startswith(self.prefix) or not upload_id:
+                    continue  # no upload of this store's that could be named or aborted
+                name = full[len(self.prefix):]
                 if key is None or name == key:
-                    out.append(Upload(name, up["UploadId"], up["Initiated"].timestamp(),
-                                      up.get("Initiator", {}).get("ID")))
+                    out.append(Upload(name, upload_id, when.timestamp() if isinstance(when, datetime) else 0.0,
+                                      (up.get("Initiator") or {}).get("ID")))
             if not page.get("IsTruncated"):
                 return out
             # a listing that cannot end fails, as a ListObjectsV2 one does: markers handed
