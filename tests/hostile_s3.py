@@ -37,6 +37,9 @@ class HostileS3:
     page_keys: int = 1000
     #: truncated pages carry no NextContinuationToken (as a server speaking only V1 sends)
     no_token: bool = False
+    #: a server that knows only ListObjects V1: continuation-token and start-after are
+    #: ignored, pages go on from ``marker`` (and never carry a token)
+    v1_only: bool = False
     #: GETs and HEADs honour If-Match (a strict comparison with the quoted ETag), as S3 does
     if_match: bool = False
     #: listings give ETags without their quotes (the GET's header keeps them)
@@ -167,7 +170,8 @@ class HostileS3:
     def _list(self, h: BaseHTTPRequestHandler, q: dict[str, str]) -> None:
         prefix, delim = q.get("prefix", ""), q.get("delimiter", "")
         encode = q.get("encoding-type") == "url"
-        after = q.get("continuation-token") or q.get("start-after") or ""
+        after = q.get("marker") or ("" if self.v1_only else
+                                    q.get("continuation-token") or q.get("start-after") or "")
         if after.startswith("tok:"):
             after = after[4:]
         entries: list[tuple[str, bool]] = []  # (name, is a common prefix)
@@ -204,7 +208,7 @@ class HostileS3:
             out.append(f"<Delimiter>{escape(delim)}</Delimiter>")
         if encode:
             out.append("<EncodingType>url</EncodingType>")
-        if more and not self.no_token:
+        if more and not self.no_token and not self.v1_only:
             token = self.loop_token if self.loop_token is not None else "tok:" + page[-1][0]
             out.append(f"<NextContinuationToken>{escape(token)}</NextContinuationToken>")
         quote = "" if self.bare_list_etags else '"'

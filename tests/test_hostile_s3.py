@@ -85,14 +85,16 @@ def test_a_listing_that_loops_fails_at_once(mount) -> None:
         assert daemon_pids(m.path)
 
 
-def test_truncated_pages_without_a_continuation_token_are_listed_on(mount) -> None:
-    """A server paging as ListObjects V1 does (IsTruncated, but no NextContinuationToken):
-    the listing was taken as complete at its first page, so every name past it was missing,
-    with nothing logged. Now the listing goes on after each page's last name (StartAfter),
-    with one line saying so, in the flat listing and in a directory's alike."""
+@pytest.mark.parametrize("server_kind", ["no_token", "v1_only"])
+def test_truncated_pages_without_a_continuation_token_are_listed_on(mount, server_kind: str) -> None:
+    """A server that answers ListObjectsV2 as V1 (IsTruncated, but no NextContinuationToken;
+    one that knows only V1 also ignores continuation-token and start-after): the listing was
+    taken as complete at its first page, so every name past it was missing, with nothing
+    logged. Now the listing goes on with V1's markers, with one line saying so, in the flat
+    listing and in a directory's alike."""
     objects = {f"s/k{i:03d}": b"v%d" % i for i in range(7)}
     objects.update({f"s/d{j}/x{i}": b"x" for j in range(3) for i in range(3)})
-    with HostileS3(BUCKET, objects, page_keys=2, no_token=True) as server:
+    with HostileS3(BUCKET, objects, page_keys=2, **{server_kind: True}) as server:
         m = mount_it(mount, server)
         assert sorted(os.listdir(m.path)) == ["d0", "d1", "d2"] + [f"k{i:03d}" for i in range(7)]
         assert (m.path / "k006").read_bytes() == b"v6"

@@ -199,8 +199,8 @@ def _etag(value: object) -> str | None:
 
 
 def _last_listed(page: dict[str, Any]) -> str | None:
-    """Where a listing goes on after ``page`` when the server gave no token: after its
-    greatest key, or after every key below its greatest common prefix (U+10FFFF sorts
+    """Where a listing goes on after ``page`` when the server gave no token nor NextMarker
+    (V1 gives one only with a delimiter): after its greatest key, or after every key below its greatest common prefix (U+10FFFF sorts
     after any character that can follow it, in S3's UTF-8 order as in Python's)."""
     keys = [o["Key"] for o in page.get("Contents", ()) if isinstance(o.get("Key"), str)]
     prefixes = [p["Prefix"] + "\U0010ffff" for p in page.get("CommonPrefixes", ())
@@ -775,12 +775,13 @@ class S3Store(Store):
         continuation token it gave before (a loop, which held an ``ls`` for ever), or past
         MAX_LISTED_KEYS entries (a server inventing keys: memory grew 12 MB/s).
 
-        A page said to be truncated but with no continuation token (a server paging as
-        ListObjects V1 does) is followed by one asking for what comes after its last name
-        (StartAfter): the listing was taken as complete, and every name past its first
+        A page said to be truncated but with no continuation token (a server that knows
+        only ListObjects V1, and answers V2's request as V1) is followed by V1 pages
+        (ListObjects with Marker: its NextMarker, or the page's last name), which every S3
+        server knows: the listing was taken as complete, and every name past its first
         page was silently missing. A page that gives nothing to go on from fails."""
         token: str | None = None
-        after: str | None = None  # StartAfter, where the server gives no token
+        marker: str | None = None  # V1 paging, once a truncated page gave no token
         where = prefix or "/"
         whole = kw == {"Prefix": self.prefix}  # the whole store, flat: what the probe listed
         seen: set[str] = set()
@@ -789,10 +790,11 @@ class S3Store(Store):
             args = dict(kw, Bucket=self.bucket, MaxKeys=self.page_keys)
             if token:
                 args["ContinuationToken"] = token
-            elif after is not None:
-                args["StartAfter"] = after
-            page = self._probed_page() if whole and not token and after is None else None
-            if page is None:
+            page = self._probed_page() if whole and not token and marker is None else None
+            if marker is not None:
+                page = self._request(where, "ListObjects",
+                                     lambda c, a=dict(args, Marker=marker): c.list_objects(**a))
+            elif page is None:
                 page = self._request(where, "ListObjectsV2", lambda c, a=args: c.list_objects_v2(**a))
             listed += len(page.get("Contents", ())) + len(page.get("CommonPrefixes", ()))
             if listed > MAX_LISTED_KEYS:
@@ -803,14 +805,15 @@ class S3Store(Store):
                 return
             token = page.get("NextContinuationToken")
             if not token:
-                last = _last_listed(page)
-                if last is None or (after is not None and last <= after):
+                nxt = (page.get("NextMarker") if marker is not None else None) or _last_listed(page)
+                if not isinstance(nxt, str) or not nxt or (marker is not None and nxt <= marker):
                     raise StoreError(f"{where}: the server's listing is cut short (a page said to be "
-                                     "truncated gave no continuation token, and no name to go on from)")
+                                     "truncated gave no continuation token, and no name to go on from "
+                                     "that it had not given before)")
                 self._skipped.warning("\0paging", "the S3 server gives no continuation token on a "
-                                      "truncated listing page (first in %s); zvfs lists on after "
-                                      "each such page's last name", where)
-                after = last
+                                      "truncated listing page (first in %s): it may know only "
+                                      "ListObjects V1; zvfs lists on with V1's markers", where)
+                marker = nxt
                 continue
             if token in seen:
                 raise StoreError(f"{where}: the server's listing loops (it gave continuation "
