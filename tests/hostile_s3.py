@@ -61,6 +61,13 @@ class HostileS3:
     repeat_prefixes: bool = False
     #: headers left out of every HEAD's answer (a small server's HEAD may lack some)
     head_without: tuple[str, ...] = ()
+    #: headers added to every GET's answer (e.g. a Content-Encoding the body does not have)
+    get_headers: dict[str, str] = field(default_factory=dict)
+    #: a GET of an object is answered with this status (and an S3 error body of ``error_code``)
+    get_status: int = 0
+    error_code: str = ""
+    #: listings are answered with this status and S3 error code (0: listed)
+    list_status: int = 0
     #: GETs served, by key (a test replaces an object between two of them)
     gets: dict[str, int] = field(default_factory=dict)
 
@@ -145,7 +152,11 @@ class HostileS3:
             self._send(h, 404, b"<Error><Code>NoSuchKey</Code></Error>", {})
             return
         self.gets[key] = self.gets.get(key, 0) + 1
-        headers = self._object_headers(key)
+        if self.get_status:
+            body = f"<Error><Code>{self.error_code}</Code><Message>m</Message></Error>".encode()
+            self._send(h, self.get_status, body, {"Location": self.endpoint + h.path})
+            return
+        headers = self._object_headers(key) | self.get_headers
         wanted = h.headers.get("If-Match")
         if self.if_match and wanted is not None and wanted not in ("*", headers["ETag"]):
             self._send(h, 412, b"<Error><Code>PreconditionFailed</Code></Error>", {})
@@ -168,6 +179,10 @@ class HostileS3:
         self._send(h, 200, data, headers)
 
     def _list(self, h: BaseHTTPRequestHandler, q: dict[str, str]) -> None:
+        if self.list_status:
+            body = f"<Error><Code>{self.error_code}</Code><Message>m</Message></Error>".encode()
+            self._send(h, self.list_status, body, {"x-amz-request-id": "hostile"})
+            return
         prefix, delim = q.get("prefix", ""), q.get("delimiter", "")
         encode = q.get("encoding-type") == "url"
         after = q.get("marker") or ("" if self.v1_only else

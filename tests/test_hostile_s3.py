@@ -217,3 +217,25 @@ def test_a_head_without_last_modified_does_not_fail_an_open_for_writing(mount) -
         os.close(fd)  # nothing written: nothing to upload
         assert (m.path / "a.txt").read_bytes() == b"hello\n"
         assert "KeyError" not in m.log_text(), m.log_text()[-3000:]
+
+
+def test_a_skewed_clock_is_named_not_taken_for_bad_credentials(mount) -> None:
+    """S3 refuses a request signed with a clock 15 minutes off its own with a 403
+    RequestTimeTooSkewed. zvfs took every 403 for refused credentials: the mount failed
+    with "S3 credentials were refused ... Fix the credentials", and a read's line said to
+    fix them too, on a machine whose only fault was its clock. Both now say to set the
+    clock (and the read is not retried: the same clock cannot do better)."""
+    with HostileS3(BUCKET, {"s/a.txt": b"hello\n"}, get_status=403, error_code="RequestTimeTooSkewed") as server:
+        m = mount_it(mount, server)
+        t0 = time.monotonic()
+        with pytest.raises(OSError) as err:
+            (m.path / "a.txt").read_bytes()
+        assert err.value.errno == errno.EIO and time.monotonic() - t0 < 5
+        lines = [ln for ln in m.log_text().splitlines() if "RequestTimeTooSkewed" in ln]
+        assert lines and all("set the clock" in ln and "fix them" not in ln for ln in lines), lines
+    with HostileS3(BUCKET, {"s/a.txt": b"hello\n"}, list_status=403, error_code="RequestTimeTooSkewed") as server:
+        res = mount(f"s3://{BUCKET}/s", "--endpoint-url", server.endpoint, "--no-sign-request",
+                    "--s3-timeout", "2", "--s3-deadline", "5", env=env(), check=False)
+        assert res.result.returncode != 0
+        assert "set the clock" in res.result.stderr and "credentials were refused" not in res.result.stderr, \
+            res.result.stderr

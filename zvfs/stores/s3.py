@@ -72,7 +72,12 @@ _WRONG_REGION = {"PermanentRedirect", "AuthorizationHeaderMalformed", "301", "Il
 _EXPIRED = {"ExpiredToken", "TokenRefreshRequired", "RequestExpired", "ExpiredTokenException"}
 _THROTTLED = {"SlowDown", "Throttling", "ThrottlingException", "TooManyRequests",
               "RequestLimitExceeded", "RequestThrottled", "ServiceUnavailable"}
-_SERVER = {"InternalError", "RequestTimeout", "RequestTimeTooSkewed", "BadGateway", "GatewayTimeout"}
+_SERVER = {"InternalError", "RequestTimeout", "BadGateway", "GatewayTimeout"}
+#: S3's answer (a 403) to a request signed with a clock 15 minutes off its own: no credential
+#: is wrong, and trying again with the same clock cannot help
+_SKEWED = "RequestTimeTooSkewed"
+_SKEW_HINT = ("this machine's clock differs from the S3 server's by more than S3 allows (15 minutes), "
+              "and every request is signed with it: set the clock (e.g. enable NTP); the credentials are fine")
 #: what a failed request can raise: botocore's errors, and urllib3's and the socket's when a
 #: response breaks while botocore parses it
 _REQUEST_ERRORS = (bce.BotoCoreError, bce.ClientError, u3e.HTTPError, OSError)
@@ -143,6 +148,8 @@ def fault_kind(exc: BaseException) -> str:
             return "not_found"
         if code in _EXPIRED:
             return "expired"
+        if code == _SKEWED:
+            return "other"  # a 403, but no refused credential (the message says what to fix)
         if code in _REFUSED or status == 403:
             return "denied"
         if code in _THROTTLED or status in (429, 503):
@@ -389,6 +396,8 @@ class S3Store(Store):
                 raise SourceError(
                     f"S3 bucket '{self.bucket}' is in another region ({where}): {hint}"
                 ) from None
+            if code == _SKEWED:
+                raise SourceError(f"cannot open {self.description} ({where}): {_SKEWED}: {_SKEW_HINT}") from None
             if code in _REFUSED or status == 403:
                 if self.no_sign_request:
                     raise SourceError(
@@ -1016,6 +1025,8 @@ class S3Store(Store):
             if _code(exc) == "NotImplemented" or _status(exc) == 501:
                 return WriteRefused(errno.ENOTSUP, f"{key}: S3 {op}: the server does not implement it")
         self.counters.add("store_failures")
+        if isinstance(exc, bce.ClientError) and _code(exc) == _SKEWED:
+            return StoreError(f"{key}: S3 {op} failed: {_SKEWED}: {_SKEW_HINT}")
         if isinstance(exc, bce.ClientError):
             code = _code(exc) or str(_status(exc))
             msg = exc.response.get("Error", {}).get("Message", "")
