@@ -29,6 +29,10 @@ kind        what the client sees
 ``trickle`` the real response, its body sent one byte every 0.25 s
 ``drip``    the real response, its status line and headers too, one byte every 0.25 s
             (a PUT's or a listing's answer never ends inside botocore's timeout)
+``unconditional`` a request carrying If-None-Match answered 501 NotImplemented (a server
+            without conditional writes); one without it passes unchanged
+``ignore-condition`` a request's If-None-Match dropped on the way up (a server that
+            ignores it)
 ==========  =====================================================================
 
 A rule targets operations (``get``: GetObject, ``head``: HeadObject, ``list``:
@@ -78,9 +82,11 @@ _STATUS = {
     "403": (403, "Forbidden", "AccessDenied", "Access Denied"),
     "expired": (403, "Forbidden", "ExpiredToken", "The provided token has expired."),
     "404": (404, "Not Found", "NoSuchKey", "The specified key does not exist."),
+    "unconditional": (501, "Not Implemented", "NotImplemented",
+                      "A header you provided implies functionality that is not implemented"),
 }
 KINDS = (*_STATUS, "reset", "truncate", "stall", "flip", "silent", "whole", "short", "endless", "trickle",
-         "drip", "late")
+         "drip", "late", "ignore-condition")
 _AKID = re.compile(r"Credential=([^/,\s]+)/")
 
 
@@ -151,6 +157,8 @@ class Proxy:
                 op = _operation(method, target)
                 self.stats[f"requests_{op}"] += 1
                 fault = self.choose(op, target, headers)
+                if fault in ("unconditional", "ignore-condition") and "if-none-match" not in headers:
+                    fault = None  # only a conditional request is concerned
                 if fault is not None:
                     self.stats[f"fault_{fault}"] += 1
                     self.stats["faults"] += 1
@@ -178,6 +186,8 @@ class Proxy:
                         await writer.drain()
                 if fault == "whole":
                     headers = {k: v for k, v in headers.items() if k != "range"}
+                if fault == "ignore-condition":
+                    headers = {k: v for k, v in headers.items() if k != "if-none-match"}
                 if upstream is None:
                     upstream = await asyncio.open_connection("127.0.0.1", self.upstream_port)
                 up_reader, up_writer = upstream

@@ -702,6 +702,39 @@ def test_rename(store: Store, mount) -> None:
                                  "renamed/sub/x2"}
 
 
+def test_create_if_absent_on_a_server_without_conditional_writes(s3store: Store, moto, mount) -> None:
+    """A server that answers a PUT carrying If-None-Match with 501 NotImplemented (one
+    without conditional writes; tests/faultproxy.py's ``unconditional``): zarr-python's
+    link-to-create still makes a missing key and refuses an existing one (EEXIST), and an
+    O_EXCL create of a key made behind the mount fails at close() (EEXIST), its bytes kept,
+    rather than replacing the key. (A server that ignores the header instead cannot be told
+    from one that honours it: there, such a create replaces the key, see the README.)"""
+    from faultproxy import FaultProxy
+
+    s3store.put("zarr.json", b"{}")
+    s3store.put("taken.json", b"already here")
+    with FaultProxy(moto.port) as proxy:
+        m = s3store.mount(mount, endpoint=proxy.endpoint)
+        proxy.set({"kind": "unconditional", "ops": ["put", "other"]})
+        src = m.path / f"zarr.{uuid.uuid4().hex}.partial"
+        src.write_bytes(b"new bytes")
+        os.link(src, m.path / "made.json")
+        fails(errno.EEXIST, os.link, src, m.path / "taken.json")
+        os.unlink(src)
+        assert s3store.get("made.json") == b"new bytes"
+        assert s3store.get("taken.json") == b"already here"
+        s3store.put("behind.json", b"behind")  # after the mount listed: it does not know it
+        fd = os.open(m.path / "behind.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.write(fd, b"mine")
+        fails(errno.EEXIST, os.close, fd)
+        assert s3store.get("behind.json") == b"behind"
+        assert proxy.stats()["fault_unconditional"] >= 2
+        kept = re.search(r"behind\.json: written bytes that were never uploaded are kept at (\S+)",
+                         m.log_text())
+        assert kept, m.log_text()[-3000:]
+    Path(kept.group(1)).unlink()  # this test's, not to be reported by the next mount
+
+
 def test_zarr_localstore_patterns(store: Store, mount) -> None:
     """zarr-python 3's LocalStore: <key>.<uuid>.partial renamed over the key, and
     os.link(tmp, key) + unlink(tmp) for keys that must not exist (EEXIST when they do)."""
