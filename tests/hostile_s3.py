@@ -68,6 +68,8 @@ class HostileS3:
     error_code: str = ""
     #: listings are answered with this status and S3 error code (0: listed)
     list_status: int = 0
+    #: every listing page is empty and truncated, handing back a new token each time
+    empty_pages: bool = False
     #: GETs served, by key (a test replaces an object between two of them)
     gets: dict[str, int] = field(default_factory=dict)
 
@@ -208,6 +210,8 @@ class HostileS3:
             entries.insert(0, (prefix, True))
         entries = [e for e in entries if e[0] > after]
         page, more = entries[: self.page_keys], len(entries) > self.page_keys
+        if self.empty_pages and q.get("continuation-token"):
+            page, more = [], True
         if self.loop_token is not None:
             more = True
 
@@ -224,7 +228,10 @@ class HostileS3:
         if encode:
             out.append("<EncodingType>url</EncodingType>")
         if more and not self.no_token and not self.v1_only:
-            token = self.loop_token if self.loop_token is not None else "tok:" + page[-1][0]
+            if self.empty_pages:
+                token = f"empty:{self.listings}"
+            else:
+                token = self.loop_token if self.loop_token is not None else "tok:" + page[-1][0]
             out.append(f"<NextContinuationToken>{escape(token)}</NextContinuationToken>")
         quote = "" if self.bare_list_etags else '"'
         for entry, is_prefix in page:

@@ -239,3 +239,20 @@ def test_a_skewed_clock_is_named_not_taken_for_bad_credentials(mount) -> None:
         assert res.result.returncode != 0
         assert "set the clock" in res.result.stderr and "credentials were refused" not in res.result.stderr, \
             res.result.stderr
+
+
+def test_a_listing_of_endless_empty_pages_fails(mount) -> None:
+    """Every page after the first empty, truncated, with a new continuation token each
+    time: no token came twice and no entry was counted, so the listing went on for ever
+    (an `ls` waiting on it, ~20 requests a second). Now more than MAX_EMPTY_PAGES empty
+    pages in a row fail the listing (EIO), one line saying so, the daemon serving on."""
+    objects = {f"s/k{i}": b"v" for i in range(5)}
+    with HostileS3(BUCKET, objects, page_keys=2, empty_pages=True) as server:
+        m = mount_it(mount, server)
+        t0 = time.monotonic()
+        with pytest.raises(OSError) as err:
+            os.listdir(m.path)
+        assert err.value.errno == errno.EIO
+        assert time.monotonic() - t0 < 60
+        assert "pages in a row listed nothing" in m.log_text(), m.log_text()[-3000:]
+        assert daemon_pids(m.path)

@@ -176,6 +176,9 @@ def fault_kind(exc: BaseException) -> str:
 FETCH_TRIES = 3
 #: entries one listing may hold (a directory, or a flat listing): past it the listing fails
 MAX_LISTED_KEYS = 5_000_000
+#: truncated pages in a row that list nothing: past them the listing fails (a server handing
+#: out a new token with each empty page listed for ever, an `ls` waiting on it)
+MAX_EMPTY_PAGES = 100
 #: sizes a file can have (st_size is a signed 64-bit number)
 _MAX_SIZE = (1 << 63) - 1
 
@@ -781,8 +784,9 @@ class S3Store(Store):
         resumes at that page's continuation token, never yields a partial listing).
 
         A listing that does not end fails (StoreError): one whose server hands back a
-        continuation token it gave before (a loop, which held an ``ls`` for ever), or past
-        MAX_LISTED_KEYS entries (a server inventing keys: memory grew 12 MB/s).
+        continuation token it gave before (a loop, which held an ``ls`` for ever), one of
+        more than MAX_EMPTY_PAGES empty pages in a row (new tokens each time: the same), or
+        past MAX_LISTED_KEYS entries (a server inventing keys: memory grew 12 MB/s).
 
         A page said to be truncated but with no continuation token (a server that knows
         only ListObjects V1, and answers V2's request as V1) is followed by V1 pages
@@ -795,6 +799,7 @@ class S3Store(Store):
         whole = kw == {"Prefix": self.prefix}  # the whole store, flat: what the probe listed
         seen: set[str] = set()
         listed = 0
+        empty = 0  # truncated pages in a row that listed nothing
         while True:
             args = dict(kw, Bucket=self.bucket, MaxKeys=self.page_keys)
             if token:
@@ -805,10 +810,15 @@ class S3Store(Store):
                                      lambda c, a=dict(args, Marker=marker): c.list_objects(**a))
             elif page is None:
                 page = self._request(where, "ListObjectsV2", lambda c, a=args: c.list_objects_v2(**a))
-            listed += len(page.get("Contents", ())) + len(page.get("CommonPrefixes", ()))
+            entries = len(page.get("Contents", ())) + len(page.get("CommonPrefixes", ()))
+            listed += entries
             if listed > MAX_LISTED_KEYS:
                 raise StoreError(f"{where}: the listing goes on past {MAX_LISTED_KEYS:,} entries; "
                                  "zvfs lists no more in one directory")
+            empty = 0 if entries or not page.get("IsTruncated") else empty + 1
+            if empty > MAX_EMPTY_PAGES:
+                raise StoreError(f"{where}: the server's listing does not end ({MAX_EMPTY_PAGES} "
+                                 "pages in a row listed nothing, each saying more would come)")
             yield page
             if not page.get("IsTruncated"):
                 return
