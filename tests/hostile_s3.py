@@ -70,6 +70,8 @@ class HostileS3:
     list_status: int = 0
     #: every listing page is empty and truncated, handing back a new token each time
     empty_pages: bool = False
+    #: listings in reverse order (as S3 Express directory buckets, unsorted), paged by index
+    unsorted: bool = False
     #: GETs served, by key (a test replaces an object between two of them)
     gets: dict[str, int] = field(default_factory=dict)
 
@@ -208,7 +210,11 @@ class HostileS3:
                 entries.append((key, False))
         if self.self_prefix and delim and prefix.endswith(delim):
             entries.insert(0, (prefix, True))
-        entries = [e for e in entries if e[0] > after]
+        if self.unsorted:
+            entries.reverse()
+            entries = entries[int(after[4:]):] if after.startswith("idx:") else entries
+        else:
+            entries = [e for e in entries if e[0] > after]
         page, more = entries[: self.page_keys], len(entries) > self.page_keys
         if self.empty_pages and q.get("continuation-token"):
             page, more = [], True
@@ -230,6 +236,8 @@ class HostileS3:
         if more and not self.no_token and not self.v1_only:
             if self.empty_pages:
                 token = f"empty:{self.listings}"
+            elif self.unsorted:
+                token = f"idx:{int(after[4:] if after.startswith('idx:') else 0) + len(page)}"
             else:
                 token = self.loop_token if self.loop_token is not None else "tok:" + page[-1][0]
             out.append(f"<NextContinuationToken>{escape(token)}</NextContinuationToken>")

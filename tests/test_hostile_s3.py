@@ -256,3 +256,17 @@ def test_a_listing_of_endless_empty_pages_fails(mount) -> None:
         assert time.monotonic() - t0 < 60
         assert "pages in a row listed nothing" in m.log_text(), m.log_text()[-3000:]
         assert daemon_pids(m.path)
+
+
+def test_a_server_that_lists_out_of_order_loses_no_key(mount) -> None:
+    """A store of big directories listed by a server that does not sort (S3 Express
+    directory buckets list in no order; here, in reverse): the first page made the
+    listing go on directory by directory after that page's last key, so every key sorting
+    before it that came on a later page was lost, silently (a whole directory of 600 keys
+    here). A first page out of order is now listed flat to its end."""
+    objects = {f"s/d{j}/{i:04d}": b"v" for j in range(3) for i in range(600)}
+    with HostileS3(BUCKET, objects, unsorted=True) as server:
+        m = mount_it(mount, server)
+        assert sorted(os.listdir(m.path)) == ["d0", "d1", "d2"]
+        for d in ("d0", "d1", "d2"):
+            assert len(os.listdir(m.path / d)) == 600, d
