@@ -83,9 +83,9 @@ def proxy(moto):
         yield p
 
 
-def mount_s3(mount, proxy, s3_env, *opts: str):
+def mount_s3(mount, proxy, s3_env, *opts: str, check: bool = True):
     return mount(f"s3://{BUCKET}/s", "--endpoint-url", proxy.endpoint, "--cache-size", "4M",
-                 *opts, env=s3_env)
+                 *opts, env=s3_env, check=check)
 
 
 def read_all(path: Path, bs: int = 1 << 16) -> bytes:
@@ -443,3 +443,20 @@ def test_corrupt_chunk_is_remembered_but_fault_free_data_is_fine(corpus, proxy, 
     good = mnt.path / ".zvfs/arrays/s/plain/data.raw"
     assert read_all(good) == corpus[1]["plain"].tobytes()
     assert stat.S_ISREG(os.stat(good).st_mode)
+
+
+def test_a_listing_dripping_in_at_mount_fails_the_mount_soon(corpus, proxy, mount, s3_env) -> None:
+    """The check of the source at mount (the first listing page), answered a byte every
+    0.25 s, headers too: each byte came well within --s3-timeout, so neither of its two tries
+    ever timed out, and the mount waited for the whole answer, as long as the server liked
+    (`zvfs mount` gave up at 120 s saying only that the mount was not ready; under systemd
+    the daemon waited on). The check now has a deadline of its two tries' timeouts and
+    2 s: the mount fails within it, naming the endpoint and what it did."""
+    proxy.set({"kind": "drip", "ops": ["list"]})
+    t0 = time.monotonic()
+    m = mount_s3(mount, proxy, s3_env, "--s3-timeout", "2", check=False)
+    took = time.monotonic() - t0
+    assert m.result.returncode != 0
+    assert took < 15, took
+    assert "still coming in after 6 s" in m.result.stderr and proxy.endpoint in m.result.stderr, \
+        m.result.stderr

@@ -377,9 +377,24 @@ class S3Store(Store):
         from zvfs.stores.base import SourceUnavailable  # local: leaves the import block to others
 
         where = f"at endpoint {self.endpoint}"
+        # its two tries, each waiting at most the timeout between bytes; an answer trickling
+        # in a byte at a time never trips that timeout, and held the open (the mount, and
+        # under systemd the daemon) for as long as the server liked: cut off, as any request
+        deadline = 2 * min(self.retry.timeout, PROBE_TIMEOUT_MAX) + 2
         try:
-            with self._watchdog.bounded(ANSWER_MAX):
-                page = client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix, MaxKeys=self.page_keys)
+            with self._watchdog.watching(time.monotonic() + deadline) as watch, \
+                    self._watchdog.bounded(ANSWER_MAX):
+                try:
+                    page = client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix, MaxKeys=self.page_keys)
+                except Exception as exc:
+                    if watch.cut:  # it broke because it came too late
+                        raise _Overdue(deadline) from exc
+                    raise
+            if watch.cut:  # an answer cut off can parse as a whole one
+                raise _Overdue(deadline)
+        except _Overdue:
+            raise SourceUnavailable(f"cannot open {self.description} ({where}): the server's answer to "
+                                    f"the first listing was still coming in after {deadline:g} s") from None
         except bce.ClientError as e:
             code, status = _code(e), _status(e)
             msg = e.response.get("Error", {}).get("Message", "")
