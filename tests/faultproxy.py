@@ -33,6 +33,10 @@ kind        what the client sees
             without conditional writes); one without it passes unchanged
 ``ignore-condition`` a request's If-None-Match dropped on the way up (a server that
             ignores it)
+``lost``    the request is served upstream, then the connection is reset before any
+            byte of the answer (the work was done; the client cannot know)
+``nosuchupload`` 404 NoSuchUpload (what MinIO answers a CompleteMultipartUpload of an
+            upload it completed already)
 ==========  =====================================================================
 
 A rule targets operations (``get``: GetObject, ``head``: HeadObject, ``list``:
@@ -82,11 +86,12 @@ _STATUS = {
     "403": (403, "Forbidden", "AccessDenied", "Access Denied"),
     "expired": (403, "Forbidden", "ExpiredToken", "The provided token has expired."),
     "404": (404, "Not Found", "NoSuchKey", "The specified key does not exist."),
+    "nosuchupload": (404, "Not Found", "NoSuchUpload", "The specified multipart upload does not exist."),
     "unconditional": (501, "Not Implemented", "NotImplemented",
                       "A header you provided implies functionality that is not implemented"),
 }
 KINDS = (*_STATUS, "reset", "truncate", "stall", "flip", "silent", "whole", "short", "endless", "trickle",
-         "drip", "late", "ignore-condition")
+         "drip", "late", "ignore-condition", "lost")
 _AKID = re.compile(r"Credential=([^/,\s]+)/")
 
 
@@ -195,6 +200,9 @@ class Proxy:
                 await up_writer.drain()
                 response = await _read_message(up_reader, is_request=False, head=method == "HEAD")
                 if response is None:
+                    _reset(writer)
+                    return
+                if fault == "lost":
                     _reset(writer)
                     return
                 status_line, rheaders, rbody = response

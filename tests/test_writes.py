@@ -735,6 +735,30 @@ def test_create_if_absent_on_a_server_without_conditional_writes(s3store: Store,
     Path(kept.group(1)).unlink()  # this test's, not to be reported by the next mount
 
 
+def test_a_completion_whose_answer_was_lost_and_then_no_such_upload_succeeds(
+        s3store: Store, moto, mount) -> None:
+    """A CompleteMultipartUpload served, its answer lost (a reset), tried again, and that
+    try answered NoSuchUpload, as MinIO answers an upload it completed already: close()
+    failed with EIO, the bytes kept in staging and a line saying an upload may be left open,
+    though the object was stored whole. The object is now looked at (HEAD): made of this
+    upload's parts (its ETag the MD5 of theirs, "-N"), the close succeeds."""
+    from faultproxy import FaultProxy
+
+    s3store.put("zarr.json", b"{}")
+    data = rand(11 * MiB, 3)
+    with FaultProxy(moto.port) as proxy:
+        m = s3store.mount(mount, "--part-size", "5M", endpoint=proxy.endpoint)
+        # "uploadId=": the completion (POST ...?uploadId=), not the create (POST ...?uploads)
+        proxy.set({"kind": "lost", "ops": ["other"], "key": "uploadId=", "count": 1},
+                  {"kind": "nosuchupload", "ops": ["other"], "key": "uploadId="})
+        write_file(m.path / "big.bin", data)  # its close() raises if the upload "failed"
+        assert proxy.stats()["fault_lost"] == 1 and proxy.stats()["fault_nosuchupload"] >= 1
+        assert s3store.get("big.bin") == data
+        log = m.log_text()
+        assert "answered NoSuchUpload, but the object is made of its parts" in log, log[-3000:]
+        assert "kept at" not in log and "could not abort" not in log, log[-3000:]
+
+
 def test_zarr_localstore_patterns(store: Store, mount) -> None:
     """zarr-python 3's LocalStore: <key>.<uuid>.partial renamed over the key, and
     os.link(tmp, key) + unlink(tmp) for keys that must not exist (EEXIST when they do)."""

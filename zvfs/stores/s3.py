@@ -131,6 +131,12 @@ class _Overdue(TimeoutError):
         super().__init__(f"no whole answer within the {deadline:g} s deadline")
 
 
+class UploadGone(StoreError):
+    """S3 says the multipart upload does not exist (NoSuchUpload): aborted, or completed
+    already, as by a CompleteMultipartUpload whose answer was lost and that was tried again
+    (MinIO and S3 itself, after a while, answer the second one so)."""
+
+
 class Upload(NamedTuple):
     """An unfinished multipart upload: its key (below the prefix), its id, when S3 says it
     was made (epoch seconds, S3's clock) and who made it (None when the server does not say)."""
@@ -1057,6 +1063,9 @@ class S3Store(Store):
         self.counters.add("store_failures")
         if isinstance(exc, bce.ClientError) and _code(exc) == _SKEWED:
             return StoreError(f"{key}: S3 {op} failed: {_SKEWED}: {_SKEW_HINT}")
+        if isinstance(exc, bce.ClientError) and _code(exc) == "NoSuchUpload":
+            return UploadGone(f"{key}: S3 {op} failed: NoSuchUpload "
+                              f"{exc.response.get('Error', {}).get('Message', '')}".rstrip())
         if isinstance(exc, bce.ClientError):
             code = _code(exc) or str(_status(exc))
             msg = exc.response.get("Error", {}).get("Message", "")

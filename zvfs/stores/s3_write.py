@@ -308,9 +308,21 @@ class S3Writer(KeyWriter):
         with self._lock:
             upload_id = self._upload_id
             listed = [{"PartNumber": p + 1, "ETag": self._done[p][0]} for p in range(parts)]
-        self.store._request(self.key, "CompleteMultipartUpload", lambda c: c.complete_multipart_upload(
-            Bucket=self.store.bucket, Key=self.store.prefix + self.key, UploadId=upload_id,
-            MultipartUpload={"Parts": listed}))
+        from zvfs.stores.s3 import UploadGone
+
+        try:
+            self.store._request(self.key, "CompleteMultipartUpload", lambda c: c.complete_multipart_upload(
+                Bucket=self.store.bucket, Key=self.store.prefix + self.key, UploadId=upload_id,
+                MultipartUpload={"Parts": listed}))
+        except UploadGone:
+            # a completion whose answer was lost, tried again: the server may have made the
+            # object at the first try, and answer this one NoSuchUpload (MinIO does); close()
+            # failed, its bytes kept, though they were stored. The object is looked at: made
+            # of these very parts, it is this upload's
+            if not completed_already(self.store, self.key, [p["ETag"] for p in listed]):
+                raise
+            log.info("%s: the multipart upload's completion was answered NoSuchUpload, but the "
+                     "object is made of its parts: completed by a try whose answer was lost", self.key)
         with self._lock:
             self._upload_id = None
             self._done.clear()
@@ -521,6 +533,32 @@ def abort_lost_uploads(store: S3Store, key: str, kept: str, began: float, ended:
         log.warning("%s: a multipart upload of it may be left open (a CreateMultipartUpload's answer "
                     "was lost, and aborting the upload it made failed: %s); `zvfs mount --abort-uploads` "
                     "clears it", key, exc)
+
+
+def multipart_etag(part_etags: list[str]) -> str | None:
+    """The ETag S3 gives the object a multipart upload of these parts makes (the MD5 of
+    their MD5s, then "-" and their count), quoted; None when a part's ETag is not an MD5
+    (an encrypted object's, or another server's own)."""
+    import hashlib
+
+    try:
+        digests = b"".join(bytes.fromhex(e.strip().strip('"')) for e in part_etags)
+    except ValueError:
+        return None
+    if len(digests) != 16 * len(part_etags) or not part_etags:
+        return None
+    return f'"{hashlib.md5(digests).hexdigest()}-{len(part_etags)}"'  # noqa: S324 - S3's ETag
+
+
+def completed_already(store: S3Store, key: str, part_etags: list[str]) -> bool:
+    """Whether ``key`` is now the object a multipart upload of these parts made."""
+    expected = multipart_etag(part_etags)
+    if expected is None:
+        return False
+    try:
+        return store.info(key).version == expected
+    except StoreError:
+        return False
 
 
 def link_key(store: S3Store, src: str, dst: str) -> None:
