@@ -757,6 +757,17 @@ def test_a_completion_whose_answer_was_lost_and_then_no_such_upload_succeeds(
         log = m.log_text()
         assert "answered NoSuchUpload, but the object is made of its parts" in log, log[-3000:]
         assert "kept at" not in log and "could not abort" not in log, log[-3000:]
+        # an upload that is gone (the completion answered NoSuchUpload, no object made):
+        # close() fails, its bytes kept; no line says an upload may be left open
+        proxy.set({"kind": "nosuchupload", "ops": ["other"], "key": "uploadId="})
+        with pytest.raises(OSError) as err:
+            write_file(m.path / "gone.bin", data)
+        assert err.value.errno == errno.EIO
+        log = m.log_text()
+        kept = re.search(r"gone\.bin: upload failed .*NoSuchUpload.*kept at (\S+)", log)
+        assert kept and "could not abort" not in log, log[-3000:]
+        assert "is gone already (NoSuchUpload)" in log
+    Path(kept.group(1)).unlink()  # this test's, not to be reported by the next mount
 
 
 def test_zarr_localstore_patterns(store: Store, mount) -> None:

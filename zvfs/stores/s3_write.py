@@ -334,9 +334,13 @@ class S3Writer(KeyWriter):
             self._done.clear()
         if upload_id is None:
             return
+        from zvfs.stores.s3 import UploadGone
+
         try:
             self.store._request(self.key, "AbortMultipartUpload", lambda c: c.abort_multipart_upload(
                 Bucket=self.store.bucket, Key=self.store.prefix + self.key, UploadId=upload_id))
+        except UploadGone:  # nothing is left open: no line sending the user to --abort-uploads
+            log.info("%s: multipart upload %s is gone already (NoSuchUpload)", self.key, upload_id)
         except StoreError as exc:
             log.warning("%s: could not abort multipart upload %s: %s (the next writable mount "
                         "reports it)", self.key, upload_id, exc)
