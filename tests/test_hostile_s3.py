@@ -178,6 +178,18 @@ def test_a_listing_page_without_end_fails_in_bounded_memory(mount, announced: bo
         assert os.listdir(m.path / "sub") == ["b.txt"]  # nothing remembered
 
 
+def test_a_head_of_an_object_past_the_answer_bound_is_not_refused(mount) -> None:
+    """The bound on answers read whole must not take a HEAD's Content-Length (the object's
+    size; a HEAD has no body) for its answer's: a HEAD of a 40 MiB object failed, and so
+    every open for writing without O_TRUNC of it."""
+    big = b"b" * (40 << 20)
+    with HostileS3(BUCKET, {"s/big.bin": big}) as server:
+        m = mount_it(mount, server, "--writable")
+        fd = os.open(m.path / "big.bin", os.O_WRONLY | os.O_APPEND)  # a HEAD, then a fetch
+        os.close(fd)  # nothing written: nothing to upload
+        assert "more than 33,554,432 bytes" not in m.log_text(), m.log_text()[-3000:]
+
+
 @pytest.mark.parametrize("lie", ["self_prefix", "repeat_prefixes"])
 def test_a_directory_listed_as_its_own_subdirectory_or_twice_costs_nothing(mount, lie: str) -> None:
     """A store of big directories is listed directory by directory (s3_walk). A server whose

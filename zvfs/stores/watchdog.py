@@ -231,10 +231,11 @@ def _reporting(base: type, watchdog: Watchdog) -> type:
                 watchdog.given_back(conn)
             super()._put_conn(conn)
 
-        def urlopen(self, *args: Any, **kwargs: Any) -> Any:
-            resp = super().urlopen(*args, **kwargs)
+        def urlopen(self, method: str, *args: Any, **kwargs: Any) -> Any:
+            resp = super().urlopen(method, *args, **kwargs)
             limit = watchdog.limit()
-            if limit is not None and callable(getattr(resp, "stream", None)):
+            # a HEAD's answer has no body, whatever size its Content-Length gives (the object's)
+            if limit is not None and method != "HEAD" and callable(getattr(resp, "stream", None)):
                 _bound(resp, limit)
             return resp
 
