@@ -72,6 +72,8 @@ class HostileS3:
     empty_pages: bool = False
     #: listings in reverse order (as S3 Express directory buckets, unsorted), paged by index
     unsorted: bool = False
+    #: the first page of each listing is empty, and truncated (the keys come after it)
+    empty_first: bool = False
     #: GETs served, by key (a test replaces an object between two of them)
     gets: dict[str, int] = field(default_factory=dict)
 
@@ -218,6 +220,9 @@ class HostileS3:
         page, more = entries[: self.page_keys], len(entries) > self.page_keys
         if self.empty_pages and q.get("continuation-token"):
             page, more = [], True
+        first_empty = self.empty_first and not q.get("continuation-token")
+        if first_empty:
+            page, more = [], True
         if self.loop_token is not None:
             more = True
 
@@ -234,7 +239,9 @@ class HostileS3:
         if encode:
             out.append("<EncodingType>url</EncodingType>")
         if more and not self.no_token and not self.v1_only:
-            if self.empty_pages:
+            if first_empty:
+                token = "tok:"  # from the start
+            elif self.empty_pages:
                 token = f"empty:{self.listings}"
             elif self.unsorted:
                 token = f"idx:{int(after[4:] if after.startswith('idx:') else 0) + len(page)}"

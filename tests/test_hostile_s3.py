@@ -282,3 +282,13 @@ def test_a_server_that_lists_out_of_order_loses_no_key(mount) -> None:
         assert sorted(os.listdir(m.path)) == ["d0", "d1", "d2"]
         for d in ("d0", "d1", "d2"):
             assert len(os.listdir(m.path / d)) == 600, d
+
+
+def test_a_first_listing_page_that_is_empty_but_truncated_mounts(mount) -> None:
+    """S3 may answer a page with no keys that says more follow (IsTruncated, a token): the
+    check at mount took such a first page for an empty store and refused the mount ("holds
+    no keys ... --allow-empty"). It now refuses only a page that says nothing follows."""
+    with HostileS3(BUCKET, {"s/a.txt": b"a", "s/d/b.txt": b"b"}, empty_first=True) as server:
+        m = mount_it(mount, server)
+        assert sorted(os.listdir(m.path)) == ["a.txt", "d"]
+        assert (m.path / "d" / "b.txt").read_bytes() == b"b"

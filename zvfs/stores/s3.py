@@ -459,8 +459,9 @@ class S3Store(Store):
                 raise SourceError(f"cannot open {self.description} ({where}): the server's listing "
                                   f"could not be read ({too_large or e})") from None
             raise SourceUnavailable(f"cannot open {self.description} ({where}): {e}") from None
+        # an empty page that says more follow (S3 may send one) is no empty store
         if not self.allow_empty and not page.get("KeyCount") and not page.get("Contents") \
-                and not page.get("CommonPrefixes"):
+                and not page.get("CommonPrefixes") and not page.get("IsTruncated"):
             raise SourceError(
                 f"{self.description} holds no keys ({where}); check the bucket and prefix for a typo, "
                 "or pass --allow-empty (-o allow_empty) to mount it empty"
