@@ -74,6 +74,8 @@ class HostileS3:
     unsorted: bool = False
     #: the first page of each listing is empty, and truncated (the keys come after it)
     empty_first: bool = False
+    #: listings ignore the prefix asked for: every key of the bucket is listed
+    ignore_prefix: bool = False
     #: GETs served, by key (a test replaces an object between two of them)
     gets: dict[str, int] = field(default_factory=dict)
 
@@ -197,12 +199,13 @@ class HostileS3:
             after = after[4:]
         entries: list[tuple[str, bool]] = []  # (name, is a common prefix)
         seen_prefixes: set[str] = set()
+        scope = "" if self.ignore_prefix else prefix
         for key in sorted(self.objects):
-            if not key.startswith(prefix):
+            if not key.startswith(scope):
                 continue
-            rest = key[len(prefix):]
+            rest = key[len(scope):]
             if delim and delim in rest:
-                cp = prefix + rest[: rest.index(delim) + 1]
+                cp = scope + rest[: rest.index(delim) + 1]
                 if cp not in seen_prefixes:
                     seen_prefixes.add(cp)
                     entries.append((cp, True))

@@ -292,3 +292,18 @@ def test_a_first_listing_page_that_is_empty_but_truncated_mounts(mount) -> None:
         m = mount_it(mount, server)
         assert sorted(os.listdir(m.path)) == ["a.txt", "d"]
         assert (m.path / "d" / "b.txt").read_bytes() == b"b"
+
+
+def test_a_server_that_ignores_the_prefix_shows_no_other_key(mount) -> None:
+    """A server that ignores Prefix lists the whole bucket: each key from elsewhere was cut
+    to the store's keys as if it were under the prefix ("other/k00" became the file
+    "her/k00" of s3://bucket/s). Such keys are now left out, the first few with a line
+    each and then one saying more are, not a line for every key of the bucket."""
+    objects = {"s/a.txt": b"a", "s/d/b.txt": b"b"}
+    objects.update({f"other/k{i:02d}": b"o" for i in range(50)})
+    with HostileS3(BUCKET, objects, ignore_prefix=True) as server:
+        m = mount_it(mount, server)
+        assert sorted(os.listdir(m.path)) == ["a.txt", "d"]
+        assert (m.path / "d" / "b.txt").read_bytes() == b"b"
+        lines = [ln for ln in m.log_text().splitlines() if "where it cannot be" in ln]
+        assert 1 <= len(lines) <= 11 and "more such names" in lines[-1], lines

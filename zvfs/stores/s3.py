@@ -186,6 +186,8 @@ MAX_LISTED_KEYS = 5_000_000
 #: truncated pages in a row that list nothing: past them the listing fails (a server handing
 #: out a new token with each empty page listed for ever, an `ls` waiting on it)
 MAX_EMPTY_PAGES = 100
+#: names listed where they cannot be (not under the prefix asked) that get a line each
+STRAY_LINES = 10
 #: sizes a file can have (st_size is a signed 64-bit number)
 _MAX_SIZE = (1 << 63) - 1
 
@@ -294,6 +296,7 @@ class S3Store(Store):
         self.block_size = block_size  # one GET serves many FUSE reads of the raw view
         self.description = f"s3://{bucket}/{prefix.rstrip('/')}" if prefix else f"s3://{bucket}"
         self._skipped = LogOnce(log)
+        self._strays = 0  # lines logged of names listed where they cannot be (_belongs)
         self.flat_listing = True
         self.page_keys = page_keys  # keys a listing page asks for (S3's most, unless testing)
         self._profile = profile
@@ -637,9 +640,13 @@ class S3Store(Store):
             ok = bool(rest) and rest.endswith("/") and "/" not in rest[:-1]
         else:
             ok = True  # the directory's own folder marker ("dir/") too, as S3 lists it
-        if not ok:
-            self._skipped.warning(f"{full}\0{name}", "skipping %r: the server lists it in the "
-                                  "listing of %r, where it cannot be", name, full)
+        if not ok and self._strays <= STRAY_LINES and self._skipped.first(f"{full}\0{name}"):
+            # a server that ignores Prefix lists the whole bucket: a line for each of its
+            # keys would flood the log, so the first few only
+            self._strays += 1
+            log.warning("skipping %r: the server lists it in the listing of %r, where it cannot be%s",
+                        name, full, "" if self._strays <= STRAY_LINES else
+                        "; more such names are left out without a line")
         return ok
 
     def close(self) -> None:
