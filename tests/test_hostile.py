@@ -53,6 +53,19 @@ def assert_one_line(m: Mounted, key: str) -> str:
     return lines[0]
 
 
+def assert_metadata_errors(m: Mounted, bad: dict[str, str]) -> None:
+    """Each array of ``bad`` (path -> its metadata key) shows only meta.json, whose error
+    names the key, and is in no other view."""
+    arrays = m.path / ".zvfs/arrays"
+    for name, key in bad.items():
+        meta = json.loads((arrays / name / "meta.json").read_text())
+        assert meta["error"] and key in meta["error"], (name, meta["error"])
+        assert sorted(os.listdir(arrays / name)) == ["meta.json"], name
+        for f in ("data.raw", "data.npy", "chunks"):
+            assert stat_errno(arrays / name / f) == errno.ENOENT, (name, f)
+        assert not (m.path / ".zvfs/v2" / name).exists()
+
+
 def daemon_pid(m: Mounted) -> int:
     pids = daemon_pids(m.path)
     assert len(pids) == 1, pids
@@ -526,14 +539,8 @@ def test_bad_metadata(tmp_path: Path, mount) -> None:
     cache = 64
     m = mount(root, "--cache-size", f"{cache}M")
     pid = daemon_pid(m)
-    arrays = m.path / ".zvfs/arrays"
-    for name, key in bad.items():
-        meta = json.loads((arrays / name / "meta.json").read_text())
-        assert meta["error"] and key in meta["error"], (name, meta["error"])
-        assert sorted(os.listdir(arrays / name)) == ["meta.json"], name
-        for f in ("data.raw", "data.npy", "chunks"):
-            assert stat_errno(arrays / name / f) == errno.ENOENT, (name, f)
-        assert not (m.path / ".zvfs/v2" / name).exists()
+    assert_metadata_errors(m, bad)
+    for key in bad.values():
         assert (m.path / key).read_bytes() == (root / key).read_bytes()
     assert_good(m, root)
     for key in bad.values():
@@ -1201,12 +1208,8 @@ def test_elements_of_no_bytes_and_more_dimensions_than_numpy_has_are_metadata_er
     m = mount(root)
     pid = daemon_pid(m)
     arrays = m.path / ".zvfs/arrays"
-    for name, key in bad.items():
-        meta = json.loads((arrays / name / "meta.json").read_text())
-        assert meta["error"] and key in meta["error"], (name, meta["error"])
-        assert sorted(os.listdir(arrays / name)) == ["meta.json"], name
-        assert stat_errno(arrays / name / "data.npy") == errno.ENOENT, name
-        assert not (m.path / ".zvfs/v2" / name).exists()
+    assert_metadata_errors(m, bad)
+    for key in bad.values():
         assert_one_line(m, key)
     assert (arrays / "dims64/data.raw").read_bytes() == b"\x07"
     assert np.load(arrays / "dims64/data.npy").shape == (1,) * 64
