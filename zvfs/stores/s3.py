@@ -161,6 +161,10 @@ def fault_kind(exc: BaseException) -> str:
             return "denied"
         if code in _THROTTLED or status in (429, 503):
             return "throttled"
+        if code == "NotImplemented" or status == 501:
+            # the server lacks the feature (a conditional PUT): asking again cannot help, and
+            # each create-if-absent waited out the retries' backoff (3 s) before its fallback
+            return "other"
         if code in _SERVER or status >= 500:
             return "server"
         return "other"
@@ -456,7 +460,7 @@ class S3Store(Store):
                 "dots and hyphens, e.g. s3://my-bucket/prefix"
             ) from None
         except (bce.BotoCoreError, ValueError) as e:
-            too_large = e if isinstance(e, AnswerTooLarge) else _too_large(e)
+            too_large = _too_large(e)
             if too_large is not None or not isinstance(e, bce.BotoCoreError):
                 # an answer that could not be read, or went on without end
                 raise SourceError(f"cannot open {self.description} ({where}): the server's listing "
@@ -1097,17 +1101,20 @@ class S3Store(Store):
 def _too_large(exc: BaseException) -> AnswerTooLarge | None:
     """The AnswerTooLarge behind ``exc``: botocore reads an answer's body inside its send,
     and wraps what that raises as an HTTPClientError (which would be retried as a reset)."""
-    kwargs = getattr(exc, "kwargs", None)
-    error = kwargs.get("error") if isinstance(kwargs, dict) else None
-    for e in (exc, error, exc.__cause__, exc.__context__):
-        if isinstance(e, AnswerTooLarge):
-            return e
-    return None
+    found = _behind(exc, lambda e: isinstance(e, AnswerTooLarge))
+    return found if isinstance(found, AnswerTooLarge) else None
 
 
 def _out_of_descriptors(exc: BaseException) -> OSError | None:
     """The EMFILE (or ENFILE) behind ``exc``, if that is what it comes from: botocore tells
     a socket that could not be made as an endpoint it could not connect to."""
+    found = _behind(exc, lambda e: isinstance(e, OSError) and e.errno in NO_DESCRIPTORS)
+    return found if isinstance(found, OSError) else None
+
+
+def _behind(exc: BaseException, wanted: Callable[[BaseException], bool]) -> BaseException | None:
+    """The first error ``wanted`` takes among ``exc`` and what it wraps: its cause, its
+    context, the errors among its arguments, and botocore's ``kwargs["error"]``."""
     seen: set[int] = set()
     todo: list[BaseException | None] = [exc]
     while todo:
@@ -1115,7 +1122,7 @@ def _out_of_descriptors(exc: BaseException) -> OSError | None:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in NO_DESCRIPTORS:
+        if wanted(e):
             return e
         todo += [e.__cause__, e.__context__, *(a for a in e.args if isinstance(a, BaseException))]
         kwargs = getattr(e, "kwargs", None)
