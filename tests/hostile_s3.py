@@ -84,6 +84,9 @@ class HostileS3:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # an answer is two writes (headers, then body): with Nagle's algorithm the body
+            # waited for the client's delayed ACK, 40 ms an answer (~20 requests a second)
+            disable_nagle_algorithm = True
 
             def log_message(self, *args: object) -> None:
                 pass
