@@ -20,7 +20,9 @@ kind        what the client sees
 ``404``     404 NoSuchKey (also for keys that exist)
 ``flip``    the real response with one body byte flipped, when S3 sent a checksum
             header for it (a range has none: then it passes unchanged)
-``silent``  the connection stays open and nothing is ever answered
+``silent``  the connection stays open and nothing is answered, until the rules are set
+            again: it is then reset, and the client's next try meets the new rules (a test
+            that clears a hang does not wait out the client's timeout)
 ``whole``   a ranged GET answered 200 with the whole object (the Range header is dropped
             on the way up: a server or proxy may ignore Range, RFC 9110 allows it)
 ``short``   a ranged GET answered 206 with the first half of the range asked, its
@@ -125,6 +127,8 @@ class Proxy:
         self.rules: list[Rule] = []
         self.reject_keys: set[str] = set()
         self.rules_set_at = time.monotonic()
+        #: set (and replaced) whenever the rules are: what the silent connections wait on
+        self.rules_changed = asyncio.Event()
         self.random = random.Random(seed)
         self.stats: Counter[str] = Counter()
 
@@ -175,7 +179,14 @@ class Proxy:
                     _reset(writer)
                     return
                 if fault == "silent":
-                    await reader.read()  # until the client gives up and closes
+                    # until the client gives up and closes, or the rules change: then reset
+                    gone = asyncio.ensure_future(reader.read())
+                    changed = asyncio.ensure_future(self.rules_changed.wait())
+                    done, _ = await asyncio.wait({gone, changed}, return_when=asyncio.FIRST_COMPLETED)
+                    gone.cancel()
+                    changed.cancel()
+                    if gone not in done:
+                        _reset(writer)
                     return
                 if fault == "stall":
                     await asyncio.sleep(self._stall_of(op, "stall"))
@@ -281,6 +292,8 @@ class Proxy:
                     self.rules = [Rule.parse(r) for r in doc.get("rules", [])]
                     self.reject_keys = set(doc.get("reject_keys", []))
                     self.rules_set_at = time.monotonic()
+                    self.rules_changed.set()
+                    self.rules_changed = asyncio.Event()
                 elif method == "GET" and target == "/stats":
                     out = json.dumps(dict(self.stats)).encode()
                 elif method == "POST" and target == "/reset-stats":
