@@ -1520,6 +1520,26 @@ def test_abort_uploads_that_the_store_refuses_to_abort_still_mounts(s3store: Sto
     assert sorted(u["Key"] for u in s3store.uploads()) == [s3store.prefix + "one", s3store.prefix + "two"]
 
 
+def test_abort_uploads_counts_an_upload_gone_since_it_was_listed_as_aborted(s3store: Store, moto, mount) -> None:
+    """An upload listed as unfinished and gone when its abort came (completed or aborted by
+    its writer meanwhile: NoSuchUpload) was counted as one that "could not be aborted", a
+    warning sending the user to an upload that no longer exists. It is told as gone."""
+    from faultproxy import FaultProxy
+
+    s3store.put("zarr.json", b"{}")
+    up = s3store.client.create_multipart_upload(Bucket=s3store.bucket, Key=s3store.prefix + "gone")
+    with FaultProxy(moto.port) as proxy:
+        proxy.set({"kind": "nosuchupload", "ops": ["other"]})  # DELETE ?uploadId: the abort
+        m = s3store.mount(mount, "--abort-uploads", endpoint=proxy.endpoint)
+        assert proxy.stats().get("fault_nosuchupload", 0) >= 1
+        assert "aborted 0 unfinished multipart upload(s)" in m.result.stderr, m.result.stderr
+        assert "; 1 gone already" in m.result.stderr, m.result.stderr
+        assert "could not be aborted" not in m.result.stderr, m.result.stderr
+        assert (m.path / "zarr.json").read_bytes() == b"{}"
+    s3store.client.abort_multipart_upload(Bucket=s3store.bucket, Key=s3store.prefix + "gone",
+                                          UploadId=up["UploadId"])  # the real one, this test's
+
+
 # =========================================================================== coherence
 
 

@@ -526,16 +526,24 @@ def _check_uploads(store: Any, description: str, opts: dict[str, Any], report: _
     if not leftovers:
         return
     if opts["abort_uploads"]:
+        from zvfs.stores.s3 import UploadGone
+
         failed: list[StoreError] = []
+        gone = 0
         for up in leftovers:
             try:
                 store.abort_upload(up.key, up.upload_id)
-            except StoreError as exc:  # refused, or gone already: the mount goes on (it failed)
+            except UploadGone:  # completed or aborted since it was listed: not left open
+                log.info("the unfinished multipart upload of %s (%s) is gone already", up.key, up.upload_id)
+                gone += 1
+                continue
+            except StoreError as exc:  # refused: the mount goes on (it failed)
                 failed.append(exc)
                 continue
             log.warning("aborted the unfinished multipart upload of %s (%s)", up.key, up.upload_id)
-        done = len(leftovers) - len(failed)
+        done = len(leftovers) - len(failed) - gone
         report.warn(f"aborted {done} unfinished multipart upload(s) under {description}"
+                    + (f"; {gone} gone already" if gone else "")
                     + (f"; {len(failed)} could not be aborted ({failed[0]})" if failed else ""))
         return
     named = ", ".join(sorted({up.key for up in leftovers})[:5])
