@@ -28,7 +28,7 @@ from typing import Any, NoReturn, TypeVar
 
 from zvfs import earlystop
 from zvfs import options as zopts
-from zvfs.mounts import UnmountFailed, fusermount, is_dead, mount_entry
+from zvfs.mounts import MOUNT_TABLE_PREFIX, UnmountFailed, fusermount, is_dead, mount_entry
 from zvfs.stats import Counters
 
 log = logging.getLogger("zvfs")
@@ -340,10 +340,6 @@ def _check_writable_dir(path: str, given: str) -> None:
         where = f" ({exc.filename})" if exc.filename and os.fspath(exc.filename) != given else ""
         raise CliError(f"cannot use --cache-dir {given}: {reason}{where}; give a directory zvfs can "
                        "write in") from None
-
-
-#: what the mount table (/proc/mounts, `mount`, `findmnt`) puts before a zvfs mount's source
-MOUNT_TABLE_PREFIX = "zvfs:"
 
 
 def source_from_mount_table(source: str) -> str:

@@ -29,7 +29,7 @@ from zvfs import earlystop, warmup
 from zvfs.fs import Ownership, ZvfsOperations
 from zvfs.fs import loop as fs_loop
 from zvfs.fs.fuse import pyfuse3
-from zvfs.mounts import UnmountFailed, fusermount, mount_device
+from zvfs.mounts import MOUNT_TABLE_PREFIX, UnmountFailed, fusermount, mount_device
 from zvfs.options import OPTIONS, S3_WRITE_OPTIONS, format_value, parse_ttl
 from zvfs.stats import Counters
 from zvfs.stores.base import KeyInfo, Store
@@ -72,7 +72,7 @@ def fuse_options(description: str, allow_other: bool, writable: bool = False) ->
     1 MiB reads once tune_kernel has raised the read-ahead."""
     # pyfuse3 passes options as ASCII: escape the rest, as /proc/mounts would show it
     ascii_desc = description.encode("ascii", "backslashreplace").decode("ascii")
-    fsname = "zvfs:" + ascii_desc.replace("\\", "\\\\").replace(",", "\\,")
+    fsname = MOUNT_TABLE_PREFIX + ascii_desc.replace("\\", "\\\\").replace(",", "\\,")
     opts = set(pyfuse3.default_options)
     opts |= {f"fsname={fsname}", "subtype=zvfs", "noatime", "rw" if writable else "ro"}
     if allow_other:

@@ -9,6 +9,8 @@ import threading
 from dataclasses import dataclass
 
 _OCTAL = re.compile(rb"\\([0-7]{3})")
+#: what a zvfs mount's source is in the mount table (its fsname): ``zvfs:`` + the source
+MOUNT_TABLE_PREFIX = "zvfs:"
 
 
 def _unescape(field: bytes) -> bytes:

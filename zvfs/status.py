@@ -16,7 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from zvfs.mounts import MountEntry, mount_entry, mount_table
+from zvfs.mounts import MOUNT_TABLE_PREFIX, MountEntry, mount_entry, mount_table
 from zvfs.options import metrics_url
 from zvfs.stats import ERROR_KINDS
 
@@ -93,7 +93,7 @@ def describe(entry: MountEntry, timeout: float) -> dict[str, Any]:
                  "error": "its source is still being opened: requests that need it wait"}
     out: dict[str, Any] = {
         "mountpoint": entry.mountpoint,
-        "source": stats.get("source") or entry.source.removeprefix("zvfs:"),
+        "source": stats.get("source") or entry.source.removeprefix(MOUNT_TABLE_PREFIX),
         "health": found["health"],
         "error": found.get("error"),
         "pid": stats.get("pid"),

@@ -22,6 +22,13 @@ def join(path: str, name: str) -> str:
     return f"{path}/{name}" if path and name else path or name
 
 
+def attributes_of(doc: dict[str, Any] | None) -> dict[str, Any]:
+    """A node's ``attributes``, or {} when it has none, or none that is a JSON object (a list
+    is valid JSON, and zarr-python opens the array, but it holds no attribute by name)."""
+    attrs = (doc or {}).get("attributes")
+    return attrs if isinstance(attrs, dict) else {}
+
+
 #: metadata nested deeper than this is refused: Zarr documents need a handful of levels, and
 #: every later step (attribute cleaning, meta.json, the v2 mirror) may walk it recursively
 MAX_JSON_DEPTH = 100

@@ -15,7 +15,7 @@ from ..codecs import CodecError, UnknownCodecError
 from ..stores.base import KeyNotFound, Listing, Store, StoreError, TooLarge
 from ..stores.keys import bad_segment
 from . import keys, nczarr, zarr_v1, zarr_v2, zarr_v3
-from ._common import get_metadata, join, load_json, parse_json, values_budget
+from ._common import attributes_of, get_metadata, join, load_json, parse_json, values_budget
 from .meta import ArrayMeta, FormatError
 
 
@@ -211,11 +211,8 @@ def _v2_array(path: str, zarray: Any, zattrs: Any, key: str, err: str | None) ->
 def _v3_node(path: str, doc: Any, key: str) -> ArrayMeta | GroupMeta:
     node_type = doc.get("node_type") if isinstance(doc, dict) else None
     if node_type == "group":
-        err = zarr_v3.group_error(doc, key)
-        attrs = doc.get("attributes") or {}
-        if err or not isinstance(attrs, dict):  # an extension may change what they mean
-            attrs = {}
-        return GroupMeta(path, "zarr_v3", dict(attrs), err, key)
+        err = zarr_v3.group_error(doc, key)  # an extension may change what its attributes mean
+        return GroupMeta(path, "zarr_v3", {} if err else dict(attributes_of(doc)), err, key)
     if node_type != "array":
         return ArrayMeta(
             path=path,

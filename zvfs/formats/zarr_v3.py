@@ -15,7 +15,7 @@ import numpy as np
 
 from ..codecs import CodecError, Pipeline, ShardingCodec, UnknownCodecError, build_pipeline
 from ..stores.base import KeyNotFound, Store, StoreError
-from ._common import fill_scalar, int_tuple, join
+from ._common import attributes_of, fill_scalar, int_tuple, join
 from .keys import ZARR_JSON
 from .meta import ArrayMeta, FormatError, checked_dtype
 
@@ -130,8 +130,7 @@ def _fill_meta(meta: ArrayMeta, doc: Any, key: str) -> None:
     unknown = _unknown_fields(doc)
     if unknown:
         raise FormatError(_unknown_message(key, unknown, "an array"))
-    attrs = doc.get("attributes") or {}
-    meta.attributes = dict(attrs) if isinstance(attrs, dict) else {}
+    meta.attributes = dict(attributes_of(doc))
     for field in ("shape", "data_type", "chunk_grid", "chunk_key_encoding", "codecs"):
         if field not in doc:
             raise FormatError(f"{key}: missing {field!r}")

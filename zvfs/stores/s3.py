@@ -200,11 +200,20 @@ def _info(obj: dict[str, Any]) -> KeyInfo | None:
     """A listed object's info (its ETag names the content: pinned reads use it), or None
     when the server gave a size no file can have (negative, or past 2**63-1: one such key
     failed every listing that held it)."""
-    size = obj.get("Size")
+    return _key_info(obj.get("Size"), obj.get("LastModified"), obj.get("ETag"))
+
+
+def _key_info(size: object, when: object, etag: object) -> KeyInfo | None:
+    """A key's info from what a listing or a HEAD said, each checked, not trusted; None for
+    a size no file can have. A date that is none (a small server's HEAD may give none) is 0."""
     if not isinstance(size, int) or not 0 <= size <= _MAX_SIZE:
         return None
-    when = obj.get("LastModified")
-    return KeyInfo(size, when.timestamp() if isinstance(when, datetime) else 0.0, _etag(obj.get("ETag")))
+    return KeyInfo(size, _seconds(when), _etag(etag))
+
+
+def _seconds(when: object) -> float:
+    """A date botocore parsed, in epoch seconds; 0 for one missing or unparsed."""
+    return when.timestamp() if isinstance(when, datetime) else 0.0
 
 
 def _etag(value: object) -> str | None:
@@ -530,11 +539,11 @@ class S3Store(Store):
         r = self._request(key, "HeadObject", lambda c: c.head_object(Bucket=self.bucket, Key=self.prefix + key))
         # checked, not trusted: a HEAD without Last-Modified (a small server's) raised
         # KeyError, so every open for writing without O_TRUNC, rename and link of it failed
-        size, when = r.get("ContentLength"), r.get("LastModified")
-        if not isinstance(size, int) or not 0 <= size <= _MAX_SIZE:
+        found = _key_info(r.get("ContentLength"), r.get("LastModified"), r.get("ETag"))
+        if found is None:
             raise StoreError(f"{key}: S3 HeadObject: the server's answer gives no size a file "
-                             f"can have (Content-Length {size!r})")
-        return KeyInfo(size, when.timestamp() if isinstance(when, datetime) else 0.0, _etag(r.get("ETag")))
+                             f"can have (Content-Length {r.get('ContentLength')!r})")
+        return found
 
     def list_dir(self, prefix: str) -> Listing:
         check_prefix(prefix)
@@ -790,7 +799,7 @@ class S3Store(Store):
                     continue  # no upload of this store's that could be named or aborted
                 name = full[len(self.prefix):]
                 if key is None or name == key:
-                    out.append(Upload(name, upload_id, when.timestamp() if isinstance(when, datetime) else 0.0,
+                    out.append(Upload(name, upload_id, _seconds(when),
                                       (up.get("Initiator") or {}).get("ID")))
             if not page.get("IsTruncated"):
                 return out

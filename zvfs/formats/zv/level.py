@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from zvfs.formats._common import join
+from zvfs.formats._common import attributes_of, join
 from zvfs.stores.base import KeyNotFound, Store, StoreError
 
 from . import cells
@@ -76,13 +76,6 @@ def _ls(store: Store, prefix: str) -> tuple[set[str], set[str]]:
     except StoreError as exc:
         raise ZVError(prefix, str(exc)) from exc
     return set(listing.keys), set(listing.prefixes)
-
-
-def attributes_of(doc: dict[str, Any] | None) -> dict[str, Any]:
-    """A node's ``attributes``, or {} when it has none, or none that is a JSON object (a list
-    is valid JSON, and zarr-python opens the array, but it holds no ZV attribute)."""
-    attrs = (doc or {}).get("attributes")
-    return attrs if isinstance(attrs, dict) else {}
 
 
 def _list(value: Any) -> list[Any]:
