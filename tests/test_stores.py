@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import logging
 import os
 import random
 import shutil
@@ -715,6 +716,32 @@ def test_zip_member_names_info_zip_unicode_path_and_plain_ascii(tmp_path: Path) 
         assert st.get("data/stale.bin") == b"s" and st.get("data/plain.bin") == b"p"
         assert st.get(cafe) == b"c"
         assert sorted(st.list_dir("data/").keys) == sorted([real[5:], "plain.bin", "stale.bin"])
+    finally:
+        st.close()
+
+
+def test_zip_duplicate_member_names_last_wins_and_is_told(tmp_path: Path, caplog) -> None:
+    """Two members of one name: the last is served, as zipfile and zarr-python's ZipStore
+    read it (zarr-python's writes leave such pairs when a key is set twice), and one log
+    line names the key (INFO: zarr-python makes such archives whenever it sets a key twice)."""
+    import warnings
+
+    path = tmp_path / "dups.zip"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile warns of the duplicate it writes
+        with zipfile.ZipFile(path, "w") as zf:
+            zf.writestr("a/x", b"first")
+            zf.writestr("a/y", b"only")
+            zf.writestr("a/x", b"second")
+    with zipfile.ZipFile(path) as zf:
+        reference = zf.read("a/x")
+    with caplog.at_level(logging.INFO, logger="zvfs"):
+        st = ZipStore(path)
+    try:
+        assert st.get("a/x") == reference == b"second"
+        assert st.info("a/x").size == len(reference) and st.get("a/y") == b"only"
+        lines = [r.getMessage() for r in caplog.records if "'a/x'" in r.getMessage()]
+        assert len(lines) == 1 and "2 times" in lines[0], lines
     finally:
         st.close()
 

@@ -114,6 +114,15 @@ def _unreadable(path: str, exc: OSError) -> SourceUnavailable:
     return SourceUnavailable(f"cannot read the zip archive {path}: {exc.strerror or exc}")
 
 
+
+def _tell_some(level: int, lines: list[str], more: str, most: int = 20) -> None:
+    """Log the first ``most`` of ``lines``, and how many more there were (``more`` % count):
+    an archive of a million odd members costs twenty lines, not a million."""
+    for line in lines[:most]:
+        log.log(level, "%s", line)
+    if len(lines) > most:
+        log.log(level, more, len(lines) - most)
+
 class ZipStore(Store):
     """Read-only store over the members of a zip archive (zip64 included)."""
 
@@ -177,6 +186,7 @@ class ZipStore(Store):
         except (EOFError, ValueError, struct.error) as e:
             raise SourceError(f"cannot read the zip directory of {self.path}: {e}") from e
         skipped: list[str] = []
+        repeated: dict[str, int] = {}  # name -> members of that name
         for zi in infos:
             name = _member_name(zi)
             if name.endswith("/"):  # directory entry: an (empty) prefix
@@ -192,16 +202,21 @@ class ZipStore(Store):
             if bad_segment(name) is not None:
                 skipped.append(name)
                 continue
-            # the last of duplicate names wins, as in zipfile and zarr-python
+            # the last of duplicate names wins, as in zipfile and zarr-python; told below
+            if name in self._members:
+                repeated[name] = repeated.get(name, 1) + 1
             self._members[name] = _Member(zi, _member_mtime(zi, fallback_mtime))
             parent, _, base = name.rpartition("/")
             pre = parent + "/" if parent else ""
             self._add_prefixes(pre)
             self._dirs[pre].keys[base] = KeyInfo(zi.file_size, self._members[name].mtime)
-        for name in skipped[:20]:
-            log.warning("%s: member %r is not a safe path; ignored", self.path, name)
-        if len(skipped) > 20:
-            log.warning("%s: %d more unsafe member names ignored", self.path, len(skipped) - 20)
+        # zarr-python's ZipStore leaves such pairs whenever a key is set twice (it warns as it
+        # writes them): a fact about the archive, not a fault
+        _tell_some(logging.INFO, [f"{self.path}: member {name!r} appears {times} times; the last one "
+                                  "is served, as zipfile and zarr-python read it" for name, times in repeated.items()],
+                   f"{self.path}: %d more member names appear more than once")
+        _tell_some(logging.WARNING, [f"{self.path}: member {name!r} is not a safe path; ignored" for name in skipped],
+                   f"{self.path}: %d more unsafe member names ignored")
 
     def _add_prefixes(self, prefix: str) -> None:
         """Make sure ``prefix`` ('' or 'a/b/') and all its ancestors are listed directories."""
