@@ -1468,6 +1468,35 @@ def test_a_shard_index_is_bounded_and_read_once_by_concurrent_readers(tmp_path: 
     assert_alive(m, pid)
 
 
+@pytest.mark.parametrize("offset", [2**63, 2**64 - 2])
+def test_a_shard_index_pointing_past_any_file_offset_fails_that_chunk(tmp_path: Path, mount, offset: int) -> None:
+    """An index at the shard's start leaves the shard's size unknown when an inner chunk is
+    located, so an offset of 2**63 or more went to the read as it was: the chunk failed with
+    "Python int too large to convert to C long", a message that names no cause. Now it is the
+    shard's error, which says where the index points; the chunks beside it read."""
+    from numcodecs import CRC32C
+
+    root = new_store(tmp_path / "store")
+    (root / "far/c").mkdir(parents=True)
+    doc = _sharded_doc(8, 4, 2)
+    doc["codecs"][0]["configuration"]["index_location"] = "start"
+    (root / "far/zarr.json").write_text(json.dumps(doc))
+    index = np.array([[offset, 2], [2**64 - 1, 2**64 - 1]], dtype="<u8")  # chunk 0 far; chunk 1 unwritten
+    (root / "far/c/0").write_bytes(bytes(CRC32C().encode(index.view("u1"))))
+    m = mount(root)
+    pid = daemon_pid(m)
+    arrays = m.path / ".zvfs/arrays"
+    with pytest.raises(OSError) as err:
+        (arrays / "far/chunks/0").read_bytes()
+    assert err.value.errno == errno.EIO
+    line = assert_one_line(m, "far/c/0")
+    assert "past" in line and "too large" not in line, line
+    assert (arrays / "far/chunks/1").read_bytes() == b"\x07\x07"  # unwritten: fill
+    assert (arrays / "far/chunks/2").read_bytes() == b"\x07\x07"  # another shard, never written
+    assert_good(m, root)
+    assert_alive(m, pid)
+
+
 # --------------------------------------------------------------------------- chunks decoded at once
 
 

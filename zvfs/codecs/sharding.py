@@ -18,6 +18,8 @@ import numpy as np
 from .errors import CodecError, UnknownCodecError
 from .v3 import Codec, Pipeline
 
+#: the largest offset a file (or an S3 object) can have: past it no read can go
+MAX_FILE_OFFSET = 2**63 - 1
 #: offset/nbytes of an inner chunk that was never written
 EMPTY = 2**64 - 1
 #: inner chunks one shard may hold: its index (16 bytes each) is read and held whole, so a
@@ -121,6 +123,8 @@ class ShardingCodec(Codec):
             raise CodecError(
                 f"inner chunk {local} at {off}+{n} lies outside the shard ({shard_nbytes} bytes)"
             )
+        if off + n > MAX_FILE_OFFSET:  # the shard's size unknown (an index at its start)
+            raise CodecError(f"inner chunk {local} at {off}+{n} lies past the end of any file")
         return off, n
 
     def inner_index(self, position: tuple[int, ...]) -> tuple[int, ...]:
