@@ -1,7 +1,8 @@
 """A small S3 server on 127.0.0.1 whose listings can lie: what moto cannot be made to send.
 
 It serves ListObjectsV2 (prefix, delimiter, continuation, URL encoding), HeadBucket,
-HeadObject and GetObject (with a single Range) over a dict of keys, and its listings can
+HeadObject, GetObject (with a single Range) and a plain PutObject over a dict of keys,
+over HTTP or HTTPS (``tls=(certfile, keyfile)``), and its listings can
 carry what a broken or hostile server sends: sizes no file can have, dates that are no
 dates, and continuation tokens that loop. Everything else about it is plain S3, so zvfs
 mounts it with ``--endpoint-url`` and ``--no-sign-request``. It runs in a thread of the
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import email.utils
 import hashlib
+import ssl
 import threading
 import urllib.parse
 from dataclasses import dataclass, field
@@ -78,6 +80,14 @@ class HostileS3:
     ignore_prefix: bool = False
     #: GETs served, by key (a test replaces an object between two of them)
     gets: dict[str, int] = field(default_factory=dict)
+    #: serve HTTPS with this (certificate file, key file)
+    tls: tuple[str, str] | None = None
+    #: what a PUT whose body is in aws-chunked encoding (botocore's checksum trailers) gets,
+    #: as S3-compatible servers that predate that encoding answer it: "refuse" (501
+    #: NotImplemented) or "store" (the content stored as it came, aws-chunked framing and all)
+    aws_chunked: str = "refuse"
+    #: the headers of every PUT received, in order
+    puts: list[dict[str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         server = self
@@ -97,9 +107,18 @@ class HostileS3:
             def do_GET(self) -> None:  # noqa: N802
                 server._get(self)
 
+            def do_PUT(self) -> None:  # noqa: N802
+                server._put(self)
+
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        scheme = "http"
+        if self.tls is not None:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*self.tls)
+            self._httpd.socket = ctx.wrap_socket(self._httpd.socket, server_side=True)
+            scheme = "https"
+        self.endpoint = f"{scheme}://127.0.0.1:{self._httpd.server_address[1]}"
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
 
     def __enter__(self) -> HostileS3:
@@ -188,6 +207,41 @@ class HostileS3:
             self._send(h, 206, data[start:end + 1], headers)
             return
         self._send(h, 200, data, headers)
+
+    def _put(self, h: BaseHTTPRequestHandler) -> None:
+        """A PutObject of a plain body (Content-Length; or chunked, as ``aws_chunked`` says)."""
+        key, query = self._split(h)
+        if "_refused" in query:
+            return
+        self.puts.append(dict(h.headers.items()))
+        chunked = "aws-chunked" in h.headers.get("Content-Encoding", "") or h.headers.get(
+            "Transfer-Encoding", "").lower() == "chunked"
+        if chunked and self.aws_chunked == "refuse":
+            h.close_connection = True  # its body is not read
+            body = (b"<Error><Code>NotImplemented</Code><Message>A header you provided implies "
+                    b"functionality that is not implemented</Message></Error>")
+            self._send(h, 501, body, {})
+            return
+        data = self._chunked_body(h) if chunked else h.rfile.read(int(h.headers.get("Content-Length", 0)))
+        if key and h.headers.get("If-None-Match") == "*" and key in self.objects:
+            self._send(h, 412, b"<Error><Code>PreconditionFailed</Code></Error>", {})
+            return
+        self.objects[key] = data
+        self._send(h, 200, b"", {"ETag": self._object_headers(key)["ETag"]})
+
+    @staticmethod
+    def _chunked_body(h: BaseHTTPRequestHandler) -> bytes:
+        """An HTTP/1.1 chunked body, de-chunked: its content as a server that knows HTTP but
+        not aws-chunked keeps it (the aws-chunked framing and trailer inside included)."""
+        out = bytearray()
+        while True:
+            size = int(h.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                while h.rfile.readline() not in (b"\r\n", b"\n", b""):
+                    pass  # HTTP trailers
+                return bytes(out)
+            out += h.rfile.read(size)
+            h.rfile.readline()
 
     def _list(self, h: BaseHTTPRequestHandler, q: dict[str, str]) -> None:
         if self.list_status:

@@ -25,6 +25,7 @@ from zvfs.stores import s3_client
 import contextlib
 import errno
 import logging
+import os
 import re
 import threading
 import time
@@ -58,7 +59,7 @@ from zvfs.stores.base import (
 )
 from zvfs.stores.keys import bad_segment, is_safe_key, safe_name
 from zvfs.stores.retry import TRANSIENT_KINDS, Attempts, RetryPolicy
-from zvfs.stores.url import S3_BLOCK_SIZE
+from zvfs.stores.url import S3_BLOCK_SIZE, is_aws_endpoint
 from zvfs.stores.watchdog import AnswerTooLarge, Watchdog, watch_pools
 
 log = logging.getLogger(__name__)
@@ -259,6 +260,18 @@ def _status(e: bce.ClientError) -> int:
     return int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
 
 
+
+def _checksums_configured(profile: str | None) -> bool:
+    """Whether the user chose when botocore adds checksums to requests: the environment, or
+    ``request_checksum_calculation`` in the AWS config file's profile."""
+    if os.environ.get("AWS_REQUEST_CHECKSUM_CALCULATION"):
+        return True
+    try:
+        config = botocore.session.Session(profile=profile).get_scoped_config()
+    except Exception:  # noqa: BLE001 - an unreadable profile is reported when the client is made
+        return False
+    return "request_checksum_calculation" in config
+
 class S3Store(Store):
     """Store over ``s3://bucket/prefix``; credentials come from the AWS chain.
 
@@ -325,6 +338,13 @@ class S3Store(Store):
             extra["signature_version"] = UNSIGNED
         if endpoint_url:
             extra["s3"] = {"addressing_style": "path"}  # S3-compatible servers rarely do vhosts
+        if endpoint_url and not is_aws_endpoint(endpoint_url) and not _checksums_configured(profile):
+            # botocore (1.36 on) sends every upload over HTTPS in aws-chunked encoding, its
+            # CRC32 in a trailer. S3-compatible servers that predate that encoding refuse it,
+            # or store the framing as the object's bytes. So to them uploads go as botocore
+            # sent them before: one plain body, signed with its SHA-256 over HTTP. The user's
+            # own setting (AWS_REQUEST_CHECKSUM_CALCULATION, or the profile's) still wins.
+            extra["request_checksum_calculation"] = "when_required"
 
         def make(attempts: int, timeout: float, session: Any = None) -> Any:
             cfg = Config(

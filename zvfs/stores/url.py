@@ -49,6 +49,11 @@ _AWS_HOST = re.compile(
 )
 
 
+def is_aws_endpoint(url: str) -> bool:
+    """``url`` names one of Amazon S3's own endpoints (not an S3-compatible server)."""
+    return _AWS_HOST.match((urlsplit(url).hostname or "").lower()) is not None
+
+
 @dataclass(frozen=True, slots=True)
 class SourceSpec:
     """Where the data lives and how to reach it; building one does no network I/O."""
