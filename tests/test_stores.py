@@ -1237,6 +1237,42 @@ def test_s3_suffix_read_resumes_a_broken_body(moto: MotoServer) -> None:
     assert st.get_suffix("empty", 10) == (b"", 0)
 
 
+def test_s3_multipart_copy_whose_completion_answer_was_lost_succeeds(moto: MotoServer, monkeypatch) -> None:
+    """A rename beyond S3's 5 GiB copy limit copies in parts; its CompleteMultipartUpload
+    served, the answer lost and the retry answered NoSuchUpload (MinIO, for an upload it
+    completed already): the rename failed though the copy was whole. As for an upload, the
+    object is looked at, and made of the copy's parts it is taken as done. (The limits are
+    lowered for the test: 11 MiB in parts of 5 MiB, not 5 GiB in parts of 1 GiB.)"""
+    from faultproxy import FaultProxy
+
+    from zvfs.stores import s3_write
+
+    monkeypatch.setattr(s3_write, "MAX_COPY", 1 << 20)
+    monkeypatch.setattr(s3_write, "COPY_PART", 5 << 20)
+    data = os.urandom(11 << 20)
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket="zvfs-copy")
+    client.put_object(Bucket="zvfs-copy", Key="p/src", Body=data)
+    with FaultProxy(moto.port) as proxy:
+        st = S3Store("zvfs-copy", "p", endpoint_url=proxy.endpoint)
+        proxy.set({"kind": "lost", "ops": ["other"], "key": "uploadId=", "count": 1},
+                  {"kind": "nosuchupload", "ops": ["other"], "key": "uploadId="})
+        st.rename("src", "dst")
+        stats = proxy.stats()
+        assert stats["fault_lost"] == 1 and stats["fault_nosuchupload"] >= 1, stats
+        proxy.set()
+        assert st.get("dst") == data
+        with pytest.raises(KeyNotFound):
+            st.info("src")
+        # a copy whose completion is refused outright is still an error, the source kept
+        proxy.set({"kind": "nosuchupload", "ops": ["other"], "key": "uploadId="})
+        with pytest.raises(StoreError):
+            st.rename("dst", "again")
+        proxy.set()
+        assert st.get("dst") == data
+        st.close()
+
+
 def test_disk_cache_keeps_suffixes(tree: Path, tmp_path: Path) -> None:
     """The disk tier serves a repeated suffix read with its size, and keeps it apart from
     the whole value and from other lengths."""

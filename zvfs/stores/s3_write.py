@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 MIN_PART = 5 << 20
 MAX_PARTS = 10_000
 MAX_COPY = 5 << 30
+#: the part a copy beyond MAX_COPY is made of
+COPY_PART = 1 << 30
 #: background parts in flight per writer
 PARTS_IN_FLIGHT = 4
 #: seconds a commit waits for a handed-out part to be started by a worker thread before it
@@ -307,22 +309,8 @@ class S3Writer(KeyWriter):
                 self._upload_part(part)
         with self._lock:
             upload_id = self._upload_id
-            listed = [{"PartNumber": p + 1, "ETag": self._done[p][0]} for p in range(parts)]
-        from zvfs.stores.s3 import UploadGone
-
-        try:
-            self.store._request(self.key, "CompleteMultipartUpload", lambda c: c.complete_multipart_upload(
-                Bucket=self.store.bucket, Key=self.store.prefix + self.key, UploadId=upload_id,
-                MultipartUpload={"Parts": listed}))
-        except UploadGone:
-            # a completion whose answer was lost, tried again: the server may have made the
-            # object at the first try, and answer this one NoSuchUpload (MinIO does); close()
-            # failed, its bytes kept, though they were stored. The object is looked at: made
-            # of these very parts, it is this upload's
-            if not completed_already(self.store, self.key, [p["ETag"] for p in listed]):
-                raise
-            log.info("%s: the multipart upload's completion was answered NoSuchUpload, but the "
-                     "object is made of its parts: completed by a try whose answer was lost", self.key)
+            etags = [self._done[p][0] for p in range(parts)]
+        complete_upload(self.store, self.key, upload_id, etags)
         with self._lock:
             self._upload_id = None
             self._done.clear()
@@ -468,21 +456,41 @@ def copy_key(store: S3Store, src: str, dst: str, size: int) -> None:
             Bucket=bucket, Key=full_dst, CopySource=source))
         return
     upload_id = create_upload(store, dst)
-    step = 1 << 30
+    step = COPY_PART
     try:
-        parts = []
+        etags = []
         for n, start in enumerate(range(0, size, step), 1):
             span = f"bytes={start}-{min(size, start + step) - 1}"
             part = store._request(src, "UploadPartCopy", lambda c, n=n, span=span: c.upload_part_copy(
                 Bucket=bucket, Key=full_dst, UploadId=upload_id, PartNumber=n,
                 CopySource=source, CopySourceRange=span))
-            parts.append({"PartNumber": n, "ETag": part["CopyPartResult"]["ETag"]})
-        store._request(dst, "CompleteMultipartUpload", lambda c: c.complete_multipart_upload(
-            Bucket=bucket, Key=full_dst, UploadId=upload_id, MultipartUpload={"Parts": parts}))
+            etags.append(str(part["CopyPartResult"]["ETag"]))
+        complete_upload(store, dst, upload_id, etags)
     except BaseException:
         store._request(dst, "AbortMultipartUpload", lambda c: c.abort_multipart_upload(
             Bucket=bucket, Key=full_dst, UploadId=upload_id))
         raise
+
+
+def complete_upload(store: S3Store, key: str, upload_id: str, etags: list[str]) -> None:
+    """Complete the multipart upload (or copy) of ``key`` whose parts 1.. have ``etags``.
+
+    A completion whose answer was lost is tried again, and the server may have made the
+    object at the first try and answer this one NoSuchUpload (MinIO does): the write or
+    rename then failed though it was done. So the object is looked at: made of these very
+    parts (its ETag says so), the completion is taken as done."""
+    from zvfs.stores.s3 import UploadGone
+
+    parts = [{"PartNumber": n, "ETag": tag} for n, tag in enumerate(etags, 1)]
+    try:
+        store._request(key, "CompleteMultipartUpload", lambda c: c.complete_multipart_upload(
+            Bucket=store.bucket, Key=store.prefix + key, UploadId=upload_id,
+            MultipartUpload={"Parts": parts}))
+    except UploadGone:
+        if not completed_already(store, key, etags):
+            raise
+        log.info("%s: the multipart upload's completion was answered NoSuchUpload, but the "
+                 "object is made of its parts: completed by a try whose answer was lost", key)
 
 
 def create_upload(store: S3Store, key: str) -> str:
