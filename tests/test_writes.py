@@ -1248,6 +1248,43 @@ def test_s3_rename_directory_limit(s3store: Store, mount) -> None:
     assert not (m.path / "many2").exists()
 
 
+def test_s3_a_directory_rename_that_fails_part_way_lists_each_key_where_it_is(
+        s3store: Store, moto, mount) -> None:
+    """A directory rename on S3 goes key by key; one whose CopyObject is refused part way
+    (fault proxy) fails with EIO and leaves some keys moved. The mount went on listing every
+    key under the old name (their opens ENOENT) and the new directory not at all, for the
+    metadata TTL: an `ls` right after the failed `mv` said nothing had moved."""
+    from faultproxy import FaultProxy
+
+    for i in range(1, 6):
+        s3store.put(f"dd/f{i}", b"file %d" % i)
+    with FaultProxy(moto.port) as proxy:
+        m = s3store.mount(mount, "--s3-attempts", "2", endpoint=proxy.endpoint)
+        assert sorted(os.listdir(m.path / "dd")) == [f"f{i}" for i in range(1, 6)]
+        assert os.listdir(m.path) == ["dd"]
+        proxy.set({"kinds": ["403"], "ops": ["put"], "key": "ee/f3"})
+        fails(errno.EIO, os.rename, m.path / "dd", m.path / "ee")
+        proxy.clear()
+        keys = s3store.keys()
+        moved = sorted(k[3:] for k in keys if k.startswith("ee/"))
+        left = sorted(k[3:] for k in keys if k.startswith("dd/"))
+        assert moved and left and len(moved) + len(left) == 5, keys  # part way, nothing lost
+        assert sorted(os.listdir(m.path)) == ["dd", "ee"]
+        assert sorted(os.listdir(m.path / "dd")) == left
+        assert sorted(os.listdir(m.path / "ee")) == moved
+        for key in keys:
+            assert (m.path / key).read_bytes() == s3store.get(key), key
+        line = [ln for ln in m.log_text().splitlines() if "rename /dd -> /ee" in ln]
+        assert line and f"{len(moved)} of 5 keys were moved" in line[-1], line
+        # the user finishes the move (the new directory is there now: `mv dd ee` would put
+        # dd inside it)
+        for name in left:
+            os.rename(m.path / "dd" / name, m.path / "ee" / name)
+        os.rmdir(m.path / "dd")
+        assert sorted(s3store.keys()) == [f"ee/f{i}" for i in range(1, 6)]
+        assert os.listdir(m.path) == ["ee"]
+        assert sorted(os.listdir(m.path / "ee")) == [f"f{i}" for i in range(1, 6)]
+
 def _path_in(line: str) -> list[Path]:
     out = []
     for tok in re.findall(r"(/[^\s'\"]+)", line):

@@ -613,8 +613,17 @@ def rename_prefix(store: S3Store, src: str, dst: str) -> None:
         if len(keys) > RENAME_DIR_LIMIT:
             raise WriteRefused(errno.EXDEV, f"{src}: more than {RENAME_DIR_LIMIT} keys to rename on S3; "
                                "copy and delete them instead (mv does so by itself)")
-    for key, info in keys:
-        if key.endswith("/"):
-            continue
-        copy_key(store, key, dst + key[len(src):], info.size)
-        store.delete(key)
+    files = [(key, info) for key, info in keys if not key.endswith("/")]
+    for moved, (key, info) in enumerate(files):
+        try:
+            copy_key(store, key, dst + key[len(src):], info.size)
+            store.delete(key)
+        except StoreError as exc:
+            if not moved:
+                raise
+            # the keys moved so far stay moved: say so, or the user takes the error for
+            # "nothing happened" and finds part of the directory under the new name
+            note = (f"{src} -> {dst} stopped part way: {moved} of {len(files)} keys were moved, "
+                    f"the rest are still below {src} ({exc})")
+            raise (WriteRefused(exc.errno, note) if isinstance(exc, WriteRefused)
+                   else StoreError(note)) from exc

@@ -945,7 +945,11 @@ class RawDir(DirNode):
                     raise NodeError(errno.ENOTEMPTY)
                 if store.implicit_dirs:
                     target.ctx.made_dirs.get(target.prefix, set()).discard(new_name)
-            await store_call(self.ctx, src, store.rename_dir, src + "/", dst + "/")
+            try:
+                await store_call(self.ctx, src, store.rename_dir, src + "/", dst + "/")
+            except NodeError:
+                self._forget_both(target, src, dst)
+                raise
             await move_writers(self.ctx, src, dst, directory=True)
             if store.implicit_dirs and name in self.ctx.made_dirs.get(self.prefix, ()):
                 self.ctx.made_dirs[self.prefix].discard(name)
@@ -976,6 +980,19 @@ class RawDir(DirNode):
             self.ctx.listing_put(dst, info)
             self.ctx.note_write(dst, info)
         self.ctx.note_write(src)
+
+    def _forget_both(self, target: RawDir, src: str, dst: str) -> None:
+        """A directory rename that failed part way (S3 moves key by key): some keys are below
+        ``dst`` now, the rest still below ``src``. The cached listings of both, and of the
+        directories holding them, are listed again from the store, so ``ls`` shows each key
+        where it is rather than every key under its old name for the metadata TTL."""
+        for prefix in (src + "/", dst + "/"):
+            self.ctx.listings_forget(prefix)
+        for parent in {self.prefix, target.prefix}:
+            self.ctx.listings.invalidate(parent)
+        self.ctx.listings.invalidate(("tree",))
+        self.ctx.note_write(src)
+        self.ctx.note_write(dst)
 
     async def link(self, node: FileNode, name: str) -> FileNode:
         if not isinstance(node, RawFile) or node.ctx is not self.ctx:
