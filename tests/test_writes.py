@@ -590,6 +590,22 @@ def test_truncate(store: Store, mount) -> None:
     assert_key(store, m, "t/a.bin", bytes(123))
 
 
+def test_dir_a_truncate_through_an_open_file_shows_the_files_new_mtime(dirstore: Store, mount) -> None:
+    """`truncate -s` opens the file and ftruncates it: the directory's file took a new mtime,
+    but the reply told the kernel the old one, which it kept for the metadata TTL (60 s):
+    `stat` through the mount showed a file truncated now as last changed in 2020."""
+    old = 1_577_836_800  # 2020-01-01
+    dirstore.put("t.txt", b"x" * 1000)
+    os.utime(dirstore.root / "t.txt", (old, old))
+    m = dirstore.mount(mount)
+    assert os.stat(m.path / "t.txt").st_mtime == old
+    run(["truncate", "-s", "50", m.path / "t.txt"], check=True)
+    truth = os.stat(dirstore.root / "t.txt")
+    assert truth.st_size == 50 and truth.st_mtime > old + 1e8
+    got = os.stat(m.path / "t.txt")
+    assert got.st_size == 50
+    assert abs(got.st_mtime - truth.st_mtime) < 1e-3, (got.st_mtime, truth.st_mtime)
+
 def test_append(store: Store, mount) -> None:
     """O_APPEND (Python 'ab', the shell's >>) adds to the existing bytes."""
     old = rand(200_000, 5)

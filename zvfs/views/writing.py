@@ -125,6 +125,11 @@ class WriteHandle(FileHandle):
 
     async def truncate(self, size: int) -> None:
         await store_call(self.ctx, self.key, self.writer.truncate, size)
+        if not self.writer.staged:
+            # a directory's file changed in place, its mtime too: the reply to this setattr
+            # gives the kernel the attributes it keeps for the TTL, so they must be the new ones
+            # (a staged file takes its mtime when it is stored)
+            await self.flush()
 
     async def flush(self, durable: bool = False) -> None:
         if self._unlinked:
