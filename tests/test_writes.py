@@ -1264,6 +1264,32 @@ def test_s3_rename_directory_limit(s3store: Store, mount) -> None:
     assert not (m.path / "many2").exists()
 
 
+def test_s3_a_file_rename_whose_delete_is_refused_shows_the_new_bytes_under_both_names(
+        s3store: Store, moto, mount) -> None:
+    """A file rename on S3 is CopyObject, then DeleteObject. With the delete refused (fault
+    proxy), mv got EIO and the store held the new bytes under both names, but the mount kept
+    its listing of before: `ls -l` gave the replaced file's old size (11) while a read gave
+    the new 17 bytes, for the metadata TTL; the log named only the refused delete."""
+    from faultproxy import FaultProxy
+
+    with FaultProxy(moto.port) as proxy:
+        m = s3store.mount(mount, "--s3-attempts", "2", endpoint=proxy.endpoint)
+        # as zarr-python rewrites a key: the key, then a temporary file renamed over it
+        (m.path / "dst.txt").write_bytes(b"old content")
+        assert os.stat(m.path / "dst.txt").st_size == 11
+        (m.path / "src.txt").write_bytes(b"new content, more")
+        proxy.set({"kinds": ["403"], "ops": ["other"], "key": "src.txt"})  # DeleteObject
+        fails(errno.EIO, os.rename, m.path / "src.txt", m.path / "dst.txt")
+        proxy.clear()
+        assert s3store.get("dst.txt") == s3store.get("src.txt") == b"new content, more"
+        for name in ("dst.txt", "src.txt"):  # stat first: a listing would refresh the kernel's
+            assert os.stat(m.path / name).st_size == 17, name
+            assert (m.path / name).read_bytes() == b"new content, more", name
+        assert sorted(os.listdir(m.path)) == ["dst.txt", "src.txt"]
+        line = [ln for ln in m.log_text().splitlines() if "rename /src.txt -> /dst.txt" in ln]
+        assert line and "copied, but src.txt could not be removed" in line[-1], line
+
+
 def test_s3_a_directory_rename_that_fails_part_way_lists_each_key_where_it_is(
         s3store: Store, moto, mount) -> None:
     """A directory rename on S3 goes key by key; one whose CopyObject is refused part way

@@ -37,6 +37,7 @@ read), never formats or stores. Its concurrency rules, all on the trio thread:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import inspect
@@ -1081,14 +1082,40 @@ class ZvfsOperations(pyfuse3.Operations):
             kept = None if flags & _RENAME_NOREPLACE else await self._keep_open(parent_inode_new, new)
             try:
                 await self._call(what, src.rename(old, dst, new, not flags & _RENAME_NOREPLACE))
-            except BaseException:
+            except BaseException as exc:
                 self._let_go(kept)
+                if isinstance(exc, pyfuse3.FUSEError):
+                    self._forget_in_kernel((parent_inode_old, old), (parent_inode_new, new))
                 raise
             self._unbind(parent_inode_new, new)
             ino = self._pop(parent_inode_old, old)
             if ino is not None:
                 await self._move(ino, parent_inode_new, new, dst)
         await self._settle()
+
+    def _forget_in_kernel(self, *names: tuple[int, str]) -> None:
+        """A rename that failed may have changed what its names hold all the same (S3
+        copies, then deletes, key by key): the kernel forgets the entries and attributes it
+        keeps of them, and their numbers are looked up again (see _fresh), so the next stat
+        shows what the store holds rather than the old size for the TTL. The attributes
+        before the reply (that takes no lock the rename holds, and the application's next
+        stat must see it); the entries, with what the kernel keeps below them, in the
+        background: the kernel holds their directories locked until the reply."""
+        for parent, name in names:
+            ino = self._find(parent, name)
+            if ino is not None and self._lookups[ino - ROOT] > 0:
+                self._stale.add(ino)
+                with contextlib.suppress(OSError):  # the kernel forgot it already
+                    pyfuse3.invalidate_inode(ino, attr_only=True)
+        entries = [(parent, os.fsencode(name)) for parent, name in names]
+
+        async def drop_entries() -> None:
+            try:
+                await run_abandonable(_invalidate, [], entries)
+            except Exception as exc:  # noqa: BLE001 - a system task's error would end the mount
+                log.debug("dropping the kernel's entries after a failed rename: %s", exc)
+
+        trio.lowlevel.spawn_system_task(drop_entries)
 
     async def _keep_open(self, parent: int, name: str) -> int | None:
         """Open the file ``name`` names now, if the kernel knows it, before a rename over

@@ -766,11 +766,15 @@ class S3Store(Store):
                       lambda c: c.delete_object(Bucket=self.bucket, Key=self.prefix + key))
 
     def rename(self, src: str, dst: str) -> None:
-        from zvfs.stores.s3_write import copy_key
+        from zvfs.stores.s3_write import copy_key, part_way
 
         check_key(dst)
         copy_key(self, src, dst, self.info(src).size)
-        self.delete(src)
+        try:
+            self.delete(src)
+        except StoreError as exc:
+            raise part_way(exc, f"{src} -> {dst}: copied, but {src} could not be removed; "
+                                "both names hold it") from exc
 
     def link(self, src: str, dst: str) -> None:
         from zvfs.stores.s3_write import link_key

@@ -623,7 +623,12 @@ def rename_prefix(store: S3Store, src: str, dst: str) -> None:
                 raise
             # the keys moved so far stay moved: say so, or the user takes the error for
             # "nothing happened" and finds part of the directory under the new name
-            note = (f"{src} -> {dst} stopped part way: {moved} of {len(files)} keys were moved, "
-                    f"the rest are still below {src} ({exc})")
-            raise (WriteRefused(exc.errno, note) if isinstance(exc, WriteRefused)
-                   else StoreError(note)) from exc
+            raise part_way(exc, f"{src} -> {dst} stopped part way: {moved} of {len(files)} keys "
+                                f"were moved, the rest are still below {src}") from exc
+
+
+def part_way(exc: StoreError, what: str) -> StoreError:
+    """``exc``, a failure that left a change half made, as the same kind of error (the same
+    errno) whose message says first what was done already."""
+    note = f"{what} ({exc})"
+    return WriteRefused(exc.errno, note) if isinstance(exc, WriteRefused) else StoreError(note)

@@ -970,6 +970,7 @@ class RawDir(DirNode):
                 # a file made through the mount and open, not stored yet (S3): nothing to
                 # copy, its bytes are all staged; the file the rename replaces goes now
                 if exc.errno != errno.ENOENT or not store.stages_writes or src not in self.ctx.writers:
+                    await self._learn_both(target, src, dst)  # S3: copied, maybe, and not removed
                     raise
                 if dst_file:
                     await store_call(self.ctx, dst, store.delete, dst)
@@ -982,10 +983,11 @@ class RawDir(DirNode):
         self.ctx.note_write(src)
 
     def _forget_both(self, target: RawDir, src: str, dst: str) -> None:
-        """A directory rename that failed part way (S3 moves key by key): some keys are below
-        ``dst`` now, the rest still below ``src``. The cached listings of both, and of the
-        directories holding them, are listed again from the store, so ``ls`` shows each key
-        where it is rather than every key under its old name for the metadata TTL."""
+        """A rename that failed part way (S3 copies, then deletes, key by key): ``dst`` may
+        hold the bytes now, or some of a directory's keys, and ``src`` the rest or all. The
+        cached listings of both, and of the directories holding them, are listed again from
+        the store, so ``ls`` and ``stat`` show each key where it is and as it is, rather than
+        as before the rename for the metadata TTL."""
         for prefix in (src + "/", dst + "/"):
             self.ctx.listings_forget(prefix)
         for parent in {self.prefix, target.prefix}:
@@ -993,6 +995,21 @@ class RawDir(DirNode):
         self.ctx.listings.invalidate(("tree",))
         self.ctx.note_write(src)
         self.ctx.note_write(dst)
+
+    async def _learn_both(self, target: RawDir, src: str, dst: str) -> None:
+        """:meth:`_forget_both` for a file, whose nodes the kernel holds keep the size and
+        version they knew unless told the new ones: each name as the store has it now."""
+        self._forget_both(target, src, dst)
+        for key in (src, dst):
+            try:
+                info = await store_call(self.ctx, key, self.ctx.store.info, key)
+            except NodeError as exc:
+                if exc.errno == errno.ENOENT:
+                    self.ctx.listing_drop(key)
+                    self.ctx.note_write(key)
+                continue  # unknown (the store fails): listed again when next asked
+            self.ctx.listing_put(key, info)
+            self.ctx.note_write(key, info)
 
     async def link(self, node: FileNode, name: str) -> FileNode:
         if not isinstance(node, RawFile) or node.ctx is not self.ctx:
