@@ -753,6 +753,46 @@ def test_create_if_absent_on_a_server_without_conditional_writes(s3store: Store,
     Path(kept.group(1)).unlink()  # this test's, not to be reported by the next mount
 
 
+def test_s3_a_create_if_absent_whose_answer_was_lost_is_not_refused_by_its_own_object(
+        s3store: Store, moto, mount, tmp_path) -> None:
+    """A conditional PUT (If-None-Match: *, for O_EXCL and for zarr-python's link-to-create)
+    that S3 served but whose answer was lost (fault proxy ``lost``): botocore tries again,
+    and S3 answers 412, the key exists, made by the first try. close() of an O_EXCL file
+    (mkstemp: rsync's temporary files, git's lock files) failed with EEXIST and the log said
+    the bytes were never uploaded, though the bucket held exactly them; a link failed the
+    same way. The object is looked at: the very bytes sent (its ETag is their MD5), it is
+    this PUT's."""
+    from faultproxy import FaultProxy
+
+    with FaultProxy(moto.port) as proxy:
+        # the refused create's bytes are kept: under the test's directory, not /tmp
+        m = s3store.mount(mount, "--cache-dir", str(tmp_path / "cache"), endpoint=proxy.endpoint)
+        proxy.set({"kinds": ["lost"], "ops": ["put"], "key": "excl.bin", "count": 1})
+        fd = os.open(m.path / "excl.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.write(fd, b"mine, sent once")
+        os.close(fd)
+        assert proxy.stats().get("fault_lost", 0) == 1
+        assert s3store.get("excl.bin") == b"mine, sent once"
+        src = m.path / "linked.bin.partial"
+        src.write_bytes(b"zarr's key")
+        proxy.set({"kinds": ["lost"], "ops": ["put"], "key": "linked.bin", "count": 1})
+        proxy.reset_stats()
+        os.link(src, m.path / "linked.bin")
+        assert proxy.stats().get("fault_lost", 0) == 1
+        os.unlink(src)
+        assert s3store.get("linked.bin") == b"zarr's key"
+        proxy.clear()
+        # an object another client made is still refused, lost answer or not
+        s3store.put("behind.bin", b"another client's")  # unknown to the mount's listing
+        proxy.set({"kinds": ["lost"], "ops": ["put"], "key": "behind.bin", "count": 1})
+        fd = os.open(m.path / "behind.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.write(fd, b"mine")
+        fails(errno.EEXIST, os.close, fd)
+        assert s3store.get("behind.bin") == b"another client's"
+        assert "never uploaded" not in "\n".join(
+            ln for ln in m.log_text().splitlines() if "excl.bin" in ln or "linked.bin" in ln)
+
+
 def test_a_completion_whose_answer_was_lost_and_then_no_such_upload_succeeds(
         s3store: Store, moto, mount) -> None:
     """A CompleteMultipartUpload served, its answer lost (a reset), tried again, and that

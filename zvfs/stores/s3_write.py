@@ -13,6 +13,7 @@ file, and raises an error that names the key and where the bytes are kept.
 from __future__ import annotations
 
 import errno
+import hashlib
 import logging
 import os
 import threading
@@ -592,17 +593,40 @@ def put_key(store: S3Store, key: str, data: bytes, if_absent: bool = False) -> N
     """One PUT of ``data`` as ``key``. ``if_absent``: EEXIST if the key exists, by a conditional
     PUT (If-None-Match: *), or where the server does not implement that, a check first."""
     kw: dict[str, Any] = {"Bucket": store.bucket, "Key": store.prefix + key, "Body": data}
+    tries = 0
+
+    def put(client: Any) -> Any:
+        nonlocal tries
+        tries += 1
+        return client.put_object(**kw, **({"IfNoneMatch": "*"} if if_absent else {}))
+
     t0 = time.perf_counter()
     try:
-        store._request(key, "PutObject", lambda c: c.put_object(**kw, **(
-            {"IfNoneMatch": "*"} if if_absent else {})))
+        store._request(key, "PutObject", put)
     except WriteRefused as exc:
+        if exc.errno == errno.EEXIST and tries > 1 and _holds(store, key, data):
+            # a try served whose answer was lost (a reset, a timeout): the next one met the
+            # object it had made. The very bytes sent: this PUT's, not another client's
+            log.info("%s: a conditional PUT tried again was answered that the key exists, but it "
+                     "holds the bytes sent: made by a try whose answer was lost", key)
+            _count_put(store.counters, len(data), time.perf_counter() - t0)
+            return
         if exc.errno != errno.ENOTSUP:
             raise
         if store.exists(key):
             raise WriteRefused(errno.EEXIST, f"{key}: exists already") from None
         store._request(key, "PutObject", lambda c: c.put_object(**kw))
     _count_put(store.counters, len(data), time.perf_counter() - t0)
+
+
+def _holds(store: S3Store, key: str, data: bytes) -> bool:
+    """``key``'s object is ``data``: its size, and its ETag their MD5 (a single PUT's, unless
+    the server encrypts with KMS or a customer key: then it cannot be told, and is not)."""
+    try:
+        info = store.info(key)
+    except StoreError:
+        return False
+    return info.size == len(data) and info.version == f'"{hashlib.md5(data, usedforsecurity=False).hexdigest()}"'
 
 
 def rename_prefix(store: S3Store, src: str, dst: str) -> None:
