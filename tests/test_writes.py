@@ -606,6 +606,30 @@ def test_dir_a_truncate_through_an_open_file_shows_the_files_new_mtime(dirstore:
     assert got.st_size == 50
     assert abs(got.st_mtime - truth.st_mtime) < 1e-3, (got.st_mtime, truth.st_mtime)
 
+
+
+def test_dir_a_file_open_for_writing_shows_the_mtime_its_writes_gave_it(dirstore: Store, mount) -> None:
+    """A log file held open and appended to: `ls -l` and `stat` while it was open showed the
+    mtime it had when opened (2020 here), the kernel kept that answer for the metadata TTL,
+    and so the file still showed it after close(), while the directory held the new one
+    (a tmp cleaner or `find -mtime` would take a live file for a stale one)."""
+    old = 1_577_836_800  # 2020-01-01
+    dirstore.put("app.log", b"first\n")
+    os.utime(dirstore.root / "app.log", (old, old))
+    m = dirstore.mount(mount)
+    assert os.stat(m.path / "app.log").st_mtime == old
+    fd = os.open(m.path / "app.log", os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, b"second\n")
+        truth = os.stat(dirstore.root / "app.log").st_mtime
+        assert truth > old + 1e8
+        for got in (os.stat(m.path / "app.log"), os.fstat(fd)):
+            assert got.st_size == 13 and abs(got.st_mtime - truth) < 1e-3, (got.st_mtime, truth)
+    finally:
+        os.close(fd)
+    truth = os.stat(dirstore.root / "app.log").st_mtime
+    got = os.stat(m.path / "app.log")
+    assert got.st_size == 13 and abs(got.st_mtime - truth) < 1e-3, (got.st_mtime, truth)
 def test_append(store: Store, mount) -> None:
     """O_APPEND (Python 'ab', the shell's >>) adds to the existing bytes."""
     old = rand(200_000, 5)

@@ -616,7 +616,12 @@ class ZvfsOperations(pyfuse3.Operations):
         if is_file:
             size, mtime = node.size_and_mtime()
             if self._writing and ino in self._writing:
-                size = self._writing[ino][-1].size
+                # open for writing: what the writes made it, and asked again each time (a
+                # cached answer outlived the close, whose flush gives the listing the new
+                # mtime: the kernel kept the old one for the TTL)
+                handle = self._writing[ino][-1]
+                size, mtime = handle.size, handle.mtime or mtime
+                a.attr_timeout = 0
             a.st_nlink = 1
             self._told[ino - ROOT] = size
         else:

@@ -107,6 +107,12 @@ class KeyWriter(ABC):
     @abstractmethod
     def size(self) -> int: ...
 
+    @property
+    def mtime(self) -> float | None:
+        """The mtime the writes have given the key so far, where the store keeps one as they
+        land (a local file); None where it takes one when stored (S3)."""
+        return None
+
     @abstractmethod
     def write(self, offset: int, data: bytes) -> int:
         """Write ``data`` at ``offset`` (a hole before it reads as zeros); returns len(data)."""

@@ -977,6 +977,10 @@ class _FileWriter(KeyWriter):
     def size(self) -> int:
         return os.fstat(self._fd).st_size
 
+    @property
+    def mtime(self) -> float | None:
+        return os.fstat(self._fd).st_mtime
+
     def write(self, offset: int, data: bytes) -> int:
         try:
             return pwrite_all(self._fd, data, offset, short=True)

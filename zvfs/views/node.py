@@ -57,6 +57,12 @@ class FileHandle(ABC):
     @abstractmethod
     def size(self) -> int: ...
 
+    @property
+    def mtime(self) -> float | None:
+        """The mtime the writes gave the file, where it has one before it is stored (a local
+        file's); None: the file's listed one."""
+        return None
+
     @abstractmethod
     async def read(self, offset: int, length: int) -> bytes: ...
 

@@ -107,6 +107,10 @@ class WriteHandle(FileHandle):
     def size(self) -> int:
         return self.writer.size
 
+    @property
+    def mtime(self) -> float | None:
+        return self.writer.mtime
+
     async def read(self, offset: int, length: int) -> bytes:
         return await store_call(self.ctx, self.key, self.writer.read, offset, length)
 
