@@ -1586,6 +1586,41 @@ def test_s3_an_unlink_s3_refuses_leaves_the_files_writers_storing(s3store: Store
         assert (m.path / "f.bin").read_bytes() == b"first and second, third"
 
 
+def test_s3_bytes_a_killed_daemon_staged_are_told_with_their_key_and_source(
+        s3store: Store, mount, tmp_path) -> None:
+    """kill -9 with a chunk written and not yet stored: the next writable mount named the
+    staged file, '<id>-1', and said to copy back what one needs. But the file held only the
+    key's last segment, so 'arr/c/0/1' could not be told from 'arr/c/1/1' or another array's
+    chunk 1, nor which bucket it was for (every writable mount stages under $TMPDIR by
+    default). The warning names each file's key and the source it was written to."""
+    s3store.put("zarr.json", b"{}")
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    m = s3store.mount(mount, env={"TMPDIR": str(tmpdir)})
+    (m.path / "arr" / "c" / "0").mkdir(parents=True)
+    fd = os.open(m.path / "arr" / "c" / "0" / "1", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+    fd2 = os.open(m.path / "arr" / "c" / "0" / "0.partial", os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        os.write(fd, b"chunk bytes")
+        os.write(fd2, b"renamed")
+        os.rename(m.path / "arr" / "c" / "0" / "0.partial", m.path / "arr" / "c" / "0" / "0")
+        for pid in daemon_pids(m.path):
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        for f in (fd, fd2):
+            with contextlib.suppress(OSError):
+                os.close(f)
+    (left,) = tmpdir.glob("zvfs-staging-*")
+    staged = {p.read_bytes(): p.name for p in left.iterdir()}
+    m2 = s3store.mount(mount, env={"TMPDIR": str(tmpdir)})
+    said = m2.result.stderr
+    assert f"{left} holds 2 staged file(s), 18 bytes" in said, said
+    source = f"{s3store.source} at {s3store.endpoint}"
+    assert f"{staged[b'chunk bytes']} is arr/c/0/1 of {source}" in said, said
+    assert f"{staged[b'renamed']} is arr/c/0/0 of {source}" in said, said  # as renamed since
+    assert s3store.get("arr/c/0/1") is None
+
+
 def test_s3_kill_during_multipart_upload(s3store: Store, mount, tmp_path) -> None:
     """kill -9 in the middle of a multipart upload: no object appears; the next writable
     mount warns about the unfinished upload, and abort_uploads aborts it. It also says where

@@ -496,15 +496,30 @@ def _refuse_read_only(store: Any, description: str) -> None:
                        "or fix its permissions")
 
 
+#: staged files a dead daemon left that the warning names one by one
+_STAGED_NAMED = 10
+
+
 def _check_left_staged(store: Any, report: _Reporter) -> None:
     """--writable: tell where earlier daemons that died (kill -9) left bytes they never stored."""
     staging = getattr(store, "staging", None)
     if staging is None:
         return
+    from zvfs.stores.staging import KEY_ATTR, staged_keys
+
     for path, files, size in staging.left_behind():
+        staged = staged_keys(path)
+        named = []
+        for name, key, source in staged[:_STAGED_NAMED]:
+            named.append(f"{name} is {key} of {source or 'a source not recorded'}" if key
+                         else f"{name} (its key was not recorded)")
+        more = files - len(named)
+        where = (f"each file's extended attribute {KEY_ATTR} holds its key: getfattr -d FILE"
+                 if any(key for _n, key, _s in staged) else "each is named <id>-<file name>")
         report.warn(f"{path} holds {files} staged file(s), {size} bytes, written through a zvfs mount "
-                    "whose daemon stopped before storing them: copy back what you need (each is "
-                    "named <id>-<file name>), then remove the directory")
+                    f"whose daemon stopped before storing them: {'; '.join(named)}"
+                    f"{f'; and {more} more' if more > 0 else ''}. Copy back what you need ({where}), "
+                    "then remove the directory")
 
 
 def _check_uploads(store: Any, description: str, opts: dict[str, Any], report: _Reporter) -> None:

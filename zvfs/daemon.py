@@ -189,7 +189,9 @@ def build_context(store: Store, opts: dict[str, Any], counters: Counters,
         if enable_writes is not None:  # a store that stages (S3)
             from zvfs.stores.staging import Staging
 
-            staging = Staging(opts["cache_dir"], opts["staging_max_size"], opts["staging_min_free"])
+            endpoint = opts.get("endpoint_url")
+            staging = Staging(opts["cache_dir"], opts["staging_max_size"], opts["staging_min_free"],
+                              source=store.description + (f" at {endpoint}" if endpoint else ""))
             if disk is not None and disk.on_disk_of(staging.base):
                 # its cache filled the disk down to --cache-min-free, and then every write
                 # was ENOSPC (the floors are alike by default): what is cached makes room

@@ -390,6 +390,8 @@ class S3Writer(KeyWriter):
         with self._lock:
             self.key = key
             self._exclusive = False  # the rename decided what the new key holds
+            if self._fd >= 0:
+                self.staging.label(self._fd, key)
 
     def discard(self) -> None:
         with self._lock:

@@ -28,13 +28,19 @@ log = logging.getLogger(__name__)
 RELEASE_WAIT = 1.0
 #: each daemon stages in a directory of its own, named so, which it holds locked (flock)
 DIR_PREFIX = "zvfs-staging-"
+#: extended attributes of a staged file: the whole key it is written for, and the source
+#: (its name holds only the key's last segment, and $TMPDIR is every writable mount's)
+KEY_ATTR = "user.zvfs.key"
+SOURCE_ATTR = "user.zvfs.source"
 
 
 class Staging:
     """``directory`` (a private temporary one when None), bounded by ``max_bytes`` and
     leaving ``min_free`` bytes free on its disk."""
 
-    def __init__(self, directory: str | None, max_bytes: int, min_free: int) -> None:
+    def __init__(self, directory: str | None, max_bytes: int, min_free: int, source: str = "") -> None:
+        """``source``: what the staged files are written to (the bucket and prefix, and the
+        endpoint), recorded with each so that bytes a dead daemon left can be put back."""
         # a directory of this daemon's own, locked while it lives: the next daemon can tell
         # what one that died (kill -9, a crash) left unstored, and say so
         self.base = tempfile.gettempdir() if directory is None else os.path.join(directory, "staging")
@@ -42,6 +48,9 @@ class Staging:
         self._make_dir()
         self.max_bytes = max_bytes
         self.min_free = min_free
+        self.source = source
+        #: the staging disk keeps extended attributes (tmpfs before Linux 6.6 keeps no user.*)
+        self._labels = True
         self.used = 0
         self._cond = threading.Condition()
         self._remade = threading.Lock()
@@ -88,16 +97,35 @@ class Staging:
                             "from now on", gone, self.dir)
         return self._create(key, name)
 
+    def label(self, fd: int, key: str) -> None:
+        """Record on the staged file ``fd`` the key it is written for (again at a rename), so
+        the next mount can name it if this daemon dies before storing it. Best effort: a disk
+        that keeps no extended attributes leaves only the file's name to go by."""
+        if not self._labels:
+            return
+        try:
+            os.setxattr(fd, KEY_ATTR, os.fsencode(key))
+            if self.source:
+                os.setxattr(fd, SOURCE_ATTR, self.source.encode())
+        except OSError as e:
+            if e.errno in (errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM):
+                self._labels = False
+                log.info("staging: %s keeps no extended attributes: the files a daemon that dies "
+                         "leaves there are named by their key's last segment only", self.base)
+            # else (ENOSPC, EDQUOT, ...): that file goes unlabelled; its write is what matters
+
     def _create(self, key: str, name: str) -> tuple[str, int]:
         path = os.path.join(self.dir, name)
         try:
-            return path, os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         except FileNotFoundError:
             raise
         except OSError as e:  # a full disk, or one turned read-only: said as what it is
             full = e.errno in (errno.ENOSPC, errno.EDQUOT)
             raise WriteRefused(errno.ENOSPC if full else errno.EIO,
                                f"{key}: cannot stage in {self.dir}: {e.strerror}{no_descriptors_hint(e)}") from None
+        self.label(fd, key)
+        return path, fd
 
     def grow(self, key: str, extra: int) -> None:
         """Account ``extra`` more staged bytes, or refuse with ENOSPC.
@@ -168,6 +196,26 @@ class Staging:
         -9 left them with no line said). A directory still locked is a live daemon's; none is
         removed (an empty one may be a live daemon's of a zvfs that took no lock)."""
         return _left_behind(self.base, self.dir)
+
+
+def staged_keys(directory: str) -> list[tuple[str, str | None, str | None]]:
+    """(file name, key, source) of each file staged in ``directory``, as recorded when it was
+    made (None where nothing was: a disk without extended attributes, an older zvfs)."""
+    out: list[tuple[str, str | None, str | None]] = []
+    try:
+        files = sorted(f.name for f in os.scandir(directory) if f.is_file(follow_symlinks=False))
+    except OSError:
+        return out
+    for name in files:
+        path = os.path.join(directory, name)
+        found: list[str | None] = []
+        for attr in (KEY_ATTR, SOURCE_ATTR):
+            try:
+                found.append(os.fsdecode(os.getxattr(path, attr, follow_symlinks=False)))
+            except OSError:
+                found.append(None)
+        out.append((name, found[0], found[1]))
+    return out
 
 
 def _left_behind(base: str, own: str) -> list[tuple[str, int, int]]:
