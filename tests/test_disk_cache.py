@@ -454,6 +454,35 @@ def test_a_cache_that_filled_its_disk_makes_room_for_writes_staged_there(mount, 
     assert _read_in_threads(m.path, values, 2) == []  # and everything still reads
 
 
+@pytest.mark.parametrize("ttl", ["60", "indefinite"])
+def test_another_mounts_cache_on_a_shared_cache_dir_makes_room_for_writes_staged_there(
+        mount, moto, s3_env, bucket, small_disk, ttl):
+    """One --cache-dir for every mount of a machine (fstab lines alike): a read-only mount's
+    cache took the disk down to --cache-min-free, and then every write of a writable mount
+    staging there failed with ENOSPC for --staging-min-free (the floors are alike by
+    default), the disk full of entries another mount could evict. Entries of other mounts'
+    caches (zvfs's own directories only) now give way too, least recently used first; the
+    mount that lost them reads them from the store again."""
+    name, client = bucket
+    values = _values(26, base=1_000_000)
+    put_many(client, name, values)
+    disk = small_disk("size=28m")
+    user_file = disk / "mine.txt"
+    user_file.write_bytes(b"the user's own")
+    reader = mount(f"s3://{name}", "--endpoint-url", moto.endpoint, "--cache-dir", str(disk),
+                   "--cache-min-free", "6M", "--metadata-ttl", ttl, env=s3_env)
+    assert _read_in_threads(reader.path, values, 2) == []
+    writer = mount(f"s3://{name}", "--endpoint-url", moto.endpoint, "--cache-dir", str(disk),
+                   "--writable", "--staging-min-free", "6M", env=s3_env)
+    data = os.urandom(3 * 2**20)
+    assert shutil.disk_usage(disk).free - len(data) < 6 * 2**20
+    (writer.path / "new.bin").write_bytes(data)
+    assert client.get_object(Bucket=name, Key="new.bin")["Body"].read() == data
+    assert user_file.read_bytes() == b"the user's own"
+    assert _read_in_threads(reader.path, values, 2) == []  # what it lost is read again
+    assert "ERROR" not in reader.log_text() + writer.log_text(), reader.log_text() + writer.log_text()
+
+
 def test_the_free_space_floor_holds_under_concurrent_reads(mount, moto, s3_env, bucket, small_disk):
     """Several readers filling a 2 MiB cache disk at once: the floor counts the entries
     being written (the disk's free space shows them only once written), so none fails

@@ -116,6 +116,44 @@ def _remove_leftovers(top: Path) -> None:
             os.close(fd)
 
 
+def _is_entry(name: str) -> bool:
+    """Whether ``name`` is an entry file's (64 hex digits, or those and _LOCAL)."""
+    digest = name.removesuffix(_LOCAL)
+    return len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
+
+
+def _caches_of_others(top: Path, own: Path) -> list[Path]:
+    """The cache directories under ``top`` that zvfs made, other than ``own``: a private one
+    (its lock file holds ``_OWNED``) or one kept for later mounts (16 hex digits, with a
+    lock file). The user's own directories there are never among them."""
+    out = []
+    try:
+        entries = list(os.scandir(top))
+    except OSError:
+        return out
+    for entry in entries:
+        path = Path(entry.path)
+        if path == own or not entry.is_dir(follow_symlinks=False):
+            continue
+        shared = len(entry.name) == 16 and all(c in "0123456789abcdef" for c in entry.name)
+        if not shared and not entry.name.startswith(_PRIVATE):
+            continue
+        try:
+            fd = os.open(path / _LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
+            if shared or os.pread(fd, len(_OWNED) + 1, 0) == _OWNED:
+                out.append(path)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    return out
+
+
 def _make_private(top: Path) -> tuple[Path, int | None]:
     """A directory of this mount's own under ``top``, and its lock (None: no locks here).
     The mark is written only once the lock is held, so a mount that reads it to remove
@@ -434,9 +472,39 @@ class DiskCachedStore(WrappedStore):
 
         with self._lock:
             try:
-                self._evict_until(fits)
+                if self._evict_until(fits):
+                    return
             except OSError:  # the disk cannot be told: the write's own check decides
-                pass
+                return
+        try:
+            self._evict_others(fits)
+        except OSError:
+            pass
+
+    def _evict_others(self, fits: Callable[[], bool]) -> None:
+        """Evict the entries of the other mounts' caches under the same --cache-dir, least
+        recently used first, until ``fits()``. One --cache-dir for all of a machine's mounts
+        is the natural setting, and a read-only mount's cache held the disk at its floor, so
+        that every write staged there failed. Only entry files of zvfs's own directories go;
+        the mount that held one reads it from the store again (a missing entry is a miss)."""
+        found = []
+        for directory in _caches_of_others(self.dir.parent, self.dir):
+            try:
+                with os.scandir(directory) as it:
+                    for e in it:
+                        if _is_entry(e.name) and e.is_file(follow_symlinks=False):
+                            found.append((e.stat(follow_symlinks=False).st_atime, e.path))
+            except OSError:
+                continue
+        found.sort()
+        for _, path in found:
+            if fits():
+                return
+            try:
+                os.unlink(path)
+            except OSError:
+                continue
+            self.counters.add("disk_cache_evictions")
 
     def _write(self, key: str, name: str, data: bytes, writes: int) -> None:
         """Keep ``data`` as ``name``, unless ``key`` was written through the mount since
