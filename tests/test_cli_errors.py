@@ -438,6 +438,21 @@ def test_unmount_busy_then_lazy(zarr_dir, mount) -> None:
         f.close()
 
 
+def test_unmount_of_a_mount_that_holds_another_names_it(zarr_dir, zarr_zip_cmd, mount) -> None:
+    """A mount with another mounted inside it (a zip mounted at OUTER/sub) is busy for
+    that mount alone, with no file open: the refusal said 'close the files open in it, or
+    use zvfs unmount -z', and there were none to close. It names the mount inside, to
+    unmount first."""
+    outer = mount(zarr_dir)
+    inner = mount(zarr_zip_cmd, "--allow-non-empty", mountpoint=outer.path / "sub")
+    res = run([tool("zvfs"), "unmount", outer.path])
+    assert res.returncode != 0
+    assert f"{inner.path} is mounted inside it: unmount that first" in res.stderr, res.stderr
+    assert "close the files" not in res.stderr, res.stderr
+    run([tool("zvfs"), "unmount", inner.path], check=True)
+    run([tool("zvfs"), "unmount", outer.path], check=True)
+
+
 def test_missing_profile(moto, s3_env, mnt) -> None:
     env = dict(s3_env)
     res = zvfs_mount(f"s3://{S3_BUCKET}/{S3_PREFIX}", mnt, "--profile", "no-such-profile-zvfs",

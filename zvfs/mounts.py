@@ -182,5 +182,19 @@ def fusermount(path: str, lazy: bool) -> None:
     res = subprocess.run([tool, "-uz" if lazy else "-u", path], capture_output=True, text=True)
     if res.returncode != 0:
         reason = res.stderr.strip() or f"{tool} exited {res.returncode}"
-        hint = " (it is busy: close the files open in it, or use zvfs unmount -z)" if "busy" in reason else ""
+        hint = _busy_hint(path) if "busy" in reason else ""
         raise UnmountFailed(f"cannot unmount {path}: {reason}{hint}")
+
+
+def _busy_hint(path: str) -> str:
+    """Why an unmount was busy, and what to do. A mount inside it keeps it busy with no
+    file open: that one is named, to unmount first (-z would detach both)."""
+    top = resolve(path).rstrip("/") + "/"
+    try:
+        inside = [e.mountpoint for e in mount_table() if e.mountpoint.startswith(top)]
+    except OSError:
+        inside = []
+    if inside:
+        more = f" (and {len(inside) - 1} more)" if len(inside) > 1 else ""
+        return f" (it is busy: {inside[0]}{more} is mounted inside it: unmount that first)"
+    return " (it is busy: close the files open in it, or use zvfs unmount -z)"
