@@ -21,6 +21,7 @@ from conftest import (
     run,
     s3_client,
     store_files,
+    tool,
     upload_tree,
     wait_until,
 )
@@ -481,6 +482,38 @@ def test_another_mounts_cache_on_a_shared_cache_dir_makes_room_for_writes_staged
     assert user_file.read_bytes() == b"the user's own"
     assert _read_in_threads(reader.path, values, 2) == []  # what it lost is read again
     assert "ERROR" not in reader.log_text() + writer.log_text(), reader.log_text() + writer.log_text()
+
+
+def test_a_kept_cache_of_a_source_no_longer_mounted_gives_way_to_another_source(
+        mount, moto, s3_env, bucket, small_disk):
+    """Each mount evicts only its own directory's entries: the cache a source mounted once
+    with metadata_ttl=indefinite kept for later mounts held the disk at --cache-min-free for
+    ever, and a mount of any other source with the same --cache-dir cached nothing (one
+    warning, every read from the store). Entries of kept caches no mount uses now give way
+    to a mount's entries, least recently used first; those of a cache in use do not."""
+    name, client = bucket
+    first, second = _values(13, base=1_000_000), _values(13, base=1_000_000)
+    put_many(client, name, {f"a/{k}": v for k, v in first.items()})
+    put_many(client, name, {f"b/{k}": v for k, v in second.items()})
+    disk = small_disk("size=18m")
+    opts = ["--endpoint-url", moto.endpoint, "--cache-dir", str(disk), "--cache-min-free", "6M",
+            "--metadata-ttl", "indefinite"]
+    old = mount(f"s3://{name}/a", *opts, env=s3_env)
+    assert _read_in_threads(old.path, first, 2) == []
+    run([tool("zvfs"), "unmount", old.path], check=True)
+    (kept,) = {p.parent for p in _cache_files(disk)}
+    # the kept cache holds the disk near its floor: room for about 2 MB more
+    assert shutil.disk_usage(disk).free < 9 * 2**20
+    new = mount(f"s3://{name}/b", *opts, env=s3_env)
+    assert _read_in_threads(new.path, second, 2) == []
+    assert "keeps no more" not in new.log_text(), new.log_text()
+    cached = sum(p.stat().st_size for p in _cache_files(disk) if p.parent != kept)
+    assert cached > 6 * 2**20, cached
+    # a kept cache in use gives nothing: the mount of b reads on, and caches no more than fits
+    again = mount(f"s3://{name}/a", *opts, env=s3_env)
+    assert _read_in_threads(again.path, first, 2) == []
+    # (had they given way, the mount of a would have taken them all: it wants 13 MB)
+    assert sum(p.stat().st_size for p in _cache_files(disk) if p.parent != kept) > 6 * 2**20
 
 
 def test_the_free_space_floor_holds_under_concurrent_reads(mount, moto, s3_env, bucket, small_disk):

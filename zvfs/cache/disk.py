@@ -73,6 +73,11 @@ _CLOSE_WAIT = 30
 
 #: suffix of an entry of a key with no known version: never reused by a later mount
 _LOCAL = ".m"
+#: seconds between two scans of --cache-dir for idle kept caches to evict from
+_IDLE_RESCAN = 10.0
+#: seconds a mount waits before it tries again the lock of its source's kept cache: another
+#: mount holds it shared for a moment when it looks whether that cache is in use
+_PEEK_WAIT = 0.05
 
 
 def _locked(directory: Path, strict: bool = False) -> int | None:
@@ -122,10 +127,11 @@ def _is_entry(name: str) -> bool:
     return len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
 
 
-def _caches_of_others(top: Path, own: Path) -> list[Path]:
+def _caches_of_others(top: Path, own: Path, idle_only: bool = False) -> list[Path]:
     """The cache directories under ``top`` that zvfs made, other than ``own``: a private one
     (its lock file holds ``_OWNED``) or one kept for later mounts (16 hex digits, with a
-    lock file). The user's own directories there are never among them."""
+    lock file); ``idle_only``: only those no live mount holds. The user's own directories
+    there are never among them."""
     out = []
     try:
         entries = list(os.scandir(top))
@@ -145,13 +151,31 @@ def _caches_of_others(top: Path, own: Path) -> list[Path]:
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 continue
-            if shared or os.pread(fd, len(_OWNED) + 1, 0) == _OWNED:
-                out.append(path)
+            if not shared and os.pread(fd, len(_OWNED) + 1, 0) != _OWNED:
+                continue
+            if idle_only:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # held: a live mount's (OSError)
+            out.append(path)
         except OSError:
             continue
         finally:
             os.close(fd)
     return out
+
+
+def _entries_of(directories: list[Path]) -> list[tuple[float, str]]:
+    """(atime, path) of the entry files in ``directories``, most recently used first."""
+    found = []
+    for directory in directories:
+        try:
+            with os.scandir(directory) as it:
+                for e in it:
+                    if _is_entry(e.name) and e.is_file(follow_symlinks=False):
+                        found.append((e.stat(follow_symlinks=False).st_atime, e.path))
+        except OSError:
+            continue
+    found.sort(reverse=True)
+    return found
 
 
 def _make_private(top: Path) -> tuple[Path, int | None]:
@@ -209,6 +233,9 @@ class DiskCachedStore(WrappedStore):
             try:
                 shared.mkdir(mode=0o700, exist_ok=True)  # the bucket's bytes: no other user's to read
                 self._lock_fd = _locked(shared)
+                if self._lock_fd is None:  # or held a moment by a mount that looked whether
+                    time.sleep(_PEEK_WAIT)  # it is in use (_caches_of_others): once more
+                    self._lock_fd = _locked(shared)
                 why = "it is in use by another mount of the same source" if self._lock_fd is None else None
             except OSError as exc:  # a file there, a .lock that is none: not worth a failed mount
                 why = f"{exc.strerror or exc} ({exc.filename}); remove it"
@@ -235,6 +262,9 @@ class DiskCachedStore(WrappedStore):
         self._closing = False
         self._written = threading.Condition(self._lock)
         self._once = LogOnce(log)
+        #: entries of idle kept caches beside this one, to evict before its own (_evict_idle)
+        self._idle: list[tuple[float, str]] = []
+        self._idle_scanned = -_IDLE_RESCAN
         self._load_index()
 
     def _load_index(self) -> None:
@@ -436,10 +466,14 @@ class DiskCachedStore(WrappedStore):
         if incoming > self.max_bytes:
             return False
 
-        def fits() -> bool:
-            free = shutil.disk_usage(self.dir).free - self._writing
-            return self._bytes + incoming <= self.max_bytes and free - incoming >= self.min_free
+        def above_floor() -> bool:
+            return shutil.disk_usage(self.dir).free - self._writing - incoming >= self.min_free
 
+        def fits() -> bool:
+            return self._bytes + incoming <= self.max_bytes and above_floor()
+
+        if not above_floor():
+            self._evict_idle(above_floor)
         return self._evict_until(fits)
 
     def _evict_until(self, fits: Callable[[], bool]) -> bool:
@@ -487,24 +521,36 @@ class DiskCachedStore(WrappedStore):
         is the natural setting, and a read-only mount's cache held the disk at its floor, so
         that every write staged there failed. Only entry files of zvfs's own directories go;
         the mount that held one reads it from the store again (a missing entry is a miss)."""
-        found = []
-        for directory in _caches_of_others(self.dir.parent, self.dir):
-            try:
-                with os.scandir(directory) as it:
-                    for e in it:
-                        if _is_entry(e.name) and e.is_file(follow_symlinks=False):
-                            found.append((e.stat(follow_symlinks=False).st_atime, e.path))
-            except OSError:
-                continue
-        found.sort()
-        for _, path in found:
-            if fits():
-                return
+        self._evict_listed(_entries_of(_caches_of_others(self.dir.parent, self.dir)), fits)
+
+    def _evict_listed(self, found: list[tuple[float, str]], fits: Callable[[], bool]) -> bool:
+        """Unlink the entry files ``found`` ((atime, path), oldest last) until ``fits()``."""
+        while not fits():
+            if not found:
+                return False
+            _, path = found.pop()
             try:
                 os.unlink(path)
             except OSError:
                 continue
             self.counters.add("disk_cache_evictions")
+        return True
+
+    def _evict_idle(self, fits: Callable[[], bool]) -> bool:
+        """Evict entries of the caches kept for later mounts that no mount uses now, least
+        recently used first, until ``fits()``: a source mounted once with
+        metadata_ttl=indefinite kept its entries for ever, and once they held the disk at
+        --cache-min-free, a mount of any other source cached nothing. They go before this
+        mount's own. Called with the lock held; the directories are scanned again at most
+        every _IDLE_RESCAN seconds."""
+        now = time.monotonic()
+        if not self._idle and now - self._idle_scanned >= _IDLE_RESCAN:
+            self._idle_scanned = now
+            self._idle = _entries_of(_caches_of_others(self.dir.parent, self.dir, idle_only=True))
+        try:
+            return self._evict_listed(self._idle, fits)
+        except OSError:
+            return False
 
     def _write(self, key: str, name: str, data: bytes, writes: int) -> None:
         """Keep ``data`` as ``name``, unless ``key`` was written through the mount since
