@@ -1621,6 +1621,31 @@ def test_s3_bytes_a_killed_daemon_staged_are_told_with_their_key_and_source(
     assert s3store.get("arr/c/0/1") is None
 
 
+def test_s3_the_empty_staging_directory_of_a_killed_daemon_is_removed(s3store: Store, mount,
+                                                                      tmp_path) -> None:
+    """Every writable S3 mount killed (kill -9, the OOM killer, a crash loop under systemd)
+    left its staging directory, empty, in $TMPDIR or --cache-dir for ever: the next mount
+    told only of those holding files, and removed none (an older zvfs's may be live: it took
+    no lock). A directory marked as made by a zvfs that locks it is removed once it is
+    unlocked and empty; an unmarked one is still left alone."""
+    s3store.put("zarr.json", b"{}")
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    m = s3store.mount(mount, env={"TMPDIR": str(tmpdir)})
+    for pid in daemon_pids(m.path):
+        os.kill(pid, signal.SIGKILL)
+    (dead,) = tmpdir.glob("zvfs-staging-*")
+    old = tmpdir / "zvfs-staging-of-an-older-zvfs"
+    old.mkdir()
+    m2 = s3store.mount(mount, env={"TMPDIR": str(tmpdir)})
+    assert not dead.exists(), m2.result.stderr
+    assert old.is_dir()
+    assert str(dead) not in m2.result.stderr, m2.result.stderr
+    (live,) = (p for p in tmpdir.glob("zvfs-staging-*") if p != old)
+    m3 = s3store.mount(mount, env={"TMPDIR": str(tmpdir)})  # a live daemon's stays
+    assert live.is_dir() and len(list(tmpdir.glob("zvfs-staging-*"))) == 3, m3.result.stderr
+
+
 def test_s3_kill_during_multipart_upload(s3store: Store, mount, tmp_path) -> None:
     """kill -9 in the middle of a multipart upload: no object appears; the next writable
     mount warns about the unfinished upload, and abort_uploads aborts it. It also says where

@@ -32,6 +32,9 @@ DIR_PREFIX = "zvfs-staging-"
 #: (its name holds only the key's last segment, and $TMPDIR is every writable mount's)
 KEY_ATTR = "user.zvfs.key"
 SOURCE_ATTR = "user.zvfs.source"
+#: extended attribute of a staging directory made by a zvfs that holds it locked while it
+#: lives: one unlocked is a dead daemon's, and removed once empty (an older zvfs took no lock)
+DIR_ATTR = "user.zvfs.staging"
 
 
 class Staging:
@@ -45,12 +48,12 @@ class Staging:
         # what one that died (kill -9, a crash) left unstored, and say so
         self.base = tempfile.gettempdir() if directory is None else os.path.join(directory, "staging")
         self._lock = -1
-        self._make_dir()
-        self.max_bytes = max_bytes
-        self.min_free = min_free
         self.source = source
         #: the staging disk keeps extended attributes (tmpfs before Linux 6.6 keeps no user.*)
         self._labels = True
+        self._make_dir()
+        self.max_bytes = max_bytes
+        self.min_free = min_free
         self.used = 0
         self._cond = threading.Condition()
         self._remade = threading.Lock()
@@ -67,6 +70,7 @@ class Staging:
         made = tempfile.mkdtemp(prefix="." + DIR_PREFIX, dir=self.base)
         lock = os.open(made, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         fcntl.flock(lock, fcntl.LOCK_EX)
+        self.label(lock, None)  # made by a zvfs that locks it: once unlocked and empty, removable
         self.dir = os.path.join(self.base, os.path.basename(made)[1:])
         os.rename(made, self.dir)
         if self._lock >= 0:
@@ -97,13 +101,17 @@ class Staging:
                             "from now on", gone, self.dir)
         return self._create(key, name)
 
-    def label(self, fd: int, key: str) -> None:
+    def label(self, fd: int, key: str | None) -> None:
         """Record on the staged file ``fd`` the key it is written for (again at a rename), so
-        the next mount can name it if this daemon dies before storing it. Best effort: a disk
+        the next mount can name it if this daemon dies before storing it; on this daemon's
+        directory (``key`` None), that a zvfs that locks it made it. Best effort: a disk
         that keeps no extended attributes leaves only the file's name to go by."""
         if not self._labels:
             return
         try:
+            if key is None:
+                os.setxattr(fd, DIR_ATTR, self.source.encode())
+                return
             os.setxattr(fd, KEY_ATTR, os.fsencode(key))
             if self.source:
                 os.setxattr(fd, SOURCE_ATTR, self.source.encode())
@@ -193,9 +201,24 @@ class Staging:
 
     def left_behind(self) -> list[tuple[str, int, int]]:
         """(directory, files, bytes) of what daemons that died staged and never stored (a kill
-        -9 left them with no line said). A directory still locked is a live daemon's; none is
-        removed (an empty one may be a live daemon's of a zvfs that took no lock)."""
+        -9 left them with no line said). A directory still locked is a live daemon's; one that
+        holds files is never removed, nor an empty one without DIR_ATTR (it may be a live
+        daemon's of a zvfs that took no lock): an empty one marked so is a dead daemon's, and
+        goes."""
         return _left_behind(self.base, self.dir)
+
+
+def _remove_if_marked(fd: int, path: str) -> None:
+    """Remove the empty directory ``path`` (open as ``fd``, locked) of a dead daemon, if a zvfs
+    that locks its directory made it: every kill -9 left one for ever."""
+    try:
+        os.getxattr(fd, DIR_ATTR)
+    except OSError:
+        return  # unmarked: perhaps a live older zvfs's, which takes no lock
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 def staged_keys(directory: str) -> list[tuple[str, str | None, str | None]]:
@@ -236,6 +259,7 @@ def _left_behind(base: str, own: str) -> list[tuple[str, int, int]]:
                 continue  # its daemon is alive
             files = [f for f in os.scandir(entry.path) if f.is_file(follow_symlinks=False)]
             if not files:
+                _remove_if_marked(fd, entry.path)
                 continue
             out.append((entry.path, len(files), sum(f.stat(follow_symlinks=False).st_size for f in files)))
         except OSError:
