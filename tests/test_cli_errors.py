@@ -453,6 +453,31 @@ def test_unmount_of_a_mount_that_holds_another_names_it(zarr_dir, zarr_zip_cmd, 
     run([tool("zvfs"), "unmount", outer.path], check=True)
 
 
+@pytest.mark.parametrize("how", ["mount", "unmount"])
+def test_a_live_mount_taken_along_with_a_dead_one_is_named(zarr_dir, zarr_zip_cmd, mount, how) -> None:
+    """A daemon killed under a mount that holds another (a zip mounted at OUTER/sub): the
+    mount of OUTER again (systemd's restart), or 'zvfs unmount OUTER', clears the dead mount
+    by detaching it, and the mount inside goes with it (it cannot be unmounted alone:
+    fusermount3 cannot enter its dead parent), its daemon ended. Only 'cleared a dead zvfs
+    mount' was said, and the mount inside was gone unseen. It is named."""
+    outer = mount(zarr_dir)
+    inner = mount(zarr_zip_cmd, "--allow-non-empty", mountpoint=outer.path / "sub")
+    inner_pids = daemon_pids(inner.path)
+    for pid in daemon_pids(outer.path):
+        os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: not daemon_pids(outer.path), 10)
+    if how == "mount":
+        said = mount(zarr_dir, mountpoint=outer.path).result.stderr
+        assert "cleared a dead zvfs mount" in said, said
+    else:
+        res = run([tool("zvfs"), "unmount", outer.path])
+        assert res.returncode == 0, res.stderr
+        said = res.stderr
+    assert f"and with it {inner.path}, mounted inside it: mount that again" in said, said
+    assert mount_entry(inner.path) is None
+    assert wait_until(lambda: not any(_pid_alive(p) for p in inner_pids), 10)
+
+
 def test_missing_profile(moto, s3_env, mnt) -> None:
     env = dict(s3_env)
     res = zvfs_mount(f"s3://{S3_BUCKET}/{S3_PREFIX}", mnt, "--profile", "no-such-profile-zvfs",

@@ -28,7 +28,14 @@ from typing import Any, NoReturn, TypeVar
 
 from zvfs import earlystop
 from zvfs import options as zopts
-from zvfs.mounts import MOUNT_TABLE_PREFIX, UnmountFailed, fusermount, is_dead, mount_entry
+from zvfs.mounts import (
+    MOUNT_TABLE_PREFIX,
+    UnmountFailed,
+    fusermount,
+    is_dead,
+    mount_entry,
+    mounts_inside,
+)
 from zvfs.stats import Counters
 
 log = logging.getLogger("zvfs")
@@ -225,6 +232,13 @@ def _warn(message: str) -> None:
     print(f"zvfs: warning: {message}", file=sys.stderr)
 
 
+def _along(inside: list[str]) -> str:
+    """What a warning of a dead mount detached adds of the mounts inside it, which went too."""
+    if not inside:
+        return ""
+    return f", and with it {', '.join(inside)}, mounted inside it: mount {'that' if len(inside) == 1 else 'those'} again"
+
+
 def _warn_unreachable_owner(opts: dict[str, Any]) -> None:
     """--uid/--gid naming someone else, without --allow-other: FUSE lets no one but the
     mounting user in, so the owner given could not even list the mount."""
@@ -243,13 +257,16 @@ def check_mountpoint(path: str, allow_non_empty: bool = False) -> str:
         if entry.fstype != "fuse.zvfs":
             raise CliError(f"{mp} is a dead {entry.fstype} mount (transport endpoint is not connected); "
                            f"clear it with: fusermount3 -u {entry.mountpoint}")
+        # a mount inside it goes with it (a detach takes it along; it cannot be unmounted
+        # alone, fusermount3 cannot enter the dead parent): said, not ended unseen
+        inside = mounts_inside(entry.mountpoint)
         # ENOTCONN on a zvfs mount: its daemon is gone, so nothing in it can be used any more;
         # a process still holding it open only makes a plain unmount busy: detach it then
         try:
             _fusermount(entry.mountpoint, lazy=False)
         except CliError:
             _fusermount(entry.mountpoint, lazy=True)
-        _warn(f"cleared a dead zvfs mount at {mp} (its daemon had died)")
+        _warn(f"cleared a dead zvfs mount at {mp} (its daemon had died){_along(inside)}")
         entry = mount_entry(mp)
     if entry is not None and entry.fstype != "fuse.zvfs":  # `zvfs unmount` refuses those
         raise CliError(f"{mp} is already mounted ({entry.fstype}); choose another mountpoint, or "
@@ -861,9 +878,12 @@ def _unmount(path: str, lazy: bool) -> int:
         except CliError:
             if lazy or not is_dead(entry.mountpoint):
                 raise
-            # a dead mount still held (a shell inside it): nothing in it works any more
+            # a dead mount still held (a shell inside it, a mount inside it): nothing in it
+            # works any more
+            inside = mounts_inside(entry.mountpoint)
             _fusermount(entry.mountpoint, lazy=True)
-            _warn(f"{entry.mountpoint} was a dead mount still in use: detached (zvfs unmount -z)")
+            _warn(f"{entry.mountpoint} was a dead mount still in use: detached (zvfs unmount -z)"
+                  f"{_along(inside)}")
         return 0
     if not os.path.isdir(path):
         raise CliError(f"{path} does not exist or is not a directory")

@@ -186,14 +186,19 @@ def fusermount(path: str, lazy: bool) -> None:
         raise UnmountFailed(f"cannot unmount {path}: {reason}{hint}")
 
 
+def mounts_inside(path: str) -> list[str]:
+    """The mountpoints below ``path`` (not ``path`` itself), from the mount table alone."""
+    top = resolve(path).rstrip("/") + "/"
+    try:
+        return [e.mountpoint for e in mount_table() if e.mountpoint.startswith(top)]
+    except OSError:
+        return []
+
+
 def _busy_hint(path: str) -> str:
     """Why an unmount was busy, and what to do. A mount inside it keeps it busy with no
     file open: that one is named, to unmount first (-z would detach both)."""
-    top = resolve(path).rstrip("/") + "/"
-    try:
-        inside = [e.mountpoint for e in mount_table() if e.mountpoint.startswith(top)]
-    except OSError:
-        inside = []
+    inside = mounts_inside(path)
     if inside:
         more = f" (and {len(inside) - 1} more)" if len(inside) > 1 else ""
         return f" (it is busy: {inside[0]}{more} is mounted inside it: unmount that first)"
