@@ -471,9 +471,12 @@ class SignalStop:
             self.requests.deadline = min(self.requests.deadline, trio.current_time() + self.GRACE)
 
     def restore(self) -> None:
+        """Give the signals back, all closed. After a stop, a stop that comes as the process
+        ends (a third Ctrl-C) is ignored: it ended a clean stop with 130, or by the signal."""
         self._token = None
         for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
+            stopped = self.received is not None and signum in self.SIGNALS
+            signal.signal(signum, signal.SIG_IGN if stopped else handler)
 
 
 async def _serve(ctx: MountContext, root: MountRoot, ops: ZvfsOperations, mountpoint: str,
@@ -585,13 +588,18 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
                 undo_loop()
             aborted = clear_aborted(mountpoint, ours, crashed=not unmounted)
     finally:
-        stop.restore()
-        if metrics is not None:
-            metrics.shutdown()
-        if ctx.decoders is not None:
-            ctx.decoders.close()
-        ctx.store.close()  # the store, through its wrappers (the disk tier removes its own files)
-        warmup.finish()
+        # the stop signals stay ours until all is closed: given back before, a second Ctrl-C
+        # (or SIGTERM) raised KeyboardInterrupt (or ended the process) half way through, and
+        # a decoder zygote that had to be killed stayed, the private disk cache too
+        try:
+            if metrics is not None:
+                metrics.shutdown()
+            if ctx.decoders is not None:
+                ctx.decoders.close()
+            ctx.store.close()  # the store, through its wrappers (the disk tier removes its own files)
+            warmup.finish()
+        finally:
+            stop.restore()
     if failed and stop.received is None:  # stopped on purpose: no failure to report
         log.info("unmounted %s: the source could not be opened", mountpoint)
         raise failed[0]
