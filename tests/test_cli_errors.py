@@ -478,6 +478,26 @@ def test_a_live_mount_taken_along_with_a_dead_one_is_named(zarr_dir, zarr_zip_cm
     assert wait_until(lambda: not any(_pid_alive(p) for p in inner_pids), 10)
 
 
+def test_status_of_a_mount_inside_a_dead_one_names_the_dead_one(zarr_dir, zarr_zip_cmd, mount) -> None:
+    """A zip mounted at OUTER/sub, OUTER's daemon killed: once the kernel asks OUTER again for
+    'sub', the mount inside cannot be reached, and status called it dead ('clear it with:
+    zvfs unmount OUTER/sub'), though its daemon lives, and that command fails (fusermount3
+    cannot enter the dead OUTER). It says which mount is dead, and to clear that one."""
+    outer = mount(zarr_dir, "--metadata-ttl", "0")
+    inner = mount(zarr_zip_cmd, "--allow-non-empty", mountpoint=outer.path / "sub")
+    for pid in daemon_pids(outer.path):
+        os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: not daemon_pids(outer.path), 10)
+    res = run([tool("zvfs"), "status", inner.path])
+    assert res.returncode == 1
+    assert f"the mount it is inside, {outer.path}, is dead" in res.stdout, res.stdout
+    assert f"clear it with: zvfs unmount {outer.path}\n" in res.stdout, res.stdout
+    info = json.loads(run([tool("zvfs"), "status", "--json", inner.path]).stdout)[0]
+    assert info["health"] == "dead" and info["inside_dead"] == str(outer.path), info
+    run([tool("zvfs"), "unmount", outer.path], check=True)  # as said: both go
+    assert mount_entry(inner.path) is None and mount_entry(outer.path) is None
+
+
 def test_missing_profile(moto, s3_env, mnt) -> None:
     env = dict(s3_env)
     res = zvfs_mount(f"s3://{S3_BUCKET}/{S3_PREFIX}", mnt, "--profile", "no-such-profile-zvfs",

@@ -16,7 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from zvfs.mounts import MOUNT_TABLE_PREFIX, MountEntry, mount_entry, mount_table
+from zvfs.mounts import MOUNT_TABLE_PREFIX, MountEntry, is_dead, mount_entry, mount_table
 from zvfs.options import metrics_url
 from zvfs.stats import ERROR_KINDS
 
@@ -86,6 +86,11 @@ def describe(entry: MountEntry, timeout: float) -> dict[str, Any]:
     if "error" in stats:  # stats.json could not be read
         found = {**found, "error": f"stats.json: {stats['error']}"}
         stats = {}
+    enclosing = _dead_enclosing(entry.mountpoint) if found["health"] == "dead" else None
+    if enclosing is not None:
+        # its own daemon may live, but no path reaches it: the mount it sits in is the one to
+        # clear (fusermount3 cannot enter a dead parent to unmount this one alone)
+        found = {**found, "error": f"the mount it is inside, {enclosing}, is dead"}
     if found["health"] == "ok" and stats.get("ready") is False:
         # it answers, but its source is still being opened (an S3 probe, a zip's directory):
         # "ok" said so of a mount whose every listing waited, and that may yet be undone
@@ -103,6 +108,8 @@ def describe(entry: MountEntry, timeout: float) -> dict[str, Any]:
         "mount_options": entry.options,
         "metrics": _metrics(stats.get("options")),
     }
+    if enclosing is not None:
+        out["inside_dead"] = enclosing
     if stats:
         chunk = stats.get("chunk_cache", {})
         lookups = chunk.get("hits", 0) + chunk.get("misses", 0)
@@ -121,6 +128,16 @@ def describe(entry: MountEntry, timeout: float) -> dict[str, Any]:
         }
         out["last_error"] = stats.get("last_error")
     return out
+
+
+def _dead_enclosing(mountpoint: str) -> str | None:
+    """The innermost mount ``mountpoint`` lies inside, if that one is dead; else None."""
+    around = [e.mountpoint for e in mount_table()
+              if e.mountpoint != mountpoint and mountpoint.startswith(e.mountpoint.rstrip("/") + "/")]
+    if not around:
+        return None
+    inner = max(around, key=len)
+    return inner if inner != "/" and is_dead(inner) else None
 
 
 def _metrics(options: dict[str, Any] | None) -> str | None:
@@ -151,7 +168,7 @@ def render_text(info: dict[str, Any]) -> str:
     lines.append(f"  source:     {info['source']}")
     if info["health"] in ("dead", "hung"):  # zvfs unmount asks the daemon nothing: it clears both
         lines.append(f"  {'' if info['health'] == 'dead' else 'if it stays hung, '}clear it with: "
-                     f"zvfs unmount {info['mountpoint']}")
+                     f"zvfs unmount {info.get('inside_dead') or info['mountpoint']}")
     if info.get("pid") is not None:
         lines.append(f"  process:    pid {info['pid']}, up {_duration(info['uptime_seconds'] or 0)}, "
                      f"zvfs {info['version']}")
