@@ -783,6 +783,10 @@ class _ForgetOnCommit(KeyWriter):
     def size(self) -> int:
         return self._inner.size
 
+    @property
+    def mtime(self) -> float | None:
+        return self._inner.mtime
+
     def write(self, offset: int, data: bytes) -> int:
         return self._inner.write(offset, data)
 
