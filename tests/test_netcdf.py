@@ -661,6 +661,40 @@ def test_mirror_awkward_attributes(mount, tmp_path: Path) -> None:
         assert ds["a"].getncattr("_FillValue") == np.float32(zarr.open_array(str(store), path="a", mode="r").fill_value)
 
 
+def test_mirror_lists_netcdf_c_cannot_read_are_their_json_text(mount, tmp_path: Path) -> None:
+    """One attribute that is a list of strings (["a", "b"]), an empty or mixed list, a list of
+    lists or an integer past int64 in a list, on an array of a subgroup, made netCDF-C 4.9
+    refuse the whole mirror ("NetCDF: Invalid argument", "internal library error", ...): ncdump
+    and nccopy read nothing of any group. Such a list is its JSON text in the mirror now (as in
+    the netCDF files), and nccopy copies the store with every other value zarr-python's."""
+    store = tmp_path / "lists.zarr"
+    lists = {"names": ["a", "b"], "empty": [], "mixed": [1, "a", None], "nested": [[1, 2]],
+             "huge": [1, 2**63]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        g = zarr.open_group(str(store), mode="w", zarr_format=2)
+        top = g.create_array("top", shape=(3,), chunks=(3,), dtype="i2", fill_value=0)
+        top[:] = [1, 2, 3]
+        top.attrs.update({"_ARRAY_DIMENSIONS": ["x"], "units": "m", "scale": [1.5, 2]})
+        sub = g.create_group("sub").create_array("v", shape=(2,), chunks=(2,), dtype="f4", fill_value=0)
+        sub[:] = [0.5, 1.5]
+        sub.attrs.update({"_ARRAY_DIMENSIONS": ["y"], **lists})
+        g.attrs["tags"] = ["t1", "t2"]
+    m = mount(store)
+    out = tmp_path / "copy.nc"
+    res = run([tool("nccopy"), f"file://{m.path}/.zvfs/v2#mode=zarr,file", str(out)])
+    assert res.returncode == 0, res.stderr
+    ref = zarr.open_group(str(store), mode="r")
+    with netCDF4.Dataset(out) as ds:
+        assert ds["top"][:].tolist() == ref["top"][:].tolist()
+        assert ds["top"].getncattr("units") == "m" and ds["top"].getncattr("scale").tolist() == [1.5, 2]
+        var = ds["sub"]["v"]
+        assert var[:].tolist() == ref["sub/v"][:].tolist()
+        for name, value in lists.items():
+            assert json.loads(var.getncattr(name)) == value, name
+        assert json.loads(ds.getncattr("tags")) == ["t1", "t2"]
+
+
 def test_mirror_names_and_text_beyond_ascii_reach_netcdf_c(mount, tmp_path: Path) -> None:
     """The mirror's JSON escaped non-ASCII text (\\u65f6), which netCDF-C 4.10 reads as
     'u65f6' (a helper's audit): a dimension named 时间 came out as u65f6u95f4. It is UTF-8

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from zvfs.formats.meta import ArrayMeta
+from zvfs.formats.meta import ArrayMeta, strict_json
 from zvfs.formats.nczarr import attribute_types
 
 #: strict-JSON spellings of non-finite floats (meta.strict_json writes these; NCZarr types them)
@@ -207,7 +208,15 @@ def array_attributes(meta: ArrayMeta) -> VarAttributes:
 
 
 def json_value(typed: Typed) -> Any:
-    """A translated attribute as a v2 ``.zattrs`` holds it: the source's JSON, unchanged."""
+    """A translated attribute as a v2 ``.zattrs`` holds it: the source's JSON, but for what
+    netCDF-C 4.9 cannot read. It fails the whole store's open on a list that is not all
+    numbers (["a", "b"]: "Invalid argument"; [[1]], [{}]: "internal library error"; []) or
+    holds an integer past int64, and reads NCZarr's text split into characters only as
+    one string: those are their text (a list as its JSON, as the netCDF files hold it)."""
+    if typed.text is not None:
+        return typed.text
+    if isinstance(typed.json, list) and typed.values is None:
+        return json.dumps(strict_json(typed.json), allow_nan=False)
     return typed.json
 
 
