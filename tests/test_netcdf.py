@@ -841,6 +841,27 @@ def test_dimension_names_that_clash_as_netcdf_names_are_renamed_not_left_out(mou
         assert ds["a"].dims != ds["b"].dims and ds["g"].dims == ("strlen2",)
 
 
+def test_a_name_netcdf_can_hold_is_never_given_to_another_array(mount, tmp_path: Path) -> None:
+    """Arrays 'caf\u00e9' (NFC) and 'cafe\u0301' (NFD, as macOS writes names), and 'v_' and
+    'v\t': the NFD and tab names sort first, became 'caf\u00e9' and 'v_' in the file, and the
+    arrays really called so were served as 'caf\u00e9_' and 'v__': netCDF4's ds['v_'] read
+    another array's values (a dimension 'd_' likewise went to 'd\t'). A name netCDF holds as
+    it is keeps it now; the others give way."""
+    store = tmp_path / "names.zarr"
+    group = zarr.open_group(str(store), mode="w", zarr_format=3)
+    arrays = {"caf\u00e9": (3, "x\u00e9"), "cafe\u0301": (4, "xe\u0301"), "v_": (3, "d_"), "v\t": (4, "d\t")}
+    for i, (name, (size, dim)) in enumerate(arrays.items()):
+        a = group.create_array(name, shape=(size,), chunks=(size,), dtype="i2", dimension_names=[dim])
+        a[:] = np.arange(size) + 10 * i
+    m = mount(store)
+    with netCDF4.Dataset(m.path / ".zvfs/netcdf/root.nc") as ds:
+        for name in ("caf\u00e9", "v_"):
+            ref = zarr.open_array(str(store), path=name, mode="r")
+            assert ds[name][:].tolist() == ref[:].tolist(), name
+            assert ds[name].dimensions == tuple(ref.metadata.dimension_names), name
+        assert sorted(ds.variables) == ["caf\u00e9", "caf\u00e9_", "v_", "v__"]
+
+
 def test_unsigned_attributes_of_a_classic_file_keep_their_values(mount, tmp_path: Path) -> None:
     """A CDF-1/2 file has no unsigned types: ubyte 200, ushort 40000 and uint 3000000000 were
     served in the signed type of their width (-56, -25536, -1294967296), flag_masks 128 as -128,

@@ -358,7 +358,10 @@ def build_layout(
 
     variables: list[NcVar] = []
     dim_sizes: dict[str, int] = {}
-    taken: set[str] = set()
+    # a name netCDF holds as it is stays that array's: 'cafe\u0301' (NFD, sorted first) took
+    # 'caf\u00e9' and 'v\t' took 'v_', and the arrays of those names were served as 'caf\u00e9_'
+    # and 'v__' (ds['v_'] read another array's values). The changed names give way.
+    taken: set[str] = {name for name in usable if nc_name(name) == name}
     for name, array in usable.items():
         meta = array.meta
         vtype = var_type(meta.dtype, cdf5)
@@ -390,9 +393,10 @@ def build_layout(
                 left_out[f"{name}: _FillValue"] = f"{vattrs.fill!r} is not a value of {vtype.served}"
             nc_attrs = _unique(nc_attrs, f"{name}: ", left_out)
             vname = nc_name(name)
-            while vname in taken:
-                vname += "_"
-            taken.add(vname)
+            if vname != name:
+                while vname in taken:
+                    vname += "_"
+                taken.add(vname)
             nbytes = meta.size * vtype.served.itemsize
             variables.append(NcVar(vname, array, vtype, dims, nc_attrs, nbytes))
     # dimensions in order of first use by the remaining variables

@@ -142,9 +142,17 @@ def consistent_dimensions(
     of another size let netCDF-C read the array cut to that size, silently).
     With ``generate`` (the netCDF files), unnamed dimensions get
     :func:`generated_dimension_names` instead of None. ``legal`` makes a name one the
-    format can hold before the sizes are compared ("x " and "x" are one netCDF name).
+    format can hold before the sizes are compared ("x " and "x" are one netCDF name); a
+    name it leaves unchanged has its size first, so a changed one gives way to it.
     """
     sizes: dict[str, int] = {}
+    if legal is not None:  # a name the format holds as it is keeps its size first: 'd\t' took 'd_'
+        for path in sorted(metas):
+            meta = metas[path]
+            names = dimension_names(meta) or (generated_dimension_names(meta) if generate else [])
+            for name, size in zip(names, meta.shape, strict=False):
+                if legal(name) == name:
+                    sizes.setdefault(name, size)
     out: dict[str, list[str] | None] = {}
     for path in sorted(metas):
         meta = metas[path]
