@@ -9,6 +9,7 @@ and the ``_nczarr_*`` keys are bookkeeping, not user attributes.
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import numpy as np
@@ -59,6 +60,11 @@ def parse_array(path: str, zarray: Any, zattrs: Any, key: str | None = None) -> 
         # netCDF-C 4.9 writes a char variable as "<U1" holding one byte a character (zarr-python
         # cannot read it either); its chunks decoded to a quarter of their size (EIO)
         zarray = {**zarray, "dtype": "|S1"}
+        fill = zarray.get("fill_value")
+        if isinstance(fill, str) and len(fill.encode("utf-8")) == 1:
+            # and its fill_value is the character itself ("z", as ncgen writes it), where v2's
+            # bytes are base64: the variable was unusable ("bad fill_value 'z' for |S1")
+            zarray["fill_value"] = base64.b64encode(fill.encode("utf-8")).decode("ascii")
     meta = parse_v2_array(path, zarray, zattrs, key, fmt="nczarr")
     meta.attributes = strip_nczarr(meta.attributes)
     if isinstance(meta.source, dict):
