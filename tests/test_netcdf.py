@@ -546,7 +546,8 @@ def test_attribute_names_netcdf_cannot_hold_twice_or_at_all_leave_a_valid_file(m
     file had two attributes of one name (netCDF-C reads the first twice, scipy the last),
     a name ncdump could not find, and a fill of 300 served as 44 on a uint8 variable (a
     helper's audit). Now ncdump reads it, each name is there once, and what could not be
-    kept is in zvfs_left_out."""
+    kept is in zvfs_left_out. Of two names for one netCDF name the one that is that name
+    already is kept: 'a_b' read the value of the 'a/b' before it."""
     store = tmp_path / "names.zarr"
     long = "L" * 300
     group = zarr.open_group(str(store), mode="w", zarr_format=3)
@@ -561,13 +562,13 @@ def test_attribute_names_netcdf_cannot_hold_twice_or_at_all_leave_a_valid_file(m
     with netCDF4.Dataset(f) as ds:
         names = ds.ncattrs()
         assert len(names) == len(set(names)), names
-        assert ds.getncattr("a_b") == "first"
+        assert ds.getncattr("a_b") == "second"
         assert "caf\u00e9" in names and all(len(n.encode()) <= 255 for n in names), names
         var = ds["v"]
         assert "_FillValue" not in var.ncattrs(), var.getncattr("_FillValue")
-        assert var.getncattr("u_v") == 1 and var.ncattrs().count("u_v") == 1
+        assert var.getncattr("u_v") == 2 and var.ncattrs().count("u_v") == 1
         left = ds.getncattr("zvfs_left_out")
-        assert "attribute a_b" in left and "v: _FillValue" in left and "v: attribute u_v" in left, left
+        assert "attribute a/b" in left and "v: _FillValue" in left and "v: attribute u/v" in left, left
         var.set_auto_maskandscale(False)
         assert var[:].tolist() == zarr.open_array(str(store), path="v", mode="r")[:].tolist()
 

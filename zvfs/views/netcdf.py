@@ -174,15 +174,18 @@ def nc_name(name: str) -> str:
     return name
 
 
-def _unique(attrs: list[NcAttr], where: str, left_out: dict[str, str]) -> list[NcAttr]:
-    """``attrs`` without a second attribute of one name (two source names that become one
-    netCDF name, 'a/b' and 'a_b'): a header with both is not netCDF (netCDF-C reads the
-    first twice, scipy the last). The first is kept; the others are told in zvfs_left_out."""
+def _unique(attrs: list[tuple[str, NcAttr]], where: str, left_out: dict[str, str]) -> list[NcAttr]:
+    """``attrs`` ((source name, attribute) pairs) without a second attribute of one name (two
+    source names that become one netCDF name, 'a/b' and 'a_b'): a header with both is not
+    netCDF (netCDF-C reads the first twice, scipy the last). The one whose source name is its
+    netCDF name is kept (the first kept, and 'a_b' read the value of an 'a/b' before it), else
+    the first; the others are told in zvfs_left_out by their source names."""
+    exact = {a.name for source, a in attrs if source == a.name}
     seen: set[str] = set()
     out = []
-    for a in attrs:
-        if a.name in seen:
-            left_out[f"{where}attribute {a.name}"] = "another attribute has the same netCDF name"
+    for source, a in attrs:
+        if a.name in seen or (a.name in exact and source != a.name):
+            left_out[f"{where}attribute {source}"] = "another attribute has the same netCDF name"
             continue
         seen.add(a.name)
         out.append(a)
@@ -382,16 +385,16 @@ def build_layout(
             if "_FillValue" in vattrs.attrs:  # not a value of the variable's type
                 del vattrs.attrs["_FillValue"]
                 left_out[f"{name}: _FillValue"] = f"not a value of {meta.dtype}"
-            nc_attrs = [text_attr(k, v) for k, v in vtype.extra_attrs.items() if k not in vattrs.attrs]
-            nc_attrs += [
-                a for k, t in vattrs.attrs.items() if (a := typed_attr(nc_name(k), t, cdf5, vtype)) is not None
+            named = [(k, text_attr(k, v)) for k, v in vtype.extra_attrs.items() if k not in vattrs.attrs]
+            named += [
+                (k, a) for k, t in vattrs.attrs.items() if (a := typed_attr(nc_name(k), t, cdf5, vtype)) is not None
             ]
             fill = _fill_attr(vattrs, vtype, meta)
             if fill is not None:
-                nc_attrs.insert(0, fill)  # first: a user attribute of its name gives way
+                named.insert(0, ("_FillValue", fill))  # first: a user attribute of its name gives way
             elif vattrs.fill is not None and vtype.nc_type != NC_CHAR and meta.dtype.kind != "b":
                 left_out[f"{name}: _FillValue"] = f"{vattrs.fill!r} is not a value of {vtype.served}"
-            nc_attrs = _unique(nc_attrs, f"{name}: ", left_out)
+            nc_attrs = _unique(named, f"{name}: ", left_out)
             vname = nc_name(name)
             if vname != name:
                 while vname in taken:
@@ -405,12 +408,11 @@ def build_layout(
         for d in v.dims:
             dim_order.setdefault(d, dim_sizes[d])
 
-    gattrs = [
-        a
+    gattrs = _unique([
+        (k, a)
         for k, t in translate(group_attrs, group_types).items()
         if k not in NC4_RESERVED and (a := typed_attr(nc_name(k), t, cdf5))
-    ]
-    gattrs = _unique(gattrs, "", left_out)
+    ], "", left_out)
     if left_out:  # in place of a group attribute of that name, if it has one
         gattrs = [a for a in gattrs if a.name != LEFT_OUT_ATTR]
         gattrs.append(text_attr(LEFT_OUT_ATTR, "".join(f"{n}: {r}\n" for n, r in sorted(left_out.items()))))
