@@ -718,6 +718,29 @@ def test_mirror_names_and_text_beyond_ascii_reach_netcdf_c(mount, tmp_path: Path
         assert ds["t"][:].tolist() == ref["t"][:].tolist()
 
 
+def test_mirror_dimension_names_netcdf_c_cannot_hold_leave_the_store_readable(mount, tmp_path: Path) -> None:
+    """One v3 array naming a dimension 'a/b' (netCDF-C looks for a group 'a': "No group found")
+    or ' x' (a leading space) made netCDF-C 4.9 refuse the whole mirror: ncdump and nccopy read
+    nothing of any variable. Such a name is the netCDF files' legal form in the mirror now
+    ('a_b', '_ x'); nccopy copies every variable with zarr-python's values, and names netCDF-C
+    holds are unchanged."""
+    store = tmp_path / "dims.zarr"
+    group = zarr.open_group(str(store), mode="w", zarr_format=3)
+    for name, dim, size in (("plain", "time", 2), ("slash", "a/b", 3), ("space", " x", 4)):
+        a = group.create_array(name, shape=(size,), chunks=(size,), dtype="i4", dimension_names=[dim])
+        a[:] = np.arange(size) + size
+    m = mount(store)
+    out = tmp_path / "copy.nc"
+    res = run([tool("nccopy"), f"file://{m.path}/.zvfs/v2#mode=zarr,file", str(out)])
+    assert res.returncode == 0, res.stderr
+    ref = zarr.open_group(str(store), mode="r")
+    with netCDF4.Dataset(out) as ds:
+        for name in ("plain", "slash", "space"):
+            assert ds[name][:].tolist() == ref[name][:].tolist(), name
+        assert ds["plain"].dimensions == ("time",)
+        assert ds["slash"].dimensions == ("a_b",) and ds["space"].dimensions == ("_ x",)
+
+
 def test_non_finite_float_attributes_stay_numbers(mount, tmp_path: Path) -> None:
     """A NaN or Infinity attribute (the literals zarr-python 2 writes, and reads as floats) was
     made the string "NaN" for every view: zarr-python read the mirror's missing_value as text,

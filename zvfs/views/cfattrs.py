@@ -23,6 +23,8 @@ import base64
 import binascii
 import json
 import math
+import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +37,32 @@ from zvfs.formats.nczarr import attribute_types
 NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 #: attributes whose value has the variable's type in CF (and netCDF) conventions
 VALUE_TYPED = ("_FillValue", "missing_value", "valid_min", "valid_max", "valid_range")
+
+
+_BAD_NAME_CHARS = re.compile(r"[\x00-\x1f\x7f/]")
+
+
+#: the longest name every netCDF-C tool reads, in bytes of UTF-8: NC_MAX_NAME is 256,
+#: and netCDF-C writes such a name, but ncdump fails on it ("Attribute not found")
+NC_MAX_NAME = 255
+
+
+def nc_name(name: str) -> str:
+    """A valid netCDF name: NFC-normalized UTF-8 (netCDF-C looks names up so), no '/' or
+    control characters, no trailing space, a legal first character, at most NC_MAX_NAME
+    bytes (cut at a character's end). Two names may come out the same: the callers keep
+    the one whose name it is already, else the first."""
+    # what is no Unicode text (a lone surrogate from JSON, a name's byte that is not UTF-8)
+    # as its escape, in ASCII: encoding the name failed every file of the view
+    name = name.encode("utf-8", "backslashreplace").decode("utf-8")
+    name = unicodedata.normalize("NFC", name)
+    name = _BAD_NAME_CHARS.sub("_", name).rstrip(" ") or "_"
+    if not (name[0].isalnum() or name[0] == "_" or ord(name[0]) > 127):
+        name = "_" + name
+    raw = name.encode("utf-8")
+    if len(raw) > NC_MAX_NAME:
+        name = raw[:NC_MAX_NAME].decode("utf-8", "ignore").rstrip(" ")
+    return name
 
 
 @dataclass(slots=True)

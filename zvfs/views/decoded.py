@@ -19,6 +19,7 @@ from typing import Any
 from zvfs import formats
 from zvfs.formats.meta import ArrayMeta
 from zvfs.views.arrays import DecodedArray, array_files
+from zvfs.views.cfattrs import nc_name
 from zvfs.views.context import MountContext
 from zvfs.views.netcdf import group_file_names, group_members, netcdf_file
 from zvfs.views.node import DirNode, NodeError, StaticDir
@@ -129,7 +130,9 @@ async def build_v2_dir(ctx: MountContext) -> DirNode:
     for path, attrs in sorted(d.groups.items()):
         root.place(path).entries.update(mirror_group_files(attrs, mtime, d.group_types.get(path)))
     arrays = {p: a for p, a in d.arrays.items() if a.readable and not a.meta.error}
-    dims = consistent_dimensions({p: a.meta for p, a in arrays.items()})
+    # a name netCDF-C cannot hold ('a/b' looks for a group 'a', ' x') failed its open of the
+    # whole mirror: such a name is the netCDF files' legal one
+    dims = consistent_dimensions({p: a.meta for p, a in arrays.items()}, legal=nc_name)
     for path, array in sorted(arrays.items()):
         if path:
             parent, _, name = path.rpartition("/")

@@ -29,9 +29,7 @@ global attribute ``zvfs_left_out`` with the reason.
 from __future__ import annotations
 
 import json
-import re
 import struct
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +44,7 @@ from zvfs.views.cfattrs import (
     VarAttributes,
     array_attributes,
     cast_exactly,
+    nc_name,
     translate,
 )
 from zvfs.views.node import FileNode
@@ -146,32 +145,6 @@ def var_type(dtype: np.dtype, cdf5: bool) -> VarType:
     if kind == "U":
         raise LeftOut("fixed-width Unicode strings: classic netCDF has no string type")
     raise LeftOut(f"dtype {dtype.str}: no classic netCDF type")
-
-
-_BAD_NAME_CHARS = re.compile(r"[\x00-\x1f\x7f/]")
-
-
-#: the longest name every netCDF-C tool reads, in bytes of UTF-8: NC_MAX_NAME is 256,
-#: and netCDF-C writes such a name, but ncdump fails on it ("Attribute not found")
-NC_MAX_NAME = 255
-
-
-def nc_name(name: str) -> str:
-    """A valid netCDF name: NFC-normalized UTF-8 (netCDF-C looks names up so), no '/' or
-    control characters, no trailing space, a legal first character, at most NC_MAX_NAME
-    bytes (cut at a character's end). Two names may come out the same: the callers keep
-    the first (see _unique)."""
-    # what is no Unicode text (a lone surrogate from JSON, a name's byte that is not UTF-8)
-    # as its escape, in ASCII: encoding the name failed every file of the view
-    name = name.encode("utf-8", "backslashreplace").decode("utf-8")
-    name = unicodedata.normalize("NFC", name)
-    name = _BAD_NAME_CHARS.sub("_", name).rstrip(" ") or "_"
-    if not (name[0].isalnum() or name[0] == "_" or ord(name[0]) > 127):
-        name = "_" + name
-    raw = name.encode("utf-8")
-    if len(raw) > NC_MAX_NAME:
-        name = raw[:NC_MAX_NAME].decode("utf-8", "ignore").rstrip(" ")
-    return name
 
 
 def _unique(attrs: list[tuple[str, NcAttr]], where: str, left_out: dict[str, str]) -> list[NcAttr]:
