@@ -741,6 +741,29 @@ def test_mirror_dimension_names_netcdf_c_cannot_hold_leave_the_store_readable(mo
         assert ds["slash"].dimensions == ("a_b",) and ds["space"].dimensions == ("_ x",)
 
 
+def test_long_dimension_names_renamed_for_their_sizes_stay_within_nc_max_name(mount, tmp_path: Path) -> None:
+    """Two dimension names of 301 bytes with one 300-byte prefix, of sizes 3 and 4: both are cut
+    to 255 bytes, the second is then renamed '<name>_4', and that name was 257 bytes again:
+    netCDF4 read it cut to 256 bytes, and netCDF-C refused the mirror ("NC_MAX_NAME exceeded").
+    The name is cut before its suffix now: every name fits, and each array reads its values."""
+    store = tmp_path / "long.zarr"
+    group = zarr.open_group(str(store), mode="w", zarr_format=3)
+    for name, dim, size in (("a", "D" * 300 + "x", 3), ("b", "D" * 300 + "y", 4)):
+        arr = group.create_array(name, shape=(size,), chunks=(size,), dtype="i2", dimension_names=[dim])
+        arr[:] = np.arange(size) + size
+    m = mount(store)
+    out = tmp_path / "copy.nc"
+    res = run([tool("nccopy"), f"file://{m.path}/.zvfs/v2#mode=zarr,file", str(out)])
+    assert res.returncode == 0, res.stderr
+    ref = zarr.open_group(str(store), mode="r")
+    for f in (m.path / ".zvfs/netcdf/root.nc", out):
+        with netCDF4.Dataset(f) as ds:
+            assert sorted(d.size for d in ds.dimensions.values()) == [3, 4], f
+            assert all(len(d.encode()) <= 255 for d in ds.dimensions), [len(d.encode()) for d in ds.dimensions]
+            for name in ("a", "b"):
+                assert ds[name][:].tolist() == ref[name][:].tolist(), (f, name)
+
+
 def test_non_finite_float_attributes_stay_numbers(mount, tmp_path: Path) -> None:
     """A NaN or Infinity attribute (the literals zarr-python 2 writes, and reads as floats) was
     made the string "NaN" for every view: zarr-python read the mirror's missing_value as text,

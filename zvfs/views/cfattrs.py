@@ -65,6 +65,13 @@ def nc_name(name: str) -> str:
     return name
 
 
+def with_suffix(name: str, suffix: str) -> str:
+    """``name + suffix`` within NC_MAX_NAME bytes, ``name`` cut at a character's end to make
+    room: a rename of a 255-byte name ('<name>_4') was past it again."""
+    room = NC_MAX_NAME - len(suffix.encode("utf-8"))
+    return name.encode("utf-8")[:room].decode("utf-8", "ignore") + suffix
+
+
 @dataclass(slots=True)
 class Typed:
     """One attribute: ``text`` (a string) or ``values`` (1-d numbers with a dtype), and always

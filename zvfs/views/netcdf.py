@@ -46,6 +46,7 @@ from zvfs.views.cfattrs import (
     cast_exactly,
     nc_name,
     translate,
+    with_suffix,
 )
 from zvfs.views.node import FileNode
 from zvfs.views.readahead import ReadAhead
@@ -370,8 +371,10 @@ def build_layout(
             nc_attrs = _unique(named, f"{name}: ", left_out)
             vname = nc_name(name)
             if vname != name:
+                stem, n = vname, 0
                 while vname in taken:
-                    vname += "_"
+                    n += 1
+                    vname = with_suffix(stem, "_" * n)
                 taken.add(vname)
             nbytes = meta.size * vtype.served.itemsize
             variables.append(NcVar(vname, array, vtype, dims, nc_attrs, nbytes))

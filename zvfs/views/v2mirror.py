@@ -36,7 +36,14 @@ import numpy as np
 
 from zvfs.formats.meta import ArrayMeta, dtype_str, json_scalar
 from zvfs.views.arrays import ChunkFile, ChunkGridDir, DecodedArray, region_bytes
-from zvfs.views.cfattrs import Typed, array_attributes, json_attributes, nczarr_type, translate
+from zvfs.views.cfattrs import (
+    Typed,
+    array_attributes,
+    json_attributes,
+    nczarr_type,
+    translate,
+    with_suffix,
+)
 from zvfs.views.node import BytesFile, Node, StaticDir
 
 
@@ -145,6 +152,9 @@ def consistent_dimensions(
     format can hold before the sizes are compared ("x " and "x" are one netCDF name); a
     name it leaves unchanged has its size first, so a changed one gives way to it.
     """
+    def renamed(name: str, suffix: str) -> str:  # a legal name stays one (within NC_MAX_NAME)
+        return name + suffix if legal is None else with_suffix(name, suffix)
+
     sizes: dict[str, int] = {}
     if legal is not None:  # a name the format holds as it is keeps its size first: 'd\t' took 'd_'
         for path in sorted(metas):
@@ -165,11 +175,11 @@ def consistent_dimensions(
         fixed = []
         for name, size in zip(names if legal is None else map(legal, names), meta.shape, strict=True):
             if sizes.setdefault(name, size) != size:
-                name = base = f"{name}_{size}"
+                name = base = renamed(name, f"_{size}")
                 k = 1
                 while sizes.setdefault(name, size) != size:
                     k += 1
-                    name = f"{base}_{k}"
+                    name = renamed(base, f"_{k}")
             fixed.append(name)
         out[path] = fixed
     return out
