@@ -29,6 +29,7 @@ import scipy.io
 import xarray as xr
 import zarr
 from conftest import Mounted, run, s3_client, tool, upload_tree, wait_until, zip_with_cmd
+from test_hostile import assert_one_line
 from test_mount_decoded import ncdump_values, parse_ncdump
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -762,6 +763,31 @@ def test_long_dimension_names_renamed_for_their_sizes_stay_within_nc_max_name(mo
             assert all(len(d.encode()) <= 255 for d in ds.dimensions), [len(d.encode()) for d in ds.dimensions]
             for name in ("a", "b"):
                 assert ds[name][:].tolist() == ref[name][:].tolist(), (f, name)
+
+
+def test_mirror_attribute_names_netcdf_c_cannot_hold_leave_the_store_readable(mount, tmp_path: Path) -> None:
+    """An attribute named '' or ' lead' (a leading space) or of 300 bytes made nccopy and ncdump
+    of the mirror fail ("NetCDF: Attribute not found", "NC_MAX_NAME exceeded"): nothing was
+    copied. Attribute names in the mirror are the netCDF files' legal names now; of two that
+    become one name ('a/b' and 'a_b') the one named so already is kept, the other left out
+    with one log line."""
+    store = tmp_path / "attrs.zarr"
+    group = zarr.open_group(str(store), mode="w", zarr_format=3)
+    group.attrs.update({" g": "group", "title": "t"})
+    a = group.create_array("a", shape=(2,), chunks=(2,), dtype="i2", dimension_names=["x"])
+    a[:] = [1, 2]
+    a.attrs.update({"": "empty", " lead": "sp", "A" * 300: "long", "a/b": "slash", "a_b": "kept", "ok": 1})
+    m = mount(store)
+    out = tmp_path / "copy.nc"
+    res = run([tool("nccopy"), f"file://{m.path}/.zvfs/v2#mode=zarr,file", str(out)])
+    assert res.returncode == 0, res.stderr
+    with netCDF4.Dataset(out) as ds:
+        assert ds["a"][:].tolist() == [1, 2]
+        got = {k: ds["a"].getncattr(k) for k in ds["a"].ncattrs()}
+        assert {k: got.get(k) for k in ("_", "_ lead", "A" * 255, "a_b", "ok")} == {
+            "_": "empty", "_ lead": "sp", "A" * 255: "long", "a_b": "kept", "ok": 1}, got
+        assert ds.getncattr("_ g") == "group" and ds.getncattr("title") == "t"
+    assert_one_line(m, "'a/b'")
 
 
 def test_non_finite_float_attributes_stay_numbers(mount, tmp_path: Path) -> None:

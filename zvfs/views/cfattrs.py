@@ -261,6 +261,25 @@ def json_attributes(attrs: dict[str, Typed]) -> dict[str, Any]:
     return {name: json_value(t) for name, t in attrs.items() if t.json is not None}
 
 
+def legal_attributes(attrs: dict[str, Typed]) -> tuple[dict[str, Typed], list[str]]:
+    """``attrs`` under their netCDF names (:func:`nc_name`), and the source names left out.
+
+    netCDF-C fails on a name it cannot hold ('', ' lead', past NC_MAX_NAME: nccopy of the
+    mirror copied nothing). Of two names that become one ('a/b' and 'a_b') the one named so
+    already is kept, else the first, as in the netCDF files.
+    """
+    exact = {k for k in attrs if nc_name(k) == k}
+    out: dict[str, Typed] = {}
+    dropped: list[str] = []
+    for k, typed in attrs.items():
+        name = nc_name(k)
+        if name in out or (name in exact and name != k):
+            dropped.append(k)
+            continue
+        out[name] = typed
+    return out, dropped
+
+
 def nczarr_type(typed: Typed) -> str | None:
     """NCZarr's type string for an attribute ("<f4", "<U1" for text), or None (left to inference).
 

@@ -128,7 +128,7 @@ async def build_v2_dir(ctx: MountContext) -> DirNode:
     mtime = ctx.stable_time
     root = StaticDir(mtime=mtime, unknown=_unknown(d))
     for path, attrs in sorted(d.groups.items()):
-        root.place(path).entries.update(mirror_group_files(attrs, mtime, d.group_types.get(path)))
+        root.place(path).entries.update(mirror_group_files(attrs, mtime, d.group_types.get(path), path, ctx.warn_once))
     arrays = {p: a for p, a in d.arrays.items() if a.readable and not a.meta.error}
     # a name netCDF-C cannot hold ('a/b' looks for a group 'a', ' x') failed its open of the
     # whole mirror: such a name is the netCDF files' legal one

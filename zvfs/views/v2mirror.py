@@ -40,6 +40,7 @@ from zvfs.views.cfattrs import (
     Typed,
     array_attributes,
     json_attributes,
+    legal_attributes,
     nczarr_type,
     translate,
     with_suffix,
@@ -82,15 +83,21 @@ def zarray_doc(meta: ArrayMeta) -> dict[str, Any]:
     }
 
 
-def zattrs_doc(meta: ArrayMeta, names: list[str] | None = None) -> dict[str, Any]:
-    """User attributes (CF-translated), ``_FillValue`` and ``_ARRAY_DIMENSIONS`` (``names``: as renamed).
+def zattrs_doc(
+    meta: ArrayMeta, names: list[str] | None = None, dropped: list[str] | None = None
+) -> dict[str, Any]:
+    """User attributes (CF-translated, under netCDF-legal names), ``_FillValue`` and
+    ``_ARRAY_DIMENSIONS`` (``names``: as renamed); ``dropped`` gets the source names left out.
 
     ``_FillValue`` repeats the ``.zarray`` fill as a number (netCDF-C reads it only from
     here); xarray's base64 and NCZarr's "NaN" spellings never reach a v2 reader.
     """
     translated = array_attributes(meta)
-    attrs = json_attributes(translated.attrs)
-    types = attribute_types(translated.attrs)
+    legal, lost = legal_attributes(translated.attrs)
+    if dropped is not None:
+        dropped.extend(lost)
+    attrs = json_attributes(legal)
+    types = attribute_types(legal)
     if translated.fill is not None and meta.dtype.kind in "iuf":
         attrs["_FillValue"] = json_scalar(translated.fill)
         types["_FillValue"] = mirror_dtype(meta.dtype).str
@@ -200,30 +207,50 @@ class V2ChunkFile(ChunkFile):
         return region_bytes(chunk, offset, length)
 
 
+def _tell_dropped(warn: Callable[[str, str], None] | None, path: str, dropped: list[str]) -> None:
+    for name in dropped if warn is not None else ():
+        warn(f"v2 attribute {path}:{name}", f"v2 mirror: attribute {name!r} of {path or '/'} left out: "
+             "another attribute has the same netCDF name")
+
+
 def mirror_array_dir(
     array: DecodedArray, extra: dict[str, Node] | None = None, dims: list[str] | None = None
 ) -> ChunkGridDir:
     mtime = array.ctx.node_mtime(array.meta.path)
     meta = array.meta
+    dropped: list[str] = []
     entries: dict[str, Node] = {
         ".zarray": BytesFile(_dumps(zarray_doc(meta)), mtime),
-        ".zattrs": BytesFile(_dumps(zattrs_doc(meta, dims)), mtime),
+        ".zattrs": BytesFile(_dumps(zattrs_doc(meta, dims, dropped)), mtime),
     }
+    _tell_dropped(array.ctx.warn_once, meta.path, dropped)
     entries.update(extra or {})
     return ChunkGridDir(array, V2ChunkFile, entries)
 
 
 def mirror_group_files(
-    attrs: dict[str, Any], mtime: float, types: dict[str, str] | None = None
+    attrs: dict[str, Any],
+    mtime: float,
+    types: dict[str, str] | None = None,
+    path: str = "",
+    warn: Callable[[str, str], None] | None = None,
 ) -> dict[str, Node]:
-    """``.zgroup`` and the group's CF-translated ``.zattrs`` (``types``: NCZarr's attribute types)."""
+    """``.zgroup`` and the group's CF-translated ``.zattrs`` (``types``: NCZarr's attribute
+    types); ``warn`` is told of each attribute left out (see legal_attributes)."""
+    dropped: list[str] = []
+    doc = group_zattrs(translate(attrs, types), dropped)
+    _tell_dropped(warn, path, dropped)
     return {
         ".zgroup": BytesFile(_dumps({"zarr_format": 2}), mtime),
-        ".zattrs": BytesFile(_dumps(group_zattrs(translate(attrs, types))), mtime),
+        ".zattrs": BytesFile(_dumps(doc), mtime),
     }
 
 
-def group_zattrs(attrs: dict[str, Typed]) -> dict[str, Any]:
+def group_zattrs(attrs: dict[str, Typed], dropped: list[str] | None = None) -> dict[str, Any]:
+    """A group's ``.zattrs`` under netCDF-legal names; ``dropped`` gets the source names left out."""
+    attrs, lost = legal_attributes(attrs)
+    if dropped is not None:
+        dropped.extend(lost)
     doc = json_attributes(attrs)
     types = attribute_types(attrs)
     if types:
