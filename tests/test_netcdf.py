@@ -790,6 +790,26 @@ def test_mirror_attribute_names_netcdf_c_cannot_hold_leave_the_store_readable(mo
     assert_one_line(m, "'a/b'")
 
 
+def test_an_array_of_no_elements_leaves_the_mirror_readable(mount, tmp_path: Path) -> None:
+    """A v3 array of shape (0,) (a dataset with no time steps yet) beside others: its mirror
+    .zarray of shape [0] made netCDF-C 4.9 refuse the whole mirror ("NetCDF: NCZarr error"),
+    which has no form for a zero-length dimension but the unlimited one. It is left out of
+    the mirror (it holds no value), with one log line, as from the netCDF files; nccopy copies
+    the rest with zarr-python's values."""
+    store = tmp_path / "empty.zarr"
+    group = zarr.open_group(str(store), mode="w", zarr_format=3)
+    group.create_array("none_yet", shape=(0, 3), chunks=(5, 3), dtype="f4", dimension_names=["time", "k"])
+    a = group.create_array("k", shape=(3,), chunks=(3,), dtype="i4", dimension_names=["k"])
+    a[:] = [1, 2, 3]
+    m = mount(store)
+    out = tmp_path / "copy.nc"
+    res = run([tool("nccopy"), f"file://{m.path}/.zvfs/v2#mode=zarr,file", str(out)])
+    assert res.returncode == 0, res.stderr
+    with netCDF4.Dataset(out) as ds:
+        assert list(ds.variables) == ["k"] and ds["k"][:].tolist() == [1, 2, 3]
+    assert_one_line(m, "none_yet")
+
+
 def test_non_finite_float_attributes_stay_numbers(mount, tmp_path: Path) -> None:
     """A NaN or Infinity attribute (the literals zarr-python 2 writes, and reads as floats) was
     made the string "NaN" for every view: zarr-python read the mirror's missing_value as text,
