@@ -250,6 +250,31 @@ def test_an_envi_header_names_at_most_max_band_names_bands(tmp_path: Path, mount
     assert_good(m, root)
 
 
+def test_an_envi_header_is_bounded_whatever_the_band_dimension_is_called(tmp_path: Path, mount) -> None:
+    """A 100 KB metadata document (10,000 bands, the band dimension named with 100,000
+    characters) made data.hdr 1,000,069,076 bytes, built in the daemon's memory as
+    .zvfs/arrays was listed: its peak RSS went from 32 MB to 2.9 GB and a listing took
+    10 s; a few such arrays end the daemon. Band names are written only while they stay
+    within MAX_BAND_NAMES_BYTES; past that the header names no band."""
+    from zvfs.views.envi import MAX_BAND_NAMES_BYTES
+
+    root = new_store(tmp_path / "store")
+    doc = _v3_doc([10_000, 1, 1], "uint8")
+    doc["chunk_grid"]["configuration"]["chunk_shape"] = [10_000, 1, 1]
+    doc["dimension_names"] = ["B" * 100_000, "y", "x"]
+    (root / "bands").mkdir()
+    (root / "bands/zarr.json").write_text(json.dumps(doc))
+    m = mount(root)
+    pid = daemon_pid(m)
+    hdr = m.path / ".zvfs/arrays/bands/data.hdr"
+    assert hdr.stat().st_size < MAX_BAND_NAMES_BYTES
+    text = hdr.read_text()
+    assert "bands = 10000" in text and "band names" not in text, text[:500]
+    assert status_kib(pid, "VmHWM") < 500_000
+    assert_alive(m, pid)
+    assert_good(m, root)
+
+
 def test_names_in_an_envi_header_cannot_set_its_fields(tmp_path: Path, mount) -> None:
     """A dimension name (or an array path) holding "}" and a newline closed the band names and
     added fields GDAL obeyed: "byte order = 1" and "samples = 2" had GDAL read int16 data

@@ -23,6 +23,12 @@ ENVI_TYPES = {
 MAX_BAND_NAMES = 10_000
 
 
+#: bytes of band names a header holds at most: a dimension name is any JSON string, and
+#: 10,000 names of a 100,000-character one made a header of 1 GB, built in the daemon's
+#: memory as .zvfs/arrays was listed (a 100 KB metadata document; a few ended the daemon)
+MAX_BAND_NAMES_BYTES = 1 << 20
+
+
 #: GDAL (and ENVI) hold samples, lines and bands in a signed 32-bit int: a header past it
 #: is one no reader opens ("Invalid dataset dimensions : 1073741824 x -2147483648")
 MAX_DIM = 2**31 - 1
@@ -65,6 +71,9 @@ def envi_header(meta: ArrayMeta) -> bytes:
     ]
     if meta.dimension_names and meta.ndim == 3 and meta.dimension_names[0] and bands <= MAX_BAND_NAMES:
         name = _value_text(meta.dimension_names[0])
-        lines_out.append("band names = {" + ", ".join(f"{name} {i}" for i in range(bands)) + "}")
+        # "<name> <i>, " a band, at most: measured before a byte is built
+        per_band = len(name.encode("utf-8", "backslashreplace")) + len(str(bands)) + 3
+        if bands * per_band <= MAX_BAND_NAMES_BYTES:
+            lines_out.append("band names = {" + ", ".join(f"{name} {i}" for i in range(bands)) + "}")
     # names from JSON may hold what UTF-8 cannot (lone surrogates): escaped, not an error
     return ("\n".join(lines_out) + "\n").encode("utf-8", "backslashreplace")
