@@ -220,6 +220,34 @@ def test_sizes_and_names_the_kernel_cannot_be_told_fail_alone(tmp_path: Path, mo
     assert_alive(z, zpid)
 
 
+def test_an_array_below_a_thousand_group_levels_leaves_the_mirror_served(tmp_path: Path, mount) -> None:
+    """A directory store of 1,000 nested groups with an array at the bottom: discovery left
+    out the groups past MAX_PATH_DEPTH (one log line) but walked on below them and kept the
+    array 1,000 levels deep, so the v2 mirror was built 1,000 directories deep and its
+    building recursed past Python's limit: every readdir and lookup of .zvfs/v2 failed with
+    EIO (RecursionError), the healthy array's mirror too. Discovery stops at that depth now:
+    the deep array is left out like the groups above it, and the mirror is served."""
+    from zvfs.formats.api import MAX_PATH_DEPTH
+
+    root = new_store(tmp_path / "store")
+    path = root
+    for _ in range(1000):
+        path = path / "g"
+        path.mkdir()
+        (path / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}))
+    (path / "a").mkdir()
+    (path / "a/zarr.json").write_text(json.dumps(_v3_doc([4], "uint8")))
+    m = mount(root)
+    pid = daemon_pid(m)
+    v2 = m.path / ".zvfs/v2"
+    assert {"good", "g"} <= set(os.listdir(v2))
+    assert json.loads((v2 / "good/.zarray").read_text())["shape"] == list(GOOD.shape)
+    assert not any(p.count("/") > MAX_PATH_DEPTH for p in os.listdir(m.path / ".zvfs/arrays"))
+    assert len(lines_naming(m, f"more than {MAX_PATH_DEPTH} levels deep")) == 1, m.log_text()[-2000:]
+    assert_alive(m, pid)
+    assert_good(m, root)
+
+
 def test_an_envi_header_names_at_most_max_band_names_bands(tmp_path: Path, mount) -> None:
     """data.hdr names each band after the first dimension; metadata may declare 2**40 bands
     (a uint8 array of shape [2**40, 1, 1] is metadata only), and naming each stalled the

@@ -454,6 +454,11 @@ def _walk(store: Store, h: Hierarchy, root: Listing) -> None:
             h.errors[path] = str(exc)
             h.incomplete = True
             continue
+        if node is not None and path.count("/") >= MAX_PATH_DEPTH:
+            # told once and not walked below: an array 1,000 levels down was kept (arrays
+            # skipped the check) and the v2 mirror built that deep failed whole (RecursionError)
+            h.add(node)
+            continue
         if isinstance(node, ArrayMeta):
             h.arrays[path] = node
             continue
