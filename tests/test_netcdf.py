@@ -878,6 +878,34 @@ def test_times_read_as_numpy_has_them(mount, tmp_path: Path) -> None:
     assert res.returncode == 0 and '"1500-03-01", "1582-10-04", _, "2001-01-01 12"' in res.stdout, res.stdout
 
 
+def test_a_time_array_s_own_units_never_label_the_served_counts(mount, tmp_path: Path) -> None:
+    """A datetime64[s] array carrying CF attributes of its own (units = "days since
+    2000-01-01", calendar = "noleap", as copied from a netCDF file) was served as seconds
+    since 1970 under those attributes: xarray failed to decode it ("unable to decode time
+    units ... noleap"), or read dates millions of years off without the calendar. The served
+    encoding's units and calendar are the file's now, the source's are named in zvfs_left_out,
+    and xarray reads the dates zarr-python reads."""
+    store = tmp_path / "t.zarr"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        g = zarr.open_group(str(store), mode="w", zarr_format=2)
+        for name, calendar in (("t", "noleap"), ("u", None)):
+            a = g.create_array(name, shape=(3,), chunks=(3,), dtype="M8[s]")
+            a[:] = np.array(["2000-01-01", "2000-01-02T06:00", "1999-12-31"], "M8[s]")
+            a.attrs.update({"_ARRAY_DIMENSIONS": ["n"], "units": "days since 2000-01-01", "long_name": name,
+                            **({"calendar": calendar} if calendar else {})})
+    m = mount(store)
+    ref = zarr.open_group(str(store), mode="r")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds = xr.open_dataset(m.path / ".zvfs/netcdf/root.nc", engine="netcdf4").load()
+    for name in ("t", "u"):
+        assert ds[name].values.astype("M8[s]").tolist() == ref[name][:].tolist(), name
+        assert ds[name].attrs["long_name"] == name
+    left = ds.attrs[LEFT_OUT]
+    assert "t: attribute units" in left and "t: attribute calendar" in left and "u: attribute units" in left, left
+
+
 def test_times_in_multiples_of_a_unit_read_as_zarr_reads_them(mount, tmp_path: Path) -> None:
     """An M8[10s] element counts tens of seconds: it was served as its raw count under
     "seconds since 1970", so 2000-01-01 read as 1972-12-31, and m8[15m] read 15 times too

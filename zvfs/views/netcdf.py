@@ -359,7 +359,15 @@ def build_layout(
             if "_FillValue" in vattrs.attrs:  # not a value of the variable's type
                 del vattrs.attrs["_FillValue"]
                 left_out[f"{name}: _FillValue"] = f"not a value of {meta.dtype}"
-            named = [(k, text_attr(k, v)) for k, v in vtype.extra_attrs.items() if k not in vattrs.attrs]
+            # what the served bytes are (units of a time's counts, _Unsigned, bool's dtype) wins
+            # over the source's attribute of that name: a datetime64 array's own "days since
+            # 2000-01-01" labelled the seconds since 1970 served, and dates read millennia off
+            for src in [k for k in vattrs.attrs if nc_name(k) in vtype.extra_attrs]:
+                typed = vattrs.attrs.pop(src)
+                served = vtype.extra_attrs[nc_name(src)]
+                if typed.text != served:
+                    left_out[f"{name}: attribute {src}"] = f"the data served are {nc_name(src)} = {served!r}"
+            named = [(k, text_attr(k, v)) for k, v in vtype.extra_attrs.items()]
             named += [
                 (k, a) for k, t in vattrs.attrs.items() if (a := typed_attr(nc_name(k), t, cdf5, vtype)) is not None
             ]
