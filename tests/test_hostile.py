@@ -248,6 +248,39 @@ def test_an_array_below_a_thousand_group_levels_leaves_the_mirror_served(tmp_pat
     assert_good(m, root)
 
 
+def test_the_mirror_s_consolidated_metadata_is_bounded_for_nested_groups(tmp_path: Path, mount) -> None:
+    """Each group of the v2 mirror had a .zmetadata repeating every document below it: 100
+    nested groups with a 100 KB attribute each (10 MB of metadata) made 100 copies of up to
+    10 MB, and the daemon's RSS went from 32 MB to 585 MB when .zvfs/v2 was listed (255 levels
+    of it would be 3 GB). The root's .zmetadata is whole; below it, .zmetadata files are written
+    while their bytes together stay within ZMETADATA_BUDGET (a group without one opens
+    unconsolidated)."""
+    from zvfs.views.v2mirror import ZMETADATA_BUDGET
+
+    root = new_store(tmp_path / "store")
+    path = root
+    for _ in range(100):
+        path = path / "g"
+        path.mkdir()
+        (path / "zarr.json").write_text(json.dumps(
+            {"zarr_format": 3, "node_type": "group", "attributes": {"big": "x" * 100_000}}))
+    m = mount(root)
+    pid = daemon_pid(m)
+    v2 = m.path / ".zvfs/v2"
+    assert {"good", "g"} <= set(os.listdir(v2))
+    whole = json.loads((v2 / ".zmetadata").read_text())["metadata"]
+    assert "good/.zarray" in whole and "/".join(["g"] * 100) + "/.zattrs" in whole
+    total, level = 0, v2
+    for _ in range(100):
+        level = level / "g"
+        if (level / ".zmetadata").exists():
+            total += (level / ".zmetadata").stat().st_size
+    assert total <= ZMETADATA_BUDGET
+    assert status_kib(pid, "VmHWM") < 300_000
+    assert_alive(m, pid)
+    assert_good(m, root)
+
+
 def test_an_envi_header_names_at_most_max_band_names_bands(tmp_path: Path, mount) -> None:
     """data.hdr names each band after the first dimension; metadata may declare 2**40 bands
     (a uint8 array of shape [2**40, 1, 1] is metadata only), and naming each stalled the

@@ -258,23 +258,52 @@ def group_zattrs(attrs: dict[str, Typed], dropped: list[str] | None = None) -> d
     return doc
 
 
+#: bytes of .zmetadata the mirror holds below its root's: each group's repeats every document
+#: below it, so nested groups cost depth x metadata (100 levels of one 100 KB attribute each
+#: made 500 MB of them, 255 levels would be 3 GB)
+ZMETADATA_BUDGET = 64 << 20
+
+
 async def consolidate(node: Node) -> dict[str, Any]:
-    """Give every group directory below ``node`` a ``.zmetadata``; return ``node``'s documents.
+    """Give the group directories below ``node`` a ``.zmetadata``; return ``node``'s documents.
 
     Each group's ``.zmetadata`` holds every .zgroup/.zattrs/.zarray below it (keys
     relative to it), so ``xarray.open_zarr`` (consolidated by default) opens the
     mirror or any group of it without a warning. It is built from the mirror's own
-    files, so it cannot disagree with them.
+    files, so it cannot disagree with them. ``node``'s own is whole; the others are
+    given from the shallowest down while their sizes together (estimated from the
+    documents' files before anything is written) stay within ZMETADATA_BUDGET: a
+    group left without one opens unconsolidated, and netCDF-C never reads them.
     """
+    groups: list[tuple[int, StaticDir, dict[str, Any], int]] = []
+    docs, _ = await _collect(node, 0, groups)
+    spent = 0
+    for depth, group, group_docs, estimate in sorted(groups, key=lambda g: g[0]):
+        if depth and spent + estimate > ZMETADATA_BUDGET:
+            continue
+        text = _dumps({"zarr_consolidated_format": 1, "metadata": group_docs})
+        spent += len(text) if depth else 0
+        group.entries[".zmetadata"] = BytesFile(text, group.mtime)
+    return docs
+
+
+async def _collect(
+    node: Node, depth: int, groups: list[tuple[int, StaticDir, dict[str, Any], int]]
+) -> tuple[dict[str, Any], int]:
+    """``node``'s documents (keys relative to it) and their size estimate; each group met is
+    added to ``groups`` as (depth, node, documents, estimate)."""
     entries = node.entries if isinstance(node, StaticDir) else getattr(node, "extra", {})
     docs: dict[str, Any] = {}
+    estimate = 0
     for name, child in sorted(entries.items()):
         if name in (".zgroup", ".zattrs", ".zarray") and isinstance(child, BytesFile):
             docs[name] = json.loads(await child.read(0, child.size))
+            estimate += child.size + len(name)
         elif isinstance(child, StaticDir | ChunkGridDir):
-            for key, doc in (await consolidate(child)).items():
+            below, size = await _collect(child, depth + 1, groups)
+            for key, doc in below.items():
                 docs[f"{name}/{key}"] = doc
+            estimate += size + (len(name) + 1) * len(below)
     if isinstance(node, StaticDir) and ".zgroup" in docs:
-        doc = {"zarr_consolidated_format": 1, "metadata": docs}
-        node.entries[".zmetadata"] = BytesFile(_dumps(doc), node.mtime)
-    return docs
+        groups.append((depth, node, docs, estimate))
+    return docs, estimate
