@@ -1069,6 +1069,24 @@ def test_a_group_file_and_a_directory_of_one_name_both_show(mount, tmp_path: Pat
             assert ds[var][:].tolist() == zarr.open_array(str(store), path=path, mode="r")[:].tolist()
 
 
+def test_a_group_keeps_its_own_file_name_when_another_gives_way(mount, tmp_path: Path) -> None:
+    """Groups 'root' and 'root_': 'root' gives way to the root's root.nc, sorted first, took
+    root_.nc, and the group really called 'root_' was served as root__.nc: root_.nc held
+    another group's data. A group whose own name is free keeps it now."""
+    store = tmp_path / "names.zarr"
+    top = zarr.open_group(str(store), mode="w", zarr_format=3)
+    for path, values in (("root/v", [1, 2]), ("root_/v", [3, 4, 5]), ("w", [6])):
+        a = top.create_array(path, shape=(len(values),), chunks=(len(values),), dtype="i4")
+        a[:] = values
+    m = mount(store)
+    nc = m.path / ".zvfs/netcdf"
+    assert sorted(os.listdir(nc)) == ["root.nc", "root_.nc", "root__.nc"]
+    for f, path in (("root_.nc", "root_/v"), ("root__.nc", "root/v"), ("root.nc", "w")):
+        with netCDF4.Dataset(nc / f) as ds:
+            var = ds[path.rpartition("/")[2]]
+            assert var[:].tolist() == zarr.open_array(str(store), path=path, mode="r")[:].tolist(), f
+
+
 # --------------------------------------------------------------------------- Zarr Vectors stores
 
 

@@ -559,10 +559,22 @@ def group_file_names(groups: Sequence[str]) -> dict[str, tuple[str, str]]:
     dirs = {"/".join(parts[:i]) for g in groups if g for parts in [g.split("/")] for i in range(1, len(parts))}
     taken = {("", ROOT_FILE)}
     out: dict[str, tuple[str, str]] = {"": ("", ROOT_FILE)} if "" in groups else {}
-    for g in sorted(x for x in groups if x):
+
+    def free(parent: str, stem: str) -> bool:
+        return (parent, f"{stem}.nc") not in taken and f"{parent}/{stem}.nc".lstrip("/") not in dirs
+
+    # a group whose own name is free keeps it first: 'root' (giving way to root.nc) took
+    # root_.nc, sorted before the group really called 'root_', which became root__.nc
+    named = sorted(x for x in groups if x)
+    for g in named:
+        parent, _, base = g.rpartition("/")
+        if free(parent, base):
+            taken.add((parent, f"{base}.nc"))
+            out[g] = (parent, f"{base}.nc")
+    for g in (x for x in named if x not in out):
         parent, _, base = g.rpartition("/")
         stem = base
-        while (parent, f"{stem}.nc") in taken or f"{parent}/{stem}.nc".lstrip("/") in dirs:
+        while not free(parent, stem):
             stem += "_"
         taken.add((parent, f"{stem}.nc"))
         out[g] = (parent, f"{stem}.nc")
