@@ -671,7 +671,7 @@ def test_mirror_lists_netcdf_c_cannot_read_are_their_json_text(mount, tmp_path: 
     the netCDF files), and nccopy copies the store with every other value zarr-python's."""
     store = tmp_path / "lists.zarr"
     lists = {"names": ["a", "b"], "empty": [], "mixed": [1, "a", None], "nested": [[1, 2]],
-             "huge": [1, 2**63]}
+             "huge": [-1, 2**63]}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         g = zarr.open_group(str(store), mode="w", zarr_format=2)
@@ -960,6 +960,38 @@ def test_dimension_names_that_clash_as_netcdf_names_are_renamed_not_left_out(mou
             assert got.dtype == w.dtype, (name, got.dtype)
             np.testing.assert_array_equal(got, w, err_msg=name)
         assert ds["a"].dims != ds["b"].dims and ds["g"].dims == ("strlen2",)
+
+
+def test_uint64_missing_values_past_int64_stay_numbers(mount, tmp_path: Path) -> None:
+    """A uint64 array with missing_value = 2**64 - 1 and valid_range = [0, 2**64 - 2] (the
+    usual 'all ones' missing value): integers past int64 were no number type of the
+    translation, so the netCDF file held them as text ("18446744073709551615") and xarray and
+    netCDF4 masked nothing, where xarray on the source reads NaN; the mirror's valid_range was
+    text too. They are uint64 numbers now, in the file and the mirror."""
+    store = tmp_path / "u64.zarr"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        g = zarr.open_group(str(store), mode="w", zarr_format=2)
+        a = g.create_array("u", shape=(3,), chunks=(3,), dtype="u8", fill_value=0)
+        a[:] = [1, 2**64 - 1, 5]
+        a.attrs.update({"_ARRAY_DIMENSIONS": ["n"], "missing_value": 2**64 - 1, "valid_range": [0, 2**64 - 2]})
+        want = xr.open_zarr(store)["u"].values
+    assert np.isnan(want[1])
+    m = mount(store)
+    f = m.path / ".zvfs/netcdf/root.nc"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = xr.open_dataset(f, engine="netcdf4")["u"].values
+    np.testing.assert_array_equal(got, want)
+    with netCDF4.Dataset(f) as ds:
+        assert ds["u"].getncattr("missing_value") == 2**64 - 1
+        assert ds["u"].getncattr("valid_range").tolist() == [0, 2**64 - 2]
+        assert np.ma.getmaskarray(ds["u"][:]).tolist() == [False, True, False]
+    out = tmp_path / "copy.nc"
+    res = run([tool("nccopy"), f"file://{m.path}/.zvfs/v2#mode=zarr,file", str(out)])
+    assert res.returncode == 0, res.stderr
+    with netCDF4.Dataset(out) as ds:
+        assert ds["u"].getncattr("valid_range").tolist() == [0, 2**64 - 2]
 
 
 def test_a_name_netcdf_can_hold_is_never_given_to_another_array(mount, tmp_path: Path) -> None:

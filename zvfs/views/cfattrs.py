@@ -121,6 +121,8 @@ def _numbers(value: Any, dtype: np.dtype | None = None) -> np.ndarray | None:
             return np.array(out, dtype="i4")
         if -(2**63) <= lo and hi < 2**63:
             return np.array(out, dtype="i8")
+        if 0 <= lo and hi < 2**64:  # uint64's "all ones" missing value was text, masking nothing
+            return np.array(out, dtype="u8")
         return None
     return np.array(out, dtype="f8")
 
