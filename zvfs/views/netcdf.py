@@ -69,6 +69,8 @@ NC_DTYPE = {
 CDF2_VAR_LIMIT = 2**32 - 4
 #: CDF-1 offsets are signed 32-bit
 CDF1_FILE_LIMIT = 2**31 - 1
+#: what a file's size may be (st_size is signed 64-bit), less room for the header
+FILE_LIMIT = 2**63 - 1 - 2**32
 #: each variable's data begins on its own page: a corrupt chunk's EIO (which fails
 #: the kernel's whole page read) then never spills onto the header or another
 #: variable, and every element is aligned. The gaps hold zeros; begins are explicit.
@@ -386,6 +388,16 @@ def build_layout(
                 taken.add(vname)
             nbytes = meta.size * vtype.served.itemsize
             variables.append(NcVar(vname, array, vtype, dims, nc_attrs, nbytes))
+    # no file holds more than 2**63 - 1 bytes (st_size): the largest variables give way, not
+    # the group's file (it was EIO, and every other variable of the group with it)
+    total = sum(v.vsize + VAR_ALIGN for v in variables)
+    for _, v in sorted(((v.vsize, i), v) for i, v in enumerate(variables))[::-1]:  # the largest, the last
+        if total <= FILE_LIMIT:
+            break
+        variables.remove(v)
+        total -= v.vsize + VAR_ALIGN
+        left_out[next(n for n, a in usable.items() if a is v.array)] = (
+            f"{v.vsize} bytes of data: the file would pass {FILE_LIMIT} bytes")
     # dimensions in order of first use by the remaining variables
     dim_order: dict[str, int] = {}
     for v in variables:
