@@ -810,6 +810,21 @@ def test_an_array_of_no_elements_leaves_the_mirror_readable(mount, tmp_path: Pat
     assert_one_line(m, "none_yet")
 
 
+def test_a_variable_length_array_left_out_of_the_mirror_is_told(mount, tmp_path: Path) -> None:
+    """A variable-length string array has no uncompressed v2 form: it was missing from the
+    mirror with nothing said (the netCDF file names it in zvfs_left_out). One log line names
+    it now; the other arrays are mirrored."""
+    store = tmp_path / "vlen.zarr"
+    group = zarr.open_group(str(store), mode="w", zarr_format=3)
+    s = group.create_array("labels", shape=(2,), chunks=(2,), dtype=str)
+    s[:] = ["a", "bb"]
+    a = group.create_array("k", shape=(2,), chunks=(2,), dtype="i4")
+    a[:] = [1, 2]
+    m = mount(store)
+    assert sorted(p.name for p in (m.path / ".zvfs/v2").iterdir() if not p.name.startswith(".")) == ["k"]
+    assert "variable-length" in assert_one_line(m, "labels")
+
+
 def test_non_finite_float_attributes_stay_numbers(mount, tmp_path: Path) -> None:
     """A NaN or Infinity attribute (the literals zarr-python 2 writes, and reads as floats) was
     made the string "NaN" for every view: zarr-python read the mirror's missing_value as text,

@@ -130,12 +130,19 @@ async def build_v2_dir(ctx: MountContext) -> DirNode:
     for path, attrs in sorted(d.groups.items()):
         root.place(path).entries.update(mirror_group_files(attrs, mtime, d.group_types.get(path), path, ctx.warn_once))
     arrays = {p: a for p, a in d.arrays.items() if a.readable and not a.meta.error}
+    # what the mirror leaves out by design is said once, at info (a bad array's error is
+    # logged as the metadata is read)
+    for path, array in d.arrays.items():
+        if array.meta.vlen is not None and not array.meta.error and ctx.log_once.first(f"v2 vlen {path}"):
+            log.info("v2 mirror: array %s left out: variable-length elements (%s) have no "
+                     "uncompressed v2 form", path or "/", array.meta.vlen)
     for path in [p for p, a in arrays.items() if 0 in a.meta.shape]:
         # netCDF-C 4.9 has no form for a zero-length dimension but the unlimited one: one such
         # array failed its open of the whole mirror ("NCZarr error"); it holds no value
         del arrays[path]
-        ctx.warn_once(f"v2 empty {path}", f"v2 mirror: array {path or '/'} left out: "
-                      "a zero-length dimension, which netCDF-C cannot open")
+        if ctx.log_once.first(f"v2 empty {path}"):
+            log.info("v2 mirror: array %s left out: a zero-length dimension, which netCDF-C "
+                     "cannot open", path or "/")
     # a name netCDF-C cannot hold ('a/b' looks for a group 'a', ' x') failed its open of the
     # whole mirror: such a name is the netCDF files' legal one
     dims = consistent_dimensions({p: a.meta for p, a in arrays.items()}, legal=nc_name)
