@@ -1009,6 +1009,25 @@ def test_uint64_missing_values_past_int64_stay_numbers(mount, tmp_path: Path) ->
         assert ds["u"].getncattr("valid_range").tolist() == [0, 2**64 - 2]
 
 
+def test_a_missing_value_no_number_type_holds_leaves_the_variable_readable(mount, tmp_path: Path) -> None:
+    """missing_value = 2**70 on an int16 array (an integer past every netCDF type) was written
+    as its decimal text, and netCDF4 then failed every read of the variable ("OverflowError:
+    Python int too large to convert to C long"), where xarray reads the source. Such a
+    value-typed attribute is left out now, named in zvfs_left_out; the variable reads."""
+    store = tmp_path / "huge.zarr"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        g = zarr.open_group(str(store), mode="w", zarr_format=2)
+        a = g.create_array("v", shape=(3,), chunks=(3,), dtype="i2", fill_value=None)
+        a[:] = [1, 2, 3]
+        a.attrs.update({"_ARRAY_DIMENSIONS": ["n"], "missing_value": 2**70, "note": 2**70})
+    m = mount(store)
+    with netCDF4.Dataset(m.path / ".zvfs/netcdf/root.nc") as ds:
+        assert ds["v"][:].tolist() == [1, 2, 3]
+        assert "missing_value" not in ds["v"].ncattrs() and ds["v"].getncattr("note") == str(2**70)
+        assert "v: attribute missing_value" in ds.getncattr(LEFT_OUT)
+
+
 def test_a_name_netcdf_can_hold_is_never_given_to_another_array(mount, tmp_path: Path) -> None:
     """Arrays 'caf\u00e9' (NFC) and 'cafe\u0301' (NFD, as macOS writes names), and 'v_' and
     'v\t': the NFD and tab names sort first, became 'caf\u00e9' and 'v_' in the file, and the

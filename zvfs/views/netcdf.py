@@ -370,9 +370,16 @@ def build_layout(
                 if typed.text != served:
                     left_out[f"{name}: attribute {src}"] = f"the data served are {nc_name(src)} = {served!r}"
             named = [(k, text_attr(k, v)) for k, v in vtype.extra_attrs.items()]
-            named += [
-                (k, a) for k, t in vattrs.attrs.items() if (a := typed_attr(nc_name(k), t, cdf5, vtype)) is not None
-            ]
+            for k, t in vattrs.attrs.items():
+                a = typed_attr(nc_name(k), t, cdf5, vtype)
+                if a is None:
+                    continue
+                if a.name in VALUE_TYPED and t.text is None and a.nc_type == NC_CHAR != vtype.nc_type:
+                    # a number no type holds (missing_value 2**70), as text: netCDF4 then
+                    # failed every read of the variable ("Python int too large")
+                    left_out[f"{name}: attribute {k}"] = "no number of a netCDF type of this file"
+                    continue
+                named.append((k, a))
             fill = _fill_attr(vattrs, vtype, meta)
             if fill is not None:
                 named.insert(0, ("_FillValue", fill))  # first: a user attribute of its name gives way
