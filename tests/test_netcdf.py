@@ -66,6 +66,14 @@ class Var:
         return np.load(FIXTURES / "zarr" / self.info["ref"])
 
 
+def nccopy_mirror(m, tmp_path: Path) -> Path:
+    """nccopy of the whole v2 mirror into one netCDF-4 file (netCDF-C opens the mirror, or fails)."""
+    out = tmp_path / "copy.nc"
+    res = run([tool("nccopy"), f"file://{m.path}/.zvfs/v2#mode=zarr,file", str(out)])
+    assert res.returncode == 0, res.stderr
+    return out
+
+
 def _vars() -> list[Var]:
     out = []
     for store in STORES:
@@ -643,9 +651,7 @@ def test_mirror_awkward_attributes(mount, tmp_path: Path) -> None:
         want_var = dict(zarr.open_array(str(store), path="a", mode="r").attrs)
         want_group = dict(zarr.open_group(str(store), mode="r").attrs)
     m = mount(store)
-    out = tmp_path / "copy.nc"
-    res = run([tool("nccopy"), f"file://{m.path}/.zvfs/v2#mode=zarr,file", str(out)])
-    assert res.returncode == 0, res.stderr
+    out = nccopy_mirror(m, tmp_path)
     with netCDF4.Dataset(out) as ds:
         for want, got in ((want_var, {k: ds["a"].getncattr(k) for k in ds["a"].ncattrs()}),
                           (want_group, {k: ds.getncattr(k) for k in ds.ncattrs()})):
@@ -683,9 +689,7 @@ def test_mirror_lists_netcdf_c_cannot_read_are_their_json_text(mount, tmp_path: 
         sub.attrs.update({"_ARRAY_DIMENSIONS": ["y"], **lists})
         g.attrs["tags"] = ["t1", "t2"]
     m = mount(store)
-    out = tmp_path / "copy.nc"
-    res = run([tool("nccopy"), f"file://{m.path}/.zvfs/v2#mode=zarr,file", str(out)])
-    assert res.returncode == 0, res.stderr
+    out = nccopy_mirror(m, tmp_path)
     ref = zarr.open_group(str(store), mode="r")
     with netCDF4.Dataset(out) as ds:
         assert ds["top"][:].tolist() == ref["top"][:].tolist()
@@ -708,9 +712,7 @@ def test_mirror_names_and_text_beyond_ascii_reach_netcdf_c(mount, tmp_path: Path
     a[:] = [1, 2, 3]
     a.attrs["units"] = "µm"
     m = mount(store)
-    out = tmp_path / "copy.nc"
-    res = run([tool("nccopy"), f"file://{m.path}/.zvfs/v2#mode=zarr,file", str(out)])
-    assert res.returncode == 0, res.stderr
+    out = nccopy_mirror(m, tmp_path)
     ref = zarr.open_group(str(store), mode="r")
     with netCDF4.Dataset(out) as ds:
         assert list(ds.dimensions) == list(ref["t"].metadata.dimension_names)
@@ -731,9 +733,7 @@ def test_mirror_dimension_names_netcdf_c_cannot_hold_leave_the_store_readable(mo
         a = group.create_array(name, shape=(size,), chunks=(size,), dtype="i4", dimension_names=[dim])
         a[:] = np.arange(size) + size
     m = mount(store)
-    out = tmp_path / "copy.nc"
-    res = run([tool("nccopy"), f"file://{m.path}/.zvfs/v2#mode=zarr,file", str(out)])
-    assert res.returncode == 0, res.stderr
+    out = nccopy_mirror(m, tmp_path)
     ref = zarr.open_group(str(store), mode="r")
     with netCDF4.Dataset(out) as ds:
         for name in ("plain", "slash", "space"):
@@ -753,9 +753,7 @@ def test_long_dimension_names_renamed_for_their_sizes_stay_within_nc_max_name(mo
         arr = group.create_array(name, shape=(size,), chunks=(size,), dtype="i2", dimension_names=[dim])
         arr[:] = np.arange(size) + size
     m = mount(store)
-    out = tmp_path / "copy.nc"
-    res = run([tool("nccopy"), f"file://{m.path}/.zvfs/v2#mode=zarr,file", str(out)])
-    assert res.returncode == 0, res.stderr
+    out = nccopy_mirror(m, tmp_path)
     ref = zarr.open_group(str(store), mode="r")
     for f in (m.path / ".zvfs/netcdf/root.nc", out):
         with netCDF4.Dataset(f) as ds:
@@ -778,9 +776,7 @@ def test_mirror_attribute_names_netcdf_c_cannot_hold_leave_the_store_readable(mo
     a[:] = [1, 2]
     a.attrs.update({"": "empty", " lead": "sp", "A" * 300: "long", "a/b": "slash", "a_b": "kept", "ok": 1})
     m = mount(store)
-    out = tmp_path / "copy.nc"
-    res = run([tool("nccopy"), f"file://{m.path}/.zvfs/v2#mode=zarr,file", str(out)])
-    assert res.returncode == 0, res.stderr
+    out = nccopy_mirror(m, tmp_path)
     with netCDF4.Dataset(out) as ds:
         assert ds["a"][:].tolist() == [1, 2]
         got = {k: ds["a"].getncattr(k) for k in ds["a"].ncattrs()}
@@ -802,9 +798,7 @@ def test_an_array_of_no_elements_leaves_the_mirror_readable(mount, tmp_path: Pat
     a = group.create_array("k", shape=(3,), chunks=(3,), dtype="i4", dimension_names=["k"])
     a[:] = [1, 2, 3]
     m = mount(store)
-    out = tmp_path / "copy.nc"
-    res = run([tool("nccopy"), f"file://{m.path}/.zvfs/v2#mode=zarr,file", str(out)])
-    assert res.returncode == 0, res.stderr
+    out = nccopy_mirror(m, tmp_path)
     with netCDF4.Dataset(out) as ds:
         assert list(ds.variables) == ["k"] and ds["k"][:].tolist() == [1, 2, 3]
     assert_one_line(m, "none_yet")
@@ -847,9 +841,7 @@ def test_non_finite_float_attributes_stay_numbers(mount, tmp_path: Path) -> None
     assert math.isnan(mirror["missing_value"]) and mirror["valid_range"] == [-math.inf, math.inf]
     assert mirror["note"] == "NaN"
     assert math.isnan(zarr.open_group(str(m.path / ".zvfs/v2"), mode="r").attrs["gnan"])
-    out = tmp_path / "copy.nc"
-    res = run([tool("nccopy"), f"file://{m.path}/.zvfs/v2#mode=zarr,file", str(out)])
-    assert res.returncode == 0, res.stderr
+    out = nccopy_mirror(m, tmp_path)
     for f in (m.path / ".zvfs/netcdf/root.nc", out):
         with netCDF4.Dataset(f) as ds:
             var = ds["v"]
@@ -1002,9 +994,7 @@ def test_uint64_missing_values_past_int64_stay_numbers(mount, tmp_path: Path) ->
         assert ds["u"].getncattr("missing_value") == 2**64 - 1
         assert ds["u"].getncattr("valid_range").tolist() == [0, 2**64 - 2]
         assert np.ma.getmaskarray(ds["u"][:]).tolist() == [False, True, False]
-    out = tmp_path / "copy.nc"
-    res = run([tool("nccopy"), f"file://{m.path}/.zvfs/v2#mode=zarr,file", str(out)])
-    assert res.returncode == 0, res.stderr
+    out = nccopy_mirror(m, tmp_path)
     with netCDF4.Dataset(out) as ds:
         assert ds["u"].getncattr("valid_range").tolist() == [0, 2**64 - 2]
 
