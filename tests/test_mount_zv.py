@@ -641,6 +641,23 @@ def sized_corpus(tmp_path_factory) -> Path:
     cell.parent.mkdir(parents=True, exist_ok=True)
     cell.write_bytes(struct.pack("<II", 1, len(pairs)) + pairs)
     edit(d / "0/links/0/0.0.0/zarr.json", attributes={"nonempty_chunks": ["0.0.0"]})
+    # chunk 0.0.0's fragment index claims 2**24 rows (the most one chunk may have), and
+    # object 2's manifest names that fragment 8 times: 100 bytes had the daemon build
+    # 2**27 row numbers (2.2 GB peak RSS) on listing the level, and 64 times would be 17 GB
+    d = copy("repeat", "v09/points")
+    fi = struct.pack("<IHHII", 0x5A564647, 1, 0, 1, 1) + b"\x01" + bytes(7) + struct.pack("<qqI", 0, 2**24, 0)
+    (d / "0/vertex_fragments/c/1/1/1").write_bytes(struct.pack("<II", 1, len(fi)) + fi)
+    cell = d / "0/object_index/manifests/c/0"
+    items = manifest_items(cell)
+    items[2] = struct.pack("<I", 1) + struct.pack("<3q", 0, 0, 0) + b"\x02" + struct.pack("<I8q", 8, *[0] * 8)
+    # and object 3 names its last block (all of chunk -1.0.0) once more, as a polyline comes
+    # back to a chunk in the coarser levels zarr-vectors' build_pyramid writes: more rows of
+    # a chunk than it holds, and no error
+    (nblocks,) = struct.unpack("<I", items[3][:4])
+    last = items[3][-(24 + 1 + 8):]
+    assert last[24] == 0 and struct.unpack("<3q", last[:24]) == (-1, 0, 0)  # mode 0: one fragment
+    items[3] = struct.pack("<I", nblocks + 1) + items[3][4:] + last
+    write_manifest_items(cell, items)
     return root
 
 
@@ -676,6 +693,13 @@ def test_declared_sizes_and_link_endpoints_are_checked_before_use(backend: str, 
         _eio(lv / "level.ply")
         np.testing.assert_array_equal(load(lv / "vertices.npy"), ref("v09/graph", "L0_positions.npy"))
         np.testing.assert_array_equal(load(vec / "dup.zarr/0/vertices.npy"), pts)
+        lv = vec / "repeat.zarr/0"  # that object fails; the others read
+        _eio(lv / "objects/2.npy")
+        for oid in ("0", "1"):
+            np.testing.assert_array_equal(load(lv / f"objects/{oid}.npy"), ref("v09/points", f"L0_object_{oid}.npy"))
+        assert json.loads((lv / "chunks/-1.0.0/fragments.json").read_text()) == [[0]]
+        want = ref("v09/points", "L0_object_3.npy")
+        np.testing.assert_array_equal(load(lv / "objects/3.npy"), np.concatenate([want, want[-1:]]))
         lv = vec / "cycle.zarr/0"  # the object the cycle is in: its SWC fails, not its vertices
         swcs = sorted(p for p in os.listdir(lv / "objects") if p.endswith(".swc"))
         failed = []
@@ -697,7 +721,8 @@ def test_declared_sizes_and_link_endpoints_are_checked_before_use(backend: str, 
                       ("tables.zarr/0/object_index/object_ids", "declares"),
                       ("groups.zarr/0/groups", "range"),
                       ("edge.zarr/0/links/0/0.0.0", "vertex 7"),
-                      ("cycle.zarr/0/links/0", "cycle")):
+                      ("cycle.zarr/0/links/0", "cycle"),
+                      ("repeat.zarr/0/object_index/manifests", "rows of chunk 0.0.0")):
         lines = [ln for ln in log_lines(m, key) if said in ln]
         assert lines, (key, m.log_text()[-3000:])
         # one line a file: reading it three times did not add any

@@ -60,6 +60,21 @@ class FragmentIndex:
             out[exp] = self.offsets[s + 1].astype(np.int64) - self.offsets[s].astype(np.int64)
         return out
 
+    def count_rows(self, frags: np.ndarray) -> int:
+        """Rows the fragments ``frags`` name together, without expanding them (ZVError for
+        a fragment the chunk does not have)."""
+        frags = np.asarray(frags, np.int64)
+        if len(frags) and (int(frags.min()) < 0 or int(frags.max()) >= self.count):
+            f = int(frags.min()) if int(frags.min()) < 0 else int(frags.max())
+            raise ZVError(self.key, f"fragment {f} out of range (chunk has {self.count})")
+        s = self.slot[frags]
+        rng = self.is_range[frags]
+        total = int(self.ranges[s[rng], 1].sum()) if rng.any() else 0
+        e = s[~rng]
+        if len(e):
+            total += int((self.offsets[e + 1] - self.offsets[e]).sum())
+        return total
+
     @property
     def extent(self) -> int:
         top = 0
