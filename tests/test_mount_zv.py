@@ -814,3 +814,54 @@ def test_bad_input_fails_cleanly(backend: str, bad_corpus, mount, request, tmp_p
     for case, key in keys.items():
         lines = log_lines(m, key)
         assert lines, (case, key, m.log_text()[-3000:])
+
+
+# --------------------------------------------------------------------------- objects past the cache
+
+
+def test_an_object_larger_than_the_cache_is_served_in_parts(mount, tmp_path: Path) -> None:
+    """objects/<id>.npy was built whole at each read, and a file larger than the cache was
+    never kept: each 4 KiB read of a 5.8 MB object under --cache-size 1M decoded all of it
+    again (20 reads fetched 20 times the object). It is now served in parts of at most a
+    chunk here, as vertices.npy is: a read decodes only the chunks its bytes come from."""
+    d = tmp_path / "big.zarr"
+    shutil.copytree(store_dir("v09/points"), d)
+    lv = d / "0"
+    shutil.rmtree(lv / "vertex_attributes")
+    rng = np.random.default_rng(7)
+    per = 60_000  # vertices a chunk: 720 KB, under the cache; the object spans all 8 chunks
+    chunks = json.loads((lv / "vertices/zarr.json").read_text())["attributes"]["nonempty_chunks"]
+    written = {}
+    for name in chunks:
+        c = chunk_key(name)
+        cell = "/".join(str(x + 1) for x in c)  # grid origin -1
+        pts = rng.uniform(-100, 100, (per, 3)).astype("<f4")
+        written[c] = pts
+        (lv / "vertices/c" / cell).write_bytes(struct.pack("<II", 1, pts.nbytes) + pts.tobytes())
+        fi = struct.pack("<IHHII", 0x5A564647, 1, 0, 1, 1) + b"\x01" + bytes(7) + struct.pack("<qqI", 0, per, 0)
+        (lv / "vertex_fragments/c" / cell).write_bytes(struct.pack("<II", 1, len(fi)) + fi)
+    order = [chunk_key(n) for n in reversed(chunks)]  # manifest order, not the level's
+    cell = lv / "object_index/manifests/c/0"
+    items = manifest_items(cell)
+    items[0] = struct.pack("<I", len(order)) + b"".join(struct.pack("<3qBq", *c, 0, 0) for c in order)
+    items[1:] = [struct.pack("<I", 0)] * (len(items) - 1)
+    write_manifest_items(cell, items)
+    want = np.concatenate([written[c] for c in order])
+
+    m = mount(d, "--cache-size", "1M")
+    p = m.path / ".zvfs/vectors/0/objects/0.npy"
+    np.testing.assert_array_equal(load(p), want)
+    data = p.read_bytes()
+    assert len(data) > 5 * 2**20
+    before = json.loads((m.path / ".zvfs/stats.json").read_text())["store_bytes"]
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        r = np.random.default_rng(1)
+        for off in r.integers(0, len(data), 20).tolist():
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # each read reaches the daemon
+            assert os.pread(fd, 4096, off) == data[off : off + 4096]
+    finally:
+        os.close(fd)
+    fetched = json.loads((m.path / ".zvfs/stats.json").read_text())["store_bytes"] - before
+    # a chunk's cell (720 KB), or two where a read straddles them, per read at most
+    assert fetched <= 20 * 2 * (per * 12 + 64), f"{fetched:,} bytes fetched for 20 reads of 4 KiB"

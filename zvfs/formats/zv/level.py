@@ -665,18 +665,21 @@ class Level:
         for b in blocks:
             if b.chunk not in offsets:
                 raise ZVError(key, f"object {oid} names chunk {chunk_name(b.chunk)} which has no vertices")
-            fi = self.fragments(b.chunk)
-            if fi is None:
-                k = self.vertex_count(b.chunk) * len(b.fragments)
-            else:
-                try:
-                    k = fi.count_rows(b.fragments)
-                except ZVError as exc:
-                    raise ZVError(key, f"object {oid}: {exc}") from None
-            named[b.chunk] = named.get(b.chunk, 0) + k
+            named[b.chunk] = named.get(b.chunk, 0) + self.block_rows(b, oid)
             if named[b.chunk] > MAX_CHUNK_ROWS:
                 raise ZVError(key, f"object {oid} names {named[b.chunk]:,} rows of chunk {chunk_name(b.chunk)}; "
                                    f"no chunk has more than {MAX_CHUNK_ROWS:,}")
+
+    def block_rows(self, block: ManifestBlock, oid: int) -> int:
+        """Rows one manifest block names, from the fragment index (no row is built): as many
+        as :meth:`object_rows` gives for it."""
+        fi = None if self.encoding == "draco" else self.fragments(block.chunk)
+        if fi is None:
+            return self.vertex_count(block.chunk) * len(block.fragments)
+        try:
+            return fi.count_rows(block.fragments)
+        except ZVError as exc:
+            raise ZVError(self.key("object_index/manifests"), f"object {oid}: {exc}") from None
 
     def object_rows(self, blocks: list[ManifestBlock], offsets: dict[Chunk, int], oid: int) -> np.ndarray:
         """Level-wide vertex rows of one object, in manifest order."""
