@@ -865,3 +865,35 @@ def test_an_object_larger_than_the_cache_is_served_in_parts(mount, tmp_path: Pat
     fetched = json.loads((m.path / ".zvfs/stats.json").read_text())["store_bytes"] - before
     # a chunk's cell (720 KB), or two where a read straddles them, per read at most
     assert fetched <= 20 * 2 * (per * 12 + 64), f"{fetched:,} bytes fetched for 20 reads of 4 KiB"
+
+
+def test_a_complex_attribute_keeps_its_imaginary_part_in_level_ply(mount, tmp_path: Path) -> None:
+    """PLY has no complex type, and a complex64 vertex attribute (zarr-vectors writes one as
+    given) went into level.ply as one float, its real part: the imaginary part was lost without
+    a word. It is now two channels, real then imaginary, ``<name>_0`` and ``<name>_1``."""
+    d = tmp_path / "cplx.zarr"
+    shutil.copytree(store_dir("v09/points"), d)
+    va = d / "0/vertex_attributes"
+    shutil.copytree(va / "intensity", va / "phase")
+    doc = json.loads((va / "phase/zarr.json").read_text())
+    doc["attributes"].update(name="phase", dtype="complex64")
+    (va / "phase/zarr.json").write_text(json.dumps(doc))
+    rng = np.random.default_rng(3)
+    written = {}
+    for cell in sorted((d / "0/vertices/c").rglob("*")):
+        if cell.is_file():
+            rel = cell.relative_to(d / "0/vertices/c")
+            n = (len(cell.read_bytes()) - 8) // 12
+            z = (rng.uniform(-1, 1, n) + 1j * rng.uniform(-1, 1, n)).astype("<c8")
+            written[tuple(int(x) - 1 for x in rel.parts)] = z  # grid origin -1
+            (va / "phase/c" / rel).write_bytes(struct.pack("<II", 1, z.nbytes) + z.tobytes())
+    want = np.concatenate([written[c] for c in sorted(written)])  # the level's chunk order
+    m = mount(d)
+    lv = m.path / ".zvfs/vectors/0"
+    np.testing.assert_array_equal(load(lv / "vertex_attributes/phase.npy"), want)
+    ply = ply_read(lv / "level.ply")
+    np.testing.assert_array_equal(ply["vertex"]["phase_0"], want.real)
+    np.testing.assert_array_equal(ply["vertex"]["phase_1"], want.imag)
+    np.testing.assert_array_equal(ply_positions(ply), ref("v09/points", "L0_positions.npy"))
+    meta = json.loads((lv / "meta.json").read_text())
+    assert meta["vertex_attributes"]["phase"]["ply_properties"] == ["phase_0", "phase_1"]

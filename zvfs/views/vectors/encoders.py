@@ -54,13 +54,31 @@ def ply_name(name: str) -> str:
     return "".join(ch if "!" <= ch <= "~" else "_" for ch in name) or "_"
 
 
+def ply_channels(dtype: np.dtype, ncols: int) -> tuple[np.dtype, int]:
+    """(dtype, channels) an attribute takes in a PLY file. PLY has no complex type: a complex
+    column is two channels, its real then its imaginary part (cast to one float, the imaginary
+    part was lost without a word)."""
+    dt = np.dtype(dtype)
+    if dt.kind == "c":
+        return np.dtype(f"{dt.byteorder if dt.byteorder != '|' else '<'}f{dt.itemsize // 2}"), 2 * ncols
+    return dt, ncols
+
+
+def ply_channel_values(a: np.ndarray) -> np.ndarray:
+    """An attribute's rows as its PLY channels (``ply_channels``): complex as real, imaginary."""
+    if a.dtype.kind == "c":
+        a = np.ascontiguousarray(a)
+        return a.view(a.real.dtype).reshape(len(a), -1)
+    return a.reshape(len(a), -1)
+
+
 def vertex_columns(ndim: int, pos_dtype: np.dtype,
                    attrs: Sequence[tuple[str, np.dtype, int]]) -> list[tuple[str, str]]:
     """(property name, PLY type) for positions and attribute channels, names made unique."""
     names = [AXES[i] if i < 3 else f"axis{i}" for i in range(ndim)]
     cols = [(n, ply_type(pos_dtype)) for n in names]
-    for prop_names, (_name, dt, _ncols) in zip(attribute_properties(names, attrs), attrs, strict=True):
-        cols.extend((s, ply_type(dt)) for s in prop_names)
+    for prop_names, (_name, dt, ncols) in zip(attribute_properties(names, attrs), attrs, strict=True):
+        cols.extend((s, ply_type(ply_channels(dt, ncols)[0])) for s in prop_names)
     return cols
 
 
@@ -73,7 +91,8 @@ def attribute_properties(axes: Sequence[str],
     the second ``attr_x`` twice (plyfile: duplicate field), failing the whole file."""
     taken = set(axes)
     out = []
-    for name, _dt, ncols in attrs:
+    for name, dt, ncols in attrs:
+        ncols = ply_channels(dt, ncols)[1]
         safe = ply_name(name)
         k = 0
         while True:
@@ -118,7 +137,7 @@ def ply_vertex_records(positions: np.ndarray, attrs: Sequence[np.ndarray],
         rec[columns[i][0]] = positions[:, i]
     k = ndim
     for a in attrs:
-        flat = a.reshape(n, -1)
+        flat = ply_channel_values(a)
         for j in range(flat.shape[1]):
             rec[columns[k][0]] = flat[:, j]
             k += 1
