@@ -658,6 +658,13 @@ def sized_corpus(tmp_path_factory) -> Path:
     assert last[24] == 0 and struct.unpack("<3q", last[:24]) == (-1, 0, 0)  # mode 0: one fragment
     items[3] = struct.pack("<I", nblocks + 1) + items[3][4:] + last
     write_manifest_items(cell, items)
+    # four fragment indexes of 44 bytes each claiming 2**24 rows (the per-chunk limit) in a
+    # skeleton: the parent table and edges of 2**26 vertices took the daemon to 3.2 GB as the
+    # level was listed (level.ply's size needs its edges), and every chunk so, 48 GB
+    d = copy("declared", "v09/skeleton")
+    fi = struct.pack("<IHHII", 0x5A564647, 1, 0, 1, 1) + b"\x01" + bytes(7) + struct.pack("<qqI", 0, 2**24, 0)
+    for cell in sorted(p for p in (d / "0/vertex_fragments/c").rglob("*") if p.is_file())[:4]:
+        cell.write_bytes(struct.pack("<II", 1, len(fi)) + fi)
     return root
 
 
@@ -693,6 +700,13 @@ def test_declared_sizes_and_link_endpoints_are_checked_before_use(backend: str, 
         _eio(lv / "level.ply")
         np.testing.assert_array_equal(load(lv / "vertices.npy"), ref("v09/graph", "L0_positions.npy"))
         np.testing.assert_array_equal(load(vec / "dup.zarr/0/vertices.npy"), pts)
+        lv = vec / "declared.zarr/0"  # the level-wide tables fail; the level lists
+        assert {"meta.json", "objects", "vertices.npy"} <= set(os.listdir(lv))
+        _eio(lv / "level.ply")
+        for name in os.listdir(lv / "objects"):
+            if name.endswith(".swc"):
+                _eio(lv / "objects" / name)
+        assert json.loads((lv / "meta.json").read_text())["vertex_count"] > 2**26
         lv = vec / "repeat.zarr/0"  # that object fails; the others read
         _eio(lv / "objects/2.npy")
         for oid in ("0", "1"):
@@ -722,7 +736,8 @@ def test_declared_sizes_and_link_endpoints_are_checked_before_use(backend: str, 
                       ("groups.zarr/0/groups", "range"),
                       ("edge.zarr/0/links/0/0.0.0", "vertex 7"),
                       ("cycle.zarr/0/links/0", "cycle"),
-                      ("repeat.zarr/0/object_index/manifests", "rows of chunk 0.0.0")):
+                      ("repeat.zarr/0/object_index/manifests", "rows of chunk 0.0.0"),
+                      ("declared.zarr/0/vertices", "MiB")):
         lines = [ln for ln in log_lines(m, key) if said in ln]
         assert lines, (key, m.log_text()[-3000:])
         # one line a file: reading it three times did not add any

@@ -11,6 +11,7 @@ from .assemble import (
     graph_edges,
     level_link_attribute,
     level_links,
+    level_table_rows,
     level_vertex_attribute,
     level_vertices,
     mesh_faces,
@@ -32,7 +33,8 @@ from .level import AttrInfo, Level, ZVGroup, draco_available, find_groups, layou
 __all__ = [
     "FRAGMENT_MAGIC", "AttrInfo", "FragmentIndex", "Level", "Links", "ManifestBlock",
     "MissingDependency", "ZVError", "ZVGroup", "chunk_name", "draco_available", "find_groups",
-    "graph_edges", "layout_of", "level_link_attribute", "level_links", "level_vertex_attribute",
+    "graph_edges", "layout_of", "level_link_attribute", "level_links", "level_table_rows",
+    "level_vertex_attribute",
     "level_vertices", "mesh_faces", "object_vertices", "open_group", "parse_fragment_index",
     "parse_manifest", "skeleton_parents", "vertex_count",
 ]

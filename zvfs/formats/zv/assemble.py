@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .blobs import chunk_name
+from .cells import MAX_TABLE_BYTES
 from .errors import ZVError
 from .level import Chunk, Level
 
@@ -33,6 +34,19 @@ def _check_counts(level: Level, parts: list[np.ndarray]) -> None:
 
 def vertex_count(level: Level) -> int:
     return sum(level.vertex_count(c) for c in level.chunks())
+
+
+def level_table_rows(level: Level, what: str) -> int:
+    """The level's vertex count, for a table of one int64 a vertex (skeleton parents, the
+    owner of each vertex), or ZVError naming the vertices when that table passes
+    MAX_TABLE_BYTES, as whole tables read from the store do. The count is the fragment
+    indexes' word: four of 44 bytes claiming 2**24 rows each had the daemon build tables of
+    2**26 vertices (3.2 GB peak RSS) as a skeleton level was listed."""
+    n = vertex_count(level)
+    if n * 8 > MAX_TABLE_BYTES:
+        raise ZVError(level.key("vertices"), f"{n:,} vertices: {what} would take {n * 8:,} bytes; zvfs "
+                                             f"builds level-wide tables of at most {MAX_TABLE_BYTES >> 20} MiB")
+    return n
 
 
 def level_vertex_attribute(level: Level, name: str) -> np.ndarray:
@@ -155,7 +169,7 @@ def fragment_starts(level: Level) -> np.ndarray:
 
 def skeleton_parents(level: Level) -> np.ndarray:
     """parent[i] for every vertex (-1 at roots): implicit chains, then explicit (child, parent) links."""
-    n = vertex_count(level)
+    n = level_table_rows(level, "the skeleton's parent table")
     parent = np.arange(-1, n - 1, dtype=np.int64)
     starts = fragment_starts(level)
     if len(starts):

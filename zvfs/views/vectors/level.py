@@ -153,7 +153,7 @@ class LevelTree:
         if isinstance(offsets, Exception):
             return
         for oid, blocks in sorted(manifests.items()):
-            self._try(f"objects/{oid}", lambda oid=oid, blocks=blocks: L.object_rows(blocks, offsets, oid))
+            self._try(f"objects/{oid}", lambda oid=oid, blocks=blocks: L.object_size(blocks, offsets, oid))
 
     # -- geometry files ----------------------------------------------------------------------
 
@@ -225,7 +225,7 @@ class LevelTree:
         def plan() -> list[tuple[int, list, int]]:
             offsets = L.offsets()
             return [(oid, b, n) for oid, b in sorted(L.manifests().items())
-                    if (n := len(L.object_rows(b, offsets, oid)))]
+                    if (n := L.object_size(b, offsets, oid))]
 
         objs = self._try("streamlines.trk", plan)
         if isinstance(objs, Exception):
@@ -299,29 +299,32 @@ class LevelTree:
         attr_names = set(L.vertex_attribute_names())
         types = self._swc_types(attr_names) if tree else None
         swc_width = enc.swc_type_width(types[1] if isinstance(types, tuple) else None)
-        all_rows: dict[int, Any] = {
-            oid: self._try(f"objects/{oid}", lambda oid=oid, blocks=blocks: L.object_rows(blocks, offsets, oid))
+        # sized from the fragment indexes: rows are built by the files that need them
+        sizes: dict[int, Any] = {
+            oid: self._try(f"objects/{oid}", lambda oid=oid, blocks=blocks: L.object_size(blocks, offsets, oid))
             for oid, blocks in sorted(manifests.items())
         }
-        per_object_faces = self._faces_by_object(faces, all_rows) \
-            if faces is not None and not isinstance(faces, Exception) else {}
+        per_object_faces: Any = {}
+        if faces is not None and not isinstance(faces, Exception):
+            per_object_faces = self._try("objects/*.ply", lambda: self._faces_by_object(faces, manifests, sizes))
+            if isinstance(per_object_faces, Exception):  # the objects' .ply files fail, no more
+                faces = per_object_faces
         for oid, blocks in sorted(manifests.items()):
             base = f"{self.what}/objects/{oid}"
-            rows = all_rows[oid]
-            if isinstance(rows, Exception):  # one bad manifest fails that object's files only
+            n = sizes[oid]
+            if isinstance(n, Exception):  # one bad manifest fails that object's files only
                 for ext in (".npy", ".swc" if tree else "", ".ply" if faces is not None else ""):
                     if ext:
-                        out[f"{oid}{ext}"] = ErrorFile(ctx, base + ext, rows)
+                        out[f"{oid}{ext}"] = ErrorFile(ctx, base + ext, n)
                 continue
-            n = len(rows)
             out[f"{oid}.npy"] = self._object_npy(oid, blocks, n, base + ".npy")
             if isinstance(types, Exception):
                 out[f"{oid}.swc"] = ErrorFile(ctx, base + ".swc", types)
             elif tree:
                 out[f"{oid}.swc"] = BuiltFile(
                     ctx, (self.key, "swc", oid), base + ".swc", enc.swc_size(oid, n, L.dtype, swc_width),
-                    lambda oid=oid, blocks=blocks, rows=rows:
-                        self._swc(oid, blocks, rows, parents, attr_names, types, swc_width))
+                    lambda oid=oid, blocks=blocks:
+                        self._swc(oid, blocks, parents, attr_names, types, swc_width))
             if isinstance(faces, Exception):
                 out[f"{oid}.ply"] = ErrorFile(ctx, base + ".ply", faces)
             elif faces is not None:
@@ -360,13 +363,20 @@ class LevelTree:
         return SegmentedFile(self.ctx, (self.key, "obj", oid), what, [len(header), *sizes], load,
                              literal={0: header})
 
-    def _faces_by_object(self, faces: np.ndarray, all_rows: dict[int, Any]) -> dict[int, np.ndarray]:
+    def _faces_by_object(self, faces: np.ndarray, manifests: dict[int, list],
+                         sizes: dict[int, Any]) -> dict[int, np.ndarray]:
         """Each object's faces (all corners among its vertices) in its own local numbering."""
-        n = zv.vertex_count(self.level)
+        L = self.level
+        n = zv.level_table_rows(L, "the owner of each vertex")
         owner = np.full(n, -1, np.int64)
         local = np.full(n, -1, np.int64)
-        for oid, rows in all_rows.items():
-            if not isinstance(rows, Exception) and len(rows):
+        offsets = L.offsets()
+        for oid, blocks in manifests.items():
+            if not isinstance(sizes[oid], Exception) and sizes[oid]:
+                try:
+                    rows = L.object_rows(blocks, offsets, oid)
+                except zv.ZVError:
+                    continue  # that object's own files say why (its vertices cannot be read)
                 owner[rows] = oid
                 local[rows] = np.arange(len(rows))
         if not len(faces):
@@ -403,11 +413,12 @@ class LevelTree:
         info = self._try("objects/*.swc", lambda: self.level.vertex_attribute_info(name))
         return info if isinstance(info, Exception) else (name, info.dtype)
 
-    def _swc(self, oid: int, blocks: list, rows: np.ndarray, parents: list[np.ndarray],
+    def _swc(self, oid: int, blocks: list, parents: list[np.ndarray],
              attr_names: set[str], type_attr: tuple[str, np.dtype] | None, type_width: int) -> bytes:
         L = self.level
         if not parents:
             parents.append(zv.skeleton_parents(L))
+        rows = L.object_rows(blocks, L.offsets(), oid)
         pos = zv.object_vertices(L, oid, blocks)
         local = {int(r): i for i, r in enumerate(rows.tolist())}
         par = np.array([local.get(int(p), -1) for p in parents[0][rows]], np.int64)
