@@ -665,6 +665,11 @@ def sized_corpus(tmp_path_factory) -> Path:
     fi = struct.pack("<IHHII", 0x5A564647, 1, 0, 1, 1) + b"\x01" + bytes(7) + struct.pack("<qqI", 0, 2**24, 0)
     for cell in sorted(p for p in (d / "0/vertex_fragments/c").rglob("*") if p.is_file())[:4]:
         cell.write_bytes(struct.pack("<II", 1, len(fi)) + fi)
+    # the same in streamlines: level.ply's edges from the objects' rows (1.2 GB peak RSS on
+    # 'ls -l'), and streamlines.trk built an object of 2**26 rows before finding its chunk short
+    d = copy("declared_lines", "v09/streamlines")
+    for cell in sorted(p for p in (d / "0/vertex_fragments/c").rglob("*") if p.is_file())[:4]:
+        cell.write_bytes(struct.pack("<II", 1, len(fi)) + fi)
     return root
 
 
@@ -707,6 +712,10 @@ def test_declared_sizes_and_link_endpoints_are_checked_before_use(backend: str, 
             if name.endswith(".swc"):
                 _eio(lv / "objects" / name)
         assert json.loads((lv / "meta.json").read_text())["vertex_count"] > 2**26
+        lv = vec / "declared_lines.zarr/0"
+        assert {"meta.json", "objects", "vertices.npy"} <= set(os.listdir(lv))
+        _eio(lv / "level.ply")
+        _eio(lv / "objects/0.npy")  # its chunks are short of the rows claimed
         lv = vec / "repeat.zarr/0"  # that object fails; the others read
         _eio(lv / "objects/2.npy")
         for oid in ("0", "1"):

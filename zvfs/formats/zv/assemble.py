@@ -192,6 +192,7 @@ def graph_edges(level: Level) -> np.ndarray:
     if conv == "implicit_sequential":
         if level.group.geometry == "point_cloud":
             return np.empty((0, 2), np.int64)
+        level_table_rows(level, "the polylines' edge table")
         edges = []
         offsets = level.offsets()
         for oid, blocks in level.manifests().items():
@@ -228,13 +229,20 @@ def object_vertices(level: Level, oid: int, blocks: list | None = None,
         if blocks is None:
             raise ZVError(level.key("object_index"), f"no object {oid}")
     offsets = level.offsets()
-    rows = level.object_rows(blocks, offsets, oid)
+    total = level.object_size(blocks, offsets, oid)
     cache = {} if cache is None else cache
-    out = np.empty((len(rows), level.ndim), level.dtype)
+    for b in blocks:  # every chunk decoded and checked before the result is made
+        if b.chunk not in cache:
+            verts = level.vertices(b.chunk)
+            if len(verts) != level.vertex_count(b.chunk):
+                # the size was the fragment index's word: an object of 2**26 rows claimed by
+                # four 44-byte indexes was made (1.7 GB) before its chunks were found short
+                raise ZVError(level.key(f"vertices/{chunk_name(b.chunk)}"),
+                              f"decoded {len(verts)} vertices, the fragment index says {level.vertex_count(b.chunk)}")
+            cache[b.chunk] = verts
+    out = np.empty((total, level.ndim), level.dtype)
     pos = 0
     for b in blocks:
-        if b.chunk not in cache:
-            cache[b.chunk] = level.vertices(b.chunk)
         verts = cache[b.chunk]
         fi = None if level.encoding == "draco" else level.fragments(b.chunk)
         for f in b.fragments:
