@@ -265,8 +265,18 @@ def trk_records(streamlines: Sequence[tuple[int, np.ndarray]], properties: Seque
 # --- SWC ---------------------------------------------------------------------------------------
 
 
-def swc_float_width(dtype: np.dtype) -> int:
-    return 25 if np.dtype(dtype).itemsize > 4 else 16
+def swc_float_width(*dtypes: np.dtype | None) -> int:
+    """Characters of each number column: 17 significant digits where any of the columns'
+    dtypes (positions, radius) needs more than float32's 9 (float64, and integers of 32 bits
+    or more), else 9. One width for all: a float64 radius beside float32 positions was cut
+    to 9 digits (2.000000000001 written 2.00000000)."""
+    for dt in dtypes:
+        if dt is None:
+            continue
+        dt = np.dtype(dt)
+        if (dt.kind == "f" and dt.itemsize > 4) or (dt.kind in "iu" and dt.itemsize >= 4):
+            return 25
+    return 16
 
 
 def _fmt_float(v: float, width: int) -> str:
@@ -304,15 +314,15 @@ def swc_types(values: np.ndarray) -> np.ndarray:
     return values.astype(np.int64)
 
 
-def swc_line_width(n: int, dtype: np.dtype, type_width: int = 2) -> int:
+def swc_line_width(n: int, dtype: np.dtype, type_width: int = 2, radius_dtype: np.dtype | None = None) -> int:
     idw = len(str(max(n, 1)))
-    fw = swc_float_width(dtype)
+    fw = swc_float_width(dtype, radius_dtype)
     # id type x y z radius parent, single spaces, newline
     return idw + 1 + type_width + 1 + 4 * fw + 4 + max(idw, 2) + 1
 
 
-def swc_size(oid: int, n: int, dtype: np.dtype, type_width: int = 2) -> int:
-    return len(swc_header(oid, n)) + n * swc_line_width(n, dtype, type_width)
+def swc_size(oid: int, n: int, dtype: np.dtype, type_width: int = 2, radius_dtype: np.dtype | None = None) -> int:
+    return len(swc_header(oid, n)) + n * swc_line_width(n, dtype, type_width, radius_dtype)
 
 
 def swc_bytes(oid: int, positions: np.ndarray, parents: np.ndarray, radius: np.ndarray | None,
@@ -322,7 +332,7 @@ def swc_bytes(oid: int, positions: np.ndarray, parents: np.ndarray, radius: np.n
     n = len(positions)
     idw = len(str(max(n, 1)))
     pw = max(idw, 2)
-    fw = swc_float_width(positions.dtype)
+    fw = swc_float_width(positions.dtype, radius.dtype if radius is not None else None)
     lines = [swc_header(oid, n).decode("ascii")]
     pos = np.zeros((n, 3), np.float64)
     pos[:, : min(3, positions.shape[1])] = positions[:, :3]

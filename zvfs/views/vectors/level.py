@@ -299,6 +299,9 @@ class LevelTree:
         attr_names = set(L.vertex_attribute_names())
         types = self._swc_types(attr_names) if tree else None
         swc_width = enc.swc_type_width(types[1] if isinstance(types, tuple) else None)
+        radius = self._try("objects/*.swc", lambda: L.vertex_attribute_info("radius").dtype) \
+            if tree and "radius" in attr_names else None
+        radius_dtype = None if isinstance(radius, Exception) else radius
         # sized from the fragment indexes: rows are built by the files that need them
         sizes: dict[int, Any] = {
             oid: self._try(f"objects/{oid}", lambda oid=oid, blocks=blocks: L.object_size(blocks, offsets, oid))
@@ -322,7 +325,7 @@ class LevelTree:
                 out[f"{oid}.swc"] = ErrorFile(ctx, base + ".swc", types)
             elif tree:
                 out[f"{oid}.swc"] = BuiltFile(
-                    ctx, (self.key, "swc", oid), base + ".swc", enc.swc_size(oid, n, L.dtype, swc_width),
+                    ctx, (self.key, "swc", oid), base + ".swc", enc.swc_size(oid, n, L.dtype, swc_width, radius_dtype),
                     lambda oid=oid, blocks=blocks:
                         self._swc(oid, blocks, parents, attr_names, types, swc_width))
             if isinstance(faces, Exception):
