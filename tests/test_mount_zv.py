@@ -955,3 +955,29 @@ def test_swc_keeps_a_float64_radius_whole(mount, tmp_path: Path) -> None:
             assert r == want[tuple(p.tolist())], (name, p, r)
             seen += 1
     assert seen == len(want)
+
+
+def test_a_store_failure_while_a_level_is_built_is_not_kept(mount, moto, s3_env) -> None:
+    """S3 failing (503, tries used up) while a level directory was built turned the files it
+    fed into errors kept with the directory: vertices.npy, level.ply and the rest stayed EIO
+    for the mount's life once S3 was back. A store failure now fails that build, which is
+    not kept: the next look at the level builds it again, and it reads."""
+    from faultproxy import FaultProxy
+
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket=f"{BUCKET}-transient")
+    upload_tree(client, store_dir("v09/points"), f"{BUCKET}-transient", "p")
+    with FaultProxy(moto.port, seed=1) as proxy:
+        m = mount(f"s3://{BUCKET}-transient/p", "--endpoint-url", proxy.endpoint, "--s3-attempts", "1",
+                  env=s3_env)
+        vec = m.path / ".zvfs/vectors"
+        assert os.listdir(vec) == ["0"]
+        proxy.set({"kinds": ["503"], "ops": ["get"], "key": "vertex_fragments"})
+        with pytest.raises(OSError) as ei:  # the build failed: no fragment index was read
+            os.listdir(vec / "0")
+        assert ei.value.errno == EIO
+        proxy.set()  # S3 is back
+        lv = vec / "0"
+        np.testing.assert_array_equal(load(lv / "vertices.npy"), ref("v09/points", "L0_positions.npy"))
+        assert "level.ply" in os.listdir(lv)
+        assert "errors" not in json.loads((lv / "meta.json").read_text())

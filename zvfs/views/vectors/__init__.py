@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 
 from zvfs.formats import zv
-from zvfs.stores.base import Store
+from zvfs.stores.base import Store, is_store_failure
 from zvfs.views.context import MountContext
 from zvfs.views.node import DirNode, Node, StaticDir
 from zvfs.views.vectors.level import level_dir
@@ -31,6 +31,8 @@ def build_vectors_dir_blocking_parts(store: Store) -> list[tuple[str, zv.ZVGroup
         try:
             group = zv.open_group(store, path)
         except zv.ZVError as exc:
+            if is_store_failure(exc):
+                raise  # may pass: the vectors directory is not kept, rather than an ErrorDir
             out.append((path, exc))
             continue
         if group is not None:

@@ -16,6 +16,7 @@ import numpy as np
 
 from zvfs.formats import zv
 from zvfs.formats.zv import Level, ZVGroup
+from zvfs.stores.base import is_store_failure
 from zvfs.views.context import MountContext
 from zvfs.views.node import Node
 from zvfs.views.npy import npy_header
@@ -67,6 +68,10 @@ class LevelTree:
         try:
             return fn()
         except Exception as exc:  # noqa: BLE001 - one bad part must not take the level's others
+            if is_store_failure(exc):
+                # the store may come back: fail the build, which is not kept, rather than keep
+                # the error with the directory (a 503 made vertices.npy EIO until rediscovery)
+                raise
             kept = detached(exc)
             self.errors[part] = str(kept)
             # the key fail() gives a read of that part: one line, whichever comes first
