@@ -88,6 +88,8 @@ class HostileS3:
     aws_chunked: str = "refuse"
     #: the headers of every PUT received, in order
     puts: list[dict[str, str]] = field(default_factory=list)
+    #: every PUT is answered with this status and no body (0: stored)
+    put_status: int = 0
 
     def __post_init__(self) -> None:
         server = self
@@ -214,6 +216,10 @@ class HostileS3:
         if "_refused" in query:
             return
         self.puts.append(dict(h.headers.items()))
+        if self.put_status:
+            h.close_connection = True  # its body is not read
+            self._send(h, self.put_status, b"", {})
+            return
         chunked = "aws-chunked" in h.headers.get("Content-Encoding", "") or h.headers.get(
             "Transfer-Encoding", "").lower() == "chunked"
         if chunked and self.aws_chunked == "refuse":

@@ -13,6 +13,7 @@ import errno
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from conftest import daemon_pids
@@ -349,3 +350,22 @@ def test_the_users_checksum_setting_wins_for_an_s3_compatible_server(mount, tls_
         (m.path / "new.bin").write_bytes(b"payload")
         assert any("aws-chunked" in h.get("Content-Encoding", "") for h in server.puts), server.puts
         assert b"x-amz-checksum-crc32" in server.objects["s/new.bin"]
+
+
+def test_a_write_answered_404_without_a_body_says_so(mount) -> None:
+    """A PUT answered 404 with no error document (moto does so for a key holding a newline;
+    a proxy in front of a server that does not serve that bucket): botocore calls it "404",
+    which zvfs takes for a missing key, so close() failed with EIO and a log line that said
+    only "upload failed (new.bin)", no reason. It says the server answered Not Found to a
+    write now, and the bytes are kept as ever."""
+    with HostileS3(BUCKET, {"s/old.txt": b"old\n"}, put_status=404) as server:
+        m = mount_it(mount, server, "--writable")
+        with pytest.raises(OSError) as err:
+            (m.path / "new.bin").write_bytes(b"payload")
+        assert err.value.errno == errno.EIO
+        lines = [ln for ln in m.log_text().splitlines() if "new.bin" in ln and "upload failed" in ln]
+        assert len(lines) == 1 and "404" in lines[0] and "Not Found" in lines[0], m.log_text()[-3000:]
+        kept = lines[0].split("kept at ")[-1].strip()
+        assert Path(kept).read_bytes() == b"payload"
+        Path(kept).unlink()  # this test's, not to be reported by the next mount
+        assert (m.path / "old.txt").read_bytes() == b"old\n"

@@ -24,6 +24,7 @@ from zvfs.stores import s3_client
 # isort: split
 import contextlib
 import errno
+import http.client
 import logging
 import os
 import re
@@ -90,6 +91,8 @@ _UNREACHABLE = (bce.EndpointConnectionError, bce.ConnectTimeoutError, bce.Connec
 _KEPT_ALIVE = frozenset({"CopyObject", "UploadPartCopy", "CompleteMultipartUpload"})
 #: writes that may carry a condition (If-None-Match): a refused condition means EEXIST
 _CONDITIONAL_WRITES = frozenset({"PutObject", "CompleteMultipartUpload"})
+#: the operations that store bytes: a 404 without an error document is no missing key there
+_WRITES = frozenset({"PutObject", "UploadPart", "CreateMultipartUpload", "CompleteMultipartUpload"})
 #: the operations that make an object, which take the mount's upload settings
 _MAKES_OBJECTS = frozenset({"PutObject", "CreateMultipartUpload", "CopyObject"})
 #: each upload setting (the mount option's name) as the parameter S3 takes it
@@ -1098,7 +1101,7 @@ class S3Store(Store):
 
     def _failure(self, key: str, op: str, exc: BaseException, kind: str, tries: Attempts) -> StoreError:
         """The error a failed request becomes: its message is the one log line the user reads."""
-        if kind == "not_found":
+        if kind == "not_found" and not (op in _WRITES and _code(exc) == "404"):
             return KeyNotFound(key)
         if isinstance(exc, bce.ClientError) and op in _CONDITIONAL_WRITES:
             if _code(exc) == "PreconditionFailed" or _status(exc) == 412:  # If-None-Match: *
@@ -1114,6 +1117,10 @@ class S3Store(Store):
         if isinstance(exc, bce.ClientError):
             code = _code(exc) or str(_status(exc))
             msg = exc.response.get("Error", {}).get("Message", "")
+            if not msg and code == str(_status(exc)):
+                # no error document: botocore calls it by its status, which says little alone
+                # (a 404 to a write: a server or proxy that does not serve this bucket or name)
+                msg = http.client.responses.get(_status(exc), "")
             what = f"{code} {msg}".rstrip()
         else:
             what = f"{type(exc).__name__}: {exc}"
