@@ -702,3 +702,17 @@ def test_v3_variable_length_type_names() -> None:
     for name, kind in (("string", "vlen-utf8"), ("variable_length_utf8", "vlen-utf8"),
                        ("variable_length_bytes", "vlen-bytes"), ("bytes", "vlen-bytes")):
         assert parse_data_type(name, "k") == (np.dtype(object), kind)
+
+
+def test_a_raw_bits_type_no_dtype_holds_is_the_arrays_metadata_error() -> None:
+    """``r<bits>`` is any multiple of 8: one of 80 billion bits ("r79999999992") made numpy
+    raise a TypeError out of parse_array itself, where every other bad data_type is the
+    array's error naming its zarr.json."""
+    from zvfs.formats.zarr_v3 import parse_array
+
+    for bad, said in (("r79999999992", "r79999999992"), ("r0", "elements of 0 bytes")):
+        meta = parse_array("a/b", json.loads(_v3(data_type=bad)))
+        assert meta.error is not None and meta.error.startswith("a/b/zarr.json: "), meta.error
+        assert said in meta.error, meta.error
+    assert parse_array("a/b", json.loads(_v3(data_type="r16", fill_value="AAA="))).dtype == np.dtype("V2")
+

@@ -53,7 +53,10 @@ def _data_type(value: Any, key: str) -> tuple[np.dtype, str | None]:
         if value in _VLEN_TYPES:
             return np.dtype(object), _VLEN_TYPES[value]
         if value.startswith("r") and value[1:].isdigit() and int(value[1:]) % 8 == 0:
-            return np.dtype(f"V{int(value[1:]) // 8}"), None
+            try:
+                return np.dtype(f"V{int(value[1:]) // 8}"), None
+            except (TypeError, ValueError) as exc:  # more bytes than a numpy element holds
+                raise FormatError(f"{key}: bad data_type {value!r} ({exc})") from exc
         raise FormatError(f"{key}: unsupported data_type {value!r}")
     if isinstance(value, dict) and isinstance(value.get("name"), str):
         name, conf = value["name"], value.get("configuration") or {}
