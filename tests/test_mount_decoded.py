@@ -995,6 +995,34 @@ def test_npy_header_sizes() -> None:
         assert parse_npy_header(h) == (len(h), tuple(map(int, shape)), False, np.dtype(">f8"))
 
 
+def test_structured_field_names_beyond_latin1(mount, tmp_path) -> None:
+    """A structured array whose field names latin-1 cannot hold (``温度``, ``Δt``), as
+    zarr-python writes them: data.npy is NPY format 3.0 (UTF-8), as numpy writes such a
+    header, and np.load reads zarr-python's values from it; the other arrays are served.
+    Before, the header's latin-1 encoding raised in the lookup, and since the arrays
+    directory is built whole, every array of the store (and its listing) was EIO."""
+    import zarr
+
+    dt = np.dtype([("温度", "<f4"), ("Δt", ">i2")])
+    root = tmp_path / "fields.zarr"
+    a = zarr.create_array(str(root), name="cjk", shape=(5,), chunks=(2,), dtype=dt, zarr_format=2)
+    values = np.zeros(5, dt)
+    values["温度"], values["Δt"] = np.arange(5) / 2, -np.arange(5)
+    a[...] = values
+    b = zarr.create_array(str(root), name="plain", shape=(3,), chunks=(2,), dtype="<i4", zarr_format=2)
+    b[...] = [7, 8, 9]
+    m = mount(root)
+    arrays = m.path / ".zvfs/arrays"
+    assert sorted(os.listdir(arrays)) == ["cjk", "plain"]
+    for name in ("cjk", "plain"):
+        ref = zarr.open_array(str(root), path=name, mode="r")[...]
+        got = np.load(arrays / name / "data.npy")
+        assert got.dtype == ref.dtype and got.tobytes() == ref.tobytes(), (name, got, ref)
+        assert (arrays / name / "data.raw").read_bytes() == ref.tobytes(), name
+    assert (arrays / "cjk/data.npy").read_bytes()[6:8] == b"\x03\x00"
+    assert "ERROR" not in m.log_text()
+
+
 def test_a_listing_across_a_metadata_change_leaves_new_opens_reading(mount, tmp_path) -> None:
     """A listing of chunks/ under way while the metadata is rewritten behind the mount: its
     later readdir pages put the nodes of its snapshot (the old array) back over those a

@@ -14,16 +14,21 @@ NPY_ALIGN = 64
 
 def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     """The one NPY header writer (data.npy, the vectors view): format 1.0 (2.0 when too long)
-    for a C-order array, padded so data starts 64-byte aligned."""
+    for a C-order array, padded so data starts 64-byte aligned. A header that latin-1 cannot
+    hold (a structured dtype's field named ``温度``) is format 3.0, UTF-8, as numpy writes it."""
     descr = np.lib.format.dtype_to_descr(np.dtype(dtype))
     # plain ints: numpy 2 would write np.int64(3) into the header text
     text = repr({"descr": descr, "fortran_order": False, "shape": tuple(int(n) for n in shape)})
-    for version, fmt in (((1, 0), "<H"), ((2, 0), "<I")):
+    try:
+        encoded, versions = text.encode("latin1"), (((1, 0), "<H"), ((2, 0), "<I"))
+    except UnicodeEncodeError:
+        encoded, versions = text.encode("utf-8"), (((3, 0), "<I"),)
+    for version, fmt in versions:
         prefix = 6 + 2 + struct.calcsize(fmt)
-        pad = -(prefix + len(text) + 1) % NPY_ALIGN
-        body = text + " " * pad + "\n"
+        pad = -(prefix + len(encoded) + 1) % NPY_ALIGN
+        body = encoded + b" " * pad + b"\n"
         if len(body) < 1 << (8 * struct.calcsize(fmt)):
-            return b"\x93NUMPY" + bytes(version) + struct.pack(fmt, len(body)) + body.encode("latin1")
+            return b"\x93NUMPY" + bytes(version) + struct.pack(fmt, len(body)) + body
     raise ValueError("NPY header too long")
 
 
