@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import threading
 import urllib.request
 from pathlib import Path
@@ -588,6 +589,36 @@ def test_what_can_go_down_is_a_gauge(zarr_dir, mount) -> None:
     for name in ("zvfs_decoder_processes", "zvfs_decoder_zygote"):
         assert f"# TYPE {name} gauge" in text, text
     assert "# TYPE zvfs_bytes_decoded_total counter" in text, text  # what only grows stays a counter
+
+
+def test_idle_metrics_clients_are_bounded_and_dropped(zarr_dir, mount) -> None:
+    """A client that connects to the metrics port and sends nothing (a stuck scraper, a
+    half-open connection, a slowloris) held a daemon thread and a descriptor for ever:
+    300 of them made 300 threads that stayed until the clients left."""
+    from zvfs.metrics import IDLE_SECONDS, MAX_CLIENTS
+
+    m = mount(zarr_dir, "--metrics-addr", "0")
+    url = metrics_url(m.path)
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    (pid,) = daemon_pids(m.path)
+    with contextlib.ExitStack() as stack:
+        first = stack.enter_context(socket.create_connection(("127.0.0.1", port), timeout=10))
+        idle = [stack.enter_context(socket.create_connection(("127.0.0.1", port), timeout=10))
+                for _ in range(300)]
+        # every connection is accepted; the ones above the bound are closed at once
+        assert wait_until(lambda: len(os.listdir(f"/proc/{pid}/task")) <= 64 + MAX_CLIENTS, 10)
+        refused = 0
+        for s in idle[-50:]:
+            with contextlib.suppress(ConnectionResetError):
+                refused += s.recv(1) == b""
+        assert refused == 50, refused
+        threads = len(os.listdir(f"/proc/{pid}/task"))
+        assert threads <= 64 + MAX_CLIENTS, threads
+        # an idle client is dropped after IDLE_SECONDS, never held
+        first.settimeout(IDLE_SECONDS + 30)
+        assert first.recv(1) == b""
+    assert wait_until(lambda: "zvfs_mount_info" in scrape_text(url), 10)
+    assert "Traceback" not in m.log_text(), m.log_text()
 
 
 # --------------------------------------------------------------------------- df, mtimes

@@ -11,11 +11,15 @@ adds later shows up without a change here.
 from __future__ import annotations
 
 import logging
+import socket
+import threading
 from collections.abc import Iterator
 from typing import Any
+from wsgiref.simple_server import make_server
 
-from prometheus_client import start_http_server
+from prometheus_client import make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer, _get_best_family, _SilentHandler
 from prometheus_client.registry import Collector, CollectorRegistry
 
 import zvfs
@@ -23,6 +27,11 @@ from zvfs.options import join_addr, metrics_url, split_addr
 from zvfs.views.context import MountContext
 
 log = logging.getLogger("zvfs")
+
+#: metrics connections served at once; one more is closed as soon as it is accepted
+MAX_CLIENTS = 32
+#: seconds a metrics client may stay silent before its connection is closed
+IDLE_SECONDS = 5.0
 
 #: counter-name prefix -> (family name, label name, help)
 LABELED = (
@@ -100,6 +109,53 @@ class MountCollector(Collector):
         yield from (hits, misses, evictions, entries, fill, bound)
 
 
+class _Handler(_SilentHandler):
+    """A request whose client stays silent IDLE_SECONDS is dropped: wsgiref waits for ever."""
+
+    timeout = IDLE_SECONDS
+
+
+class _BoundedServer(ThreadingWSGIServer):
+    """prometheus-client's thread-per-connection server, with at most MAX_CLIENTS threads:
+    idle clients each held a thread and a descriptor for as long as they stayed."""
+
+    request_queue_size = 128  # socketserver's 5 made a burst of connections wait for SYN retries
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        self._lock = threading.Lock()
+        self._active = 0
+        super().__init__(*args, **kw)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._lock:
+            full = self._active >= MAX_CLIENTS
+            if not full:
+                self._active += 1
+        if full:
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._done()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._done()
+
+    def _done(self) -> None:
+        with self._lock:
+            self._active -= 1
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that timed out or went away is no error of the daemon's (socketserver
+        printed a traceback to stderr for each)."""
+        log.debug("metrics client %s: connection dropped", client_address, exc_info=True)
+
+
 class MetricsServer:
     """The HTTP endpoint; its thread is a daemon thread, stopped by :meth:`shutdown`.
 
@@ -121,10 +177,23 @@ def serve_metrics(addr: str, ctx: MountContext, label: str) -> MetricsServer:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(MountCollector(ctx, label))
     try:
-        server, _thread = start_http_server(port, addr=host, registry=registry)
+        server = _start(host, port, registry)
     except OSError as exc:
         raise OSError(f"cannot serve metrics at {addr}: {exc.strerror}; "
                       "choose another --metrics-addr") from None
     served = MetricsServer(server, host)
     log.info("serving Prometheus metrics at %s", metrics_url(served.addr))
     return served
+
+
+def _start(host: str, port: int, registry: CollectorRegistry) -> _BoundedServer:
+    """prometheus-client's start_http_server with :class:`_BoundedServer` and a timeout."""
+
+    class Server(_BoundedServer):
+        address_family: socket.AddressFamily
+
+    Server.address_family, addr = _get_best_family(host, port)
+    server = make_server(addr, port, make_wsgi_app(registry), Server, handler_class=_Handler)
+    thread = threading.Thread(target=server.serve_forever, name="zvfs-metrics", daemon=True)
+    thread.start()
+    return server
