@@ -621,6 +621,16 @@ def test_idle_metrics_clients_are_bounded_and_dropped(zarr_dir, mount) -> None:
     assert "Traceback" not in m.log_text(), m.log_text()
 
 
+def test_metrics_filtered_by_name_are_served(zarr_dir, mount) -> None:
+    """`/metrics?name[]=NAME` (Prometheus federation, curl checks of one series) answered 200
+    with an empty body for every name: the registry knew no name of the mount's collector."""
+    m = mount(zarr_dir, "--metrics-addr", "0")
+    url = metrics_url(m.path)
+    text = scrape_text(url + "?name[]=zvfs_mount_info&name[]=zvfs_uptime_seconds")
+    assert "zvfs_mount_info{" in text and "zvfs_uptime_seconds{" in text, text
+    assert "zvfs_cache_hits" not in text, text
+
+
 # --------------------------------------------------------------------------- df, mtimes
 
 

@@ -13,12 +13,17 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 from wsgiref.simple_server import make_server
 
 from prometheus_client import make_wsgi_app
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import ThreadingWSGIServer, _get_best_family, _SilentHandler
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -109,6 +114,31 @@ class MountCollector(Collector):
         yield from (hits, misses, evictions, entries, fill, bound)
 
 
+class _Restricted:
+    """The samples of ``registry`` named in ``names``, for ``/metrics?name[]=NAME``."""
+
+    def __init__(self, registry: CollectorRegistry, names: set[str]) -> None:
+        self._registry = registry
+        self._names = names
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self._registry.collect():
+            samples = [s for s in metric.samples if s.name in self._names]
+            if samples:
+                out = Metric(metric.name, metric.documentation, metric.type)
+                out.samples = samples
+                yield out
+
+
+class _Registry(CollectorRegistry):
+    """prometheus-client finds the collector of a ``name[]`` by the names it describes; the
+    mount's collector describes none (its names appear as counters do), so every filtered
+    scrape answered 200 with an empty body. This one filters the whole collection."""
+
+    def restricted_registry(self, names: Iterable[str]) -> Any:
+        return _Restricted(self, set(names))
+
+
 class _Handler(_SilentHandler):
     """A request whose client stays silent IDLE_SECONDS is dropped: wsgiref waits for ever."""
 
@@ -174,7 +204,7 @@ def serve_metrics(addr: str, ctx: MountContext, label: str) -> MetricsServer:
     """Listen at ``addr`` ('HOST:PORT', port 0 for any free one); raises OSError with a
     message naming the address."""
     host, port = split_addr(addr)
-    registry = CollectorRegistry(auto_describe=False)
+    registry = _Registry(auto_describe=False)
     registry.register(MountCollector(ctx, label))
     try:
         server = _start(host, port, registry)
