@@ -7,6 +7,7 @@ is the one its reader gets (the fs layer asks for the size afresh every time).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
@@ -69,8 +70,14 @@ class StatsFile(FileNode):
             self._snapshot = self.render()
         return len(self._snapshot)
 
+    async def reader(self) -> FileNode:
+        """A copy holding the snapshot this open took: readers at once shared the node's
+        one snapshot, each open replacing it under the others' reads (a head of one
+        rendering and the tail of the next: invalid JSON)."""
+        return copy.copy(self)
+
     async def read(self, offset: int, length: int) -> bytes:
-        # one snapshot per open: a reader never gets the tail of a different rendering
+        # one snapshot per open (see reader): a reader never gets the tail of a different rendering
         if not self._snapshot:
             self._snapshot = self.render()
         return self._snapshot[offset : offset + length]
