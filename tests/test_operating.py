@@ -379,6 +379,27 @@ def test_stats_json_read_by_many_at_once_is_whole(zarr_dir, mount) -> None:
     assert not bad, bad[:5]
 
 
+def test_mount_started_with_its_standard_streams_closed(zarr_dir, mount, tmp_path) -> None:
+    """`zvfs mount ... >&- 2>&- <&-` (a job runner, a service wrapper that closes them) failed
+    with status 1 and mounted nothing: Python gives sys.stdout as None then, and the mount
+    died on sys.stdout.flush() (AttributeError, on a stderr that was not there either)."""
+    import subprocess
+
+    mp = mount.new_mountpoint()
+    mount.mountpoints.append(mp)
+    log = tmp_path / "closed.log"
+
+    def close_std() -> None:
+        for fd in (0, 1, 2):
+            os.close(fd)
+
+    res = subprocess.run([*zvfs_cmd(), "mount", str(zarr_dir), str(mp), "--log-file", str(log)],
+                         preexec_fn=close_std, timeout=60)
+    assert res.returncode == 0, log.read_text() if log.exists() else "no log"
+    assert mount_entry(mp) is not None
+    assert json.loads((mp / ".zvfs" / "stats.json").read_bytes())["source"] == str(zarr_dir)
+
+
 # --------------------------------------------------------------------------- status
 
 

@@ -32,7 +32,25 @@ def _called_by_mount_fuse(args: list[str]) -> bool:
     return len(operands) == 2 and ("-o" in args or os.path.isdir(operands[1]))
 
 
+def _std_streams() -> None:
+    """Give a closed stdin, stdout or stderr /dev/null (``zvfs mount ... >&- 2>&-``): Python
+    then sets sys.stdout to None, and the mount died on its flush (status 1, nothing
+    mounted); a pipe opened later would also take descriptor 0 or 1, which the daemon
+    points at /dev/null when it detaches."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            got = os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: this one
+            if got != fd:
+                os.dup2(got, fd)
+                os.close(got)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, mode, closefd=False))  # noqa: SIM115 - lives as long as the process
+
+
 def main() -> int:
+    _std_streams()
     if _called_by_mount_fuse(sys.argv[1:]):
         return mount_helper_main()
     if sys.argv[1:2] == ["mount"]:
@@ -44,6 +62,7 @@ def main() -> int:
 
 
 def mount_helper_main() -> int:
+    _std_streams()
     earlystop.watch()
     if "-N" not in sys.argv[1:]:  # entering a mount namespace needs a single thread
         warmup.start()
