@@ -14,8 +14,9 @@ import logging
 import socket
 import threading
 from collections.abc import Iterable, Iterator
+from socketserver import ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import make_server
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import make_wsgi_app
 from prometheus_client.core import (
@@ -24,7 +25,6 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
-from prometheus_client.exposition import ThreadingWSGIServer, _get_best_family, _SilentHandler
 from prometheus_client.registry import Collector, CollectorRegistry
 
 import zvfs
@@ -139,15 +139,22 @@ class _Registry(CollectorRegistry):
         return _Restricted(self, set(names))
 
 
-class _Handler(_SilentHandler):
-    """A request whose client stays silent IDLE_SECONDS is dropped: wsgiref waits for ever."""
+class _Handler(WSGIRequestHandler):
+    """A request whose client stays silent IDLE_SECONDS is dropped: wsgiref waits for ever.
+    Requests are not logged (wsgiref writes a line to stderr for each)."""
 
     timeout = IDLE_SECONDS
 
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - wsgiref's name
+        pass
 
-class _BoundedServer(ThreadingWSGIServer):
-    """prometheus-client's thread-per-connection server, with at most MAX_CLIENTS threads:
-    idle clients each held a thread and a descriptor for as long as they stayed."""
+
+class _BoundedServer(ThreadingMixIn, WSGIServer):
+    """A thread-per-connection server (prometheus-client's start_http_server, built here from
+    the standard library rather than from its private parts), with at most MAX_CLIENTS
+    threads: idle clients each held a thread and a descriptor for as long as they stayed."""
+
+    daemon_threads = True
 
     request_queue_size = 128  # socketserver's 5 made a burst of connections wait for SYN retries
 
@@ -222,8 +229,12 @@ def _start(host: str, port: int, registry: CollectorRegistry) -> _BoundedServer:
     class Server(_BoundedServer):
         address_family: socket.AddressFamily
 
-    Server.address_family, addr = _get_best_family(host, port)
-    server = make_server(addr, port, make_wsgi_app(registry), Server, handler_class=_Handler)
+    # the family of the address the host names first (an IPv6 literal: AF_INET6), as
+    # prometheus-client picks it
+    family, _type, _proto, _name, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                                flags=socket.AI_PASSIVE)[0]
+    Server.address_family = family
+    server = make_server(str(sockaddr[0]), port, make_wsgi_app(registry), Server, handler_class=_Handler)
     thread = threading.Thread(target=server.serve_forever, name="zvfs-metrics", daemon=True)
     thread.start()
     return server
