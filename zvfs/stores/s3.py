@@ -263,17 +263,18 @@ def _status(e: bce.ClientError) -> int:
     return int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
 
 
-
-def _checksums_configured(profile: str | None) -> bool:
+def _checksums_configured(session: Any) -> bool:
     """Whether the user chose when botocore adds checksums to requests: the environment, or
-    ``request_checksum_calculation`` in the AWS config file's profile."""
+    ``request_checksum_calculation`` in the profile of ``session`` (a boto3 session: the
+    config file it read for the client, not read again)."""
     if os.environ.get("AWS_REQUEST_CHECKSUM_CALCULATION"):
         return True
     try:
-        config = botocore.session.Session(profile=profile).get_scoped_config()
+        config = session._session.get_scoped_config()
     except Exception:  # noqa: BLE001 - an unreadable profile is reported when the client is made
         return False
     return "request_checksum_calculation" in config
+
 
 class S3Store(Store):
     """Store over ``s3://bucket/prefix``; credentials come from the AWS chain.
@@ -341,13 +342,6 @@ class S3Store(Store):
             extra["signature_version"] = UNSIGNED
         if endpoint_url:
             extra["s3"] = {"addressing_style": "path"}  # S3-compatible servers rarely do vhosts
-        if endpoint_url and not is_aws_endpoint(endpoint_url) and not _checksums_configured(profile):
-            # botocore (1.36 on) sends every upload over HTTPS in aws-chunked encoding, its
-            # CRC32 in a trailer. S3-compatible servers that predate that encoding refuse it,
-            # or store the framing as the object's bytes. So to them uploads go as botocore
-            # sent them before: one plain body, signed with its SHA-256 over HTTP. The user's
-            # own setting (AWS_REQUEST_CHECKSUM_CALCULATION, or the profile's) still wins.
-            extra["request_checksum_calculation"] = "when_required"
 
         def make(attempts: int, timeout: float, session: Any = None) -> Any:
             cfg = Config(
@@ -376,6 +370,13 @@ class S3Store(Store):
         try:
             # one session for both: a session parses the service model once (~90 ms a client)
             session = self._session()
+            if endpoint_url and not is_aws_endpoint(endpoint_url) and not _checksums_configured(session):
+                # botocore (1.36 on) sends every upload over HTTPS in aws-chunked encoding, its
+                # CRC32 in a trailer. S3-compatible servers that predate that encoding refuse
+                # it, or store the framing as the object's bytes. So to them uploads go as
+                # botocore sent them before: one plain body, signed with its SHA-256 over HTTP.
+                # The user's own setting (AWS_REQUEST_CHECKSUM_CALCULATION, the profile's) wins.
+                extra["request_checksum_calculation"] = "when_required"
             self._client = make(1, self.retry.timeout, session)
             # fail soon at open on a dead endpoint: two tries, each of the user's --s3-timeout
             # (capped at 5 s, a server slower than that to answer could never be mounted), both
