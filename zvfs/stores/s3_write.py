@@ -611,13 +611,12 @@ def put_key(store: S3Store, key: str, data: bytes, if_absent: bool = False) -> N
             # object it had made. The very bytes sent: this PUT's, not another client's
             log.info("%s: a conditional PUT tried again was answered that the key exists, but it "
                      "holds the bytes sent: made by a try whose answer was lost", key)
-            _count_put(store.counters, len(data), time.perf_counter() - t0)
-            return
-        if exc.errno != errno.ENOTSUP:
+        elif exc.errno != errno.ENOTSUP:
             raise
-        if store.exists(key):
+        elif store.exists(key):
             raise WriteRefused(errno.EEXIST, f"{key}: exists already") from None
-        store._request(key, "PutObject", lambda c: c.put_object(**kw))
+        else:
+            store._request(key, "PutObject", lambda c: c.put_object(**kw))
     _count_put(store.counters, len(data), time.perf_counter() - t0)
 
 
