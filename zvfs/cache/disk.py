@@ -104,13 +104,10 @@ def _remove_leftovers(top: Path) -> None:
         return
     for entry in found:
         path = Path(entry.path)
-        try:
-            fd = os.open(path / _LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-        except OSError:
+        fd = _open_lock(path, owned=True)
+        if fd is None:
             continue  # not zvfs's (or being made this moment)
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode) or os.pread(fd, len(_OWNED) + 1, 0) != _OWNED:
-                continue  # not zvfs's
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held until the directory is gone
         except OSError:
             continue  # a live mount's (or no locks here to tell)
@@ -121,10 +118,31 @@ def _remove_leftovers(top: Path) -> None:
             os.close(fd)
 
 
+def _hex(name: str, digits: int) -> bool:
+    """Whether ``name`` is ``digits`` lower-case hex digits: what zvfs names entries (64)
+    and the caches kept for a source (16) with, and nothing else there is."""
+    return len(name) == digits and all(c in "0123456789abcdef" for c in name)
+
+
 def _is_entry(name: str) -> bool:
     """Whether ``name`` is an entry file's (64 hex digits, or those and _LOCAL)."""
-    digest = name.removesuffix(_LOCAL)
-    return len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
+    return _hex(name.removesuffix(_LOCAL), 64)
+
+
+def _open_lock(directory: Path, owned: bool) -> int | None:
+    """The lock file of a cache directory zvfs made, open (the caller closes it), or None:
+    none there, not a regular file, or (``owned``) without the mark of a private one."""
+    try:
+        fd = os.open(directory / _LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode) and (not owned or os.pread(fd, len(_OWNED) + 1, 0) == _OWNED):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
 
 
 def _caches_of_others(top: Path, own: Path, idle_only: bool = False) -> list[Path]:
@@ -141,18 +159,13 @@ def _caches_of_others(top: Path, own: Path, idle_only: bool = False) -> list[Pat
         path = Path(entry.path)
         if path == own or not entry.is_dir(follow_symlinks=False):
             continue
-        shared = len(entry.name) == 16 and all(c in "0123456789abcdef" for c in entry.name)
+        shared = _hex(entry.name, 16)
         if not shared and not entry.name.startswith(_PRIVATE):
             continue
-        try:
-            fd = os.open(path / _LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-        except OSError:
+        fd = _open_lock(path, owned=not shared)
+        if fd is None:
             continue
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                continue
-            if not shared and os.pread(fd, len(_OWNED) + 1, 0) != _OWNED:
-                continue
             if idle_only:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # held: a live mount's (OSError)
             out.append(path)
@@ -277,8 +290,7 @@ class DiskCachedStore(WrappedStore):
             if name == _LOCK:
                 continue
             try:
-                if (len(name) == 64 and entry.is_file(follow_symlinks=False)
-                        and all(c in "0123456789abcdef" for c in name)):
+                if _hex(name, 64) and entry.is_file(follow_symlinks=False):
                     st = entry.stat(follow_symlinks=False)
                     found.append((st.st_atime, name, st.st_size))
                     continue
