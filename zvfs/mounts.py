@@ -195,6 +195,14 @@ def mounts_inside(path: str) -> list[str]:
         return []
 
 
+def mount_around(mountpoint: str) -> str | None:
+    """The innermost mountpoint ``mountpoint`` lies below (not ``/``), from the mount table
+    alone; None when it is on the root's file system."""
+    around = [e.mountpoint for e in mount_table()
+              if e.mountpoint not in (mountpoint, "/") and mountpoint.startswith(e.mountpoint.rstrip("/") + "/")]
+    return max(around, key=len) if around else None
+
+
 def _busy_hint(path: str) -> str:
     """Why an unmount was busy, and what to do. A mount inside it keeps it busy with no
     file open: that one is named, to unmount first (-z would detach both)."""

@@ -16,7 +16,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from zvfs.mounts import MOUNT_TABLE_PREFIX, MountEntry, is_dead, mount_entry, mount_table
+from zvfs.mounts import (
+    MOUNT_TABLE_PREFIX,
+    MountEntry,
+    is_dead,
+    mount_around,
+    mount_entry,
+    mount_table,
+)
 from zvfs.options import metrics_url
 from zvfs.stats import ERROR_KINDS
 
@@ -132,12 +139,8 @@ def describe(entry: MountEntry, timeout: float) -> dict[str, Any]:
 
 def _dead_enclosing(mountpoint: str) -> str | None:
     """The innermost mount ``mountpoint`` lies inside, if that one is dead; else None."""
-    around = [e.mountpoint for e in mount_table()
-              if e.mountpoint != mountpoint and mountpoint.startswith(e.mountpoint.rstrip("/") + "/")]
-    if not around:
-        return None
-    inner = max(around, key=len)
-    return inner if inner != "/" and is_dead(inner) else None
+    inner = mount_around(mountpoint)
+    return inner if inner is not None and is_dead(inner) else None
 
 
 def _metrics(options: dict[str, Any] | None) -> str | None:
