@@ -19,6 +19,7 @@ import shutil
 import signal
 import socket
 import threading
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -675,6 +676,24 @@ def test_metrics_filtered_by_name_are_served(zarr_dir, mount) -> None:
     text = scrape_text(url + "?name[]=zvfs_mount_info&name[]=zvfs_uptime_seconds")
     assert "zvfs_mount_info{" in text and "zvfs_uptime_seconds{" in text, text
     assert "zvfs_cache_hits" not in text, text
+
+
+def test_metrics_are_served_at_their_path_and_answer_head(zarr_dir, mount) -> None:
+    """prometheus-client's app served the metrics at every path (a scrape config's typo went
+    unnoticed) and answered HEAD, a load balancer's health check, with 405."""
+    m = mount(zarr_dir, "--metrics-addr", "0")
+    url = metrics_url(m.path)
+    base = url.removesuffix("/metrics")
+    with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=10) as r:
+        assert r.status == 200 and r.read() == b""
+        assert r.headers["Content-Type"].startswith("text/plain"), r.headers
+    for path in ("/metrics/", "/metric", "/favicon.ico", "/x/metrics"):
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(base + path, timeout=10)
+        assert err.value.code == 404, path
+        assert b"/metrics" in err.value.read()
+    assert 'href="/metrics"' in scrape_text(base + "/")
+    assert "zvfs_mount_info{" in scrape_text(url)
 
 
 # --------------------------------------------------------------------------- df, mtimes

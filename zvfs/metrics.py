@@ -223,6 +223,31 @@ def serve_metrics(addr: str, ctx: MountContext, label: str) -> MetricsServer:
     return served
 
 
+def _routed(metrics: Any) -> Any:
+    """The metrics at ``/metrics`` only, as node_exporter and mountpoint-s3's exporters serve
+    them: prometheus-client's app answered every path with the metrics (a typo in a scrape
+    config went unnoticed) and HEAD, which load balancers' health checks send, with 405.
+    ``/`` names where the metrics are."""
+
+    def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        path, method = environ.get("PATH_INFO", ""), environ.get("REQUEST_METHOD", "GET")
+        if path == "/metrics" and method == "HEAD":
+            for _part in metrics({**environ, "REQUEST_METHOD": "GET"}, start_response):
+                pass  # the headers (Content-Length included) as GET's, no body
+            return []
+        if path == "/metrics":
+            return metrics(environ, start_response)
+        if path == "/" and method in ("GET", "HEAD"):
+            page = b'<html><head><title>zvfs</title></head><body><a href="/metrics">metrics</a></body></html>\n'
+            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8"),
+                                      ("Content-Length", str(len(page)))])
+            return [page if method == "GET" else b""]
+        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+        return [b"not found: the metrics are at /metrics\n"]
+
+    return app
+
+
 def _start(host: str, port: int, registry: CollectorRegistry) -> _BoundedServer:
     """prometheus-client's start_http_server with :class:`_BoundedServer` and a timeout."""
 
@@ -234,7 +259,8 @@ def _start(host: str, port: int, registry: CollectorRegistry) -> _BoundedServer:
     family, _type, _proto, _name, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                                 flags=socket.AI_PASSIVE)[0]
     Server.address_family = family
-    server = make_server(str(sockaddr[0]), port, make_wsgi_app(registry), Server, handler_class=_Handler)
+    server = make_server(str(sockaddr[0]), port, _routed(make_wsgi_app(registry)), Server,
+                         handler_class=_Handler)
     thread = threading.Thread(target=server.serve_forever, name="zvfs-metrics", daemon=True)
     thread.start()
     return server
