@@ -56,7 +56,7 @@ class Params:
 
 def params(size_bytes: int, tiny: bool) -> Params:
     if tiny:
-        return Params(size_bytes, (10, 10), (20, 50))  # 100 and 1,000 keys
+        return Params(size_bytes, (10, 10), (10, 40))  # 100 and 400 keys
     return Params(size_bytes, (40, 50), (200, 100))  # 2,000 and 20,000 keys
 
 
@@ -68,7 +68,7 @@ def key_grid(n: int) -> tuple[int, int]:
 
 def key_grids(n_dir: int, n_s3: int) -> dict[str, tuple[int, int]]:
     """Chunk grids of the big-key rows' stores (scripts/bench --keys: 1,000,000 keys on disk
-    and 200,000 in S3; --tiny: 2,000 and 1,000), and the 4-key store that gives the idle
+    and 200,000 in S3; --tiny: 2,000 and 400), and the 4-key store that gives the idle
     RSS."""
     return {KEYS_DIR: key_grid(n_dir), KEYS_S3: key_grid(n_s3), KEYS_IDLE: (2, 2)}
 

@@ -134,7 +134,7 @@ def targets_table(res: Results, cache_size_mib: float | None, stream_mib: float 
         ok = measured >= goal if higher else measured <= goal
         if not higher and measured <= 0:
             # a cost below zero: a difference of two peaks smaller than their noise (the
-            # per-key RSS of the tiny run's 1,000 keys)
+            # per-key RSS of the tiny run's 400 keys)
             verdict = "not measurable at this scale: within the noise"
         elif ok:
             verdict = "met"
