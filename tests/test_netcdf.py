@@ -1172,3 +1172,27 @@ def test_zv_store_shows_only_plain_arrays(mount) -> None:
     assert checked > 0 and left_out > 0
     with netCDF4.Dataset(top / "0.nc") as ds:
         assert "vertices" not in ds.variables and "vertices: " in ds.getncattr(LEFT_OUT)
+
+
+def test_scalars_of_a_later_netcdf_c_stay_scalars(mount, tmp_path: Path) -> None:
+    """netCDF-C after 4.9.0 (4.10.1, in netCDF4-python's wheel) flags a scalar with
+    ``"scalar": 1`` in ``_nczarr_array`` and ``_ARRAY_DIMENSIONS: ["_scalar_"]`` (4.9.0 wrote
+    ``"storage": "scalar"``): only ``true`` was taken, so every scalar was an array of shape
+    (1,) (data.npy, meta.json) and the netCDF file gave it a dimension ``_scalar_``. They are
+    0-d again, with netCDF4-python's values; a 1-element array beside them stays one."""
+    store = tmp_path / "scalars"
+    with netCDF4.Dataset(f"file://{store}#mode=nczarr,file", "w") as ds:
+        ds.createDimension("one", 1)
+        ds.createVariable("n", "i4", ())[...] = 42
+        ds.createVariable("d", "f8", (), fill_value=-1.0)[...] = 3.5
+        ds.createVariable("g", "i2", ("one",))[:] = [7]
+    assert json.loads((store / "n/.zattrs").read_text())["_nczarr_array"]["scalar"] == 1  # what this is about
+    m = mount(store)
+    with netCDF4.Dataset(f"file://{store}#mode=nczarr,file") as want:
+        for name in ("n", "d", "g"):
+            ref = np.asarray(want[name][...])
+            got = np.load(m.path / ".zvfs/arrays" / name / "data.npy")
+            assert got.shape == ref.shape and got.tolist() == ref.tolist(), name
+        with netCDF4.Dataset(m.path / ".zvfs/netcdf/root.nc") as got:
+            assert {n: v.dimensions for n, v in got.variables.items()} == {"n": (), "d": (), "g": ("one",)}
+            assert got["n"][...] == 42 and got["d"][...] == 3.5 and got["d"].getncattr("_FillValue") == -1.0

@@ -3,8 +3,9 @@
 netCDF writes plain v2 plus ``_nczarr_*`` keys (upper case in 4.9.0, lower case
 later) in .zgroup/.zarray/.zattrs. What changes for a reader: dimension names
 come from ``_nczarr_array.dimrefs`` (or ``_ARRAY_DIMENSIONS``), a netCDF scalar
-is stored as shape [1] and flagged ``storage: scalar`` (shown here as shape ()),
-and the ``_nczarr_*`` keys are bookkeeping, not user attributes.
+is stored as shape [1] and flagged ``storage: scalar`` (4.9.0) or ``scalar: 1`` (later
+versions; shown here as shape ()), and the ``_nczarr_*`` keys are bookkeeping, not user
+attributes.
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ def parse_array(path: str, zarray: Any, zattrs: Any, key: str | None = None) -> 
     if not isinstance(info, dict):
         return meta
     dimrefs = info.get("dimrefs", info.get("dimension_references"))
-    scalar = info.get("storage") == "scalar" or info.get("scalar") is True
+    # netCDF-C 4.9.0 says "storage": "scalar"; later versions "scalar": 1 (true in their docs)
+    scalar = info.get("storage") == "scalar" or info.get("scalar") in (True, 1)
     if meta.error is None and scalar and meta.shape == (1,):
         meta.shape, meta.chunks = (), ()
         meta.dimension_names = None
