@@ -1196,3 +1196,33 @@ def test_scalars_of_a_later_netcdf_c_stay_scalars(mount, tmp_path: Path) -> None
         with netCDF4.Dataset(m.path / ".zvfs/netcdf/root.nc") as got:
             assert {n: v.dimensions for n, v in got.variables.items()} == {"n": (), "d": (), "g": ("one",)}
             assert got["n"][...] == 42 and got["d"][...] == 3.5 and got["d"].getncattr("_FillValue") == -1.0
+
+
+def test_text_fill_values_of_a_later_netcdf_c_are_text(mount, tmp_path: Path) -> None:
+    """netCDF-C after 4.9.0 writes a char or string variable's fill_value as the text itself
+    (">S1" with "#", "|S128" with "N/A"), where v2 keeps bytes as base64: each such variable
+    was unusable metadata ("bad fill_value '#' for |S1: Only base64 data is allowed"), gone
+    from data.npy and the netCDF file, and a fill that happens to be base64 ("abcd") was
+    served as other bytes (b'i\\xb7\\x1d'). They read as netCDF4-python reads the store."""
+    store = tmp_path / "fills"
+    url = f"file://{store}#mode=nczarr,file"
+    with netCDF4.Dataset(url, "w") as ds:
+        ds.createDimension("x", 3)
+        ds.createDimension("l", 2)
+        ds.createVariable("c", "S1", ("x", "l"), fill_value=b"#")[0] = [b"a", b"b"]
+        ds.createVariable("s", str, ("x",), fill_value="N/A")[0] = "hello"
+        ds.createVariable("unwritten", str, ("x",), fill_value="abcd")
+    assert json.loads((store / "c/.zarray").read_text())["fill_value"] == "#"  # what this is about
+    m = mount(store)
+    with netCDF4.Dataset(url) as want:
+        want.set_auto_mask(False)
+        want.set_auto_chartostring(False)
+        for name in ("c", "s", "unwritten"):
+            ref = np.asarray(want[name][:])
+            ref = ref.astype("S") if ref.dtype == object else ref
+            got = np.load(m.path / ".zvfs/arrays" / name / "data.npy")
+            assert got.tolist() == ref.tolist(), name
+    assert got.tolist() == [b"abcd"] * 3
+    with netCDF4.Dataset(m.path / ".zvfs/netcdf/root.nc") as got:
+        assert sorted(got.variables) == ["c", "s", "unwritten"] and "zvfs_left_out" not in got.ncattrs()
+        assert got["c"].getncattr("_FillValue") == b"#"
