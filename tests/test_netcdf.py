@@ -1226,3 +1226,28 @@ def test_text_fill_values_of_a_later_netcdf_c_are_text(mount, tmp_path: Path) ->
     with netCDF4.Dataset(m.path / ".zvfs/netcdf/root.nc") as got:
         assert sorted(got.variables) == ["c", "s", "unwritten"] and "zvfs_left_out" not in got.ncattrs()
         assert got["c"].getncattr("_FillValue") == b"#"
+
+
+def test_string_attributes_of_several_values_keep_them_apart(mount, tmp_path: Path) -> None:
+    """netCDF-C after 4.9.0 writes an NC_STRING attribute of several values as a JSON list
+    typed "|S128" (["a", "bb", ""]): it was joined as if split into characters, "abb" in
+    the netCDF file and the mirror. It is the list's JSON text there now, as any list of
+    strings is, with netCDF4-python's values; one string stays that string."""
+    store = tmp_path / "strattrs"
+    url = f"file://{store}#mode=nczarr,file"
+    with netCDF4.Dataset(url, "w") as ds:
+        ds.createDimension("x", 2)
+        v = ds.createVariable("v", "i2", ("x",))
+        v[:] = [1, 2]
+        v.setncattr_string("strs", ["a", "bb", ""])
+        v.setncattr_string("one", ["only"])
+        ds.setncattr_string("tags", ["p", "qq"])
+    assert json.loads((store / ".zattrs").read_text())["_nczarr_attr"]["types"]["tags"] == "|S128"  # the case
+    m = mount(store)
+    with netCDF4.Dataset(url) as want, netCDF4.Dataset(m.path / ".zvfs/netcdf/root.nc") as got:
+        assert json.loads(got["v"].getncattr("strs")) == list(want["v"].getncattr("strs")) == ["a", "bb", ""]
+        assert json.loads(got.getncattr("tags")) == list(want.getncattr("tags")) == ["p", "qq"]
+        assert got["v"].getncattr("one") == want["v"].getncattr("one") == "only"
+    mirror = json.loads((m.path / ".zvfs/v2/v/.zattrs").read_text())
+    assert json.loads(mirror["strs"]) == ["a", "bb", ""] and mirror["one"] == "only"
+    assert json.loads(json.loads((m.path / ".zvfs/v2/.zattrs").read_text())["tags"]) == ["p", "qq"]

@@ -140,7 +140,11 @@ def translate_value(value: Any, type_str: str | None = None) -> Typed:
     if isinstance(value, str) and not (dtype is not None and dtype.kind in "iuf" and value in NONFINITE):
         return Typed(text=value, json=value)
     if dtype is not None and dtype.kind in "SU" and isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return Typed(text="".join(value), json=value)  # NCZarr char attributes may be split into characters
+        if len(value) == 1 or dtype.itemsize == np.dtype(f"{dtype.kind}1").itemsize:
+            return Typed(text="".join(value), json=value)  # NCZarr char attributes may be split into characters
+        # netCDF-C's NC_STRING values ("|S128": ["a", "bb", ""]) are strings, not characters:
+        # joined, they were "abb"; their JSON text, as any list of strings
+        return Typed(json=value)
     if dtype is not None and dtype.kind not in "biuf":
         dtype = None
     nums = _numbers(value, dtype.newbyteorder("=") if dtype is not None else None)
