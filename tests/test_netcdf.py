@@ -1251,3 +1251,28 @@ def test_string_attributes_of_several_values_keep_them_apart(mount, tmp_path: Pa
     mirror = json.loads((m.path / ".zvfs/v2/v/.zattrs").read_text())
     assert json.loads(mirror["strs"]) == ["a", "bb", ""] and mirror["one"] == "only"
     assert json.loads(json.loads((m.path / ".zvfs/v2/.zattrs").read_text())["tags"]) == ["p", "qq"]
+
+
+def test_shuffled_nczarr_variables_read_as_netcdf_wrote_them(mount, tmp_path: Path) -> None:
+    """netCDF4-python's zlib=True shuffles by default, and netCDF-C writes that filter as
+    {"id": "shuffle", "elementsize": 0} (0: the type's size); numcodecs' shuffle of element
+    size 0 does nothing, so every such variable was served as its shuffled bytes, wrong
+    numbers with nothing said (0, 0.333 read as 7.8e-39, -4.6e-13). They read as netCDF4-python
+    reads them."""
+    store = tmp_path / "shuffled"
+    url = f"file://{store}#mode=nczarr,file"
+    values = {"f": np.arange(70, dtype="f4").reshape(10, 7) / 3,
+              "i": np.arange(-5, 5, dtype="i8").reshape(10, 1) * 10**12}
+    with netCDF4.Dataset(url, "w") as ds:
+        ds.createDimension("x", 10)
+        ds.createDimension("y", 7)
+        ds.createDimension("one", 1)
+        for name, dims in (("f", ("x", "y")), ("i", ("x", "one"))):
+            ds.createVariable(name, values[name].dtype, dims, zlib=True, chunksizes=(4, 1))[:] = values[name]
+    assert json.loads((store / "f/.zarray").read_text())["filters"] == [{"id": "shuffle", "elementsize": 0}]
+    m = mount(store)
+    with netCDF4.Dataset(url) as want, netCDF4.Dataset(m.path / ".zvfs/netcdf/root.nc") as served:
+        for name, ref in values.items():
+            assert want[name][:].tolist() == ref.tolist()  # what netCDF-C reads back
+            assert np.load(m.path / ".zvfs/arrays" / name / "data.npy").tolist() == ref.tolist(), name
+            assert served[name][:].tolist() == ref.tolist(), name
