@@ -1253,14 +1253,15 @@ def test_string_attributes_of_several_values_keep_them_apart(mount, tmp_path: Pa
     assert json.loads(json.loads((m.path / ".zvfs/v2/.zattrs").read_text())["tags"]) == ["p", "qq"]
 
 
-def test_shuffled_nczarr_variables_read_as_netcdf_wrote_them(mount, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["nczarr", "zarr"])
+def test_shuffled_variables_of_netcdf_c_read_as_it_wrote_them(mount, tmp_path: Path, mode: str) -> None:
     """netCDF4-python's zlib=True shuffles by default, and netCDF-C writes that filter as
-    {"id": "shuffle", "elementsize": 0} (0: the type's size); numcodecs' shuffle of element
-    size 0 does nothing, so every such variable was served as its shuffled bytes, wrong
-    numbers with nothing said (0, 0.333 read as 7.8e-39, -4.6e-13). They read as netCDF4-python
-    reads them."""
+    {"id": "shuffle", "elementsize": 0} (0: the type's size), in NCZarr and in pure Zarr
+    (mode=zarr) alike; numcodecs' shuffle of element size 0 does nothing, so every such
+    variable was served as its shuffled bytes, wrong numbers with nothing said (0, 0.333 read
+    as 7.8e-39, -4.6e-13). They read as netCDF4-python, the writer, reads them."""
     store = tmp_path / "shuffled"
-    url = f"file://{store}#mode=nczarr,file"
+    url = f"file://{store}#mode={mode},file"
     values = {"f": np.arange(70, dtype="f4").reshape(10, 7) / 3,
               "i": np.arange(-5, 5, dtype="i8").reshape(10, 1) * 10**12}
     with netCDF4.Dataset(url, "w") as ds:

@@ -61,7 +61,7 @@ def parse_array(path: str, zarray: Any, zattrs: Any, key: str | None = None) -> 
         # netCDF-C 4.9 writes a char variable as "<U1" holding one byte a character (zarr-python
         # cannot read it either); its chunks decoded to a quarter of their size (EIO)
         zarray = {**zarray, "dtype": "|S1"}
-    zarray = _shuffle_of_the_type(_text_fill(zarray))
+    zarray = _text_fill(zarray)
     meta = parse_v2_array(path, zarray, zattrs, key, fmt="nczarr")
     meta.attributes = strip_nczarr(meta.attributes)
     if isinstance(meta.source, dict):
@@ -100,27 +100,6 @@ def _text_fill(zarray: Any) -> Any:
     if dtype.kind != "S" or len(raw) > dtype.itemsize:
         return zarray
     return {**zarray, "fill_value": base64.b64encode(raw).decode("ascii")}
-
-
-def _shuffle_of_the_type(zarray: Any) -> Any:
-    """``zarray`` with netCDF-C's shuffle filter ``{"id": "shuffle", "elementsize": 0}`` given
-    the element size it means: 0 is "the variable's type size" to netCDF-C, which shuffled
-    the bytes so, and numcodecs' shuffle of element size 0 does nothing. Every variable
-    netCDF4-python wrote with ``zlib=True`` (its shuffle is on by default) was served as
-    its shuffled bytes: wrong numbers, with nothing said."""
-    filters = zarray.get("filters") if isinstance(zarray, dict) else None
-    if not isinstance(filters, list):
-        return zarray
-    try:
-        size = np.dtype(zarray.get("dtype")).itemsize
-    except (TypeError, ValueError):
-        return zarray  # the v2 parse says what is wrong with it
-    fixed = [
-        {**f, "elementsize": size}
-        if isinstance(f, dict) and f.get("id") == "shuffle" and f.get("elementsize") == 0 else f
-        for f in filters
-    ]
-    return zarray if fixed == filters else {**zarray, "filters": fixed}
 
 
 class Reader(V2Reader):

@@ -50,6 +50,7 @@ def parse_array(
 ) -> ArrayMeta:
     """Map a .zarray document (+ .zattrs) onto ArrayMeta; problems land in ``error``."""
     key = key or join(path, ZARRAY)
+    zarray = _shuffle_of_the_type(zarray)
     meta = ArrayMeta(path=path, format=fmt, metadata_key=key, source={"zarray": zarray})
     try:
         _fill_meta(meta, zarray, zattrs, key)
@@ -57,6 +58,28 @@ def parse_array(
         meta.error = str(exc) if str(exc).startswith(key) else f"{key}: {exc}"
     meta.validate()
     return meta
+
+
+def _shuffle_of_the_type(zarray: Any) -> Any:
+    """``zarray`` with netCDF-C's shuffle filter ``{"id": "shuffle", "elementsize": 0}`` given
+    the element size it means: 0 is "the variable's type size" to netCDF-C, which shuffled
+    the bytes so (in NCZarr and in pure Zarr alike), and numcodecs' shuffle of element size
+    0 does nothing, so no numcodecs writer shuffles with it. Every variable netCDF4-python
+    wrote with ``zlib=True`` (its shuffle is on by default) was served as its shuffled
+    bytes: wrong numbers, with nothing said (zarr-python reads them so too)."""
+    filters = zarray.get("filters") if isinstance(zarray, dict) else None
+    if not isinstance(filters, list):
+        return zarray
+    try:
+        size = parse_dtype(zarray.get("dtype"), ZARRAY).itemsize
+    except FormatError:
+        return zarray  # the v2 parse says what is wrong with it
+    fixed = [
+        {**f, "elementsize": size}
+        if isinstance(f, dict) and f.get("id") == "shuffle" and f.get("elementsize") == 0 else f
+        for f in filters
+    ]
+    return zarray if fixed == filters else {**zarray, "filters": fixed}
 
 
 def _fill_meta(meta: ArrayMeta, zarray: Any, zattrs: Any, key: str) -> None:
