@@ -1277,3 +1277,27 @@ def test_shuffled_variables_of_netcdf_c_read_as_it_wrote_them(mount, tmp_path: P
             assert want[name][:].tolist() == ref.tolist()  # what netCDF-C reads back
             assert np.load(m.path / ".zvfs/arrays" / name / "data.npy").tolist() == ref.tolist(), name
             assert served[name][:].tolist() == ref.tolist(), name
+
+
+def test_a_pure_zarr_char_variable_of_netcdf_c_4_9_reads_as_it_wrote_it(mount, tmp_path: Path) -> None:
+    """nccopy (netCDF-C 4.9) into '#mode=zarr,file' writes a char variable as "<U1" with one
+    byte a character, and reads it back so (zarr-python cannot read it at all): every read of
+    its data.raw and data.npy failed with EIO ("decoded 10 bytes, expected 40"). Each byte
+    is its character now, as netCDF-C reads the store; the other variables are unchanged."""
+    cdl = tmp_path / "c.cdl"
+    cdl.write_text('netcdf c {\ndimensions: n = 2 ; l = 5 ;\nvariables: char c(n, l) ; int k(n) ;\n'
+                   'data: c = "hello", "wo" ; k = 1, 2 ;\n}\n')
+    nc, store = tmp_path / "c.nc", tmp_path / "cz"
+    assert run([tool("ncgen"), "-k", "nc4", "-o", str(nc), str(cdl)]).returncode == 0
+    res = run([tool("nccopy"), "-k", "nc4", str(nc), f"file://{store}#mode=zarr,file"])
+    assert res.returncode == 0, res.stderr
+    assert json.loads((store / "c/.zarray").read_text())["dtype"] == "<U1"  # what this is about
+    assert (store / "c/0.0").stat().st_size == 10
+    m = mount(store)
+    with netCDF4.Dataset(nc) as ds:
+        ds.set_auto_chartostring(False)
+        want = np.asarray(ds["c"][:].filled(b""))
+        k = ds["k"][:].tolist()
+    got = np.load(m.path / ".zvfs/arrays/c/data.npy")
+    assert got.dtype == np.dtype("<U1") and got.tolist() == want.astype("U1").tolist()
+    assert np.load(m.path / ".zvfs/arrays/k/data.npy").tolist() == k

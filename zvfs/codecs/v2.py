@@ -134,6 +134,8 @@ class V2Pipeline:
                 raise CodecError(f"decoded {arr.size} items, expected {expected}")
         else:
             arr = numcodecs.compat.ensure_ndarray(chunk).reshape(-1, order="A")
+            if dtype.kind == "U" and dtype.itemsize == 4 and arr.nbytes == expected != 0:
+                arr = _one_byte_chars(arr, dtype)
             if arr.dtype != dtype:
                 if arr.nbytes != expected * dtype.itemsize:
                     raise CodecError(
@@ -143,6 +145,15 @@ class V2Pipeline:
             elif arr.size != expected:
                 raise CodecError(f"decoded {arr.size} items, expected {expected}")
         return np.require(arr.reshape(shape, order=order), requirements="C")
+
+
+def _one_byte_chars(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """A "<U1" chunk of one byte an element, as ``dtype``: netCDF-C 4.9 writes a char
+    variable so in pure-Zarr mode (and reads it back so), where Zarr's "<U1" takes four
+    bytes (zarr-python cannot read it). Such a chunk failed every read (EIO, "decoded 18
+    bytes, expected 72"); each byte is its character now, as netCDF-C reads it. A chunk
+    of any other size is still an error."""
+    return arr.view(np.uint8).astype(np.dtype("u4").newbyteorder(dtype.byteorder)).view(dtype)
 
 
 def decode_blosc_chunk(
