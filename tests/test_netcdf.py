@@ -804,6 +804,30 @@ def test_an_array_of_no_elements_leaves_the_mirror_readable(mount, tmp_path: Pat
     assert_one_line(m, "none_yet")
 
 
+def test_chunks_longer_than_their_array_leave_the_mirror_readable(mount, tmp_path: Path) -> None:
+    """An array whose chunk is longer than the array (shape (5,) in chunks of 100, as
+    zarr-python allows and netCDF4-python chunks a short unlimited dimension) made netCDF-C
+    4.9 refuse the whole mirror ("NetCDF: NCZarr error"): ncdump and nccopy read nothing.
+    The mirror's chunk is cut to the array's length there; nccopy copies every array with
+    zarr-python's values, and zarr-python reads the mirror back the same."""
+    store = tmp_path / "long.zarr"
+    group = zarr.open_group(str(store), mode="w", zarr_format=3)
+    arrays = {"short": (np.arange(5, dtype="f4") / 2, (100,), ["t"]),
+              "wide": (np.arange(12, dtype="i2").reshape(3, 4), (2, 10), ["y", "x"])}
+    for name, (values, chunks, dims) in arrays.items():
+        a = group.create_array(name, shape=values.shape, chunks=chunks, dtype=values.dtype,
+                               dimension_names=dims)
+        a[...] = values
+    m = mount(store)
+    out = nccopy_mirror(m, tmp_path)
+    mirror = zarr.open_group(str(m.path / ".zvfs/v2"), mode="r")
+    with netCDF4.Dataset(out) as ds:
+        for name, (values, _, _) in arrays.items():
+            assert ds[name][:].tolist() == values.tolist(), name
+            assert mirror[name][...].tolist() == values.tolist(), name
+    assert mirror["wide"].chunks == (2, 4)
+
+
 def test_a_variable_length_array_left_out_of_the_mirror_is_told(mount, tmp_path: Path) -> None:
     """A variable-length string array has no uncompressed v2 form: it was missing from the
     mirror with nothing said (the netCDF file names it in zvfs_left_out). One log line names

@@ -22,6 +22,11 @@ Choices made for those readers:
 - Complex arrays get fill_value null: GDAL 3.6 rejects the [re, im] form.
   Every chunk file of the mirror exists (unwritten ones hold the fill), so
   no value is lost.
+- A chunk longer than its array (chunks [1024] for shape [5], as netCDF4-python chunks
+  a short unlimited dimension, or zarr-python an array smaller than its chunks) is cut
+  to the array's length: netCDF-C 4.9 refuses the whole store for one such array
+  ("NCZarr error"). That dimension has one chunk either way, so only its files' length
+  changes.
 - A 0-d array is written as netCDF-C writes a scalar in pure-Zarr mode: shape
   [1], chunks [1], ``_ARRAY_DIMENSIONS: []``. netCDF-C 4.9.0 crashes on shape [].
 """
@@ -29,6 +34,7 @@ Choices made for those readers:
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -72,7 +78,7 @@ def zarray_doc(meta: ArrayMeta) -> dict[str, Any]:
     return {
         "zarr_format": 2,
         "shape": list(meta.shape) or [1],  # 0-d: see the module doc
-        "chunks": list(meta.chunks) or [1],
+        "chunks": mirror_chunks(meta),
         "dtype": dtype_str(mirror_dtype(meta.dtype)),
         "compressor": None,
         "filters": None,
@@ -81,6 +87,14 @@ def zarray_doc(meta: ArrayMeta) -> dict[str, Any]:
         "order": "C",
         "dimension_separator": ".",
     }
+
+
+def mirror_chunks(meta: ArrayMeta) -> list[int]:
+    """The mirror's chunk shape: the source's, cut to the array's shape where it is longer
+    (see the module doc), and [1] for a 0-d array. Such a dimension has one chunk either way."""
+    if not meta.shape:
+        return [1]
+    return [min(c, s) if s else c for c, s in zip(meta.chunks, meta.shape, strict=True)]
 
 
 def zattrs_doc(
@@ -199,11 +213,16 @@ class V2ChunkFile(ChunkFile):
 
     @property
     def size(self) -> int:
-        return self.array.meta.chunk_nbytes
+        meta = self.array.meta
+        return math.prod(mirror_chunks(meta)) * meta.dtype.itemsize
 
     async def read(self, offset: int, length: int) -> bytes:
         await self.array.current()
-        chunk = await self.array.chunk_as(self.idx, mirror_dtype(self.array.meta.dtype))
+        meta = self.array.meta
+        chunk = await self.array.chunk_as(self.idx, mirror_dtype(meta.dtype))
+        cut = mirror_chunks(meta)
+        if meta.shape and list(chunk.shape) != cut:  # a chunk longer than the array
+            chunk = chunk[tuple(slice(0, c) for c in cut)]
         return region_bytes(chunk, offset, length)
 
 
