@@ -908,6 +908,13 @@ def test_statfs_on_a_writable_mount(store: Store, mount) -> None:
     assert res.returncode == 0, res.stderr
     avail, size = res.stdout.splitlines()[-1].split()
     assert int(avail) > 0 and int(size) > 0, res.stdout
+    # inodes as blocks: the total is what is used plus what is free (df -i showed IUsed
+    # as -4294966222: f_files was the table's length and f_ffree 2**32 beside it)
+    assert st.f_files >= st.f_ffree > 0, st
+    res = run(["df", "--output=itotal,iused,iavail", str(m.path)])
+    assert res.returncode == 0, res.stderr
+    itotal, iused, iavail = (int(v) for v in res.stdout.splitlines()[-1].split())
+    assert iused > 0 and itotal == iused + iavail, res.stdout
 
 
 # =========================================================================== directory store only

@@ -956,8 +956,9 @@ class ZvfsOperations(pyfuse3.Operations):
         # at least one block even when empty: df leaves out file systems of size 0; at most
         # what the reply holds (sizes a hostile zip declares may add up past it)
         s.f_blocks = min(max(1, -(-used // STATFS_BLOCK) + s.f_bfree), _MAX_BLOCKS)
-        s.f_files = len(self._node_at)
+        # inodes as blocks: total = in use (the table) + free, so df -i's IUsed is the table
         s.f_ffree = s.f_favail = (1 << 32) if self._root.writable else 0
+        s.f_files = len(self._node_at) + s.f_ffree
         s.f_namemax = NAME_MAX
         return s
 
