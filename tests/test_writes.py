@@ -2387,6 +2387,28 @@ def test_a_name_that_is_not_utf8_is_refused_with_einval_and_a_log_line(store: St
     assert store.keys() == {}
 
 
+def test_dir_files_whose_names_are_not_utf8_can_be_removed_and_renamed(dirstore: Store, mount) -> None:
+    """A directory store's file whose name is not UTF-8 is listed, read and written through
+    the mount, but rm, mv and rm -r of it were EINVAL ("not UTF-8, as store keys are"): a
+    tree holding one could not be removed. Such a name can go now; none can be made."""
+    root = os.fsencode(dirstore.root)
+    for rel in (b"x\xff", b"y\xfe", b"d\xfd/f\xfc"):
+        os.makedirs(os.path.dirname(root + b"/" + rel), exist_ok=True)
+        with open(root + b"/" + rel, "wb") as f:
+            f.write(b"data of " + rel)
+    m = dirstore.mount(mount)
+    mnt = os.fsencode(m.path)
+    assert sorted(os.listdir(mnt)) == [b"d\xfd", b"x\xff", b"y\xfe"]
+    assert open(mnt + b"/y\xfe", "rb").read() == b"data of y\xfe"
+    os.unlink(mnt + b"/x\xff")
+    os.rename(mnt + b"/y\xfe", mnt + b"/y")
+    shutil.rmtree(mnt + b"/d\xfd")
+    assert os.listdir(mnt) == [b"y"]
+    assert sorted(os.listdir(root)) == [b"y"]
+    assert open(root + b"/y", "rb").read() == b"data of y\xfe"
+    fails(errno.EINVAL, os.rename, mnt + b"/y", mnt + b"/z\xff")  # no new name that is not UTF-8
+
+
 def test_a_writer_that_makes_and_replaces_files_for_ever_leaves_the_inode_table_its_size(
         store: Store, mount) -> None:
     """A temp file written and renamed over its target, again and again (zarr-python 2's

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
@@ -848,13 +849,18 @@ class RawDir(DirNode):
 
     # -- writing ----------------------------------------------------------------------------
 
-    def _key(self, name: str) -> str:
+    def _key(self, name: str, new: bool = True) -> str:
+        """The key of ``name`` here, to write; ``new=False`` for a name that must be there
+        already (removed, or renamed away), which may be one the store listed that is not
+        UTF-8 (a directory store's file): it can go, where no new one can be made."""
         if not self.writable:
             raise NodeError(errno.EROFS)
         try:
             size = len(name.encode())
         except UnicodeEncodeError:  # bytes that are not UTF-8 (os.fsdecode's surrogates)
-            raise NodeError(errno.EINVAL, f"{self.prefix}{name!r}: not UTF-8, as store keys are") from None
+            if new:
+                raise NodeError(errno.EINVAL, f"{self.prefix}{name!r}: not UTF-8, as store keys are") from None
+            size = len(os.fsencode(name))
         if bad_segment(name) is not None or size > 255:
             raise NodeError(errno.EINVAL if size <= 255 else errno.ENAMETOOLONG)
         return self.prefix + name
@@ -887,7 +893,7 @@ class RawDir(DirNode):
         return RawDir(self.ctx, key + "/")
 
     async def unlink(self, name: str) -> None:
-        key = self._key(name)
+        key = self._key(name, new=False)
         listing = await self._listing()
         if name in listing.prefixes:
             raise NodeError(errno.EISDIR)
@@ -905,7 +911,7 @@ class RawDir(DirNode):
         self.ctx.note_write(key)
 
     async def rmdir(self, name: str) -> None:
-        key = self._key(name)
+        key = self._key(name, new=False)
         listing = await self._listing()
         if name not in listing.prefixes:
             raise NodeError(errno.ENOTDIR if name in listing.keys else errno.ENOENT)
@@ -922,7 +928,7 @@ class RawDir(DirNode):
             target = target.raw
         if not isinstance(target, RawDir) or target.ctx is not self.ctx:
             raise NodeError(errno.EXDEV)
-        src, dst = self._key(name), target._key(new_name)
+        src, dst = self._key(name, new=False), target._key(new_name)
         if src == dst:
             return
         listing, dst_listing = await self._listing(), await target._listing()
