@@ -2387,6 +2387,27 @@ def test_a_name_that_is_not_utf8_is_refused_with_einval_and_a_log_line(store: St
     assert store.keys() == {}
 
 
+def test_rewinddir_shows_the_directory_as_it_is_now(store: Store, mount) -> None:
+    """A directory stream rewound (rewinddir, an lseek to 0; os.listdir of a descriptor
+    rewinds it after reading) showed the listing of its opendir for ever: a file made
+    since, through the mount, never appeared in it, where POSIX has a rewind see the
+    directory as a new opendir would (a spool directory polled that way missed its files)."""
+    m = store.mount(mount)
+    (m.path / "d").mkdir()
+    (m.path / "d" / "old").write_bytes(b"old")
+    fd = os.open(m.path / "d", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert os.listdir(fd) == ["old"]
+        (m.path / "d" / "new").write_bytes(b"new")
+        assert sorted(os.listdir(fd)) == ["new", "old"]
+        os.unlink(m.path / "d" / "old")
+        assert os.listdir(fd) == ["new"]
+        with os.scandir(m.path / "d") as it:  # a listing's numbers are the files' own
+            assert {e.name: e.inode() for e in it} == {"new": os.stat(m.path / "d" / "new").st_ino}
+    finally:
+        os.close(fd)
+
+
 def test_dir_files_whose_names_are_not_utf8_can_be_removed_and_renamed(dirstore: Store, mount) -> None:
     """A directory store's file whose name is not UTF-8 is listed, read and written through
     the mount, but rm, mv and rm -r of it were EINVAL ("not UTF-8, as store keys are"): a

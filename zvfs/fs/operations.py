@@ -167,6 +167,8 @@ class ZvfsOperations(pyfuse3.Operations):
         self._numbering: dict[int, tuple[trio.Event, list[str]]] = {}
         #: open directories: their entries as read at opendir, and the inode of each
         self._dir_handles: dict[int, _DirSnapshot] = {}
+        #: the directory handles read from already: a readdir from 0 again is a rewinddir
+        self._dirs_read: set[int] = set()
         self._next_fh = itertools.count(1)
         self._last_fh = 0
         #: numbers to deal out again: unbound through the mount, then forgotten by the kernel
@@ -730,6 +732,14 @@ class ZvfsOperations(pyfuse3.Operations):
 
     async def opendir(self, inode: int, ctx) -> int:  # type: ignore[override]
         self._counters.add("fuse_ops_opendir")
+        snap = await self._snapshot(inode)
+        fh = self._last_fh = next(self._next_fh)
+        self._dir_handles[fh] = snap
+        return fh
+
+    async def _snapshot(self, inode: int) -> _DirSnapshot:
+        """The listing an open of directory ``inode`` reads: at opendir, and again at a
+        rewinddir (a readdir from offset 0 once it has been read)."""
         node = await self._fresh(inode) if self._stale else self._node(inode)
         if not isinstance(node, DirNode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
@@ -745,15 +755,12 @@ class ZvfsOperations(pyfuse3.Operations):
             dropped = await self._drop_gone(inode, node, entries)
             if before == unbinds and self._unbinds == before + dropped:
                 unbinds = self._unbinds  # only names these entries do not have were unbound
-        fh = self._last_fh = next(self._next_fh)
         parent = self._parent(inode)
         # '.' and '..' come first, as on every POSIX file system; the kernel takes no
         # lookup reference for them (fuse_direntplus_link skips them), so neither do we
         above = self._known(parent)
-        self._dir_handles[fh] = _DirSnapshot(
-            ((".", inode, node), ("..", parent, node if above is None else above)),
-            entries, inos, unbinds)
-        return fh
+        return _DirSnapshot(((".", inode, node), ("..", parent, node if above is None else above)),
+                            entries, inos, unbinds)
 
     async def readdir(self, fh: int, start_id: int, token) -> None:  # type: ignore[override]
         self._counters.add("fuse_readdirs")
@@ -761,6 +768,18 @@ class ZvfsOperations(pyfuse3.Operations):
         snap = self._dir_handles.get(fh)
         if snap is None:
             raise pyfuse3.FUSEError(errno.EBADF)
+        if start_id == 0 and fh in self._dirs_read:
+            # rewinddir (an lseek to 0): POSIX has the stream show the directory as it is
+            # now, as a new opendir would; the snapshot of the open showed a file made since
+            # (a spool polled by rewinddir) never. Numbers freed meanwhile stay quarantined
+            # for this handle, which is still open, as before.
+            try:
+                fresh: _DirSnapshot | None = await self._snapshot(snap.dots[0][1])
+            except pyfuse3.FUSEError:
+                fresh = None  # gone meanwhile: the listing it had
+            if fresh is not None and fh in self._dir_handles:
+                snap = self._dir_handles[fh] = fresh
+        self._dirs_read.add(fh)
         a, fill, reply = self._blank(), self._fill, pyfuse3.readdir_reply
         for i in range(start_id, 2):
             name, ino, node = snap.dots[i]
@@ -817,6 +836,7 @@ class ZvfsOperations(pyfuse3.Operations):
 
     async def releasedir(self, fh: int) -> None:
         self._dir_handles.pop(fh, None)
+        self._dirs_read.discard(fh)
 
     # -- files ---------------------------------------------------------------
 
