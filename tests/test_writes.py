@@ -2487,6 +2487,24 @@ def test_s3_a_renamed_directory_takes_the_empty_directories_below_it(s3store: St
     assert os.listdir(m.path / "t") == []
 
 
+def test_s3_rmdir_keeps_a_folder_marker_that_holds_bytes(s3store: Store, mount) -> None:
+    """A folder marker object ("fm/") that holds bytes shows as an empty directory (as a
+    zip's directory entry does): rmdir of it deleted the object, bytes and all, and said
+    nothing; the listing did not say either. Now rmdir refuses (ENOTEMPTY) and keeps the
+    object, and the listing names it once. An empty marker still goes with its directory."""
+    s3store.put("fm/", b"bytes no one sees")
+    s3store.put("empty/", b"")
+    m = s3store.mount(mount)
+    assert sorted(os.listdir(m.path)) == ["empty", "fm"]
+    assert os.listdir(m.path / "fm") == []
+    fails(errno.ENOTEMPTY, os.rmdir, m.path / "fm")
+    os.rmdir(m.path / "empty")
+    assert s3store.keys() == {"fm/": 17}
+    assert s3store.get("fm/") == b"bytes no one sees"
+    lines = [ln for ln in m.log_text().splitlines() if "'root/fm/'" in ln and "17 bytes" in ln]
+    assert len(lines) == 2, m.log_text()[-2000:]  # the listing's warning, the rmdir's refusal
+
+
 def test_s3_a_file_unlinked_while_written_leaves_nothing_staged(s3store: Store, mount, tmp_path) -> None:
     """The temporary-file pattern (create, unlink, write on, close) kept every such file in
     staging for good, outside --staging-max-size's count (an audit)."""

@@ -594,6 +594,10 @@ class S3Store(Store):
             key = obj.get("Key", "")
             self._skipped.warning(key, "skipping store key %r: the server lists it with size %r, "
                                   "which no file can have", key, obj.get("Size"))
+        elif info.size and str(obj.get("Key", "")).endswith("/"):
+            key = obj["Key"]  # a folder marker is a directory, as a zip's directory entry
+            self._skipped.warning(key, "store key %r is a folder marker holding %d bytes: shown as "
+                                  "a directory, the bytes are not", key, info.size)
         return info
 
     def _skip(self, key: str) -> None:
@@ -794,11 +798,14 @@ class S3Store(Store):
         check_prefix(prefix)
         page = self._request(prefix, "ListObjectsV2", lambda c: c.list_objects_v2(
             Bucket=self.bucket, Prefix=self.prefix + prefix, MaxKeys=2))
-        keys = [o["Key"] for o in page.get("Contents", ())]
+        sizes = {o["Key"]: o.get("Size") for o in page.get("Contents", ())}
         marker = self.prefix + prefix
-        if any(k != marker for k in keys):
+        if any(k != marker for k in sizes):
             raise WriteRefused(errno.ENOTEMPTY, f"{prefix}: not empty")
-        if marker in keys:  # a folder marker object ("dir/") from another tool
+        if sizes.get(marker):  # bytes the mount never showed (a directory it is): kept
+            raise WriteRefused(errno.ENOTEMPTY, f"{prefix}: not removed: its folder marker object "
+                               f"{marker!r} holds {sizes[marker]} bytes, which the mount does not show")
+        if marker in sizes:  # a folder marker object ("dir/") from another tool
             self._request(prefix, "DeleteObject",
                           lambda c: c.delete_object(Bucket=self.bucket, Key=marker))
 
