@@ -2505,6 +2505,22 @@ def test_s3_rmdir_keeps_a_folder_marker_that_holds_bytes(s3store: Store, mount) 
     assert len(lines) == 2, m.log_text()[-2000:]  # the listing's warning, the rmdir's refusal
 
 
+def test_s3_a_renamed_directory_takes_its_folder_markers(s3store: Store, mount) -> None:
+    """Directories made by the S3 console (or s3fs, rclone) have folder marker objects
+    ("em/"). mv of one moved its files and left the markers: the old name stayed listed,
+    with its subdirectories, beside the new one; and one that was only a marker (an empty
+    folder) did not move at all, though mv said it had."""
+    for key, data in {"em/": b"", "em/f": b"F", "em/sub/": b"", "em/sub/g": b"G", "only/": b""}.items():
+        s3store.put(key, data)
+    m = s3store.mount(mount)
+    os.rename(m.path / "em", m.path / "em2")
+    os.rename(m.path / "only", m.path / "only2")
+    assert sorted(os.listdir(m.path)) == ["em2", "only2"]
+    assert sorted(os.listdir(m.path / "em2")) == ["f", "sub"]
+    assert (m.path / "em2/sub/g").read_bytes() == b"G"
+    assert s3store.keys() == {"em2/": 0, "em2/f": 1, "em2/sub/": 0, "em2/sub/g": 1, "only2/": 0}
+
+
 def test_s3_a_file_unlinked_while_written_leaves_nothing_staged(s3store: Store, mount, tmp_path) -> None:
     """The temporary-file pattern (create, unlink, write on, close) kept every such file in
     staging for good, outside --staging-max-size's count (an audit)."""
