@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 from zvfs.stats import Counters
 from zvfs.stores._util import pread_all, pwrite_all
 from zvfs.stores.base import KeyInfo, KeyWriter, StoreError, WriteRefused
-from zvfs.stores.keys import is_safe_key
 from zvfs.stores.staging import Staging
 
 if TYPE_CHECKING:
@@ -639,19 +638,17 @@ def rename_prefix(store: S3Store, src: str, dst: str) -> None:
         if len(keys) > RENAME_DIR_LIMIT:
             raise WriteRefused(errno.EXDEV, f"{src}: more than {RENAME_DIR_LIMIT} keys to rename on S3; "
                                "copy and delete them instead (mv does so by itself)")
-    # the folder markers ("dir/", the S3 console's, s3fs's) move too, after the files: one
-    # left behind kept the old directory listed (empty, or with its empty subdirectories),
-    # and a directory that was only a marker did not move at all, though mv said it had
-    files = [(key, info) for key, info in keys if not key.endswith("/")]
-    files += [(key, info) for key, info in keys if key.endswith("/") and is_safe_key(key[:-1])]
+    # every key below it moves: the folder markers ("dir/", the S3 console's, s3fs's) after
+    # the files (one left behind kept the old directory listed, and a directory that was
+    # only a marker did not move at all, though mv said it had), and the keys the mount
+    # cannot show ("a//b", "a/./c"), deleted as listed (store.delete refuses such a key:
+    # the rename failed after its first copy, which stayed below the new name)
+    files = sorted(keys, key=lambda item: item[0].endswith("/"))
     for moved, (key, info) in enumerate(files):
         try:
             copy_key(store, key, dst + key[len(src):], info.size)
-            if key.endswith("/"):
-                store._request(key, "DeleteObject", lambda c, k=store.prefix + key: c.delete_object(
-                    Bucket=store.bucket, Key=k))
-            else:
-                store.delete(key)
+            store._request(key, "DeleteObject", lambda c, k=store.prefix + key: c.delete_object(
+                Bucket=store.bucket, Key=k))
         except StoreError as exc:
             if not moved:
                 raise
