@@ -2536,6 +2536,24 @@ def test_s3_a_renamed_directory_takes_the_keys_the_mount_cannot_show(s3store: St
     assert s3store.keys() == {"a2/ok": 2, "a2//b": 5, "a2/./c": 3}
 
 
+def test_s3_a_key_longer_than_s3_takes_is_refused_before_anything_is_staged(s3store: Store, mount) -> None:
+    """S3 keys hold at most 1,024 bytes: a file whose key would be longer (a deep tree copied
+    in) was made, written and staged whole, and only the upload at close failed, EIO, the
+    bytes left in staging. Now create, mkdir, rename and link refuse it with ENAMETOOLONG,
+    and a directory whose contents would not fit under its new name is not renamed."""
+    m = s3store.mount(mount)
+    d = m.path / ("d" * 200) / ("e" * 200) / ("f" * 200) / ("g" * 200)
+    os.makedirs(d)  # root/ + 4 x 201 bytes: files of up to 215 bytes fit
+    (d / ("h" * 200)).write_bytes(b"fits")
+    fails(errno.ENAMETOOLONG, open, d / ("i" * 220), "wb")
+    fails(errno.ENAMETOOLONG, os.mkdir, d / ("j" * 220))
+    fails(errno.ENAMETOOLONG, os.rename, d / ("h" * 200), d / ("k" * 220))
+    fails(errno.ENAMETOOLONG, os.link, d / ("h" * 200), d / ("l" * 220))
+    fails(errno.ENAMETOOLONG, os.rename, m.path / ("d" * 200), m.path / ("m" * 230))
+    assert os.listdir(d) == ["h" * 200]
+    assert s3store.keys() == {str((d / ("h" * 200)).relative_to(m.path)): 4}
+
+
 def test_s3_a_file_unlinked_while_written_leaves_nothing_staged(s3store: Store, mount, tmp_path) -> None:
     """The temporary-file pattern (create, unlink, write on, close) kept every such file in
     staging for good, outside --staging-max-size's count (an audit)."""

@@ -98,6 +98,9 @@ _MAKES_OBJECTS = frozenset({"PutObject", "CreateMultipartUpload", "CopyObject"})
 #: each upload setting (the mount option's name) as the parameter S3 takes it
 _UPLOAD_PARAMS = {"sse": "ServerSideEncryption", "sse_kms_key_id": "SSEKMSKeyId",
                   "storage_class": "StorageClass"}
+#: the longest object key S3 takes, in bytes of UTF-8 (MinIO's and Ceph's limit too): a
+#: longer one is refused (ENAMETOOLONG) before anything is staged, not by the upload at close
+MAX_KEY_BYTES = 1024
 #: bytes read from a response body per call: the unit a broken body is resumed at
 _BODY_PIECE = 1 << 20
 #: bytes at most of an answer botocore reads whole and parses (every one but a GET's body):
@@ -725,6 +728,7 @@ class S3Store(Store):
         check_key(key)
         if self.staging is None:
             raise WriteRefused(errno.EROFS, f"{key}: the mount is read-only")
+        self._fits(key)
         size: int | None = None
         etag: str | None = None
         # an exclusive create asks nothing now: its upload is conditional (If-None-Match)
@@ -777,6 +781,7 @@ class S3Store(Store):
         from zvfs.stores.s3_write import copy_key, part_way
 
         check_key(dst)
+        self._fits(dst)
         copy_key(self, src, dst, self.info(src).size)
         try:
             self.delete(src)
@@ -789,10 +794,21 @@ class S3Store(Store):
 
         check_key(src)
         check_key(dst)
+        self._fits(dst)
         link_key(self, src, dst)
 
     def make_dir(self, prefix: str) -> None:
         check_prefix(prefix)  # implicit: the mount shows it until it is removed or filled
+        self._fits(prefix + "x")  # a directory that could hold no file, not even of one byte
+
+    def _fits(self, key: str) -> None:
+        """Refuse (ENAMETOOLONG) a key to write that is longer than S3 takes: the upload at
+        close failed after the whole file was staged (EIO, the bytes left in staging)."""
+        size = len((self.prefix + key).encode("utf-8", "surrogateescape"))
+        if size > MAX_KEY_BYTES:
+            shown = key if len(key) <= 80 else key[:80] + "..."
+            raise WriteRefused(errno.ENAMETOOLONG, f"{shown}: its object key would be {size} bytes; "
+                               f"S3 takes at most {MAX_KEY_BYTES}")
 
     def remove_dir(self, prefix: str) -> None:
         check_prefix(prefix)

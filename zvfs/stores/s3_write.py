@@ -638,6 +638,8 @@ def rename_prefix(store: S3Store, src: str, dst: str) -> None:
         if len(keys) > RENAME_DIR_LIMIT:
             raise WriteRefused(errno.EXDEV, f"{src}: more than {RENAME_DIR_LIMIT} keys to rename on S3; "
                                "copy and delete them instead (mv does so by itself)")
+    if keys and len(dst) > len(src):  # the longest must fit under the new name: before a copy
+        store._fits(dst + max((key for key, _ in keys), key=lambda k: len(k.encode()))[len(src):])
     # every key below it moves: the folder markers ("dir/", the S3 console's, s3fs's) after
     # the files (one left behind kept the old directory listed, and a directory that was
     # only a marker did not move at all, though mv said it had), and the keys the mount
