@@ -999,6 +999,56 @@ def test_metadata_ttl_indefinite(zarr_dir, mount) -> None:
     assert run(["diff", "-r", zarr_dir, m2.path]).returncode == 0
 
 
+def test_directory_store_keys_past_path_max_are_left_out_with_a_line(tmp_path, mount) -> None:
+    """A directory store opens a key by its path: one whose path passes PATH_MAX (a deep
+    tree) was listed but its stat and open said ENOENT (ls showed what ls -l could not
+    reach), and a directory past it listed as empty, without a word. Such a key is left out
+    of its listing now, with one line naming it; the shorter names beside it read."""
+    root = tmp_path / "deep"
+    root.mkdir()
+    levels = []
+    length = len(os.fsencode(root))
+    while length + 201 < 3900:
+        levels.append("d" * 200)
+        length += 201
+    levels.append("e" * (4040 - length - 1))  # the deepest directory's path: 4040 bytes
+
+    def descend(top: Path, create: bool) -> int:
+        fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+        for name in levels:
+            if create:
+                os.mkdir(name, dir_fd=fd)
+            nxt = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        return fd
+
+    fd = descend(root, create=True)
+    try:
+        for name, data in (("short", b"fits\n"), ("f" * 100, b"past PATH_MAX\n")):
+            w = os.open(name, os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+            os.write(w, data)
+            os.close(w)
+        os.mkdir("g" * 100, dir_fd=fd)
+    finally:
+        os.close(fd)
+    m = mount(root)
+    fd = descend(m.path, create=False)
+    try:
+        assert os.listdir(fd) == ["short"]
+        r = os.open("short", os.O_RDONLY, dir_fd=fd)
+        assert os.read(r, 100) == b"fits\n"
+        os.close(r)
+        for name in ("f" * 100, "g" * 100):
+            with pytest.raises(FileNotFoundError):
+                os.stat(name, dir_fd=fd)
+    finally:
+        os.close(fd)
+    log = m.log_text()
+    for name in ("f" * 100, "g" * 100):
+        assert len([ln for ln in log.splitlines() if name in ln and "PATH_MAX" in ln]) == 1, log[-3000:]
+
+
 def test_directory_store_does_not_follow_symlinks_out(tmp_path, mount) -> None:
     src = tmp_path / "linked.zarr"
     src.mkdir()

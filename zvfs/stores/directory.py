@@ -77,6 +77,10 @@ _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW
 # errors that mean "this key is not a regular file here" (ENXIO: a UNIX socket, which no
 # open reaches; it failed the store's reads as an error, and discovery with them for good)
 _ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EISDIR, errno.ENAMETOOLONG, errno.ENXIO)
+#: bytes a path given to the kernel may hold, its closing NUL included (Linux's PATH_MAX)
+PATH_MAX = 4096
+#: bytes of one name at most
+_NAME_MAX = 255
 
 
 def _special(path: str, dir_fd: int | None = None) -> bool:
@@ -729,8 +733,9 @@ class DirectoryStore(Store):
         if found is None:
             return None
         out = []
+        fits = self._within_path_max(prefix)
         for name, kind, size, mtime in found:
-            if not safe_name(name):
+            if not safe_name(name) or (fits is not None and not fits(name)):
                 continue
             if kind == "l":
                 try:
@@ -774,12 +779,35 @@ class DirectoryStore(Store):
         finally:
             os.close(fd)
 
+    def _within_path_max(self, prefix: str) -> Callable[[str], bool] | None:
+        """None when every name of the directory ``prefix`` makes a path the kernel takes,
+        else a check of each name (False, and one line, for a name whose path is too long).
+
+        The store opens a key by its path below the root: a key whose path passes PATH_MAX
+        cannot be opened, so it is left out of its listing, said once, rather than listed
+        and then absent (ENOENT) at its stat and open, its directories shown empty."""
+        base = len(os.fsencode(os.path.join(self.root, prefix)))
+        if base + _NAME_MAX < PATH_MAX:
+            return None
+
+        def fits(name: str) -> bool:
+            size = base + len(os.fsencode(name))
+            if size < PATH_MAX:
+                return True
+            self._escapes.warning(
+                prefix + name, "%s: %r is left out: its path would be %d bytes, more than the system "
+                "takes (PATH_MAX, %d)", self.description, prefix + name, size, PATH_MAX - 1)
+            return False
+
+        return fits
+
     def _read_dir(self, prefix: str, real: str, fd: int) -> Iterator[tuple[str, str, os.stat_result]]:
         """:meth:`_entries` of the directory ``real``, open at ``fd`` (the caller closes it)."""
+        fits = self._within_path_max(prefix)
         with os.scandir(fd) as it:
             for entry in it:
                 name = entry.name
-                if not safe_name(name):
+                if not safe_name(name) or (fits is not None and not fits(name)):
                     continue
                 try:
                     if entry.is_symlink():
