@@ -2387,6 +2387,35 @@ def test_a_name_that_is_not_utf8_is_refused_with_einval_and_a_log_line(store: St
     assert store.keys() == {}
 
 
+def test_dir_a_key_whose_path_passes_path_max_is_refused(dirstore: Store, mount) -> None:
+    """Through a writable mount, a file or directory whose path in the store passes PATH_MAX
+    (the directory store opens keys by path) was made, relative to its directory, and was
+    then never listed nor opened (ENOENT). It is ENAMETOOLONG now, and nothing is made."""
+    m = dirstore.mount(mount)
+    levels, length = [], len(os.fsencode(dirstore.root))
+    while length + 201 < 3900:
+        levels.append("d" * 200)
+        length += 201
+    levels.append("e" * (4040 - length - 1))  # the deepest directory's path in the store: 4040 bytes
+    fd = os.open(m.path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name in levels:
+            os.mkdir(name, dir_fd=fd)
+            nxt = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        fails(errno.ENAMETOOLONG, os.mkdir, "g" * 100, dir_fd=fd)
+        fails(errno.ENAMETOOLONG, os.open, "f" * 100, os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+        w = os.open("short", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+        os.write(w, b"fits")
+        os.close(w)
+        fails(errno.ENAMETOOLONG, os.rename, "short", "h" * 100, src_dir_fd=fd, dst_dir_fd=fd)
+        assert os.listdir(fd) == ["short"]
+    finally:
+        os.close(fd)
+    assert list(dirstore.keys().values()) == [4]
+
+
 def test_rewinddir_shows_the_directory_as_it_is_now(store: Store, mount) -> None:
     """A directory stream rewound (rewinddir, an lseek to 0; os.listdir of a descriptor
     rewinds it after reading) showed the listing of its opendir for ever: a file made

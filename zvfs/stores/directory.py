@@ -522,6 +522,10 @@ class DirectoryStore(Store):
         symlink never followed: a directory swapped for a symlink by another process after
         the check cannot lead a write (a create, a truncation, an unlink) outside the store."""
         check_key(key)
+        size = len(os.fsencode(os.path.join(self.root, key)))
+        if size >= PATH_MAX:  # it could be made, but never listed nor opened by its path
+            raise WriteRefused(errno.ENAMETOOLONG, f"{key[:80]}...: its path would be {size} bytes, "
+                               f"more than the system takes (PATH_MAX, {PATH_MAX - 1})")
         parent, _, name = key.rpartition("/")
         parent_path = os.path.join(self.root, parent) if parent else self.root
         missing = WriteRefused(errno.ENOENT, f"{key}: its directory is missing or is a symlink")
