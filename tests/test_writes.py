@@ -2431,8 +2431,17 @@ def test_rewinddir_shows_the_directory_as_it_is_now(store: Store, mount) -> None
         assert sorted(os.listdir(fd)) == ["new", "old"]
         os.unlink(m.path / "d" / "old")
         assert os.listdir(fd) == ["new"]
+        # a first read after a name changed since the open: as it is now too
+        fresh = os.open(m.path / "d", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            w = os.open("made", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fresh)
+            os.close(w)
+            assert sorted(os.listdir(fresh)) == ["made", "new"]
+        finally:
+            os.close(fresh)
         with os.scandir(m.path / "d") as it:  # a listing's numbers are the files' own
-            assert {e.name: e.inode() for e in it} == {"new": os.stat(m.path / "d" / "new").st_ino}
+            assert {e.name: e.inode() for e in it} == {n: os.stat(m.path / "d" / n).st_ino
+                                                        for n in ("made", "new")}
     finally:
         os.close(fd)
 

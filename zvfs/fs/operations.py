@@ -88,6 +88,8 @@ class _DirSnapshot(NamedTuple):
     inos: array
     #: the mount's count of names unbound when the snapshot was taken
     unbinds: int = 0
+    #: the mount's count of name changes (_names_changed) when the snapshot was taken
+    names: int = 0
 
 
 @dataclass(slots=True)
@@ -169,6 +171,12 @@ class ZvfsOperations(pyfuse3.Operations):
         self._dir_handles: dict[int, _DirSnapshot] = {}
         #: the directory handles read from already: a readdir from 0 again is a rewinddir
         self._dirs_read: set[int] = set()
+        #: name changes made through the mount (create, mkdir, link, unlink, rmdir, rename),
+        #: and the count at each directory's last one (at most DIRS_CHANGED directories: past
+        #: that they are forgotten, and every directory is taken as changed at the floor)
+        self._names = 0
+        self._names_at: dict[int, int] = {}
+        self._names_floor = 0
         self._next_fh = itertools.count(1)
         self._last_fh = 0
         #: numbers to deal out again: unbound through the mount, then forgotten by the kernel
@@ -744,6 +752,7 @@ class ZvfsOperations(pyfuse3.Operations):
         if not isinstance(node, DirNode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         unbinds = self._unbinds  # a name unbound from here on is checked at readdir
+        names = self._names
         entries = await self._call(lambda: f"readdir {self._path(inode)}", node.children())
         inos = await self._remember_all(inode, entries)
         if inos is None:  # removed while it was listed
@@ -760,7 +769,7 @@ class ZvfsOperations(pyfuse3.Operations):
         # lookup reference for them (fuse_direntplus_link skips them), so neither do we
         above = self._known(parent)
         return _DirSnapshot(((".", inode, node), ("..", parent, node if above is None else above)),
-                            entries, inos, unbinds)
+                            entries, inos, unbinds, names)
 
     async def readdir(self, fh: int, start_id: int, token) -> None:  # type: ignore[override]
         self._counters.add("fuse_readdirs")
@@ -768,10 +777,12 @@ class ZvfsOperations(pyfuse3.Operations):
         snap = self._dir_handles.get(fh)
         if snap is None:
             raise pyfuse3.FUSEError(errno.EBADF)
-        if start_id == 0 and fh in self._dirs_read:
+        if start_id == 0 and (fh in self._dirs_read or self._names_changed_since(snap)):
             # rewinddir (an lseek to 0): POSIX has the stream show the directory as it is
             # now, as a new opendir would; the snapshot of the open showed a file made since
-            # (a spool polled by rewinddir) never. Numbers freed meanwhile stay quarantined
+            # (a spool polled by rewinddir) never. So does a first read after a name changed
+            # in it through the mount (a file made through the descriptor, then listed by
+            # it, as on a local file system). Numbers freed meanwhile stay quarantined
             # for this handle, which is still open, as before.
             try:
                 fresh: _DirSnapshot | None = await self._snapshot(snap.dots[0][1])
@@ -833,6 +844,19 @@ class ZvfsOperations(pyfuse3.Operations):
         key = f"readdir {name!r}"
         if self._log_once.first(key):
             log.error("%s: left out of its directory's listing: %s: %s", key, type(exc).__name__, exc)
+
+    def _names_changed(self, *dirs: int) -> None:
+        """A name changed through the mount in each of ``dirs`` (directory inodes)."""
+        self._names += 1
+        if len(self._names_at) >= DIRS_CHANGED:
+            self._names_at.clear()
+            self._names_floor = self._names
+        for d in dirs:
+            self._names_at[d] = self._names
+
+    def _names_changed_since(self, snap: _DirSnapshot) -> bool:
+        """Whether a name of the snapshot's directory changed through the mount since."""
+        return self._names_at.get(snap.dots[0][1], self._names_floor) > snap.names
 
     async def releasedir(self, fh: int) -> None:
         self._dir_handles.pop(fh, None)
@@ -1013,6 +1037,7 @@ class ZvfsOperations(pyfuse3.Operations):
         node, handle = await self._call(lambda: f"create {self._child_path(parent_inode, sname)}",
                                         parent.create(sname, bool(flags & os.O_EXCL)))
         handle.appending = bool(flags & os.O_APPEND)
+        self._names_changed(parent_inode)
         self._unbind(parent_inode, sname)
         ino = self._remember(parent_inode, sname, node)
         fh = next(self._next_fh)
@@ -1077,6 +1102,7 @@ class ZvfsOperations(pyfuse3.Operations):
         sname = os.fsdecode(name)
         parent = self._dir(parent_inode)
         node = await self._call(lambda: f"mkdir {self._child_path(parent_inode, sname)}", parent.mkdir(sname))
+        self._names_changed(parent_inode)
         self._unbind(parent_inode, sname)
         await self._settle()
         return self._attrs(self._remember(parent_inode, sname, node), node)
@@ -1093,6 +1119,7 @@ class ZvfsOperations(pyfuse3.Operations):
         remove = parent.unlink if op == "unlink" else parent.rmdir
         async with self._changing_names((parent_inode, name)):
             await self._call(lambda: f"{op} {self._child_path(parent_inode, name)}", remove(name))
+            self._names_changed(parent_inode)
             self._unbind(parent_inode, name)
         await self._settle()
 
@@ -1113,6 +1140,7 @@ class ZvfsOperations(pyfuse3.Operations):
                 if isinstance(exc, pyfuse3.FUSEError):
                     self._forget_in_kernel((parent_inode_old, old), (parent_inode_new, new))
                 raise
+            self._names_changed(parent_inode_old, parent_inode_new)
             self._unbind(parent_inode_new, new)
             ino = self._pop(parent_inode_old, old)
             if ino is not None:
@@ -1210,6 +1238,7 @@ class ZvfsOperations(pyfuse3.Operations):
         if not isinstance(node, FileNode):
             raise pyfuse3.FUSEError(errno.EPERM)
         made = await self._call(lambda: f"link {self._child_path(new_parent_inode, sname)}", parent.link(node, sname))
+        self._names_changed(new_parent_inode)
         self._unbind(new_parent_inode, sname)
         await self._settle()
         return self._attrs(self._remember(new_parent_inode, sname, made), made)
@@ -1340,6 +1369,9 @@ class ZvfsOperations(pyfuse3.Operations):
 LISTING_SLICE = 2048
 #: entries one readdir reply fills between two such chances (each costs more than a name)
 READDIR_SLICE = LISTING_SLICE // 4
+#: directories whose last name change through the mount is remembered (a readdir from 0 of
+#: a handle opened before it lists again); past that, every one counts as changed
+DIRS_CHANGED = 1024
 
 
 def _names_of(entries: Sequence[tuple[str, Node]]) -> Sequence[str]:
