@@ -1483,6 +1483,10 @@ def test_parse_local_forms(tree: Path, zips: dict[str, Path], tmp_path: Path) ->
         ("s3://bkt/", "bkt", "", None),
         ("s3://bkt/a/b", "bkt", "a/b/", None),
         ("s3://bkt/a/b/", "bkt", "a/b/", None),
+        # '#' in a key: a fragment only when it is NCZarr's (it mounted s3://bkt/run/ before)
+        ("s3://bkt/run#3/x.zarr", "bkt", "run#3/x.zarr/", None),
+        ("s3://bkt/data#1", "bkt", "data#1/", None),
+        ("s3://bkt/a#b/c#mode=zarr,s3&aws.region=r9", "bkt", "a#b/c/", "r9"),
         ("https://s3.us-west-2.amazonaws.com/bkt/x/y.zarr", "bkt", "x/y.zarr/", "us-west-2"),
         ("https://s3.amazonaws.com/bkt/x", "bkt", "x/", None),
         ("https://bkt.s3.eu-central-1.amazonaws.com/x/y", "bkt", "x/y/", "eu-central-1"),

@@ -98,6 +98,13 @@ def parse_source(
         return _local(source, modes=set())
     scheme = m.group(1).lower()
     body, _, fragment = source.partition("#")
+    if scheme == "s3" and fragment:
+        # an S3 key may hold '#' (s3://bkt/run#3/x.zarr, as the AWS CLI takes it): what
+        # follows the last '#' is a fragment only if it is NCZarr's (mode=, aws.profile=...);
+        # else it is part of the prefix. Cut at the first '#', such a source mounted the
+        # prefix before it (run/, a parent holding other data), without a word
+        head, _, tail = source.rpartition("#")
+        body, fragment = (head, tail) if _is_fragment(tail) else (source, "")
     frag = _fragment(fragment)
     modes = {x.strip().lower() for x in frag.get("mode", "").split(",") if x.strip()}
     s3 = {
@@ -203,6 +210,17 @@ def open_store(spec: SourceSpec, retry: RetryPolicy | None = None, *, allow_empt
         raise SourceError(f"unknown source kind {spec.kind!r}")
     store.description = spec.describe()
     return store
+
+
+#: the keys of an NCZarr URL fragment (what zvfs reads, and netCDF-C's own others)
+_FRAGMENT_KEYS = frozenset({"mode", "aws.profile", "aws.region", "log", "show"})
+
+
+def _is_fragment(text: str) -> bool:
+    """Whether ``text`` (after a '#') is an NCZarr fragment: '&'-separated items, each a key
+    it knows, bare or with '=value'."""
+    return all(unquote(part.partition("=")[0]).strip().lower() in _FRAGMENT_KEYS
+               for part in text.split("&") if part) and bool(text.strip("&"))
 
 
 def _fragment(fragment: str) -> dict[str, str]:
