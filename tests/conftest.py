@@ -631,6 +631,68 @@ def zarr_s3(moto, zarr_dir) -> str:
     return f"s3://{S3_BUCKET}/{S3_PREFIX}"
 
 
+@dataclass
+class AuthMoto:
+    """A moto server whose IAM authentication is on (see ``auth_moto``)."""
+
+    server: object
+    #: access key id and secret of an IAM user allowed everything: it makes users, keys
+    #: and buckets of a test's own once authentication is on
+    admin: tuple[str, str]
+
+    @property
+    def endpoint(self) -> str:
+        return self.server.endpoint  # type: ignore[attr-defined]
+
+    def client(self, service: str, key: tuple[str, str] | None = None):
+        """A boto3 client of ``service`` signed with ``key`` (the admin's by default)."""
+        import boto3
+        from botocore.config import Config
+
+        key = key or self.admin
+        return boto3.client(service, endpoint_url=self.endpoint, region_name="us-east-1",
+                            aws_access_key_id=key[0], aws_secret_access_key=key[1],
+                            config=Config(s3={"addressing_style": "path"}))
+
+
+@pytest.fixture(scope="module")
+def auth_moto(zarr_dir) -> Iterator[AuthMoto]:
+    """A second moto server whose authentication is on. The sample store is uploaded and
+    an IAM user allowed everything is made (``.admin``) while it is still off; then moto's
+    ``POST /moto-api/reset-auth`` (body ``0``: no more unauthenticated actions, as
+    ``INITIAL_NO_AUTH_ACTION_COUNT=0``) turns it on: from then on moto answers a request
+    whose access key it does not know (the dummy ones) with 403 InvalidAccessKeyId, as AWS
+    does. (Anonymous requests cannot be tested there: moto's auth mode answers an unsigned
+    request with a 500; nor a listing whose Prefix holds a '/', which moto's check of the
+    signature refuses, whoever signs it.)"""
+    import urllib.request
+
+    from botocore.exceptions import ClientError
+    from moto_server import MotoServer
+
+    server = MotoServer().start()
+    try:
+        client = s3_client(server.endpoint)
+        client.create_bucket(Bucket=S3_BUCKET)
+        upload_tree(client, zarr_dir, S3_BUCKET, S3_PREFIX)
+        iam = AuthMoto(server, ("testing", "testing")).client("iam")
+        iam.create_user(UserName="admin")
+        iam.put_user_policy(UserName="admin", PolicyName="all", PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+        key = iam.create_access_key(UserName="admin")["AccessKey"]
+        req = urllib.request.Request(server.endpoint + "/moto-api/reset-auth", data=b"0", method="POST",
+                                     headers={"Content-Type": "text/plain"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.status == 200
+        # prove that the server now refuses our dummy credentials
+        with pytest.raises(ClientError) as ei:
+            client.list_objects_v2(Bucket=S3_BUCKET, Prefix=S3_PREFIX)
+        assert ei.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+        yield AuthMoto(server, (key["AccessKeyId"], key["SecretAccessKey"]))
+    finally:
+        server.stop()
+
+
 S3_PUBLIC_BUCKET = "zarr-public"
 
 

@@ -1,13 +1,9 @@
 """`zvfs mount` error paths: a clear message on stderr, a non-zero exit, nothing left mounted.
 
-Refused credentials: moto accepts any credentials unless its IAM authentication
-is on. We start a second moto server, create a bucket with a copy of the
-sample store while authentication is still off, then switch it on with moto's
-``POST /moto-api/reset-auth`` (body ``0``: no more unauthenticated actions, the
-same setting as ``INITIAL_NO_AUTH_ACTION_COUNT=0``). From then on moto answers
-every request whose access key it does not know with 403 InvalidAccessKeyId,
-as AWS does, so zvfs meets a real refusal over HTTP. (Anonymous requests are
-not tested there: moto's auth mode answers an unsigned request with a 500.)
+Refused credentials: the ``auth_moto`` fixture (conftest) is a second moto server
+whose IAM authentication is on; it answers every request whose access key it does
+not know with 403 InvalidAccessKeyId, as AWS does, so zvfs meets a real refusal
+over HTTP.
 """
 
 from __future__ import annotations
@@ -20,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,9 +29,7 @@ from conftest import (
     force_unmount,
     mount_entry,
     run,
-    s3_client,
     tool,
-    upload_tree,
     wait_until,
     zvfs_cmd,
 )
@@ -128,31 +121,6 @@ def test_unreachable_endpoint(s3_env, mnt) -> None:
     res = zvfs_mount("s3://bucket/prefix", mnt, "--endpoint-url", f"http://127.0.0.1:{port}", env=s3_env)
     assert_fails(res, rf"(127\.0\.0\.1:{port}|connect|endpoint)")
     assert_nothing_mounted(mnt)
-
-
-@pytest.fixture(scope="module")
-def auth_moto(zarr_dir):
-    """A second moto server whose authentication is on (see the module docstring)."""
-    from moto_server import MotoServer
-
-    server = MotoServer().start()
-    try:
-        client = s3_client(server.endpoint)
-        client.create_bucket(Bucket=S3_BUCKET)
-        upload_tree(client, zarr_dir, S3_BUCKET, S3_PREFIX)
-        req = urllib.request.Request(server.endpoint + "/moto-api/reset-auth", data=b"0", method="POST",
-                                     headers={"Content-Type": "text/plain"})
-        with urllib.request.urlopen(req, timeout=10) as r:
-            assert r.status == 200
-        # prove that the server now refuses our dummy credentials
-        from botocore.exceptions import ClientError
-
-        with pytest.raises(ClientError) as ei:
-            client.list_objects_v2(Bucket=S3_BUCKET, Prefix=S3_PREFIX)
-        assert ei.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
-        yield server
-    finally:
-        server.stop()
 
 
 def test_refused_credentials(auth_moto, s3_env, mnt) -> None:

@@ -23,7 +23,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import daemon_pids, is_mounted, s3_client, store_files, upload_tree, wait_until
+from conftest import (
+    daemon_pids,
+    is_mounted,
+    read_errno,
+    s3_client,
+    store_files,
+    upload_tree,
+    wait_until,
+)
 from faultproxy import FaultProxy
 
 BUCKET = "faults"
@@ -422,6 +430,41 @@ def test_rotated_credentials_are_picked_up(corpus, proxy, mount, s3_env, tmp_pat
     assert read_all(mnt.path / "blob.bin") == (corpus[0] / "blob.bin").read_bytes()
     assert proxy.stats()["fault_expired"] >= 1
     assert "reloading" in mnt.log_text()
+
+
+def test_a_revoked_key_replaced_in_the_credentials_file_is_picked_up(auth_moto, mount, s3_env,
+                                                                      tmp_path) -> None:
+    """A key deleted from IAM (S3 answers 403 InvalidAccessKeyId) fails the read with EIO and
+    a line asking to fix the credentials, "zvfs picks up new ones without a remount"; once
+    the credentials file holds a new key, the next read uses it. Only an ExpiredToken made
+    the daemon read the chain again: a revoked key stayed in use, every read failing with
+    EIO until a remount (moto in auth mode, real IAM keys)."""
+    iam = auth_moto.client("iam")
+    iam.create_user(UserName="rotating")
+    iam.put_user_policy(UserName="rotating", PolicyName="all", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+    old, new = ((k["AccessKeyId"], k["SecretAccessKey"]) for k in
+                (iam.create_access_key(UserName="rotating")["AccessKey"] for _ in range(2)))
+    admin = auth_moto.client("s3")
+    admin.create_bucket(Bucket="revoked-key")
+    for name in ("a.txt", "b.txt"):  # at the bucket's root: see auth_moto on moto's Prefix
+        admin.put_object(Bucket="revoked-key", Key=name, Body=f"body of {name}\n".encode())
+    creds = tmp_path / "credentials"
+    creds.write_text(f"[default]\naws_access_key_id = {old[0]}\naws_secret_access_key = {old[1]}\n")
+    env = {k: v for k, v in s3_env.items() if k not in
+           ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN")}
+    env["AWS_SHARED_CREDENTIALS_FILE"] = str(creds)
+    mnt = mount("s3://revoked-key", "--endpoint-url", auth_moto.endpoint, env=env)
+    assert (mnt.path / "a.txt").read_bytes() == b"body of a.txt\n"
+
+    iam.delete_access_key(UserName="rotating", AccessKeyId=old[0])
+    assert read_errno(mnt.path / "b.txt") == errno.EIO
+    lines = [ln for ln in mnt.log_text().splitlines() if "InvalidAccessKeyId" in ln]
+    assert len(lines) == 1 and "without a remount" in lines[0], lines
+
+    creds.write_text(f"[default]\naws_access_key_id = {new[0]}\naws_secret_access_key = {new[1]}\n")
+    assert (mnt.path / "b.txt").read_bytes() == b"body of b.txt\n"
+    assert is_mounted(mnt.path)
 
 
 def test_corrupt_chunk_is_remembered_but_fault_free_data_is_fine(corpus, proxy, mount, s3_env,

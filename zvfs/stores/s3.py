@@ -73,6 +73,10 @@ _REFUSED = {
 }
 _WRONG_REGION = {"PermanentRedirect", "AuthorizationHeaderMalformed", "301", "IllegalLocationConstraintException"}
 _EXPIRED = {"ExpiredToken", "TokenRefreshRequired", "RequestExpired", "ExpiredTokenException"}
+#: refusals of the credentials themselves (a key deleted or deactivated, a secret or token
+#: that is wrong), not of one object: new credentials in the chain (a credentials file
+#: rewritten, a profile's keys rotated) may mend them, so the chain is read again
+_BAD_CREDENTIALS = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "InvalidClientTokenId"}
 _THROTTLED = {"SlowDown", "Throttling", "ThrottlingException", "TooManyRequests",
               "RequestLimitExceeded", "RequestThrottled", "ServiceUnavailable"}
 _SERVER = {"InternalError", "RequestTimeout", "BadGateway", "GatewayTimeout"}
@@ -266,6 +270,20 @@ def _status(e: bce.ClientError) -> int:
     return int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
 
 
+def _credentials_of(session: Any) -> tuple[str, str, str | None] | None:
+    """The credentials ``session`` (a boto3 session) signs with now (key, secret, token), or
+    None without any (or when the chain fails to give them: the client reports that): what
+    tells credentials the user fixed from the ones refused."""
+    try:
+        creds = session.get_credentials()
+    except bce.BotoCoreError:
+        return None
+    if creds is None:
+        return None
+    frozen = creds.get_frozen_credentials()
+    return frozen.access_key, frozen.secret_key, frozen.token
+
+
 def _checksums_configured(session: Any) -> bool:
     """Whether the user chose when botocore adds checksums to requests: the environment, or
     ``request_checksum_calculation`` in the profile of ``session`` (a boto3 session: the
@@ -369,7 +387,7 @@ class S3Store(Store):
             return client
 
         # our retry loop is the only one, so the user's attempts and deadline are the real bounds
-        self._make_client = lambda: make(1, self.retry.timeout)
+        self._make_client = lambda session: make(1, self.retry.timeout, session)
         try:
             # one session for both: a session parses the service model once (~90 ms a client)
             session = self._session()
@@ -381,6 +399,8 @@ class S3Store(Store):
                 # The user's own setting (AWS_REQUEST_CHECKSUM_CALCULATION, the profile's) wins.
                 extra["request_checksum_calculation"] = "when_required"
             self._client = make(1, self.retry.timeout, session)
+            self._client_credentials = _credentials_of(session)
+            self._chain_read = 0.0  # when the chain was last read after a refusal (_renew_refused)
             # fail soon at open on a dead endpoint: two tries, each of the user's --s3-timeout
             # (capped at 5 s, a server slower than that to answer could never be mounted), both
             # within the time `zvfs mount` waits for the mount (else it told only of its wait)
@@ -412,7 +432,40 @@ class S3Store(Store):
         with self._client_lock:
             if self._client is stale:
                 log.warning("S3 credentials for %s expired; reloading them", self.description)
-                self._client = self._make_client()
+                session = self._session()
+                self._client = self._make_client(session)
+                self._client_credentials = _credentials_of(session)
+
+    def _renew_refused(self, stale: Any, exc: BaseException) -> bool:
+        """After the server refused the credentials themselves (InvalidAccessKeyId...): read
+        the credential chain again and, when it now gives other credentials (the user fixed
+        them, as the error line asks), replace the client. Whether the request should be
+        tried again with the new client; False when the chain gives the same ones, which
+        would be refused again."""
+        if self.no_sign_request or not isinstance(exc, bce.ClientError) or _code(exc) not in _BAD_CREDENTIALS:
+            return False
+        refused = time.monotonic()
+        with self._client_lock:
+            if self._client is not stale:
+                return True  # another request replaced it meanwhile
+            if self._chain_read >= refused:
+                # another request read the chain since this one was refused, and found the
+                # same credentials: not read again for each of a read's many refused requests
+                # (a credential_process run each time, in a row under the lock)
+                return False
+            self._chain_read = time.monotonic()
+            try:
+                session = self._session()
+                found = _credentials_of(session)
+            except Exception:  # noqa: BLE001 - a chain that cannot be read now: the refusal stands
+                return False
+            if found is None or found == self._client_credentials:
+                return False
+            log.warning("S3 credentials for %s were refused (%s); the credential chain gives "
+                        "other ones now: using them", self.description, _code(exc))
+            self._client = self._make_client(session)
+            self._client_credentials = found
+            return True
 
     # -- open-time validation ---------------------------------------------------------------
 
@@ -973,6 +1026,9 @@ class S3Store(Store):
                     refreshed = True
                     self._refresh_client(client)
                     continue
+                if kind == "denied" and not refreshed and self._renew_refused(client, exc):
+                    refreshed = True
+                    continue
                 if kind not in TRANSIENT_KINDS or not tries.retry():
                     raise self._failure(key, op, exc, kind, tries) from None
                 self.counters.add("store_retries")
@@ -1109,6 +1165,9 @@ class S3Store(Store):
                 if kind == "expired" and not refreshed:
                     refreshed = True
                     self._refresh_client(client)
+                    continue
+                if kind == "denied" and not refreshed and self._renew_refused(client, exc):
+                    refreshed = True
                     continue
                 if kind not in TRANSIENT_KINDS or not tries.retry():
                     raise self._failure(key, "GetObject", exc, kind, tries) from None
