@@ -467,6 +467,35 @@ def test_a_revoked_key_replaced_in_the_credentials_file_is_picked_up(auth_moto, 
     assert is_mounted(mnt.path)
 
 
+def test_a_key_a_policy_denies_fails_alone_with_a_line_naming_the_policy(auth_moto, mount, s3_env,
+                                                                           tmp_path) -> None:
+    """An IAM policy that denies GetObject of one key (moto in auth mode): that file fails
+    with EIO, the others read, and the line says a policy refuses it. It said "The
+    credentials were rejected ... fix them ... zvfs picks up new ones without a remount",
+    which sent the user to credentials that were fine (and an AccessDenied looks for no new
+    ones)."""
+    iam = auth_moto.client("iam")
+    iam.create_user(UserName="partial")
+    iam.put_user_policy(UserName="partial", PolicyName="all", PolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [
+            {"Effect": "Allow", "Action": "*", "Resource": "*"},
+            {"Effect": "Deny", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::denied-key/secret.txt"}]}))
+    key = iam.create_access_key(UserName="partial")["AccessKey"]
+    admin = auth_moto.client("s3")
+    admin.create_bucket(Bucket="denied-key")
+    for name in ("a.txt", "secret.txt", "z.txt"):  # at the bucket's root: see auth_moto on moto's Prefix
+        admin.put_object(Bucket="denied-key", Key=name, Body=f"body of {name}\n".encode())
+    env = {k: v for k, v in s3_env.items() if k not in ("AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN")}
+    env |= {"AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
+    mnt = mount("s3://denied-key", "--endpoint-url", auth_moto.endpoint, env=env)
+    assert read_errno(mnt.path / "secret.txt") == errno.EIO
+    for name in ("a.txt", "z.txt"):
+        assert (mnt.path / name).read_bytes() == f"body of {name}\n".encode()
+    lines = [ln for ln in mnt.log_text().splitlines() if "AccessDenied" in ln]
+    assert len(lines) == 1 and "secret.txt" in lines[0] and "policy" in lines[0], lines
+    assert "rejected" not in lines[0] and "without a remount" not in lines[0], lines
+
+
 def test_corrupt_chunk_is_remembered_but_fault_free_data_is_fine(corpus, proxy, mount, s3_env,
                                                                    moto) -> None:
     """A chunk whose stored bytes are corrupt fails with EIO (one log line), and other

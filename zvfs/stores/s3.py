@@ -77,6 +77,9 @@ _EXPIRED = {"ExpiredToken", "TokenRefreshRequired", "RequestExpired", "ExpiredTo
 #: that is wrong), not of one object: new credentials in the chain (a credentials file
 #: rewritten, a profile's keys rotated) may mend them, so the chain is read again
 _BAD_CREDENTIALS = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "InvalidClientTokenId"}
+#: refusals of one request whose credentials S3 accepted: a policy, an ACL or a KMS key
+#: does not allow it (new credentials are not looked for: it may be one object of many)
+_POLICY_REFUSALS = {"AccessDenied", "AllAccessDisabled"}
 _THROTTLED = {"SlowDown", "Throttling", "ThrottlingException", "TooManyRequests",
               "RequestLimitExceeded", "RequestThrottled", "ServiceUnavailable"}
 _SERVER = {"InternalError", "RequestTimeout", "BadGateway", "GatewayTimeout"}
@@ -1210,6 +1213,20 @@ class S3Store(Store):
             cause = _out_of_descriptors(exc)
             if cause is not None:  # "Could not connect to the endpoint URL": no socket to connect
                 what += no_descriptors_hint(cause)
+        what = what.rstrip(".")  # S3's messages end in one: the line goes on after it
+        code = _code(exc) if isinstance(exc, bce.ClientError) else ""
+        if kind == "denied" and code in _POLICY_REFUSALS:
+            # the credentials were accepted (else S3 names them: InvalidAccessKeyId...), and
+            # this request is not allowed them: no new credentials are looked for
+            if self.no_sign_request:
+                return StoreError(f"{key}: S3 {op} refused: {what}. Anonymous access "
+                                  f"(--no-sign-request) to this object of {self.description} is "
+                                  "not allowed: it is not public")
+            return StoreError(
+                f"{key}: S3 {op} refused: {what}. The credentials were accepted, but a policy "
+                f"(the bucket's or the user's IAM policy), an ACL or a KMS key does not allow them "
+                f"this request in {self.description}; grant it, or mount with credentials allowed it"
+            )
         if kind in ("denied", "expired"):
             return StoreError(
                 f"{key}: S3 {op} refused: {what}. The credentials were rejected for "
