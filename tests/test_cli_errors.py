@@ -130,6 +130,23 @@ def test_refused_credentials(auth_moto, s3_env, mnt) -> None:
     assert_nothing_mounted(mnt)
 
 
+def test_credentials_that_may_not_list_are_told_so(auth_moto, s3_env, mnt) -> None:
+    """Credentials S3 accepts, whose policy allows GetObject but not ListBucket: the mount
+    fails saying so. It said "S3 credentials were refused ... Fix the credentials", which
+    sent the user to keys that were fine."""
+    iam = auth_moto.client("iam")
+    iam.create_user(UserName="nolist")
+    iam.put_user_policy(UserName="nolist", PolicyName="get", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:GetObject", "Resource": "*"}]}))
+    key = iam.create_access_key(UserName="nolist")["AccessKey"]
+    env = {k: v for k, v in s3_env.items() if k not in ("AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN")}
+    env |= {"AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
+    res = zvfs_mount(f"s3://{S3_BUCKET}", mnt, "--endpoint-url", auth_moto.endpoint, env=env)
+    assert_fails(res, "AccessDenied", "s3:ListBucket", "policy")
+    assert "fix the credentials" not in res.stderr.lower(), res.stderr
+    assert_nothing_mounted(mnt)
+
+
 # --------------------------------------------------------------------------- mountpoints
 
 

@@ -522,6 +522,15 @@ class S3Store(Store):
                 ) from None
             if code == _SKEWED:
                 raise SourceError(f"cannot open {self.description} ({where}): {_SKEWED}: {_SKEW_HINT}") from None
+            if code in _POLICY_REFUSALS and not self.no_sign_request:
+                # accepted credentials (S3 names refused ones: InvalidAccessKeyId...) that may
+                # not list: "fix the credentials" sent the user to keys that were fine
+                raise SourceError(
+                    f"S3 refused to list {self.description} ({code}: {msg}; {where}): the credentials "
+                    "were accepted, but a policy (the bucket's or the user's IAM policy) does not "
+                    "allow them s3:ListBucket there, which zvfs needs to mount it; grant it, or pass "
+                    "--profile NAME of credentials that have it"
+                ) from None
             if code in _REFUSED or status == 403:
                 if self.no_sign_request:
                     raise SourceError(
