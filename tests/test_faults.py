@@ -496,6 +496,24 @@ def test_a_key_a_policy_denies_fails_alone_with_a_line_naming_the_policy(auth_mo
     assert "rejected" not in lines[0] and "without a remount" not in lines[0], lines
 
 
+def test_an_archived_object_says_it_must_be_restored(moto, mount, s3_env) -> None:
+    """A GET of an object in the GLACIER storage class is a 403 InvalidObjectState: that
+    file fails with EIO, the others read, and the line says to restore it. It said "The
+    credentials were rejected ... fix them", and counted a refused credential."""
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket="archived")
+    client.put_object(Bucket="archived", Key="s/cold.bin", Body=b"frozen", StorageClass="GLACIER")
+    client.put_object(Bucket="archived", Key="s/warm.txt", Body=b"warm\n")
+    mnt = mount("s3://archived/s", "--endpoint-url", moto.endpoint, env=s3_env)
+    assert os.stat(mnt.path / "cold.bin").st_size == 6
+    assert read_errno(mnt.path / "cold.bin") == errno.EIO
+    assert (mnt.path / "warm.txt").read_bytes() == b"warm\n"
+    lines = [ln for ln in mnt.log_text().splitlines() if "InvalidObjectState" in ln]
+    assert len(lines) == 1 and "cold.bin" in lines[0] and "GLACIER" in lines[0], lines
+    assert "restore" in lines[0] and "credentials" not in lines[0], lines
+    assert stats(mnt)["store_errors_denied"] == 0
+
+
 def test_corrupt_chunk_is_remembered_but_fault_free_data_is_fine(corpus, proxy, mount, s3_env,
                                                                    moto) -> None:
     """A chunk whose stored bytes are corrupt fails with EIO (one log line), and other

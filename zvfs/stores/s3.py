@@ -86,6 +86,9 @@ _SERVER = {"InternalError", "RequestTimeout", "BadGateway", "GatewayTimeout"}
 #: S3's answer (a 403) to a request signed with a clock 15 minutes off its own: no credential
 #: is wrong, and trying again with the same clock cannot help
 _SKEWED = "RequestTimeTooSkewed"
+#: S3's answer (a 403) to a GET of an object archived in Glacier Flexible Retrieval, Deep
+#: Archive or an Intelligent-Tiering archive tier: readable once restored, by any credentials
+_ARCHIVED = "InvalidObjectState"
 _SKEW_HINT = ("this machine's clock differs from the S3 server's by more than S3 allows (15 minutes), "
               "and every request is signed with it: set the clock (e.g. enable NTP); the credentials are fine")
 #: what a failed request can raise: botocore's errors, and urllib3's and the socket's when a
@@ -169,7 +172,7 @@ def fault_kind(exc: BaseException) -> str:
             return "not_found"
         if code in _EXPIRED:
             return "expired"
-        if code == _SKEWED:
+        if code in (_SKEWED, _ARCHIVED):
             return "other"  # a 403, but no refused credential (the message says what to fix)
         if code in _REFUSED or status == 403:
             return "denied"
@@ -1206,6 +1209,13 @@ class S3Store(Store):
         self.counters.add("store_failures")
         if isinstance(exc, bce.ClientError) and _code(exc) == _SKEWED:
             return StoreError(f"{key}: S3 {op} failed: {_SKEWED}: {_SKEW_HINT}")
+        if isinstance(exc, bce.ClientError) and _code(exc) == _ARCHIVED:
+            error = exc.response.get("Error", {})
+            tier = " ".join(str(error[f]) for f in ("StorageClass", "AccessTier") if error.get(f))
+            return StoreError(f"{key}: S3 {op} failed: {_ARCHIVED}: the object is archived"
+                              f"{f' ({tier})' if tier else ''} and cannot be read until it is "
+                              "restored: restore it (aws s3api restore-object, or the console), "
+                              "then read it again")
         if isinstance(exc, bce.ClientError) and _code(exc) == "NoSuchUpload":
             return UploadGone(f"{key}: S3 {op} failed: NoSuchUpload "
                               f"{exc.response.get('Error', {}).get('Message', '')}".rstrip())
