@@ -68,6 +68,8 @@ class HostileS3:
     #: a GET of an object is answered with this status (and an S3 error body of ``error_code``)
     get_status: int = 0
     error_code: str = ""
+    #: more elements of that error body (as S3 adds <Region> to AuthorizationHeaderMalformed)
+    error_fields: dict[str, str] = field(default_factory=dict)
     #: listings are answered with this status and S3 error code (0: listed)
     list_status: int = 0
     #: every listing page is empty and truncated, handing back a new token each time
@@ -185,7 +187,7 @@ class HostileS3:
             return
         self.gets[key] = self.gets.get(key, 0) + 1
         if self.get_status:
-            body = f"<Error><Code>{self.error_code}</Code><Message>m</Message></Error>".encode()
+            body = self._error_body()
             self._send(h, self.get_status, body, {"Location": self.endpoint + h.path})
             return
         headers = self._object_headers(key) | self.get_headers
@@ -249,9 +251,13 @@ class HostileS3:
             out += h.rfile.read(size)
             h.rfile.readline()
 
+    def _error_body(self) -> bytes:
+        extra = "".join(f"<{k}>{escape(v)}</{k}>" for k, v in self.error_fields.items())
+        return f"<Error><Code>{self.error_code}</Code><Message>m</Message>{extra}</Error>".encode()
+
     def _list(self, h: BaseHTTPRequestHandler, q: dict[str, str]) -> None:
         if self.list_status:
-            body = f"<Error><Code>{self.error_code}</Code><Message>m</Message></Error>".encode()
+            body = self._error_body()
             self._send(h, self.list_status, body, {"x-amz-request-id": "hostile"})
             return
         prefix, delim = q.get("prefix", ""), q.get("delimiter", "")

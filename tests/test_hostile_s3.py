@@ -255,6 +255,18 @@ def test_a_skewed_clock_is_named_not_taken_for_bad_credentials(mount) -> None:
             res.result.stderr
 
 
+def test_a_bucket_in_another_region_is_named_from_the_error_document(mount) -> None:
+    """S3 refuses a request signed for another region than the bucket's with a 400
+    AuthorizationHeaderMalformed whose document names the bucket's region (<Region>). The
+    mount said only "pass the bucket's --region": it read the region from a header alone."""
+    with HostileS3(BUCKET, {"s/a.txt": b"hello\n"}, list_status=400, error_code="AuthorizationHeaderMalformed",
+                   error_fields={"Region": "eu-west-1"}) as server:
+        res = mount(f"s3://{BUCKET}/s", "--endpoint-url", server.endpoint, "--no-sign-request",
+                    env=env(), check=False)
+    assert res.result.returncode != 0
+    assert "another region" in res.result.stderr and "--region eu-west-1" in res.result.stderr, res.result.stderr
+
+
 def test_a_listing_of_endless_empty_pages_fails(mount) -> None:
     """Every page after the first empty, truncated, with a new continuation token each
     time: no token came twice and no entry was counted, so the listing went on for ever

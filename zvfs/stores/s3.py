@@ -516,9 +516,8 @@ class S3Store(Store):
             if code == "NoSuchBucket" or (status == 404 and code in ("404", "NotFound")):
                 raise SourceError(f"S3 bucket '{self.bucket}' does not exist ({where})") from None
             if code in _WRONG_REGION or status == 301:
-                region = e.response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get(
-                    "x-amz-bucket-region"
-                )
+                # a header on a redirect; in the document of an AuthorizationHeaderMalformed
+                region = headers.get("x-amz-bucket-region") or e.response.get("Error", {}).get("Region")
                 hint = f"pass --region {region}" if region else "pass the bucket's --region"
                 raise SourceError(
                     f"S3 bucket '{self.bucket}' is in another region ({where}): {hint}"
