@@ -72,6 +72,8 @@ class HostileS3:
     error_fields: dict[str, str] = field(default_factory=dict)
     #: listings are answered with this status and S3 error code (0: listed)
     list_status: int = 0
+    #: listings of these prefixes are refused (403 AccessDenied), as a policy may refuse them
+    refused_prefixes: tuple[str, ...] = ()
     #: every listing page is empty and truncated, handing back a new token each time
     empty_pages: bool = False
     #: listings in reverse order (as S3 Express directory buckets, unsorted), paged by index
@@ -261,6 +263,10 @@ class HostileS3:
             self._send(h, self.list_status, body, {"x-amz-request-id": "hostile"})
             return
         prefix, delim = q.get("prefix", ""), q.get("delimiter", "")
+        if prefix in self.refused_prefixes:
+            body = b"<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
+            self._send(h, 403, body, {"x-amz-request-id": "hostile"})
+            return
         encode = q.get("encoding-type") == "url"
         after = q.get("marker") or ("" if self.v1_only else
                                     q.get("continuation-token") or q.get("start-after") or "")

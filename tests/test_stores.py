@@ -1982,6 +1982,25 @@ def test_s3_a_directory_that_cannot_be_listed_fails_the_walk(moto: MotoServer) -
         st.close()
 
 
+def test_s3_a_directory_whose_listing_is_refused_is_listed_on_flat(moto: MotoServer) -> None:
+    """A policy may refuse listing below one prefix (a Deny on s3:prefix) while it allows
+    the flat listing of the whole store. The walk only saves time, yet that one refused
+    directory (403) failed the whole listing: every lookup of the mount failed with EIO.
+    The rest is now listed flat, after the last key walked: every key once, in order."""
+    from faultproxy import FaultProxy
+
+    _grid_bucket(moto, "zvfs-walkrefused", 8, 25)
+    with FaultProxy(moto.port) as proxy:
+        st = S3Store("zvfs-walkrefused", "p", endpoint_url=proxy.endpoint, page_keys=40)
+        proxy.set({"kind": "403", "ops": ["list"], "key": "prefix=p%2Fa%2F5%2F"})
+        try:
+            got = [(k, info.size, info.version) for k, info in st.list_tree("")]
+        finally:
+            st.close()
+        assert proxy.stats()["fault_403"] >= 1
+    assert got == _reference_listing(moto, "zvfs-walkrefused")
+
+
 def test_s3_walk_stops_listing_once_its_reader_lets_go() -> None:
     """A caller that stops early (a scan of the first keys) closes the walk: the threads
     finish the listings they are in and start no other."""

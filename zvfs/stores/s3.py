@@ -148,6 +148,10 @@ class _Overdue(TimeoutError):
         super().__init__(f"no whole answer within the {deadline:g} s deadline")
 
 
+class Refused(StoreError):
+    """S3 refused the request (a 403): its credentials, or a policy that does not allow it."""
+
+
 class UploadGone(StoreError):
     """S3 says the multipart upload does not exist (NoSuchUpload): aborted, or completed
     already, as by a CompleteMultipartUpload whose answer was lost and that was tried again
@@ -694,25 +698,50 @@ class S3Store(Store):
         it directory by directory, many at once (:mod:`zvfs.stores.s3_walk`)."""
         if prefix:
             check_prefix(prefix)
-        skip = len(self.prefix)
         full = self.prefix + prefix
         pages = self._pages(prefix, Prefix=full)
         for n, page in enumerate(pages):
             contents = [obj for obj in page.get("Contents", ()) if self._belongs(obj.get("Key"), full)]
-            for obj in contents:
-                info = self._listed(obj)
-                if info is not None:
-                    yield obj["Key"][skip:], info
+            yield from self._tree_items(contents)
             if n == 0 and page.get("IsTruncated") and contents:
-                keys = [obj["Key"][skip:] for obj in contents]
+                keys = [obj["Key"][len(self.prefix):] for obj in contents]
                 # the walk goes on after the page's last key, which holds only for a server
                 # that lists in order: one that does not (S3 Express directory buckets) lost
                 # every key that sorts before it and came on a later page (silently: 800 of
                 # 1,800 keys, a whole directory) - it is listed flat to the end
                 if all(a < b for a, b in pairwise(keys)) and s3_walk.walk_pays(keys, self.page_keys):
                     pages.close()
-                    yield from s3_walk.walk(self._dir_entries, prefix, keys[-1])
+                    yield from self._walk_tree(prefix, keys[-1])
                     return
+
+    def _tree_items(self, contents: list[dict[str, Any]]) -> Iterator[tuple[str, KeyInfo]]:
+        """The keys (below the store's prefix) and infos of a flat page's objects."""
+        for obj in contents:
+            info = self._listed(obj)
+            if info is not None:
+                yield obj["Key"][len(self.prefix):], info
+
+    def _walk_tree(self, prefix: str, after: str) -> Iterator[tuple[str, KeyInfo]]:
+        """The keys below ``prefix`` after ``after``, walked directory by directory; when a
+        directory's listing is refused (a policy that denies listing below some prefix, which
+        the flat listing of the whole store is allowed), the rest flat, from the last key
+        walked. The walk only saves time: a refused directory failed the whole listing, so
+        every lookup in the mount failed (EIO) where the flat listing served them all."""
+        last = after
+        try:
+            for item in s3_walk.walk(self._dir_entries, prefix, after):
+                yield item
+                last = item[0]
+            return
+        except Refused as exc:
+            log.warning("%s: listing %s directory by directory was refused (%s); listing it on "
+                        "flat", self.description, prefix or "/", exc)
+        full = self.prefix + prefix
+        for page in self._pages(prefix, Prefix=full, StartAfter=self.prefix + last):
+            # what a server that ignores StartAfter (one knowing only V1) lists again is left out
+            yield from (item for item in self._tree_items([obj for obj in page.get("Contents", ())
+                                                           if self._belongs(obj.get("Key"), full)])
+                        if item[0] > last)
 
     def _dir_entries(self, prefix: str) -> s3_walk.DirListing[KeyInfo]:
         """One directory (``Delimiter='/'``): its keys with their infos, and its
@@ -970,9 +999,10 @@ class S3Store(Store):
             if token:
                 args["ContinuationToken"] = token
             page = self._probed_page() if whole and not token and marker is None else None
-            if marker is not None:
+            if marker is not None:  # V1 knows no StartAfter: the marker is past it anyway
+                v1 = {k: v for k, v in args.items() if k != "StartAfter"}
                 page = self._request(where, "ListObjects",
-                                     lambda c, a=dict(args, Marker=marker): c.list_objects(**a))
+                                     lambda c, a=dict(v1, Marker=marker): c.list_objects(**a))
             elif page is None:
                 page = self._request(where, "ListObjectsV2", lambda c, a=args: c.list_objects_v2(**a))
             entries = len(page.get("Contents", ())) + len(page.get("CommonPrefixes", ()))
@@ -1237,16 +1267,16 @@ class S3Store(Store):
             # the credentials were accepted (else S3 names them: InvalidAccessKeyId...), and
             # this request is not allowed them: no new credentials are looked for
             if self.no_sign_request:
-                return StoreError(f"{key}: S3 {op} refused: {what}. Anonymous access "
-                                  f"(--no-sign-request) to this object of {self.description} is "
-                                  "not allowed: it is not public")
-            return StoreError(
+                return Refused(f"{key}: S3 {op} refused: {what}. Anonymous access "
+                               f"(--no-sign-request) to it in {self.description} is not allowed: "
+                               "it is not public")
+            return Refused(
                 f"{key}: S3 {op} refused: {what}. The credentials were accepted, but a policy "
                 f"(the bucket's or the user's IAM policy), an ACL or a KMS key does not allow them "
                 f"this request in {self.description}; grant it, or mount with credentials allowed it"
             )
         if kind in ("denied", "expired"):
-            return StoreError(
+            return Refused(
                 f"{key}: S3 {op} refused: {what}. The credentials were rejected for "
                 f"{self.description}; fix them (--profile, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
                 "or a credential_process that renews them) - zvfs picks up new ones without a remount"
