@@ -496,6 +496,34 @@ def test_a_key_a_policy_denies_fails_alone_with_a_line_naming_the_policy(auth_mo
     assert "rejected" not in lines[0] and "without a remount" not in lines[0], lines
 
 
+def test_a_refused_head_does_not_blame_the_credentials_alone(auth_moto, mount, s3_env) -> None:
+    """S3 answers a HEAD it refuses with a bare 403, no reason: a rename on a writable mount
+    of a key a policy denies (its HeadObject) failed with EIO and "The credentials were
+    rejected ... fix them", though they were fine. The line now says it may be either."""
+    iam = auth_moto.client("iam")
+    iam.create_user(UserName="nohead")
+    iam.put_user_policy(UserName="nohead", PolicyName="all", PolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [
+            {"Effect": "Allow", "Action": "*", "Resource": "*"},
+            {"Effect": "Deny", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::head-denied/secret.txt"}]}))
+    key = iam.create_access_key(UserName="nohead")["AccessKey"]
+    admin = auth_moto.client("s3")
+    admin.create_bucket(Bucket="head-denied")
+    for name in ("a.txt", "secret.txt"):  # at the bucket's root: see auth_moto on moto's Prefix
+        admin.put_object(Bucket="head-denied", Key=name, Body=f"body of {name}\n".encode())
+    env = {k: v for k, v in s3_env.items() if k not in ("AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN")}
+    env |= {"AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
+    mnt = mount("s3://head-denied", "--endpoint-url", auth_moto.endpoint, "--writable", env=env)
+    with pytest.raises(OSError) as err:
+        os.rename(mnt.path / "secret.txt", mnt.path / "moved.txt")
+    assert err.value.errno == errno.EIO
+    lines = [ln for ln in mnt.log_text().splitlines() if "HeadObject refused" in ln]
+    assert len(lines) == 1 and "secret.txt" in lines[0] and "policy" in lines[0], lines
+    assert "fix them" not in lines[0], lines
+    os.rename(mnt.path / "a.txt", mnt.path / "b.txt")  # the rest works
+    assert (mnt.path / "b.txt").read_bytes() == b"body of a.txt\n"
+
+
 def test_an_archived_object_says_it_must_be_restored(moto, mount, s3_env) -> None:
     """A GET of an object in the GLACIER storage class is a 403 InvalidObjectState: that
     file fails with EIO, the others read, and the line says to restore it. It said "The

@@ -77,6 +77,8 @@ _EXPIRED = {"ExpiredToken", "TokenRefreshRequired", "RequestExpired", "ExpiredTo
 #: that is wrong), not of one object: new credentials in the chain (a credentials file
 #: rewritten, a profile's keys rotated) may mend them, so the chain is read again
 _BAD_CREDENTIALS = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "InvalidClientTokenId"}
+#: a 403 without an error document (a HEAD's: S3 sends it no body), which may be either
+_UNSAID_REFUSAL = {"403", "Forbidden"}
 #: refusals of one request whose credentials S3 accepted: a policy, an ACL or a KMS key
 #: does not allow it (new credentials are not looked for: it may be one object of many)
 _POLICY_REFUSALS = {"AccessDenied", "AllAccessDisabled"}
@@ -452,7 +454,8 @@ class S3Store(Store):
         them, as the error line asks), replace the client. Whether the request should be
         tried again with the new client; False when the chain gives the same ones, which
         would be refused again."""
-        if self.no_sign_request or not isinstance(exc, bce.ClientError) or _code(exc) not in _BAD_CREDENTIALS:
+        if self.no_sign_request or not isinstance(exc, bce.ClientError) \
+                or _code(exc) not in _BAD_CREDENTIALS | _UNSAID_REFUSAL:
             return False
         refused = time.monotonic()
         with self._client_lock:
@@ -1274,6 +1277,13 @@ class S3Store(Store):
                 f"{key}: S3 {op} refused: {what}. The credentials were accepted, but a policy "
                 f"(the bucket's or the user's IAM policy), an ACL or a KMS key does not allow them "
                 f"this request in {self.description}; grant it, or mount with credentials allowed it"
+            )
+        if kind == "denied" and code in _UNSAID_REFUSAL:
+            return Refused(
+                f"{key}: S3 {op} refused: {what} (S3 gives this answer no reason): the credentials "
+                f"were rejected, or a policy (the bucket's or the user's IAM policy) does not allow "
+                f"them this request in {self.description}; new credentials in the AWS chain are "
+                "picked up without a remount"
             )
         if kind in ("denied", "expired"):
             return Refused(
