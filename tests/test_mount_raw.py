@@ -1433,3 +1433,31 @@ def test_a_huge_raw_directory_is_listed_while_the_mounts_other_requests_are_answ
     print(f"listings of {n} names took {took} s; the slowest read during each: {worst} s")
     assert min(worst) < max(0.15, min(took) / 8), (
         f"a read waited {min(worst):.3f} s during each listing ({min(took):.2f} s)")
+
+
+@pytest.mark.parametrize("size", [6, 9, 3], ids=["same-size", "larger", "smaller"])
+def test_s3_an_object_replaced_behind_the_mount_reads_anew_once_opened_again(moto, s3_env, mount, size) -> None:
+    """An object replaced behind a read-only mount reads ESTALE, whose line says "open it
+    again"; but every later open was ESTALE too, for the whole metadata TTL (60 s): the
+    mount kept the old ETag and pinned each new open to it. Now the read that finds the
+    object replaced lets the mount's knowledge of the key go, and the next open reads the
+    new object whole (its size too)."""
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket="replaced")
+    client.put_object(Bucket="replaced", Key="s/f", Body=b"first\n")
+    client.put_object(Bucket="replaced", Key="s/g", Body=b"other\n")
+    m = mount("s3://replaced/s", "--endpoint-url", moto.endpoint, env=s3_env)
+    assert (m.path / "f").read_bytes() == b"first\n"
+    new = (b"second\n" * 3)[:size]
+    client.put_object(Bucket="replaced", Key="s/f", Body=new)
+    with pytest.raises(OSError) as err:
+        with open(m.path / "f", "rb", buffering=0) as f:  # the page cache holds none of it
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            f.read()
+    assert err.value.errno == errno.ESTALE
+    told = m.log_text().count("replaced since it was opened; open it again")
+    assert told >= 1, m.log_text()  # a line for each read request refused (the kernel's read-ahead too)
+    assert (m.path / "f").read_bytes() == new
+    assert os.stat(m.path / "f").st_size == size
+    assert (m.path / "g").read_bytes() == b"other\n"
+    assert m.log_text().count("replaced since it was opened; open it again") == told, m.log_text()

@@ -940,7 +940,12 @@ class ZvfsOperations(pyfuse3.Operations):
         if f is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         source = f.handle if f.handle is not None else f.node
-        data = await self._call(lambda: f"read {self._path(f.ino)}", source.read(off, size))
+        try:
+            data = await self._call(lambda: f"read {self._path(f.ino)}", source.read(off, size))
+        except pyfuse3.FUSEError as exc:
+            if exc.errno == errno.ESTALE:
+                self._read_stale(f.ino)
+            raise
         self._counters.add("fuse_read_requests")
         self._counters.add("fuse_read_bytes", data.nbytes if isinstance(data, memoryview) else len(data))
         return data  # any contiguous buffer: pyfuse3 replies from it without a copy
@@ -1146,6 +1151,16 @@ class ZvfsOperations(pyfuse3.Operations):
             if ino is not None:
                 await self._move(ino, parent_inode_new, new, dst)
         await self._settle()
+
+    def _read_stale(self, ino: int) -> None:
+        """A read found what the file's node stands for changed behind the mount (an S3
+        object replaced since the open): its line says to open it again, but the kernel's
+        entry and this table's node kept the old version for the TTL, so every new open read
+        ESTALE too. The node is looked up again (the view has let its listing go) and the
+        kernel forgets what it keeps of the name."""
+        i = ino - ROOT
+        if 0 <= i < len(self._name_at) and self._name_at[i] and ino != ROOT:
+            self._forget_in_kernel((self._parent_of[i], self._name_at[i]))
 
     def _forget_in_kernel(self, *names: tuple[int, str]) -> None:
         """A rename that failed may have changed what its names hold all the same (S3

@@ -229,6 +229,16 @@ class MountContext:
         for hook in self.on_change:
             hook()
 
+    def note_replaced(self, key: str) -> None:
+        """``key`` holds another version than the one the mount knew (a read pinned to the
+        old one was refused), or none: changed behind the mount. Its directory is listed
+        again (the whole tree's index, on a store listed flat) and what was derived from it
+        goes, as after a write through the mount, so the next open reads what is there."""
+        parent = key.rpartition("/")[0]
+        self.listings.invalidate(parent + "/" if parent else "")
+        self.listings.invalidate(("tree",))
+        self.note_write(key)
+
     async def listing(self, prefix: str) -> Listing:
         """The store's listing of directory ``prefix`` ('' or ending in '/'), made once for
         every asker within the metadata TTL.

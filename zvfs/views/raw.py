@@ -328,6 +328,7 @@ class RawFile(FileNode):
         try:
             return await self.ctx.workers.run(fn)
         except KeyNotFound as exc:
+            self.ctx.note_replaced(self.key)
             if self.ctx.writable and self._info.version is not None:
                 # on a writable mount an open is pinned to its version (README): that version
                 # gone, the handle is stale, as when it is replaced. (A read-only mount keeps
@@ -336,6 +337,7 @@ class RawFile(FileNode):
                                 "was opened") from exc
             raise NodeError(errno.ENOENT, f"{self.key}: vanished from the store") from exc
         except Stale as exc:
+            self.ctx.note_replaced(self.key)
             raise NodeError(errno.ESTALE, str(exc)) from exc
         except StoreError as exc:
             raise NodeError(errno.EIO, str(exc), key=self.key) from exc  # store errors name the key
