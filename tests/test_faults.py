@@ -578,3 +578,41 @@ def test_a_listing_dripping_in_at_mount_fails_the_mount_soon(corpus, proxy, moun
     assert took < 15, took
     assert "still coming in after 6 s" in m.result.stderr and proxy.endpoint in m.result.stderr, \
         m.result.stderr
+
+
+def test_a_credential_helper_giving_expired_credentials_is_named(corpus, proxy, mount, s3_env, tmp_path) -> None:
+    """A credential_process that goes on answering credentials already expired (a broken
+    SSO cache, a helper whose clock is off): botocore refuses them before any request, with
+    a RuntimeError, which reached the log bare ("Credentials were refreshed, but the
+    refreshed credentials are still expired.") naming neither the key nor what to fix. The
+    read still fails (EIO), with a line saying so; the helper mended, reads work again."""
+    import datetime
+
+    answer = tmp_path / "answer"
+
+    def expiring(minutes: float) -> None:
+        when = datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=minutes)
+        answer.write_text(json.dumps({"Version": 1, "AccessKeyId": "HELPERKEY", "SecretAccessKey": "s",
+                                      "SessionToken": "t", "Expiration": when.isoformat()}))
+
+    expiring(9)  # within botocore's 10 minutes: the helper is asked again at every request
+    helper = tmp_path / "creds.py"
+    helper.write_text(f"import pathlib\nprint(pathlib.Path({str(answer)!r}).read_text())\n")
+    config = tmp_path / "config"
+    config.write_text(f"[profile helper]\ncredential_process = {sys.executable} {helper}\n"
+                      "region = us-east-1\n")
+    env = {k: v for k, v in s3_env.items() if k not in
+           ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN")}
+    env["AWS_CONFIG_FILE"] = str(config)
+    mnt = mount_s3(mount, proxy, env, "--profile", "helper")
+    assert read_all(mnt.path / "notes.txt") == (corpus[0] / "notes.txt").read_bytes()
+    expiring(-60)
+    with pytest.raises(OSError) as err:
+        read_all(mnt.path / "blob.bin")
+    assert err.value.errno == errno.EIO
+    lines = [ln for ln in mnt.log_text().splitlines() if "still expired" in ln or " ERROR " in ln]
+    assert lines and all("blob.bin" in ln and "already expired" in ln and "--profile" in ln
+                         for ln in lines), lines
+    assert "Traceback" not in mnt.log_text() and "RuntimeError" not in mnt.log_text()
+    expiring(60)
+    assert read_all(mnt.path / "blob.bin") == (corpus[0] / "blob.bin").read_bytes()

@@ -142,6 +142,36 @@ class _Replaced(Exception):
     in one read."""
 
 
+class _ExpiredCredentials(bce.BotoCoreError):
+    """The credentials the AWS chain gives are expired already (a credential_process or an
+    SSO cache that answers so): botocore refuses to sign with them, and no request is sent."""
+
+    fmt = "{msg}"
+
+
+#: what botocore raises (a RuntimeError), and logs as a warning too, for such credentials
+_STILL_EXPIRED = "refreshed credentials are still expired"
+
+
+def _request_error(exc: BaseException) -> BaseException:
+    """``exc`` as a failed request's error: botocore's RuntimeError for credentials that are
+    expired when given (before any request) reached the log bare, naming no key nor fix."""
+    if isinstance(exc, RuntimeError) and _STILL_EXPIRED in str(exc):
+        return _ExpiredCredentials(msg=str(exc))
+    return exc
+
+
+class _NotTwice(logging.Filter):
+    """Drops botocore's own warning of credentials still expired: the failed request's line
+    (naming the key and what to fix) says it, once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return _STILL_EXPIRED not in record.getMessage()
+
+
+logging.getLogger("botocore.credentials").addFilter(_NotTwice())
+
+
 class _Overdue(TimeoutError):
     """The answer still coming when the request's deadline passed (a server trickling it a
     byte at a time never trips the timeout between bytes)."""
@@ -172,6 +202,8 @@ class Upload(NamedTuple):
 
 def fault_kind(exc: BaseException) -> str:
     """The kind of a failed S3 request: decides retry, and labels the error counters."""
+    if isinstance(exc, _ExpiredCredentials):
+        return "expired"
     if isinstance(exc, bce.ClientError):
         code, status = _code(exc), _status(exc)
         if code in _MISSING:
@@ -288,11 +320,11 @@ def _credentials_of(session: Any) -> tuple[str, str, str | None] | None:
     tells credentials the user fixed from the ones refused."""
     try:
         creds = session.get_credentials()
-    except bce.BotoCoreError:
+        if creds is None:
+            return None
+        frozen = creds.get_frozen_credentials()
+    except (bce.BotoCoreError, RuntimeError):  # RuntimeError: given expired (_request_error)
         return None
-    if creds is None:
-        return None
-    frozen = creds.get_frozen_credentials()
     return frozen.access_key, frozen.secret_key, frozen.token
 
 
@@ -1062,6 +1094,7 @@ class S3Store(Store):
                 raise StoreError(f"{key}: S3 {op}: the server's answer could not be read "
                                  f"({type(exc).__name__}: {exc})") from None
             except Exception as exc:  # noqa: BLE001 - classified below; anything else is re-raised
+                exc = _request_error(exc)
                 if not isinstance(exc, _REQUEST_ERRORS):
                     raise
                 too_large = _too_large(exc)
@@ -1184,6 +1217,7 @@ class S3Store(Store):
             except Exception as exc:  # noqa: BLE001 - classified below; anything else is re-raised
                 if self._watchdog.end(watch) and not isinstance(exc, _Overdue):
                     exc = _Overdue(self.retry.deadline)  # whatever broke, broke as it came too late
+                exc = _request_error(exc)
                 if not isinstance(exc, (*_REQUEST_ERRORS, _ShortBody, _Overdue, _Replaced)):
                     raise
                 changed = isinstance(exc, _Replaced)
@@ -1284,6 +1318,13 @@ class S3Store(Store):
                 f"were rejected, or a policy (the bucket's or the user's IAM policy) does not allow "
                 f"them this request in {self.description}; new credentials in the AWS chain are "
                 "picked up without a remount"
+            )
+        if isinstance(exc, _ExpiredCredentials):
+            return Refused(
+                f"{key}: S3 {op} not sent: the AWS credential chain gives credentials for "
+                f"{self.description} that are already expired ({what}); mend what gives them (the "
+                "--profile's credential_process or SSO login, e.g. `aws sso login`, or the "
+                "environment's AWS_SESSION_TOKEN) - zvfs picks up new ones without a remount"
             )
         if kind in ("denied", "expired"):
             return Refused(
