@@ -587,10 +587,21 @@ def build_bad_metadata(root: Path) -> dict[str, str]:
         "unknown_codec": None,
         "unknown_dtype": None,
         "wide_dtype": None,  # one element of 256 MiB: its fill value alone would take that
+        # a member that must be an object given as a string: this raised AttributeError,
+        # whose line named no metadata key
+        "config_not_object": None,
+    }
+    # cases of one format only (None: the other format has no such member)
+    only: dict[str, dict[str, Callable[[dict], None] | None]] = {
+        "v3": {"key_encoding_config_not_object": lambda d: d["chunk_key_encoding"].__setitem__(
+                   "configuration", "/"),
+               "data_type_config_not_object": lambda d: d.update(
+                   data_type={"name": "numpy.datetime64", "configuration": "s"}, fill_value=0)},
+        "v2": {},
     }
     out = {}
     for fmt in ("v3", "v2"):
-        for case, change in cases.items():
+        for case, change in {**cases, **only[fmt]}.items():
             name = f"{fmt}_{case}"
             if fmt == "v3":
                 d = v3_array(root, name, data, (3, 4))
@@ -602,6 +613,7 @@ def build_bad_metadata(root: Path) -> dict[str, str]:
                     "wide_dtype": lambda doc: doc.update(
                         data_type={"name": "null_terminated_bytes", "configuration": {"length_bytes": 1 << 28}},
                         fill_value=""),
+                    "config_not_object": lambda doc: doc["chunk_grid"].__setitem__("configuration", "-Infinity"),
                 }
             else:
                 d = v2_array(root, name, data, (3, 4))
@@ -611,6 +623,7 @@ def build_bad_metadata(root: Path) -> dict[str, str]:
                     "unknown_codec": lambda doc: doc.__setitem__("compressor", {"id": "no-such-codec"}),
                     "unknown_dtype": lambda doc: doc.__setitem__("dtype", "<y8"),
                     "wide_dtype": lambda doc: doc.update(dtype=f"|S{1 << 28}", fill_value=""),
+                    "config_not_object": lambda doc: doc.__setitem__("compressor", "zlib"),
                 }
             change = extra.get(case, change)
             if isinstance(change, bytes):

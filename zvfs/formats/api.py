@@ -394,12 +394,13 @@ def _read_node(
     if present:
         if err is not None:  # cannot tell array from group: a broken array, not descended into
             return ArrayMeta(path=path, format="zarr_v3", error=err, metadata_key=key)
-        return _v3_node(path, doc, key)
+        # what the parser did not foresee is told with the document's key, not the node's path
+        return _contained(path, key, "zarr_v3", _v3_node, path, doc, key)
     key = join(path, keys.ZARRAY)
     present, zarray, err = _get_doc(store, key, known, keys.ZARRAY)
     if present:
         _, zattrs, attrs_err = _get_doc(store, join(path, keys.ZATTRS), known, keys.ZATTRS)
-        return _v2_array(path, zarray, zattrs, key, err or attrs_err)
+        return _contained(path, key, "zarr_v2", _v2_array, path, zarray, zattrs, key, err or attrs_err)
     key = join(path, keys.ZGROUP)
     present, zgroup, err = _get_doc(store, key, known, keys.ZGROUP)
     if present:

@@ -46,6 +46,18 @@ def parse_data_type(value: Any, key: str) -> tuple[np.dtype, str | None]:
     return checked_dtype(dtype, key), vlen
 
 
+def _configuration(value: dict[str, Any], key: str) -> dict[str, Any]:
+    """The ``configuration`` of a named member ({} when absent). Any other JSON there (a
+    string, a number) is the document's error: read as a dict it raised AttributeError,
+    which the log then told without the key."""
+    conf = value.get("configuration")
+    if conf is None:
+        return {}
+    if not isinstance(conf, dict):
+        raise FormatError(f"{key}: the configuration of {value.get('name')!r} is not a JSON object: {conf!r}")
+    return conf
+
+
 def _data_type(value: Any, key: str) -> tuple[np.dtype, str | None]:
     if isinstance(value, str):
         if value in _SIMPLE_TYPES:
@@ -59,7 +71,7 @@ def _data_type(value: Any, key: str) -> tuple[np.dtype, str | None]:
                 raise FormatError(f"{key}: bad data_type {value!r} ({exc})") from exc
         raise FormatError(f"{key}: unsupported data_type {value!r}")
     if isinstance(value, dict) and isinstance(value.get("name"), str):
-        name, conf = value["name"], value.get("configuration") or {}
+        name, conf = value["name"], _configuration(value, key)
         try:
             if name == "fixed_length_utf32":
                 return np.dtype(f"U{int(conf['length_bytes']) // 4}"), None
@@ -149,7 +161,7 @@ def _fill_meta(meta: ArrayMeta, doc: Any, key: str) -> None:
     grid = doc["chunk_grid"]
     if not isinstance(grid, dict) or grid.get("name") != "regular":
         raise FormatError(f"{key}: unsupported chunk_grid {grid!r}")
-    outer = int_tuple((grid.get("configuration") or {}).get("chunk_shape"), "chunk_shape", key)
+    outer = int_tuple(_configuration(grid, key).get("chunk_shape"), "chunk_shape", key)
     if len(outer) != len(meta.shape) or any(c == 0 for c in outer):
         raise FormatError(f"{key}: chunk_shape {list(outer)} does not fit shape {list(meta.shape)}")
     meta.chunk_key_encoding = parse_key_encoding(doc["chunk_key_encoding"], key)
@@ -169,7 +181,7 @@ def _fill_meta(meta: ArrayMeta, doc: Any, key: str) -> None:
 def parse_key_encoding(value: Any, key: str) -> dict[str, Any]:
     """{'name': 'default'|'v2', 'separator': '/'|'.'} with the spec defaults filled in."""
     if isinstance(value, dict):
-        name, conf = value.get("name"), value.get("configuration") or {}
+        name, conf = value.get("name"), _configuration(value, key)
     else:
         name, conf = value, {}
     if name not in ("default", "v2"):
