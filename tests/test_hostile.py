@@ -597,7 +597,10 @@ def build_bad_metadata(root: Path) -> dict[str, str]:
                    "configuration", "/"),
                "data_type_config_not_object": lambda d: d.update(
                    data_type={"name": "numpy.datetime64", "configuration": "s"}, fill_value=0)},
-        "v2": {},
+        # members both zarr-pythons (2.18 and 3) require: zvfs guessed C order, a fill of
+        # zeros for unwritten chunks, and Zarr v2
+        "v2": {f"missing_{field}": lambda d, field=field: d.pop(field)
+               for field in ("order", "fill_value", "zarr_format")},
     }
     out = {}
     for fmt in ("v3", "v2"):

@@ -16,6 +16,9 @@ from ._common import fetch_and_decode, fill_scalar, int_tuple, join, split_dimen
 from .keys import ZARRAY
 from .meta import ArrayMeta, FormatError, checked_dtype
 
+#: members a plain Zarr v2 .zarray must have
+REQUIRED = ("zarr_format", "shape", "chunks", "dtype", "order", "fill_value")
+
 
 def parse_dtype(value: Any, key: str) -> np.dtype:
     """A v2 dtype: typestr ('<f8') or structured descr list, whose fields are [name, type]
@@ -112,7 +115,12 @@ def _fill_meta(meta: ArrayMeta, zarray: Any, zattrs: Any, key: str) -> None:
     fmt = zarray.get("zarr_format", 2)
     if fmt != 2:
         raise FormatError(f"{key}: zarr_format {fmt!r} is not 2")
-    for field in ("shape", "chunks", "dtype"):
+    # the v2 spec's required members that zarr-python 2.18 and 3 both refuse a .zarray
+    # without: a default for any of them serves invented data (C order for an F-ordered
+    # array, zeros where the writer's fill was meant). netCDF-C, the reference for NCZarr,
+    # is not held to it here.
+    required = ("shape", "chunks", "dtype") if meta.format == "nczarr" else REQUIRED
+    for field in required:
         if field not in zarray:
             raise FormatError(f"{key}: missing {field!r}")
     meta.shape = int_tuple(zarray["shape"], "shape", key)
