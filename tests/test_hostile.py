@@ -596,7 +596,10 @@ def build_bad_metadata(root: Path) -> dict[str, str]:
         "v3": {"key_encoding_config_not_object": lambda d: d["chunk_key_encoding"].__setitem__(
                    "configuration", "/"),
                "data_type_config_not_object": lambda d: d.update(
-                   data_type={"name": "numpy.datetime64", "configuration": "s"}, fill_value=0)},
+                   data_type={"name": "numpy.datetime64", "configuration": "s"}, fill_value=0),
+               # the spec requires a fill value; zvfs served zeros for unwritten chunks
+               "missing_fill_value": lambda d: d.pop("fill_value"),
+               "null_fill_value": lambda d: d.__setitem__("fill_value", None)},
         # members both zarr-pythons (2.18 and 3) require: zvfs guessed C order, a fill of
         # zeros for unwritten chunks, and Zarr v2
         "v2": {f"missing_{field}": lambda d, field=field: d.pop(field)

@@ -149,6 +149,10 @@ def _fill_meta(meta: ArrayMeta, doc: Any, key: str) -> None:
     for field in ("shape", "data_type", "chunk_grid", "chunk_key_encoding", "codecs"):
         if field not in doc:
             raise FormatError(f"{key}: missing {field!r}")
+    if doc.get("fill_value") is None:
+        # required by the spec, for every data type (zarr-python refuses it missing or null):
+        # read as "none", it served zeros for every chunk never written
+        raise FormatError(f"{key}: {'null' if 'fill_value' in doc else 'missing'} 'fill_value'")
     meta.shape = int_tuple(doc["shape"], "shape", key)
     names = doc.get("dimension_names")
     if (
