@@ -599,7 +599,11 @@ def build_bad_metadata(root: Path) -> dict[str, str]:
                    data_type={"name": "numpy.datetime64", "configuration": "s"}, fill_value=0),
                # the spec requires a fill value; zvfs served zeros for unwritten chunks
                "missing_fill_value": lambda d: d.pop("fill_value"),
-               "null_fill_value": lambda d: d.__setitem__("fill_value", None)},
+               "null_fill_value": lambda d: d.__setitem__("fill_value", None),
+               # names that fit no dimension: zvfs dropped them, or kept the strings, and
+               # served the array with dimensions of its own invention
+               "dimension_names_too_few": lambda d: d.__setitem__("dimension_names", ["y"]),
+               "dimension_names_not_strings": lambda d: d.__setitem__("dimension_names", ["y", 1])},
         # members both zarr-pythons (2.18 and 3) require: zvfs guessed C order, a fill of
         # zeros for unwritten chunks, and Zarr v2
         "v2": {f"missing_{field}": lambda d, field=field: d.pop(field)

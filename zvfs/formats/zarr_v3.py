@@ -155,12 +155,18 @@ def _fill_meta(meta: ArrayMeta, doc: Any, key: str) -> None:
         raise FormatError(f"{key}: {'null' if 'fill_value' in doc else 'missing'} 'fill_value'")
     meta.shape = int_tuple(doc["shape"], "shape", key)
     names = doc.get("dimension_names")
-    if (
+    if names is not None and not (
         isinstance(names, list)
         and len(names) == len(meta.shape)
-        and any(n is not None for n in names)
+        and all(n is None or isinstance(n, str) for n in names)
     ):
-        meta.dimension_names = tuple(n if isinstance(n, str) else None for n in names)
+        # the spec's list of a string or null per dimension, or nothing: zarr-python refuses
+        # any other; zvfs dropped such names (or kept the strings among them) and served the
+        # array with dimensions it made up
+        raise FormatError(f"{key}: dimension_names must be a list of {len(meta.shape)} strings or nulls, "
+                          f"got {names!r}")
+    if names and any(n is not None for n in names):
+        meta.dimension_names = tuple(names)
     logical, meta.vlen = parse_data_type(doc["data_type"], key)
     grid = doc["chunk_grid"]
     if not isinstance(grid, dict) or grid.get("name") != "regular":
