@@ -602,6 +602,10 @@ def build_bad_metadata(root: Path) -> dict[str, str]:
                "null_fill_value": lambda d: d.__setitem__("fill_value", None),
                # names that fit no dimension: zvfs dropped them, or kept the strings, and
                # served the array with dimensions of its own invention
+               # a list is no bool: zarr-python fails to broadcast it (or fills element by
+               # element); zvfs took its truth, filling every unwritten element with True
+               "bool_fill_list": lambda d: d.update(data_type="bool", fill_value=[[0, 1]],
+                                                    codecs=[{"name": "bytes"}]),
                "dimension_names_too_few": lambda d: d.__setitem__("dimension_names", ["y"]),
                "dimension_names_not_strings": lambda d: d.__setitem__("dimension_names", ["y", 1])},
         # members both zarr-pythons (2.18 and 3) require: zvfs guessed C order, a fill of

@@ -215,6 +215,10 @@ def fill_scalar(value: Any, dtype: np.dtype, key: str) -> Any:
         if kind == "O":
             return value
         if kind == "b":
+            if isinstance(value, list | dict):
+                # truthy as Python sees it, but no bool: zarr-python fails on it (or
+                # broadcasts a list over the chunk, element by element)
+                raise FormatError(f"{key}: bad bool fill_value {value!r}")
             return np.array(bool(value), dtype=dtype)[()]
         if kind in "iu":
             if isinstance(value, float) and value.is_integer():
