@@ -606,6 +606,10 @@ def build_bad_metadata(root: Path) -> dict[str, str]:
                # element); zvfs took its truth, filling every unwritten element with True
                "bool_fill_list": lambda d: d.update(data_type="bool", fill_value=[[0, 1]],
                                                     codecs=[{"name": "bytes"}]),
+               # a codec configuration zarr-python refuses (an unknown member, a level that
+               # is text): zvfs decoded the chunks as if it were sound
+               "codec_unknown_member": lambda d: d["codecs"][-1]["configuration"].__setitem__("x", 1),
+               "codec_bad_level": lambda d: d["codecs"][-1]["configuration"].__setitem__("level", "AAA="),
                "dimension_names_too_few": lambda d: d.__setitem__("dimension_names", ["y"]),
                "dimension_names_not_strings": lambda d: d.__setitem__("dimension_names", ["y", 1])},
         # members both zarr-pythons (2.18 and 3) require: zvfs guessed C order, a fill of

@@ -277,6 +277,45 @@ REGISTRY: dict[str, Callable[[dict[str, Any]], Codec]] = {
 }
 
 
+def _int_in(low: int, high: int) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, int) and low <= v <= high
+
+
+def _one_of(*names: str) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, str) and v in names
+
+
+def _any(_v: Any) -> bool:
+    return True
+
+
+#: the configuration members each codec of the spec defines, and the values each may take
+#: (as zarr-python checks them). A member it does not define, or a value it cannot take, is
+#: a codec zvfs does not know: zarr-python refuses such an array, and zvfs served it.
+CONFIG_MEMBERS: dict[str, dict[str, Callable[[Any], bool]]] = {
+    "bytes": {"endian": _any},  # checked by the codec itself
+    "transpose": {"order": _any},  # checked against the shape by the codec
+    "gzip": {"level": _int_in(0, 9)},
+    "zstd": {"level": _int_in(-(1 << 17), 22), "checksum": lambda v: isinstance(v, bool)},
+    "blosc": {"cname": _one_of("lz4", "lz4hc", "blosclz", "zstd", "snappy", "zlib"),
+              "clevel": lambda v: isinstance(v, int), "shuffle": _one_of("noshuffle", "shuffle", "bitshuffle"),
+              "typesize": _int_in(1, 1 << 31), "blocksize": _int_in(0, 1 << 31)},
+    "sharding_indexed": {"chunk_shape": _any, "codecs": _any, "index_codecs": _any,
+                         "index_location": _any},  # checked by the sharding codec
+}  # fmt: skip
+
+
+def _check_configuration(name: str, config: dict[str, Any]) -> None:
+    members = CONFIG_MEMBERS.get(name)
+    if members is None:
+        return
+    for member, value in config.items():
+        if member not in members:
+            raise UnknownCodecError(f"codec {name!r}: unknown configuration member {member!r}")
+        if not members[member](value):
+            raise UnknownCodecError(f"codec {name!r}: bad {member} {value!r}")
+
+
 def make_codec(spec: Any) -> Codec:
     """One codec from its JSON form ({"name", "configuration"} or a bare name)."""
     if isinstance(spec, str):
@@ -287,6 +326,7 @@ def make_codec(spec: Any) -> Codec:
         raise UnknownCodecError(f"malformed codec entry {spec!r}")
     if not isinstance(config, dict):
         raise UnknownCodecError(f"codec {name!r}: configuration is not an object")
+    _check_configuration(name, config)
     if name in REGISTRY:
         return REGISTRY[name](config)
     if name.startswith("numcodecs."):
