@@ -610,6 +610,11 @@ def build_bad_metadata(root: Path) -> dict[str, str]:
                # is text): zvfs decoded the chunks as if it were sound
                "codec_unknown_member": lambda d: d["codecs"][-1]["configuration"].__setitem__("x", 1),
                "codec_bad_level": lambda d: d["codecs"][-1]["configuration"].__setitem__("level", "AAA="),
+               # the same of the chunk grid's and the key encoding's configuration
+               "grid_unknown_member": lambda d: d["chunk_grid"]["configuration"].__setitem__(
+                   "_ARRAY_DIMENSIONS", ["y", "x"]),
+               "key_encoding_unknown_member": lambda d: d["chunk_key_encoding"].__setitem__(
+                   "configuration", {"separator": "/", "x": 1}),
                "dimension_names_too_few": lambda d: d.__setitem__("dimension_names", ["y"]),
                "dimension_names_not_strings": lambda d: d.__setitem__("dimension_names", ["y", 1])},
         # members both zarr-pythons (2.18 and 3) require: zvfs guessed C order, a fill of

@@ -46,15 +46,20 @@ def parse_data_type(value: Any, key: str) -> tuple[np.dtype, str | None]:
     return checked_dtype(dtype, key), vlen
 
 
-def _configuration(value: dict[str, Any], key: str) -> dict[str, Any]:
+def _configuration(value: dict[str, Any], key: str, members: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The ``configuration`` of a named member ({} when absent). Any other JSON there (a
     string, a number) is the document's error: read as a dict it raised AttributeError,
-    which the log then told without the key."""
+    which the log then told without the key. With ``members``, one it does not name is an
+    error too (an extension's, whose meaning zvfs does not know: zarr-python refuses it)."""
     conf = value.get("configuration")
     if conf is None:
         return {}
     if not isinstance(conf, dict):
         raise FormatError(f"{key}: the configuration of {value.get('name')!r} is not a JSON object: {conf!r}")
+    unknown = sorted(set(conf) - set(members)) if members is not None else []
+    if unknown:
+        raise FormatError(f"{key}: unknown member(s) {', '.join(map(repr, unknown))} in the configuration "
+                          f"of {value.get('name')!r}")
     return conf
 
 
@@ -171,7 +176,7 @@ def _fill_meta(meta: ArrayMeta, doc: Any, key: str) -> None:
     grid = doc["chunk_grid"]
     if not isinstance(grid, dict) or grid.get("name") != "regular":
         raise FormatError(f"{key}: unsupported chunk_grid {grid!r}")
-    outer = int_tuple(_configuration(grid, key).get("chunk_shape"), "chunk_shape", key)
+    outer = int_tuple(_configuration(grid, key, ("chunk_shape",)).get("chunk_shape"), "chunk_shape", key)
     if len(outer) != len(meta.shape) or any(c == 0 for c in outer):
         raise FormatError(f"{key}: chunk_shape {list(outer)} does not fit shape {list(meta.shape)}")
     meta.chunk_key_encoding = parse_key_encoding(doc["chunk_key_encoding"], key)
@@ -191,7 +196,7 @@ def _fill_meta(meta: ArrayMeta, doc: Any, key: str) -> None:
 def parse_key_encoding(value: Any, key: str) -> dict[str, Any]:
     """{'name': 'default'|'v2', 'separator': '/'|'.'} with the spec defaults filled in."""
     if isinstance(value, dict):
-        name, conf = value.get("name"), _configuration(value, key)
+        name, conf = value.get("name"), _configuration(value, key, ("separator",))
     else:
         name, conf = value, {}
     if name not in ("default", "v2"):
