@@ -578,7 +578,7 @@ def test_codec_registry_errors() -> None:
         build_pipeline([{"name": "nope"}], (2,), np.dtype("u1"))
     with pytest.raises(UnknownCodecError):
         build_pipeline([{"name": "gzip"}, {"name": "bytes"}], (2,), np.dtype("u1"))
-    p = build_pipeline([{"name": "bytes"}, {"name": "blosc"}], (4,), np.dtype("u1"))
+    p = build_pipeline([{"name": "bytes"}, {"name": "blosc", "configuration": {}}], (4,), np.dtype("u1"))
     with pytest.raises(CodecError):
         p.decode(b"\x02\x01\x01\x01" + b"\xff" * 12)  # header claims more bytes than present
 

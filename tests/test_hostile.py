@@ -610,6 +610,7 @@ def build_bad_metadata(root: Path) -> dict[str, str]:
                # is text): zvfs decoded the chunks as if it were sound
                "codec_unknown_member": lambda d: d["codecs"][-1]["configuration"].__setitem__("x", 1),
                "codec_bad_level": lambda d: d["codecs"][-1]["configuration"].__setitem__("level", "AAA="),
+               "codec_without_configuration": lambda d: d["codecs"][-1].pop("configuration"),
                # the same of the chunk grid's and the key encoding's configuration
                "grid_unknown_member": lambda d: d["chunk_grid"]["configuration"].__setitem__(
                    "_ARRAY_DIMENSIONS", ["y", "x"]),

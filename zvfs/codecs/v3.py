@@ -305,6 +305,10 @@ CONFIG_MEMBERS: dict[str, dict[str, Callable[[Any], bool]]] = {
 }  # fmt: skip
 
 
+#: codecs whose spec gives them settings, so a configuration (zarr-python refuses them without)
+NEED_CONFIGURATION = frozenset({"gzip", "zstd", "blosc", "transpose", "sharding_indexed"})
+
+
 def _check_configuration(name: str, config: dict[str, Any]) -> None:
     members = CONFIG_MEMBERS.get(name)
     if members is None:
@@ -322,6 +326,8 @@ def make_codec(spec: Any) -> Codec:
         name, config = spec, {}
     elif isinstance(spec, dict) and isinstance(spec.get("name"), str):
         name, config = spec["name"], spec.get("configuration") or {}
+        if "configuration" not in spec and name in NEED_CONFIGURATION:
+            raise UnknownCodecError(f"codec {name!r} without its configuration")
     else:
         raise UnknownCodecError(f"malformed codec entry {spec!r}")
     if not isinstance(config, dict):
