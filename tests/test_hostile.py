@@ -1710,3 +1710,43 @@ def test_the_metadata_of_a_whole_discovery_holds_a_bounded_number_of_values(tmp_
     assert_one_line(m, f"a{refused[0]}/zarr.json")
     assert_good(m, root)
     assert_alive(m, pid)
+
+
+# --------------------------------------------------------------------------- the fuzz
+
+
+#: cases of tests/hostile_fuzz.py the suite draws (derandomized: the same every run);
+#: scripts/fuzz-hostile draws as many as asked, from any seed
+FUZZ_CASES = 25
+
+
+def test_hostile_metadata_and_chunks_drawn_by_hypothesis(tmp_path: Path, mount) -> None:
+    """Arrays zarr-python wrote, then their metadata documents (array's, attributes', group's)
+    and chunk bytes mutated as hypothesis draws (tests/hostile_fuzz.py), each in a group of its
+    own in one store mounted once. Every file of every case's views reads zarr-python's bytes
+    or fails alone with EIO or ENOENT (no hang); an array zarr-python refuses serves no data;
+    a refused document is named in the log; the daemon stays up within its memory."""
+    import hostile_fuzz as hf
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    drawn: list[dict] = []
+
+    @settings(max_examples=FUZZ_CASES, derandomize=True, deadline=None, database=None,
+              phases=[Phase.generate], suppress_health_check=list(HealthCheck))  # fmt: skip
+    @given(hf.cases())
+    def collect(case: dict) -> None:
+        drawn.append(json.loads(json.dumps(case)))
+
+    collect()
+    root = new_store(tmp_path / "fuzz.zarr")
+    changed = [hf.build(root, f"c{i}", case) for i, case in enumerate(drawn)]
+    cache = 64
+    m = mount(root, "--cache-size", f"{cache}M")
+    pid = daemon_pid(m)
+    found = []
+    for i, ch in enumerate(changed):
+        found += [f"c{i} {json.dumps(drawn[i])}: {p}" for p in hf.check(m.path, root, ch["array"], ch, m.log_text)]
+    assert not found, "\n".join(found)
+    assert status_kib(pid, "VmHWM") <= (cache + 96) * 1024
+    assert_good(m, root)
+    assert_alive(m, pid)
