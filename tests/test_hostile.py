@@ -620,8 +620,10 @@ def build_bad_metadata(root: Path) -> dict[str, str]:
                "dimension_names_not_strings": lambda d: d.__setitem__("dimension_names", ["y", 1])},
         # members both zarr-pythons (2.18 and 3) require: zvfs guessed C order, a fill of
         # zeros for unwritten chunks, and Zarr v2
-        "v2": {f"missing_{field}": lambda d, field=field: d.pop(field)
-               for field in ("order", "fill_value", "zarr_format")},
+        "v2": {**{f"missing_{field}": lambda d, field=field: d.pop(field)
+                  for field in ("order", "fill_value", "zarr_format")},
+               # filters of 0 (false): read as "no filters", the chunks were served undecoded
+               "filters_zero": lambda d: d.update(filters=0, dtype="<i4", fill_value=0)},
     }
     out = {}
     for fmt in ("v3", "v2"):

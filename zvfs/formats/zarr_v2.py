@@ -136,9 +136,12 @@ def _fill_meta(meta: ArrayMeta, zarray: Any, zattrs: Any, key: str) -> None:
         raise FormatError(f"{key}: dimension_separator must be '.' or '/', got {sep!r}")
     meta.chunk_key_encoding = {"name": "v2", "separator": sep}
     compressor = zarray.get("compressor")
-    filters = zarray.get("filters") or []
-    if not isinstance(filters, list):
-        raise FormatError(f"{key}: filters must be a list or null")
+    filters = zarray.get("filters")
+    if filters is None:
+        filters = []
+    elif not isinstance(filters, list):
+        # 0 or false read as "none" (the old "or []") served the chunks without their filters
+        raise FormatError(f"{key}: filters must be a list or null, got {filters!r}")
     meta.codecs = [*filters, *([compressor] if compressor is not None else [])]
     if meta.dtype.kind == "O":
         first = filters[0].get("id") if filters and isinstance(filters[0], dict) else None
