@@ -47,8 +47,8 @@ READ_TIMEOUT = 20.0
 #: errnos a read of a bad case may fail with
 ALLOWED = (errno.EIO, errno.ENOENT)
 
-KINDS = ("v2_zlib", "v2_blosc", "v2_raw_f", "v3_zstd", "v3_shard", "v3_gzip_be", "v3_bool",
-         "v3_complex", "v3_scalar", "v3_string_attrs")
+KINDS = ("v2_zlib", "v2_blosc", "v2_raw_f", "v2_filters", "v3_zstd", "v3_shard", "v3_gzip_be",
+         "v3_bool", "v3_complex", "v3_scalar", "v3_string_attrs", "v3_numcodecs")
 
 #: values put in place of a member's: wrong types, sizes no store holds, text no decoder expects
 HOSTILE: list[Any] = [
@@ -141,6 +141,14 @@ def write_base(root: Path, group: str, kind: str) -> str:
         kw.update(dtype=">i4", compressors=numcodecs.Blosc("lz4"), fill_value=7)
     elif kind == "v2_raw_f":
         kw.update(dtype="<u2", compressors=None, fill_value=3, order="F")
+    elif kind == "v2_filters":
+        kw.update(dtype="<i4", filters=[numcodecs.Delta(dtype="<i4"),
+                                        numcodecs.FixedScaleOffset(offset=1, scale=10, dtype="<i4")],
+                  compressors=numcodecs.Zlib(1), fill_value=-1)
+    elif kind == "v3_numcodecs":
+        from zarr.codecs.numcodecs import BitRound, Delta
+
+        kw.update(dtype="float32", filters=[Delta(dtype="<f4"), BitRound(keepbits=10)], fill_value=0.5)
     elif kind == "v3_zstd":
         kw.update(dtype="float32", fill_value=float("nan"), dimension_names=["y", "x"])
     elif kind == "v3_shard":
