@@ -611,6 +611,8 @@ def build_bad_metadata(root: Path) -> dict[str, str]:
                "codec_unknown_member": lambda d: d["codecs"][-1]["configuration"].__setitem__("x", 1),
                "codec_bad_level": lambda d: d["codecs"][-1]["configuration"].__setitem__("level", "AAA="),
                "codec_without_configuration": lambda d: d["codecs"][-1].pop("configuration"),
+               # 0 there read as "no configuration": the codec's settings were passed over
+               "codec_configuration_zero": lambda d: d["codecs"][-1].__setitem__("configuration", 0),
                # the same of the chunk grid's and the key encoding's configuration
                "grid_unknown_member": lambda d: d["chunk_grid"]["configuration"].__setitem__(
                    "_ARRAY_DIMENSIONS", ["y", "x"]),

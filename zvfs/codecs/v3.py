@@ -325,7 +325,9 @@ def make_codec(spec: Any) -> Codec:
     if isinstance(spec, str):
         name, config = spec, {}
     elif isinstance(spec, dict) and isinstance(spec.get("name"), str):
-        name, config = spec["name"], spec.get("configuration") or {}
+        name, config = spec["name"], spec.get("configuration")
+        if config is None:  # only null or absent: 0, false or "" are no configuration either
+            config = {}
         if "configuration" not in spec and name in NEED_CONFIGURATION:
             raise UnknownCodecError(f"codec {name!r} without its configuration")
     else:
