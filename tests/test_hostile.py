@@ -625,7 +625,9 @@ def build_bad_metadata(root: Path) -> dict[str, str]:
         "v2": {**{f"missing_{field}": lambda d, field=field: d.pop(field)
                   for field in ("order", "fill_value", "zarr_format")},
                # filters of 0 (false): read as "no filters", the chunks were served undecoded
-               "filters_zero": lambda d: d.update(filters=0, dtype="<i4", fill_value=0)},
+               "filters_zero": lambda d: d.update(filters=0, dtype="<i4", fill_value=0),
+               # and a separator of [] (or "", 0) read as "."
+               "separator_not_a_string": lambda d: d.__setitem__("dimension_separator", [])},
     }
     out = {}
     for fmt in ("v3", "v2"):

@@ -131,7 +131,9 @@ def _fill_meta(meta: ArrayMeta, zarray: Any, zattrs: Any, key: str) -> None:
     if order not in ("C", "F"):
         raise FormatError(f"{key}: order must be 'C' or 'F', got {order!r}")
     meta.order = order
-    sep = zarray.get("dimension_separator") or "."
+    sep = zarray.get("dimension_separator")
+    if sep is None:  # only null or absent: [] or "" (once read as ".") name no separator
+        sep = "."
     if sep not in (".", "/"):
         raise FormatError(f"{key}: dimension_separator must be '.' or '/', got {sep!r}")
     meta.chunk_key_encoding = {"name": "v2", "separator": sep}
