@@ -613,6 +613,12 @@ def build_bad_metadata(root: Path) -> dict[str, str]:
                "codec_without_configuration": lambda d: d["codecs"][-1].pop("configuration"),
                # 0 there read as "no configuration": the codec's settings were passed over
                "codec_configuration_zero": lambda d: d["codecs"][-1].__setitem__("configuration", 0),
+               # a shard's inner codecs given as 0: read as the default (bytes, little-endian)
+               "shard_codecs_zero": lambda d: d.__setitem__("codecs", [{
+                   "name": "sharding_indexed", "configuration": {
+                       "chunk_shape": [3, 4], "codecs": 0,
+                       "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
+                                        {"name": "crc32c"}]}}]),
                # the same of the chunk grid's and the key encoding's configuration
                "grid_unknown_member": lambda d: d["chunk_grid"]["configuration"].__setitem__(
                    "_ARRAY_DIMENSIONS", ["y", "x"]),
