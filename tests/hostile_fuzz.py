@@ -412,10 +412,15 @@ def check(mnt: Path, root: Path, array: str, changed: dict[str, Any], log: Calla
             chunk_bytes[c] = _clean(timed_read(base / "chunks" / c), f"chunks/{c}", problems)
     v2 = mnt / ".zvfs/v2" / array
     for name in _listdir(v2) if isinstance(_listdir(v2), list) else []:
-        _clean(timed_read(v2 / name), f"v2/{name}", problems)
+        doc = _clean(timed_read(v2 / name), f"v2/{name}", problems)
+        if doc is not None and name.startswith(".z"):
+            problems += _strict_json(doc, f"v2 mirror {name}")
+    if meta_raw is not None:
+        problems += _strict_json(meta_raw, "meta.json")
     group = array.rsplit("/", 1)[0]
     nc = mnt / ".zvfs/netcdf" / f"{group}.nc"
     nc_bytes = _clean(timed_read(nc), "netcdf", problems)
+    problems += _check_mirror_group(mnt / ".zvfs/v2", group)
     if meta is not None and meta.get("error"):
         text = log()
         if not any(k in text for k in changed["docs"] + [f"{array}/zarr.json", f"{array}/.zarray"]):
@@ -456,6 +461,45 @@ def check(mnt: Path, root: Path, array: str, changed: dict[str, Any], log: Calla
     if nc_bytes is not None:
         problems += _check_netcdf(nc_bytes, ref)
     return problems
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is no JSON")
+
+
+def _strict_json(raw: bytes, what: str) -> list[str]:
+    """[] if ``raw`` is JSON as RFC 8259 has it (no NaN, no Infinity), else the problem."""
+    try:
+        json.loads(raw, parse_constant=_no_constant)
+    except ValueError as exc:
+        return [f"{what} is not strict JSON: {exc}"]
+    return []
+
+
+def _check_mirror_group(v2: Path, group: str) -> list[str]:
+    """The mirror's group (whatever its source said) is one zarr-python opens, and its
+    documents are strict JSON (no NaN, no Infinity: other readers refuse them)."""
+    import zarr
+
+    if not (v2 / group).is_dir():
+        return []
+    out = []
+    for name in (".zgroup", ".zattrs"):
+        raw = timed_read(v2 / group / name)
+        if isinstance(raw, bytes):
+            out += _strict_json(raw, f"v2 mirror {name} of the group")
+        elif raw == "hang" or raw not in ALLOWED:
+            out.append(f"v2 mirror {name}: {raw}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dict(zarr.open_group(zarr.storage.LocalStore(str(v2)), path=group, mode="r").attrs)
+    except OSError as exc:
+        if exc.errno not in ALLOWED:
+            out.append(f"v2 mirror group: {exc!r}")
+    except Exception as exc:  # noqa: BLE001
+        out.append(f"zarr-python cannot open the v2 mirror's group: {exc!r}"[:300])
+    return out
 
 
 def _check_mirror(v2: Path, array: str, ref: np.ndarray) -> list[str]:
