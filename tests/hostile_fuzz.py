@@ -148,7 +148,9 @@ def write_base(root: Path, group: str, kind: str) -> str:
     elif kind == "v3_numcodecs":
         from zarr.codecs.numcodecs import BitRound, Delta
 
-        kw.update(dtype="float32", filters=[Delta(dtype="<f4"), BitRound(keepbits=10)], fill_value=0.5)
+        with warnings.catch_warnings():  # "not in the Zarr version 3 specification": known
+            warnings.simplefilter("ignore")
+            kw.update(dtype="float32", filters=[Delta(dtype="<f4"), BitRound(keepbits=10)], fill_value=0.5)
     elif kind == "v3_zstd":
         kw.update(dtype="float32", fill_value=float("nan"), dimension_names=["y", "x"])
     elif kind == "v3_shard":
