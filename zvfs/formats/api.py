@@ -309,6 +309,11 @@ def _from_v3_consolidated(store: Store, h: Hierarchy) -> bool:
     cons = doc.get("consolidated_metadata")
     if not isinstance(cons, dict) or not isinstance(cons.get("metadata"), dict):
         return False
+    if cons.get("kind") != "inline":
+        # the only kind the spec and zarr-python define: another's "metadata" may mean
+        # anything (taken as the hierarchy, an empty one hid every array): walk instead
+        h.errors[""] = f"{keys.ZARR_JSON}: consolidated_metadata of kind {cons.get('kind')!r}, not 'inline'; not used"
+        return False
     h.add(_contained("", keys.ZARR_JSON, "zarr_v3", _v3_node, "", doc, keys.ZARR_JSON))
     for path, node in cons["metadata"].items():
         if isinstance(path, str) and _nameable(h, path):
