@@ -1764,24 +1764,32 @@ def test_hostile_metadata_and_chunks_drawn_by_hypothesis(tmp_path: Path, mount) 
     assert_alive(m, pid)
 
 
-def test_consolidated_metadata_of_a_kind_zvfs_does_not_know_is_not_trusted(tmp_path: Path, mount) -> None:
+@pytest.mark.parametrize("fmt", [3, 2])
+def test_consolidated_metadata_of_a_kind_zvfs_does_not_know_is_not_trusted(tmp_path: Path, mount, fmt: int) -> None:
     """A root zarr.json whose consolidated_metadata says a "kind" other than "inline" (the
-    only one the spec and zarr-python define) was taken as the whole hierarchy: its
-    metadata, empty or stale, hid every array of the store (the mount showed none, with no
-    word). zarr-python refuses such a group ("kind='x' is not supported"); its members,
-    opened one by one, read. zvfs now walks the store instead, as for consolidated metadata
-    it cannot use."""
+    only one the spec and zarr-python define), or a .zmetadata whose
+    zarr_consolidated_format is not 1, was taken as the whole hierarchy: its metadata,
+    empty or stale, hid every array of the store (the mount showed none, with no word).
+    zarr-python refuses such a group (3: "kind='x' is not supported"; 2.18: "unsupported
+    zarr consolidated metadata format"); its members, opened one by one, read. zvfs now
+    walks the store instead, as for consolidated metadata it cannot use."""
     import zarr
 
     root = tmp_path / "kind.zarr"
-    g = zarr.open_group(str(root), mode="w", zarr_format=3)
+    g = zarr.open_group(str(root), mode="w", zarr_format=fmt)
     g.create_array("a", shape=(4,), chunks=(2,), dtype="<i4", fill_value=0)[:] = [1, 2, 3, 4]
-    doc = json.loads((root / "zarr.json").read_text())
-    doc["consolidated_metadata"] = {"kind": "x", "must_understand": False, "metadata": {}}
-    (root / "zarr.json").write_text(json.dumps(doc))
-    with pytest.raises(ValueError, match="kind"):
-        zarr.open_group(str(root), mode="r")
+    if fmt == 3:
+        doc = json.loads((root / "zarr.json").read_text())
+        doc["consolidated_metadata"] = {"kind": "x", "must_understand": False, "metadata": {}}
+        (root / "zarr.json").write_text(json.dumps(doc))
+        with pytest.raises(ValueError, match="kind"):
+            zarr.open_group(str(root), mode="r")
+        said = "consolidated_metadata of kind"
+    else:
+        (root / ".zmetadata").write_text(json.dumps({
+            "zarr_consolidated_format": 2, "metadata": {".zgroup": {"zarr_format": 2}}}))
+        said = "zarr_consolidated_format"
     m = mount(root)
     got = (m.path / ".zvfs/arrays/a/data.raw").read_bytes()
     assert got == zarr.open_array(str(root / "a"), mode="r")[...].astype("<i4").tobytes()
-    assert "'x'" in assert_one_line(m, "consolidated_metadata of kind")
+    assert_one_line(m, said)

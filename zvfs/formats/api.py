@@ -288,6 +288,12 @@ def _from_zmetadata(store: Store, h: Hierarchy) -> bool:
     entries = doc.get("metadata") if doc is not None else None
     if not isinstance(entries, dict):
         return False
+    if doc.get("zarr_consolidated_format") != 1:
+        # the only format there is (zarr-python 2.18 refuses any other): another's
+        # "metadata" taken as the hierarchy hid the arrays it does not name
+        h.errors[""] = (f"{keys.ZMETADATA}: zarr_consolidated_format "
+                        f"{doc.get('zarr_consolidated_format')!r}, not 1; not used")
+        return False
     for key, value in entries.items():
         if not isinstance(key, str) or not _nameable(h, key):
             continue
