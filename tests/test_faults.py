@@ -467,6 +467,26 @@ def test_a_revoked_key_replaced_in_the_credentials_file_is_picked_up(auth_moto, 
     assert is_mounted(mnt.path)
 
 
+def _denied_one_key(auth_moto, s3_env, user: str, bucket: str, names: tuple[str, ...],
+                    denied: str) -> dict:
+    """An IAM user allowed everything but GetObject of ``bucket/denied``, a bucket holding
+    ``names`` (at its root: see auth_moto on moto's Prefix), and the environment of a mount
+    with the user's key."""
+    iam = auth_moto.client("iam")
+    iam.create_user(UserName=user)
+    iam.put_user_policy(UserName=user, PolicyName="all", PolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [
+            {"Effect": "Allow", "Action": "*", "Resource": "*"},
+            {"Effect": "Deny", "Action": "s3:GetObject", "Resource": f"arn:aws:s3:::{bucket}/{denied}"}]}))
+    key = iam.create_access_key(UserName=user)["AccessKey"]
+    admin = auth_moto.client("s3")
+    admin.create_bucket(Bucket=bucket)
+    for name in names:
+        admin.put_object(Bucket=bucket, Key=name, Body=f"body of {name}\n".encode())
+    env = {k: v for k, v in s3_env.items() if k not in ("AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN")}
+    return env | {"AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
+
+
 def test_a_key_a_policy_denies_fails_alone_with_a_line_naming_the_policy(auth_moto, mount, s3_env,
                                                                            tmp_path) -> None:
     """An IAM policy that denies GetObject of one key (moto in auth mode): that file fails
@@ -474,19 +494,8 @@ def test_a_key_a_policy_denies_fails_alone_with_a_line_naming_the_policy(auth_mo
     credentials were rejected ... fix them ... zvfs picks up new ones without a remount",
     which sent the user to credentials that were fine (and an AccessDenied looks for no new
     ones)."""
-    iam = auth_moto.client("iam")
-    iam.create_user(UserName="partial")
-    iam.put_user_policy(UserName="partial", PolicyName="all", PolicyDocument=json.dumps({
-        "Version": "2012-10-17", "Statement": [
-            {"Effect": "Allow", "Action": "*", "Resource": "*"},
-            {"Effect": "Deny", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::denied-key/secret.txt"}]}))
-    key = iam.create_access_key(UserName="partial")["AccessKey"]
-    admin = auth_moto.client("s3")
-    admin.create_bucket(Bucket="denied-key")
-    for name in ("a.txt", "secret.txt", "z.txt"):  # at the bucket's root: see auth_moto on moto's Prefix
-        admin.put_object(Bucket="denied-key", Key=name, Body=f"body of {name}\n".encode())
-    env = {k: v for k, v in s3_env.items() if k not in ("AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN")}
-    env |= {"AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
+    env = _denied_one_key(auth_moto, s3_env, "partial", "denied-key", ("a.txt", "secret.txt", "z.txt"),
+                          "secret.txt")
     mnt = mount("s3://denied-key", "--endpoint-url", auth_moto.endpoint, env=env)
     assert read_errno(mnt.path / "secret.txt") == errno.EIO
     for name in ("a.txt", "z.txt"):
@@ -500,19 +509,7 @@ def test_a_refused_head_does_not_blame_the_credentials_alone(auth_moto, mount, s
     """S3 answers a HEAD it refuses with a bare 403, no reason: a rename on a writable mount
     of a key a policy denies (its HeadObject) failed with EIO and "The credentials were
     rejected ... fix them", though they were fine. The line now says it may be either."""
-    iam = auth_moto.client("iam")
-    iam.create_user(UserName="nohead")
-    iam.put_user_policy(UserName="nohead", PolicyName="all", PolicyDocument=json.dumps({
-        "Version": "2012-10-17", "Statement": [
-            {"Effect": "Allow", "Action": "*", "Resource": "*"},
-            {"Effect": "Deny", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::head-denied/secret.txt"}]}))
-    key = iam.create_access_key(UserName="nohead")["AccessKey"]
-    admin = auth_moto.client("s3")
-    admin.create_bucket(Bucket="head-denied")
-    for name in ("a.txt", "secret.txt"):  # at the bucket's root: see auth_moto on moto's Prefix
-        admin.put_object(Bucket="head-denied", Key=name, Body=f"body of {name}\n".encode())
-    env = {k: v for k, v in s3_env.items() if k not in ("AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN")}
-    env |= {"AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
+    env = _denied_one_key(auth_moto, s3_env, "nohead", "head-denied", ("a.txt", "secret.txt"), "secret.txt")
     mnt = mount("s3://head-denied", "--endpoint-url", auth_moto.endpoint, "--writable", env=env)
     with pytest.raises(OSError) as err:
         os.rename(mnt.path / "secret.txt", mnt.path / "moved.txt")
