@@ -406,6 +406,18 @@ def test_stall_longer_than_timeout_is_retried(corpus, proxy, mount, s3_env) -> N
     assert stats(mnt)["store_errors_timeout"] >= 1
 
 
+def _credential_process_profile(tmp_path: Path, s3_env: dict, profile: str, helper: Path) -> dict:
+    """The environment of a mount whose credentials come from the Python script ``helper`` as
+    the credential_process of ``profile`` (the keys of the environment taken away)."""
+    config = tmp_path / "config"
+    config.write_text(f"[profile {profile}]\ncredential_process = {sys.executable} {helper}\n"
+                      "region = us-east-1\n")
+    env = {k: v for k, v in s3_env.items() if k not in
+           ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN")}
+    env["AWS_CONFIG_FILE"] = str(config)
+    return env
+
+
 def test_rotated_credentials_are_picked_up(corpus, proxy, mount, s3_env, tmp_path) -> None:
     """A credential_process profile whose key the server starts refusing (ExpiredToken):
     the next read reloads the credential chain, without a remount."""
@@ -417,12 +429,7 @@ def test_rotated_credentials_are_picked_up(corpus, proxy, mount, s3_env, tmp_pat
         f"k = pathlib.Path({str(keyfile)!r}).read_text().strip()\n"
         "print(json.dumps({'Version': 1, 'AccessKeyId': k, 'SecretAccessKey': 's'}))\n"
     )
-    config = tmp_path / "config"
-    config.write_text(f"[profile rot]\ncredential_process = {sys.executable} {helper}\n"
-                      "region = us-east-1\n")
-    env = {k: v for k, v in s3_env.items() if k not in
-           ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN")}
-    env["AWS_CONFIG_FILE"] = str(config)
+    env = _credential_process_profile(tmp_path, s3_env, "rot", helper)
     mnt = mount_s3(mount, proxy, env, "--profile", "rot")
     assert read_all(mnt.path / "notes.txt") == (corpus[0] / "notes.txt").read_bytes()
     keyfile.write_text("ROTATEDKEY2")
@@ -595,12 +602,7 @@ def test_a_credential_helper_giving_expired_credentials_is_named(corpus, proxy, 
     expiring(9)  # within botocore's 10 minutes: the helper is asked again at every request
     helper = tmp_path / "creds.py"
     helper.write_text(f"import pathlib\nprint(pathlib.Path({str(answer)!r}).read_text())\n")
-    config = tmp_path / "config"
-    config.write_text(f"[profile helper]\ncredential_process = {sys.executable} {helper}\n"
-                      "region = us-east-1\n")
-    env = {k: v for k, v in s3_env.items() if k not in
-           ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN")}
-    env["AWS_CONFIG_FILE"] = str(config)
+    env = _credential_process_profile(tmp_path, s3_env, "helper", helper)
     mnt = mount_s3(mount, proxy, env, "--profile", "helper")
     assert read_all(mnt.path / "notes.txt") == (corpus[0] / "notes.txt").read_bytes()
     expiring(-60)
