@@ -10,7 +10,6 @@ attributes.
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 import numpy as np
@@ -61,7 +60,6 @@ def parse_array(path: str, zarray: Any, zattrs: Any, key: str | None = None) -> 
         # netCDF-C 4.9 writes a char variable as "<U1" holding one byte a character (zarr-python
         # cannot read it either); its chunks decoded to a quarter of their size (EIO)
         zarray = {**zarray, "dtype": "|S1"}
-    zarray = _text_fill(zarray)
     meta = parse_v2_array(path, zarray, zattrs, key, fmt="nczarr")
     meta.attributes = strip_nczarr(meta.attributes)
     if isinstance(meta.source, dict):
@@ -80,26 +78,6 @@ def parse_array(path: str, zarray: Any, zattrs: Any, key: str | None = None) -> 
             str(d).rstrip("/").rsplit("/", 1)[-1] if isinstance(d, str) else None for d in dimrefs
         )
     return meta
-
-
-def _text_fill(zarray: Any) -> Any:
-    """``zarray`` with a char or string variable's fill_value as v2's base64 of its bytes.
-
-    netCDF-C writes that fill_value as the text itself ("z" for a char variable, as ncgen
-    4.9 and every later version write it; "N/A" for a string one), where v2 keeps bytes as
-    base64: such a variable was unusable ("bad fill_value '#' for |S1"), and a fill that
-    happens to be base64 ("abcd") was served as other bytes (b'i\\xb7\\x1d').
-    """
-    if not isinstance(zarray, dict) or not isinstance(zarray.get("fill_value"), str):
-        return zarray
-    try:
-        dtype = np.dtype(zarray.get("dtype"))
-    except (TypeError, ValueError):
-        return zarray  # the v2 parse says what is wrong with it
-    raw = zarray["fill_value"].encode("utf-8", "surrogateescape")
-    if dtype.kind != "S" or len(raw) > dtype.itemsize:
-        return zarray
-    return {**zarray, "fill_value": base64.b64encode(raw).decode("ascii")}
 
 
 class Reader(V2Reader):

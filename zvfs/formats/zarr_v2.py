@@ -87,22 +87,24 @@ def _shuffle_of_the_type(zarray: Any) -> Any:
     return zarray if fixed == filters else {**zarray, "filters": fixed}
 
 
-def _text_fill(fill: Any, dtype: np.dtype) -> Any:
-    """A bytes array's fill_value that is no base64 at all, as its text, in base64.
+def _text_fill(fill: Any, dtype: np.dtype, text: bool = False) -> Any:
+    """A bytes array's fill_value written as its text, in base64, as v2 keeps bytes.
 
-    v2 keeps a bytes fill value as base64; netCDF-C in pure-Zarr mode writes a char or
-    string variable's as the text itself (">S1" with "#", "|S128" with "N/A"), and reads
-    it back so: each such variable was unusable ("bad fill_value '#' for |S1: Only base64
-    data is allowed"). A string that is base64 keeps the v2 meaning: a char's one
-    character never is (base64 comes in fours), a longer text may be, and stays read as v2
-    says (an NCZarr store says which it is: see formats.nczarr)."""
+    netCDF-C writes a char or string variable's fill_value as the text itself (">S1" with
+    "#", "|S128" with "N/A") and reads it back so: each such variable was unusable ("bad
+    fill_value '#' for |S1: Only base64 data is allowed"), and a text that happens to be
+    base64 ("abcd") was served as other bytes. ``text``: the store says netCDF-C wrote it
+    (NCZarr), so the string is text whatever it looks like; in pure Zarr nothing names the
+    writer, and a string that is base64 keeps the v2 meaning (a char's one character never
+    is: base64 comes in fours)."""
     if dtype.kind != "S" or not isinstance(fill, str):
         return fill
-    try:
-        base64.b64decode(fill.encode("ascii"), validate=True)
-        return fill
-    except (binascii.Error, UnicodeEncodeError, ValueError):
-        pass
+    if not text:
+        try:
+            base64.b64decode(fill.encode("ascii"), validate=True)
+            return fill
+        except (binascii.Error, UnicodeEncodeError, ValueError):
+            pass
     raw = fill.encode("utf-8", "surrogateescape")
     return base64.b64encode(raw).decode("ascii") if len(raw) <= dtype.itemsize else fill
 
@@ -150,7 +152,7 @@ def _fill_meta(meta: ArrayMeta, zarray: Any, zattrs: Any, key: str) -> None:
         if first not in VLEN_FILTER_IDS:
             raise FormatError(f"{key}: object dtype without an object codec filter")
         meta.vlen = VLEN_FILTER_IDS[first]
-    fill = _text_fill(zarray.get("fill_value"), meta.dtype)
+    fill = _text_fill(zarray.get("fill_value"), meta.dtype, text=meta.format == "nczarr")
     if fill is None and meta.dtype.kind in "Mm":
         # null leaves unwritten elements undefined in the v2 spec; zarr-python 3, which
         # writes null by default, reads its dtype's default there: NaT for times (zero, as
