@@ -442,8 +442,7 @@ class S3Store(Store):
                 # botocore sent them before: one plain body, signed with its SHA-256 over HTTP.
                 # The user's own setting (AWS_REQUEST_CHECKSUM_CALCULATION, the profile's) wins.
                 extra["request_checksum_calculation"] = "when_required"
-            self._client = make(1, self.retry.timeout, session)
-            self._client_credentials = _credentials_of(session)
+            self._use_session(session, _credentials_of(session))
             self._chain_read = 0.0  # when the chain was last read after a refusal (_renew_refused)
             # fail soon at open on a dead endpoint: two tries, each of the user's --s3-timeout
             # (capped at 5 s, a server slower than that to answer could never be mounted), both
@@ -471,14 +470,27 @@ class S3Store(Store):
                 "AWS_CONFIG_FILE)"
             ) from None
 
+    def _renewed(self, client: Any, exc: BaseException, kind: str) -> bool:
+        """Whether a request refused for its credentials is to be tried again, with a client
+        that signs with what the credential chain gives now: always once they expired, and
+        after a refusal of the credentials themselves only when the chain gives other ones."""
+        if kind == "expired":
+            self._refresh_client(client)
+            return True
+        return kind == "denied" and self._renew_refused(client, exc)
+
+    def _use_session(self, session: Any, credentials: tuple[str, str, str | None] | None) -> None:
+        """Sign from now on with a client of ``session``, whose credentials are those."""
+        self._client = self._make_client(session)
+        self._client_credentials = credentials
+
     def _refresh_client(self, stale: Any) -> None:
         """Replace the client after the server said its credentials expired (once per client)."""
         with self._client_lock:
             if self._client is stale:
                 log.warning("S3 credentials for %s expired; reloading them", self.description)
                 session = self._session()
-                self._client = self._make_client(session)
-                self._client_credentials = _credentials_of(session)
+                self._use_session(session, _credentials_of(session))
 
     def _renew_refused(self, stale: Any, exc: BaseException) -> bool:
         """After the server refused the credentials themselves (InvalidAccessKeyId...): read
@@ -508,8 +520,7 @@ class S3Store(Store):
                 return False
             log.warning("S3 credentials for %s were refused (%s); the credential chain gives "
                         "other ones now: using them", self.description, _code(exc))
-            self._client = self._make_client(session)
-            self._client_credentials = found
+            self._use_session(session, found)
             return True
 
     # -- open-time validation ---------------------------------------------------------------
@@ -1102,11 +1113,7 @@ class S3Store(Store):
                     self.counters.add("store_failures")
                     raise StoreError(f"{key}: S3 {op}: {too_large}") from None
                 kind = self._count(exc)
-                if kind == "expired" and not refreshed:
-                    refreshed = True
-                    self._refresh_client(client)
-                    continue
-                if kind == "denied" and not refreshed and self._renew_refused(client, exc):
+                if not refreshed and self._renewed(client, exc, kind):
                     refreshed = True
                     continue
                 if kind not in TRANSIENT_KINDS or not tries.retry():
@@ -1243,11 +1250,7 @@ class S3Store(Store):
                     parts, got, etag = [], 0, pin
                     if suffix is not None:
                         tail = suffix
-                if kind == "expired" and not refreshed:
-                    refreshed = True
-                    self._refresh_client(client)
-                    continue
-                if kind == "denied" and not refreshed and self._renew_refused(client, exc):
+                if not refreshed and self._renewed(client, exc, kind):
                     refreshed = True
                     continue
                 if kind not in TRANSIENT_KINDS or not tries.retry():
