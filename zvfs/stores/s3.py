@@ -916,6 +916,11 @@ class S3Store(Store):
 
     def delete(self, key: str) -> None:
         check_key(key)
+        self.delete_listed(key)
+
+    def delete_listed(self, key: str) -> None:
+        """Delete ``key`` as the store lists it, unchecked: a folder marker ("d/"), or a key
+        no path can name ("d//x"), which :meth:`delete` refuses, goes with its directory."""
         self._request(key, "DeleteObject",
                       lambda c: c.delete_object(Bucket=self.bucket, Key=self.prefix + key))
 
@@ -964,8 +969,7 @@ class S3Store(Store):
             raise WriteRefused(errno.ENOTEMPTY, f"{prefix}: not removed: its folder marker object "
                                f"{marker!r} holds {sizes[marker]} bytes, which the mount does not show")
         if marker in sizes:  # a folder marker object ("dir/") from another tool
-            self._request(prefix, "DeleteObject",
-                          lambda c: c.delete_object(Bucket=self.bucket, Key=marker))
+            self.delete_listed(prefix)
 
     def rename_dir(self, src: str, dst: str) -> None:
         from zvfs.stores.s3_write import rename_prefix

@@ -649,8 +649,7 @@ def rename_prefix(store: S3Store, src: str, dst: str) -> None:
     for moved, (key, info) in enumerate(files):
         try:
             copy_key(store, key, dst + key[len(src):], info.size)
-            store._request(key, "DeleteObject", lambda c, k=store.prefix + key: c.delete_object(
-                Bucket=store.bucket, Key=k))
+            store.delete_listed(key)
         except StoreError as exc:
             if not moved:
                 raise
