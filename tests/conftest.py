@@ -31,8 +31,9 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
-if str(TESTS) not in sys.path:
-    sys.path.insert(0, str(TESTS))
+for _p in (TESTS, REPO / "scripts"):  # the tests' helpers, and benchlib's (drop_caches)
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
 MOUNT_TIMEOUT = 90  # seconds a `zvfs mount` may take before the test fails
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from benchlib.procs import drop_caches
 from procs import stop
 
 MiB = 1 << 20
@@ -390,8 +391,7 @@ def _churn(mnt: Path, deadline: float, res: StressResult, lock: threading.Lock) 
         if r.returncode != 0:
             with lock:
                 res.errors.append(f"find {where} exited {r.returncode}: {r.stderr.strip()[:500]}")
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("2\n")
+        drop_caches(2)
         with lock:
             res.churn_rounds += 1
         time.sleep(0.1)

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 # row id -> start of its label in the summary table, and whether a peer shares the row
@@ -82,6 +84,7 @@ def _number(text: str, positive: bool = True) -> float:
     return value
 
 
+@pytest.mark.exclusive  # scripts/bench drops the page cache and holds the VM's free page reporting
 def test_bench_tiny_run(tmp_path: Path) -> None:
     out = tmp_path / "out"
     knobs = Path("/sys/module/page_reporting/parameters")

@@ -13,10 +13,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ("decode", "fetch", "transport", "cold cat", "tensorstore")
 
 
+@pytest.mark.exclusive  # scripts/decoded-floor drops the page cache
 def test_decoded_floor_tiny_run(tmp_path: Path) -> None:
     work = tmp_path / "work"
     proc = subprocess.run(

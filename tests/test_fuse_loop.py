@@ -285,6 +285,7 @@ def test_many_readers_at_once_get_every_byte_and_the_daemon_ends(mount, zarr_dir
     assert wait_until(lambda: not _pid_alive(pids[0]), 10), "the daemon did not end at unmount"
 
 
+@pytest.mark.exclusive  # pins itself and the daemon on CPUs of their own
 @pytest.mark.parametrize("busy_poll", ["0", "2000"])
 def test_a_reader_going_file_by_file_is_answered_by_busy_polling(mount, zarr_dir, busy_poll) -> None:
     """After a burst of 16 readers, one reader opens and reads the store's files one after

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from benchlib.procs import drop_caches
 from conftest import (
     S3_BUCKET,
     S3_PREFIX,
@@ -285,6 +286,7 @@ def test_mtime_is_the_stores(backend: Backend) -> None:
         assert any(abs(got - c) <= tol for c in cands), (key, got, cands)
 
 
+@pytest.mark.exclusive  # drops the kernel's dentries and inodes
 def test_inodes_are_stable(backend: Backend) -> None:
     mnt = backend.mnt.path
     paths = [mnt / k for k in sorted(store_files(backend.ref))]
@@ -300,10 +302,7 @@ def test_inodes_are_stable(backend: Backend) -> None:
         for entry in it:
             assert entry.inode() == os.stat(entry.path).st_ino, entry.path
     # after the kernel forgets the inodes (drop caches when we may), numbers do not change
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("2\n")
-    except OSError:
-        pass
+    drop_caches(2)
     for p in paths:
         assert os.stat(p).st_ino == first[p], p
 
@@ -484,6 +483,7 @@ def test_s3_mount_lists_the_bucket_once(moto, s3_env, tmp_path) -> None:
     assert lists <= 2 + 3, f"{lists} LIST requests for a 3-page bucket"
 
 
+@pytest.mark.exclusive  # drops the kernel's dentries and inodes
 def test_directory_store_with_10000_keys(tmp_path, mount) -> None:
     import zarr
 
@@ -503,10 +503,7 @@ def test_directory_store_with_10000_keys(tmp_path, mount) -> None:
     # the kernel forgets inodes under memory pressure; numbers stay the same afterwards
     sample = [m.path / "c" / str(i) for i in range(0, 10_000, 50)]
     before = {p: os.stat(p).st_ino for p in sample}
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("2\n")
-    except OSError:
-        pass
+    drop_caches(2)
     with os.scandir(m.path / "c") as it:
         seen = {e.name: e.inode() for e in it}
     for p in sample:
@@ -918,6 +915,7 @@ def test_metadata_ttl_expiry_shows_new_keys(kind, tmp_path, moto, s3_env, mount)
     assert (m.path / "second").read_bytes() == b"2"
 
 
+@pytest.mark.exclusive  # drops the kernel's dentries and inodes
 @pytest.mark.parametrize("kind", ["dir", "s3"])
 def test_keys_that_come_and_go_behind_the_mount_leave_the_inode_table_its_size(kind, tmp_path, moto, s3_env,
                                                                               mount) -> None:
@@ -947,7 +945,7 @@ def test_keys_that_come_and_go_behind_the_mount_leave_the_inode_table_its_size(k
         names = sorted(os.listdir(m.path / "keys"))
         for name in names:
             os.stat(m.path / "keys" / name)
-        Path("/proc/sys/vm/drop_caches").write_text("2\n")  # the kernel forgets them
+        drop_caches(2)  # the kernel forgets them
         return names
 
     walk()
@@ -964,6 +962,7 @@ def test_keys_that_come_and_go_behind_the_mount_leave_the_inode_table_its_size(k
         assert (m.path / "keys" / name).read_bytes() == b"k"
 
 
+@pytest.mark.exclusive  # drops the kernel's dentries and inodes
 def test_a_key_deleted_and_made_again_behind_the_mount_stays_listed_when_the_kernel_forgets_it(
         tmp_path, mount) -> None:
     """A key deleted behind the mount while the kernel held its inode was set to be unbound
@@ -985,7 +984,7 @@ def test_a_key_deleted_and_made_again_behind_the_mount_stays_listed_when_the_ker
     time.sleep(1.5)
     assert os.stat(d / "f2").st_size == 100
     with os.scandir(d) as it:  # opendir: f2 in the snapshot, under the number the kernel holds
-        Path("/proc/sys/vm/drop_caches").write_text("2\n")  # the kernel forgets it
+        drop_caches(2)  # the kernel forgets it
         time.sleep(0.2)
         names = sorted(e.name for e in it)
     assert names == [f"f{i}" for i in range(5)]

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from benchlib.procs import drop_caches
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -484,6 +485,7 @@ def pread_ok(fd: int, want: bytes) -> bool:
     return os.pread(fd, 10, 0) == want
 
 
+@pytest.mark.exclusive  # drops the kernel's dentries and inodes
 def test_directory_opens_at_once_only_a_cached_path_with_no_symlink(tmp_path: Path) -> None:
     """open_reader_at_once (a directory store's open on the caller's thread, openat2 with
     RESOLVE_CACHED | RESOLVE_NO_SYMLINKS): a reader of the very file for a plain key whose
@@ -516,7 +518,7 @@ def test_directory_opens_at_once_only_a_cached_path_with_no_symlink(tmp_path: Pa
             assert st.open_reader_at_once(key) is None, key
         assert st.get("inside") == b"real"  # what the worker's full resolution allows still opens
         os.sync()
-        Path("/proc/sys/vm/drop_caches").write_text("2")  # dentries and inodes
+        drop_caches(2)  # dentries and inodes
         assert st.open_reader_at_once("sub/deep/file") is None  # would have to read the disk
         reader = st.open_reader("sub/deep/file")
         reader.close()

@@ -35,6 +35,9 @@ BUCKET = "zvfs-stress"
 PREFIX = "stress/store.zarr"
 
 
+#: the churn thread drops the kernel's dentries and inodes (drop_caches 2), machine-wide
+pytestmark = pytest.mark.exclusive
+
 @pytest.fixture(scope="module")
 def stress_store(tmp_path_factory) -> tuple[Path, list[sl.ArrayRef], dict[str, Path]]:
     root = tmp_path_factory.mktemp("stress") / "store.zarr"

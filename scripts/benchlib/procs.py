@@ -149,11 +149,19 @@ def install_handlers() -> None:
         signal.signal(s, _on_signal)
 
 
-def drop_caches() -> None:
+def drop_caches(level: int = 3) -> None:
+    """``sync; echo LEVEL > /proc/sys/vm/drop_caches``: 3 drops every cached page and the
+    dentries and inodes, 2 the dentries and inodes only (the kernel then forgets the inodes
+    of every FUSE mount). Machine-wide, so nothing relying on those caches may run beside
+    it: the test suite runs the tests that come here on their own (marked ``exclusive``),
+    and a parallel pytest worker is refused here, loudly, rather than flaking its peers."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        raise RuntimeError("drop_caches in a parallel pytest worker: mark the test "
+                           "@pytest.mark.exclusive (scripts/test runs those alone)")
     os.sync()
     try:
         with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
+            f.write(f"{level}\n")
     except OSError as e:  # not root: the numbers are then not cold; say so once
         global _warned
         if not _warned:
