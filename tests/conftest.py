@@ -163,6 +163,17 @@ def is_mounted(path: os.PathLike | str) -> bool:
     return mount_entry(path) is not None
 
 
+def deep_levels(base: os.PathLike | str, depth: int = 4040) -> list[str]:
+    """Directory names, each within NAME_MAX (255 bytes), that nested below ``base`` make a
+    path of ``depth`` bytes: near PATH_MAX (4,096) whatever ``base``'s own length."""
+    levels, length = [], len(os.fsencode(base))
+    while depth - length - 1 > 255:
+        levels.append("d" * 200)
+        length += 201
+    levels.append("e" * (depth - length - 1))
+    return levels
+
+
 def wait_until(pred, timeout: float, interval: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -29,6 +29,7 @@ from conftest import (
     S3_PREFIX,
     Mounted,
     daemon_pids,
+    deep_levels,
     drop_page_cache,
     force_unmount,
     mount_entry,
@@ -1005,12 +1006,7 @@ def test_directory_store_keys_past_path_max_are_left_out_with_a_line(tmp_path, m
     of its listing now, with one line naming it; the shorter names beside it read."""
     root = tmp_path / "deep"
     root.mkdir()
-    levels = []
-    length = len(os.fsencode(root))
-    while length + 201 < 3900:
-        levels.append("d" * 200)
-        length += 201
-    levels.append("e" * (4040 - length - 1))  # the deepest directory's path: 4040 bytes
+    levels = deep_levels(root)  # the deepest directory's path: 4040 bytes
 
     def descend(top: Path, create: bool) -> int:
         fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)

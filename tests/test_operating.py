@@ -162,7 +162,7 @@ def test_plain_file_that_is_no_zip(tmp_path) -> None:
     src.write_bytes(b"not a zip at all\n")
     (tmp_path / "m").mkdir()
     err = one_line(zvfs("mount", src, tmp_path / "m"), re.escape(str(src)), "not a zip", code=EX_CONFIG)
-    assert len(err) < 200, err
+    assert len(err) - len(str(src)) < 150, err  # one short line, whatever the temporary path
 
 
 def test_unreachable_endpoint_is_not_a_config_error(tmp_path, s3_env) -> None:

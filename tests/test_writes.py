@@ -40,6 +40,7 @@ from conftest import (
     Mounted,
     Mounter,
     daemon_pids,
+    deep_levels,
     force_unmount,
     is_mounted,
     mount_stats,
@@ -2392,11 +2393,7 @@ def test_dir_a_key_whose_path_passes_path_max_is_refused(dirstore: Store, mount)
     (the directory store opens keys by path) was made, relative to its directory, and was
     then never listed nor opened (ENOENT). It is ENAMETOOLONG now, and nothing is made."""
     m = dirstore.mount(mount)
-    levels, length = [], len(os.fsencode(dirstore.root))
-    while length + 201 < 3900:
-        levels.append("d" * 200)
-        length += 201
-    levels.append("e" * (4040 - length - 1))  # the deepest directory's path in the store: 4040 bytes
+    levels = deep_levels(dirstore.root)  # the deepest directory's path in the store: 4040 bytes
     fd = os.open(m.path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         for name in levels:
