@@ -527,7 +527,7 @@ class RawDataFile(FileNode):
 
     def __init__(self, array: DecodedArray, ahead: ReadAhead | None = None) -> None:
         self.array = array
-        self.mtime = array.ctx.node_mtime(array.meta.path)
+        self.mtime = array.ctx.data_mtime(array.meta.path)
         self.immutable = array.ctx.immutable  # chunks may be rewritten unless declared immutable
         self._ahead = ahead
 
@@ -553,7 +553,7 @@ class ChunkFile(FileNode):
     def __init__(self, array: DecodedArray, idx: tuple[int, ...]) -> None:
         self.array = array
         self.idx = idx
-        self.mtime = array.ctx.node_mtime(array.meta.path)
+        self.mtime = array.ctx.data_mtime(array.meta.path)
         self.immutable = array.ctx.immutable
 
     def version(self) -> object:

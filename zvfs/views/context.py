@@ -114,10 +114,13 @@ class MountContext:
     #: when a read of an open decoded file last had them read again (monotonic): at most one
     #: a TTL, whether it came back complete or not
     layouts_asked: float = field(default=0.0, init=False)
-    #: path -> (serial of its last write, the key's info after it); see epoch()
-    _epochs: OrderedDict[str, tuple[int, KeyInfo | None]] = field(default_factory=OrderedDict, init=False)
+    #: path -> (serial of its last write, the key's info after it, when it was made); see
+    #: epoch() and changed_at()
+    _epochs: OrderedDict[str, tuple[int, KeyInfo | None, float]] = field(default_factory=OrderedDict,
+                                                                         init=False)
     _serial: int = field(default=0, init=False)
     _floor: int = field(default=0, init=False)
+    _floor_time: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
         self._stable_time = max(self.metadata_mtimes.values(), default=self.mount_time)
@@ -173,6 +176,21 @@ class MountContext:
         """The mtime of the views of the array or group at ``path``: its metadata's."""
         return self.metadata_mtimes.get(path.strip("/"), self.stable_time)
 
+    def data_mtime(self, path: str) -> float:
+        """The mtime of the views that hold the bytes of the chunks at or below ``path``
+        (data.raw, data.npy, chunk files, a netCDF file): its metadata's, or the last write
+        through the mount below it when later. A chunk rewritten through the mount left
+        them their metadata's mtime, and copy tools that take an unchanged size and mtime for
+        unchanged bytes (rsync -a, make) kept the old copy."""
+        return max(self.node_mtime(path), self.changed_at(path.strip("/")))
+
+    def changed_at(self, path: str) -> float:
+        """When a key at or below ``path`` was last changed through the mount (0: never).
+        Bounded as epoch() is: a path forgotten answers the newest time forgotten (a
+        spurious change, never a missed one)."""
+        entry = self._epochs.get(path)
+        return self._floor_time if entry is None else entry[2]
+
     @property
     def immutable(self) -> bool:
         """True when the data can never change while mounted: declared so
@@ -213,14 +231,16 @@ class MountContext:
         it and of every directory above it, forget the decoded hierarchy (rediscovered on
         next use) and tell the fs layer to drop the kernel's caches of derived files."""
         self._serial += 1
+        now = time.time()
         parts = key.strip("/").split("/")
         paths = ["", *("/".join(parts[: i + 1]) for i in range(len(parts)))]
         for path in paths:
-            self._epochs[path] = (self._serial, info if path == key else None)
+            self._epochs[path] = (self._serial, info if path == key else None, now)
             self._epochs.move_to_end(path)
         while len(self._epochs) > self.EPOCH_ENTRIES:
-            _, (serial, _) = self._epochs.popitem(last=False)
+            _, (serial, _, when) = self._epochs.popitem(last=False)
             self._floor = max(self._floor, serial)
+            self._floor_time = max(self._floor_time, when)
         parent, _, name = key.strip("/").rpartition("/")
         if name in DESCRIBING_NAMES:  # the views of that node take its metadata's new mtime
             when = info.mtime if info is not None else time.time()

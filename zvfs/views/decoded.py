@@ -168,7 +168,9 @@ async def build_netcdf_dir(ctx: MountContext) -> DirNode:
     for group, variables in sorted(members.items()):
         parent, name = names[group]
         arrays = {v: d.arrays[p] for v, p in variables.items()}
-        node = netcdf_file(d.groups.get(group, {}), arrays, mtime, d.group_types.get(group))
+        # its bytes are its arrays': a write through the mount below the group changes them
+        node = netcdf_file(d.groups.get(group, {}), arrays, max(mtime, ctx.changed_at(group)),
+                           d.group_types.get(group))
         root.place(parent).entries[name] = node
     return root
 
