@@ -221,6 +221,12 @@ def test_writes_fail_with_erofs(backend: Backend) -> None:
     erofs(lambda: open(existing, "w"))
     erofs(lambda: open(existing, "a"))
     erofs(lambda: open(existing, "r+b"))
+    # O_APPEND without write access asks for no write: it opens, as on any read-only mount
+    fd = os.open(existing, os.O_RDONLY | os.O_APPEND)
+    try:
+        assert os.read(fd, 1 << 20) == before
+    finally:
+        os.close(fd)
     erofs(os.mkdir, mnt / "newdir")
     erofs(os.mkdir, mnt / "sub" / "newdir")
     erofs(os.unlink, existing)

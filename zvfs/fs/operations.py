@@ -70,13 +70,20 @@ NAME_MAX = 255
 #: errnos that answer what the application asked (logged at info), not a failure to serve it
 _REFUSALS = frozenset({errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR, errno.EROFS,
                        errno.ENAMETOOLONG, errno.EXDEV, errno.ESTALE})
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 _RENAME_NOREPLACE = 1  # renameat2(2); its other flags (EXCHANGE, WHITEOUT) are refused
 #: free space a writable store with no bound of its own (S3) reports to df and cp
 _UNBOUNDED_FREE = 1 << 50
 #: files kept open for the kernel's opens of names renamed over (see _keep_open):
 #: the kernel forgets such an inode as soon as nothing holds it, so few are kept at once
 KEPT_OPEN = 64
+
+
+def _writes(flags: int) -> bool:
+    """Whether an open with ``flags`` may write: write access, or O_TRUNC. O_APPEND alone
+    (with O_RDONLY) writes nothing, as on a local file system: taken for a write, it was
+    EROFS on a read-only mount, and on S3 it staged the whole object (EFBIG past
+    --rewrite-max-size) for a reader. (The kernel leaves O_CREAT out of an open.)"""
+    return flags & os.O_ACCMODE != os.O_RDONLY or bool(flags & os.O_TRUNC)
 
 
 class _DirSnapshot(NamedTuple):
@@ -880,11 +887,11 @@ class ZvfsOperations(pyfuse3.Operations):
             # O_PATH descriptor reopened). Else, and for writing, ESTALE makes the kernel
             # look the path up again and open what is there now
             kept = self._kept.get(inode)
-            kept = kept.again() if kept is not None and not flags & _WRITE_FLAGS else None
+            kept = kept.again() if kept is not None and not _writes(flags) else None
             if kept is None:
                 raise pyfuse3.FUSEError(errno.ESTALE)
         handle = None
-        if flags & _WRITE_FLAGS:
+        if _writes(flags):
             if not node.writable:
                 raise pyfuse3.FUSEError(errno.EROFS)
             truncate = bool(flags & os.O_TRUNC)
