@@ -912,11 +912,16 @@ class ZvfsOperations(pyfuse3.Operations):
         # a reader whose bytes are not what the kernel knows of the inode (the key was
         # replaced since the kernel's lookup, or since an earlier open whose pages another
         # reader may still be filling) reads past the kernel's cache and size: uncut,
-        # unpadded, unmixed
+        # unpadded, unmixed. Not a decoded view whose pages a write through the mount is
+        # having the kernel drop (see changed): its readers read each chunk as it is when a
+        # read reaches it, this open drops the pages it finds (keep is False), and direct_io
+        # failed its mmap with ENODEV (np.memmap of data.raw beside a writer: 16 to 29
+        # opens a second)
         direct = node.direct_io or (handle is not None and handle.direct_io)
         if handle is None and not direct:
             direct = node.size != self._told[inode - ROOT] or (
-                before is not None and not keep and before[0] != node.version())
+                before is not None and not keep and before[0] != node.version()
+                and (self._settled.is_set() or inode not in self._derived))
         keep = keep and not direct
         if keep:
             self._counters.add("fuse_opens_cached")
