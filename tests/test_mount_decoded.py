@@ -1185,3 +1185,48 @@ def test_open_decoded_files_after_a_metadata_change_behind_the_mount(
     assert "ERROR" not in log, log
     said = [line for line in log.splitlines() if "changed in the store" in line]
     assert len(said) == (0 if change == "attributes" else 1), said
+
+
+def test_a_listing_after_a_metadata_change_behind_the_mount_leaves_new_opens_reading(mount, tmp_path) -> None:
+    """An array's metadata rewritten behind the mount (zarr-python, the reference writer), then,
+    past the TTL, `ls -l` of the views (a readdir that tells the kernel each entry) and a new
+    open: the open was given the node the mount had made before the change (a listing kept the
+    node it had), whose reads were ESTALE, "open it again", though it was opened after; an
+    mmap of it (np.memmap, np.load(mmap_mode="r")) died of SIGBUS. Every new open reads what
+    zarr-python reads."""
+    import mmap
+    import time
+
+    import zarr
+
+    root = tmp_path / "s.zarr"
+    group = zarr.open_group(str(root), mode="w", zarr_format=3)
+    group.create_array("a", shape=(64,), chunks=(16,), dtype="<i4", fill_value=-1)[:] = 5
+    ttl = 0.5
+    m = mount(root, "--metadata-ttl", str(ttl))
+    views = m.path / ".zvfs"
+    files = {  # each read once, so the mount holds its node
+        "data.raw": views / "arrays/a/data.raw",
+        "chunk": views / "arrays/a/chunks/0",
+        "mirror": views / "v2/a/0",
+        "netcdf": views / "netcdf/root.nc",
+    }
+    for path in files.values():
+        path.read_bytes()
+    zarr.open_group(str(root), mode="a").create_array("a", shape=(64,), chunks=(32,), dtype="<i4",
+                                                      fill_value=-1, overwrite=True)[:] = 9
+    ref = zarr.open_array(str(root), path="a", mode="r")[...]
+    time.sleep(ttl * 1.6)  # past the TTL
+    for top in ("arrays/a", "v2/a", "netcdf"):
+        [entry.stat() for entry in os.scandir(views / top)]  # ls -l
+    fd = os.open(files["data.raw"], os.O_RDONLY)
+    try:
+        assert os.pread(fd, 1 << 20, 0) == ref.tobytes()  # first: a failed mapping is a SIGBUS
+        with mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ) as view:
+            assert bytes(view) == ref.tobytes()
+    finally:
+        os.close(fd)
+    assert files["chunk"].read_bytes() == ref[:32].tobytes()
+    assert files["mirror"].read_bytes() == ref[:32].tobytes()
+    nc = files["netcdf"].read_bytes()
+    assert len(nc) == os.stat(files["netcdf"]).st_size and ref.astype(">i4").tobytes() in nc

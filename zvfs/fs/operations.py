@@ -712,8 +712,23 @@ class ZvfsOperations(pyfuse3.Operations):
     async def getattr(self, inode: int, ctx=None) -> pyfuse3.EntryAttributes:  # type: ignore[override]
         self._counters.add("fuse_getattrs")
         self._counters.add("fuse_ops_getattr")
-        node = await self._fresh(inode) if self._stale else self._node(inode)
-        return self._attrs(inode, node)
+        return self._attrs(inode, await self._live(inode))
+
+    async def _live(self, ino: int) -> Node:
+        """``ino``'s node as it is now: a derived file made from metadata the mount has read
+        anew since is looked up again. The kernel keeps an entry of a view for the TTL, and
+        a listing keeps the node the table has (it may be newer than the listing's): after
+        a change behind the mount, `ls -l` then a new open was given the old node, which
+        read ESTALE ("open it again", though it was opened after), and its mmap SIGBUS."""
+        node = await self._fresh(ino) if self._stale else self._node(ino)
+        if isinstance(node, FileNode) and node.outdated() and ino in self._derived:
+            parent = ino
+            while parent != ROOT and parent in self._derived and \
+                    self._path(self._parent(parent)).rstrip("/") + "/" not in self._derived_prefixes:
+                self._stale.add(parent)  # up to a top of the views: each resolves the current ones
+                parent = self._parent(parent)
+            node = await self._fresh(ino)
+        return node
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for ino, n in inode_list:
@@ -873,7 +888,7 @@ class ZvfsOperations(pyfuse3.Operations):
 
     async def open(self, inode: int, flags: int, ctx) -> pyfuse3.FileInfo:  # type: ignore[override]
         self._counters.add("fuse_ops_open")
-        node = await self._fresh(inode) if self._stale else self._node(inode)
+        node = await self._live(inode)
         if not isinstance(node, FileNode):
             raise pyfuse3.FUSEError(errno.EISDIR)
         if self._changing:
@@ -912,16 +927,16 @@ class ZvfsOperations(pyfuse3.Operations):
         # a reader whose bytes are not what the kernel knows of the inode (the key was
         # replaced since the kernel's lookup, or since an earlier open whose pages another
         # reader may still be filling) reads past the kernel's cache and size: uncut,
-        # unpadded, unmixed. Not a decoded view whose pages a write through the mount is
-        # having the kernel drop (see changed): its readers read each chunk as it is when a
-        # read reaches it, this open drops the pages it finds (keep is False), and direct_io
-        # failed its mmap with ENODEV (np.memmap of data.raw beside a writer: 16 to 29
-        # opens a second)
+        # unpadded, unmixed. Not a decoded view of another version: its readers read each
+        # chunk as it is when a read reaches it, one of older metadata is refused (ESTALE),
+        # and this open drops the pages it finds (keep is False); direct_io failed its mmap
+        # with ENODEV (np.memmap of data.raw beside a writer: 16 to 29 opens a second; the
+        # first open after a change behind the mount)
         direct = node.direct_io or (handle is not None and handle.direct_io)
         if handle is None and not direct:
             direct = node.size != self._told[inode - ROOT] or (
                 before is not None and not keep and before[0] != node.version()
-                and (self._settled.is_set() or inode not in self._derived))
+                and inode not in self._derived)
         keep = keep and not direct
         if keep:
             self._counters.add("fuse_opens_cached")

@@ -124,6 +124,15 @@ class DecodedArray:
                             "store since this file was opened; open it again",
                             key=f"stale {path} {self.layout}", answer=True)
 
+    def stale(self) -> bool:
+        """Whether :meth:`_current` refuses this array: made from metadata the mount has
+        read anew since (through the mount or behind it)."""
+        try:
+            self._current()
+        except NodeError:
+            return True
+        return False
+
     async def current(self) -> None:
         """:meth:`_current`, for a read of an open file: when the mount last read the
         metadata a metadata TTL ago or more, it reads it again first (one discovery for all
@@ -538,6 +547,9 @@ class RawDataFile(FileNode):
     def version(self) -> object:
         return self.array.content
 
+    def outdated(self) -> bool:
+        return self.array.stale()
+
     async def reader(self) -> FileNode:
         return type(self)(self.array, self.array.read_ahead())
 
@@ -558,6 +570,9 @@ class ChunkFile(FileNode):
 
     def version(self) -> object:
         return self.array.content
+
+    def outdated(self) -> bool:
+        return self.array.stale()
 
     @property
     def size(self) -> int:

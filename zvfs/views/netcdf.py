@@ -518,6 +518,9 @@ class NetcdfFile(FileNode):
     def version(self) -> object:
         return (self.layout.size, tuple(v.array.content for v in self.layout.variables))
 
+    def outdated(self) -> bool:
+        return any(v.array.stale() for v in self.layout.variables)
+
     async def read(self, offset: int, length: int) -> bytes | memoryview:
         """Header bytes, then each touched variable's slice (all variables fetched at once), zeros between."""
         end = min(offset + length, self.layout.size)

@@ -143,6 +143,12 @@ class FileNode(Node):
         """Called at each open: a live file snapshots its content here, so the size a
         ``stat`` reports is the size of the bytes the reader gets."""
 
+    def outdated(self) -> bool:
+        """True when this node was made from what its name no longer holds, as the mount
+        now knows it (a decoded view of metadata read anew since): the fs layer looks the
+        name up again rather than open a file whose every read is ESTALE."""
+        return False
+
     async def sync(self) -> None:  # noqa: B027 - optional hook
         """fsync() through an open for reading (``sync FILE`` opens it so): a local file's
         descriptor reports a write-back error of its file, as on the directory itself."""
