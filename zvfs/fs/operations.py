@@ -721,7 +721,7 @@ class ZvfsOperations(pyfuse3.Operations):
         a change behind the mount, `ls -l` then a new open was given the old node, which
         read ESTALE ("open it again", though it was opened after), and its mmap SIGBUS."""
         node = await self._fresh(ino) if self._stale else self._node(ino)
-        if isinstance(node, FileNode) and node.outdated() and ino in self._derived:
+        if ino in self._derived and isinstance(node, FileNode) and node.outdated():
             parent = ino
             while parent != ROOT and parent in self._derived and \
                     self._path(self._parent(parent)).rstrip("/") + "/" not in self._derived_prefixes:

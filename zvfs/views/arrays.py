@@ -107,31 +107,34 @@ class DecodedArray:
         return chunk
 
     def _current(self) -> None:
-        """Refuse to serve a file opened before the array's metadata was rewritten through
-        the mount: its new chunks read by the old metadata are neither version (int32 views
-        of float32 bits, or EIO, in a helper's audit). ESTALE, as for a replaced S3 object:
-        a new open reads the new array."""
+        """Refuse to serve a file opened before the array's metadata changed (see
+        :meth:`_staleness`)."""
+        stale = self._staleness()
+        if stale is not None:
+            raise stale
+
+    def _staleness(self) -> NodeError | None:
+        """ESTALE for a file opened before the array's metadata was rewritten through the
+        mount (its new chunks read by the old metadata are neither version: int32 views of
+        float32 bits, or EIO, in a helper's audit), or changed behind it (another process,
+        another S3 client), as the mount's latest read of the metadata found it: the array
+        gone, or read by other metadata. A new open reads the new array. None: current."""
         key = self.meta.metadata_key
         if key and not self.ctx.unwritten and self.ctx.epoch(key) != self._meta_epoch:
-            raise NodeError(errno.ESTALE, f"{self.meta.path or '/'}: its metadata ({key}) was "
-                            "rewritten since this file was opened")
-        # and behind the mount (another process, another S3 client), as the mount's
-        # latest read of the metadata found it: the array gone, or read by other metadata
+            return NodeError(errno.ESTALE, f"{self.meta.path or '/'}: its metadata ({key}) was "
+                             "rewritten since this file was opened")
         known = self.ctx.array_layouts
         if known is not None and known.get(self.meta.path) != self.layout:
             path = self.meta.path or "/"
-            raise NodeError(errno.ESTALE, f"{path}: its metadata ({key or path}) changed in the "
-                            "store since this file was opened; open it again",
-                            key=f"stale {path} {self.layout}", answer=True)
+            return NodeError(errno.ESTALE, f"{path}: its metadata ({key or path}) changed in the "
+                             "store since this file was opened; open it again",
+                             key=f"stale {path} {self.layout}", answer=True)
+        return None
 
     def stale(self) -> bool:
         """Whether :meth:`_current` refuses this array: made from metadata the mount has
         read anew since (through the mount or behind it)."""
-        try:
-            self._current()
-        except NodeError:
-            return True
-        return False
+        return self._staleness() is not None
 
     async def current(self) -> None:
         """:meth:`_current`, for a read of an open file: when the mount last read the
