@@ -383,20 +383,21 @@ def test_the_users_checksum_setting_wins_for_an_s3_compatible_server(mount, tls_
         assert b"x-amz-checksum-crc32" in server.objects["s/new.bin"]
 
 
-def test_a_write_answered_404_without_a_body_says_so(mount) -> None:
+def test_a_write_answered_404_without_a_body_says_so(mount, tmp_path) -> None:
     """A PUT answered 404 with no error document (moto does so for a key holding a newline;
     a proxy in front of a server that does not serve that bucket): botocore calls it "404",
     which zvfs takes for a missing key, so close() failed with EIO and a log line that said
     only "upload failed (new.bin)", no reason. It says the server answered Not Found to a
     write now, and the bytes are kept as ever."""
     with HostileS3(BUCKET, {"s/old.txt": b"old\n"}, put_status=404) as server:
-        m = mount_it(mount, server, "--writable")
+        # the bytes are kept under the test's directory: removed from /tmp before the daemon
+        # let go of them (its release comes after close() returns), they were kept again
+        m = mount_it(mount, server, "--writable", "--cache-dir", str(tmp_path / "cache"))
         with pytest.raises(OSError) as err:
             (m.path / "new.bin").write_bytes(b"payload")
         assert err.value.errno == errno.EIO
         lines = [ln for ln in m.log_text().splitlines() if "new.bin" in ln and "upload failed" in ln]
         assert len(lines) == 1 and "404" in lines[0] and "Not Found" in lines[0], m.log_text()[-3000:]
         kept = lines[0].split("kept at ")[-1].strip()
-        assert Path(kept).read_bytes() == b"payload"
-        Path(kept).unlink()  # this test's, not to be reported by the next mount
+        assert Path(kept).read_bytes() == b"payload" and Path(kept).is_relative_to(tmp_path)
         assert (m.path / "old.txt").read_bytes() == b"old\n"
