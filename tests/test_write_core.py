@@ -243,6 +243,39 @@ def test_an_object_over_rewrite_max_size_is_refused_with_efbig(s3):
     store.open_writer("huge", truncate=True, create=False).close()  # replacing it is fine
 
 
+def test_a_write_past_what_the_parts_can_hold_is_efbig_at_once(s3, monkeypatch):
+    """S3 takes at most 10,000 parts: a file of more than 10,000 x --part-size bytes cannot be
+    uploaded. Such a write (or a truncate, or a sparse write far out) is refused as it is made,
+    not staged in full to fail at close (a 100 GB cp with 8 MiB parts wrote 80 GB first), and
+    it is EFBIG, not ENOSPC's "raise --staging-max-size", which would not help."""
+    from zvfs.stores import s3_write
+
+    store, client, bucket, staging = s3
+    monkeypatch.setattr(s3_write, "MAX_PARTS", 3)
+    limit = 3 * 5 * MiB
+    w = store.open_writer("capped", truncate=True, create=True)
+    for off in range(0, limit, MiB):
+        w.write(off, b"\1" * MiB)
+    for call in (lambda: w.write(limit - 1, b"ab"), lambda: w.write(limit, b"a"),
+                 lambda: w.truncate(limit + 1), lambda: w.write(100 << 30, b"a")):
+        with pytest.raises(WriteRefused, match="--part-size") as err:
+            call()
+        assert err.value.errno == errno.EFBIG
+    assert w.size == limit and staging.used == limit  # nothing of the refused writes was taken
+    w.write(limit - 1, b"z")  # the last byte that fits
+    w.commit()
+    w.close()
+    assert _object(client, bucket, "capped") == b"\1" * (limit - 1) + b"z"
+
+
+def test_the_part_limit_is_s3s_largest_object_for_big_parts():
+    """With parts of 1 GiB, 10,000 of them would pass S3's largest object (5 TiB)."""
+    from zvfs.stores.s3_write import MAX_OBJECT, MAX_PARTS, largest_upload
+
+    assert largest_upload(8 * MiB) == 8 * MiB * MAX_PARTS
+    assert largest_upload(1 << 30) == MAX_OBJECT == 5 << 40
+
+
 def test_staging_full_is_enospc_and_frees_what_it_held(s3):
     store, _, _, staging = s3
     w = store.open_writer("a", truncate=True, create=True)

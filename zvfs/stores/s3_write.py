@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 #: single CopyObject of at most 5 GiB
 MIN_PART = 5 << 20
 MAX_PARTS = 10_000
+#: S3's largest object
+MAX_OBJECT = 5 << 40
 MAX_COPY = 5 << 30
 #: the part a copy beyond MAX_COPY is made of
 COPY_PART = 1 << 30
@@ -51,6 +53,12 @@ RENAME_DIR_LIMIT = 1000
 #: seconds an upload's date (S3's clock, in whole seconds on some servers) may lie outside the
 #: window in which a CreateMultipartUpload was retried and still count as made by its lost tries
 LOST_UPLOAD_SKEW = 5.0
+
+
+def largest_upload(part_size: int) -> int:
+    """The largest file a writer of ``part_size`` parts can upload: MAX_PARTS of them, and no
+    more than S3's largest object."""
+    return min(MAX_PARTS * part_size, MAX_OBJECT)
 
 
 class S3Writer(KeyWriter):
@@ -127,8 +135,18 @@ class S3Writer(KeyWriter):
     def _parts(self, start: int, end: int) -> range:
         return range(start // self.part_size, (max(end, start + 1) - 1) // self.part_size + 1)
 
+    def _refuse_past_limit(self, end: int) -> None:
+        """EFBIG for a file that would end past what can be uploaded, as it is written or
+        truncated: staged whole first (S3 refuses part 10,001), it failed only at close."""
+        limit = largest_upload(self.part_size)
+        if end > limit:
+            why = ("S3's largest object" if limit == MAX_OBJECT else
+                   f"what {MAX_PARTS} parts of {self.part_size} hold; raise --part-size")
+            raise WriteRefused(errno.EFBIG, f"{self.key}: {end} bytes is more than {limit}, {why}")
+
     def write(self, offset: int, data: bytes) -> int:
         end = offset + len(data)
+        self._refuse_past_limit(end)
         with self._lock:
             if end > self._size:
                 self.staging.grow(self.key, end - self._size)
@@ -149,6 +167,7 @@ class S3Writer(KeyWriter):
         return pread_all(self._fd, offset, max(0, min(length, self._size - offset)), self.key)
 
     def truncate(self, size: int) -> None:
+        self._refuse_past_limit(size)
         with self._lock:
             self.staging.grow(self.key, size - self._size)
             os.ftruncate(self._fd, size)
