@@ -273,6 +273,30 @@ async def _decoded_array(ctx: MountContext) -> DecodedArray:
     return array
 
 
+def test_a_never_written_chunk_adds_no_decoded_bytes(tmp_path):
+    """stats.json's bytes_decoded is what was decoded: a never-written chunk is one fill
+    element broadcast, and a 4 KiB read at the end of a 2**40-byte array of fill counted
+    the whole 128 MiB chunk (reads over a 2**62-byte array told of terabytes decoded in
+    milliseconds), where the decoder processes counted none. A written chunk counts whole."""
+    root = tmp_path / "fill.zarr"
+    a = zarr.create_array(str(root), shape=(2**37,), chunks=(2**24,), dtype="<f8", fill_value=1.5)
+    a[:4] = [1.0, 2.0, 3.0, 4.0]  # the first chunk is written, every other one is not
+    ctx = MountContext(store=DirectoryStore(root), cache_size=64 << 20, counters=Counters())
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            ctx.nursery = nursery
+            reader = await RawDataFile(await _decoded_array(ctx)).reader()
+            got = bytes(await reader.read(2**40 - 4096, 4096))
+            assert got == zarr.open_array(str(root), mode="r")[-512:].tobytes()  # the file's end
+            assert ctx.counters.snapshot()["bytes_decoded"] <= 8
+            assert bytes(await reader.read(0, 32)) == zarr.open_array(str(root), mode="r")[:4].tobytes()
+            assert ctx.counters.snapshot()["bytes_decoded"] >= 2**24 * 8
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
 def test_each_open_has_its_own_read_ahead(tmp_path):
     """A sequential reader keeps its read-ahead while another open of the same file seeks
     about (one shared detector would be reset by every seek and never read ahead)."""

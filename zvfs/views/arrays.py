@@ -103,7 +103,9 @@ class DecodedArray:
                 self.ctx.buffers.give(decoded)  # it keeps only numpy's own uint8 buffers
         self.ctx.counters.add("decode_seconds", time.perf_counter() - t0)
         self.ctx.counters.add("chunks_decoded")
-        self.ctx.counters.add("bytes_decoded", chunk.nbytes)
+        # a never-written chunk is one fill element broadcast: nothing was decoded (its
+        # nbytes, a whole chunk's, told of terabytes decoded over an array of fill)
+        self.ctx.counters.add("bytes_decoded", 0 if chunk.ndim and not any(chunk.strides) else chunk.nbytes)
         return chunk
 
     def _current(self) -> None:
