@@ -723,12 +723,17 @@ class ZvfsOperations(pyfuse3.Operations):
         node = await self._fresh(ino) if self._stale else self._node(ino)
         if ino in self._derived and isinstance(node, FileNode) and node.outdated():
             parent = ino
-            while parent != ROOT and parent in self._derived and \
-                    self._path(self._parent(parent)).rstrip("/") + "/" not in self._derived_prefixes:
+            while parent != ROOT and parent in self._derived and not self._view_top(parent):
                 self._stale.add(parent)  # up to a top of the views: each resolves the current ones
                 parent = self._parent(parent)
             node = await self._fresh(ino)
         return node
+
+    def _view_top(self, ino: int) -> bool:
+        """Whether ``ino`` is a top of the derived views (a directory right below a derived
+        prefix): it resolves the current views itself, where the nodes below it are of the
+        views it had when they were looked up."""
+        return self._path(self._parent(ino)).rstrip("/") + "/" in self._derived_prefixes
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for ino, n in inode_list:
@@ -1390,8 +1395,7 @@ class ZvfsOperations(pyfuse3.Operations):
             while True:
                 self._invalidate_again = False
                 inodes = [i for i in self._derived if self._lookups[i - ROOT]]
-                tops = [i for i in inodes
-                        if self._path(self._parent(i)).rstrip("/") + "/" in self._derived_prefixes]
+                tops = [i for i in inodes if self._view_top(i)]
                 # the tops resolve the current views themselves; the nodes below them are
                 # of the views before the write, and the kernel may keep using their numbers
                 # (an open file, a cwd, an entry it revives): each is looked up again
