@@ -431,6 +431,9 @@ def test_a_full_cache_disk_fails_no_read(mount, moto, s3_env, bucket, small_disk
     assert not [p for p in disk.rglob("*.tmp")]
 
 
+# failed once in six parallel runs (33rd session: the disk had 11 MB free after the reads,
+# not under 9 MB as they leave it run alone): the cause is not found yet; run alone meanwhile
+@pytest.mark.exclusive
 def test_a_cache_that_filled_its_disk_makes_room_for_writes_staged_there(mount, moto, s3_env, bucket,
                                                                           small_disk):
     """A writable S3 mount stages under --cache-dir too: once its reads had filled the disk
