@@ -192,6 +192,20 @@ def test_get_and_info(store: Store) -> None:
         assert store.exists(key)
 
 
+def test_absent_names_only_keys_no_get_finds(store: Store) -> None:
+    """``absent``, which spares a decoded read a failed get for each never-written chunk:
+    never a key that is there, and every key that is not, where the store knows for little
+    (a stat, its index; S3 knows nothing without a request and names none)."""
+    missing = ["nope", "a/nope", "a/big/under_a_file", "zz/yy/xx", "a/../a/big", ""]
+    found = store.absent([*SAMPLE, *missing])
+    assert not found & set(SAMPLE), found & set(SAMPLE)
+    for key in found:
+        with pytest.raises(KeyNotFound):
+            store.get(key)
+    if not isinstance(store, S3Store):
+        assert found == set(missing[:4]), found
+
+
 def test_get_range(store: Store) -> None:
     big = SAMPLE["a/big"]
     for start, length in [(0, 10), (5, 1), (1000, 70000), (len(big) - 3, 10), (len(big), 5),
@@ -307,6 +321,10 @@ def test_directory_symlinks(tmp_path: Path, caplog: pytest.LogCaptureFixture) ->
         with pytest.raises(KeyNotFound):
             st.info(key)
     assert st.get("inside") == b"real"
+    # what absent names, a get cannot find either; a link (in or out) is left to the get
+    links = ["escape", "sub/escape_rel", "escape_dir/secret", "escape_dir/nope", "dangling",
+             "fifo", "sub/loop", "inside", "inside_dir/real", "sub/real", "sub/nope"]
+    assert st.absent(links) == {"escape_dir/nope", "sub/nope"}
     # directory links are not followed, even inside the store (they could loop)
     for key in ["inside_dir/real", "sub/loop/sub/real"]:
         with pytest.raises(KeyNotFound):

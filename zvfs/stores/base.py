@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import errno
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import NamedTuple
 
 from zvfs.stores.listing import KeyInfo, Listing
@@ -351,6 +351,14 @@ class Store(ABC):
             return False
         return True
 
+    def absent(self, keys: Iterable[str]) -> set[str]:
+        """Those of ``keys`` the store can tell are absent for little cost (a local stat,
+        an index in memory): a get of each would raise KeyNotFound. A key it cannot tell
+        about is left out, and so is any it finds trouble with (the get reports that). An
+        array of a million tiny chunks, never written, cost a failed get each, a
+        minute and more for one small read; never an error."""
+        return set()
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release handles; the store is not used afterwards."""
 
@@ -438,6 +446,9 @@ class WrappedStore(Store):
 
     def will_need(self, keys: Sequence[str]) -> None:
         self.inner.will_need(keys)
+
+    def absent(self, keys: Iterable[str]) -> set[str]:
+        return self.inner.absent(keys)
 
     def reopen(self) -> Reopen | None:
         return self.inner.reopen()

@@ -35,7 +35,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -66,7 +66,7 @@ from zvfs.stores.base import (
     WriteRefused,
 )
 from zvfs.stores.cached_open import open_if_cached
-from zvfs.stores.keys import bad_segment, safe_name
+from zvfs.stores.keys import bad_segment, is_safe_key, safe_name
 
 log = logging.getLogger(__name__)
 
@@ -466,6 +466,21 @@ class DirectoryStore(Store):
         if not stat.S_ISREG(st.st_mode):
             raise KeyNotFound(key)
         return KeyInfo(st.st_size, st.st_mtime)
+
+    def absent(self, keys: Iterable[str]) -> set[str]:
+        """One lstat each, no open: a path with nothing at it (or a file where a directory
+        of it should be) is a key no get can find, whatever symlinks lie on its way."""
+        out = set()
+        for key in keys:
+            if not is_safe_key(key):
+                continue
+            try:
+                os.lstat(os.path.join(self.root, key))
+            except (FileNotFoundError, NotADirectoryError):
+                out.add(key)
+            except (OSError, ValueError):
+                pass
+        return out
 
     def list_dir(self, prefix: str) -> Listing:
         check_prefix(prefix)

@@ -42,7 +42,7 @@ import time
 import zipfile
 import zlib
 from collections import OrderedDict, deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,7 +59,7 @@ from zvfs.stores.base import (
     StoreError,
     TooLarge,
 )
-from zvfs.stores.keys import bad_segment
+from zvfs.stores.keys import bad_segment, is_safe_key
 
 log = logging.getLogger(__name__)
 
@@ -248,6 +248,10 @@ class ZipStore(Store):
 
     def listings(self) -> Mapping[str, Listing]:
         return self._dirs
+
+    def absent(self, keys: Iterable[str]) -> set[str]:
+        """Every key the central directory does not name: the index is the whole archive."""
+        return {key for key in keys if key not in self._members and is_safe_key(key)}
 
     def will_need(self, keys: Sequence[str]) -> None:
         """Have the kernel read these members ahead, local headers included: a stored

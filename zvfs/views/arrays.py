@@ -13,7 +13,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import trio
@@ -355,12 +355,16 @@ class DecodedArray:
                     self._release(group, passed_from, stop)
                 return view
         buf: np.ndarray | None = None
+        laid: np.ndarray | None = None  # the fill chunk the whole reply was set to, if any
         while group:
             decoded = await (self._batch(group) if len(group) == CHUNK_BATCH else self.chunks(group))
             if buf is None:  # taken once the first chunks are in: a read waiting for them holds none
                 buf, out, views = self._reply_buffer(stop - start, dt or meta.dtype, boxes)
+                laid = _lay_fill(out, decoded.values())
             for idx in group:
-                _copy_chunk(meta.chunks, idx, decoded[idx], boxes, views)
+                chunk = decoded[idx]
+                if chunk is not laid:
+                    _copy_chunk(meta.chunks, idx, chunk, boxes, views)
             del decoded  # not held while the next group loads
             if passed_from is not None:
                 self._release(group, passed_from, stop)
@@ -418,7 +422,7 @@ class DecodedArray:
             keys = [self.cache_key(idx) for idx in missing]
             try:
                 reader = await self._open()
-                loaded = await self.ctx.workers.run(lambda: [self._decode(reader, i) for i in missing])
+                loaded = await self.ctx.workers.run(self._decode_many, reader, missing)
             except Exception:  # noqa: BLE001 - retried one by one below, which reports it
                 loaded = None
             if loaded is not None:
@@ -428,6 +432,21 @@ class DecodedArray:
                 missing = []
         if missing:
             out.update(await self.chunks(missing))
+        return out
+
+    def _decode_many(self, reader: ZarrArray, indices: list[tuple[int, ...]]) -> list[np.ndarray]:
+        """Worker-thread side of a batch: each chunk decoded, and the fill for those whose
+        object the store tells is absent without a get (a stat, its index): an array of a
+        million one-byte chunks never written cost a failed get and its bookkeeping each,
+        over a minute for one small read of data.npy (the kernel reads the file ahead)."""
+        keys = [reader.chunk_key(idx) for idx in indices]
+        absent = self.ctx.store.absent(keys)
+        if not absent:
+            return [self._decode(reader, idx) for idx in indices]
+        fill = reader.fill_chunk()
+        out = [fill if key in absent else self._decode(reader, idx) for idx, key in zip(indices, keys, strict=True)]
+        # counted as a get that found nothing counts them
+        self.ctx.counters.add("chunks_decoded", sum(chunk is fill for chunk in out))
         return out
 
     async def read_bytes(
@@ -498,6 +517,25 @@ def _contiguous_part(
         part = chunk[(*where[0], Ellipsis)] if where else chunk  # a view, 0-d included
         if part.flags.c_contiguous:
             return byte_view(part)
+    return None
+
+
+#: never-written chunks among a read's first ones past which the reply is set to fill at once
+LAY_FILL_MIN = 16
+
+
+def _lay_fill(out: np.ndarray, chunks: Iterable[np.ndarray]) -> np.ndarray | None:
+    """Set all of ``out`` to the fill value when at least LAY_FILL_MIN of ``chunks`` are
+    never-written ones (one broadcast object, the array's fill chunk), and return that
+    chunk: its copies are then skipped. One pass over the reply, where a read over a sparse
+    array of tiny chunks copied each chunk's one element apart."""
+    counts: dict[int, int] = {}
+    for chunk in chunks:
+        if chunk.ndim and not any(chunk.strides):
+            n = counts[id(chunk)] = counts.get(id(chunk), 0) + 1
+            if n >= LAY_FILL_MIN:
+                out[...] = chunk[(0,) * chunk.ndim]  # cast as each chunk's copy casts
+                return chunk
     return None
 
 
