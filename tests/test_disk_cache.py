@@ -449,8 +449,11 @@ def test_a_cache_that_filled_its_disk_makes_room_for_writes_staged_there(mount, 
     assert _read_in_threads(m.path, values, 2) == []
     data = os.urandom(3 * 2**20)
     # the cache took the disk down near its floor: the write cannot stage above its own
-    assert shutil.disk_usage(disk).free - len(data) < 6 * 2**20
-    evicted = _stats(m.path)["disk_cache_evictions"]
+    free, stats = shutil.disk_usage(disk).free, _stats(m.path)
+    assert free - len(data) < 6 * 2**20, (free, {k: v for k, v in stats.items() if "cache" in k},
+                                          sorted(p.stat().st_size for p in _cache_files(disk)),
+                                          m.log_text())
+    evicted = stats["disk_cache_evictions"]
     (m.path / "new.bin").write_bytes(data)
     assert client.get_object(Bucket=name, Key="new.bin")["Body"].read() == data
     assert _stats(m.path)["disk_cache_evictions"] > evicted
