@@ -472,6 +472,29 @@ def test_malformed_v3_metadata(doc: bytes) -> None:
         open_array(store, "a").read_chunk((0,))
 
 
+def test_below_a_broken_root_each_directory_is_probed_never_listed(monkeypatch) -> None:
+    """A root zarr.json cut short: the arrays below are found by their own metadata; the
+    root's chunk-like directories are probed (a few failed gets), not listed; and past
+    MAX_BROKEN_CHILDREN directories the rest is left out, said in the errors."""
+    from zvfs.formats import api
+
+    store = DictStore({"zarr.json": b'{"zarr_format": 3, "node_type": "arr', "c/0": b"x", "c/1": b"y",
+                       "a/zarr.json": _v3(), "g/zarr.json": b'{"zarr_format": 3, "node_type": "group"}',
+                       "g/b/zarr.json": _v3()})  # fmt: skip
+    listed: list[str] = []
+    plain = DictStore.list_dir
+    monkeypatch.setattr(DictStore, "list_dir", lambda self, p: listed.append(p) or plain(self, p))
+    h = discover(store)
+    assert sorted(h.arrays) == ["", "a", "g/b"]
+    assert h.arrays[""].error and "zarr.json" in h.arrays[""].error
+    assert h.arrays["a"].error is None and h.arrays["g/b"].error is None
+    assert "c/" not in listed and "a/" not in listed, listed
+    many = DictStore({"zarr.json": b"{", **{f"d{i:03}/zarr.json": _v3() for i in range(api.MAX_BROKEN_CHILDREN + 5)}})
+    h = discover(many)
+    assert len(h.arrays) == api.MAX_BROKEN_CHILDREN + 1
+    assert "the first 100" in h.errors[""], h.errors
+
+
 def test_v3_extension_fields_must_be_understood(tmp_path) -> None:
     """An array's zarr.json member the v3 spec does not define, without ``"must_understand":
     false``, was ignored: the values were served as if it were absent (an extension may change

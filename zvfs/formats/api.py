@@ -246,6 +246,8 @@ def open_array(store: Store, path: str, meta: ArrayMeta | None = None) -> ZarrAr
 
 #: consecutive metadata-less directory levels walked before giving up on a branch
 MAX_BARE_DEPTH = 8
+#: subdirectories of a broken root probed for metadata of their own, at most
+MAX_BROKEN_CHILDREN = 100
 #: listings done by one discover() at most (a guard against walking a huge non-Zarr tree)
 MAX_LISTINGS = 100_000
 
@@ -449,6 +451,20 @@ def _v1_meta(store: Store, key: str, known: set[str] | None) -> dict[str, Any] |
     return doc if keys.is_v1_meta(doc) else None
 
 
+def _probe_below_broken(h: Hierarchy, queue: deque[tuple[str, Listing | None, int]], path: str,
+                        listing: Listing) -> None:
+    """Queue the subdirectories of the broken node at ``path`` (its listing at hand: the
+    root's) to be probed for metadata of their own, never listed: a truncated root
+    zarr.json hid every array of the store, where zarr-python opens each by its own
+    metadata. A broken array's chunk directories cost a few failed gets each; past
+    MAX_BROKEN_CHILDREN of them the rest is left, and said."""
+    names = [name for name in sorted(listing.prefixes) if not name.startswith(".")]
+    if len(names) > MAX_BROKEN_CHILDREN:
+        h.errors[path] = (f"{len(names)} directories below a node whose metadata is broken: "
+                          f"the first {MAX_BROKEN_CHILDREN} were looked into")
+    queue.extend((join(path, name), None, MAX_BARE_DEPTH) for name in names[:MAX_BROKEN_CHILDREN])
+
+
 def _walk(store: Store, h: Hierarchy, root: Listing) -> None:
     """Breadth-first over groups (and a few levels of bare directories); arrays are leaves.
 
@@ -473,6 +489,8 @@ def _walk(store: Store, h: Hierarchy, root: Listing) -> None:
             continue
         if isinstance(node, ArrayMeta):
             h.arrays[path] = node
+            if node.error is not None and listing is not None:
+                _probe_below_broken(h, queue, path, listing)
             continue
         if node is not None:
             h.add(node)
