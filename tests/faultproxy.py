@@ -50,7 +50,8 @@ signed with one of those access key ids (rotated credentials).
 
 Control (plain HTTP on the control port, JSON): ``PUT /rules`` sets the rules
 (a list), ``GET /stats`` returns counters (requests and body bytes sent per
-operation, faults per kind), ``POST /reset-stats`` clears them.
+operation, faults per kind, and ``most_at_once_<op>``: the most requests of an
+operation answered at once), ``POST /reset-stats`` clears them.
 The :class:`FaultProxy` class starts it as a subprocess and stops it by PID.
 
 Run: python faultproxy.py LISTEN_PORT CONTROL_PORT UPSTREAM_PORT [SEED]
@@ -131,6 +132,8 @@ class Proxy:
         self.rules_changed = asyncio.Event()
         self.random = random.Random(seed)
         self.stats: Counter[str] = Counter()
+        #: requests of each operation being answered now (stats: most_at_once_<op>, the peak)
+        self.serving: Counter[str] = Counter()
 
     # -- choosing a fault -------------------------------------------------------------
 
@@ -156,8 +159,12 @@ class Proxy:
 
     async def client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        serving: str | None = None  # the operation this connection is answering
         try:
             while True:
+                if serving is not None:  # answered: the loop is back for the next request
+                    self.serving[serving] -= 1
+                    serving = None
                 request = await _read_message(reader, is_request=True, continue_to=writer)
                 if request is None:
                     return
@@ -165,6 +172,9 @@ class Proxy:
                 method, target = line.split(" ")[:2]
                 op = _operation(method, target)
                 self.stats[f"requests_{op}"] += 1
+                serving = op
+                self.serving[op] += 1
+                self.stats[f"most_at_once_{op}"] = max(self.stats[f"most_at_once_{op}"], self.serving[op])
                 fault = self.choose(op, target, headers)
                 if fault in ("unconditional", "ignore-condition") and "if-none-match" not in headers:
                     fault = None  # only a conditional request is concerned
@@ -265,6 +275,8 @@ class Proxy:
         except (ConnectionError, asyncio.IncompleteReadError, OSError):
             return
         finally:
+            if serving is not None:
+                self.serving[serving] -= 1
             if upstream is not None:
                 upstream[1].close()
             with contextlib.suppress(Exception):

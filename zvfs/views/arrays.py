@@ -422,7 +422,10 @@ class DecodedArray:
             keys = [self.cache_key(idx) for idx in missing]
             try:
                 reader = await self._open()
-                loaded = await self.ctx.workers.run(self._decode_many, reader, missing)
+                parts = self._parts(missing)
+                done = await gather(list(range(len(parts))),
+                                    lambda i: self.ctx.workers.run(self._decode_many, reader, parts[i]))
+                loaded = [chunk for i in range(len(parts)) for chunk in done[i]]
             except Exception:  # noqa: BLE001 - retried one by one below, which reports it
                 loaded = None
             if loaded is not None:
@@ -433,6 +436,15 @@ class DecodedArray:
         if missing:
             out.update(await self.chunks(missing))
         return out
+
+    def _parts(self, indices: list[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:
+        """A batch cut into the worker hops that load it: one from a local store, where a
+        hop costs more than its reads; from a remote one, as many as the workers, each
+        waiting on its own requests (256 gets of 1 KiB chunks one after another over S3
+        at 20 ms took 5 s a batch, a 1 MiB read of an array of such chunks 23 s)."""
+        n = 1 if self.ctx.store.local else min(len(indices), self.ctx.workers.limit)
+        size = -(-len(indices) // n)
+        return [indices[i : i + size] for i in range(0, len(indices), size)]
 
     def _decode_many(self, reader: ZarrArray, indices: list[tuple[int, ...]]) -> list[np.ndarray]:
         """Worker-thread side of a batch: each chunk decoded, and the fill for those whose
