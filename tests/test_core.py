@@ -1804,3 +1804,35 @@ def test_a_read_of_many_tiny_chunks_holds_a_group_of_their_indices_not_all(tmp_p
     data, peak = trio.run(read)
     assert data == b"\x07" * n
     assert peak < 3 << 20, f"a read of {n} one-byte chunks peaked at {peak / 2**20:.1f} MiB"
+
+
+@pytest.mark.parametrize(("stored", "fill", "served"), [
+    ("|b1", True, ">i1"), ("<i4", -7, ">i4"), ("<u2", 65535, ">u2"), ("<f4", np.nan, ">f4"),
+    ("<f8", -0.0, ">f8"), ("<M8[10s]", "NaT", ">M8[s]"), ("<M8[10s]", 3, ">M8[s]"), ("S3", b"ab", "S3"),
+    ("<i2", -1, None),
+])
+def test_a_reply_set_to_fill_at_once_holds_what_copying_each_chunk_gives(stored, fill, served) -> None:
+    """views.arrays._lay_fill, which sets a reply over many never-written chunks to the fill
+    value in one pass (then their copies are skipped), casts as the copy of each chunk
+    casts: netCDF's served types (big-endian, bool as bytes, times in another unit)."""
+    from zvfs.views.arrays import _copy_chunk, _lay_fill
+
+    shape, chunks = (10, 10), (2, 2)  # 25 chunks: past LAY_FILL_MIN
+    dt = np.dtype(stored)
+    value = np.array(np.datetime64(fill, "10s") if dt.kind == "M" else fill, dtype=dt)
+    fill_chunk = np.broadcast_to(value, chunks)
+    written = np.arange(4, dtype=np.int64).astype(dt).reshape(chunks) if dt.kind != "S" else np.full(chunks, b"x", dt)
+    boxes = [((0, 0), shape)]
+    out_dt = np.dtype(served) if served else dt
+    grid = [(i, j) for i in range(5) for j in range(5)]
+    decoded = {idx: (written if idx == (1, 2) else fill_chunk) for idx in grid}
+    want = np.empty(shape, out_dt)
+    for idx in grid:
+        _copy_chunk(chunks, idx, decoded[idx], boxes, [want])
+    got = np.empty(shape, out_dt)
+    laid = _lay_fill(got.reshape(-1), decoded.values())
+    assert laid is fill_chunk
+    for idx in grid:
+        if decoded[idx] is not laid:
+            _copy_chunk(chunks, idx, decoded[idx], boxes, [got])
+    assert got.tobytes() == want.tobytes()

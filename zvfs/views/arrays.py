@@ -546,7 +546,9 @@ def _lay_fill(out: np.ndarray, chunks: Iterable[np.ndarray]) -> np.ndarray | Non
         if chunk.ndim and not any(chunk.strides):
             n = counts[id(chunk)] = counts.get(id(chunk), 0) + 1
             if n >= LAY_FILL_MIN:
-                out[...] = chunk[(0,) * chunk.ndim]  # cast as each chunk's copy casts
+                # cast as each chunk's copy casts (an array's, not a scalar's: a NaN put
+                # into integers is not an error there)
+                np.copyto(out, chunk[(slice(0, 1),) * chunk.ndim].reshape(()), casting="unsafe")
                 return chunk
     return None
 
