@@ -457,8 +457,8 @@ class DecodedArray:
             return [self._decode(reader, idx) for idx in indices]
         fill = reader.fill_chunk()
         out = [fill if key in absent else self._decode(reader, idx) for idx, key in zip(indices, keys, strict=True)]
-        # counted as a get that found nothing counts them
-        self.ctx.counters.add("chunks_decoded", sum(chunk is fill for chunk in out))
+        # counted as a get that found nothing counts them (_decode counted the others)
+        self.ctx.counters.add("chunks_decoded", sum(key in absent for key in keys))
         return out
 
     async def read_bytes(
