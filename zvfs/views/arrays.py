@@ -26,7 +26,7 @@ from zvfs.stores.base import is_store_failure
 from zvfs.stores.listing import SortedNames
 from zvfs.views.context import MountContext
 from zvfs.views.layout import Box, chunk_span, chunks_in_box, chunks_under, range_boxes
-from zvfs.views.node import BytesFile, DirNode, FileNode, LazyEntries, Node, NodeError
+from zvfs.views.node import BytesFile, DirNode, FileNode, LazyEntries, Node, NodeError, StaticDir
 from zvfs.views.readahead import ReadAhead
 from zvfs.workers import gather
 
@@ -46,9 +46,8 @@ class DecodedArray:
     def __init__(self, ctx: MountContext, meta: ArrayMeta, opener: Callable[[], ZarrArray]) -> None:
         self.ctx = ctx
         self.meta = meta
-        self.digest = meta.digest()
-        #: what its bytes are read by (see MountContext.array_layouts)
-        self.layout = meta.layout_digest()
+        #: what its bytes are read by (see MountContext.array_layouts): ``layout``
+        self.digest, self.layout = meta.digests()
         self.identity = ("chunk", meta.path, self.digest)
         self._opener = opener
         self._reader: ZarrArray | None = None
@@ -818,6 +817,30 @@ class GridNames(SortedNames):
         """The i-th name and its chunk index (None for an extra name)."""
         extra, k = self.locate(i)
         return (self._extra[k], None) if extra else self._base.entry(k)  # type: ignore[attr-defined]
+
+
+class ArrayDir(StaticDir):
+    """``arrays/<path>/``: its files (:func:`array_files`) made when the directory is first
+    looked into, not when ``arrays/`` is built. meta.json is indented JSON, written by
+    json's pure-Python encoder: made for every array at once, a store of 100,000 arrays
+    spent most of its first ``ls .zvfs/arrays`` there, and held every array's files."""
+
+    def __init__(self, array: DecodedArray, mtime: float = 0.0,
+                 unknown: NodeError | None = None) -> None:
+        super().__init__(mtime=mtime, unknown=unknown)
+        self._array: DecodedArray | None = array
+
+    @property  # type: ignore[override]
+    def entries(self) -> dict[str, Node]:
+        if self._array is not None:
+            array, self._array = self._array, None
+            # names placed below it meanwhile (an array inside an array's path) stay
+            self._entries = {**array_files(array), **self._entries}
+        return self._entries
+
+    @entries.setter
+    def entries(self, value: dict[str, Node]) -> None:
+        self._entries = value
 
 
 def array_files(array: DecodedArray) -> dict[str, Node]:

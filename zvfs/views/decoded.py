@@ -18,7 +18,7 @@ from typing import Any
 
 from zvfs import formats
 from zvfs.formats.meta import ArrayMeta
-from zvfs.views.arrays import DecodedArray, array_files
+from zvfs.views.arrays import ArrayDir, DecodedArray, array_files
 from zvfs.views.cfattrs import nc_name
 from zvfs.views.context import MountContext
 from zvfs.views.netcdf import group_file_names, group_members, netcdf_file
@@ -119,7 +119,13 @@ async def build_arrays_dir(ctx: MountContext) -> DirNode:
     d = await decoded(ctx)
     root = StaticDir(mtime=ctx.stable_time, unknown=_unknown(d))
     for path, array in sorted(d.arrays.items()):
-        root.place(path).entries.update(array_files(array))
+        if not path:  # a root array: its files are the directory's own
+            root.entries.update(array_files(array))
+            continue
+        parent, _, name = path.rpartition("/")
+        # sorted: a path comes before any below it, so the name is free (its files are made
+        # at the first look into it: ArrayDir)
+        root.place(parent).entries[name] = ArrayDir(array, root.mtime, root.unknown)
     return root
 
 
