@@ -1187,6 +1187,39 @@ def test_open_decoded_files_after_a_metadata_change_behind_the_mount(
     assert len(said) == (0 if change == "attributes" else 1), said
 
 
+def test_a_read_past_the_ttl_reads_its_own_array_metadata_not_every_array_s(mount, tmp_path) -> None:
+    """An open decoded file whose read comes a metadata TTL after the mount last read the
+    metadata checks its array's metadata again (ESTALE if it changed behind the mount). It
+    did so by discovering the whole hierarchy: one read of one array of a store of 100,000
+    (zarr-python 3, no consolidated metadata) waited 22-32 s, every TTL. The read now gets
+    its own array's metadata, a few gets, whatever the number of arrays beside it."""
+    import time
+
+    import zarr
+
+    root = tmp_path / "many.zarr"
+    group = zarr.open_group(str(root), mode="w")
+    for i in range(40):
+        group.create_array(f"s{i:02d}", shape=(2,), dtype="<i2")
+    shape = (256, 1024)  # 1 MiB in chunks of 256 KiB: a far read misses the kernel's read-ahead
+    want = np.arange(math.prod(shape), dtype="<i4").reshape(shape)
+    group.create_array("big", shape=shape, chunks=(64, 1024), dtype="<i4")[:] = want
+    ttl = 1.0
+    m = mount(root, "--metadata-ttl", str(ttl))
+    fd = os.open(m.path / ".zvfs/arrays/big/data.raw", os.O_RDONLY)
+    try:
+        assert os.pread(fd, 4096, 0) == want.tobytes()[:4096]
+        gets = stats(m)["store_requests_get"]
+        time.sleep(ttl * 1.5)  # past the TTL; no lookup meanwhile
+        far = want.nbytes - (64 << 10)
+        assert os.pread(fd, 64 << 10, far) == want.tobytes()[far:]
+        asked = stats(m)["store_requests_get"] - gets
+        assert 1 <= asked <= 4, asked  # its zarr.json and the chunk read; not the 41 arrays'
+    finally:
+        os.close(fd)
+    assert "ERROR" not in m.log_text()
+
+
 def test_a_listing_after_a_metadata_change_behind_the_mount_leaves_new_opens_reading(mount, tmp_path) -> None:
     """An array's metadata rewritten behind the mount (zarr-python, the reference writer), then,
     past the TTL, `ls -l` of the views (a readdir that tells the kernel each entry) and a new

@@ -114,6 +114,15 @@ class MountContext:
     #: when a read of an open decoded file last had them read again (monotonic): at most one
     #: a TTL, whether it came back complete or not
     layouts_asked: float = field(default=0.0, init=False)
+    #: the newest discovery's hierarchy came from consolidated metadata (one document): an
+    #: open file's recheck then reads the hierarchy again, not its array's own metadata
+    layouts_consolidated: bool = field(default=False, init=False)
+    #: array path -> (when its read began, its layout digest, None: no array there): the
+    #: array's own metadata read again by an open file's recheck (DecodedArray.current),
+    #: newer than array_layouts' for that path when it began after layouts_read
+    array_rechecks: dict[str, tuple[float, str | None]] = field(default_factory=dict, init=False)
+    #: array path -> when an open file's recheck of it was last asked for (at most one a TTL)
+    rechecks_asked: dict[str, float] = field(default_factory=dict, init=False)
     #: path -> (serial of its last write, the key's info after it, when it was made); see
     #: epoch() and changed_at()
     _epochs: OrderedDict[str, tuple[int, KeyInfo | None, float]] = field(default_factory=OrderedDict,
@@ -169,8 +178,18 @@ class MountContext:
         if complete or self.array_layouts is None:
             self.array_layouts = layouts
             self.layouts_read = began
+            self.array_rechecks = {p: r for p, r in self.array_rechecks.items() if r[0] > began}
+            self.rechecks_asked = {p: t for p, t in self.rechecks_asked.items() if t > began}
         else:
             self.array_layouts = {**self.array_layouts, **layouts}
+
+    def known_layout(self, path: str) -> str | None:
+        """The layout digest the mount read last for the array at ``path``: an open file's
+        recheck of it, or the newest discovery's (None: no array there)."""
+        recheck = self.array_rechecks.get(path)
+        if recheck is not None and recheck[0] > self.layouts_read:
+            return recheck[1]
+        return None if self.array_layouts is None else self.array_layouts.get(path)
 
     def node_mtime(self, path: str) -> float:
         """The mtime of the views of the array or group at ``path``: its metadata's."""

@@ -44,6 +44,8 @@ class Decoded:
     group_types: dict[str, dict[str, str]] = field(default_factory=dict)
     #: a store request failed during discovery: kept only briefly, then discovered again
     incomplete: bool = False
+    #: found in consolidated metadata (one document), not by reading each node's own
+    consolidated: bool = False
     #: when the store began to be read (what it shows is at least that new), and was read
     began: float = field(default_factory=time.monotonic)
     made: float = field(default_factory=time.monotonic)
@@ -59,6 +61,7 @@ def _discover(ctx: MountContext) -> Decoded:
     out = Decoded()  # numbered and timed before the store is read: what it saw is that new
     hierarchy = formats.discover(ctx.store)
     out.incomplete = hierarchy.incomplete
+    out.consolidated = hierarchy.consolidated
     for path, attrs in hierarchy.groups.items():
         out.groups[path] = dict(attrs)
     for path, group in hierarchy.group_meta.items():
@@ -101,6 +104,7 @@ async def decoded(ctx: MountContext) -> Decoded:
         ctx.listings.invalidate(("decoded",))
         d = await ctx.listings.get(("decoded",), lambda: ctx.workers.run_urgent(_discover, ctx))
     if d.generation > ctx.layouts_generation:  # what files opened under older ones check
+        ctx.layouts_consolidated = d.consolidated
         ctx.learn_layouts(d.generation, d.began, {p: a.layout for p, a in d.arrays.items()},
                           complete=not d.incomplete)
     return d
