@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -45,6 +46,9 @@ MAX_DISCOVERY_VALUES = 1 << 24
 
 #: the values the running discovery may still parse ([count], mutable), or None outside one
 _values_left: ContextVar[list[int] | None] = ContextVar("zvfs_json_values_left", default=None)
+#: a discovery may parse in several threads at once (its probes of a remote store), each
+#: with a copy of its context and so the same [count]
+_values_lock = threading.Lock()
 
 
 @contextmanager
@@ -73,10 +77,11 @@ def parse_json(raw: bytes, key: str) -> Any:
                           "not metadata zvfs reads")
     left = _values_left.get()
     if left is not None:
-        if values > left[0]:
-            raise FormatError(f"{key}: the metadata read before it holds so many values that its "
-                              f"{values} more pass the {MAX_DISCOVERY_VALUES} a discovery reads")
-        left[0] -= values
+        with _values_lock:
+            if values > left[0]:
+                raise FormatError(f"{key}: the metadata read before it holds so many values that its "
+                                  f"{values} more pass the {MAX_DISCOVERY_VALUES} a discovery reads")
+            left[0] -= values
     try:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import contextvars
+import itertools
 import threading
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -465,6 +468,43 @@ def _probe_below_broken(h: Hierarchy, queue: deque[tuple[str, Listing | None, in
     queue.extend((join(path, name), None, MAX_BARE_DEPTH) for name in names[:MAX_BROKEN_CHILDREN])
 
 
+#: nodes of a remote store (S3) whose metadata keys are fetched at once by a discovery
+PROBES_AT_ONCE = 16
+
+
+class _Probes:
+    """The nodes next in a walk's queue probed by their metadata keys ahead of their turn, on
+    a remote store PROBES_AT_ONCE at a time: one after the other, a group of 10,000 arrays on
+    S3 was 10,000 sequential GETs (40 s on a server on 127.0.0.1) at every discovery, where
+    zarr-python opens a group's members concurrently. A local store is probed in turn."""
+
+    def __init__(self, store: Store, queue: deque[tuple[str, Listing | None, int]]) -> None:
+        self._store = store
+        self._queue = queue
+        self._pool = None if store.local else ThreadPoolExecutor(PROBES_AT_ONCE, "zvfs-discover")
+        self._ahead: dict[str, Future[_Node]] = {}
+
+    def node(self, path: str) -> _Node:
+        """The node at ``path`` (taken from the queue just now, with no listing): what
+        _read_node finds, a StoreError raised as it would be."""
+        if self._pool is not None:
+            for p, listing, _ in itertools.islice(self._queue, PROBES_AT_ONCE):
+                if listing is None and p not in self._ahead and len(self._ahead) < PROBES_AT_ONCE:
+                    # the budget of values is a context variable: each probe gets its context
+                    self._ahead[p] = self._pool.submit(contextvars.copy_context().run, self._probe, p)
+            ahead = self._ahead.pop(path, None)
+            if ahead is not None:
+                return ahead.result()
+        return self._probe(path)
+
+    def _probe(self, path: str) -> _Node:
+        return _contained(path, path or "/", "zarr", _read_node, self._store, path, None)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+
 def _walk(store: Store, h: Hierarchy, root: Listing) -> None:
     """Breadth-first over groups (and a few levels of bare directories); arrays are leaves.
 
@@ -472,12 +512,23 @@ def _walk(store: Store, h: Hierarchy, root: Listing) -> None:
     an array's directory (full of chunk keys) is never listed.
     """
     queue: deque[tuple[str, Listing | None, int]] = deque([("", root, 0)])
+    probes = _Probes(store, queue)
+    try:
+        _walk_queue(store, h, queue, probes)
+    finally:
+        probes.close()
+
+
+def _walk_queue(store: Store, h: Hierarchy, queue: deque[tuple[str, Listing | None, int]],
+                probes: _Probes) -> None:
     listings = 1
     while queue:
         path, listing, bare = queue.popleft()
-        known = None if listing is None else set(listing.keys)
         try:
-            node = _contained(path, path or "/", "zarr", _read_node, store, path, known)
+            if listing is None:
+                node = probes.node(path)
+            else:
+                node = _contained(path, path or "/", "zarr", _read_node, store, path, set(listing.keys))
         except StoreError as exc:
             h.errors[path] = str(exc)
             h.incomplete = True
