@@ -121,7 +121,10 @@ class S3Writer(KeyWriter):
             piece = self.store.get_version(self.key, pos, min(self.part_size, size - pos), etag)
             if not piece:
                 raise StoreError(f"{self.key}: object shrank while it was fetched for writing")
-            pos += pwrite_all(self._fd, piece, pos)
+            try:
+                pos += pwrite_all(self._fd, piece, pos)
+            except OSError as e:
+                raise _staging_failed(self.key, self.staging.dir, e) from None
         self._seq_end = size
 
     @property
@@ -147,11 +150,28 @@ class S3Writer(KeyWriter):
     def write(self, offset: int, data: bytes) -> int:
         end = offset + len(data)
         self._refuse_past_limit(end)
+        before = None
         with self._lock:
             if end > self._size:
                 self.staging.grow(self.key, end - self._size)
-                self._size = end
-        n = pwrite_all(self._fd, data, offset)
+                before, self._size = self._size, end
+        try:
+            n = pwrite_all(self._fd, data, offset, short=True)
+        except OSError as e:
+            n, failure = 0, e
+        else:
+            failure = None
+        if n < len(data):
+            # the staging disk filled under the bound's check (other writers' bytes, a hole
+            # filled, another program): what landed counts, the rest is given back
+            with self._lock:
+                if before is not None and self._size == end:  # no write past it meanwhile
+                    landed = max(before, offset + n)
+                    self.staging.grow(self.key, landed - end)
+                    self._size = landed
+            if failure is not None:
+                raise _staging_failed(self.key, self.staging.dir, failure)
+            end = offset + n
         # the parts' generations move once the bytes are in place: a part upload that read
         # the new generation has read the new bytes too
         with self._lock:
@@ -453,6 +473,15 @@ class S3Writer(KeyWriter):
                 os.unlink(self.path)
             except OSError:
                 pass
+
+
+def _staging_failed(key: str, where: str, e: OSError) -> StoreError:
+    """A write to a staged file that failed: its disk full (past the staging bound's check,
+    which only sees the free space before the write: concurrent writers, a hole filled, any
+    other program) is ENOSPC to the application, as on a local disk, not EIO."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return WriteRefused(errno.ENOSPC, f"{key}: the staging disk ({where}) is full: {e.strerror}")
+    return StoreError(f"{key}: cannot write its staged copy in {where}: {e.strerror}")
 
 
 #: bytes copied at a time when a removed staged file is kept again (see _keep_where_named)
