@@ -25,6 +25,7 @@ rename, link) let go of the descriptors of the names they change at once.
 
 from __future__ import annotations
 
+import copy
 import errno
 import logging
 import os
@@ -60,6 +61,7 @@ from zvfs.stores.base import (
     Listing,
     Reopen,
     SourceError,
+    Stale,
     Store,
     StoreError,
     TooLarge,
@@ -120,6 +122,31 @@ class _Open:
     used: float  # time.monotonic() of its last borrow
     users: int = 0
     dropped: bool = False
+
+
+class _Held:
+    """How many descriptors the mount's opens hold (a reader each), within a budget.
+
+    Past it an open holds none (see _UnheldReader): the rest of the process's descriptors
+    stay for everything else the mount serves. Without a budget, a program that held 244
+    files of a daemon limited to 256 open made every other file of the mount fail with EIO
+    (a decoded view, zarr.json, a listing) for as long as it held them."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            if self.count >= self.budget:
+                return False
+            self.count += 1
+            return True
+
+    def give(self) -> None:
+        with self._lock:
+            self.count -= 1
 
 
 class _OpenFiles:
@@ -245,6 +272,8 @@ class DirectoryStore(Store):
         self.description = shown
         self._escapes = LogOnce(log)
         self._files = _OpenFiles(_kept_files() if open_files is None else open_files)
+        self._held = _Held(_held_files())
+        self._unheld = LogOnce(log)
         self._proc_fd = True  # /proc/self/fd names opened files (see _open_direct)
         weakref.finalize(self, self._files.close)  # a store dropped unclosed closes its files
 
@@ -416,8 +445,27 @@ class DirectoryStore(Store):
             self._files.give_back(entry)
 
     def open_reader(self, key: str) -> KeyReader:
-        fd, st = self._open(key)
-        return _FileReader(key, fd, st)
+        if not self._held.take():
+            return self._unheld_reader(key)
+        try:
+            fd, st = self._open(key)
+        except BaseException:
+            self._held.give()
+            raise
+        return _FileReader(key, fd, st, self._held)
+
+    def _unheld_reader(self, key: str) -> KeyReader:
+        """A reader of ``key`` that holds no descriptor: the opens of the mount hold their
+        budget of them (see _Held)."""
+        self._unheld.warning(
+            "", "%s: %d files are open through the mount, the most that hold a descriptor each "
+            "(the rest of the daemon's open-file limit, %d, is kept for its other work; raise it "
+            "with ulimit -Hn before zvfs mount, LimitNOFILE= in a systemd unit); further opens "
+            "hold none, and one whose file is replaced or removed meanwhile reads ESTALE",
+            self.description, self._held.budget, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        entry, st = self._borrow(key)
+        self._files.give_back(entry)
+        return _UnheldReader(self, key, st)
 
     def will_need(self, keys: Sequence[str]) -> None:
         """Have the kernel read these files ahead. Each is opened under the same rules as
@@ -436,6 +484,14 @@ class DirectoryStore(Store):
         ``open_reader``, in a worker, for everything else."""
         if bad_segment(key) is not None or not self._proc_fd:
             return None
+        if not self._held.take():
+            return None  # open_reader decides, in a worker
+        reader = self._open_at_once(key)
+        if reader is None:
+            self._held.give()
+        return reader
+
+    def _open_at_once(self, key: str) -> KeyReader | None:
         # the path alone first (O_PATH opens nothing): a device node is never opened, and
         # an lstat here could wait on the disk, on the trio thread
         where = open_if_cached(self._root_sep + key, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -450,7 +506,7 @@ class DirectoryStore(Store):
             return None
         finally:
             os.close(where)
-        return _FileReader(key, fd, st)
+        return _FileReader(key, fd, st, self._held)
 
     def info(self, key: str) -> KeyInfo:
         check_key(key)
@@ -869,6 +925,9 @@ class DirectoryStore(Store):
         return None
 
 
+#: descriptors at least that the opens of the mount leave for the daemon's other work
+#: (see _held_files): at a limit of 64, 48 held left too few for the kept ones and the rest
+HELD_RESERVE = 32
 #: opens of a directory to list that was removed just as it was opened, at most
 _REOPENS = 3
 
@@ -881,6 +940,16 @@ def _kept_files() -> int:
     if soft == resource.RLIM_INFINITY:
         return OPEN_FILES
     return max(1, min(OPEN_FILES, soft // 8))
+
+
+def _held_files() -> int:
+    """How many descriptors the mount's opens may hold: three quarters of the open-file
+    limit, at most the limit less HELD_RESERVE. The rest serve the kept read descriptors (an eighth at most), listings, decoded
+    reads, staging, sockets and the log."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return sys.maxsize
+    return max(1, soft - max(soft // 4, HELD_RESERVE))
 
 
 def _cannot_open(key: str, e: OSError, what: str = "open") -> StoreError:
@@ -909,11 +978,12 @@ class _FileReader(KeyReader):
     """A file of the directory open for reading: one descriptor for the whole open, so a
     rename over the key does not change what this reader reads (as on the directory)."""
 
-    def __init__(self, key: str, fd: int, st: os.stat_result) -> None:
+    def __init__(self, key: str, fd: int, st: os.stat_result, held: _Held) -> None:
         self.key = key
         self.size = st.st_size
         self.version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         self._fd = fd
+        self._held = held  # given back at close
 
     def read(self, offset: int, length: int) -> bytes:
         return pread_all(self._fd, offset, length, self.key)
@@ -930,23 +1000,69 @@ class _FileReader(KeyReader):
             raise _refused(self.key, e) from None
 
     def again(self) -> _FileReader | None:
-        if self._fd < 0:
+        if self._fd < 0 or not self._held.take():
             return None
         try:
             fd = os.dup(self._fd)
         except OSError:  # out of descriptors
+            self._held.give()
             return None
         try:
             st = os.fstat(fd)
         except OSError:
             os.close(fd)
+            self._held.give()
             return None
-        return _FileReader(self.key, fd, st)
+        return _FileReader(self.key, fd, st, self._held)
 
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+            self._held.give()
+
+
+class _UnheldReader(KeyReader):
+    """An open past the budget of held descriptors (see _Held): each read borrows a kept
+    descriptor of the key, and reads only the file the open found; once that file is
+    replaced or removed, ESTALE (a held descriptor would read on the old file)."""
+
+    def __init__(self, store: DirectoryStore, key: str, st: os.stat_result) -> None:
+        self.key = key
+        self.size = st.st_size
+        self.version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        self._ident = (st.st_dev, st.st_ino)
+        self._store = store
+
+    @contextmanager
+    def _fd(self) -> Iterator[int]:
+        try:
+            entry, _st = self._store._borrow(self.key)
+        except KeyNotFound:
+            raise Stale(f"{self.key}: removed since it was opened") from None
+        try:
+            if entry.ident != self._ident:
+                raise Stale(f"{self.key}: replaced since it was opened")
+            yield entry.fd
+        finally:
+            self._store._files.give_back(entry)
+
+    def read(self, offset: int, length: int) -> bytes:
+        with self._fd() as fd:
+            return pread_all(fd, offset, length, self.key)
+
+    def sync(self) -> None:
+        with self._fd() as fd:
+            try:
+                os.fsync(fd)
+            except OSError as e:
+                raise _refused(self.key, e) from None
+
+    def again(self) -> _UnheldReader:
+        return copy.copy(self)
+
+    def close(self) -> None:
+        pass
 
 
 def _copy_into_place(source: int, parent: int, name: str) -> None:

@@ -567,6 +567,8 @@ class LocalReader(FileNode):
             return data
         try:
             return await self._workers.run(self._reader.read, offset, length)
+        except Stale as exc:  # an open that holds no descriptor, its file replaced or removed
+            raise NodeError(errno.ESTALE, str(exc)) from exc
         except StoreError as exc:
             raise NodeError(errno.EIO, str(exc), key=self.key) from exc
 
