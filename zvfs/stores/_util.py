@@ -125,13 +125,36 @@ NO_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 
 def no_descriptors_hint(e: OSError) -> str:
     """'; which limit to raise' for an error of running out of descriptors, else ''."""
-    import resource
-
     if e.errno == errno.ENFILE:
         return "; the system's limit (fs.file-max) is reached"
     if e.errno != errno.EMFILE:
         return ""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    limit = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
-    return (f"; the daemon's open-file limit ({limit}) is reached: raise it (ulimit -Hn before "
+    return (f"; the daemon's open-file limit ({open_file_limit()}) is reached: raise it (ulimit -Hn before "
             "zvfs mount, LimitNOFILE= in a systemd unit), or hold fewer files of the mount open")
+
+
+#: descriptors at least that the opens of a mount leave for the daemon's other work (see
+#: held_budget): at a limit of 64, 48 held left too few for the kept ones and the rest
+HELD_RESERVE = 32
+
+
+def held_budget() -> int:
+    """How many descriptors the opens of a mount may hold at once (a directory store's
+    readers, an S3 store's staged files): the open-file limit less a quarter of it,
+    HELD_RESERVE at least. The rest serve everything else the mount does (kept read
+    descriptors, listings, decoded reads, S3 connections, the log): held by the opens of one
+    program, they made every other file of the mount fail with EIO."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 62
+    return max(1, soft - max(soft // 4, HELD_RESERVE))
+
+
+def open_file_limit() -> str:
+    """The process's soft limit on open files, as a log line names it."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return "unlimited" if soft == resource.RLIM_INFINITY else str(soft)

@@ -47,7 +47,9 @@ from zvfs.stores._util import (
     LogOnce,
     check_key,
     check_prefix,
+    held_budget,
     no_descriptors_hint,
+    open_file_limit,
     pread_all,
     pread_at_once,
     pwrite_all,
@@ -272,7 +274,7 @@ class DirectoryStore(Store):
         self.description = shown
         self._escapes = LogOnce(log)
         self._files = _OpenFiles(_kept_files() if open_files is None else open_files)
-        self._held = _Held(_held_files())
+        self._held = _Held(held_budget())
         self._unheld = LogOnce(log)
         self._proc_fd = True  # /proc/self/fd names opened files (see _open_direct)
         weakref.finalize(self, self._files.close)  # a store dropped unclosed closes its files
@@ -459,10 +461,10 @@ class DirectoryStore(Store):
         budget of them (see _Held)."""
         self._unheld.warning(
             "", "%s: %d files are open through the mount, the most that hold a descriptor each "
-            "(the rest of the daemon's open-file limit, %d, is kept for its other work; raise it "
+            "(the rest of the daemon's open-file limit, %s, is kept for its other work; raise it "
             "with ulimit -Hn before zvfs mount, LimitNOFILE= in a systemd unit); further opens "
             "hold none, and one whose file is replaced or removed meanwhile reads ESTALE",
-            self.description, self._held.budget, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+            self.description, self._held.budget, open_file_limit())
         entry, st = self._borrow(key)
         self._files.give_back(entry)
         return _UnheldReader(self, key, st)
@@ -925,9 +927,6 @@ class DirectoryStore(Store):
         return None
 
 
-#: descriptors at least that the opens of the mount leave for the daemon's other work
-#: (see _held_files): at a limit of 64, 48 held left too few for the kept ones and the rest
-HELD_RESERVE = 32
 #: opens of a directory to list that was removed just as it was opened, at most
 _REOPENS = 3
 
@@ -940,16 +939,6 @@ def _kept_files() -> int:
     if soft == resource.RLIM_INFINITY:
         return OPEN_FILES
     return max(1, min(OPEN_FILES, soft // 8))
-
-
-def _held_files() -> int:
-    """How many descriptors the mount's opens may hold: three quarters of the open-file
-    limit, at most the limit less HELD_RESERVE. The rest serve the kept read descriptors (an eighth at most), listings, decoded
-    reads, staging, sockets and the log."""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft == resource.RLIM_INFINITY:
-        return sys.maxsize
-    return max(1, soft - max(soft // 4, HELD_RESERVE))
 
 
 def _cannot_open(key: str, e: OSError, what: str = "open") -> StoreError:

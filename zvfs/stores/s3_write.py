@@ -403,7 +403,7 @@ class S3Writer(KeyWriter):
         try:
             if self._fd < 0 or os.fstat(self._fd).st_nlink > 0:
                 return
-            path, fd = self.staging.new_file(self.key)
+            path, fd = self.staging.new_file(self.key, counted=False)  # in this one's place
         except (OSError, WriteRefused) as exc:
             log.error("%s: its staged file was removed, and no other can be made: %s", self.key, exc)
             return
@@ -460,6 +460,7 @@ class S3Writer(KeyWriter):
             fd, self._fd = self._fd, -1
             told, self._told = self._told, True
         os.close(fd)
+        self.staging.file_closed()
         self.staging.grow(self.key, -self._size)
         if keep:
             if not told:  # first: the abort after may wait for its deadline

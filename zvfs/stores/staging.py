@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from zvfs.stores._util import no_descriptors_hint
+from zvfs.stores._util import held_budget, no_descriptors_hint, open_file_limit
 from zvfs.stores.base import WriteRefused
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,9 @@ class Staging:
         self.max_bytes = max_bytes
         self.min_free = min_free
         self.used = 0
+        #: staged files open now, and how many may be (see new_file)
+        self.open_files = 0
+        self.open_budget = held_budget()
         self._cond = threading.Condition()
         self._remade = threading.Lock()
         #: asked to free this many bytes on the staging disk before a write is refused for
@@ -77,12 +80,41 @@ class Staging:
             os.close(self._lock)
         self._lock = lock
 
-    def new_file(self, key: str) -> tuple[str, int]:
-        """A new empty staged file for ``key``: (path, fd opened read-write).
+    def new_file(self, key: str, counted: bool = True) -> tuple[str, int]:
+        """A new empty staged file for ``key``: (path, fd opened read-write); ``counted``:
+        one of the open files, given back by file_closed().
+
+        Each file open for writing holds its staged file's descriptor until its close has
+        uploaded it. Past the budget of held descriptors (held_budget), a create is ENFILE
+        at once: 300 writers at once under a limit of 256 took every descriptor, and then the
+        uploads of their closes found none for a connection, each failed after its retries
+        (EIO at close for 227 of them, two minutes on) and a listing failed EIO meanwhile.
 
         The directory removed under the daemon (systemd-tmpfiles ages out what sat unused in
         /tmp for 10 days, a clean-up script, an operator) is made again, with one warning:
         every create failed with EIO until the mount was remade."""
+        if counted:
+            with self._cond:
+                if self.open_files >= self.open_budget:
+                    raise WriteRefused(
+                        errno.ENFILE, f"{key}: {self.open_files} files are open for writing, as many "
+                        f"as the daemon's open-file limit ({open_file_limit()}) leaves room for beside "
+                        "their uploads: raise it (ulimit -Hn before zvfs mount, LimitNOFILE= in a "
+                        "systemd unit), or write fewer files at once")
+                self.open_files += 1
+        try:
+            return self._new_file(key)
+        except BaseException:
+            if counted:
+                self.file_closed()
+            raise
+
+    def file_closed(self) -> None:
+        """A counted staged file's descriptor was closed."""
+        with self._cond:
+            self.open_files -= 1
+
+    def _new_file(self, key: str) -> tuple[str, int]:
         name = f"{uuid.uuid4().hex}-{os.path.basename(key)[:80]}"
         gone = self.dir
         try:
