@@ -625,6 +625,19 @@ class DirectoryStore(Store):
         flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
         flags |= (os.O_CREAT if create else 0) | (os.O_EXCL if exclusive else 0)
         flags |= os.O_TRUNC if truncate else 0
+        if not self._held.take():
+            raise WriteRefused(
+                errno.ENFILE, f"{key}: {self._held.count} files are open through the mount, as many as "
+                f"the daemon's open-file limit ({open_file_limit()}) leaves room for beside its other "
+                "work: raise it (ulimit -Hn before zvfs mount, LimitNOFILE= in a systemd unit), or "
+                "write fewer files at once")
+        try:
+            return self._open_writer(key, flags)
+        except BaseException:
+            self._held.give()
+            raise
+
+    def _open_writer(self, key: str, flags: int) -> KeyWriter:
         with self._in_parent(key) as (parent, name):
             if _special(name, parent):
                 raise WriteRefused(errno.EPERM, f"{key}: not a regular file")  # never opened
@@ -643,7 +656,7 @@ class DirectoryStore(Store):
         except BaseException:
             os.close(fd)
             raise
-        return _FileWriter(self, key, fd)
+        return _FileWriter(self, key, fd, self._held)
 
     def delete(self, key: str) -> None:
         self._files.drop(key)
@@ -1120,10 +1133,11 @@ def _copy_range(source: int, target: int, offset: int, end: int) -> None:
 class _FileWriter(KeyWriter):
     """A file of the directory open for writing: every call is the plain POSIX call."""
 
-    def __init__(self, store: DirectoryStore, key: str, fd: int) -> None:
+    def __init__(self, store: DirectoryStore, key: str, fd: int, held: _Held) -> None:
         self.key = key
         self._fd = fd
         self._store = store
+        self._held = held  # given back at close
 
     @property
     def size(self) -> int:
@@ -1174,3 +1188,4 @@ class _FileWriter(KeyWriter):
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+            self._held.give()
