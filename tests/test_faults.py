@@ -391,6 +391,34 @@ def test_silent_endpoint_gives_up_and_sigterm_unmounts(corpus, proxy, mount, s3_
     assert wait_until(lambda: not Path(f"/proc/{pids[0]}").exists(), 10)
 
 
+def test_a_file_whose_reads_stall_leaves_threads_for_the_other_files(corpus, proxy, mount, s3_env) -> None:
+    """The server answers nothing for one array's chunks: its reads took every worker
+    thread (each up to the deadline, 60 s by default), and a read of any other file of the
+    mount waited behind them (178 s for a read of another array while 40 readers of the
+    stalled one ran on 16 threads). The reads of one file now hold at most all threads but
+    an eighth, one at least (3 of 4 here): another array reads, right, while the stall lasts."""
+    root, refs = corpus
+    mnt = mount_s3(mount, proxy, s3_env, "--threads", "4", "--s3-deadline", "120")
+    views = mnt.path / ".zvfs" / "arrays"
+    assert (views / "plain" / "data.raw").stat().st_size == refs["plain"].nbytes  # metadata read
+    assert (views / "zstd" / "data.raw").stat().st_size == refs["zstd"].nbytes
+    proxy.set({"kind": "silent", "ops": ["get"], "key": "/plain/c/"})
+    stalled = threading.Thread(target=lambda: _swallow(read_all, views / "plain" / "data.raw"), daemon=True)
+    other: list[bytes] = []
+    reader = threading.Thread(target=lambda: other.append(read_all(views / "zstd" / "data.raw")), daemon=True)
+    try:
+        stalled.start()  # its 16 chunks at once: as many threads as it may take
+        assert wait_until(lambda: proxy.stats().get("fault_silent", 0) >= 3, 30), proxy.stats()
+        reader.start()
+        reader.join(30)  # without the bound, until the stall ends: here, not before the rules change
+        assert other == [refs["zstd"].tobytes()], "a read of another array waited on the stalled one"
+    finally:
+        proxy.set()  # the stalled requests are reset, and tried again unhindered
+        stalled.join(60)
+        reader.join(60)
+    assert read_all(views / "plain" / "data.raw") == refs["plain"].tobytes()
+
+
 def _swallow(fn, *args) -> None:
     try:
         fn(*args)

@@ -4,9 +4,12 @@ its context), and :func:`run_abandonable` for calls that may wait on the mount i
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
@@ -33,6 +36,24 @@ async def run_abandonable(fn: Callable[..., T], *args: object) -> T:
     return await trio.to_thread.run_sync(fn, *args, **_ABANDON)
 
 
+#: what the work on the trio task now is for (the fs layer sets a file's inode around its
+#: reads); the tasks it starts inherit it. None: no file's (listings, metadata, writes)
+current_flow: contextvars.ContextVar[object | None] = contextvars.ContextVar("zvfs_flow", default=None)
+
+
+def flow_cap(limit: int) -> int:
+    """Threads one flow may hold at once: all but an eighth of them (one at least), which
+    stay for the reads of other files (14 of the 16 by default: one file read alone keeps
+    most of the connections a read ahead of it can use)."""
+    return max(1, limit - max(1, limit // 8))
+
+
+@dataclass(eq=False)
+class _Waiter:
+    task: trio.lowlevel.Task
+    flow: object | None
+
+
 class _Lanes:
     """``limit`` threads for two queues: a job of the urgent lane takes the next free
     thread before any waiting job of the other, and each lane is served in order.
@@ -40,31 +61,72 @@ class _Lanes:
     Urgent jobs are what a person at a prompt waits on (a directory listing, the
     discovery of the arrays): short, and few. Behind a cold decoded read, the other lane
     holds up to half the cache of chunks to decode, and an ``ls`` that queued behind them
-    took 0.2-0.35 s instead of 6 ms."""
+    took 0.2-0.35 s instead of 6 ms.
+
+    The jobs of one flow (the reads of one file) hold at most ``flow_cap`` threads; a job
+    over it waits, and the jobs of other flows behind it go first. Without that, the reads
+    of one file whose chunks the server stalled held every thread, each up to the 60 s
+    deadline, and a read of any other file of the mount waited behind them: 178 s."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
+        self.cap = flow_cap(limit)
         #: threads held (by a job running, or by one abandoned whose thread has not ended)
         self.used = 0
-        self._urgent = trio.lowlevel.ParkingLot()
-        self._normal = trio.lowlevel.ParkingLot()
+        self._held: dict[object, int] = {}
+        self._urgent: deque[_Waiter] = deque()
+        self._normal: deque[_Waiter] = deque()
 
-    async def acquire(self, urgent: bool) -> None:
-        """Take a thread, waiting in ``urgent``'s lane while none is free. A waiter woken by
-        :meth:`release` is handed that thread; one cancelled while waiting takes none."""
-        queued = bool(self._urgent) if urgent else bool(self._urgent or self._normal)
-        if self.used < self.limit and not queued:
+    def _may(self, flow: object | None) -> bool:
+        return flow is None or self._held.get(flow, 0) < self.cap
+
+    def _take(self, flow: object | None) -> None:
+        if flow is not None:
+            self._held[flow] = self._held.get(flow, 0) + 1
+
+    def _next(self) -> _Waiter | None:
+        """The first waiter, urgent lane first, whose flow may take a thread."""
+        for lane in (self._urgent, self._normal):
+            for waiter in lane:
+                if self._may(waiter.flow):
+                    lane.remove(waiter)
+                    return waiter
+        return None
+
+    async def acquire(self, urgent: bool, flow: object | None = None) -> None:
+        """Take a thread, waiting in ``urgent``'s lane while none is free (or ``flow`` holds
+        its share). A waiter woken by :meth:`release` is handed that thread; one cancelled
+        while waiting takes none."""
+        lanes = (self._urgent,) if urgent else (self._urgent, self._normal)
+        queued = any(self._may(w.flow) for lane in lanes for w in lane)
+        if self.used < self.limit and not queued and self._may(flow):
             self.used += 1
+            self._take(flow)
             return
-        await (self._urgent if urgent else self._normal).park()
+        waiter = _Waiter(trio.lowlevel.current_task(), flow)
+        lane = self._urgent if urgent else self._normal
+        lane.append(waiter)
 
-    def release(self) -> None:
-        """Give the thread to the first waiter of the urgent lane, else of the other."""
-        for lot in (self._urgent, self._normal):
-            if lot:
-                lot.unpark(count=1)
-                return
-        self.used -= 1
+        def abort(_: object) -> trio.lowlevel.Abort:
+            lane.remove(waiter)
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def release(self, flow: object | None = None) -> None:
+        """A job of ``flow`` ended: its thread goes to the first waiter that may take it."""
+        if flow is not None:
+            left = self._held[flow] - 1
+            if left:
+                self._held[flow] = left
+            else:
+                del self._held[flow]
+        waiter = self._next()
+        if waiter is None:
+            self.used -= 1
+            return
+        self._take(waiter.flow)
+        trio.lowlevel.reschedule(waiter.task)
 
 
 class Workers:
@@ -120,11 +182,12 @@ async def _hop(lanes: _Lanes, urgent: bool, fn: Callable[..., T], args: tuple[ob
     was cancelled (abandoned: the thread's result is dropped)."""
     await trio.lowlevel.checkpoint_if_cancelled()
     token = trio.lowlevel.current_trio_token()
-    await lanes.acquire(urgent)
+    flow = current_flow.get()
+    await lanes.acquire(urgent, flow)
     waiting: list[trio.lowlevel.Task | None] = [trio.lowlevel.current_task()]
 
     def back(result: outcome.Outcome) -> None:  # on the trio thread
-        lanes.release()
+        lanes.release(flow)
         if waiting[0] is not None:
             trio.lowlevel.reschedule(waiting[0], result)
 
@@ -137,7 +200,7 @@ async def _hop(lanes: _Lanes, urgent: bool, fn: Callable[..., T], args: tuple[ob
     try:
         trio.lowlevel.start_thread_soon(lambda: fn(*args), deliver)
     except BaseException:
-        lanes.release()
+        lanes.release(flow)
         raise
 
     def abort(_: object) -> trio.lowlevel.Abort:

@@ -59,7 +59,7 @@ from zvfs.fs.fuse import pyfuse3
 from zvfs.fs.ownership import Ownership
 from zvfs.views.context import MountContext
 from zvfs.views.node import DirNode, FileHandle, FileNode, LazyEntries, Node, NodeError
-from zvfs.workers import run_abandonable
+from zvfs.workers import current_flow, run_abandonable
 
 log = logging.getLogger("zvfs")
 
@@ -972,12 +972,17 @@ class ZvfsOperations(pyfuse3.Operations):
         if f is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         source = f.handle if f.handle is not None else f.node
+        # the worker threads this read takes count as its file's (current_flow): a file whose
+        # reads the store stalls cannot hold them all while other files wait
+        flow = current_flow.set(f.ino)
         try:
             data = await self._call(lambda: f"read {self._path(f.ino)}", source.read(off, size))
         except pyfuse3.FUSEError as exc:
             if exc.errno == errno.ESTALE:
                 self._read_stale(f.ino)
             raise
+        finally:
+            current_flow.reset(flow)
         self._counters.add("fuse_read_requests")
         self._counters.add("fuse_read_bytes", data.nbytes if isinstance(data, memoryview) else len(data))
         return data  # any contiguous buffer: pyfuse3 replies from it without a copy
