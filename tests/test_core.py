@@ -1503,6 +1503,44 @@ def test_an_urgent_hop_goes_ahead_of_the_queued_ones_and_each_lane_keeps_its_ord
     trio.run(main)
 
 
+def test_the_hops_of_one_flow_leave_threads_for_the_others():
+    """The jobs of one file (current_flow) hold at most flow_cap threads: a job of another
+    file queued behind its waiting jobs takes the free thread at once; a job of no file too,
+    and a waiting job of the capped flow cancelled meanwhile takes none."""
+    import threading
+
+    from zvfs.workers import Workers, current_flow, flow_cap
+
+    assert [flow_cap(n) for n in (1, 2, 4, 16)] == [1, 1, 3, 14]
+    release = threading.Event()
+    ran: list[str] = []
+
+    async def as_flow(flow: object, fn, *args) -> None:
+        token = current_flow.set(flow)
+        try:
+            await workers.run(fn, *args)
+        finally:
+            current_flow.reset(token)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            for _ in range(5):  # 3 hold the flow's share of the 4 threads, 2 wait
+                nursery.start_soon(as_flow, "stalled", release.wait, 5)
+            await trio.sleep(0.05)
+            assert workers.in_use == 3
+            with trio.move_on_after(0.05):  # a waiting one, cancelled: takes nothing
+                await as_flow("stalled", ran.append, "never")
+            with trio.fail_after(5):
+                await as_flow("other", ran.append, "other")
+                await workers.run(ran.append, "no flow")
+            assert ran == ["other", "no flow"] and workers.in_use == 3
+            release.set()
+        assert workers.in_use == 0
+
+    workers = Workers(4)
+    trio.run(main)
+
+
 def test_a_hop_cancelled_while_it_waits_takes_no_thread():
     import threading
 
