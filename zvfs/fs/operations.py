@@ -1482,8 +1482,11 @@ def _guarded(fn: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[ob
     one request, logged once per handler and kind of error."""
     name = fn.__name__
 
+    writes = name in _WRITE_OPS
+
     @functools.wraps(fn)
     async def guarded(self: ZvfsOperations, *args: object, **kwargs: object) -> object:
+        flow = current_flow.set(WRITES_FLOW) if writes else None
         try:
             return await fn(self, *args, **kwargs)
         except pyfuse3.FUSEError:
@@ -1497,6 +1500,9 @@ def _guarded(fn: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[ob
             if name in _UNANSWERED:
                 return None  # pyfuse3 awaits it bare: even a FUSEError would end its loop
             raise pyfuse3.FUSEError(errno.EIO) from None
+        finally:
+            if flow is not None:
+                current_flow.reset(flow)
 
     return guarded
 
@@ -1504,6 +1510,13 @@ def _guarded(fn: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[ob
 #: requests the kernel expects no answer to: pyfuse3 awaits their handler with no
 #: ``except FUSEError`` around it
 _UNANSWERED = frozenset({"forget"})
+
+#: requests whose store calls (uploads, parts, a rewrite's fetch) count as one flow of the
+#: worker threads (see workers.current_flow): whatever the number of files written, they
+#: leave threads for reads. Uploads the server stalled held all 16, and a read of another
+#: file waited 117 s behind them
+_WRITE_OPS = frozenset({"write", "flush", "fsync", "release", "create", "setattr"})
+WRITES_FLOW = "writes"
 
 
 for _name, _fn in list(vars(ZvfsOperations).items()):
