@@ -612,6 +612,9 @@ def test_unmount_through_a_symlink_to_the_mountpoint(zarr_dir, tmp_path, mount) 
     assert mount_entry(real) is None
 
 
+# a stopped daemon blocks whatever walks the machine's mounts beside it (plain df in another
+# test held this one's unmount busy: EBUSY): the tests that stop one run alone
+@pytest.mark.exclusive
 def test_a_hung_mount_is_told_hung_refused_and_unmounted(zarr_dir, mount) -> None:
     """With the daemon stopped (SIGSTOP), `zvfs status MNT`, `zvfs mount` onto it and `zvfs
     unmount` each waited for ever: they resolved the path with realpath, whose lstat of the
@@ -632,6 +635,9 @@ def test_a_hung_mount_is_told_hung_refused_and_unmounted(zarr_dir, mount) -> Non
     assert wait_until(lambda: not _pid_alive(pid), 20), "the daemon did not end once unmounted"
 
 
+# a stopped daemon blocks whatever walks the machine's mounts beside it (plain df in another
+# test held this one's unmount busy: EBUSY): the tests that stop one run alone
+@pytest.mark.exclusive
 def test_hung_mounts_cost_status_one_timeout_not_one_each(zarr_dir, mount) -> None:
     """`zvfs status` probed the mounts one after the other: three hung ones took three
     timeouts (and many healthy ones on a busy machine added up: 47 s seen). They are

@@ -14,9 +14,13 @@ import os
 import signal
 import threading
 
+import pytest
 from conftest import abort_hung_mounts, daemon_pids, fuse_mounts_under
 
 
+# a stopped daemon blocks whatever walks the machine's mounts beside it (df, zvfs status):
+# run alone, as the other tests that stop one
+@pytest.mark.exclusive
 def test_a_read_blocked_on_a_stopped_daemon_is_freed_and_the_daemon_shown(
         zarr_dir, mount, capfd) -> None:
     m = mount(zarr_dir)
