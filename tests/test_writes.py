@@ -823,7 +823,7 @@ def test_s3_a_create_if_absent_whose_answer_was_lost_is_not_refused_by_its_own_o
 
 
 def test_a_completion_whose_answer_was_lost_and_then_no_such_upload_succeeds(
-        s3store: Store, moto, mount) -> None:
+        s3store: Store, moto, mount, tmp_path) -> None:
     """A CompleteMultipartUpload served, its answer lost (a reset), tried again, and that
     try answered NoSuchUpload, as MinIO answers an upload it completed already: close()
     failed with EIO, the bytes kept in staging and a line saying an upload may be left open,
@@ -834,7 +834,10 @@ def test_a_completion_whose_answer_was_lost_and_then_no_such_upload_succeeds(
     s3store.put("zarr.json", b"{}")
     data = rand(11 * MiB, 3)
     with FaultProxy(moto.port) as proxy:
-        m = s3store.mount(mount, "--part-size", "5M", endpoint=proxy.endpoint)
+        # staged under tmp_path: the bytes the second close cannot store are kept there (in
+        # /tmp, 11 MiB outlived each run stopped before the test's own unlink of them)
+        m = s3store.mount(mount, "--part-size", "5M", "--cache-dir", str(tmp_path / "cache"),
+                          endpoint=proxy.endpoint)
         # "uploadId=": the completion (POST ...?uploadId=), not the create (POST ...?uploads)
         proxy.set({"kind": "lost", "ops": ["other"], "key": "uploadId=", "count": 1},
                   {"kind": "nosuchupload", "ops": ["other"], "key": "uploadId="})
@@ -854,7 +857,7 @@ def test_a_completion_whose_answer_was_lost_and_then_no_such_upload_succeeds(
         kept = re.search(r"gone\.bin: upload failed .*NoSuchUpload.*kept at (\S+)", log)
         assert kept and "could not abort" not in log, log[-3000:]
         assert "is gone already (NoSuchUpload)" in log
-    Path(kept.group(1)).unlink()  # this test's, not to be reported by the next mount
+        assert Path(kept.group(1)).is_relative_to(tmp_path / "cache"), kept.group(1)
 
 
 def test_zarr_localstore_patterns(store: Store, mount) -> None:
