@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 
 from zvfs.logonce import LogOnce as LogOnce  # the one log-once; re-exported for the stores
-from zvfs.stores.base import KeyNotFound, StoreError
+from zvfs.stores.base import KeyNotFound, StoreError, WriteRefused
 from zvfs.stores.keys import bad_segment
 
 
@@ -138,23 +139,57 @@ def no_descriptors_hint(e: OSError) -> str:
 HELD_RESERVE = 32
 
 
-def held_budget() -> int:
-    """How many descriptors the opens of a mount may hold at once (a directory store's
-    readers, an S3 store's staged files): the open-file limit less a quarter of it,
-    HELD_RESERVE at least. The rest serve everything else the mount does (kept read
-    descriptors, listings, decoded reads, S3 connections, the log): held by the opens of one
-    program, they made every other file of the mount fail with EIO."""
+def _soft_file_limit() -> int | None:
+    """The process's soft limit on open files; None when unlimited."""
     import resource
 
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft == resource.RLIM_INFINITY:
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def held_budget() -> int:
+    """How many descriptors the opens of a mount may hold at once (a directory store's
+    readers and writers, an S3 store's staged files): the open-file limit less a quarter of
+    it, HELD_RESERVE at least. The rest serve everything else the mount does (kept read
+    descriptors, listings, decoded reads, S3 connections, the log): held by the opens of one
+    program, they made every other file of the mount fail with EIO."""
+    soft = _soft_file_limit()
+    if soft is None:
         return 1 << 62
     return max(1, soft - max(soft // 4, HELD_RESERVE))
 
 
 def open_file_limit() -> str:
     """The process's soft limit on open files, as a log line names it."""
-    import resource
+    soft = _soft_file_limit()
+    return "unlimited" if soft is None else str(soft)
 
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+
+class HeldDescriptors:
+    """How many descriptors the opens of a mount hold (see held_budget), within that budget:
+    a store's files open for reading or writing take one each and give it back at close."""
+
+    def __init__(self) -> None:
+        self.budget = held_budget()
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        """One more held, or False when the budget is spent."""
+        with self._lock:
+            if self.count >= self.budget:
+                return False
+            self.count += 1
+            return True
+
+    def give(self) -> None:
+        with self._lock:
+            self.count -= 1
+
+    def refusal(self, key: str, how: str, beside: str) -> WriteRefused:
+        """ENFILE for an open for writing past the budget, naming the limit to raise."""
+        return WriteRefused(
+            errno.ENFILE, f"{key}: {self.count} files are open {how}, as many as the daemon's "
+            f"open-file limit ({open_file_limit()}) leaves room for beside {beside}: raise it "
+            "(ulimit -Hn before zvfs mount, LimitNOFILE= in a systemd unit), or write fewer "
+            "files at once")

@@ -44,10 +44,10 @@ from zvfs.pagecache import read_ahead_and_close
 from zvfs.stores import find_lister
 from zvfs.stores._util import (
     NO_DESCRIPTORS,
+    HeldDescriptors,
     LogOnce,
     check_key,
     check_prefix,
-    held_budget,
     no_descriptors_hint,
     open_file_limit,
     pread_all,
@@ -124,31 +124,6 @@ class _Open:
     used: float  # time.monotonic() of its last borrow
     users: int = 0
     dropped: bool = False
-
-
-class _Held:
-    """How many descriptors the mount's opens hold (a reader each), within a budget.
-
-    Past it an open holds none (see _UnheldReader): the rest of the process's descriptors
-    stay for everything else the mount serves. Without a budget, a program that held 244
-    files of a daemon limited to 256 open made every other file of the mount fail with EIO
-    (a decoded view, zarr.json, a listing) for as long as it held them."""
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self.count = 0
-        self._lock = threading.Lock()
-
-    def take(self) -> bool:
-        with self._lock:
-            if self.count >= self.budget:
-                return False
-            self.count += 1
-            return True
-
-    def give(self) -> None:
-        with self._lock:
-            self.count -= 1
 
 
 class _OpenFiles:
@@ -274,7 +249,7 @@ class DirectoryStore(Store):
         self.description = shown
         self._escapes = LogOnce(log)
         self._files = _OpenFiles(_kept_files() if open_files is None else open_files)
-        self._held = _Held(held_budget())
+        self._held = HeldDescriptors()
         self._unheld = LogOnce(log)
         self._proc_fd = True  # /proc/self/fd names opened files (see _open_direct)
         weakref.finalize(self, self._files.close)  # a store dropped unclosed closes its files
@@ -458,7 +433,7 @@ class DirectoryStore(Store):
 
     def _unheld_reader(self, key: str) -> KeyReader:
         """A reader of ``key`` that holds no descriptor: the opens of the mount hold their
-        budget of them (see _Held)."""
+        budget of them (see HeldDescriptors)."""
         self._unheld.warning(
             "", "%s: %d files are open through the mount, the most that hold a descriptor each "
             "(the rest of the daemon's open-file limit, %s, is kept for its other work; raise it "
@@ -626,11 +601,7 @@ class DirectoryStore(Store):
         flags |= (os.O_CREAT if create else 0) | (os.O_EXCL if exclusive else 0)
         flags |= os.O_TRUNC if truncate else 0
         if not self._held.take():
-            raise WriteRefused(
-                errno.ENFILE, f"{key}: {self._held.count} files are open through the mount, as many as "
-                f"the daemon's open-file limit ({open_file_limit()}) leaves room for beside its other "
-                "work: raise it (ulimit -Hn before zvfs mount, LimitNOFILE= in a systemd unit), or "
-                "write fewer files at once")
+            raise self._held.refusal(key, "through the mount", "its other work")
         try:
             return self._open_writer(key, flags)
         except BaseException:
@@ -980,7 +951,7 @@ class _FileReader(KeyReader):
     """A file of the directory open for reading: one descriptor for the whole open, so a
     rename over the key does not change what this reader reads (as on the directory)."""
 
-    def __init__(self, key: str, fd: int, st: os.stat_result, held: _Held) -> None:
+    def __init__(self, key: str, fd: int, st: os.stat_result, held: HeldDescriptors) -> None:
         self.key = key
         self.size = st.st_size
         self.version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
@@ -1025,7 +996,7 @@ class _FileReader(KeyReader):
 
 
 class _UnheldReader(KeyReader):
-    """An open past the budget of held descriptors (see _Held): each read borrows a kept
+    """An open past the budget of held descriptors (see HeldDescriptors): each read borrows a kept
     descriptor of the key, and reads only the file the open found; once that file is
     replaced or removed, ESTALE (a held descriptor would read on the old file)."""
 
@@ -1133,7 +1104,7 @@ def _copy_range(source: int, target: int, offset: int, end: int) -> None:
 class _FileWriter(KeyWriter):
     """A file of the directory open for writing: every call is the plain POSIX call."""
 
-    def __init__(self, store: DirectoryStore, key: str, fd: int, held: _Held) -> None:
+    def __init__(self, store: DirectoryStore, key: str, fd: int, held: HeldDescriptors) -> None:
         self.key = key
         self._fd = fd
         self._store = store

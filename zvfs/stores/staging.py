@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from zvfs.stores._util import held_budget, no_descriptors_hint, open_file_limit
+from zvfs.stores._util import HeldDescriptors, no_descriptors_hint
 from zvfs.stores.base import WriteRefused
 
 log = logging.getLogger(__name__)
@@ -55,9 +55,8 @@ class Staging:
         self.max_bytes = max_bytes
         self.min_free = min_free
         self.used = 0
-        #: staged files open now, and how many may be (see new_file)
-        self.open_files = 0
-        self.open_budget = held_budget()
+        #: staged files open now, within the budget of held descriptors (see new_file)
+        self.held = HeldDescriptors()
         self._cond = threading.Condition()
         self._remade = threading.Lock()
         #: asked to free this many bytes on the staging disk before a write is refused for
@@ -93,15 +92,8 @@ class Staging:
         The directory removed under the daemon (systemd-tmpfiles ages out what sat unused in
         /tmp for 10 days, a clean-up script, an operator) is made again, with one warning:
         every create failed with EIO until the mount was remade."""
-        if counted:
-            with self._cond:
-                if self.open_files >= self.open_budget:
-                    raise WriteRefused(
-                        errno.ENFILE, f"{key}: {self.open_files} files are open for writing, as many "
-                        f"as the daemon's open-file limit ({open_file_limit()}) leaves room for beside "
-                        "their uploads: raise it (ulimit -Hn before zvfs mount, LimitNOFILE= in a "
-                        "systemd unit), or write fewer files at once")
-                self.open_files += 1
+        if counted and not self.held.take():
+            raise self.held.refusal(key, "for writing", "their uploads")
         try:
             return self._new_file(key)
         except BaseException:
@@ -111,8 +103,7 @@ class Staging:
 
     def file_closed(self) -> None:
         """A counted staged file's descriptor was closed."""
-        with self._cond:
-            self.open_files -= 1
+        self.held.give()
 
     def _new_file(self, key: str) -> tuple[str, int]:
         name = f"{uuid.uuid4().hex}-{os.path.basename(key)[:80]}"
