@@ -698,7 +698,7 @@ def test_a_walk_hints_the_files_it_reaches_in_batches_once_at_full_window():
     from zvfs.views.raw import FileWalk
 
     n = 60
-    walk = FileWalk(Listing({f"f{i:02d}": KeyInfo(1 << 20, 0.0) for i in range(n)}), "d")
+    walk = FileWalk(Listing({f"f{i:02d}": KeyInfo(1 << 20, 0) for i in range(n)}), "d")
     hinted: dict[str, int] = {}  # file -> the file being read when it was hinted
     batched: list[int] = []  # how far ahead of the reader each batched hint was
     for i in range(n):

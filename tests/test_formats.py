@@ -431,7 +431,7 @@ class DictStore(Store):
                 if sep:
                     out.prefixes.add(head)
                 else:
-                    out.keys[head] = KeyInfo(len(self.data[k]), 0.0)
+                    out.keys[head] = KeyInfo(len(self.data[k]), 0)
         return out
 
 

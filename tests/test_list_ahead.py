@@ -55,7 +55,7 @@ def _in_process(store: DirectoryStore, prefix: str, monkeypatch: pytest.MonkeyPa
 
 
 def _as_dict(listing: Listing) -> tuple[dict, set[str]]:
-    return {n: (i.size, i.mtime) for n, i in listing.keys.items()}, set(listing.prefixes)
+    return {n: (i.size, i.mtime_ns) for n, i in listing.keys.items()}, set(listing.prefixes)
 
 
 def test_a_large_directory_listed_by_find_is_the_in_process_listing(
@@ -71,14 +71,15 @@ def test_a_large_directory_listed_by_find_is_the_in_process_listing(
     # find did list it, through the store's checked descriptor of the directory
     assert len(calls) == 1 and calls[0].startswith(f"/proc/{os.getpid()}/fd/"), calls
     reference = _in_process(store, "big/", monkeypatch)
-    assert _as_dict(by_find) == _as_dict(reference)  # sizes and mtimes equal, to the float
+    assert _as_dict(by_find) == _as_dict(reference)  # sizes and mtimes equal, to the nanosecond
     keys, prefixes = _as_dict(by_find)
     assert set(ODD_NAMES) <= set(keys) and "inside" in keys
     assert not {"escape", "dangling", "fifo", "inside_dir"} & (set(keys) | prefixes)
     assert prefixes == {"sub", os.fsdecode(b"\xff\xfe-not-utf8")}
     for name in ODD_NAMES + ["k01999", "inside"]:  # and what the store says of each key
         info = store.info("big/" + name)
-        assert (info.size, info.mtime) == keys[name], name
+        assert (info.size, info.mtime_ns) == keys[name], name
+        assert info.mtime_ns == os.stat(root / "big" / name).st_mtime_ns, name
 
 
 def test_a_small_directory_is_listed_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -114,8 +115,8 @@ def test_without_find_a_large_directory_is_listed_in_process(
 
 def test_find_output_that_is_not_of_the_form_is_refused() -> None:
     assert find_lister.parse(b"f 12 1700000000.1234567890 a b\0d 4096 -5.2500000000 c\0") == [
-        find_lister.Found("a b", "f", 12, 1700000000 + 123456789 * 1e-9),
-        find_lister.Found("c", "d", 4096, -5 + 250000000 * 1e-9),
+        find_lister.Found("a b", "f", 12, 1700000000_123456789),
+        find_lister.Found("c", "d", 4096, -5_000000000 + 250000000),
     ]
     for bad in (b"f 12 notatime a\0", b"f twelve 1.0 a\0", b"f 12\0"):
         assert find_lister.parse(bad) is None, bad

@@ -22,7 +22,7 @@ _versions = st.one_of(
     st.just('"d41d8cd98f00b204e9800998ecf8427e-2"'),  # multipart: kept as it is
     st.just("v1"),
 )
-_infos = st.builds(KeyInfo, st.integers(0, 2**40), st.floats(0, 2e9, allow_nan=False), _versions)
+_infos = st.builds(KeyInfo, st.integers(0, 2**40), st.integers(-(2**63), 2**63 - 1), _versions)
 
 
 @settings(max_examples=300, deadline=None)
@@ -87,8 +87,8 @@ class TableAgainstDict(RuleBasedStateMachine):
             got = src if isinstance(src, KeyInfo) else src.made_from(name)
             assert got == made
             if isinstance(src, KeyTable):
-                assert (src.made_size(name), src.made_mtime(name)) == (made.size, made.mtime)
-                assert src.made_size_and_mtime(name) == (made.size, made.mtime)
+                assert src.made_size(name) == made.size
+                assert src.made_size_and_mtime_ns(name) == (made.size, made.mtime_ns)
 
     @invariant()
     def a_walk_in_order_finds_each_name(self) -> None:
@@ -100,7 +100,7 @@ class TableAgainstDict(RuleBasedStateMachine):
             assert self.table.get(name) == self.model[name]  # the same name again
         for name, src, made in sorted(self.nodes, key=lambda n: n[0]):
             if isinstance(src, KeyTable):
-                assert src.made_size_and_mtime(name) == (made.size, made.mtime)
+                assert src.made_size_and_mtime_ns(name) == (made.size, made.mtime_ns)
 
 
 TestTableAgainstDict = TableAgainstDict.TestCase
@@ -109,16 +109,16 @@ TestTableAgainstDict.settings = settings(max_examples=200, stateful_step_count=4
 
 def test_a_version_that_is_not_an_etag_turns_the_digests_into_strings() -> None:
     etag = '"' + "ab" * 16 + '"'
-    table = KeyTable([("a", KeyInfo(1, 1.0, etag)), ("b", KeyInfo(2, 2.0, etag)),
-                      ("c", KeyInfo(3, 3.0, None)), ("d", KeyInfo(4, 4.0, etag))])
+    table = KeyTable([("a", KeyInfo(1, 1, etag)), ("b", KeyInfo(2, 2, etag)),
+                      ("c", KeyInfo(3, 3, None)), ("d", KeyInfo(4, 4, etag))])
     assert [i.version for i in table.values()] == [etag, etag, None, etag]
 
 
 def test_a_listing_given_a_dict_keeps_a_table() -> None:
-    listing = Listing({"b": KeyInfo(2, 0.0), "a": KeyInfo(1, 0.0)})
+    listing = Listing({"b": KeyInfo(2, 0), "a": KeyInfo(1, 0)})
     assert isinstance(listing.keys, KeyTable)
     assert list(listing.keys) == ["a", "b"]
-    assert listing == Listing(KeyTable([("a", KeyInfo(1, 0.0)), ("b", KeyInfo(2, 0.0))]))
+    assert listing == Listing(KeyTable([("a", KeyInfo(1, 0)), ("b", KeyInfo(2, 0))]))
 
 
 def _heap_bytes(make) -> float:
@@ -143,7 +143,7 @@ def test_a_table_costs_a_fraction_of_the_dict_of_keyinfos_it_replaces() -> None:
     rng = random.Random(7)
     names = [f"{i // 500}.{i % 500}" for i in range(100_000)]
     rng.shuffle(names)  # scandir's order, not sorted
-    mtimes = [1.7e9 + rng.random() for _ in names]
+    mtimes = [1_700_000_000_000_000_000 + rng.randrange(10**9) for _ in names]
     etags = ['"' + os.urandom(16).hex() + '"' for _ in names]
 
     def table(with_etags: bool):
@@ -154,7 +154,7 @@ def test_a_table_costs_a_fraction_of_the_dict_of_keyinfos_it_replaces() -> None:
         return t
 
     def dict_of(with_etags: bool):
-        return {name: KeyInfo(256, m + 0.0, (e + " ")[:-1] if with_etags else None)
+        return {name: KeyInfo(256, m + 0, (e + " ")[:-1] if with_etags else None)
                 for name, m, e in zip(names, mtimes, etags, strict=True)}
 
     directory, directory_dict = _heap_bytes(lambda: table(False)), _heap_bytes(lambda: dict_of(False))
@@ -174,7 +174,7 @@ def test_threads_that_read_a_fresh_table_at_once_all_see_it_whole() -> None:
     names = [f"{i}.{j}" for i in range(200) for j in range(200)]
     for _ in range(5):
         rng.shuffle(names)
-        table = KeyTable((n, KeyInfo(i, float(i))) for i, n in enumerate(names))
+        table = KeyTable((n, KeyInfo(i, i)) for i, n in enumerate(names))
         start, failures = threading.Barrier(6), []
 
         def reader(table: KeyTable = table, start: threading.Barrier = start,
@@ -200,10 +200,11 @@ def test_threads_that_read_a_fresh_table_at_once_all_see_it_whole() -> None:
 
 
 def test_a_nodes_size_and_mtime_are_its_entrys() -> None:
-    table = KeyTable([("b", KeyInfo(2, 2.5, '"' + "cd" * 16 + '"')), ("a", KeyInfo(1, 1.5))])
+    table = KeyTable([("b", KeyInfo(2, 2_500_000_000, '"' + "cd" * 16 + '"')), ("a", KeyInfo(1, 1_500_000_001))])
     for name in ("a", "b", "a"):
-        assert (table.made_size(name), table.made_mtime(name)) == (table[name].size, table[name].mtime)
-    table["a"] = KeyInfo(9, 9.5)  # a write: the node still reads what it was made from
+        assert table.made_size(name) == table[name].size
+        assert table.made_size_and_mtime_ns(name) == (table[name].size, table[name].mtime_ns)
+    table["a"] = KeyInfo(9, 9_500_000_000)  # a write: the node still reads what it was made from
     assert table.made_size("a") == 1 and table["a"].size == 9
 
 
@@ -212,7 +213,7 @@ def test_names_asked_in_order_out_of_order_and_missing_are_found_as_by_a_search(
     order, a walk backwards, jumps, names that are not there (between two, before the first,
     after the last) and equal names that are other string objects all get a search's answer."""
     names = [f"n{i:03d}" for i in range(100)]
-    table = KeyTable([(n, KeyInfo(i, i + 0.5)) for i, n in enumerate(names)])
+    table = KeyTable([(n, KeyInfo(i, i * 10**9 + 1)) for i, n in enumerate(names)])
     rng = random.Random(7)
     asks = names + names[::-1] + rng.choices(names, k=300)
     asks += [n + "x" for n in names[::7]] + ["a", "z", "n", "n100", ""]
@@ -222,8 +223,8 @@ def test_names_asked_in_order_out_of_order_and_missing_are_found_as_by_a_search(
         if want is None:
             assert n not in table and table.get(n) is None, n
         else:
-            assert table[n] == KeyInfo(want, want + 0.5), n
-            assert table.made_size_and_mtime(n) == (want, want + 0.5), n
+            assert table[n] == KeyInfo(want, want * 10**9 + 1), n
+            assert table.made_size_and_mtime_ns(n) == (want, want * 10**9 + 1), n
 
 
 @settings(max_examples=60, deadline=None)
@@ -263,11 +264,11 @@ def test_a_listings_names_read_in_place_are_its_sorted_usable_names(keys, prefix
 
     from zvfs.stores.keys import safe_name
 
-    listing = Listing(KeyTable((k, KeyInfo(1, 0.0)) for k in keys), set(prefixes))
+    listing = Listing(KeyTable((k, KeyInfo(1, 0)) for k in keys), set(prefixes))
     list(listing.keys)  # sealed: later sets and deletes are the table's overlay
     for add, name in changes:
         if add:
-            listing.keys[name] = KeyInfo(2, 0.0)
+            listing.keys[name] = KeyInfo(2, 0)
         else:
             listing.keys.pop(name, None)
     hide, add = shown

@@ -260,11 +260,11 @@ def test_files_after_follow_the_tree_order_of_a_directory(tmp_path):
 def test_a_listing_gives_its_names_after_one_lazily() -> None:
     from zvfs.stores.listing import KeyInfo, Listing
 
-    lst = Listing({n: KeyInfo(1, 0.0) for n in ("a", "b.c", "d", "f")}, {"b", "d", "e"})
+    lst = Listing({n: KeyInfo(1, 0) for n in ("a", "b.c", "d", "f")}, {"b", "d", "e"})
     assert list(lst.names_after("")) == lst.names() == ["a", "b", "b.c", "d", "e", "f"]
     assert list(lst.names_after("b")) == ["b.c", "d", "e", "f"]
     assert list(lst.names_after("c")) == ["d", "e", "f"]
-    lst.keys["c"] = KeyInfo(2, 0.0)  # a set after the table was built
+    lst.keys["c"] = KeyInfo(2, 0)  # a set after the table was built
     del lst.keys["f"]
     assert list(lst.names_after("b.c")) == ["c", "d", "e"]
 

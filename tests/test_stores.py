@@ -188,7 +188,7 @@ def test_get_and_info(store: Store) -> None:
         info = store.info(key)
         assert isinstance(info, KeyInfo)
         assert info.size == len(value), key
-        assert info.mtime > 1e9
+        assert isinstance(info.mtime_ns, int) and info.mtime_ns > 10**18
         assert store.exists(key)
 
 
@@ -285,10 +285,13 @@ def test_parallel_reads(store: Store) -> None:
 # -- directory store ---------------------------------------------------------------------
 
 
-def test_directory_mtime_is_st_mtime(tree: Path) -> None:
+def test_directory_mtime_is_st_mtime_ns(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    _write_tree(tree, SAMPLE)
     st = DirectoryStore(tree)
-    assert st.info("a/big").mtime == os.stat(tree / "a/big").st_mtime
-    assert st.list_dir("a/").keys["big"].mtime == os.stat(tree / "a/big").st_mtime
+    os.utime(tree / "a/big", ns=(0, 1_700_000_000_123_456_789))  # not a float's: ...456768
+    assert st.info("a/big").mtime_ns == 1_700_000_000_123_456_789
+    assert st.list_dir("a/").keys["big"].mtime_ns == 1_700_000_000_123_456_789
 
 
 def _store_beside_a_secret(tmp_path: Path, secret: str, inside: str) -> tuple[Path, Path]:
@@ -451,7 +454,7 @@ def test_directory_writes_never_follow_a_directory_swapped_for_a_link(tmp_path: 
         elif op == "mkdir":
             st.make_dir("d/e/sub/")
         else:
-            st.set_mtime("d/e/f", 1e9)
+            st.set_mtime_ns("d/e/f", 10**18)
     monkeypatch.undo()
     assert swapped and refused.value.errno == errno.ENOENT, refused.value
     after = {p.relative_to(outside): (p.stat().st_mtime_ns, p.read_bytes() if p.is_file() else None)
@@ -770,10 +773,10 @@ def test_zip_mtime_from_date_time(zips: dict[str, Path], tree: Path) -> None:
     """Without a UTC extra field (Python's zipfile writes none): the DOS time, local time."""
     st = ZipStore(zips["py_deflate"])
     # DOS time: local time, 2-second resolution
-    assert abs(st.info("a/big").mtime - os.stat(tree / "a/big").st_mtime) <= 2
+    assert abs(st.info("a/big").mtime_ns - os.stat(tree / "a/big").st_mtime_ns) <= 2 * 10**9
     with zipfile.ZipFile(zips["py_deflate"]) as zf:
         dt = zf.getinfo("a/big").date_time
-    assert st.info("a/big").mtime == time.mktime((*dt, 0, 0, -1))
+    assert st.info("a/big").mtime_ns == int(time.mktime((*dt, 0, 0, -1))) * 10**9
     st.close()
 
 
@@ -797,20 +800,20 @@ def test_zip_mtime_from_utc_extra_fields_whatever_the_zone(zips: dict[str, Path]
     """The ``zip`` command's "UT" field (and NTFS times, 7-Zip's) give the UTC second: the DOS
     time alone moved with the daemon's TZ (12:00:01 UTC read 03:00:02 in Tokyo) and lost the
     odd second, where unzip and fuse-zip show the file's own mtime (a helper's audit)."""
-    want = int(os.stat(tree / "a/big").st_mtime)
+    want = os.stat(tree / "a/big").st_mtime_ns // 10**9 * 10**9
 
-    def mtime_of(path: Path, key: str) -> float:
+    def mtime_of(path: Path, key: str) -> int:
         st = ZipStore(path)
         try:
-            return st.info(key).mtime
+            return st.info(key).mtime_ns
         finally:
             st.close()
 
     for zone in ("UTC", "Asia/Tokyo", "America/New_York"):
         assert _in_zone(zone, lambda: mtime_of(zips["zip_cmd"], "a/big")) == want, zone
     # an NTFS extra field: 100 ns ticks since 1601, here 2021-03-04 05:06:07.5 UTC
-    when = 1614834367.5
-    ticks = int(when * 10**7) + 116444736000000000
+    when = 1614834367_500_000_000
+    ticks = when // 100 + 116444736000000000
     ntfs = struct.pack("<HHIHHQQQ", 0x000A, 32, 0, 1, 24, ticks, ticks, ticks)
     p = tmp_path / "ntfs.zip"
     with zipfile.ZipFile(p, "w") as zf:
@@ -1028,7 +1031,7 @@ def test_s3_prefix_is_stripped_and_siblings_invisible(moto: MotoServer, s3_bucke
     assert root.list_dir("").prefixes == {"some"}
     assert root.list_dir("some/").keys.keys() == {"other", "prefixed-not-below"}
     assert root.get(PREFIX + "a/big") == SAMPLE["a/big"]
-    assert abs(st.info("a/big").mtime - time.time()) < 600
+    assert abs(st.info("a/big").mtime_ns - time.time_ns()) < 600 * 10**9
 
 
 def test_s3_paginated_listing(moto: MotoServer) -> None:

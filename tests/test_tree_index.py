@@ -55,7 +55,7 @@ def _listing(infos: dict[str, KeyInfo], prefix: str) -> Listing:
 @settings(max_examples=300, deadline=None)
 @given(_keys, st.data())
 def test_tree_index_is_every_directory_listing(keys: list[str], data: st.DataObject) -> None:
-    infos = {k: KeyInfo(data.draw(st.integers(0, 9)), float(data.draw(st.integers(0, 2))),
+    infos = {k: KeyInfo(data.draw(st.integers(0, 9)), data.draw(st.integers(0, 2)),
                         data.draw(st.sampled_from([None, '"e1"'])))
              for k in keys}
     index = build_tree_index(_Keys(infos), limit=1000)
@@ -67,6 +67,6 @@ def test_tree_index_is_every_directory_listing(keys: list[str], data: st.DataObj
 
 
 def test_tree_index_gives_up_past_its_limit() -> None:
-    infos = {f"a/{n}": KeyInfo(n, 0.0) for n in range(10)}
+    infos = {f"a/{n}": KeyInfo(n, 0) for n in range(10)}
     assert build_tree_index(_Keys(infos), limit=10) is not None
     assert build_tree_index(_Keys(infos), limit=9) is None

@@ -465,7 +465,7 @@ def test_a_listing_answered_before_a_write_is_not_kept_after_it(tmp_path):
             nursery.start_soon(ctx.listing, "")
             await trio.to_thread.run_sync(answered.wait, 10)
             (tmp_path / "x").write_bytes(b"xyz")  # written through the mount meanwhile
-            ctx.listing_put("x", KeyInfo(3, 0.0))
+            ctx.listing_put("x", KeyInfo(3, 0))
             go_on.set()
         assert "x" in (await ctx.listing("")).keys
 

@@ -931,10 +931,10 @@ def test_statfs_on_a_writable_mount(store: Store, mount) -> None:
 def test_dir_utimens(dirstore: Store, mount) -> None:
     dirstore.put("f.bin", b"abc")
     m = dirstore.mount(mount)
-    when = 1_600_000_000.5
-    os.utime(m.path / "f.bin", (when - 100, when))
-    assert abs(os.stat(m.path / "f.bin").st_mtime - when) < 1e-3
-    assert abs(os.stat(dirstore.root / "f.bin").st_mtime - when) < 1e-3
+    when = 1_600_000_000_123_456_789  # kept to the nanosecond, as cp -a and rsync -a set it
+    os.utime(m.path / "f.bin", ns=(when - 100, when))
+    assert os.stat(m.path / "f.bin").st_mtime_ns == when
+    assert os.stat(dirstore.root / "f.bin").st_mtime_ns == when
     run(["touch", "-d", "2001-02-03 04:05:06 UTC", m.path / "f.bin"], check=True)
     assert os.stat(dirstore.root / "f.bin").st_mtime == 981173106
     assert os.stat(m.path / "f.bin").st_mtime == 981173106

@@ -56,7 +56,7 @@ class Prepared(NamedTuple):
     """What ``prepare`` (the CLI's, run once the mount answers) learnt of the source."""
 
     #: node path -> newest mtime of its metadata keys (formats.probe)
-    mtimes: dict[str, float]
+    mtimes: dict[str, int]
     #: a store listed flat (S3): the scan's listing, resumed from its start, for the raw
     #: tree's index (so the mount lists the bucket once); None otherwise
     listing: Iterator[tuple[str, KeyInfo]] | None = None
@@ -222,14 +222,14 @@ def build_context(store: Store, opts: dict[str, Any], counters: Counters,
     )
 
 
-def settle_mtimes(ctx: MountContext, root: MountRoot, mtimes: dict[str, float]) -> None:
+def settle_mtimes(ctx: MountContext, root: MountRoot, mtimes: dict[str, int]) -> None:
     """Give the tree the mtimes the metadata scan found: the context (for every node made from
     now on) and the nodes made before it came, which took the mount time."""
     before = ctx.learn_mtimes(mtimes)
     control = root.control.entries.values() if root.control is not None else ()
     for node in (root, root.raw, root.control, *(d for d in control if isinstance(d, DecodedDir))):
-        if node is not None and node.mtime == before:
-            node.mtime = ctx.stable_time
+        if node is not None and node.mtime_ns == before:
+            node.mtime_ns = ctx.stable_time_ns
 
 
 class _ListingHandoff:

@@ -796,8 +796,8 @@ class _ForgetOnCommit(KeyWriter):
         return self._inner.size
 
     @property
-    def mtime(self) -> float | None:
-        return self._inner.mtime
+    def mtime_ns(self) -> int | None:
+        return self._inner.mtime_ns
 
     def write(self, offset: int, data: bytes) -> int:
         return self._inner.write(offset, data)

@@ -48,18 +48,18 @@ SCAN_LIMIT = 10_000
 class MetadataScan:
     """``found``: a metadata key was seen (None: the store is empty, or too big to say so within
     the bound).
-    ``mtimes``: node path ('' for the root) -> newest mtime of its metadata and attribute keys.
+    ``mtimes``: node path ('' for the root) -> newest mtime (ns) of its metadata and attribute keys.
     ``v1_candidates``: keys named 'meta', small enough to be Zarr v1 metadata, not yet read.
     ``reserved_used``: keys were seen under the ``reserved`` name asked about (the mount's
     control directory, which hides them)."""
 
     found: bool | None = False
-    mtimes: dict[str, float] = field(default_factory=dict)
+    mtimes: dict[str, int] = field(default_factory=dict)
     v1_candidates: list[str] = field(default_factory=list)
     reserved_used: bool = False
 
     @property
-    def newest(self) -> float | None:
+    def newest(self) -> int | None:
         return max(self.mtimes.values(), default=None)
 
 
@@ -91,14 +91,14 @@ def scan_keys(keys: Iterable[tuple[str, KeyInfo]], limit: int = SCAN_LIMIT,
     note."""
     out = MetadataScan()
     seen = 0
-    v1_attrs: dict[str, float] = {}
+    v1_attrs: dict[str, int] = {}
     for key, info in keys:
         seen += 1
         if reserved is not None and key.partition("/")[0] == reserved:
             out.reserved_used = True
         parent, _, name = key.rpartition("/")
         if name == ATTRS:
-            v1_attrs[parent] = max(v1_attrs.get(parent, info.mtime), info.mtime)
+            v1_attrs[parent] = max(v1_attrs.get(parent, info.mtime_ns), info.mtime_ns)
             continue
         if name == META:
             if info.size > META_MAX_BYTES:
@@ -108,10 +108,10 @@ def scan_keys(keys: Iterable[tuple[str, KeyInfo]], limit: int = SCAN_LIMIT,
             out.found = out.found or name in METADATA_NAMES
         else:
             continue
-        out.mtimes[parent] = max(out.mtimes.get(parent, info.mtime), info.mtime)
+        out.mtimes[parent] = max(out.mtimes.get(parent, info.mtime_ns), info.mtime_ns)
     for key in out.v1_candidates:  # an array's attrs count where its meta may be one
         parent = key.rpartition("/")[0]
-        out.mtimes[parent] = max(out.mtimes[parent], v1_attrs.get(parent, 0.0))
+        out.mtimes[parent] = max(out.mtimes[parent], v1_attrs.get(parent, 0))
     if not out.found and (seen >= limit or seen == 0):
         out.found = None  # too big to say, or empty (nothing to warn about: writes may fill it)
     return out

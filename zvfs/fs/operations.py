@@ -631,23 +631,22 @@ class ZvfsOperations(pyfuse3.Operations):
         a.attr_timeout = 0 if is_file and node.direct_io else self.ttl
         a.st_mode = self._owner.mode(not is_file, node.writable)
         if is_file:
-            size, mtime = node.size_and_mtime()
+            size, mtime_ns = node.size_and_mtime_ns()
             if self._writing and ino in self._writing:
                 # open for writing: what the writes made it, and asked again each time (a
                 # cached answer outlived the close, whose flush gives the listing the new
                 # mtime: the kernel kept the old one for the TTL)
                 handle = self._writing[ino][-1]
-                size, mtime = handle.size, handle.mtime or mtime
+                size, mtime_ns = handle.size, handle.mtime_ns or mtime_ns
                 a.attr_timeout = 0
             a.st_nlink = 1
             self._told[ino - ROOT] = size
         else:
-            size, mtime = 0, node.mtime
+            size, mtime_ns = 0, node.mtime_ns
             a.st_nlink = 2
         a.st_size = size
         a.st_blocks = (size + 511) // 512
-        ns = int(mtime * 1e9)
-        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = ns
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = mtime_ns
         return a
 
     async def _call(self, what: str | Callable[[], str], coro):  # type: ignore[no-untyped-def]
@@ -1134,7 +1133,7 @@ class ZvfsOperations(pyfuse3.Operations):
             else:
                 await self._call(f"truncate {path}", node.set_size(attr.st_size))
         if fields.update_mtime:
-            await self._call(f"utimens {path}", node.set_mtime(attr.st_mtime_ns / 1e9))
+            await self._call(f"utimens {path}", node.set_mtime_ns(attr.st_mtime_ns))
         # mode, owner and atime are the mount's, not the store's: accepted and not kept
         await self._settle()
         return self._attrs(inode, node)

@@ -20,7 +20,7 @@ class StoreError(Exception):
 
 
 #: :meth:`KeyWriter.commit`'s answer for a written file that no key names any more
-GONE = KeyInfo(-1, 0.0)
+GONE = KeyInfo(-1, 0)
 
 
 class KeyNotFound(StoreError, KeyError):
@@ -108,7 +108,7 @@ class KeyWriter(ABC):
     def size(self) -> int: ...
 
     @property
-    def mtime(self) -> float | None:
+    def mtime_ns(self) -> int | None:
         """The mtime the writes have given the key so far, where the store keeps one as they
         land (a local file); None where it takes one when stored (S3)."""
         return None
@@ -398,7 +398,7 @@ class Store(ABC):
         """Move every key below prefix ``src`` to prefix ``dst`` (both ending in '/')."""
         raise _read_only(src)
 
-    def set_mtime(self, key: str, mtime: float) -> None:  # noqa: B027 - optional
+    def set_mtime_ns(self, key: str, mtime_ns: int) -> None:  # noqa: B027 - optional
         """Set the modification time where the store keeps one it lets us set (a no-op on S3)."""
 
 
@@ -505,6 +505,6 @@ class WrappedStore(Store):
     def rename_dir(self, src: str, dst: str) -> None:
         self.inner.rename_dir(src, dst)
 
-    def set_mtime(self, key: str, mtime: float) -> None:
-        self.inner.set_mtime(key, mtime)
+    def set_mtime_ns(self, key: str, mtime_ns: int) -> None:
+        self.inner.set_mtime_ns(key, mtime_ns)
 

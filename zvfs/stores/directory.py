@@ -498,7 +498,7 @@ class DirectoryStore(Store):
             raise StoreError(f"{key}: cannot stat: {e.strerror}") from e
         if not stat.S_ISREG(st.st_mode):
             raise KeyNotFound(key)
-        return KeyInfo(st.st_size, st.st_mtime)
+        return KeyInfo(st.st_size, st.st_mtime_ns)
 
     def absent(self, keys: Iterable[str]) -> set[str]:
         """One lstat each, no open: a path with nothing at it (or a file where a directory
@@ -554,7 +554,7 @@ class DirectoryStore(Store):
             subdirs = []
             for name, target, st in self._entries(pre, path):
                 if stat.S_ISREG(st.st_mode):
-                    yield pre + name, KeyInfo(st.st_size, st.st_mtime)
+                    yield pre + name, KeyInfo(st.st_size, st.st_mtime_ns)
                 else:
                     subdirs.append((pre + name + "/", target, ancestors | {ident}))
             stack.extend(reversed(subdirs))
@@ -708,8 +708,8 @@ class DirectoryStore(Store):
         self._remove(prefix.rstrip("/"), prefix, os.rmdir, stat.S_ISLNK,
                      WriteRefused(errno.ENOTDIR, f"{prefix}: a symlink, not a directory"))
 
-    def set_mtime(self, key: str, mtime: float) -> None:
-        times = (time.time_ns(), int(mtime * 1e9))
+    def set_mtime_ns(self, key: str, mtime_ns: int) -> None:
+        times = (time.time_ns(), mtime_ns)
         try:
             if not key:
                 os.utime(self.root, ns=times, follow_symlinks=False)
@@ -770,11 +770,11 @@ class DirectoryStore(Store):
         try:
             entries = self._found(prefix, real, fd)
             if entries is None:
-                entries = ((name, target, stat.S_ISREG(st.st_mode), st.st_size, st.st_mtime)
+                entries = ((name, target, stat.S_ISREG(st.st_mode), st.st_size, st.st_mtime_ns)
                            for name, target, st in self._read_dir(prefix, real, fd))
-            for name, target, is_file, size, mtime in entries:
+            for name, target, is_file, size, mtime_ns in entries:
                 if is_file:
-                    listing.keys[name] = KeyInfo(size, mtime)
+                    listing.keys[name] = KeyInfo(size, mtime_ns)
                 else:
                     listing.prefixes.add(name)
                     dirs[name] = target
@@ -782,8 +782,8 @@ class DirectoryStore(Store):
             os.close(fd)
         return listing, dirs
 
-    def _found(self, prefix: str, real: str, fd: int) -> list[tuple[str, str, bool, int, float]] | None:
-        """(name, real path, is a file, size, mtime) of each file and directory of the large
+    def _found(self, prefix: str, real: str, fd: int) -> list[tuple[str, str, bool, int, int]] | None:
+        """(name, real path, is a file, size, mtime in ns) of each file and directory of the large
         directory ``real`` (open at ``fd``), as find lists them (symlinks to files in the
         store followed, as in :meth:`_entries`); None for a small one, or when find could not
         list it: then it is listed in process."""
@@ -795,7 +795,7 @@ class DirectoryStore(Store):
             return None
         out = []
         fits = self._within_path_max(prefix)
-        for name, kind, size, mtime in found:
+        for name, kind, size, mtime_ns in found:
             if not safe_name(name) or (fits is not None and not fits(name)):
                 continue
             if kind == "l":
@@ -805,9 +805,9 @@ class DirectoryStore(Store):
                     continue  # vanished: absent
                 if followed is None or not stat.S_ISREG(followed[1].st_mode):
                     continue
-                size, mtime, kind = followed[1].st_size, followed[1].st_mtime, "f"
+                size, mtime_ns, kind = followed[1].st_size, followed[1].st_mtime_ns, "f"
             if kind in ("f", "d"):
-                out.append((name, os.path.join(real, name), kind == "f", size, mtime))
+                out.append((name, os.path.join(real, name), kind == "f", size, mtime_ns))
         return out
 
     def _follow(self, key: str) -> tuple[str, os.stat_result] | None:
@@ -1115,8 +1115,8 @@ class _FileWriter(KeyWriter):
         return os.fstat(self._fd).st_size
 
     @property
-    def mtime(self) -> float | None:
-        return os.fstat(self._fd).st_mtime
+    def mtime_ns(self) -> int | None:
+        return os.fstat(self._fd).st_mtime_ns
 
     def write(self, offset: int, data: bytes) -> int:
         try:
@@ -1153,7 +1153,7 @@ class _FileWriter(KeyWriter):
                 return self._store.info(self.key)
             except StoreError:  # absent (or unreadable: listed again when next asked)
                 return GONE
-        return KeyInfo(st.st_size, st.st_mtime)
+        return KeyInfo(st.st_size, st.st_mtime_ns)
 
     def close(self) -> None:
         if self._fd >= 0:

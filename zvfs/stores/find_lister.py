@@ -10,8 +10,8 @@ it. Small directories are still listed in process, where starting a process cost
 than the listing.
 
 The entries are what ``os.scandir`` and ``lstat`` would give: symlinks are not followed
-(the caller resolves them under its escape rules), and each mtime is computed from find's
-seconds and nanoseconds as CPython computes ``st_mtime``, so both ways give equal floats.
+(the caller resolves them under its escape rules), and each mtime is find's seconds and
+nanoseconds as whole nanoseconds, as CPython computes ``st_mtime_ns``, so both ways agree.
 Any failure (no ``find`` here, a file that vanished meanwhile, an unreadable directory) is
 None: the caller then lists in process, which reports what is wrong.
 """
@@ -41,7 +41,7 @@ class Found(NamedTuple):
     name: str
     kind: str  # 'f' file, 'd' directory, 'l' symlink, or another of find's %y letters
     size: int
-    mtime: float
+    mtime_ns: int
 
 
 #: where find is looked for: the system's own, never the daemon's PATH (a root daemon
@@ -107,7 +107,7 @@ def parse(out: bytes) -> list[Found] | None:
             nsec = int(frac[:9]) if len(frac) >= 9 else int(frac.ljust(9, b"0") or b"0")
             # as CPython's stat: seconds (floored, so negative before 1970) plus nanoseconds
             add(Found(os.fsdecode(name), kinds.get(kind) or kind.decode(),
-                      int(size), int(sec) + nsec * 1e-9))
+                      int(size), int(sec) * 1_000_000_000 + nsec))
     except ValueError:
         return None
     return found

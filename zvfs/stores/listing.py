@@ -30,11 +30,13 @@ from zvfs.stores.keys import safe_name
 
 @dataclass(frozen=True, slots=True)
 class KeyInfo:
-    """Size and modification time of one key; mtime is seconds since the epoch.
-    ``version`` names the content where the store has such a name (S3's ETag)."""
+    """Size and modification time of one key; the mtime in whole nanoseconds since the
+    epoch, as the kernel keeps it (seconds in a float lose the last digits: a copy through
+    the mount would not carry the store's time). ``version`` names the content where the
+    store has such a name (S3's ETag)."""
 
     size: int
-    mtime: float
+    mtime_ns: int
     version: str | None = None
 
 
@@ -64,7 +66,7 @@ class KeyTable(MutableMapping[str, KeyInfo]):
     def __init__(self, items: Mapping[str, KeyInfo] | Iterable[tuple[str, KeyInfo]] = ()) -> None:
         self._names: list[str] = []
         self._sizes = array("q")
-        self._mtimes = array("d")
+        self._mtimes = array("q")
         #: None while every version is None; bytes of 16-byte digests while every one is a
         #: plain ETag (None never mixed in); else one entry per key
         self._versions: bytearray | list[str | None] | None = None
@@ -88,7 +90,7 @@ class KeyTable(MutableMapping[str, KeyInfo]):
             self._in_order = False
         names.append(name)
         self._sizes.append(info.size)
-        self._mtimes.append(info.mtime)
+        self._mtimes.append(info.mtime_ns)
         self._add_version(info.version)
 
     def _add_version(self, version: str | None) -> None:
@@ -195,16 +197,13 @@ class KeyTable(MutableMapping[str, KeyInfo]):
         """The entry of the arrays for ``name``, even when it was replaced or removed since."""
         return self._at(self._made_index(name))
 
-    def made_size_and_mtime(self, name: str) -> tuple[int, float]:
+    def made_size_and_mtime_ns(self, name: str) -> tuple[int, int]:
         """``made_from(name)``'s size and mtime, without making a KeyInfo."""
         i = self._made_index(name)  # first: it may sort the arrays
         return self._sizes[i], self._mtimes[i]
 
     def made_size(self, name: str) -> int:
-        return self.made_size_and_mtime(name)[0]
-
-    def made_mtime(self, name: str) -> float:
-        return self.made_size_and_mtime(name)[1]
+        return self.made_size_and_mtime_ns(name)[0]
 
     def total_size(self) -> int:
         """The sum of every key's size (df's figure), without a KeyInfo per key."""

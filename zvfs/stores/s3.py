@@ -31,7 +31,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 from typing import Any, NamedTuple, TypeVar
 
@@ -258,17 +258,27 @@ def _info(obj: dict[str, Any]) -> KeyInfo | None:
     return _key_info(obj.get("Size"), obj.get("LastModified"), obj.get("ETag"))
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
 def _key_info(size: object, when: object, etag: object) -> KeyInfo | None:
     """A key's info from what a listing or a HEAD said, each checked, not trusted; None for
     a size no file can have. A date that is none (a small server's HEAD may give none) is 0."""
     if not isinstance(size, int) or not 0 <= size <= _MAX_SIZE:
         return None
-    return KeyInfo(size, _seconds(when), _etag(etag))
+    return KeyInfo(size, _nanoseconds(when), _etag(etag))
 
 
-def _seconds(when: object) -> float:
-    """A date botocore parsed, in epoch seconds; 0 for one missing or unparsed."""
-    return when.timestamp() if isinstance(when, datetime) else 0.0
+def _nanoseconds(when: object) -> int:
+    """A date botocore parsed, in whole nanoseconds since the epoch (exact: through float
+    seconds a listing's milliseconds come out a few hundred ns off); 0 for one missing or
+    unparsed."""
+    if not isinstance(when, datetime):
+        return 0
+    if when.tzinfo is None:  # as datetime.timestamp() reads a naive time: local
+        when = when.astimezone()
+    return (when - _EPOCH) // _MICROSECOND * 1000
 
 
 def _etag(value: object) -> str | None:
@@ -996,7 +1006,7 @@ class S3Store(Store):
                     continue  # no upload of this store's that could be named or aborted
                 name = full[len(self.prefix):]
                 if key is None or name == key:
-                    out.append(Upload(name, upload_id, _seconds(when),
+                    out.append(Upload(name, upload_id, _nanoseconds(when) / 1e9,
                                       (up.get("Initiator") or {}).get("ID")))
             if not page.get("IsTruncated"):
                 return out

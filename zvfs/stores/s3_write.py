@@ -332,7 +332,7 @@ class S3Writer(KeyWriter):
             self._committed = True
             self.stored = True
             self._told = False  # what is written next and never stored is told of again
-        return KeyInfo(size, time.time())
+        return KeyInfo(size, time.time_ns())
 
     def _put_whole(self, size: int) -> None:
         put_key(self.store, self.key, self.read(0, size), if_absent=self._exclusive and not self._committed)

@@ -90,7 +90,7 @@ COMPRESSED_BLOCK_SIZE = 1 << 20
 @dataclass(slots=True)
 class _Member:
     info: zipfile.ZipInfo
-    mtime: float
+    mtime_ns: int
     data_offset: int = -1  # filled lazily from the local header
     #: the archive's generation (see ZipStore._now) when that header was read
     checked: int = 0
@@ -149,7 +149,7 @@ class ZipStore(Store):
             self._stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             self._members: dict[str, _Member] = {}
             self._dirs: dict[str, Listing] = {"": Listing()}
-            self._read_central_directory(st.st_mtime)
+            self._read_central_directory(st.st_mtime_ns)
         except BaseException:
             os.close(fd)
             raise
@@ -167,7 +167,7 @@ class ZipStore(Store):
         for listing in self._dirs.values():  # sorted here, so a listing costs nothing later
             listing.keys.seal()
 
-    def _read_central_directory(self, fallback_mtime: float) -> None:
+    def _read_central_directory(self, fallback_mtime_ns: int) -> None:
         """Parse the central directory once (through a private file object) and build the tree."""
         try:
             with open(self._fd, "rb", closefd=False) as fh, zipfile.ZipFile(fh) as zf:
@@ -205,11 +205,11 @@ class ZipStore(Store):
             # the last of duplicate names wins, as in zipfile and zarr-python; told below
             if name in self._members:
                 repeated[name] = repeated.get(name, 1) + 1
-            self._members[name] = _Member(zi, _member_mtime(zi, fallback_mtime))
+            self._members[name] = _Member(zi, _member_mtime_ns(zi, fallback_mtime_ns))
             parent, _, base = name.rpartition("/")
             pre = parent + "/" if parent else ""
             self._add_prefixes(pre)
-            self._dirs[pre].keys[base] = KeyInfo(zi.file_size, self._members[name].mtime)
+            self._dirs[pre].keys[base] = KeyInfo(zi.file_size, self._members[name].mtime_ns)
         # zarr-python's ZipStore leaves such pairs whenever a key is set twice (it warns as it
         # writes them): a fact about the archive, not a fault
         _tell_some(logging.INFO, [f"{self.path}: member {name!r} appears {times} times; the last one "
@@ -237,7 +237,7 @@ class ZipStore(Store):
 
     def info(self, key: str) -> KeyInfo:
         m = self._member(key)
-        return KeyInfo(m.info.file_size, m.mtime)
+        return KeyInfo(m.info.file_size, m.mtime_ns)
 
     def list_dir(self, prefix: str) -> Listing:
         check_prefix(prefix)
@@ -976,8 +976,8 @@ _UT_TAG, _NTFS_TAG = 0x5455, 0x000A
 _NTFS_EPOCH = 116444736000000000
 
 
-def _member_mtime(zi: zipfile.ZipInfo, fallback: float) -> float:
-    """The member's mtime: from a UTC extra field when it has one, else its DOS time.
+def _member_mtime_ns(zi: zipfile.ZipInfo, fallback_ns: int) -> int:
+    """The member's mtime in ns: from a UTC extra field when it has one, else its DOS time.
 
     The DOS time is local time of no stated zone, at 2 s steps: read alone it moved with the
     daemon's TZ (12:00:01 UTC showed as 03:00:02 in Tokyo), where unzip and fuse-zip read
@@ -989,22 +989,22 @@ def _member_mtime(zi: zipfile.ZipInfo, fallback: float) -> float:
         body = extra[i + 4:i + 4 + size]
         i += 4 + size
         if tag == _UT_TAG and len(body) >= 5 and body[0] & 1:  # flag bit 0: mtime present
-            return float(struct.unpack_from("<i", body, 1)[0])
+            return struct.unpack_from("<i", body, 1)[0] * 1_000_000_000
         if tag == _NTFS_TAG and len(body) >= 32:
             # 4 reserved bytes, then attributes; tag 1 (24 bytes) holds mtime, atime, ctime
             tag1, size1 = struct.unpack_from("<HH", body, 4)
             if tag1 == 1 and size1 >= 24:
                 (ticks,) = struct.unpack_from("<Q", body, 8)
-                return (ticks - _NTFS_EPOCH) / 1e7
-    return _zip_mtime(zi.date_time, fallback)
+                return (ticks - _NTFS_EPOCH) * 100
+    return _zip_mtime_ns(zi.date_time, fallback_ns)
 
 
 @functools.lru_cache(maxsize=1024)
-def _zip_mtime(date_time: tuple[int, int, int, int, int, int], fallback: float) -> float:
+def _zip_mtime_ns(date_time: tuple[int, int, int, int, int, int], fallback_ns: int) -> int:
     """Member time as zipfile gives it (local time, no zone); the archive's mtime if invalid.
     Remembered: an archive's members mostly share a handful of times, and mktime (a
     time-zone lookup) was a fifth of opening 20,000 members."""
     try:
-        return time.mktime((*date_time, 0, 0, -1))
+        return int(time.mktime((*date_time, 0, 0, -1))) * 1_000_000_000
     except (OverflowError, ValueError):
-        return fallback
+        return fallback_ns

@@ -622,7 +622,7 @@ class RawDataFile(FileNode):
 
     def __init__(self, array: DecodedArray, ahead: ReadAhead | None = None) -> None:
         self.array = array
-        self.mtime = array.ctx.data_mtime(array.meta.path)
+        self.mtime_ns = array.ctx.data_mtime_ns(array.meta.path)
         self.immutable = array.ctx.immutable  # chunks may be rewritten unless declared immutable
         self._ahead = ahead
 
@@ -646,12 +646,12 @@ class RawDataFile(FileNode):
 class ChunkFile(FileNode):
     """``chunks/<i.j.k>``: one decoded chunk, clipped at the array's edge."""
 
-    __slots__ = ("array", "idx", "mtime", "immutable")  # a listing makes one per chunk told
+    __slots__ = ("array", "idx", "mtime_ns", "immutable")  # a listing makes one per chunk told
 
     def __init__(self, array: DecodedArray, idx: tuple[int, ...]) -> None:
         self.array = array
         self.idx = idx
-        self.mtime = array.ctx.data_mtime(array.meta.path)
+        self.mtime_ns = array.ctx.data_mtime_ns(array.meta.path)
         self.immutable = array.ctx.immutable
 
     def version(self) -> object:
@@ -741,7 +741,7 @@ class ChunkGridDir(DirNode):
         self.array = array
         self.make = make
         self.extra = dict(extra or {})
-        self.mtime = array.ctx.node_mtime(array.meta.path)
+        self.mtime_ns = array.ctx.node_mtime_ns(array.meta.path)
 
     async def lookup(self, name: str) -> Node | None:
         if name in self.extra:
@@ -855,9 +855,9 @@ class ArrayDir(StaticDir):
     json's pure-Python encoder: made for every array at once, a store of 100,000 arrays
     spent most of its first ``ls .zvfs/arrays`` there, and held every array's files."""
 
-    def __init__(self, array: DecodedArray, mtime: float = 0.0,
+    def __init__(self, array: DecodedArray, mtime_ns: int = 0,
                  unknown: NodeError | None = None) -> None:
-        super().__init__(mtime=mtime, unknown=unknown)
+        super().__init__(mtime_ns=mtime_ns, unknown=unknown)
         self._array: DecodedArray | None = array
 
     @property  # type: ignore[override]
@@ -878,7 +878,7 @@ def array_files(array: DecodedArray) -> dict[str, Node]:
     from zvfs.views.envi import envi_header, envi_supported
     from zvfs.views.npy import NpyFile
 
-    mtime = array.ctx.node_mtime(array.meta.path)
+    mtime = array.ctx.node_mtime_ns(array.meta.path)
     files: dict[str, Node] = {"meta.json": BytesFile(array.meta.json_bytes(), mtime)}
     if not array.readable:
         return files

@@ -56,12 +56,12 @@ class MountContext:
     metadata_ttl: float | None = 60.0
     cache_size: int = 512 << 20
     decoded: str = "hidden"  # hidden | visible | off
-    mount_time: float = field(default_factory=time.time)
+    mount_time_ns: int = field(default_factory=time.time_ns)
     #: what the user mounted and with which options (stats.json and zvfs status show them)
     source: str = ""
     options: dict[str, Any] = field(default_factory=dict)
-    #: node path -> newest mtime of its metadata keys, from the scan at mount (formats.probe)
-    metadata_mtimes: dict[str, float] = field(default_factory=dict)
+    #: node path -> newest mtime (ns) of its metadata keys, from the scan at mount (formats.probe)
+    metadata_mtimes: dict[str, int] = field(default_factory=dict)
     #: the mount's shared services: its counters, its worker threads, its log-once
     counters: Counters = field(default_factory=Counters)
     workers: Workers = field(default_factory=Workers)
@@ -124,15 +124,15 @@ class MountContext:
     #: array path -> when an open file's recheck of it was last asked for (at most one a TTL)
     rechecks_asked: dict[str, float] = field(default_factory=dict, init=False)
     #: path -> (serial of its last write, the key's info after it, when it was made); see
-    #: epoch() and changed_at()
-    _epochs: OrderedDict[str, tuple[int, KeyInfo | None, float]] = field(default_factory=OrderedDict,
+    #: epoch() and changed_at_ns()
+    _epochs: OrderedDict[str, tuple[int, KeyInfo | None, int]] = field(default_factory=OrderedDict,
                                                                          init=False)
     _serial: int = field(default=0, init=False)
     _floor: int = field(default=0, init=False)
-    _floor_time: float = field(default=0.0, init=False)
+    _floor_time_ns: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
-        self._stable_time = max(self.metadata_mtimes.values(), default=self.mount_time)
+        self._stable_time_ns = max(self.metadata_mtimes.values(), default=self.mount_time_ns)
         # listings are small; bound them by entry count via sizeof=1
         self.listings = Cache(max_bytes=100_000, ttl=self.metadata_ttl, sizeof=lambda _v: 1)
         # memory kept outside the cache's bound for reuse: a streaming reader needs a few
@@ -152,18 +152,18 @@ class MountContext:
         self.decoding = ByteBudget(max(DECODING_MIN, self.cache_size // 2))
 
     @property
-    def stable_time(self) -> float:
+    def stable_time_ns(self) -> int:
         """The mtime of a directory or file derived from the store as a whole: the newest
         metadata mtime, so it survives a remount of unchanged data (the mount time otherwise)."""
-        return self._stable_time
+        return self._stable_time_ns
 
-    def learn_mtimes(self, mtimes: dict[str, float]) -> float:
+    def learn_mtimes(self, mtimes: dict[str, int]) -> int:
         """Take the metadata mtimes a scan found after the context was built (the daemon
         scans once the mount answers); returns the stable time before them, so the caller
         can move the nodes that were made with it."""
-        before = self._stable_time
+        before = self._stable_time_ns
         self.metadata_mtimes.update(mtimes)
-        self._stable_time = max(self.metadata_mtimes.values(), default=self.mount_time)
+        self._stable_time_ns = max(self.metadata_mtimes.values(), default=self.mount_time_ns)
         return before
 
     def learn_layouts(self, generation: int, began: float, layouts: dict[str, str], complete: bool) -> None:
@@ -191,24 +191,24 @@ class MountContext:
             return recheck[1]
         return None if self.array_layouts is None else self.array_layouts.get(path)
 
-    def node_mtime(self, path: str) -> float:
+    def node_mtime_ns(self, path: str) -> int:
         """The mtime of the views of the array or group at ``path``: its metadata's."""
-        return self.metadata_mtimes.get(path.strip("/"), self.stable_time)
+        return self.metadata_mtimes.get(path.strip("/"), self.stable_time_ns)
 
-    def data_mtime(self, path: str) -> float:
+    def data_mtime_ns(self, path: str) -> int:
         """The mtime of the views that hold the bytes of the chunks at or below ``path``
         (data.raw, data.npy, chunk files, a netCDF file): its metadata's, or the last write
         through the mount below it when later. A chunk rewritten through the mount left
         them their metadata's mtime, and copy tools that take an unchanged size and mtime for
         unchanged bytes (rsync -a, make) kept the old copy."""
-        return max(self.node_mtime(path), self.changed_at(path.strip("/")))
+        return max(self.node_mtime_ns(path), self.changed_at_ns(path.strip("/")))
 
-    def changed_at(self, path: str) -> float:
+    def changed_at_ns(self, path: str) -> int:
         """When a key at or below ``path`` was last changed through the mount (0: never).
         Bounded as epoch() is: a path forgotten answers the newest time forgotten (a
         spurious change, never a missed one)."""
         entry = self._epochs.get(path)
-        return self._floor_time if entry is None else entry[2]
+        return self._floor_time_ns if entry is None else entry[2]
 
     @property
     def immutable(self) -> bool:
@@ -250,7 +250,7 @@ class MountContext:
         it and of every directory above it, forget the decoded hierarchy (rediscovered on
         next use) and tell the fs layer to drop the kernel's caches of derived files."""
         self._serial += 1
-        now = time.time()
+        now = time.time_ns()
         parts = key.strip("/").split("/")
         paths = ["", *("/".join(parts[: i + 1]) for i in range(len(parts)))]
         for path in paths:
@@ -259,11 +259,11 @@ class MountContext:
         while len(self._epochs) > self.EPOCH_ENTRIES:
             _, (serial, _, when) = self._epochs.popitem(last=False)
             self._floor = max(self._floor, serial)
-            self._floor_time = max(self._floor_time, when)
+            self._floor_time_ns = max(self._floor_time_ns, when)
         parent, _, name = key.strip("/").rpartition("/")
         if name in DESCRIBING_NAMES:  # the views of that node take its metadata's new mtime
-            when = info.mtime if info is not None else time.time()
-            self.learn_mtimes({parent: max(when, self.metadata_mtimes.get(parent, 0.0))})
+            when = info.mtime_ns if info is not None else time.time_ns()
+            self.learn_mtimes({parent: max(when, self.metadata_mtimes.get(parent, 0))})
         self.listings.invalidate(("decoded",))
         for hook in self.on_change:
             hook()

@@ -121,7 +121,7 @@ def _unknown(d: Decoded) -> NodeError | None:
 
 async def build_arrays_dir(ctx: MountContext) -> DirNode:
     d = await decoded(ctx)
-    root = StaticDir(mtime=ctx.stable_time, unknown=_unknown(d))
+    root = StaticDir(mtime_ns=ctx.stable_time_ns, unknown=_unknown(d))
     for path, array in sorted(d.arrays.items()):
         if not path:  # a root array: its files are the directory's own
             root.entries.update(array_files(array))
@@ -129,14 +129,14 @@ async def build_arrays_dir(ctx: MountContext) -> DirNode:
         parent, _, name = path.rpartition("/")
         # sorted: a path comes before any below it, so the name is free (its files are made
         # at the first look into it: ArrayDir)
-        root.place(parent).entries[name] = ArrayDir(array, root.mtime, root.unknown)
+        root.place(parent).entries[name] = ArrayDir(array, root.mtime_ns, root.unknown)
     return root
 
 
 async def build_v2_dir(ctx: MountContext) -> DirNode:
     d = await decoded(ctx)
-    mtime = ctx.stable_time
-    root = StaticDir(mtime=mtime, unknown=_unknown(d))
+    mtime = ctx.stable_time_ns
+    root = StaticDir(mtime_ns=mtime, unknown=_unknown(d))
     for path, attrs in sorted(d.groups.items()):
         root.place(path).entries.update(mirror_group_files(attrs, mtime, d.group_types.get(path), path, ctx.warn_once))
     arrays = {p: a for p, a in d.arrays.items() if a.readable and not a.meta.error}
@@ -171,32 +171,32 @@ async def build_v2_dir(ctx: MountContext) -> DirNode:
 async def build_netcdf_dir(ctx: MountContext) -> DirNode:
     """One classic netCDF file per group (see views.netcdf for the naming)."""
     d = await decoded(ctx)
-    mtime = ctx.mount_time
-    root = StaticDir(mtime=mtime, unknown=_unknown(d))
+    mtime = ctx.mount_time_ns
+    root = StaticDir(mtime_ns=mtime, unknown=_unknown(d))
     members = group_members(sorted(d.groups), sorted(d.arrays))
     names = group_file_names(sorted(members))
     for group, variables in sorted(members.items()):
         parent, name = names[group]
         arrays = {v: d.arrays[p] for v, p in variables.items()}
         # its bytes are its arrays': a write through the mount below the group changes them
-        node = netcdf_file(d.groups.get(group, {}), arrays, max(mtime, ctx.changed_at(group)),
+        node = netcdf_file(d.groups.get(group, {}), arrays, max(mtime, ctx.changed_at_ns(group)),
                            d.group_types.get(group))
         root.place(parent).entries[name] = node
     return root
 
 
-def _groups_everywhere(node: StaticDir, mtime: float) -> None:
+def _groups_everywhere(node: StaticDir, mtime_ns: int) -> None:
     """Give every directory of the mirror that is not an array a .zgroup (v2 needs one)."""
     if ".zgroup" not in node.entries:
-        node.entries.update(mirror_group_files({}, mtime))
+        node.entries.update(mirror_group_files({}, mtime_ns))
     for child in node.entries.values():
         if isinstance(child, StaticDir):
-            _groups_everywhere(child, mtime)
+            _groups_everywhere(child, mtime_ns)
 
 
 async def _vectors_or_empty(ctx: MountContext, build: Callable[..., Awaitable[DirNode | None]]) -> DirNode:
     node = await build(ctx.store, ctx)
-    return node if node is not None else StaticDir(mtime=ctx.stable_time)
+    return node if node is not None else StaticDir(mtime_ns=ctx.stable_time_ns)
 
 
 #: the families below ``.zvfs/``, each built from one discovery (views.root makes the nodes)

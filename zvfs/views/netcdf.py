@@ -500,16 +500,16 @@ async def read_var(var: NcVar, offset: int, length: int, ahead: ReadAhead | None
 class NetcdfFile(FileNode):
     """One group as a classic netCDF file: the header, then each variable's data at its begin."""
 
-    def __init__(self, layout: NcLayout, mtime: float, aheads: dict[str, ReadAhead] | None = None) -> None:
+    def __init__(self, layout: NcLayout, mtime_ns: int, aheads: dict[str, ReadAhead] | None = None) -> None:
         self.layout = layout
-        self.mtime = mtime
+        self.mtime_ns = mtime_ns
         # the header never changes while mounted; the data does unless the store is immutable
         self.immutable = all(v.array.ctx.immutable for v in layout.variables)
         #: one open's sequential detector per variable (None: the node in the tree, no read-ahead)
         self._aheads = aheads
 
     async def reader(self) -> FileNode:
-        return NetcdfFile(self.layout, self.mtime, {})
+        return NetcdfFile(self.layout, self.mtime_ns, {})
 
     @property
     def size(self) -> int:
@@ -625,9 +625,9 @@ def group_members(group_paths: Sequence[str], array_paths: Sequence[str]) -> dic
 def netcdf_file(
     group_attrs: dict[str, Any],
     arrays: dict[str, DecodedArray],
-    mtime: float,
+    mtime_ns: int,
     group_types: dict[str, str] | None = None,
 ) -> NetcdfFile:
-    return NetcdfFile(build_layout(group_attrs, arrays, group_types), mtime)
+    return NetcdfFile(build_layout(group_attrs, arrays, group_types), mtime_ns)
 
 

@@ -58,7 +58,7 @@ class FileHandle(ABC):
     def size(self) -> int: ...
 
     @property
-    def mtime(self) -> float | None:
+    def mtime_ns(self) -> int | None:
         """The mtime the writes gave the file, where it has one before it is stored (a local
         file's); None: the file's listed one."""
         return None
@@ -92,13 +92,13 @@ class Node(ABC):  # noqa: B024 - abstract through FileNode and DirNode
 
     __slots__ = ()  # a subclass may keep its nodes small (a store of millions of keys)
 
-    mtime: float = 0.0
+    mtime_ns: int = 0
     #: shown by readdir; a hidden node still answers lookup (like ZFS's .zfs)
     hidden: bool = False
     #: True when the write methods work (a writable mount's raw tree)
     writable: bool = False
 
-    async def set_mtime(self, mtime: float) -> None:
+    async def set_mtime_ns(self, mtime_ns: int) -> None:
         raise read_only()
 
     def detach(self) -> None:  # noqa: B027 - optional hook
@@ -123,10 +123,10 @@ class FileNode(Node):
     @abstractmethod
     def size(self) -> int: ...
 
-    def size_and_mtime(self) -> tuple[int, float]:
+    def size_and_mtime_ns(self) -> tuple[int, int]:
         """``(size, mtime)`` at once: a walk's replies ask both of every file, and a node
         that finds them in one place can look once."""
-        return self.size, self.mtime
+        return self.size, self.mtime_ns
 
     @abstractmethod
     async def read(self, offset: int, length: int) -> bytes | memoryview:
@@ -242,9 +242,9 @@ class LazyEntries(Sequence[tuple[str, Node]]):
 class BytesFile(FileNode):
     """A small file whose content is computed once (metadata, headers, JSON)."""
 
-    def __init__(self, data: bytes, mtime: float = 0.0) -> None:
+    def __init__(self, data: bytes, mtime_ns: int = 0) -> None:
         self._data = data
-        self.mtime = mtime
+        self.mtime_ns = mtime_ns
 
     @property
     def size(self) -> int:
@@ -257,10 +257,10 @@ class BytesFile(FileNode):
 class StaticDir(DirNode):
     """A directory with a fixed set of children, built up front."""
 
-    def __init__(self, entries: dict[str, Node] | None = None, mtime: float = 0.0,
+    def __init__(self, entries: dict[str, Node] | None = None, mtime_ns: int = 0,
                  unknown: NodeError | None = None) -> None:
         self.entries: dict[str, Node] = dict(entries or {})
-        self.mtime = mtime
+        self.mtime_ns = mtime_ns
         #: what a name not here is, when this directory may lack some (built from a store
         #: that failed): raised, not ENOENT, which says "no such file" and may be cached
         self.unknown = unknown
@@ -272,7 +272,7 @@ class StaticDir(DirNode):
         for part in (p for p in path.split("/") if p):
             child = node.entries.get(part)
             if not isinstance(child, StaticDir):
-                child = node.entries[part] = StaticDir(mtime=self.mtime, unknown=self.unknown)
+                child = node.entries[part] = StaticDir(mtime_ns=self.mtime_ns, unknown=self.unknown)
             node = child
         return node
 

@@ -198,7 +198,7 @@ class RawFile(FileNode):
         if local is not None:
             if not self.ctx.writable:
                 self._tree_ahead().opened(self.key)
-            node = LocalReader(self.key, local, self._info.mtime, self.ctx.workers)
+            node = LocalReader(self.key, local, self._info.mtime_ns, self.ctx.workers)
             # written through the mount since the kernel met this inode: the kernel's size
             # for it may be another version's, so the reader reads to its own end
             node.direct_io = self._epoch != self._born
@@ -229,7 +229,7 @@ class RawFile(FileNode):
         mount it has seen since: one lookup in the listing's table for both."""
         self._refresh()
         src = self._src
-        return (src.size, src.mtime) if isinstance(src, KeyInfo) else src.made_size_and_mtime(self.name)
+        return (src.size, src.mtime_ns) if isinstance(src, KeyInfo) else src.made_size_and_mtime_ns(self.name)
 
     def _writing_size(self) -> int | None:
         """The size of the newest open writer of this key, if any (what a stat must show)."""
@@ -242,17 +242,17 @@ class RawFile(FileNode):
         return self._entry()[0] if writing is None else writing
 
     @property  # type: ignore[override]
-    def mtime(self) -> float:
+    def mtime_ns(self) -> int:
         return self._entry()[1]
 
-    def size_and_mtime(self) -> tuple[int, float]:
+    def size_and_mtime_ns(self) -> tuple[int, int]:
         size, mtime = self._entry()
         writing = self._writing_size()
         return (size if writing is None else writing), mtime
 
     def version(self) -> object:
         self._refresh()
-        return (self.key, self._info.size, self._info.mtime, self._epoch)
+        return (self.key, self._info.size, self._info.mtime_ns, self._epoch)
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -300,7 +300,7 @@ class RawFile(FileNode):
             # an open that replaces the bytes makes it again
             writer = await store_call(self.ctx, self.key, store.open_writer, self.key, truncate=True,
                                       create=True)
-            info = KeyInfo(0, time.time())
+            info = KeyInfo(0, time.time_ns())
             self.ctx.listing_put(self.key, info)
             self.ctx.note_write(self.key, info)
         return writer
@@ -313,12 +313,12 @@ class RawFile(FileNode):
         finally:
             await handle.release()
 
-    async def set_mtime(self, mtime: float) -> None:
+    async def set_mtime_ns(self, mtime_ns: int) -> None:
         if not self.writable:
             raise NodeError(errno.EROFS)
-        await store_call(self.ctx, self.key, self.ctx.store.set_mtime, self.key, mtime)
+        await store_call(self.ctx, self.key, self.ctx.store.set_mtime_ns, self.key, mtime_ns)
         if not self.ctx.store.implicit_dirs:  # S3 keeps its own LastModified
-            info = KeyInfo(self.size, mtime)
+            info = KeyInfo(self.size, mtime_ns)
             self.ctx.listing_put(self.key, info)
             self.ctx.note_write(self.key, info)
 
@@ -415,7 +415,7 @@ class RawFile(FileNode):
     def _block_key(self, n: int) -> tuple[object, ...]:
         """Block ``n`` of this version of the file, in the mount's cache."""
         info = self._info
-        return ("raw", self.key, info.size, info.mtime, self._epoch, n)
+        return ("raw", self.key, info.size, info.mtime_ns, self._epoch, n)
 
 
     def _walk(self) -> FileWalk | None:
@@ -541,11 +541,11 @@ class RawReader(RawFile):
 class LocalReader(FileNode):
     """One open of a local file (directory store): reads go to the descriptor opened at open."""
 
-    def __init__(self, key: str, reader: KeyReader, mtime: float, workers: Workers) -> None:
+    def __init__(self, key: str, reader: KeyReader, mtime_ns: int, workers: Workers) -> None:
         self.key = key
         self._reader = reader
         self._workers = workers
-        self.mtime = mtime
+        self.mtime_ns = mtime_ns
         self.immutable = False
         self.validated = True  # the descriptor's fstat, taken at this open
 
@@ -584,7 +584,7 @@ class LocalReader(FileNode):
         reader = self._reader.again()
         if reader is None:
             return None
-        node = LocalReader(self.key, reader, self.mtime, self._workers)
+        node = LocalReader(self.key, reader, self.mtime_ns, self._workers)
         node.direct_io = self.direct_io
         return node
 
@@ -711,12 +711,12 @@ class FileWalk:
 class RawDir(DirNode):
     """The store prefix ``prefix`` ('' for the root, else ending in '/')."""
 
-    __slots__ = ("ctx", "prefix", "mtime", "writable")
+    __slots__ = ("ctx", "prefix", "mtime_ns", "writable")
 
     def __init__(self, ctx: MountContext, prefix: str = "") -> None:
         self.ctx = ctx
         self.prefix = prefix
-        self.mtime = ctx.stable_time
+        self.mtime_ns = ctx.stable_time_ns
         self.writable = ctx.writable
 
     async def _listing(self) -> Listing:
@@ -761,7 +761,7 @@ class RawDir(DirNode):
         for key in self.ctx.writers:
             parent, _, name = key.rpartition("/")
             if (parent + "/" if parent else "") == self.prefix and name not in listing.keys:
-                listing.keys[name] = KeyInfo(0, time.time())
+                listing.keys[name] = KeyInfo(0, time.time_ns())
         return listing
 
     def _usable(self, name: str, listing: Listing) -> bool:
@@ -794,7 +794,7 @@ class RawDir(DirNode):
         except KeyError:
             # listed, then removed through the mount before readdir came to it (the listing
             # makes its nodes when read): readdir leaves such a name out
-            return RawFile(self.ctx, self.prefix + name, KeyInfo(0, self.mtime), pinned=True)
+            return RawFile(self.ctx, self.prefix + name, KeyInfo(0, self.mtime_ns), pinned=True)
 
     def _list_ahead(self, listing: Listing) -> None:
         """A walk of the tree (find, du, ls -R, rsync) opens this directory's subdirectories
@@ -879,7 +879,7 @@ class RawDir(DirNode):
         writer = await store_call(self.ctx, key, self.ctx.store.open_writer, key, truncate=True, create=True,
                                   exclusive=exclusive)
         handle = WriteHandle(self.ctx, key, writer)
-        info = KeyInfo(0, time.time())
+        info = KeyInfo(0, time.time_ns())
         self.ctx.listing_put(key, info)
         self.ctx.note_write(key, info)
         return RawFile(self.ctx, key, info), handle
@@ -1029,16 +1029,16 @@ class RawDir(DirNode):
         if name in listing.keys or name in listing.prefixes:
             raise NodeError(errno.EEXIST)
         await store_call(self.ctx, dst, self.ctx.store.link, node.key, dst)
-        info = KeyInfo(node.size, node.mtime)
+        info = KeyInfo(node.size, node.mtime_ns)
         self.ctx.listing_put(dst, info)
         self.ctx.note_write(dst, info)
         return RawFile(self.ctx, dst, info)
 
-    async def set_mtime(self, mtime: float) -> None:
+    async def set_mtime_ns(self, mtime_ns: int) -> None:
         if not self.writable:
             raise NodeError(errno.EROFS)
         if not self.ctx.store.implicit_dirs:
-            await store_call(self.ctx, self.prefix, self.ctx.store.set_mtime, self.prefix, mtime)
+            await store_call(self.ctx, self.prefix, self.ctx.store.set_mtime_ns, self.prefix, mtime_ns)
 
 
 class RawDirHolder(DirNode):

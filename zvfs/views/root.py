@@ -43,7 +43,7 @@ class DecodedDir(DirNode):
     def __init__(self, ctx: MountContext, tag: str) -> None:
         self.ctx = ctx
         self.tag = tag
-        self.mtime = ctx.stable_time
+        self.mtime_ns = ctx.stable_time_ns
 
     async def _target(self) -> DirNode:
         return await (await load_decoded_views(self.ctx)).family(self.ctx, self.tag)
@@ -62,7 +62,7 @@ class MountRoot(RawDirHolder):
         self.ctx = ctx
         self.raw = RawDir(ctx, "")
         self.control = control
-        self.mtime = ctx.stable_time
+        self.mtime_ns = ctx.stable_time_ns
         self.writable = ctx.writable
         if control is not None:
             control.hidden = ctx.decoded != "visible"
@@ -108,13 +108,13 @@ class MountRoot(RawDirHolder):
         self._plain(name)
         return await self.raw.link(node, name)
 
-    async def set_mtime(self, mtime: float) -> None:
-        await self.raw.set_mtime(mtime)
+    async def set_mtime_ns(self, mtime_ns: int) -> None:
+        await self.raw.set_mtime_ns(mtime_ns)
 
 
 def build_root(ctx: MountContext) -> MountRoot:
     """The root node, with ``.zvfs`` (stats.json and the decoded families) unless decoded=off."""
-    control = None if ctx.decoded == "off" else StaticDir(mtime=ctx.stable_time)
+    control = None if ctx.decoded == "off" else StaticDir(mtime_ns=ctx.stable_time_ns)
     if control is not None:
         from zvfs.views.stats import StatsFile
 

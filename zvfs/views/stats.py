@@ -32,7 +32,7 @@ class StatsFile(FileNode):
 
     def __init__(self, ctx: MountContext) -> None:
         self.ctx = ctx
-        self.mtime = ctx.mount_time
+        self.mtime_ns = ctx.mount_time_ns
         self._snapshot = b""
 
     def document(self) -> dict[str, object]:
@@ -45,7 +45,7 @@ class StatsFile(FileNode):
             options=self.ctx.options,
             pid=os.getpid(),
             ready=self.ctx.counters.ready,
-            started=round(self.ctx.mount_time, 3),
+            started=round(self.ctx.mount_time_ns / 1e9, 3),
             last_error={"time": round(last[0], 3), "message": last[1]} if last else None,
             time=round(time.time(), 3),
         )

@@ -235,7 +235,7 @@ def _tell_dropped(warn: Callable[[str, str], None] | None, path: str, dropped: l
 def mirror_array_dir(
     array: DecodedArray, extra: dict[str, Node] | None = None, dims: list[str] | None = None
 ) -> ChunkGridDir:
-    mtime = array.ctx.node_mtime(array.meta.path)
+    mtime = array.ctx.node_mtime_ns(array.meta.path)
     meta = array.meta
     dropped: list[str] = []
     entries: dict[str, Node] = {
@@ -249,7 +249,7 @@ def mirror_array_dir(
 
 def mirror_group_files(
     attrs: dict[str, Any],
-    mtime: float,
+    mtime_ns: int,
     types: dict[str, str] | None = None,
     path: str = "",
     warn: Callable[[str, str], None] | None = None,
@@ -260,8 +260,8 @@ def mirror_group_files(
     doc = group_zattrs(translate(attrs, types), dropped)
     _tell_dropped(warn, path, dropped)
     return {
-        ".zgroup": BytesFile(_dumps({"zarr_format": 2}), mtime),
-        ".zattrs": BytesFile(_dumps(doc), mtime),
+        ".zgroup": BytesFile(_dumps({"zarr_format": 2}), mtime_ns),
+        ".zattrs": BytesFile(_dumps(doc), mtime_ns),
     }
 
 
@@ -302,7 +302,7 @@ async def consolidate(node: Node) -> dict[str, Any]:
             continue
         text = _dumps({"zarr_consolidated_format": 1, "metadata": group_docs})
         spent += len(text) if depth else 0
-        group.entries[".zmetadata"] = BytesFile(text, group.mtime)
+        group.entries[".zmetadata"] = BytesFile(text, group.mtime_ns)
     return docs
 
 

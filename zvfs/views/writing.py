@@ -108,8 +108,8 @@ class WriteHandle(FileHandle):
         return self.writer.size
 
     @property
-    def mtime(self) -> float | None:
-        return self.writer.mtime
+    def mtime_ns(self) -> int | None:
+        return self.writer.mtime_ns
 
     async def read(self, offset: int, length: int) -> bytes:
         return await store_call(self.ctx, self.key, self.writer.read, offset, length)
@@ -176,7 +176,7 @@ class UnstoredReader(FileNode):
     def __init__(self, handle: WriteHandle) -> None:
         self.handle = handle
         self.key = handle.key
-        self.mtime = time.time()
+        self.mtime_ns = time.time_ns()
 
     @property
     def size(self) -> int:

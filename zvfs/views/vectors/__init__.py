@@ -46,7 +46,7 @@ def _group_dir(ctx: MountContext, token: int, path: str, group: zv.ZVGroup | Exc
     entries: dict[str, Node] = {}
     for name in group.level_names:
         entries[name] = level_dir(ctx, ("zv", token, path, name), group, name)
-    return StaticDir(entries, mtime=ctx.stable_time)
+    return StaticDir(entries, mtime_ns=ctx.stable_time_ns)
 
 
 async def build_vectors_dir(store: Store, ctx: MountContext) -> DirNode | None:
@@ -57,7 +57,7 @@ async def build_vectors_dir(store: Store, ctx: MountContext) -> DirNode | None:
     token = next(_tokens)
     if len(found) == 1 and found[0][0] == "":
         return _group_dir(ctx, token, "", found[0][1])
-    root = StaticDir(mtime=ctx.stable_time)
+    root = StaticDir(mtime_ns=ctx.stable_time_ns)
     for path, group in found:
         parent, _, name = path.rpartition("/")
         root.place(parent).entries[name] = _group_dir(ctx, token, path, group)

@@ -117,7 +117,7 @@ class LevelTree:
                 info.dtype.itemsize * info.ncols,
                 lambda i, name=name: np.ascontiguousarray(L.vertex_attribute(name, chunks[i])).tobytes())
         if va:
-            out["vertex_attributes"] = VDir(va, mtime=ctx.stable_time)
+            out["vertex_attributes"] = VDir(va, mtime_ns=ctx.stable_time_ns)
 
         deltas = self._try("links", L.link_deltas) or []
         if isinstance(deltas, Exception):
@@ -285,7 +285,7 @@ class LevelTree:
                 target[f"{name}.npy"] = ErrorFile(self.ctx, what, arr) if isinstance(arr, Exception) \
                     else _npy_file(self.ctx, arr)
             if d != "0" and target:
-                out[d] = VDir(target, mtime=self.ctx.stable_time)
+                out[d] = VDir(target, mtime_ns=self.ctx.stable_time_ns)
         return out
 
     # -- objects, object attributes, groups --------------------------------------------------------
@@ -488,7 +488,7 @@ class LevelTree:
                     ctx, (self.key, "cva", c, name), f"{base}/vertex_attributes/{name}.npy",
                     enc.npy_size(info.dtype, (n, *info.row_shape)),
                     lambda name=name: enc.npy_bytes(L.vertex_attribute(name, c)))
-                for name, info in infos.items()}, mtime=ctx.stable_time)
+                for name, info in infos.items()}, mtime_ns=ctx.stable_time_ns)
         fi = L.fragments(c)
         if fi is not None:
             out["fragments.json"] = MemFile(json.dumps(
@@ -512,7 +512,7 @@ class LevelTree:
                 rec = np.concatenate([ends, vi[:, :, None]], axis=2).reshape(len(vi), -1)
                 links[f"{d}.npy"] = _npy_file(ctx, rec)
         if links:
-            out["links"] = VDir(links, mtime=ctx.stable_time)
+            out["links"] = VDir(links, mtime_ns=ctx.stable_time_ns)
         return out
 
     # -- meta.json --------------------------------------------------------------------------------------

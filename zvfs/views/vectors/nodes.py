@@ -77,7 +77,7 @@ class BuiltDir(DirNode):
         self.key = key
         self.what = what
         self._build = build
-        self.mtime = ctx.stable_time
+        self.mtime_ns = ctx.stable_time_ns
 
     async def entries(self) -> dict[str, Node]:
         return await cached(self.ctx, self.key, self.what, lambda: _Entries(self._build()))
@@ -114,7 +114,7 @@ class ErrorDir(DirNode):
         self.ctx = ctx
         self.what = what
         self.exc = exc
-        self.mtime = ctx.stable_time
+        self.mtime_ns = ctx.stable_time_ns
 
     async def lookup(self, name: str) -> Node | None:
         if name == "meta.json":  # opens by path and says why the rest fails
@@ -130,7 +130,7 @@ class MemFile(BytesFile):
     """Small content built together with its directory (held by the cached entries)."""
 
     def __init__(self, data: bytes, ctx: MountContext) -> None:
-        super().__init__(data, ctx.stable_time)
+        super().__init__(data, ctx.stable_time_ns)
         self.immutable = ctx.immutable
 
 
@@ -143,7 +143,7 @@ class BuiltFile(FileNode):
         self.what = what
         self._size = size
         self._build = build
-        self.mtime = ctx.stable_time
+        self.mtime_ns = ctx.stable_time_ns
         self.immutable = ctx.immutable
 
     @property
@@ -176,7 +176,7 @@ class ErrorFile(FileNode):
         self.ctx = ctx
         self.what = what
         self.exc = exc
-        self.mtime = ctx.stable_time
+        self.mtime_ns = ctx.stable_time_ns
 
     @property
     def size(self) -> int:
@@ -206,7 +206,7 @@ class SegmentedFile(FileNode):
             self.starts.append(self.starts[-1] + int(n))
         self._load = load
         self._literal = dict(literal or {})
-        self.mtime = ctx.stable_time
+        self.mtime_ns = ctx.stable_time_ns
         self.immutable = ctx.immutable
 
     @property
