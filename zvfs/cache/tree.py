@@ -55,3 +55,16 @@ def _add_dir(index: dict[str, Listing], prefix: str) -> Listing:
         parent = index[parent_prefix] = Listing()
         parent.prefixes.add(name)
         prefix = parent_prefix
+
+
+def unlisted(index: dict[str, Listing], keys: Iterable[str]) -> set[str]:
+    """The ``keys`` the whole store's ``index`` shows absent: no file of that name in its
+    directory, or no such directory. What a get of each would find missing, known without
+    one (on S3 a never-written chunk cost a request that answered 404)."""
+    out = set()
+    for key in keys:
+        cut = key.rfind("/") + 1
+        listing = index.get(key[:cut])
+        if listing is None or key[cut:] not in listing.keys:
+            out.add(key)
+    return out

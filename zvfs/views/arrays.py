@@ -18,11 +18,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import numpy as np
 import trio
 
+from zvfs.cache.tree import unlisted
 from zvfs.codecs.blosc import buffers_from
 from zvfs.decoders.pool import DecoderPool, NotServed
 from zvfs.formats import ZarrArray
 from zvfs.formats.meta import ArrayMeta
-from zvfs.stores.base import is_store_failure
+from zvfs.stores.base import Listing, is_store_failure
 from zvfs.stores.listing import SortedNames
 from zvfs.views.context import MountContext
 from zvfs.views.layout import Box, chunk_span, chunks_in_box, chunks_under, range_boxes
@@ -236,6 +237,11 @@ class DecodedArray:
                 if decoded is not None:
                     return await self.ctx.workers.run(convert_chunk, decoded, dt)
             try:
+                tree = self.ctx.held_tree()
+                if tree is not None:
+                    reader = await self._open()
+                    if unlisted(tree, (reader.chunk_key(idx),)):
+                        return await self._unwritten(reader, dt)
                 if dt is None and self.ctx.decoders is not None:
                     try:
                         return await self._decode_elsewhere(self.ctx.decoders, idx)
@@ -259,6 +265,13 @@ class DecodedArray:
         if not ahead:
             self.ctx.prefetch_hit(key)
         return await self.ctx.chunks.get(key, load, ttl=self.ctx.metadata_ttl)
+
+    async def _unwritten(self, reader: ZarrArray, dt: np.dtype | None) -> np.ndarray:
+        """A chunk whose object the store's listing does not hold: its fill, with no get (on
+        S3 each was a request answering 404), converted in a worker when ``dt`` asks."""
+        self.ctx.counters.add("chunks_decoded")  # as a get that found nothing counts it
+        fill = reader.fill_chunk()
+        return fill if dt is None else await self.ctx.workers.run(convert_chunk, fill, dt)
 
     async def _decode_elsewhere(self, decoders: DecoderPool, idx: tuple[int, ...]) -> np.ndarray:
         """Chunk ``idx`` decoded by a decoder process, in shared memory; NotServed when the
@@ -454,8 +467,9 @@ class DecodedArray:
             try:
                 reader = await self._open()
                 parts = self._parts(missing)
+                tree = self.ctx.held_tree()
                 done = await gather(list(range(len(parts))),
-                                    lambda i: self.ctx.workers.run(self._decode_many, reader, parts[i]))
+                                    lambda i: self.ctx.workers.run(self._decode_many, reader, parts[i], tree))
                 loaded = [chunk for i in range(len(parts)) for chunk in done[i]]
             except Exception:  # noqa: BLE001 - retried one by one below, which reports it
                 loaded = None
@@ -477,13 +491,17 @@ class DecodedArray:
         size = -(-len(indices) // n)
         return [indices[i : i + size] for i in range(0, len(indices), size)]
 
-    def _decode_many(self, reader: ZarrArray, indices: list[tuple[int, ...]]) -> list[np.ndarray]:
+    def _decode_many(self, reader: ZarrArray, indices: list[tuple[int, ...]],
+                     tree: dict[str, Listing] | None = None) -> list[np.ndarray]:
         """Worker-thread side of a batch: each chunk decoded, and the fill for those whose
-        object the store tells is absent without a get (a stat, its index): an array of a
-        million one-byte chunks never written cost a failed get and its bookkeeping each,
-        over a minute for one small read of data.npy (the kernel reads the file ahead)."""
+        object the store tells is absent without a get (a stat, its index), or the store's
+        listing index ``tree`` does not hold: an array of a million one-byte chunks never
+        written cost a failed get and its bookkeeping each, over a minute for one small read
+        of data.npy (the kernel reads the file ahead)."""
         keys = [reader.chunk_key(idx) for idx in indices]
         absent = self.ctx.store.absent(keys)
+        if tree is not None:
+            absent = absent | unlisted(tree, keys)
         fill = reader.fill_chunk()
         out = [fill if key in absent else self._decode(reader, idx) for idx, key in zip(indices, keys, strict=True)]
         # counted as a get that found nothing counts them (_decode counted the others)

@@ -324,6 +324,13 @@ class MountContext:
             out.append(one)
         return out
 
+    def held_tree(self) -> dict[str, Listing] | None:
+        """The whole store's listing index (views.raw's ``tree_index``) if one is held now,
+        else None; never loaded here. A store listed flat (S3) holds one once its raw tree
+        was listed, for the metadata TTL, kept up to date by the writes through the mount."""
+        tree = self.listings.peek(("tree",), count=False)
+        return tree if isinstance(tree, dict) else None
+
     def listing_put(self, key: str, info: KeyInfo | None) -> None:
         """Show ``key`` (a file with ``info``, or the directory ``key/`` when None) in the
         cached listings at once, with every directory above it: a created file is seen by

@@ -224,7 +224,7 @@ class RawFile(FileNode):
             ahead = self.ctx.tree_ahead = TreeAhead(self.ctx)
         return ahead
 
-    def _entry(self) -> tuple[int, float]:
+    def _entry(self) -> tuple[int, int]:
         """Size and mtime of the entry this node was made from, or of the write through the
         mount it has seen since: one lookup in the listing's table for both."""
         self._refresh()
