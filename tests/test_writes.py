@@ -632,6 +632,33 @@ def test_dir_a_file_open_for_writing_shows_the_mtime_its_writes_gave_it(dirstore
     truth = os.stat(dirstore.root / "app.log").st_mtime
     got = os.stat(m.path / "app.log")
     assert got.st_size == 13 and abs(got.st_mtime - truth) < 1e-3, (got.st_mtime, truth)
+
+
+def test_a_directorys_mtime_stays_put_after_a_metadata_write_elsewhere(store: Store, mount) -> None:
+    """Raw directories show the store's newest metadata mtime, which a metadata write through
+    the mount moves on. Each directory node took it when made, and the nodes of one directory
+    are made again (a lookup, a listing of its parent) while the kernel holds the old one: a
+    `tar c` after `zarr.json` was written (as `tar x` or zarr-python do) found its directories'
+    mtimes going back and forth under it ("file changed as we read it", exit status 1)."""
+    store.put("d/sub/f", b"f")
+    m = store.mount(mount)
+    before = {d: os.stat(m.path / d).st_mtime_ns for d in ("d", "d/sub")}
+    time.sleep(0.05)  # the write's moment must differ from the mount's stable time
+    (m.path / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group"}')
+    os.listdir(m.path / "d")  # makes the node of d/sub again
+    res = run([tool("tar"), "-cf", "/dev/null", "-C", m.path, "d"])
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    for d in ("d", "d/sub"):  # walked again, each directory shows one mtime
+        fd = os.open(m.path / d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            seen = {os.stat(m.path / d).st_mtime_ns, os.fstat(fd).st_mtime_ns}
+            os.listdir(fd)
+            seen |= {os.fstat(fd).st_mtime_ns, os.stat(m.path / d).st_mtime_ns}
+        finally:
+            os.close(fd)
+        assert len(seen) == 1, (d, before[d], seen)
+
+
 def test_append(store: Store, mount) -> None:
     """O_APPEND (Python 'ab', the shell's >>) adds to the existing bytes."""
     old = rand(200_000, 5)

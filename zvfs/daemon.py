@@ -227,7 +227,8 @@ def settle_mtimes(ctx: MountContext, root: MountRoot, mtimes: dict[str, int]) ->
     now on) and the nodes made before it came, which took the mount time."""
     before = ctx.learn_mtimes(mtimes)
     control = root.control.entries.values() if root.control is not None else ()
-    for node in (root, root.raw, root.control, *(d for d in control if isinstance(d, DecodedDir))):
+    # the raw tree's directories (the root too) read the context's stable time as it is
+    for node in (root.control, *(d for d in control if isinstance(d, DecodedDir))):
         if node is not None and node.mtime_ns == before:
             node.mtime_ns = ctx.stable_time_ns
 

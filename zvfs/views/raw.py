@@ -711,13 +711,20 @@ class FileWalk:
 class RawDir(DirNode):
     """The store prefix ``prefix`` ('' for the root, else ending in '/')."""
 
-    __slots__ = ("ctx", "prefix", "mtime_ns", "writable")
+    __slots__ = ("ctx", "prefix", "writable")
 
     def __init__(self, ctx: MountContext, prefix: str = "") -> None:
         self.ctx = ctx
         self.prefix = prefix
-        self.mtime_ns = ctx.stable_time_ns
         self.writable = ctx.writable
+
+    @property
+    def mtime_ns(self) -> int:  # type: ignore[override]
+        """The store's newest metadata mtime as it is now, not as it was when this node was
+        made: a directory's nodes are made again (a lookup, a listing of its parent) while
+        the kernel holds an older one, and after a metadata write through the mount the two
+        told two mtimes, so `tar c` found the directory changing as it read it."""
+        return self.ctx.stable_time_ns
 
     async def _listing(self) -> Listing:
         """This directory's listing; on a store listed flat, from the whole tree's index."""

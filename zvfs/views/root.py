@@ -62,10 +62,14 @@ class MountRoot(RawDirHolder):
         self.ctx = ctx
         self.raw = RawDir(ctx, "")
         self.control = control
-        self.mtime_ns = ctx.stable_time_ns
         self.writable = ctx.writable
         if control is not None:
             control.hidden = ctx.decoded != "visible"
+
+    @property
+    def mtime_ns(self) -> int:  # type: ignore[override]
+        """The raw tree's: the store's newest metadata mtime as it is now (RawDir.mtime_ns)."""
+        return self.raw.mtime_ns
 
     async def lookup(self, name: str) -> Node | None:
         if name == CONTROL_NAME and self.control is not None:
