@@ -980,6 +980,28 @@ def test_dir_no_symlinks_or_special_files(dirstore: Store, mount) -> None:
     assert sorted(os.listdir(m.path)) == ["f.bin"]
 
 
+def test_mknod_of_a_regular_file_makes_an_empty_file(store: Store, mount, tmp_path) -> None:
+    """mknod(S_IFREG) is a create (GNU tar makes each file so before it opens it when the
+    archive holds extended attributes, `tar --xattrs -x`; Python's os.mknod): it was EPERM,
+    and tar failed on every file with "Cannot open: Operation not permitted"."""
+    store.put("old.bin", b"old")
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "d/with-xattr.txt").write_bytes(b"bytes with an attribute\n")
+    os.setxattr(src / "d/with-xattr.txt", "user.origin", b"test")
+    run([tool("tar"), "--xattrs", "-cf", tmp_path / "x.tar", "-C", src, "d"], check=True)
+    m = store.mount(mount)
+    os.mknod(m.path / "made", stat.S_IFREG | 0o600)
+    os.mknod(m.path / "typeless", 0o644)  # no file type bits: a regular file too
+    fails(errno.EEXIST, os.mknod, m.path / "old.bin", stat.S_IFREG | 0o600)
+    for key in ("made", "typeless"):
+        assert_key(store, m, key, b"")
+    assert_key(store, m, "old.bin", b"old")
+    res = run([tool("tar"), "--xattrs", "-xf", tmp_path / "x.tar", "-C", m.path])
+    assert res.returncode == 0, res.stderr
+    assert_key(store, m, "d/with-xattr.txt", b"bytes with an attribute\n")
+
+
 def test_dir_nothing_escapes_the_store(dirstore: Store, mount) -> None:
     """Symlinks in the source that lead outside are never written through."""
     outer = dirstore.root.parent

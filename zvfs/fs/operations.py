@@ -44,6 +44,7 @@ import inspect
 import itertools
 import logging
 import os
+import stat
 import time
 from array import array
 from bisect import bisect_left
@@ -1297,8 +1298,32 @@ class ZvfsOperations(pyfuse3.Operations):
     async def symlink(self, *args: object, **kwargs: object) -> None:
         raise pyfuse3.FUSEError(errno.EPERM if self._root.writable else errno.EROFS)
 
-    async def mknod(self, *args: object, **kwargs: object) -> None:
-        raise pyfuse3.FUSEError(errno.EPERM if self._root.writable else errno.EROFS)
+    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int,  # type: ignore[override]
+                    ctx) -> pyfuse3.EntryAttributes:
+        """mknod of a regular file is a create closed at once, an empty file (GNU tar makes
+        each file so before it opens it when the archive holds extended attributes,
+        `tar --xattrs -x`, which failed on every file with EPERM). A FIFO, a socket or a
+        device has no key to be: EPERM."""
+        if not self._root.writable:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        if not stat.S_ISREG(mode):
+            raise pyfuse3.FUSEError(errno.EPERM)
+        self._counters.add("fuse_ops_create")
+        sname = os.fsdecode(name)
+        parent = self._dir(parent_inode)
+        what = functools.partial(self._child_path, parent_inode, sname)
+        node, handle = await self._call(lambda: f"mknod {what()}", parent.create(sname, True))
+        try:
+            await self._call(lambda: f"mknod {what()}", handle.flush())
+        finally:
+            with contextlib.suppress(pyfuse3.FUSEError):  # logged; the file is made or not
+                await self._call(lambda: f"release {what()}", handle.release())
+            self._names_changed(parent_inode)
+            self._unbind(parent_inode, sname)
+        # numbered once stored: a failed mknod leaves the kernel no entry to forget
+        ino = self._remember(parent_inode, sname, node)
+        await self._settle()
+        return self._attrs(ino, node)
 
     async def _fresh(self, ino: int) -> Node:
         """``ino``'s node; a derived one made before a write is looked up again from its
@@ -1514,7 +1539,7 @@ _UNANSWERED = frozenset({"forget"})
 #: worker threads (see workers.current_flow): whatever the number of files written, they
 #: leave threads for reads. Uploads the server stalled held all 16, and a read of another
 #: file waited 117 s behind them
-_WRITE_OPS = frozenset({"write", "flush", "fsync", "release", "create", "setattr"})
+_WRITE_OPS = frozenset({"write", "flush", "fsync", "release", "create", "mknod", "setattr"})
 WRITES_FLOW = "writes"
 
 
