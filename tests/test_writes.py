@@ -659,6 +659,41 @@ def test_a_directorys_mtime_stays_put_after_a_metadata_write_elsewhere(store: St
         assert len(seen) == 1, (d, before[d], seen)
 
 
+IMPORT_AFTER_A_NEW_MODULE = """
+import sys
+d = sys.argv[1]
+sys.path.insert(0, d)
+open(d + "/mod_a.py", "w").write("A = 1\\n")
+import mod_a
+open(d + "/mod_b.py", "w").write("B = 2\\n")
+import mod_b
+print(mod_a.A + mod_b.B)
+"""
+
+
+def test_a_directorys_mtime_moves_when_an_entry_is_made_or_removed_through_the_mount(
+        store: Store, mount) -> None:
+    """A directory's mtime changes when a name in it is made, removed or renamed (POSIX), and
+    tools cache a listing by it: Python's import system listed a directory once, so a module
+    written there after a first import was ModuleNotFoundError; git's untracked cache
+    (core.untrackedCache, feature.manyFiles) missed new files. Every raw directory showed
+    the store's stable time whatever was made in it."""
+    m = store.mount(mount)
+    d = m.path / "pkg"
+    os.mkdir(d)
+    res = run([sys.executable, "-c", IMPORT_AFTER_A_NEW_MODULE, d])
+    assert res.returncode == 0 and res.stdout.strip() == "3", res.stderr[-2000:]
+    seen = [os.stat(d).st_mtime_ns]
+    for change in (lambda: (d / "new.txt").write_bytes(b"n"),
+                   lambda: os.rename(d / "new.txt", d / "renamed.txt"),
+                   lambda: os.unlink(d / "renamed.txt"),
+                   lambda: os.mkdir(d / "sub")):
+        time.sleep(0.01)
+        change()
+        seen.append(os.stat(d).st_mtime_ns)
+    assert all(a < b for a, b in zip(seen, seen[1:], strict=False)), seen
+
+
 def test_append(store: Store, mount) -> None:
     """O_APPEND (Python 'ab', the shell's >>) adds to the existing bytes."""
     old = rand(200_000, 5)

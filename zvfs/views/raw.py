@@ -720,11 +720,21 @@ class RawDir(DirNode):
 
     @property
     def mtime_ns(self) -> int:  # type: ignore[override]
-        """The store's newest metadata mtime as it is now, not as it was when this node was
-        made: a directory's nodes are made again (a lookup, a listing of its parent) while
-        the kernel holds an older one, and after a metadata write through the mount the two
-        told two mtimes, so `tar c` found the directory changing as it read it."""
-        return self.ctx.stable_time_ns
+        """The store's newest metadata mtime as it is now, or the last change through the
+        mount at or below this directory when later.
+
+        As it is now, not as it was when this node was made: a directory's nodes are made
+        again (a lookup, a listing of its parent) while the kernel holds an older one, and
+        after a metadata write through the mount the two told two mtimes, so `tar c` found
+        the directory changing as it read it. And moved by a name made, removed or renamed
+        in it, as POSIX has it: tools cache a listing by a directory's mtime (Python's import
+        system missed a module written after a first import from the same directory; git's
+        untracked cache, new files). A write deeper down moves it too: a needless new
+        listing for such a tool, never a stale one."""
+        ctx = self.ctx
+        if ctx.unwritten:
+            return ctx.stable_time_ns
+        return max(ctx.stable_time_ns, ctx.changed_at_ns(self.prefix.rstrip("/")))
 
     async def _listing(self) -> Listing:
         """This directory's listing; on a store listed flat, from the whole tree's index."""

@@ -68,7 +68,8 @@ class MountRoot(RawDirHolder):
 
     @property
     def mtime_ns(self) -> int:  # type: ignore[override]
-        """The raw tree's: the store's newest metadata mtime as it is now (RawDir.mtime_ns)."""
+        """The raw root's (RawDir.mtime_ns): the store's newest metadata mtime as it is now, or
+        the last change through the mount when later."""
         return self.raw.mtime_ns
 
     async def lookup(self, name: str) -> Node | None:
