@@ -990,6 +990,29 @@ def test_statfs_on_a_writable_mount(store: Store, mount) -> None:
 # =========================================================================== directory store only
 
 
+def test_dir_a_directory_time_set_through_the_mount_stays_so_a_second_rsync_has_nothing_to_do(
+        dirstore: Store, mount, tmp_path) -> None:
+    """rsync -a sets each directory's mtime once it has filled it. The directory store kept
+    it, but the mount showed its own time for every directory, so every later `rsync -ai`
+    found each directory changed (`.d..t......`) and set its time again. Now the time set
+    shows, to the nanosecond, until something below changes through the mount."""
+    src = tmp_path / "src"
+    (src / "a/b").mkdir(parents=True)
+    (src / "a/b/f.txt").write_bytes(b"f")
+    (src / "a/g.txt").write_bytes(b"g")
+    os.utime(src / "a/b", ns=(0, 1_500_000_000_123_456_789))
+    os.utime(src / "a", ns=(0, 1_400_000_000_000_000_001))
+    m = dirstore.mount(mount)
+    run([tool("rsync"), "-a", f"{src}/", f"{m.path}/"], check=True)
+    again = run([tool("rsync"), "-ai", f"{src}/", f"{m.path}/"], check=True)
+    assert again.stdout == "", again.stdout
+    for rel in ("a", "a/b"):
+        want = os.stat(src / rel).st_mtime_ns
+        assert os.stat(m.path / rel).st_mtime_ns == want == os.stat(dirstore.root / rel).st_mtime_ns, rel
+    (m.path / "a/b/new.txt").write_bytes(b"n")  # a change below: the time moves on
+    assert os.stat(m.path / "a/b").st_mtime_ns > 1_500_000_000_123_456_789
+
+
 def test_dir_utimens(dirstore: Store, mount) -> None:
     dirstore.put("f.bin", b"abc")
     m = dirstore.mount(mount)

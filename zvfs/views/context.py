@@ -130,6 +130,8 @@ class MountContext:
     _serial: int = field(default=0, init=False)
     _floor: int = field(default=0, init=False)
     _floor_time_ns: int = field(default=0, init=False)
+    #: directory path -> (the mtime a utimens through the mount gave it, when); see dir_time()
+    _dir_times: OrderedDict[str, tuple[int, int]] = field(default_factory=OrderedDict, init=False)
 
     def __post_init__(self) -> None:
         self._stable_time_ns = max(self.metadata_mtimes.values(), default=self.mount_time_ns)
@@ -220,6 +222,27 @@ class MountContext:
 
     #: paths whose write serial is remembered; older ones share the floor (see epoch())
     EPOCH_ENTRIES = 100_000
+    #: directories whose mtime set through the mount is remembered (see dir_time())
+    DIR_TIMES = 100_000
+
+    def set_dir_time(self, path: str, mtime_ns: int) -> None:
+        """The directory ``path`` of a store that keeps directory times was given ``mtime_ns``
+        through the mount (``rsync -a``, ``cp -a``, ``touch -d``): shown from now on."""
+        self._dir_times[path] = (mtime_ns, time.time_ns())
+        self._dir_times.move_to_end(path)
+        while len(self._dir_times) > self.DIR_TIMES:
+            self._dir_times.popitem(last=False)  # forgotten: the directory shows its derived time
+
+    def dir_time(self, path: str) -> int | None:
+        """The mtime set on directory ``path`` through the mount, unless something at or
+        below it changed through the mount since (then its derived time is the newer); None
+        when none is remembered. A remount forgets them all, as it forgets every change."""
+        if not self._dir_times:
+            return None
+        told = self._dir_times.get(path)
+        if told is None or self.changed_at_ns(path) > told[1]:
+            return None
+        return told[0]
 
     def epoch(self, path: str) -> int:
         """A number that changes whenever a key at or below ``path`` is written through the

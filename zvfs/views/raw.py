@@ -730,11 +730,17 @@ class RawDir(DirNode):
         in it, as POSIX has it: tools cache a listing by a directory's mtime (Python's import
         system missed a module written after a first import from the same directory; git's
         untracked cache, new files). A write deeper down moves it too: a needless new
-        listing for such a tool, never a stale one."""
+        listing for such a tool, never a stale one. Or the time a utimens through the mount
+        set on a store that keeps it, since: rsync -a sets each directory's time after
+        filling it, and found it changed again at every run."""
         ctx = self.ctx
+        path = self.prefix.rstrip("/")
+        told = ctx.dir_time(path)
+        if told is not None:
+            return told
         if ctx.unwritten:
             return ctx.stable_time_ns
-        return max(ctx.stable_time_ns, ctx.changed_at_ns(self.prefix.rstrip("/")))
+        return max(ctx.stable_time_ns, ctx.changed_at_ns(path))
 
     async def _listing(self) -> Listing:
         """This directory's listing; on a store listed flat, from the whole tree's index."""
@@ -1054,8 +1060,9 @@ class RawDir(DirNode):
     async def set_mtime_ns(self, mtime_ns: int) -> None:
         if not self.writable:
             raise NodeError(errno.EROFS)
-        if not self.ctx.store.implicit_dirs:
+        if not self.ctx.store.implicit_dirs:  # S3 has no directory to keep a time
             await store_call(self.ctx, self.prefix, self.ctx.store.set_mtime_ns, self.prefix, mtime_ns)
+            self.ctx.set_dir_time(self.prefix.rstrip("/"), mtime_ns)
 
 
 class RawDirHolder(DirNode):
