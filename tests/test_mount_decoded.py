@@ -26,6 +26,7 @@ import re
 import shutil
 import stat
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -1220,6 +1221,34 @@ def test_a_read_past_the_ttl_reads_its_own_array_metadata_not_every_array_s(moun
     assert "ERROR" not in m.log_text()
 
 
+def _zarr_arrays(root: Path, *inner: str) -> dict[str, object]:
+    """zarr-python's view of the store: array path -> array, from its root group's members
+    and from those of the ``inner`` groups (a v2 group in a v3 hierarchy, which zarr-python
+    opens by its own path only)."""
+    import zarr
+
+    out = {}
+    for top in ("", *inner):
+        group = zarr.open_group(str(root / top), mode="r", use_consolidated=False)
+        out.update({f"{top}/{path}".lstrip("/"): node for path, node in group.members(max_depth=None)
+                    if isinstance(node, zarr.Array)})
+    return out
+
+
+def _check_views_against_zarr(arrays_dir: Path, root: Path, *inner: str) -> None:
+    """.zvfs/arrays holds exactly zarr-python's arrays, each with its shape, dtype,
+    attributes and bytes."""
+    want = _zarr_arrays(root, *inner)
+    got = {p.parent.relative_to(arrays_dir).as_posix() for p in arrays_dir.glob("**/meta.json")}
+    assert got == set(want), (sorted(got ^ set(want)))
+    for path, array in want.items():
+        meta = json.loads((arrays_dir / path / "meta.json").read_text())
+        assert tuple(meta["shape"]) == array.shape, path
+        assert np.dtype(meta["dtype"]) == array.dtype, path
+        assert meta["attributes"] == dict(array.attrs), path
+        assert (arrays_dir / path / "data.raw").read_bytes() == np.ascontiguousarray(array[...]).tobytes(), path
+
+
 def test_a_listing_after_a_metadata_change_behind_the_mount_leaves_new_opens_reading(mount, tmp_path) -> None:
     """An array's metadata rewritten behind the mount (zarr-python, the reference writer), then,
     past the TTL, `ls -l` of the views (a readdir that tells the kernel each entry) and a new
@@ -1263,6 +1292,33 @@ def test_a_listing_after_a_metadata_change_behind_the_mount_leaves_new_opens_rea
     assert files["mirror"].read_bytes() == ref[:32].tobytes()
     nc = files["netcdf"].read_bytes()
     assert len(nc) == os.stat(files["netcdf"]).st_size and ref.astype(">i4").tobytes() in nc
+
+
+def test_a_walk_of_the_views_past_the_ttl_shows_each_group_as_it_is_now(mount, tmp_path) -> None:
+    """Arrays removed from and added to a group behind the mount (zarr-python), then, past
+    the TTL, a walk of the views (glob, find, ls -R): the listing of the views' top told the
+    kernel the group's directory with the node the mount had made before, and the group went
+    on listing the removed array, not the new one, for a TTL more, though the mount had read
+    the new hierarchy (the removed array's files were ENOENT meanwhile). Every directory of
+    arrays/ and v2/ now shows what zarr-python reads."""
+    import zarr
+
+    root = tmp_path / "s.zarr"
+    deep = zarr.open_group(str(root), mode="w", zarr_format=3).create_group("sub").create_group("deep")
+    for i in range(3):
+        deep.create_array(f"b{i}", shape=(2,), dtype="<i2", fill_value=0)[:] = i
+    ttl = 1.0
+    m = mount(root, "--metadata-ttl", str(ttl))
+    arrays, v2 = m.path / ".zvfs/arrays", m.path / ".zvfs/v2"
+    _check_views_against_zarr(arrays, root)
+    assert sorted(os.listdir(v2 / "sub/deep")) == [".zattrs", ".zgroup", ".zmetadata", "b0", "b1", "b2"]
+    shutil.rmtree(root / "sub/deep/b2")
+    deep.create_array("b3", shape=(3,), dtype="<f4", fill_value=0)[:] = 1.5
+    time.sleep(ttl * 1.5)  # past the TTL
+    assert os.listdir(arrays) == ["sub"] and "sub" in os.listdir(v2)  # listings of the tops
+    _check_views_against_zarr(arrays, root)
+    assert sorted(os.listdir(v2 / "sub/deep")) == [".zattrs", ".zgroup", ".zmetadata", "b0", "b1", "b3"]
+    assert (v2 / "sub/deep/b3/0").read_bytes() == np.full(3, 1.5, "<f4").tobytes()
 
 
 @pytest.mark.parametrize("fmt", [2, 3])

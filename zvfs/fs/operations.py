@@ -690,7 +690,7 @@ class ZvfsOperations(pyfuse3.Operations):
             entry = await self.getattr(ino)
             self._lookups[ino - ROOT] += 1
             return entry
-        parent = await self._fresh(parent_inode) if self._stale else self._node(parent_inode)
+        parent = await self._live(parent_inode)
         if not isinstance(parent, DirNode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         if self._changing:
@@ -721,7 +721,7 @@ class ZvfsOperations(pyfuse3.Operations):
         a change behind the mount, `ls -l` then a new open was given the old node, which
         read ESTALE ("open it again", though it was opened after), and its mmap SIGBUS."""
         node = await self._fresh(ino) if self._stale else self._node(ino)
-        if ino in self._derived and isinstance(node, FileNode) and node.outdated():
+        if ino in self._derived and node.outdated():
             parent = ino
             while parent != ROOT and parent in self._derived and not self._view_top(parent):
                 self._stale.add(parent)  # up to a top of the views: each resolves the current ones
@@ -775,7 +775,7 @@ class ZvfsOperations(pyfuse3.Operations):
     async def _snapshot(self, inode: int) -> _DirSnapshot:
         """The listing an open of directory ``inode`` reads: at opendir, and again at a
         rewinddir (a readdir from offset 0 once it has been read)."""
-        node = await self._fresh(inode) if self._stale else self._node(inode)
+        node = await self._live(inode)
         if not isinstance(node, DirNode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         unbinds = self._unbinds  # a name unbound from here on is checked at readdir

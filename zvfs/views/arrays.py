@@ -761,6 +761,9 @@ class ChunkGridDir(DirNode):
         self.extra = dict(extra or {})
         self.mtime_ns = array.ctx.node_mtime_ns(array.meta.path)
 
+    def outdated(self) -> bool:
+        return self.array.stale()
+
     async def lookup(self, name: str) -> Node | None:
         if name in self.extra:
             return self.extra[name]
@@ -874,8 +877,8 @@ class ArrayDir(StaticDir):
     spent most of its first ``ls .zvfs/arrays`` there, and held every array's files."""
 
     def __init__(self, array: DecodedArray, mtime_ns: int = 0,
-                 unknown: NodeError | None = None) -> None:
-        super().__init__(mtime_ns=mtime_ns, unknown=unknown)
+                 unknown: NodeError | None = None, superseded: Callable[[], bool] | None = None) -> None:
+        super().__init__(mtime_ns=mtime_ns, unknown=unknown, superseded=superseded)
         self._array: DecodedArray | None = array
 
     @property  # type: ignore[override]

@@ -119,9 +119,19 @@ def _unknown(d: Decoded) -> NodeError | None:
                      "within a second)", key="decoded hierarchy")
 
 
+def _superseded(ctx: MountContext, d: Decoded) -> Callable[[], bool]:
+    """Whether the mount has taken a discovery newer than ``d``: a directory of the views
+    built from ``d`` is then looked up again from the top of its family. The kernel keeps
+    a directory's entry that a listing told it of (a walk: ls -R, find, glob) with the node
+    it had, and a group's directory went on listing an array removed behind the mount,
+    and not the one added, for a TTL more after the mount had read the new hierarchy."""
+    generation = d.generation  # not d: an old directory the kernel holds would keep every array of it
+    return lambda: ctx.layouts_generation > generation
+
+
 async def build_arrays_dir(ctx: MountContext) -> DirNode:
     d = await decoded(ctx)
-    root = StaticDir(mtime_ns=ctx.stable_time_ns, unknown=_unknown(d))
+    root = StaticDir(mtime_ns=ctx.stable_time_ns, unknown=_unknown(d), superseded=_superseded(ctx, d))
     for path, array in sorted(d.arrays.items()):
         if not path:  # a root array: its files are the directory's own
             root.entries.update(array_files(array))
@@ -129,14 +139,14 @@ async def build_arrays_dir(ctx: MountContext) -> DirNode:
         parent, _, name = path.rpartition("/")
         # sorted: a path comes before any below it, so the name is free (its files are made
         # at the first look into it: ArrayDir)
-        root.place(parent).entries[name] = ArrayDir(array, root.mtime_ns, root.unknown)
+        root.place(parent).entries[name] = ArrayDir(array, root.mtime_ns, root.unknown, root.superseded)
     return root
 
 
 async def build_v2_dir(ctx: MountContext) -> DirNode:
     d = await decoded(ctx)
     mtime = ctx.stable_time_ns
-    root = StaticDir(mtime_ns=mtime, unknown=_unknown(d))
+    root = StaticDir(mtime_ns=mtime, unknown=_unknown(d), superseded=_superseded(ctx, d))
     for path, attrs in sorted(d.groups.items()):
         root.place(path).entries.update(mirror_group_files(attrs, mtime, d.group_types.get(path), path, ctx.warn_once))
     arrays = {p: a for p, a in d.arrays.items() if a.readable and not a.meta.error}
@@ -172,7 +182,7 @@ async def build_netcdf_dir(ctx: MountContext) -> DirNode:
     """One classic netCDF file per group (see views.netcdf for the naming)."""
     d = await decoded(ctx)
     mtime = ctx.mount_time_ns
-    root = StaticDir(mtime_ns=mtime, unknown=_unknown(d))
+    root = StaticDir(mtime_ns=mtime, unknown=_unknown(d), superseded=_superseded(ctx, d))
     members = group_members(sorted(d.groups), sorted(d.arrays))
     names = group_file_names(sorted(members))
     for group, variables in sorted(members.items()):

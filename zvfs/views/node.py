@@ -105,6 +105,13 @@ class Node(ABC):  # noqa: B024 - abstract through FileNode and DirNode
         """The name this node was found under now names something else (it was replaced or
         removed): the node keeps describing what it was, and stops following the name."""
 
+    def outdated(self) -> bool:
+        """True when this node was made from what its name no longer holds, as the mount
+        now knows it (a decoded view of metadata read anew since): the fs layer looks the
+        name up again rather than serve it (a file whose every read is ESTALE, a directory
+        listing what the store no longer has)."""
+        return False
+
 
 class FileNode(Node):
     """A regular read-only file: a size known without reading, and ranged reads."""
@@ -142,12 +149,6 @@ class FileNode(Node):
     def opened(self) -> None:  # noqa: B027 - optional hook
         """Called at each open: a live file snapshots its content here, so the size a
         ``stat`` reports is the size of the bytes the reader gets."""
-
-    def outdated(self) -> bool:
-        """True when this node was made from what its name no longer holds, as the mount
-        now knows it (a decoded view of metadata read anew since): the fs layer looks the
-        name up again rather than open a file whose every read is ESTALE."""
-        return False
 
     async def sync(self) -> None:  # noqa: B027 - optional hook
         """fsync() through an open for reading (``sync FILE`` opens it so): a local file's
@@ -258,21 +259,28 @@ class StaticDir(DirNode):
     """A directory with a fixed set of children, built up front."""
 
     def __init__(self, entries: dict[str, Node] | None = None, mtime_ns: int = 0,
-                 unknown: NodeError | None = None) -> None:
+                 unknown: NodeError | None = None, superseded: Callable[[], bool] | None = None) -> None:
         self.entries: dict[str, Node] = dict(entries or {})
         self.mtime_ns = mtime_ns
         #: what a name not here is, when this directory may lack some (built from a store
         #: that failed): raised, not ENOENT, which says "no such file" and may be cached
         self.unknown = unknown
+        #: whether what this directory was built from (a discovery) has a newer version
+        self.superseded = superseded
+
+    def outdated(self) -> bool:
+        return self.superseded is not None and self.superseded()
 
     def place(self, path: str) -> StaticDir:
         """The directory at ``path`` ('a/b', '' for this one) below this one, made where
-        missing (with this one's mtime): how a view puts a node at a store path."""
+        missing (with this one's mtime, and built from what it was): how a view puts a node
+        at a store path."""
         node = self
         for part in (p for p in path.split("/") if p):
             child = node.entries.get(part)
             if not isinstance(child, StaticDir):
-                child = node.entries[part] = StaticDir(mtime_ns=self.mtime_ns, unknown=self.unknown)
+                child = node.entries[part] = StaticDir(mtime_ns=self.mtime_ns, unknown=self.unknown,
+                                                       superseded=self.superseded)
             node = child
         return node
 
