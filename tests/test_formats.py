@@ -775,3 +775,125 @@ def test_a_discovered_v3_array_keeps_its_reader_s_parts_not_its_parsed_document(
     np.testing.assert_array_equal(open_array(store, "a000", found.arrays["a000"]).read_all(), want)
     np.testing.assert_array_equal(open_array(store, "a299", found.arrays["a299"]).read_all(),
                                   np.zeros(100, "<f4"))
+
+
+def _found(h: formats.Hierarchy) -> tuple[object, ...]:
+    """What a discovery found, as values to compare."""
+    return ({p: m.json_bytes() for p, m in h.arrays.items()}, h.groups,
+            {p: (g.format, g.error) for p, g in h.group_meta.items()}, h.errors, h.consolidated)
+
+
+@pytest.mark.parametrize("sname", sorted(MANIFEST["stores"]))
+def test_a_rediscovery_reads_again_only_what_changed(sname: str, tmp_path) -> None:
+    """A discovery given what the one before read (``known``) finds what a full one finds,
+    and reads no metadata key again whose info (here a directory's size and mtime) is the
+    one it had: only the nodes whose metadata is broken, whose errors may be transient. A
+    store written just now is read whole again: a rewrite of the same size within the
+    clock's tick would keep both."""
+    import os
+    import time
+
+    root = tmp_path / sname
+    shutil.copytree(CORPUS / sname, root)
+    past = time.time() - 3600
+    for p in root.rglob("*"):
+        os.utime(p, (past, past))
+    full = discover(DirectoryStore(root))
+    rec = RecordingStore(DirectoryStore(root))
+    rec.local = True
+    first = discover(rec, formats.Known())
+    rec.calls.clear()
+    again = discover(rec, first.known)
+    assert _found(first) == _found(again) == _found(full)
+    broken = {p for p, m in full.arrays.items() if m.error} | {p for p, g in full.group_meta.items() if g.error}
+    gets = [k for op, k, _ in rec.calls if op == "get"]
+    assert all(k.rpartition("/")[0] in broken for k in gets), gets
+    assert gets or not broken or full.consolidated
+
+    now = time.time()
+    for p in root.rglob("*"):
+        os.utime(p, (now, now))
+    rec.calls.clear()
+    first = discover(rec, formats.Known())
+    read = sorted(k for op, k, _ in rec.calls if op == "get")
+    rec.calls.clear()
+    again = discover(rec, first.known)
+    assert _found(again) == _found(full)
+    assert sorted(k for op, k, _ in rec.calls if op == "get") == read
+
+
+class FlatStore(DictStore):
+    """An S3-like store: remote, listed flat, each key's info naming its content (an ETag);
+    counts the keys its flat listings gave and the gets."""
+
+    flat_listing = True
+
+    def __init__(self, data: dict[str, bytes]) -> None:
+        super().__init__(data)
+        self.listed = 0
+        self.gets: list[str] = []
+
+    def _info(self, key: str) -> KeyInfo:
+        import hashlib
+
+        return KeyInfo(len(self.data[key]), 0.0, '"' + hashlib.md5(self.data[key]).hexdigest() + '"')
+
+    def get(self, key: str) -> bytes:
+        self.gets.append(key)
+        return super().get(key)
+
+    def list_dir(self, prefix: str) -> Listing:
+        out = super().list_dir(prefix)
+        for name in list(out.keys):
+            out.keys[name] = self._info(prefix + name)
+        return out
+
+    def list_tree(self, prefix: str):
+        for key in sorted(self.data):
+            if key.startswith(prefix):
+                self.listed += 1
+                yield key, self._info(key)
+
+
+def test_a_rediscovery_of_a_store_listed_flat_reads_only_the_keys_whose_etag_changed() -> None:
+    """On a store listed flat (S3), a discovery given what the last one read takes its keys'
+    ETags from one flat listing: nothing is read again unless it changed, and what it finds
+    is what a full discovery finds, new, changed and removed arrays included."""
+    group = b'{"zarr_format": 3, "node_type": "group", "attributes": {"t": 1}}'
+    data = {"zarr.json": group, "g/zarr.json": group}
+    for i in range(40):
+        data[f"g/a{i:02d}/zarr.json"] = _v3()
+        data[f"g/a{i:02d}/c/0"] = b"\0" * 8
+    store = FlatStore(data)
+    first = discover(store, formats.Known())
+    assert len(store.gets) == 43  # every document (the root's twice: consolidated or not)
+    store.gets.clear()
+    again = discover(store, first.known)
+    assert store.gets == [] and _found(again) == _found(first)
+    data["g/a03/zarr.json"] = _v3(shape=[6])
+    data["g/zarr.json"] = group.replace(b"1}", b"2}")
+    data["g/new/zarr.json"] = _v3(data_type="int8")
+    for key in [k for k in data if k.startswith("g/a07/")]:
+        del data[key]
+    later = discover(store, again.known)
+    assert sorted(store.gets) == ["g/a03/zarr.json", "g/new/zarr.json", "g/zarr.json"]
+    assert _found(later) == _found(discover(DictStore(data)))
+    assert later.arrays["g/a03"].shape == (6,) and "g/a07" not in later.arrays
+
+
+def test_a_flat_listing_of_a_store_of_chunks_is_given_up_soon_and_not_tried_again() -> None:
+    """A store whose keys are mostly chunks: the flat listing that was to tell the metadata
+    keys' ETags ran to its limit (250 keys a node the root shows), one page after the other,
+    before the GETs it was to save. It is given up once its first FLAT_SAMPLE keys show more
+    than 250 keys a metadata key, and not tried again by the next discoveries."""
+    data = {"zarr.json": b'{"zarr_format": 3, "node_type": "group"}'}
+    for i in range(4):
+        data[f"a{i}/zarr.json"] = _v3(shape=[2 * 10_000])
+        data.update({f"a{i}/c/{j}": b"\0" * 8 for j in range(10_000)})
+    store = FlatStore(data)
+    first = discover(store, formats.Known())
+    assert store.listed <= 1_000, store.listed  # of 40,005 keys: one page of S3's
+    listed = store.listed
+    again = discover(store, first.known)
+    assert store.listed == listed
+    assert _found(again) == _found(discover(DictStore(data)))

@@ -1221,6 +1221,36 @@ def test_a_read_past_the_ttl_reads_its_own_array_metadata_not_every_array_s(moun
     assert "ERROR" not in m.log_text()
 
 
+METADATA_NAMES = {"zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata"}
+
+
+def _metadata_files(root: Path) -> dict[str, tuple[bytes, int]]:
+    """Every metadata key of a directory store: its bytes and mtime (ns)."""
+    return {p.relative_to(root).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in root.rglob("*") if p.name in METADATA_NAMES and p.is_file()}
+
+
+def _written_an_hour_ago(root: Path) -> None:
+    """Date every file of ``root`` an hour back, as a store written before the mount: a
+    key modified within the last moments is read again by every discovery (its size and
+    mtime could stay the same across a rewrite)."""
+    past = time.time() - 3600
+    for p in root.rglob("*"):
+        os.utime(p, (past, past))
+
+
+def _behind_the_mount(backend: str, root: Path, bucket: str, client, removed: list[str]) -> None:
+    """Have the S3 copy of ``root`` (prefix ``store/``) be what ``root`` is now: every file
+    put again (an unchanged one keeps its ETag), the ``removed`` directories' keys deleted."""
+    if backend != "s3":
+        return
+    upload_tree(client, root, bucket, "store")
+    for prefix in removed:
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"store/{prefix}/"):
+            for obj in page.get("Contents", ()):
+                client.delete_object(Bucket=bucket, Key=obj["Key"])
+
+
 def _zarr_arrays(root: Path, *inner: str) -> dict[str, object]:
     """zarr-python's view of the store: array path -> array, from its root group's members
     and from those of the ``inner`` groups (a v2 group in a v3 hierarchy, which zarr-python
@@ -1247,6 +1277,109 @@ def _check_views_against_zarr(arrays_dir: Path, root: Path, *inner: str) -> None
         assert np.dtype(meta["dtype"]) == array.dtype, path
         assert meta["attributes"] == dict(array.attrs), path
         assert (arrays_dir / path / "data.raw").read_bytes() == np.ascontiguousarray(array[...]).tobytes(), path
+
+
+@pytest.mark.parametrize("backend", ["dir", "s3"])
+def test_a_rediscovery_past_the_ttl_reads_only_the_metadata_that_changed(backend, mount, tmp_path, request) -> None:
+    """Once the metadata TTL had passed, the next lookup under .zvfs/ read every node's
+    metadata again: a store of 2,000 arrays on S3 (zarr-python 3) cost 2,002 GETs, 6.7 s,
+    every TTL the mount was used (10,002 for 10,000 arrays), and a directory store 2,002
+    reads. What the mount already lists tells a key's version (S3's ETag in a flat listing;
+    a directory store's size and mtime, a stat): only new and changed metadata keys are
+    read again (a node's whole metadata, a key or two), none when nothing changed, and the
+    views show what zarr-python reads: a
+    changed array's new dtype and attributes, a removed array gone, a new one there."""
+    import zarr
+
+    root = tmp_path / "s.zarr"
+    group = zarr.open_group(str(root), mode="w", zarr_format=3, attributes={"title": "t"})
+    for i in range(16):
+        group.create_array(f"a{i:02d}", shape=(3,), dtype="<i2", fill_value=-1)[:] = i
+    old = group.create_group("sub").create_group("deep")
+    for i in range(3):
+        old.create_array(f"b{i}", shape=(2, 2), dtype="<u2", fill_value=0)[:] = i
+    legacy = zarr.open_group(str(root / "legacy"), mode="w", zarr_format=2)
+    for i in range(3):
+        legacy.create_array(f"c{i}", shape=(5,), chunks=(5,), dtype="<f8", fill_value=0.0,
+                            chunk_key_encoding={"name": "v2", "separator": "."})[:] = i / 2
+    legacy["c1"].attrs["units"] = "m"
+    _written_an_hour_ago(root)
+    ttl = 0.5
+    client = bucket = None
+    if backend == "s3":
+        moto, s3_env = request.getfixturevalue("moto"), request.getfixturevalue("s3_env")
+        client = s3_client(moto.endpoint)
+        bucket = "zvfs-rediscover"
+        client.create_bucket(Bucket=bucket)
+        upload_tree(client, root, bucket, "store")
+        m = mount(f"s3://{bucket}/store", "--endpoint-url", moto.endpoint, "--metadata-ttl", str(ttl), env=s3_env)
+    else:
+        m = mount(root, "--metadata-ttl", str(ttl))
+    arrays = m.path / ".zvfs/arrays"
+    _check_views_against_zarr(arrays, root, "legacy")
+    gets = stats(m)["store_requests_get"]
+    time.sleep(ttl * 1.5)  # past the TTL
+    assert len(os.listdir(arrays)) == 18  # 16 arrays, sub/, legacy/
+    assert stats(m)["store_requests_get"] == gets  # nothing changed: nothing read again
+
+    before = _metadata_files(root)
+    group = zarr.open_group(str(root), mode="a")
+    group.create_array("a05", shape=(4,), dtype="<f4", fill_value=0.5, overwrite=True,
+                       attributes={"units": "K"})[:] = [1.5, 2.5, 3.5, 4.5]
+    group.create_array("new", shape=(2,), dtype="<i8", fill_value=0)[:] = [7, 8]
+    shutil.rmtree(root / "a07")
+    shutil.rmtree(root / "sub/deep/b2")
+    zarr.open_array(str(root / "legacy/c1"), mode="a").attrs["units"] = "km"
+    after = _metadata_files(root)
+    # the keys that are new or changed (bytes; and on a directory store, its mtime)
+    changed = {k for k, (data, mtime) in after.items()
+               if k not in before or before[k][0] != data or backend == "dir" and before[k][1] != mtime}
+    assert {"a05/zarr.json", "new/zarr.json", "legacy/c1/.zattrs"} <= changed, changed
+    # a node whose metadata changed is read whole again: a v2 array's .zarray with its .zattrs
+    nodes = {k.rpartition("/")[0] for k in changed}
+    read = sorted(k for k in after if k.rpartition("/")[0] in nodes)
+    _behind_the_mount(backend, root, bucket, client, ["a07", "sub/deep/b2"])
+    time.sleep(ttl * 1.5)
+    gets = stats(m)["store_requests_get"]
+    assert sorted(os.listdir(arrays)) == sorted(["legacy", "new", "sub", *(f"a{i:02d}" for i in range(16) if i != 7)])
+    assert stats(m)["store_requests_get"] - gets == len(read), read
+    _check_views_against_zarr(arrays, root, "legacy")
+    assert "ERROR" not in m.log_text()
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_a_rediscovery_past_the_ttl_reads_consolidated_metadata_again_only_once_changed(fmt, mount, tmp_path) -> None:
+    """A store with consolidated metadata (.zmetadata, or v3's in the root zarr.json): past
+    the TTL the document was fetched again each time; now only once the root listing gives
+    it another size and mtime, and then the views are the new document's, as zarr-python
+    reads them (an array's new dtype and attributes, one removed, one added)."""
+    import zarr
+
+    root = tmp_path / "c.zarr"
+    group = zarr.open_group(str(root), mode="w", zarr_format=fmt)
+    for i in range(6):
+        group.create_array(f"a{i}", shape=(3,), chunks=(3,), dtype="<i2", fill_value=0)[:] = i
+    zarr.consolidate_metadata(str(root))
+    _written_an_hour_ago(root)
+    ttl = 0.5
+    m = mount(root, "--metadata-ttl", str(ttl))
+    arrays = m.path / ".zvfs/arrays"
+    _check_views_against_zarr(arrays, root)
+    gets = stats(m)["store_requests_get"]
+    time.sleep(ttl * 1.5)  # past the TTL
+    assert len(os.listdir(arrays)) == 6
+    assert stats(m)["store_requests_get"] == gets
+    group = zarr.open_group(str(root), mode="a", use_consolidated=False)
+    group.create_array("a1", shape=(4,), chunks=(4,), dtype="<f4", fill_value=0.0, overwrite=True,
+                       attributes={"units": "K"})[:] = 2.5
+    group.create_array("new", shape=(2,), chunks=(2,), dtype="<u1", fill_value=0)[:] = 9
+    shutil.rmtree(root / "a2")
+    zarr.consolidate_metadata(str(root))
+    time.sleep(ttl * 1.5)
+    gets = stats(m)["store_requests_get"]
+    assert sorted(os.listdir(arrays)) == ["a0", "a1", "a3", "a4", "a5", "new"]
+    assert stats(m)["store_requests_get"] - gets == 1  # the consolidated document
+    _check_views_against_zarr(arrays, root)
 
 
 def test_a_listing_after_a_metadata_change_behind_the_mount_leaves_new_opens_reading(mount, tmp_path) -> None:

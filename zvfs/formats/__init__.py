@@ -4,7 +4,8 @@ Public API (all blocking; run from a worker thread, one hop per chunk):
 
 - ``open_array(store, path, meta=None) -> ZarrArray``
 - ``ZarrArray.meta``, ``read_chunk(idx)``, ``chunk_key(idx)``, ``chunk_exists(idx)``
-- ``discover(store) -> Hierarchy`` (groups and arrays, found from metadata only)
+- ``discover(store, known=None) -> Hierarchy`` (groups and arrays, found from metadata only;
+  with ``known``, an earlier discovery's ``h.known``, only what changed is read again)
 - ``read_array_meta(store, path) -> ArrayMeta | None``
 
 Formats import only :mod:`zvfs.stores` and :mod:`zvfs.codecs`.
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
         FormatError,
         GroupMeta,
         Hierarchy,
+        Known,
         ZarrArray,
         discover,
         open_array,
@@ -36,6 +38,7 @@ __all__ = [
     "FormatError",
     "GroupMeta",
     "Hierarchy",
+    "Known",
     "ZarrArray",
     "discover",
     "open_array",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextvars
 import itertools
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -15,10 +16,19 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..codecs import CodecError, UnknownCodecError
-from ..stores.base import KeyNotFound, Listing, Store, StoreError, TooLarge
+from ..stores.base import (
+    KeyInfo,
+    KeyNotFound,
+    Listing,
+    Store,
+    StoreError,
+    TooLarge,
+    is_store_failure,
+)
 from ..stores.keys import bad_segment
 from . import keys, nczarr, zarr_v1, zarr_v2, zarr_v3
 from ._common import attributes_of, get_metadata, join, load_json, parse_json, values_budget
+from .known import FLAT_KEYS_MIN, FLAT_KEYS_PER_NODE, Known, Look, Prints, flat_infos, same, trusted
 from .meta import ArrayMeta, FormatError
 
 
@@ -65,6 +75,9 @@ class Hierarchy:
     #: a store request failed (not a format problem): what was found is not the whole
     #: hierarchy, so callers must not keep it as if it were
     incomplete: bool = False
+    #: what this discovery read, for the next to read only what changed (discover's
+    #: ``known``); None when it was not asked for
+    known: Known | None = None
 
     def add(self, node: ArrayMeta | GroupMeta | None) -> None:
         if node is None:
@@ -255,12 +268,17 @@ MAX_BROKEN_CHILDREN = 100
 MAX_LISTINGS = 100_000
 
 
-def discover(store: Store) -> Hierarchy:
+def discover(store: Store, known: Known | None = None) -> Hierarchy:
     """Find groups and arrays from metadata only: never lists chunk directories.
 
     Uses consolidated metadata (v2 ``.zmetadata``, v3 inline ``consolidated_metadata``)
     when the root has it; otherwise walks prefixes, stopping at arrays. One bad
     node gets an error entry; discovery goes on.
+
+    With ``known`` (what an earlier discovery read: its ``h.known``, or an empty Known for
+    the first), only what changed since is read again, told by the keys' infos (see
+    :mod:`zvfs.formats.known`), with the same result as reading it all; ``h.known`` is then
+    what this one read.
     """
     h = Hierarchy()
     try:
@@ -269,27 +287,105 @@ def discover(store: Store) -> Hierarchy:
         h.errors[""] = str(exc)
         h.incomplete = True
         return h
+    d = _Discovery(store, known, h, root)
     with values_budget():  # the documents' values together, not only each one's
-        if keys.ZMETADATA in root.keys and _from_zmetadata(store, h):
+        if keys.ZMETADATA in root.keys and d.consolidated(keys.ZMETADATA, _from_zmetadata):
             return h
-        if keys.ZARR_JSON in root.keys and _from_v3_consolidated(store, h):
+        if keys.ZARR_JSON in root.keys and d.consolidated(keys.ZARR_JSON, _from_v3_consolidated):
             return h
-        _walk(store, h, root)
+        _walk(d, root)
     return h
 
 
-def _root_doc(store: Store, key: str) -> dict[str, Any] | None:
-    """The root's consolidated metadata document ``key``; None when unusable (then we walk)."""
+class _Discovery:
+    """One discovery's reads: what an earlier one read (``before``), and what this one
+    reads (``h.known``), when asked to keep it."""
+
+    def __init__(self, store: Store, before: Known | None, h: Hierarchy, root: Listing) -> None:
+        self.store = store
+        self.before = before
+        self.h = h
+        self.root = root
+        self.prints: Prints | None = None
+        if before is not None:
+            h.known = Known(flat_refused=before.flat_refused)
+
+    def consolidated(self, name: str, read: Callable[[Store, Hierarchy, list[bool]], bool]) -> bool:
+        """``read(store, h, failed)`` (a consolidated document's reader), unless the document
+        kept the info it had when an earlier discovery read it: then what it gave then."""
+        h, info = self.h, self.root.keys.get(name)
+        held = self.before.roots.get(name) if self.before is not None else None
+        if held is not None and same(held[0], info):
+            got = held[1]
+            h.errors.update(got.errors)
+            if got.consolidated:
+                h.groups.update(got.groups)
+                h.group_meta.update(got.group_meta)
+                h.arrays.update(got.arrays)
+                h.consolidated = True
+            if h.known is not None:
+                h.known.roots[name] = held
+            return got.consolidated
+        errors = set(h.errors)
+        failed: list[bool] = []
+        found = read(self.store, h, failed)
+        if h.known is not None and not failed and trusted(info, time.time()):
+            got = Hierarchy(errors={k: v for k, v in h.errors.items() if k not in errors})
+            if found:
+                got = Hierarchy(dict(h.groups), dict(h.group_meta), dict(h.arrays), dict(h.errors),
+                                consolidated=True)
+            h.known.roots[name] = (info, got)
+        return found
+
+    def node(self, path: str, listing: Listing | None) -> _Node:
+        """The node at ``path`` (its listing at hand, or None): the earlier discovery's when
+        its metadata keys kept their infos, else read."""
+        if self.before is None:
+            return _contained(path, path or "/", "zarr", _read_node, self.store, path,
+                              None if listing is None else Look(None, path, listing.keys))
+        if listing is None and self.prints is None:
+            self.prints = self.take_prints()
+        look = Look(self.prints, path, None if listing is None else listing.keys)
+        held = self.before.nodes.get(path)
+        if held is not None and getattr(held[0], "error", None) is None and look.unchanged(held[1]):
+            node = held[0]
+        else:
+            look.noted = []
+            node = _contained(path, path or "/", "zarr", _read_node, self.store, path, look)
+        if self.h.known is not None and getattr(node, "error", None) is None:
+            self.h.known.nodes[path] = (node, tuple(look.noted))
+        return node
+
+    def take_prints(self) -> Prints:
+        """Where the nodes' keys' infos come from: a stat each on a local store; a flat
+        listing of a remote one while it pays (see known.FLAT_KEYS_PER_NODE)."""
+        if self.store.local or self.before is None or not self.store.flat_listing or self.before.flat_refused:
+            return Prints(self.store, None)
+        nodes = max(len(self.before.nodes), len(self.root.prefixes))
+        listed, refused = flat_infos(self.store, max(FLAT_KEYS_MIN, FLAT_KEYS_PER_NODE * nodes))
+        if refused and self.h.known is not None:
+            self.h.known.flat_refused = True
+        return Prints(self.store, listed)
+
+
+def _root_doc(store: Store, key: str, failed: list[bool]) -> dict[str, Any] | None:
+    """The root's consolidated metadata document ``key``; None when unusable (then we walk),
+    and ``failed`` told so when the store failed (not the document)."""
     try:
         doc = load_json(store, key)
-    except (FormatError, StoreError):
+    except FormatError as exc:
+        if is_store_failure(exc):
+            failed.append(True)
+        return None
+    except StoreError:
+        failed.append(True)
         return None
     return doc if isinstance(doc, dict) else None
 
 
-def _from_zmetadata(store: Store, h: Hierarchy) -> bool:
+def _from_zmetadata(store: Store, h: Hierarchy, failed: list[bool]) -> bool:
     """Fill ``h`` from a v2 .zmetadata; False if it is unusable (then we walk)."""
-    doc = _root_doc(store, keys.ZMETADATA)
+    doc = _root_doc(store, keys.ZMETADATA, failed)
     entries = doc.get("metadata") if doc is not None else None
     if not isinstance(entries, dict):
         return False
@@ -312,9 +408,9 @@ def _from_zmetadata(store: Store, h: Hierarchy) -> bool:
     return True
 
 
-def _from_v3_consolidated(store: Store, h: Hierarchy) -> bool:
+def _from_v3_consolidated(store: Store, h: Hierarchy, failed: list[bool]) -> bool:
     """Fill ``h`` from the root zarr.json's consolidated_metadata; False if it has none."""
-    doc = _root_doc(store, keys.ZARR_JSON)
+    doc = _root_doc(store, keys.ZARR_JSON, failed)
     if doc is None or doc.get("node_type") != "group":
         return False
     cons = doc.get("consolidated_metadata")
@@ -381,17 +477,18 @@ def _v2_group(path: str, zgroup: Any, zattrs: Any, key: str) -> GroupMeta:
     return GroupMeta(path, fmt, attrs, err, key, types)
 
 
-def _get_doc(
-    store: Store, key: str, known: set[str] | None, name: str
-) -> tuple[bool, Any, str | None]:
-    """(present, document, error) for a metadata key, skipping the request if a listing says absent."""
-    if known is not None and name not in known:
+def _get_doc(store: Store, key: str, look: Look, name: str) -> tuple[bool, Any, str | None]:
+    """(present, document, error) for a metadata key, skipping the request if a listing (or
+    the key's info) says absent."""
+    if look.info(name) is None:
         return False, None, None
     try:
         raw = get_metadata(store, key)
     except KeyNotFound:
+        look.surprise(name)
         return False, None, None
     except FormatError as exc:  # too big to be metadata
+        look.surprise(name)
         return True, None, str(exc)
     # any other StoreError propagates: a metadata key that could not be fetched says
     # nothing about the node, and must not be mistaken for a broken one
@@ -401,55 +498,60 @@ def _get_doc(
         return True, None, str(exc)
 
 
-def _read_node(
-    store: Store, path: str, known: set[str] | None = None
-) -> ArrayMeta | GroupMeta | None:
-    """The node at ``path`` from its metadata keys (probed by get, or from a listing's key names)."""
+def _read_node(store: Store, path: str, look: Look | None = None) -> ArrayMeta | GroupMeta | None:
+    """The node at ``path`` from its metadata keys (probed by get, or skipped where a listing
+    or their info says absent: ``look``, which notes the infos for the next discovery)."""
+    if look is None:
+        look = Look(None, path, None)
     key = join(path, keys.ZARR_JSON)
-    present, doc, err = _get_doc(store, key, known, keys.ZARR_JSON)
+    present, doc, err = _get_doc(store, key, look, keys.ZARR_JSON)
     if present:
         if err is not None:  # cannot tell array from group: a broken array, not descended into
             return ArrayMeta(path=path, format="zarr_v3", error=err, metadata_key=key)
         # what the parser did not foresee is told with the document's key, not the node's path
         return _contained(path, key, "zarr_v3", _v3_node, path, doc, key)
     key = join(path, keys.ZARRAY)
-    present, zarray, err = _get_doc(store, key, known, keys.ZARRAY)
+    present, zarray, err = _get_doc(store, key, look, keys.ZARRAY)
     if present:
-        _, zattrs, attrs_err = _get_doc(store, join(path, keys.ZATTRS), known, keys.ZATTRS)
+        _, zattrs, attrs_err = _get_doc(store, join(path, keys.ZATTRS), look, keys.ZATTRS)
         return _contained(path, key, "zarr_v2", _v2_array, path, zarray, zattrs, key, err or attrs_err)
     key = join(path, keys.ZGROUP)
-    present, zgroup, err = _get_doc(store, key, known, keys.ZGROUP)
+    present, zgroup, err = _get_doc(store, key, look, keys.ZGROUP)
     if present:
-        _, zattrs, attrs_err = _get_doc(store, join(path, keys.ZATTRS), known, keys.ZATTRS)
+        _, zattrs, attrs_err = _get_doc(store, join(path, keys.ZATTRS), look, keys.ZATTRS)
         group = _v2_group(path, zgroup, zattrs, key)
         group.error = group.error or err or attrs_err
         return group
     key = join(path, keys.ZMETA)
-    present, zmeta, err = _get_doc(store, key, known, keys.ZMETA)
+    present, zmeta, err = _get_doc(store, key, look, keys.ZMETA)
     if present:
         if err is not None:
             return ArrayMeta(path=path, format="zarr_v1", error=err, metadata_key=key)
-        _, zattr, attrs_err = _get_doc(store, join(path, keys.ZATTR), known, keys.ZATTR)
+        _, zattr, attrs_err = _get_doc(store, join(path, keys.ZATTR), look, keys.ZATTR)
         if attrs_err is not None:
             return ArrayMeta(path=path, format="zarr_v1", error=attrs_err, metadata_key=key)
         return zarr_v1.parse_array(path, zmeta, zattr, key)
     key = join(path, keys.META)
-    meta = _v1_meta(store, key, known)
+    meta = _v1_meta(store, key, look)
     if meta is not None:
-        _, attrs, attrs_err = _get_doc(store, join(path, keys.ATTRS), known, keys.ATTRS)
+        _, attrs, attrs_err = _get_doc(store, join(path, keys.ATTRS), look, keys.ATTRS)
         return zarr_v1.parse_spec_array(path, meta, attrs, key, attrs_err)
     return None
 
 
-def _v1_meta(store: Store, key: str, known: set[str] | None) -> dict[str, Any] | None:
+def _v1_meta(store: Store, key: str, look: Look) -> dict[str, Any] | None:
     """The Zarr v1 (storage spec) metadata at ``key``, or None: absent, or a file that is no
     such JSON (a store may hold a 'meta' of its own: it stays a plain file, and a big one is
     not even read). Other store errors pass through, as in _get_doc."""
-    if known is not None and keys.META not in known:
+    info = look.info(keys.META)
+    if info is None or isinstance(info, KeyInfo) and info.size > keys.META_MAX_BYTES:
         return None
     try:
         doc = parse_json(store.get_at_most(key, keys.META_MAX_BYTES), key)
-    except (KeyNotFound, TooLarge, FormatError):
+    except KeyNotFound:
+        look.surprise(keys.META)
+        return None
+    except (TooLarge, FormatError):
         return None
     return doc if keys.is_v1_meta(doc) else None
 
@@ -478,10 +580,10 @@ class _Probes:
     S3 was 10,000 sequential GETs (40 s on a server on 127.0.0.1) at every discovery, where
     zarr-python opens a group's members concurrently. A local store is probed in turn."""
 
-    def __init__(self, store: Store, queue: deque[tuple[str, Listing | None, int]]) -> None:
-        self._store = store
+    def __init__(self, d: _Discovery, queue: deque[tuple[str, Listing | None, int]]) -> None:
+        self.d = d
         self._queue = queue
-        self._pool = None if store.local else ThreadPoolExecutor(PROBES_AT_ONCE, "zvfs-discover")
+        self._pool = None if d.store.local else ThreadPoolExecutor(PROBES_AT_ONCE, "zvfs-discover")
         self._ahead: dict[str, Future[_Node]] = {}
 
     def node(self, path: str) -> _Node:
@@ -498,23 +600,25 @@ class _Probes:
         return self._probe(path)
 
     def _probe(self, path: str) -> _Node:
-        return _contained(path, path or "/", "zarr", _read_node, self._store, path, None)
+        return self.d.node(path, None)
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _walk(store: Store, h: Hierarchy, root: Listing) -> None:
+def _walk(d: _Discovery, root: Listing) -> None:
     """Breadth-first over groups (and a few levels of bare directories); arrays are leaves.
 
     A child is identified by fetching its metadata keys, never by listing it, so
     an array's directory (full of chunk keys) is never listed.
     """
     queue: deque[tuple[str, Listing | None, int]] = deque([("", root, 0)])
-    probes = _Probes(store, queue)
+    if d.before is not None and root.prefixes:
+        d.prints = d.take_prints()  # before the probes' threads, which share it
+    probes = _Probes(d, queue)
     try:
-        _walk_queue(store, h, queue, probes)
+        _walk_queue(d.store, d.h, queue, probes)
     finally:
         probes.close()
 
@@ -528,7 +632,7 @@ def _walk_queue(store: Store, h: Hierarchy, queue: deque[tuple[str, Listing | No
             if listing is None:
                 node = probes.node(path)
             else:
-                node = _contained(path, path or "/", "zarr", _read_node, store, path, set(listing.keys))
+                node = probes.d.node(path, listing)
         except StoreError as exc:
             h.errors[path] = str(exc)
             h.incomplete = True

@@ -123,6 +123,8 @@ class MountContext:
     array_rechecks: dict[str, tuple[float, str | None]] = field(default_factory=dict, init=False)
     #: array path -> when an open file's recheck of it was last asked for (at most one a TTL)
     rechecks_asked: dict[str, float] = field(default_factory=dict, init=False)
+    #: what the newest discovery read (formats.Known): the next reads again only what changed
+    metadata_known: Any = field(default=None, init=False)
     #: path -> (serial of its last write, the key's info after it, when it was made); see
     #: epoch() and changed_at_ns()
     _epochs: OrderedDict[str, tuple[int, KeyInfo | None, int]] = field(default_factory=OrderedDict,
@@ -284,6 +286,8 @@ class MountContext:
             self._floor = max(self._floor, serial)
             self._floor_time_ns = max(self._floor_time_ns, when)
         parent, _, name = key.strip("/").rpartition("/")
+        if name in DESCRIBING_NAMES and self.metadata_known is not None:
+            self.metadata_known.forget(parent)  # read again, whatever its info says
         if name in DESCRIBING_NAMES:  # the views of that node take its metadata's new mtime
             when = info.mtime_ns if info is not None else time.time_ns()
             self.learn_mtimes({parent: max(when, self.metadata_mtimes.get(parent, 0))})
