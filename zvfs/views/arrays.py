@@ -44,11 +44,13 @@ class DecodedArray:
     Each entry lives for the metadata TTL, so a rewritten chunk shows within it.
     """
 
-    def __init__(self, ctx: MountContext, meta: ArrayMeta, opener: Callable[[], ZarrArray]) -> None:
+    def __init__(self, ctx: MountContext, meta: ArrayMeta, opener: Callable[[], ZarrArray],
+                 digests: tuple[str, str] | None = None) -> None:
         self.ctx = ctx
         self.meta = meta
-        #: what its bytes are read by (see MountContext.array_layouts): ``layout``
-        self.digest, self.layout = meta.digests()
+        #: what its bytes are read by (see MountContext.array_layouts): ``layout``; given
+        #: when known (``meta`` itself had them taken by an earlier discovery)
+        self.digest, self.layout = digests or meta.digests()
         self.identity = ("chunk", meta.path, self.digest)
         self._opener = opener
         self._reader: ZarrArray | None = None

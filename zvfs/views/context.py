@@ -125,6 +125,8 @@ class MountContext:
     rechecks_asked: dict[str, float] = field(default_factory=dict, init=False)
     #: what the newest discovery read (formats.Known): the next reads again only what changed
     metadata_known: Any = field(default=None, init=False)
+    #: array path -> (its ArrayMeta, digest, layout digest) as the newest discovery made them
+    array_digests: dict[str, tuple[Any, str, str]] = field(default_factory=dict, init=False)
     #: path -> (serial of its last write, the key's info after it, when it was made); see
     #: epoch() and changed_at_ns()
     _epochs: OrderedDict[str, tuple[int, KeyInfo | None, int]] = field(default_factory=OrderedDict,
