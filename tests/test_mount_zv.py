@@ -981,3 +981,34 @@ def test_a_store_failure_while_a_level_is_built_is_not_kept(mount, moto, s3_env)
         np.testing.assert_array_equal(load(lv / "vertices.npy"), ref("v09/points", "L0_positions.npy"))
         assert "level.ply" in os.listdir(lv)
         assert "errors" not in json.loads((lv / "meta.json").read_text())
+
+
+def test_the_vectors_view_past_the_ttl_reads_no_node_of_the_store_again(mount, tmp_path: Path) -> None:
+    """A ZV store beside 24 plain Zarr arrays. `ls .zvfs/vectors` looked for the ZV groups by
+    reading every node's zarr.json again, one after the other, at every discovery (each TTL,
+    each write): past the TTL, an S3 store of 2,000 arrays and no ZV group cost 2,001 GETs and
+    17-26 s, though the discovery had read them all just before (and now reads none that did
+    not change). The groups are now found in the discovery's hierarchy: past the TTL, only
+    the ZV groups' own documents are read again, and the view is the same."""
+    import time
+
+    import zarr
+
+    root = make_corpus(tmp_path / "corpus", ["v09/points", "v09/streamlines"])
+    plain = zarr.open_group(str(root / "plain"), mode="w", zarr_format=3)
+    for i in range(24):
+        plain.create_array(f"p{i:02d}", shape=(2,), dtype="<i2", fill_value=0)
+    past = time.time() - 3600
+    for p in root.rglob("*"):
+        os.utime(p, (past, past))
+    ttl = 0.5
+    m = mount(root, "--metadata-ttl", str(ttl))
+    vectors = m.path / ".zvfs/vectors"
+    want = walk_sizes(vectors)
+    assert {store_rel("v09/points"), store_rel("v09/streamlines")} <= {"/".join(k.split("/")[:2]) for k in want}
+    gets = json.loads((m.path / ".zvfs/stats.json").read_text())["store_requests_get"]
+    time.sleep(ttl * 1.5)  # past the TTL
+    assert sorted(os.listdir(vectors)) == ["v09"]
+    m_gets = json.loads((m.path / ".zvfs/stats.json").read_text())["store_requests_get"]
+    assert m_gets - gets <= 4, m_gets - gets  # the two ZV groups' zarr.json, not the 24 arrays'
+    assert walk_sizes(vectors) == want

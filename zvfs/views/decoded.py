@@ -46,6 +46,9 @@ class Decoded:
     incomplete: bool = False
     #: found in consolidated metadata (one document), not by reading each node's own
     consolidated: bool = False
+    #: node path -> its zarr.json as far as the views need it (node type and attributes),
+    #: None for a node that has none (v2, v1): what the vectors view looks for ZV groups in
+    node_docs: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     #: when the store began to be read (what it shows is at least that new), and was read
     began: float = field(default_factory=time.monotonic)
     made: float = field(default_factory=time.monotonic)
@@ -68,6 +71,8 @@ def _discover(ctx: MountContext) -> Decoded:
     for path, attrs in hierarchy.groups.items():
         out.groups[path] = dict(attrs)
     for path, group in hierarchy.group_meta.items():
+        if group.error is None:
+            out.node_docs[path] = _doc(group.format, "group", group.attributes)
         if group.attribute_types:
             out.group_types[path] = dict(group.attribute_types)
         if group.error:  # its members stay: each has metadata of its own
@@ -81,6 +86,8 @@ def _discover(ctx: MountContext) -> Decoded:
     for path, meta in hierarchy.arrays.items():
         if meta.error:
             _warn_node(ctx, "array", path, meta.metadata_key, meta.error)
+        else:
+            out.node_docs[path] = _doc(meta.format, "array", meta.attributes)
         held = before.get(path)
         array = DecodedArray(ctx, meta, _opener(ctx, meta),
                              held[1:] if held is not None and held[0] is meta else None)
@@ -89,6 +96,14 @@ def _discover(ctx: MountContext) -> Decoded:
     ctx.array_digests = digests
     out.made = time.monotonic()
     return out
+
+
+def _doc(fmt: str, node_type: str, attributes: dict[str, Any]) -> dict[str, Any] | None:
+    """A node's zarr.json as far as the vectors view reads it; None for a node of another
+    format (it has no zarr.json: the discovery reads that first)."""
+    if fmt != "zarr_v3":
+        return None
+    return {"zarr_format": 3, "node_type": node_type, "attributes": attributes}
 
 
 def _warn_node(ctx: MountContext, kind: str, path: str, key: str, error: str) -> None:
@@ -217,7 +232,8 @@ def _groups_everywhere(node: StaticDir, mtime_ns: int) -> None:
 
 
 async def _vectors_or_empty(ctx: MountContext, build: Callable[..., Awaitable[DirNode | None]]) -> DirNode:
-    node = await build(ctx.store, ctx)
+    d = await decoded(ctx)  # the ZV groups are looked for in what it read, not read again
+    node = await build(ctx.store, ctx, None if d.incomplete else d.node_docs)
     return node if node is not None else StaticDir(mtime_ns=ctx.stable_time_ns)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,12 +87,18 @@ def is_zv_root(doc: dict[str, Any] | None) -> bool:
     return bool(doc) and isinstance(attributes_of(doc).get("zarr_vectors"), dict)
 
 
-def find_groups(store: Store, path: str = "", depth: int = 6) -> list[str]:
+def find_groups(store: Store, path: str = "", depth: int = 6,
+                known: Mapping[str, dict[str, Any] | None] | None = None) -> list[str]:
     """Paths of ZV groups at or below ``path``; descends Zarr groups only, never arrays.
     A node whose zarr.json is no JSON object is no ZV group (the arrays view reports it);
-    only a store's failure to read one fails the search."""
+    only a store's failure to read one fails the search.
+
+    ``known``: node path -> its zarr.json as a discovery just read it (None: it has none),
+    for the nodes a discovery read: only the others are read here. Each node's was read
+    again, one after the other, every time the vectors view was built (each metadata TTL):
+    2,001 GETs, 17-26 s, for an S3 store of 2,000 arrays."""
     try:
-        doc = cells.load_node(store, path)
+        doc = known[path] if known is not None and path in known else cells.load_node(store, path)
     except ZVError as exc:
         if isinstance(exc.__cause__, StoreError):
             raise
@@ -106,7 +112,7 @@ def find_groups(store: Store, path: str = "", depth: int = 6) -> list[str]:
     out: list[str] = []
     _keys, prefixes = _ls(store, path)
     for name in sorted(prefixes):
-        out.extend(find_groups(store, join(path, name), depth - 1))
+        out.extend(find_groups(store, join(path, name), depth - 1, known))
     return out
 
 

@@ -11,6 +11,8 @@ from metadata and fragment indexes; file contents are decoded on first read.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
+from typing import Any
 
 from zvfs.formats import zv
 from zvfs.stores.base import Store, is_store_failure
@@ -24,10 +26,12 @@ __all__ = ["build_vectors_dir", "build_vectors_dir_blocking_parts"]
 _tokens = itertools.count()
 
 
-def build_vectors_dir_blocking_parts(store: Store) -> list[tuple[str, zv.ZVGroup | Exception]]:
-    """Find the ZV groups (blocking): (path, group or the error opening it)."""
+def build_vectors_dir_blocking_parts(store: Store, known: Mapping[str, dict[str, Any] | None] | None = None
+                                     ) -> list[tuple[str, zv.ZVGroup | Exception]]:
+    """Find the ZV groups (blocking): (path, group or the error opening it). ``known``: the
+    zarr.json of the nodes a discovery read (see zv.find_groups)."""
     out: list[tuple[str, zv.ZVGroup | Exception]] = []
-    for path in zv.find_groups(store):
+    for path in zv.find_groups(store, known=known):
         try:
             group = zv.open_group(store, path)
         except zv.ZVError as exc:
@@ -49,9 +53,11 @@ def _group_dir(ctx: MountContext, token: int, path: str, group: zv.ZVGroup | Exc
     return StaticDir(entries, mtime_ns=ctx.stable_time_ns)
 
 
-async def build_vectors_dir(store: Store, ctx: MountContext) -> DirNode | None:
-    """The ``vectors`` directory for ``store``, or None when it holds no ZV group."""
-    found = await blocking(ctx, "finding ZV groups", build_vectors_dir_blocking_parts, store)
+async def build_vectors_dir(store: Store, ctx: MountContext,
+                            known: Mapping[str, dict[str, Any] | None] | None = None) -> DirNode | None:
+    """The ``vectors`` directory for ``store``, or None when it holds no ZV group; ``known``:
+    the zarr.json of the nodes a discovery read, which are not read again."""
+    found = await blocking(ctx, "finding ZV groups", build_vectors_dir_blocking_parts, store, known)
     if not found:
         return None
     token = next(_tokens)
