@@ -421,7 +421,7 @@ class DictStore(Store):
         return self.get(key)[start : start + length]
 
     def info(self, key: str) -> KeyInfo:
-        return KeyInfo(len(self.get(key)), 0.0)
+        return KeyInfo(len(self.get(key)), 0)
 
     def list_dir(self, prefix: str) -> Listing:
         out = Listing()
@@ -836,7 +836,7 @@ class FlatStore(DictStore):
     def _info(self, key: str) -> KeyInfo:
         import hashlib
 
-        return KeyInfo(len(self.data[key]), 0.0, '"' + hashlib.md5(self.data[key]).hexdigest() + '"')
+        return KeyInfo(len(self.data[key]), 0, '"' + hashlib.md5(self.data[key]).hexdigest() + '"')
 
     def get(self, key: str) -> bytes:
         self.gets.append(key)

@@ -329,7 +329,7 @@ class _Discovery:
         errors = set(h.errors)
         failed: list[bool] = []
         found = read(self.store, h, failed)
-        if h.known is not None and not failed and trusted(info, time.time()):
+        if h.known is not None and not failed and trusted(info, time.time_ns()):
             got = Hierarchy(errors={k: v for k, v in h.errors.items() if k not in errors})
             if found:
                 got = Hierarchy(dict(h.groups), dict(h.group_meta), dict(h.arrays), dict(h.errors),

@@ -41,9 +41,9 @@ UNKNOWN: Final = _Unknown()
 #: a key's info as a discovery saw it before reading the key; None: the key is absent
 Print = KeyInfo | None | _Unknown
 
-#: seconds a key's size and mtime may stay the same across a rewrite: an info taken within
-#: them of the key's mtime is not trusted (the key is read again at the next discovery)
-RACY_SECONDS = 2.0
+#: nanoseconds a key's size and mtime may stay the same across a rewrite: an info taken
+#: within them of the key's mtime is not trusted (the key is read again at the next discovery)
+RACY_NS = 2_000_000_000
 
 #: keys a flat listing of a remote store may run to, per node the last discovery found, to
 #: tell which metadata keys changed: a page of 1,000 keys costs what one GET does, so it
@@ -58,20 +58,15 @@ FLAT_KEYS_MIN = 10_000
 FLAT_SAMPLE = 1_000
 
 
-def _seconds(mtime: float | int) -> float:
-    """An mtime in seconds: a KeyInfo's are float seconds, or integer nanoseconds."""
-    return mtime / 1e9 if isinstance(mtime, int) and abs(mtime) > 1e11 else float(mtime)
-
-
-def trusted(info: Print, now: float) -> bool:
-    """Whether ``info``, taken at ``now``, can tell the next discovery that its key did not
+def trusted(info: Print, now_ns: int) -> bool:
+    """Whether ``info``, taken at ``now_ns``, can tell the next discovery that its key did not
     change: a version (an ETag) can, an absence can, a size and mtime only of a key that was
-    not modified just before (see RACY_SECONDS)."""
+    not modified just before (see RACY_NS)."""
     if info is None:
         return True
     if isinstance(info, _Unknown):
         return False
-    return info.version is not None or _seconds(info.mtime) < now - RACY_SECONDS
+    return info.version is not None or info.mtime_ns < now_ns - RACY_NS
 
 
 def same(old: Print, new: Print) -> bool:
@@ -180,7 +175,7 @@ class Look:
             else:
                 got = UNKNOWN
             self._memo[name] = got
-        self.noted.append((name, got if trusted(got, time.time()) else UNKNOWN))
+        self.noted.append((name, got if trusted(got, time.time_ns()) else UNKNOWN))
         return got
 
     def surprise(self, name: str) -> None:
