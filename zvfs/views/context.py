@@ -21,6 +21,8 @@ from zvfs.workers import Workers
 
 if TYPE_CHECKING:
     from zvfs.decoders.pool import DecoderPool
+    from zvfs.formats.known import Known
+    from zvfs.formats.meta import ArrayMeta
 
 log = logging.getLogger("zvfs")
 
@@ -124,9 +126,9 @@ class MountContext:
     #: array path -> when an open file's recheck of it was last asked for (at most one a TTL)
     rechecks_asked: dict[str, float] = field(default_factory=dict, init=False)
     #: what the newest discovery read (formats.Known): the next reads again only what changed
-    metadata_known: Any = field(default=None, init=False)
+    metadata_known: Known | None = field(default=None, init=False)
     #: array path -> (its ArrayMeta, digest, layout digest) as the newest discovery made them
-    array_digests: dict[str, tuple[Any, str, str]] = field(default_factory=dict, init=False)
+    array_digests: dict[str, tuple[ArrayMeta, str, str]] = field(default_factory=dict, init=False)
     #: path -> (serial of its last write, the key's info after it, when it was made); see
     #: epoch() and changed_at_ns()
     _epochs: OrderedDict[str, tuple[int, KeyInfo | None, int]] = field(default_factory=OrderedDict,
