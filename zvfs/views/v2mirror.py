@@ -67,13 +67,19 @@ def _dumps(doc: Any) -> bytes:
 
 
 class DocFile(BytesFile):
-    """A metadata document of the mirror, as its JSON text and as the document: the
-    consolidation (``.zmetadata``) takes the document, where it parsed every file's text back
-    (an eighth of the build of a mirror of thousands of arrays)."""
+    """A metadata document of the mirror, as its JSON text and, until the consolidation
+    (``.zmetadata``) takes it, as the document: it parsed every file's text back (an eighth
+    of the build of a mirror of thousands of arrays). Held no longer than that: the text
+    says it all, and a mirror of 100,000 arrays would keep every document twice."""
 
     def __init__(self, doc: dict[str, Any], mtime_ns: int = 0) -> None:
         super().__init__(_dumps(doc), mtime_ns)
-        self.doc = doc
+        self._doc: dict[str, Any] | None = doc
+
+    async def document(self) -> Any:
+        """The document, once (given up then); parsed from the text after that."""
+        doc, self._doc = self._doc, None
+        return doc if doc is not None else json.loads(await self.read(0, self.size))
 
 
 def mirror_dtype(dt: np.dtype) -> np.dtype:
@@ -330,7 +336,8 @@ async def _collect(
     estimate = 0
     for name, child in sorted(entries.items()):
         if name in (".zgroup", ".zattrs", ".zarray") and isinstance(child, BytesFile):
-            docs[name] = child.doc if isinstance(child, DocFile) else json.loads(await child.read(0, child.size))
+            docs[name] = await child.document() if isinstance(child, DocFile) else \
+                json.loads(await child.read(0, child.size))
             estimate += child.size + len(name)
         elif isinstance(child, StaticDir | ChunkGridDir):
             below, size = await _collect(child, depth + 1, groups)
