@@ -94,6 +94,24 @@ def _locked(directory: Path, strict: bool = False) -> int | None:
     return fd
 
 
+def _reserve(tmp: Path, size: int) -> tuple[int, bool]:
+    """Create ``tmp`` and allocate its ``size`` bytes at once: from then on the disk's free
+    space shows the whole entry, so the room check of the next one (under the same lock)
+    counts it exactly once. Counting it as "still to come" until written counted the bytes
+    already landed twice, and a cache at its floor evicted an entry it had room for. The
+    descriptor, and whether the space is allocated (not where the file system cannot)."""
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            return fd, False
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    return fd, True
+
+
 def _remove_leftovers(top: Path) -> None:
     """Remove the private directories of mounts that are gone (killed, crashed): a
     directory zvfs made (its lock file holds ``_OWNED``) whose lock no live mount holds."""
@@ -269,8 +287,11 @@ class DiskCachedStore(WrappedStore):
         #: key -> what the latest listing (or info) that passed through said of it, and when
         self._known: dict[str, tuple[KeyInfo, float]] = {}
         self._bytes = 0
-        #: bytes being written now: the disk's free space does not show them yet
+        #: entries being written now, which close() waits for
         self._writing = 0
+        #: bytes of those whose space could not be allocated ahead (_reserve): the disk's
+        #: free space does not show them yet
+        self._unreserved = 0
         #: set by close(): no entry is written after it, and it waits for those under way
         self._closing = False
         self._written = threading.Condition(self._lock)
@@ -479,7 +500,7 @@ class DiskCachedStore(WrappedStore):
             return False
 
         def above_floor() -> bool:
-            return shutil.disk_usage(self.dir).free - self._writing - incoming >= self.min_free
+            return shutil.disk_usage(self.dir).free - self._unreserved - incoming >= self.min_free
 
         def fits() -> bool:
             return self._bytes + incoming <= self.max_bytes and above_floor()
@@ -514,7 +535,7 @@ class DiskCachedStore(WrappedStore):
         """Evict, least recently used first, until the disk has ``free`` bytes free or nothing
         is left to evict: writes staged on the same disk come before what is cached."""
         def fits() -> bool:
-            return shutil.disk_usage(self.dir).free - self._writing >= free
+            return shutil.disk_usage(self.dir).free - self._unreserved >= free
 
         with self._lock:
             try:
@@ -585,13 +606,20 @@ class DiskCachedStore(WrappedStore):
                                        "below --cache-min-free (%d bytes free); reads go on from "
                                        "the store", self.dir, shutil.disk_usage(self.dir).free)
                 return
+            tmp = self.dir / f"{name}.{os.getpid()}.{threading.get_ident()}.tmp"
+            try:
+                fd, reserved = _reserve(tmp, size)
+            except OSError as exc:
+                self._cannot_write(exc)
+                return
             self._entries[name] = size
             self._bytes += size
-            self._writing += size
-        tmp = self.dir / f"{name}.{os.getpid()}.{threading.get_ident()}.tmp"
+            self._writing += 1
+            unreserved = 0 if reserved else size
+            self._unreserved += unreserved
         try:
             head = _HEAD.pack(_MAGIC, bytes.fromhex(name[:64]), len(data), crc32c.crc32c(data))
-            with open(tmp, "wb") as f:
+            with open(fd, "wb") as f:
                 f.write(head)
                 f.write(data)
             os.replace(tmp, self.dir / name)
@@ -607,7 +635,8 @@ class DiskCachedStore(WrappedStore):
             tmp.unlink(missing_ok=True)
         finally:
             with self._lock:
-                self._writing -= size
+                self._writing -= 1
+                self._unreserved -= unreserved
                 self._written.notify_all()
 
     def _cannot_write(self, exc: OSError) -> None:
