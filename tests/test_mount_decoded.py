@@ -934,9 +934,12 @@ def test_rediscoveries_do_not_keep_the_old_views(mount, tmp_path) -> None:
         return json.loads((m.path / ".zvfs/stats.json").read_text())["listing_cache"]
 
     first = use()
-    for _ in range(12):
+    for i in range(12):
+        group["c"].attrs["round"] = i  # behind the mount: a discovery that found no change keeps its views
         time.sleep(0.3)  # past the TTL: the next use discovers again
         last = use()
+        assert zarr.open_array(str(root), path="c", mode="r").attrs["round"] == \
+            json.loads((m.path / ".zvfs/arrays/c/meta.json").read_text())["attributes"]["round"] == i
     assert last["misses"] - first["misses"] >= 12 * 3, (first, last)  # a discovery and its families each time
     assert last["entries"] <= first["entries"] + 2, (first, last)
     ref = zarr.open_array(str(root), path="b", mode="r")[...]

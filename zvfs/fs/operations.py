@@ -951,12 +951,15 @@ class ZvfsOperations(pyfuse3.Operations):
         """keep_cache for this open; False makes the kernel drop the file's cached pages."""
         if node.direct_io:
             return False
-        if node.immutable:
-            return True
         version, now = node.version(), time.monotonic()
+        epoch = self._page_epochs.get(inode)
+        if node.immutable:
+            # its bytes never change, but the node under this number may be another's (a
+            # view built again from metadata read anew): the pages are kept only for the same
+            self._page_epochs[inode] = (version, now)
+            return epoch is None or epoch[0] == version
         if version is None:
             return False
-        epoch = self._page_epochs.get(inode)
         if epoch is not None and epoch[0] == version:
             if node.validated:  # checked against the source at this open: current however old
                 self._page_epochs[inode] = (version, now)
