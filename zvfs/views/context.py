@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from zvfs.decoders.pool import DecoderPool
     from zvfs.formats.known import Known
     from zvfs.formats.meta import ArrayMeta
+    from zvfs.views.decoded import Decoded
 
 log = logging.getLogger("zvfs")
 
@@ -127,6 +128,9 @@ class MountContext:
     rechecks_asked: dict[str, float] = field(default_factory=dict, init=False)
     #: what the newest discovery read (formats.Known): the next reads again only what changed
     metadata_known: Known | None = field(default=None, init=False)
+    #: the newest complete discovery: one that finds every node as it was, with no write
+    #: through the mount since, is that one again (its views are not built again)
+    decoded_last: Decoded | None = field(default=None, init=False)
     #: array path -> (its ArrayMeta, digest, layout digest) as the newest discovery made them
     array_digests: dict[str, tuple[ArrayMeta, str, str]] = field(default_factory=dict, init=False)
     #: path -> (serial of its last write, the key's info after it, when it was made); see
@@ -185,11 +189,17 @@ class MountContext:
         self.layouts_generation = generation
         if complete or self.array_layouts is None:
             self.array_layouts = layouts
+            self.confirm_layouts(began)
+        else:
+            self.array_layouts = {**self.array_layouts, **layouts}
+
+    def confirm_layouts(self, began: float) -> None:
+        """A discovery begun at ``began`` found the layouts unchanged: what is known of them
+        is that new (open files' rechecks wait a TTL from it)."""
+        if began > self.layouts_read:
             self.layouts_read = began
             self.array_rechecks = {p: r for p, r in self.array_rechecks.items() if r[0] > began}
             self.rechecks_asked = {p: t for p, t in self.rechecks_asked.items() if t > began}
-        else:
-            self.array_layouts = {**self.array_layouts, **layouts}
 
     def known_layout(self, path: str) -> str | None:
         """The layout digest the mount read last for the array at ``path``: an open file's
@@ -273,6 +283,12 @@ class MountContext:
         """The key's info after its last write through the mount, if remembered."""
         entry = self._epochs.get(key)
         return None if entry is None else entry[1]
+
+    @property
+    def write_serial(self) -> int:
+        """How many writes the mount has made: a value read before and after a discovery
+        says whether one came in between."""
+        return self._serial
 
     def note_write(self, key: str, info: KeyInfo | None = None) -> None:
         """``key`` (or the directory ``key/``) was changed through the mount: bump the epochs of
