@@ -487,18 +487,41 @@ class DirectoryStore(Store):
 
     def info(self, key: str) -> KeyInfo:
         check_key(key)
-        real = self._resolve(key)
-        if real is None:
+        st = self._stat_direct(key)
+        if st is None:
+            real = self._resolve(key)
+            if real is None:
+                raise KeyNotFound(key)
+            try:
+                st = os.stat(real)
+            except OSError as e:
+                if e.errno in _ABSENT:
+                    raise KeyNotFound(key) from None
+                raise StoreError(f"{key}: cannot stat: {e.strerror}") from e
+        if not stat.S_ISREG(st.st_mode):
             raise KeyNotFound(key)
+        return KeyInfo(st.st_size, st.st_mtime_ns)
+
+    def _stat_direct(self, key: str) -> os.stat_result | None:
+        """``key``'s stat where no symlink is on the way, as :meth:`_open_direct` tells it,
+        with an O_PATH descriptor (nothing opened for reading: a FIFO does not block, a
+        device is not touched); None for a symlink anywhere (then resolve it). A third of
+        a realpath's time: a rediscovery past the TTL takes one per metadata key, and
+        realpath was most of one of a store of 10,000 arrays."""
+        if not self._proc_fd:
+            return None
+        path = os.path.join(self.root, key)
         try:
-            st = os.stat(real)
+            fd = self._os_open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as e:
             if e.errno in _ABSENT:
                 raise KeyNotFound(key) from None
             raise StoreError(f"{key}: cannot stat: {e.strerror}") from e
-        if not stat.S_ISREG(st.st_mode):
-            raise KeyNotFound(key)
-        return KeyInfo(st.st_size, st.st_mtime_ns)
+        try:
+            st = os.fstat(fd)  # a symlink at the end is itself (O_NOFOLLOW), then resolved
+            return st if not stat.S_ISLNK(st.st_mode) and self._opened_at(fd, path) and self._proc_fd else None
+        finally:
+            os.close(fd)
 
     def absent(self, keys: Iterable[str]) -> set[str]:
         """One lstat each, no open: a path with nothing at it (or a file where a directory
