@@ -174,6 +174,42 @@ def test_cache_loads_once_for_concurrent_callers_and_never_keeps_a_failure():
     trio.run(main)
 
 
+def test_a_caller_waiting_on_a_load_whose_caller_gave_up_loads_it_itself():
+    """A read that fails by one chunk cancels its other chunks' loads (workers.gather);
+    another caller waiting on one of those loads (a second reader, a read-ahead) was given
+    the loader's trio.Cancelled, raised in its own task, which then ended without a value
+    (here ``got`` stayed empty). It loads the value itself instead."""
+    c = Cache(max_bytes=1000)
+    loads: list[str] = []
+
+    async def slow() -> bytes:
+        loads.append("slow")
+        await trio.sleep_forever()
+        raise AssertionError("not reached")
+
+    async def quick() -> bytes:
+        loads.append("quick")
+        return b"value"
+
+    async def main() -> None:
+        got: list[bytes] = []
+
+        async def waiter() -> None:
+            got.append(await c.get("k", quick))
+
+        async with trio.open_nursery() as outer:
+            with trio.CancelScope() as gave_up:
+                async with trio.open_nursery() as n:
+                    n.start_soon(c.get, "k", slow)
+                    await trio.sleep(0.01)  # the slow load is under way
+                    outer.start_soon(waiter)
+                    await trio.sleep(0.01)  # and the waiter waits on it
+                    gave_up.cancel()
+        assert got == [b"value"] and loads == ["slow", "quick"]
+
+    trio.run(main)
+
+
 def test_a_load_invalidated_while_under_way_is_not_kept_nor_joined():
     """A write lands while a listing (or discovery) of the old store is loading: that load's
     value must not be cached after the invalidation, and a caller after it loads anew."""

@@ -313,6 +313,30 @@ def test_persistent_failure_is_eio_logged_and_not_remembered(corpus, proxy, moun
     assert read_all(target(mnt, "dec:plain")) == refs["plain"].tobytes()
 
 
+def test_a_read_of_more_chunks_than_its_file_may_hold_threads_fails_within_one_bound(
+        corpus, proxy, mount, s3_env) -> None:
+    """A decoded read over more chunks than one file's reads may hold threads for (14 of
+    the 16 by default; 1 of 2 here) waited for every chunk, each wave of them up to the
+    deadline: past the README's bound for a read that cannot be served (a persistent 503
+    here: 16 chunks took 16 deadlines a try). The read fails with its first chunk; the
+    chunks still waiting for a thread never start."""
+    deadline, timeout = 1, 1
+    mnt = mount_s3(mount, proxy, s3_env, "--s3-timeout", str(timeout), "--s3-deadline", str(deadline),
+                   "--threads", "2")
+    (mnt.path / ".zvfs/arrays/plain/data.raw").stat()  # 16 chunks of 16 x 16
+    proxy.set({"kind": "503", "ops": ["get", "head"]})
+    t0 = time.monotonic()
+    with pytest.raises(OSError) as exc:
+        read_all(target(mnt, "dec:plain"))
+    took = time.monotonic() - t0
+    assert exc.value.errno == errno.EIO
+    # the README's bound (the kernel asks twice), and the slack EIO_WITHIN gives
+    assert took < 2 * (deadline + timeout + 2) + 3, f"EIO after {took:.1f} s"
+    assert is_mounted(mnt.path)
+    proxy.clear()
+    assert read_all(target(mnt, "dec:plain")) == corpus[1]["plain"].tobytes()
+
+
 def test_access_denied_names_the_credentials(corpus, proxy, mount, s3_env) -> None:
     mnt = mount_s3(mount, proxy, s3_env)
     os.listdir(mnt.path)

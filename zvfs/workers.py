@@ -217,7 +217,12 @@ async def gather(keys: list[K], fn: Callable[[K], Awaitable[T]]) -> dict[K, T]:
     """``{k: await fn(k)}`` for all keys concurrently; the first error is re-raised as itself.
 
     Errors are collected rather than left to the nursery so callers see the plain
-    exception (e.g. NodeError) on every trio version, not an exception group.
+    exception (e.g. NodeError) on every trio version, not an exception group. The first
+    one cancels the calls still under way: the result fails whatever they give, and those
+    still waiting for a thread (one file holds at most ``flow_cap`` of them) would each
+    have run a request to its deadline first: a read of 16 chunks that S3 refused took
+    two deadlines with 16 threads, and 16 with 2. A call already in a thread is left to
+    end there (see ``_hop``).
     """
     out: dict[K, T] = {}
     if len(keys) == 1:
@@ -225,13 +230,15 @@ async def gather(keys: list[K], fn: Callable[[K], Awaitable[T]]) -> dict[K, T]:
         return out
     errors: list[BaseException] = []
 
-    async def one(k: K) -> None:
-        try:
-            out[k] = await fn(k)
-        except Exception as exc:  # noqa: BLE001 - re-raised below
-            errors.append(exc)
-
     async with trio.open_nursery() as nursery:
+
+        async def one(k: K) -> None:
+            try:
+                out[k] = await fn(k)
+            except Exception as exc:  # noqa: BLE001 - re-raised below
+                errors.append(exc)
+                nursery.cancel_scope.cancel()
+
         for k in keys:
             nursery.start_soon(one, k)
     if errors:

@@ -113,13 +113,19 @@ class Cache:
         """The value for ``key``; on a miss, ``await load()`` once for all concurrent callers.
 
         ``ttl`` True means the cache's own TTL; a number or None sets this entry's."""
-        value = self.peek(key)
-        if value is not None:
-            return value
-        flight = self._flights.get(key)
-        if flight is not None:
+        while True:
+            value = self.peek(key)
+            if value is not None:
+                return value
+            flight = self._flights.get(key)
+            if flight is None:
+                break
             self.stats.waits += 1
             await flight.done.wait()
+            if isinstance(flight.error, trio.Cancelled):
+                # its loader's caller gave up (a read that failed by another chunk): not this
+                # caller's failure; raised here, it ended this task without a value
+                continue
             if flight.error is not None:
                 raise flight.error
             return flight.value
