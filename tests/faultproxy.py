@@ -50,8 +50,10 @@ signed with one of those access key ids (rotated credentials).
 
 Control (plain HTTP on the control port, JSON): ``PUT /rules`` sets the rules
 (a list), ``GET /stats`` returns counters (requests and body bytes sent per
-operation, faults per kind, and ``most_at_once_<op>``: the most requests of an
-operation answered at once), ``POST /reset-stats`` clears them.
+operation, ``requests_<op>`` and ``body_bytes_<op>``, and per operation and object too,
+``requests_<op> /bucket/key`` and ``body_bytes_<op> /bucket/key``; faults per kind; and
+``most_at_once_<op>``: the most requests of an operation answered at once),
+``POST /reset-stats`` clears them.
 The :class:`FaultProxy` class starts it as a subprocess and stops it by PID.
 
 Run: python faultproxy.py LISTEN_PORT CONTROL_PORT UPSTREAM_PORT [SEED]
@@ -172,6 +174,8 @@ class Proxy:
                 method, target = line.split(" ")[:2]
                 op = _operation(method, target)
                 self.stats[f"requests_{op}"] += 1
+                where = target.partition("?")[0]  # the object (or bucket) asked of
+                self.stats[f"requests_{op} {where}"] += 1
                 serving = op
                 self.serving[op] += 1
                 self.stats[f"most_at_once_{op}"] = max(self.stats[f"most_at_once_{op}"], self.serving[op])
@@ -248,6 +252,7 @@ class Proxy:
                     self.stats["faults"] -= 1
                 elif fault == "truncate":
                     self.stats[f"body_bytes_{op}"] += len(rbody) // 2
+                    self.stats[f"body_bytes_{op} {where}"] += len(rbody) // 2
                     writer.write(_serialize(status_line, rheaders, rbody[: len(rbody) // 2]))
                     await writer.drain()
                     writer.close()  # a clean close, short of the announced Content-Length
@@ -263,6 +268,7 @@ class Proxy:
                         self.stats["fault_short"] -= 1
                         self.stats["faults"] -= 1
                 self.stats[f"body_bytes_{op}"] += len(rbody)
+                self.stats[f"body_bytes_{op} {where}"] += len(rbody)
                 if fault == "trickle":
                     writer.write(_serialize(status_line, rheaders, b""))
                     await _dribble(writer, rbody)

@@ -195,12 +195,25 @@ def test_opening_without_truncate_fetches_the_object_and_appends(s3):
     assert _object(client, bucket, "k") == b"hello world"
 
 
+def _gets(store) -> list[tuple[str, str]]:
+    """(Range, If-Match) of every GetObject the store sends from now on."""
+    seen: list[tuple[str, str]] = []
+
+    def note(params, **_):
+        headers = params.get("headers", {})
+        seen.append((headers.get("Range", ""), headers.get("If-Match", "")))
+
+    store._client.meta.events.register("before-call.s3.GetObject", note)
+    return seen
+
+
 def test_an_object_replaced_while_fetched_for_writing_is_staged_whole_from_one_version(s3, caplog):
-    """An open for writing without O_TRUNC fetches the object in part-sized ranges. One
-    replaced between two ranges gave the staged copy the old version's first part and the
-    new version's rest, and close() stored that mix. Now each range is asked of the version
-    HEAD saw (If-Match); a replaced object is fetched again, whole, from the version there
-    now; one replaced at every try fails the open with an error saying so."""
+    """The object of an open for writing without O_TRUNC is fetched in part-sized ranges when
+    a write first needs it. One replaced between two ranges gave the staged copy the old
+    version's first part and the new version's rest, and close() stored that mix. Now each
+    range is asked of the version HEAD saw (If-Match); a replaced object is fetched again,
+    whole, from the version there now; one replaced at every try fails the write with an
+    error saying so, and leaves nothing staged."""
     store, client, bucket, staging = s3
     old, new = os.urandom(12 * MiB + 5), os.urandom(11 * MiB + 3)  # three and three parts
     client.put_object(Bucket=bucket, Key="pre/swapped", Body=old)
@@ -212,15 +225,17 @@ def test_an_object_replaced_while_fetched_for_writing_is_staged_whole_from_one_v
             client.put_object(Bucket=bucket, Key="pre/swapped", Body=new)
 
     store._client.meta.events.register("before-call.s3.GetObject", replace_after_the_first_range)
-    with caplog.at_level(logging.INFO, logger="zvfs.stores.s3"):
-        w = store.open_writer("swapped", truncate=False, create=False)
+    w = store.open_writer("swapped", truncate=False, create=False)
     try:
-        assert w.size == len(new)
-        assert w.read(0, len(new) + 10) == new
-        assert staging.used == len(new)
+        assert gets == [] and w.size == len(old)  # nothing fetched at the open
+        with caplog.at_level(logging.INFO, logger="zvfs.stores.s3_write"):
+            w.append(b"+")
+        assert w.size == len(new) + 1
+        assert w.read(0, len(new) + 10) == new + b"+"
+        assert staging.used == len(new) + 1
     finally:
         w.close()
-    assert any("swapped" in r.getMessage() and "replaced while it was fetched" in r.getMessage()
+    assert any("swapped" in r.getMessage() and "replaced since it was opened" in r.getMessage()
                for r in caplog.records), caplog.text
     assert len(gets) == 2 + 3, gets  # two of the old version (the second refused), three of the new
 
@@ -229,17 +244,83 @@ def test_an_object_replaced_while_fetched_for_writing_is_staged_whole_from_one_v
 
     store._client.meta.events.unregister("before-call.s3.GetObject", replace_after_the_first_range)
     store._client.meta.events.register("before-call.s3.GetObject", replace_at_every_range)
-    with pytest.raises(StoreError, match="swapped: replaced 3 times"):
-        store.open_writer("swapped", truncate=False, create=False)
+    w = store.open_writer("swapped", truncate=False, create=False)
+    try:
+        with pytest.raises(StoreError, match="swapped: replaced 3 times"):
+            w.write(1, b"x")
+        assert staging.used == 0
+    finally:
+        w.close()
     assert staging.used == 0
 
 
-def test_an_object_over_rewrite_max_size_is_refused_with_efbig(s3):
-    store, client, bucket, _ = s3
-    client.put_object(Bucket=bucket, Key="pre/huge", Body=b"\0" * (33 * MiB))
-    with pytest.raises(WriteRefused) as err:
-        store.open_writer("huge", truncate=False, create=False)
-    assert err.value.errno == errno.EFBIG
+def test_a_lazy_fetch_takes_the_version_there_at_the_fetch_unless_the_open_read_the_old_one(s3):
+    """Replaced between the open and the first need of its bytes: an open that has used none
+    of them fetches the version there then, as an open made then would; one that read bytes
+    of the old version through itself gets ESTALE, never the new version's bytes under a
+    write made against the old ones. Nothing is staged by the refused write."""
+    store, client, bucket, staging = s3
+    old, new = os.urandom(3 * MiB), os.urandom(2 * MiB + 7)
+    client.put_object(Bucket=bucket, Key="pre/k", Body=old)
+    w = store.open_writer("k", truncate=False, create=False)
+    client.put_object(Bucket=bucket, Key="pre/k", Body=new)
+    w.truncate(MiB)
+    w.commit()
+    w.close()
+    assert _object(client, bucket, "k") == new[:MiB]
+
+    client.put_object(Bucket=bucket, Key="pre/k", Body=old)
+    w = store.open_writer("k", truncate=False, create=False)
+    try:
+        assert w.read(10, 20) == old[10:30]  # a range of the version opened, staging nothing
+        assert staging.used == 0
+        client.put_object(Bucket=bucket, Key="pre/k", Body=new)
+        for call in (lambda: w.write(5, b"x"), lambda: w.read(10, 20)):
+            with pytest.raises(WriteRefused) as err:
+                call()
+            assert err.value.errno == errno.ESTALE
+        assert staging.used == 0 and w.commit() is None
+    finally:
+        w.close()
+    assert _object(client, bucket, "k") == new
+
+
+def test_an_object_over_rewrite_max_size_is_refused_with_efbig_when_a_write_needs_it_whole(s3):
+    """--rewrite-max-size bounds what an open without O_TRUNC fetches, at the operation that
+    would fetch it: the open itself, a truncate to 0 and a read fetch nothing; a truncate to
+    N fetches N bytes (one range below the bound, asked of the version opened); an in-place
+    write is EFBIG (before, the open of the object was)."""
+    store, client, bucket, staging = s3
+    huge = os.urandom(33 * MiB)
+    client.put_object(Bucket=bucket, Key="pre/huge", Body=huge)
+    gets = _gets(store)
+    w = store.open_writer("huge", truncate=False, create=False)
+    try:
+        assert w.size == len(huge) and gets == []
+        assert w.read(32 * MiB, 10) == huge[32 * MiB:32 * MiB + 10]
+        assert [r for r, _ in gets] == [f"bytes={32 * MiB}-{32 * MiB + 9}"]
+        for call in (lambda: w.write(5, b"x"), lambda: w.append(b"x"), lambda: w.truncate(32 * MiB + 1)):
+            with pytest.raises(WriteRefused, match="--rewrite-max-size") as err:
+                call()
+            assert err.value.errno == errno.EFBIG
+        assert len(gets) == 1 and staging.used == 0 and w.size == len(huge)
+        assert w.commit() is None  # nothing changed: nothing stored
+        w.truncate(10 * MiB + 3)
+        assert all(etag for _, etag in gets[1:]), gets  # If-Match the version opened
+        assert [r for r, _ in gets[1:]] == ["bytes=0-5242879", f"bytes={5 * MiB}-{10 * MiB - 1}",
+                                             f"bytes={10 * MiB}-{10 * MiB + 2}"]
+        w.commit()
+    finally:
+        w.close()
+    assert _object(client, bucket, "huge") == huge[:10 * MiB + 3]
+    client.put_object(Bucket=bucket, Key="pre/huge", Body=huge)
+    del gets[:]
+    w = store.open_writer("huge", truncate=False, create=False)
+    w.truncate(0)
+    w.write(0, b"new")
+    w.commit()
+    w.close()
+    assert gets == [] and _object(client, bucket, "huge") == b"new"
     store.open_writer("huge", truncate=True, create=False).close()  # replacing it is fine
 
 

@@ -1446,15 +1446,26 @@ def test_s3_large_files_use_multipart(staging: str, s3store: Store, mount, tmp_p
 
 
 def test_s3_rewrite_max_size(s3store: Store, mount) -> None:
-    """Opening an existing object without O_TRUNC fetches it: past --rewrite-max-size, EFBIG."""
+    """An open without O_TRUNC fetches the object when a write first needs its bytes: past
+    --rewrite-max-size, that write is EFBIG (the open succeeds, and an open that reads only
+    or writes nothing works on any size)."""
     big, small = rand(2 * MiB + 1, 13), rand(MiB, 14)
     s3store.put("big.bin", big)
     s3store.put("small.bin", small)
     m = s3store.mount(mount, "--rewrite-max-size", "2M")
-    fails(errno.EFBIG, open, m.path / "big.bin", "r+b")
-    fails(errno.EFBIG, open, m.path / "big.bin", "ab")
-    # O_APPEND without write access reads (as on a local file system): it was taken for a
-    # write, staged the object whole (a GET of all of it), and past the bound failed EFBIG
+    for flags in (os.O_RDWR, os.O_WRONLY | os.O_APPEND):
+        fd = os.open(m.path / "big.bin", flags)
+        try:
+            err = fails(errno.EFBIG, os.pwrite if flags == os.O_RDWR else os.write,
+                        *((fd, b"x", 5) if flags == os.O_RDWR else (fd, b"x")))
+            if flags == os.O_RDWR:
+                assert os.pread(fd, 16, MiB) == big[MiB: MiB + 16]
+        finally:
+            os.close(fd)
+        assert err.errno == errno.EFBIG
+    log = m.log_text()
+    assert "big.bin" in log and "--rewrite-max-size" in log, log[-2000:]
+    # O_APPEND without write access reads (as on a local file system)
     fd = os.open(m.path / "big.bin", os.O_RDONLY | os.O_APPEND)
     try:
         assert os.pread(fd, 16, MiB) == big[MiB : MiB + 16]
@@ -1466,6 +1477,207 @@ def test_s3_rewrite_max_size(s3store: Store, mount) -> None:
     assert_key(s3store, m, "small.bin", small + b"+")
     write_file(m.path / "big.bin", b"replaced")  # O_TRUNC needs no fetch
     assert_key(s3store, m, "big.bin", b"replaced")
+
+
+@contextlib.contextmanager
+def _counted_mount(s3store: Store, moto, mount, *extra: str) -> Iterator[tuple[Mounted, Any]]:
+    """A writable mount of ``s3store`` through the fault proxy, whose stats count the
+    requests (per operation: get, head, put, other) and the body bytes answered."""
+    from faultproxy import FaultProxy
+
+    with FaultProxy(moto.port) as proxy:
+        m = s3store.mount(mount, "--rewrite-max-size", "2M", *extra, endpoint=proxy.endpoint)
+        os.listdir(m.path)  # listed: lookups ask nothing more
+        yield m, proxy
+
+
+def _asked(proxy: Any, s3store: Store, key: str) -> dict[str, int]:
+    """The requests the proxy saw about ``key`` since its stats were reset: ``get``,
+    ``head``, ``put``, ``other`` (multipart uploads), and ``bytes``, the body bytes its
+    GETs were answered (the mount's read-ahead of other keys is not counted)."""
+    where = f"/{s3store.bucket}/{s3store.prefix}{key}"
+    st = proxy.stats()
+    asked = {op: st.get(f"requests_{op} {where}", 0) for op in ("get", "head", "put", "other")}
+    asked["bytes"] = st.get(f"body_bytes_get {where}", 0)
+    return asked
+
+
+def _stored(s3store: Store, m: Mounted, key: str, want: bytes) -> None:
+    """The bucket holds ``want`` as ``key``, and the mount shows its size: checked without
+    reading it through the mount, whose read-ahead of the next files would be counted as
+    GETs of them (assert_key reads them once the counting is over)."""
+    assert s3store.get(key) == want, key
+    assert os.stat(m.path / key).st_size == len(want), key
+
+
+def _same_on_a_local_file(tmp_path: Path, data: bytes, steps: Callable[[Path], object]) -> bytes:
+    """What ``steps`` leave in a local file that held ``data``: the reference."""
+    local = tmp_path / f"ref-{uuid.uuid4().hex[:8]}"
+    local.write_bytes(data)
+    steps(local)
+    return local.read_bytes()
+
+
+def test_s3_truncate_to_zero_fetches_nothing_even_past_rewrite_max_size(
+        s3store: Store, moto, mount, tmp_path) -> None:
+    """coreutils' truncate opens O_WRONLY|O_CREAT (no O_TRUNC) and then ftruncates: the open
+    fetched the whole object, to throw it away, and past --rewrite-max-size failed EFBIG.
+    Now no body is fetched: the object is emptied by one PUT."""
+    objects = {"big.bin": rand(3 * MiB + 1, 40), "small.bin": rand(MiB, 41)}  # past 2M, under it
+    for key, data in objects.items():
+        s3store.put(key, data)
+    truncate = tool("truncate")
+    with _counted_mount(s3store, moto, mount) as (m, proxy):
+        for key, data in objects.items():
+            proxy.reset_stats()
+            run([truncate, "-s", "0", m.path / key], check=True)
+            asked = _asked(proxy, s3store, key)
+            assert asked["get"] == 0 and asked["put"] == 1, (key, asked)
+            want = _same_on_a_local_file(tmp_path, data, lambda p: run([truncate, "-s", "0", p], check=True))
+            assert want == b""
+            _stored(s3store, m, key, want)
+        for key in objects:
+            assert_key(s3store, m, key, b"")
+
+
+def test_s3_an_open_for_writing_that_changes_nothing_fetches_and_stores_nothing(
+        s3store: Store, moto, mount) -> None:
+    """open(f, "r+b") and close, `: >> f`, and an O_RDWR open that only reads: the open
+    fetched the whole object (and past --rewrite-max-size failed EFBIG). Now nothing is
+    fetched and nothing stored; a read through such an open is one range GET of what it
+    reads (the object's version at the open), staging nothing."""
+    data = rand(3 * MiB + 5, 42)
+    s3store.put("obj.bin", data)
+    with _counted_mount(s3store, moto, mount) as (m, proxy):
+        before = s3store.client.head_object(Bucket=s3store.bucket, Key=s3store.prefix + "obj.bin")
+        proxy.reset_stats()
+        open(m.path / "obj.bin", "r+b").close()
+        os.close(os.open(m.path / "obj.bin", os.O_WRONLY | os.O_APPEND | os.O_CREAT))
+        os.close(os.open(m.path / "obj.bin", os.O_WRONLY | os.O_CREAT))
+        asked = _asked(proxy, s3store, "obj.bin")
+        assert asked["get"] == asked["put"] == asked["other"] == 0, asked
+        fd = os.open(m.path / "obj.bin", os.O_RDWR)
+        try:
+            assert os.pread(fd, 100, 2 * MiB + 3) == data[2 * MiB + 3: 2 * MiB + 103]
+        finally:
+            os.close(fd)
+        asked = _asked(proxy, s3store, "obj.bin")
+        assert asked["get"] == 1 and asked["bytes"] == 100, asked
+        assert asked["put"] == asked["other"] == 0, asked
+        after = s3store.client.head_object(Bucket=s3store.bucket, Key=s3store.prefix + "obj.bin")
+        assert after["ETag"] == before["ETag"] and after["LastModified"] == before["LastModified"]
+        assert_key(s3store, m, "obj.bin", data)
+
+
+def test_s3_truncate_to_a_smaller_size_fetches_only_what_it_keeps(s3store: Store, moto, mount,
+                                                                  tmp_path) -> None:
+    """truncate -s N (an open without O_TRUNC, then ftruncate) and truncate(2) by path fetched
+    the whole object; now the bytes kept, [0, N), and no more. N past --rewrite-max-size
+    (2M here) is EFBIG at the truncate, fetching nothing; the object keeps its bytes."""
+    data = rand(5 * MiB + 11, 43)
+    truncate = tool("truncate")
+    for key in ("a.bin", "b.bin", "c.bin", "d.bin"):
+        s3store.put(key, data)
+    with _counted_mount(s3store, moto, mount) as (m, proxy):
+        for key, n, how in (("a.bin", MiB + 7, "tool"), ("b.bin", 3, "path"), ("c.bin", 2 * MiB, "tool")):
+            proxy.reset_stats()
+
+            def cut(p: Path, n: int = n, how: str = how) -> None:
+                if how == "tool":
+                    run([truncate, "-s", str(n), p], check=True)
+                else:
+                    os.truncate(p, n)
+
+            cut(m.path / key)
+            asked = _asked(proxy, s3store, key)
+            assert asked["get"] == 1 and asked["bytes"] == n, (key, n, asked)
+            _stored(s3store, m, key, _same_on_a_local_file(tmp_path, data, cut))
+        proxy.reset_stats()
+        res = run([truncate, "-s", str(2 * MiB + 1), m.path / "d.bin"])
+        assert res.returncode != 0 and "too large" in res.stderr, res.stderr  # EFBIG
+        fails(errno.EFBIG, os.truncate, m.path / "d.bin", 4 * MiB)
+        assert _asked(proxy, s3store, "d.bin")["get"] == 0
+        assert_key(s3store, m, "d.bin", data)
+
+
+def test_s3_a_write_fetches_the_object_at_the_write_and_none_when_it_covers_it(
+        s3store: Store, moto, mount, tmp_path) -> None:
+    """>> (O_APPEND) and a write into the middle fetch the object at their first write (not at
+    the open: one that writes nothing fetches nothing); a write from 0 over all of it (dd
+    conv=notrunc of a file as long, in one write call) fetches nothing. The object ends as
+    on a local file."""
+    data, small = rand(MiB + 3, 44), rand(60_000, 45)
+    cases: dict[str, tuple[bytes, Callable[[Path], object], int]] = {
+        "append.bin": (data, lambda p: p.open("ab").write(b"tail"), len(data)),
+        "middle.bin": (data, lambda p: _pwrite(p, b"mid", 500_000), len(data)),
+        "over.bin": (small, lambda p: _pwrite(p, rand(len(small) + 9, 46), 0), 0),
+    }
+    for key, (before, _, _) in cases.items():
+        s3store.put(key, before)
+    with _counted_mount(s3store, moto, mount) as (m, proxy):
+        for key, (before, steps, fetched) in cases.items():
+            proxy.reset_stats()
+            steps(m.path / key)
+            asked = _asked(proxy, s3store, key)
+            assert asked["bytes"] == fetched, (key, asked)
+            _stored(s3store, m, key, _same_on_a_local_file(tmp_path, before, steps))
+
+
+def _pwrite(p: Path, data: bytes, offset: int) -> None:
+    fd = os.open(p, os.O_WRONLY)
+    try:
+        assert os.pwrite(fd, data, offset) == len(data)
+    finally:
+        os.close(fd)
+
+
+def test_s3_a_fetch_that_fails_fails_that_operation_and_loses_nothing(s3store: Store, moto, mount) -> None:
+    """The object's fetch at a write (or a truncate) that S3 refuses after the retries fails
+    that call with EIO; the file is as it was opened, nothing is stored, and the same call
+    once S3 answers again succeeds."""
+    data = rand(MiB + 1, 46)
+    s3store.put("f.bin", data)
+    with _counted_mount(s3store, moto, mount, "--s3-attempts", "2") as (m, proxy):
+        fd = os.open(m.path / "f.bin", os.O_RDWR)
+        try:
+            proxy.set({"kind": "500", "ops": ["get"], "key": "f.bin"})
+            fails(errno.EIO, os.pwrite, fd, b"x", 10)
+            fails(errno.EIO, os.ftruncate, fd, 1000)
+            assert proxy.stats().get("fault_500", 0) >= 2
+            assert _asked(proxy, s3store, "f.bin")["put"] == 0
+            assert os.fstat(fd).st_size == len(data)
+            proxy.clear()
+            assert os.pwrite(fd, b"x", 10) == 1
+        finally:
+            os.close(fd)
+        assert_key(s3store, m, "f.bin", data[:10] + b"x" + data[11:])
+
+
+def test_s3_an_object_replaced_before_its_bytes_are_needed_is_fetched_as_it_is_then(
+        s3store: Store, moto, mount) -> None:
+    """Replaced behind the mount between an open without O_TRUNC and its first need of the
+    object's bytes: the fetch takes the version there then, whole (the open had used none of
+    the old one), never a mix. One whose old bytes the open read first: ESTALE, and the store
+    keeps the replacement."""
+    old, new = rand(2 * MiB - 5, 47), rand(MiB + 9, 48)
+    s3store.put("r.bin", old)
+    with _counted_mount(s3store, moto, mount, "--part-size", "5M") as (m, _proxy):
+        fd = os.open(m.path / "r.bin", os.O_RDWR)
+        try:
+            s3store.put("r.bin", new)
+            os.ftruncate(fd, MiB)
+        finally:
+            os.close(fd)
+        assert s3store.get("r.bin") == new[:MiB]
+        s3store.put("r.bin", old)
+        fd = os.open(m.path / "r.bin", os.O_RDWR)
+        try:
+            assert os.pread(fd, 10, 100) == old[100:110]
+            s3store.put("r.bin", new)
+            fails(errno.ESTALE, os.pwrite, fd, b"x", 5)
+        finally:
+            os.close(fd)
+        assert s3store.get("r.bin") == new
 
 
 def test_s3_rename_directory_limit(s3store: Store, mount) -> None:

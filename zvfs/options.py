@@ -278,8 +278,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("staging_min_free", parse_size, 1 << 30, "S3 writes: free space staging always leaves on its disk"),
     Option("part_size", parse_part_size, 8 << 20, "S3 writes: multipart part size (at least 5M); "
            "files of two parts or more are uploaded in parts, while they are written"),
-    Option("rewrite_max_size", parse_size, 1 << 30, "S3 writes: largest object that can be opened for "
-           "writing without truncating it (it is fetched first)"),
+    Option("rewrite_max_size", parse_size, 1 << 30, "S3 writes: the most bytes of an object opened "
+           "without O_TRUNC fetched to change it in place (a write into it, an append); past it that "
+           "write is EFBIG (the open, reads and truncate -s 0 fetch nothing)"),
     Option("abort_uploads", None, False, "S3 writes: at mount, abort the unfinished multipart uploads "
            "under the prefix (left by a writer that was killed)"),
     Option("sse", _choice("AES256", "aws:kms", "aws:kms:dsse"), None, "S3 writes: server-side "

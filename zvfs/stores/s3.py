@@ -238,8 +238,6 @@ def fault_kind(exc: BaseException) -> str:
     return "other"
 
 
-#: tries of an open for writing to fetch an object that is replaced while it is fetched
-FETCH_TRIES = 3
 #: entries one listing may hold (a directory, or a flat listing): past it the listing fails
 MAX_LISTED_KEYS = 5_000_000
 #: truncated pages in a row that list nothing: past them the listing fails (a server handing
@@ -881,48 +879,21 @@ class S3Store(Store):
         if self.staging is None:
             raise WriteRefused(errno.EROFS, f"{key}: the mount is read-only")
         self._fits(key)
-        size: int | None = None
-        etag: str | None = None
+        found: KeyInfo | None = None
         # an exclusive create asks nothing now: its upload is conditional (If-None-Match)
         if not create or not truncate:
             try:
                 found = self.info(key)
-                size, etag = found.size, found.version
             except KeyNotFound:
                 if not create:
                     raise
-        if size is not None and exclusive:
+        if found is not None and exclusive:
             raise WriteRefused(errno.EEXIST, f"{key}: exists already")
-        if size is not None and not truncate and size > self.rewrite_max:
-            raise WriteRefused(
-                errno.EFBIG,
-                f"{key}: {size} bytes is more than --rewrite-max-size ({self.rewrite_max}) allows "
-                "to fetch for changing in place; replace it instead (open with O_TRUNC, e.g. cp)",
-            )
-        writer = S3Writer(self, key, self.staging, self.part_size,
-                          fresh=size is None or truncate, exclusive=exclusive, stored=size is not None)
-        try:
-            if size and not truncate:
-                self._fetch_for_writing(writer, key, size, etag)
-        except BaseException:
-            writer.close()
-            raise
-        return writer
-
-    def _fetch_for_writing(self, writer: Any, key: str, size: int, etag: str | None) -> None:
-        """Stage the object's bytes in ``writer``: the version HEAD saw, or, when it is
-        replaced meanwhile, the version there then (a few times at most)."""
-        for tries in range(1, FETCH_TRIES + 1):
-            try:
-                writer.fetch(size, etag)
-                return
-            except Stale:
-                if tries == FETCH_TRIES:
-                    raise StoreError(f"{key}: replaced {tries} times while it was fetched for "
-                                     "writing; open it again once it is no longer being written") from None
-                log.info("%s: replaced while it was fetched for writing; fetching it again", key)
-                found = self.info(key)
-                size, etag = found.size, found.version
+        # without O_TRUNC nothing is fetched now: the writer fetches the bytes of the object
+        # it keeps at the first operation that keeps some (truncate -s 0 keeps none)
+        return S3Writer(self, key, self.staging, self.part_size,
+                        fresh=found is None or truncate, exclusive=exclusive, stored=found is not None,
+                        base=None if truncate else found)
 
     def delete(self, key: str) -> None:
         check_key(key)

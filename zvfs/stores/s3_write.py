@@ -8,6 +8,14 @@ so closing a big file waits for its last part, not for the whole file. A part
 written again after it went up is uploaded again at commit (parts carry a write
 generation). A failed upload aborts its multipart upload, keeps the staged
 file, and raises an error that names the key and where the bytes are kept.
+
+An object opened without O_TRUNC is not fetched at the open: the writer holds its size
+and ETag (``base``) and fetches its bytes at the first operation that keeps some of
+them, and only those (``_take_base``). A truncate to 0 or a write over all of it
+fetches nothing, a truncate to N the first N bytes, a write or an append all of it; a
+read before that is a range GET of that version, staging nothing; an open closed with
+nothing changed fetches and uploads nothing. rclone's VFS cache (writes, full) fetches
+lazily as well; mountpoint-s3 refuses such an open.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from zvfs.stats import Counters
 from zvfs.stores._util import pread_all, pwrite_all
-from zvfs.stores.base import KeyInfo, KeyWriter, StoreError, WriteRefused
+from zvfs.stores.base import KeyInfo, KeyNotFound, KeyWriter, Stale, StoreError, WriteRefused
 from zvfs.stores.staging import Staging
 
 if TYPE_CHECKING:
@@ -31,6 +39,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: tries to fetch an object opened without O_TRUNC that is replaced while it is fetched
+FETCH_TRIES = 3
 #: S3's limits: parts of at least 5 MiB (but the last), at most 10,000 of them, and a
 #: single CopyObject of at most 5 GiB
 MIN_PART = 5 << 20
@@ -67,7 +77,8 @@ class S3Writer(KeyWriter):
     staged = True
 
     def __init__(self, store: S3Store, key: str, staging: Staging, part_size: int,
-                 *, fresh: bool, exclusive: bool, stored: bool = False) -> None:
+                 *, fresh: bool, exclusive: bool, stored: bool = False,
+                 base: KeyInfo | None = None) -> None:
         self.store = store
         self.key = key
         self.staging = staging
@@ -104,15 +115,25 @@ class S3Writer(KeyWriter):
         #: where the staged bytes are kept was logged (by close or abandon: once)
         self._told = False
         self._closed_before_discard = False
+        #: the object opened without O_TRUNC (its size and ETag), none of whose bytes are
+        #: staged yet: the first operation that keeps some of them fetches those (see
+        #: _take_base); None once that is done, or when there is nothing to fetch
+        self._base = base if base is not None and base.size > 0 else None
+        #: bytes of ``_base`` were read through this open (or its key was unlinked, and a
+        #: read must not get the replacement's): a fetch takes that very version, and one
+        #: replaced since is ESTALE rather than a version the application never saw
+        self._pinned = False
+        #: held while ``_base`` is fetched: an operation that meets it waits, never sees
+        #: half a fetch, and never fetches it twice
+        self._fetching = threading.Lock()
 
     # -- staging ----------------------------------------------------------------------------
 
     def fetch(self, size: int, etag: str | None) -> None:
-        """Start from the object's bytes (an open for writing without O_TRUNC): ``size``
-        bytes of the version ``etag`` names, the one HEAD saw. Every piece is asked of that
-        version (If-Match), so an object replaced meanwhile is Stale, never a mix of two
-        versions' pieces; without an ETag the pieces are taken as they come. Called again
-        after a Stale, it starts over at the new version's size."""
+        """Start from the object's first ``size`` bytes, of the version ``etag`` names. Every
+        piece is asked of that version (If-Match), so an object replaced meanwhile is Stale,
+        never a mix of two versions' pieces; without an ETag the pieces are taken as they
+        come. Called again after a Stale, it starts over at the new version's size."""
         self.staging.grow(self.key, size - self._size)
         os.ftruncate(self._fd, size)  # no tail left of a longer version fetched before
         self._size = size
@@ -127,9 +148,72 @@ class S3Writer(KeyWriter):
                 raise _staging_failed(self.key, self.staging.dir, e) from None
         self._seq_end = size
 
+    def _take_base(self, keep: int | None) -> None:
+        """With ``_fetching`` held, before an operation that keeps the opened object's bytes
+        [0, keep) (None: all of them) and changes what follows: fetch those, and no more.
+
+        The version fetched is the one the open saw (If-Match its ETag). One replaced since
+        is fetched as it is now, as if opened now, unless bytes of the old one were read
+        through this open (``_pinned``): then ESTALE, and the application opens it again.
+        More than --rewrite-max-size to fetch is EFBIG; a failed fetch leaves nothing
+        staged and the object still to fetch, so the operation fails and nothing is lost."""
+        base = self._base
+        if base is None:
+            return
+        size, etag = base.size, base.version
+        for tries in range(1, FETCH_TRIES + 1):
+            want = size if keep is None else min(size, keep)
+            if want > self.store.rewrite_max:
+                raise WriteRefused(
+                    errno.EFBIG,
+                    f"{self.key}: {want} bytes is more than --rewrite-max-size ({self.store.rewrite_max}) "
+                    "allows to fetch for changing in place; replace it instead (open with O_TRUNC, e.g. cp)")
+            try:
+                self.fetch(want, etag)
+                break
+            except Stale:
+                self._unfetch()
+                if self._pinned:
+                    raise WriteRefused(errno.ESTALE, f"{self.key}: replaced since it was opened, and "
+                                       "read through this open before; open it again") from None
+                if tries == FETCH_TRIES:
+                    raise StoreError(f"{self.key}: replaced {tries} times while it was fetched for "
+                                     "writing; open it again once it is no longer being written") from None
+                log.info("%s: replaced since it was opened; fetching the version there now", self.key)
+                try:
+                    found = self.store.info(self.key)
+                except KeyNotFound:
+                    raise _removed(self.key) from None
+                size, etag = found.size, found.version
+            except KeyNotFound:
+                self._unfetch()
+                raise _removed(self.key) from None
+            except BaseException:
+                self._unfetch()
+                raise
+        self._base = None  # after _size: a size() in between still gives the open's
+
+    def _unfetch(self) -> None:
+        """What a fetch that failed staged goes: the file is as it was opened."""
+        with self._lock:
+            self.staging.grow(self.key, -self._size)
+            self._size = self._seq_end = 0
+            os.ftruncate(self._fd, 0)
+
+    def _settle(self, keep: Callable[[KeyInfo], int | None]) -> None:
+        """Before an operation that changes the file: fetch what of the opened object it
+        keeps, ``keep(base)`` bytes (see _take_base), if nothing has fetched them yet."""
+        if self._base is None:
+            return
+        with self._fetching:
+            base = self._base
+            if base is not None:
+                self._take_base(keep(base))
+
     @property
     def size(self) -> int:
-        return self._size
+        base = self._base
+        return base.size if base is not None else self._size
 
     @property
     def closed(self) -> bool:
@@ -150,6 +234,8 @@ class S3Writer(KeyWriter):
     def write(self, offset: int, data: bytes) -> int:
         end = offset + len(data)
         self._refuse_past_limit(end)
+        # a write over all of the opened object keeps none of it
+        self._settle(lambda base: 0 if offset == 0 and end >= base.size else None)
         before = None
         with self._lock:
             if end > self._size:
@@ -184,10 +270,41 @@ class S3Writer(KeyWriter):
         return n
 
     def read(self, offset: int, length: int) -> bytes:
+        base = self._base
+        if base is not None:
+            return self._read_base(base, offset, length)
         return pread_all(self._fd, offset, max(0, min(length, self._size - offset)), self.key)
+
+    def _read_base(self, base: KeyInfo, offset: int, length: int) -> bytes:
+        """A read before anything is fetched: a range of the opened version, staging
+        nothing (a program that opens r+ and reads a header fetches the header)."""
+        n = max(0, min(length, base.size - offset))
+        if n == 0:
+            return b""
+        self._pinned = True  # before the GET: a fetch from now on takes this version or fails
+        try:
+            data = self.store.get_version(self.key, offset, n, base.version)
+        except Stale:
+            raise WriteRefused(errno.ESTALE, f"{self.key}: replaced since it was opened; "
+                               "open it again") from None
+        except KeyNotFound:
+            raise _removed(self.key) from None
+        if self._base is not base:  # fetched (and maybe written) meanwhile: what is staged
+            return self.read(offset, length)
+        return data
+
+    def append(self, data: bytes) -> int:
+        self._settle(lambda base: None)  # at the end the file has once fetched
+        return self.write(self._size, data)
 
     def truncate(self, size: int) -> None:
         self._refuse_past_limit(size)
+        if self._base is not None:
+            with self._fetching:
+                base = self._base
+                if base is not None and size == base.size:
+                    return  # nothing changes: nothing to fetch, nor to store
+                self._take_base(size)
         with self._lock:
             self.staging.grow(self.key, size - self._size)
             os.ftruncate(self._fd, size)
@@ -434,6 +551,7 @@ class S3Writer(KeyWriter):
 
     def discard(self) -> None:
         with self._lock:
+            self._pinned = True  # a read through the open gets the unlinked bytes, or ESTALE
             self._closed_before_discard = self._closed
             self._discarded = True  # what is written after this is not kept either
             self._dirty = False
@@ -444,7 +562,8 @@ class S3Writer(KeyWriter):
             if self._discarded and self._fd >= 0:
                 self._discarded = False
                 # writes meanwhile were not marked: store the staged copy as it is, once more
-                self._dirty = True
+                # (unless nothing was fetched: then nothing was written either)
+                self._dirty = self._base is None
                 self._changes += 1
                 self._closed = self._closed_before_discard
 
@@ -474,6 +593,11 @@ class S3Writer(KeyWriter):
                 os.unlink(self.path)
             except OSError:
                 pass
+
+
+def _removed(key: str) -> WriteRefused:
+    """The object opened without O_TRUNC was removed before its bytes were fetched."""
+    return WriteRefused(errno.ESTALE, f"{key}: removed from the store since it was opened; open it again")
 
 
 def _staging_failed(key: str, where: str, e: OSError) -> StoreError:

@@ -263,7 +263,7 @@ class RawFile(FileNode):
             return WriteHandle(self.ctx, self.key, await self._open_writer(truncate))
         # S3: every open of a file being written shares its staged copy, so the mount shows
         # one file whichever open writes it (as a directory does), and each close stores that
-        # file whole. An open still fetching the object is waited for, to share what it makes
+        # file whole. An open still under way (its HEAD) is waited for, to share the writer it makes
         while (opening := self.ctx.writers_opening.get(self.key)) is not None:
             await opening.wait()
         open_now = self.ctx.writers.get(self.key)
