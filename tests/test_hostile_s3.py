@@ -187,7 +187,7 @@ def test_a_head_of_an_object_past_the_answer_bound_is_not_refused(mount) -> None
     big = b"b" * (40 << 20)
     with HostileS3(BUCKET, {"s/big.bin": big}) as server:
         m = mount_it(mount, server, "--writable")
-        fd = os.open(m.path / "big.bin", os.O_WRONLY | os.O_APPEND)  # a HEAD, then a fetch
+        fd = os.open(m.path / "big.bin", os.O_WRONLY | os.O_APPEND)  # a HEAD (nothing is fetched)
         os.close(fd)  # nothing written: nothing to upload
         assert "more than 33,554,432 bytes" not in m.log_text(), m.log_text()[-3000:]
 

@@ -10,8 +10,10 @@ The model follows the README's table of write semantics:
 * **directory store**: POSIX. A file is an inode shared by every open of it; a write
   through one open is seen at once by the others; unlink and rename leave open files
   working on their inode; a rename replaces its target atomically.
-* **S3 store**: a file open for writing is staged (fetched first unless ``O_TRUNC``),
-  one staged copy for every open of it, and stored whole at each ``close()`` or
+* **S3 store**: a file open for writing is staged, one staged copy for every open of it
+  (an existing object opened without ``O_TRUNC`` is fetched only when an operation first
+  keeps some of its bytes: until then a read, write or truncate through an open whose
+  file was unlinked or replaced through the mount may be ``ESTALE``), and stored whole at each ``close()`` or
   ``fsync()`` that follows a change; a reader opened before keeps the object it opened
   (the old bytes, or ``ESTALE`` once the cache let them go); a new file is listed as
   soon as it is created. A file renamed while open for writing is stored under its
@@ -75,6 +77,10 @@ class Staged:
 
     data: bytearray
     dirty: bool  # changed since opened or stored (else a close stores nothing)
+    #: an existing object opened without O_TRUNC, none of whose bytes are fetched yet
+    lazy: bool = False
+    #: unlinked or replaced through the mount while lazy: what needs its bytes may be ESTALE
+    gone: bool = False
 
 
 @dataclass(eq=False)
@@ -212,8 +218,10 @@ class WriteModel(RuleBasedStateMachine):
                 if trunc:
                     del h.staged.data[:]
                     h.staged.dirty = True
+                    h.staged.lazy = False
             else:  # a new or emptied file is stored even unwritten
-                h.staged = Staged(bytearray() if trunc else bytearray(inode.data), dirty=trunc or new)
+                h.staged = Staged(bytearray() if trunc else bytearray(inode.data), dirty=trunc or new,
+                                  lazy=not (trunc or new) and bool(inode.data))
         elif trunc:
             del inode.data[:]
         self.handles.append(h)
@@ -230,6 +238,12 @@ class WriteModel(RuleBasedStateMachine):
         self.handles.append(Handle(fd, name, inode, readable=True, writable=False, append=False,
                                    pinned=bytes(inode.data) if self.s3 else None))
 
+    @staticmethod
+    def may_be_stale(h: Handle, exc: OSError) -> bool:
+        """ESTALE from an open whose object went (unlinked or replaced through the mount)
+        before its bytes were fetched: nothing of it is staged to go on with."""
+        return exc.errno == errno.ESTALE and h.staged is not None and h.staged.lazy and h.staged.gone
+
     def content(self, h: Handle) -> bytes | bytearray:
         if h.staged is not None:
             return h.staged.data
@@ -243,15 +257,17 @@ class WriteModel(RuleBasedStateMachine):
         writers = [h for h in self.handles if h.writable]
         h = writers[i % len(writers)]
         data = payload(seed, length)
+        try:
+            assert (os.write(h.fd, data) if h.append else os.pwrite(h.fd, data, offset)) == length
+        except OSError as exc:
+            if self.may_be_stale(h, exc):
+                return
+            raise
         if h.staged is not None:
             h.staged.dirty = True
+            h.staged.lazy = False
         buf = h.staged.data if h.staged is not None else h.inode.data
-        if h.append:
-            assert os.write(h.fd, data) == length
-            _write_at(buf, len(buf), data)
-        else:
-            assert os.pwrite(h.fd, data, offset) == length
-            _write_at(buf, offset, data)
+        _write_at(buf, len(buf) if h.append else offset, data)
 
     @precondition(lambda self: bool(self.handles))
     @rule(i=st.integers(0, 10**6), offset=offsets, length=st.integers(1, 300 * KiB))
@@ -261,7 +277,7 @@ class WriteModel(RuleBasedStateMachine):
         try:
             got = os.pread(h.fd, length, offset)
         except OSError as exc:
-            if exc.errno == errno.ESTALE and h.stale_ok:
+            if exc.errno == errno.ESTALE and h.stale_ok or self.may_be_stale(h, exc):
                 return
             raise
         assert got == want, (f"read of {h.name} ({'writer' if h.writable else 'reader'}) at {offset}+{length}: "
@@ -272,9 +288,15 @@ class WriteModel(RuleBasedStateMachine):
     def ftruncate(self, i: int, size: int) -> None:
         writers = [h for h in self.handles if h.writable]
         h = writers[i % len(writers)]
-        os.ftruncate(h.fd, size)
+        try:
+            os.ftruncate(h.fd, size)
+        except OSError as exc:
+            if self.may_be_stale(h, exc):
+                return
+            raise
         if h.staged is not None:
             h.staged.dirty = True
+            h.staged.lazy = h.staged.lazy and size == len(h.staged.data)  # nothing changed
         _resize(h.staged.data if h.staged is not None else h.inode.data, size)
 
     @rule(name=st.sampled_from(NAMES), size=st.integers(0, 100 * KiB))
@@ -285,8 +307,10 @@ class WriteModel(RuleBasedStateMachine):
         writers = self.writers_of(name) if self.s3 else []
         os.truncate(self.p(name), size)
         if writers:  # S3: the staged copy the opens share is cut, and stored at once
-            _resize(writers[-1].staged.data, size)
-            writers[-1].staged.dirty = True
+            staged = writers[-1].staged
+            staged.lazy = staged.lazy and size == len(staged.data)
+            _resize(staged.data, size)
+            staged.dirty = True
             self.commit(writers[-1])
             return
         self.replaced(name)
@@ -307,6 +331,13 @@ class WriteModel(RuleBasedStateMachine):
                     h.stale_ok = True
                 else:
                     h.inode = new
+
+    def went(self, name: str) -> None:
+        """S3: the object under ``name`` is unlinked or replaced through the mount: its
+        writers that have fetched none of it cannot any more."""
+        for h in self.writers_of(name):
+            if h.staged is not None and h.staged.lazy:
+                h.staged.gone = True
 
     def commit(self, h: Handle) -> None:
         """S3: a writer's staged copy becomes the stored object, unless its name went away."""
@@ -344,6 +375,7 @@ class WriteModel(RuleBasedStateMachine):
             self.expect_errno(errno.ENOENT, os.unlink, self.p(name))
             return
         os.unlink(self.p(name))
+        self.went(name)
         self.replaced(name)
         del self.files[name]
 
@@ -359,6 +391,7 @@ class WriteModel(RuleBasedStateMachine):
         if src == dst:
             return
         if self.s3:
+            self.went(dst)
             self.replaced(dst)
             self.replaced(src)
         moved = self.files[dst] = self.files.pop(src)

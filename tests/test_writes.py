@@ -1658,7 +1658,7 @@ def test_s3_an_object_replaced_before_its_bytes_are_needed_is_fetched_as_it_is_t
     """Replaced behind the mount between an open without O_TRUNC and its first need of the
     object's bytes: the fetch takes the version there then, whole (the open had used none of
     the old one), never a mix. One whose old bytes the open read first: ESTALE, and the store
-    keeps the replacement."""
+    keeps the replacement; so is one unlinked through the mount."""
     old, new = rand(2 * MiB - 5, 47), rand(MiB + 9, 48)
     s3store.put("r.bin", old)
     with _counted_mount(s3store, moto, mount, "--part-size", "5M") as (m, _proxy):
@@ -1678,6 +1678,16 @@ def test_s3_an_object_replaced_before_its_bytes_are_needed_is_fetched_as_it_is_t
         finally:
             os.close(fd)
         assert s3store.get("r.bin") == new
+        # unlinked through the mount before anything of it was fetched: its bytes are gone
+        # with it, as for a reader of it (README); nothing is stored at the close
+        fd = os.open(m.path / "r.bin", os.O_RDWR)
+        try:
+            os.unlink(m.path / "r.bin")
+            fails(errno.ESTALE, os.pread, fd, 10, 100)
+            fails(errno.ESTALE, os.ftruncate, fd, 5)
+        finally:
+            os.close(fd)
+        assert s3store.get("r.bin") is None
 
 
 def test_s3_rename_directory_limit(s3store: Store, mount) -> None:
