@@ -229,10 +229,10 @@ def test_an_object_replaced_while_fetched_for_writing_is_staged_whole_from_one_v
     try:
         assert gets == [] and w.size == len(old)  # nothing fetched at the open
         with caplog.at_level(logging.INFO, logger="zvfs.stores.s3_write"):
-            w.append(b"+")
-        assert w.size == len(new) + 1
-        assert w.read(0, len(new) + 10) == new + b"+"
-        assert staging.used == len(new) + 1
+            w.write(3, b"+")
+        assert w.size == len(new)
+        assert w.read(0, len(new) + 10) == new[:3] + b"+" + new[4:]
+        assert staging.used == len(new)
     finally:
         w.close()
     assert any("swapped" in r.getMessage() and "replaced since it was opened" in r.getMessage()
@@ -289,7 +289,8 @@ def test_an_object_over_rewrite_max_size_is_refused_with_efbig_when_a_write_need
     """--rewrite-max-size bounds what an open without O_TRUNC fetches, at the operation that
     would fetch it: the open itself, a truncate to 0 and a read fetch nothing; a truncate to
     N fetches N bytes (one range below the bound, asked of the version opened); an in-place
-    write is EFBIG (before, the open of the object was)."""
+    write is EFBIG (before, the open of the object was); an append is not (see
+    test_an_append_to_a_big_object_is_copied_by_the_server_not_fetched)."""
     store, client, bucket, staging = s3
     huge = os.urandom(33 * MiB)
     client.put_object(Bucket=bucket, Key="pre/huge", Body=huge)
@@ -299,7 +300,7 @@ def test_an_object_over_rewrite_max_size_is_refused_with_efbig_when_a_write_need
         assert w.size == len(huge) and gets == []
         assert w.read(32 * MiB, 10) == huge[32 * MiB:32 * MiB + 10]
         assert [r for r, _ in gets] == [f"bytes={32 * MiB}-{32 * MiB + 9}"]
-        for call in (lambda: w.write(5, b"x"), lambda: w.append(b"x"), lambda: w.truncate(32 * MiB + 1)):
+        for call in (lambda: w.write(5, b"x"), lambda: w.truncate(32 * MiB + 1)):
             with pytest.raises(WriteRefused, match="--rewrite-max-size") as err:
                 call()
             assert err.value.errno == errno.EFBIG
@@ -322,6 +323,97 @@ def test_an_object_over_rewrite_max_size_is_refused_with_efbig_when_a_write_need
     w.close()
     assert gets == [] and _object(client, bucket, "huge") == b"new"
     store.open_writer("huge", truncate=True, create=False).close()  # replacing it is fine
+
+
+def _copies(store) -> list[dict]:
+    """The UploadPartCopy requests the store sends from now on: their parameters."""
+    seen: list[dict] = []
+    store._client.meta.events.register("before-parameter-build.s3.UploadPartCopy",
+                                       lambda params, **_: seen.append(dict(params)))
+    return seen
+
+
+def test_an_append_to_a_big_object_is_copied_by_the_server_not_fetched(s3):
+    """An append (O_APPEND, or a write where the object ends) to an object of at least 5 MiB
+    fetched it whole, and past --rewrite-max-size was EFBIG. Now only the appended bytes are
+    staged, and each commit is a multipart upload whose first part is the server's copy of
+    the object (If-Match the version appended to), then the appended bytes: no GET. A read
+    gets the object's bytes, then the appended ones; a write into the object's bytes fetches
+    them then; a truncate into them drops the appended bytes."""
+    store, client, bucket, staging = s3
+    old = os.urandom(33 * MiB + 3)  # past rewrite_max (32 MiB)
+    client.put_object(Bucket=bucket, Key="pre/log", Body=old)
+    etag = client.head_object(Bucket=bucket, Key="pre/log")["ETag"]
+    gets, copies = _gets(store), _copies(store)
+    w = store.open_writer("log", truncate=False, create=False)
+    try:
+        assert w.append(b"one") == 3
+        assert w.write(w.size, b"two") == 3  # a write where it ends is an append too
+        assert w.size == len(old) + 6 and staging.used == 6
+        assert w.read(len(old) - 2, 100) == old[-2:] + b"onetwo"
+        w.commit()
+        assert _object(client, bucket, "log") == old + b"onetwo"
+        w.append(b"three")
+        w.commit()
+    finally:
+        w.close()
+    assert _object(client, bucket, "log") == old + b"onetwothree"
+    assert [r for r, _ in gets] == [f"bytes={len(old) - 2}-{len(old) - 1}"]  # the read's only
+    assert [(c["CopySourceRange"], c["CopySourceIfMatch"]) for c in copies][:1] == \
+        [(f"bytes=0-{len(old) - 1}", etag)]
+    assert len(copies) == 2 and all(c["CopySourceIfMatch"] for c in copies)
+    assert staging.used == 0 and not client.list_multipart_uploads(Bucket=bucket).get("Uploads")
+
+    small = os.urandom(6 * MiB)
+    for key, change, want in (
+            ("w", lambda w: w.write(10, b"in"), small[:10] + b"in" + small[12:] + b"end"),
+            ("t", lambda w: w.truncate(MiB), small[:MiB]),
+            ("t2", lambda w: w.truncate(len(small) + 1), small + b"e")):
+        client.put_object(Bucket=bucket, Key="pre/" + key, Body=small)
+        del gets[:]
+        w = store.open_writer(key, truncate=False, create=False)
+        try:
+            w.append(b"end")
+            change(w)
+            w.commit()
+        finally:
+            w.close()
+        assert _object(client, bucket, key) == want, key
+        fetched = {"w": [f"bytes=0-{5 * MiB - 1}", f"bytes={5 * MiB}-{6 * MiB - 1}"],
+                   "t": [f"bytes=0-{MiB - 1}"], "t2": []}[key]
+        assert [r for r, _ in gets] == fetched, key
+        assert staging.used == 0
+
+
+def test_an_append_to_an_object_replaced_meanwhile_stores_no_mix(s3, caplog):
+    """Replaced between the open and the commit of appends made without fetching it: the
+    server's copy must not be of the new version (the appends would follow bytes they were
+    not made after). S3 refuses the copy (If-Match); moto ignores that condition, so the copy
+    is checked too: its ETag is not the object's, the version is fetched, If-Match, and that
+    fails: the commit is ESTALE, the store keeps the replacement, no upload is left, and the
+    close names where the appended bytes are kept."""
+    store, client, bucket, staging = s3
+    old, new = os.urandom(5 * MiB + 1), os.urandom(5 * MiB + 2)
+    client.put_object(Bucket=bucket, Key="pre/r", Body=old)
+    w = store.open_writer("r", truncate=False, create=False)
+    try:
+        w.append(b"tail")
+        client.put_object(Bucket=bucket, Key="pre/r", Body=new)
+        with pytest.raises(WriteRefused) as err:
+            w.commit()
+        assert err.value.errno == errno.ESTALE
+        kept = w.path
+    finally:
+        with caplog.at_level(logging.ERROR, logger="zvfs.stores.s3_write"):
+            w.close()
+    assert _object(client, bucket, "r") == new
+    assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads")
+    with open(kept, "rb") as f:
+        f.seek(len(old))
+        assert f.read() == b"tail"
+    assert any(kept in r.getMessage() and f"from byte {len(old)} on" in r.getMessage()
+               for r in caplog.records), caplog.text
+    os.unlink(kept)
 
 
 def test_a_write_past_what_the_parts_can_hold_is_efbig_at_once(s3, monkeypatch):

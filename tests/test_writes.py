@@ -1623,6 +1623,31 @@ def test_s3_a_write_fetches_the_object_at_the_write_and_none_when_it_covers_it(
             _stored(s3store, m, key, _same_on_a_local_file(tmp_path, before, steps))
 
 
+def test_s3_an_append_to_a_big_object_fetches_none_of_it(s3store: Store, moto, mount, tmp_path) -> None:
+    """`echo line >> f` on an object of 5 MiB or more fetched it whole (and past
+    --rewrite-max-size, 2M here, failed EFBIG): now nothing of it is fetched; each close
+    stores it as a multipart upload whose first part is the server's copy of the object
+    (UploadPartCopy), then the appended bytes. The object ends as on a local file."""
+    data = rand(6 * MiB + 5, 49)
+    s3store.put("log.bin", data)
+
+    def steps(p: Path) -> None:
+        run(["sh", "-c", f"echo one >> '{p}'"], check=True)
+        with open(p, "ab") as f:
+            f.write(b"two\n")
+
+    with _counted_mount(s3store, moto, mount) as (m, proxy):
+        proxy.reset_stats()
+        steps(m.path / "log.bin")
+        asked = _asked(proxy, s3store, "log.bin")
+        # per close: CreateMultipartUpload and CompleteMultipartUpload (POST), UploadPartCopy
+        # and UploadPart (PUT)
+        assert asked["get"] == asked["bytes"] == 0 and asked["put"] == asked["other"] == 4, asked
+        _stored(s3store, m, "log.bin", _same_on_a_local_file(tmp_path, data, steps))
+        assert_key(s3store, m, "log.bin", data + b"one\ntwo\n")
+    assert s3store.uploads() == []
+
+
 def _pwrite(p: Path, data: bytes, offset: int) -> None:
     fd = os.open(p, os.O_WRONLY)
     try:

@@ -12,10 +12,13 @@ file, and raises an error that names the key and where the bytes are kept.
 An object opened without O_TRUNC is not fetched at the open: the writer holds its size
 and ETag (``base``) and fetches its bytes at the first operation that keeps some of
 them, and only those (``_take_base``). A truncate to 0 or a write over all of it
-fetches nothing, a truncate to N the first N bytes, a write or an append all of it; a
-read before that is a range GET of that version, staging nothing; an open closed with
-nothing changed fetches and uploads nothing. rclone's VFS cache (writes, full) fetches
-lazily as well; mountpoint-s3 refuses such an open.
+fetches nothing, a truncate to N the first N bytes, a write all of it; a read before
+that is a range GET of that version, staging nothing; an open closed with nothing changed
+fetches and uploads nothing. An append (O_APPEND, or a write where the object ends) to an
+object of at least MIN_PART fetches nothing either: only the appended bytes are staged
+(``_tail``), and the commit is a multipart upload whose first parts are UploadPartCopy of
+the object (If-Match its ETag), then the appended bytes. rclone's VFS cache (writes, full)
+fetches lazily as well; mountpoint-s3 refuses such an open.
 """
 
 from __future__ import annotations
@@ -126,6 +129,11 @@ class S3Writer(KeyWriter):
         #: held while ``_base`` is fetched: an operation that meets it waits, never sees
         #: half a fetch, and never fetches it twice
         self._fetching = threading.Lock()
+        #: appends to ``_base`` (see _start_tail): bytes [base.size, _size) are staged, those
+        #: before them stay the object's, copied by the server at commit (_commit_tail)
+        self._tail = False
+        #: bytes of [0, _size) that are not in the staged file (``_base``'s, in tail mode)
+        self._unstaged = 0
 
     # -- staging ----------------------------------------------------------------------------
 
@@ -137,16 +145,19 @@ class S3Writer(KeyWriter):
         self.staging.grow(self.key, size - self._size)
         os.ftruncate(self._fd, size)  # no tail left of a longer version fetched before
         self._size = size
-        pos = 0
-        while pos < size:
-            piece = self.store.get_version(self.key, pos, min(self.part_size, size - pos), etag)
+        self._fetch_pieces(0, size, etag)
+        self._seq_end = size
+
+    def _fetch_pieces(self, pos: int, end: int, etag: str | None) -> None:
+        """Bytes [pos, end) of the version ``etag`` into the staged file, a part at a time."""
+        while pos < end:
+            piece = self.store.get_version(self.key, pos, min(self.part_size, end - pos), etag)
             if not piece:
                 raise StoreError(f"{self.key}: object shrank while it was fetched for writing")
             try:
                 pos += pwrite_all(self._fd, piece, pos)
             except OSError as e:
                 raise _staging_failed(self.key, self.staging.dir, e) from None
-        self._seq_end = size
 
     def _take_base(self, keep: int | None) -> None:
         """With ``_fetching`` held, before an operation that keeps the opened object's bytes
@@ -164,10 +175,7 @@ class S3Writer(KeyWriter):
         for tries in range(1, FETCH_TRIES + 1):
             want = size if keep is None else min(size, keep)
             if want > self.store.rewrite_max:
-                raise WriteRefused(
-                    errno.EFBIG,
-                    f"{self.key}: {want} bytes is more than --rewrite-max-size ({self.store.rewrite_max}) "
-                    "allows to fetch for changing in place; replace it instead (open with O_TRUNC, e.g. cp)")
+                raise _too_big(self.key, want, self.store.rewrite_max)
             try:
                 self.fetch(want, etag)
                 break
@@ -193,6 +201,52 @@ class S3Writer(KeyWriter):
                 raise
         self._base = None  # after _size: a size() in between still gives the open's
 
+    def _can_append(self, base: KeyInfo) -> bool:
+        """Appends to ``base`` can be stored without fetching it: it is big enough to be a
+        part of a multipart upload, it has an ETag to copy it by, and it is still there."""
+        return base.size >= MIN_PART and base.version is not None and not self._discarded
+
+    def _start_tail(self, base: KeyInfo) -> None:
+        """With ``_fetching`` held: from now on appends are staged after the object's bytes,
+        which stay in the store (and are copied there by the commit). The appends are made
+        against this version: a replaced one is an error from then on (``_pinned``)."""
+        with self._lock:
+            self._tail = True
+            self._pinned = True
+            self._size = self._unstaged = self._seq_end = base.size
+
+    def _fill_base(self, base: KeyInfo) -> None:
+        """With ``_fetching`` held, in tail mode: fetch the object's bytes under the appended
+        ones (a write into them), and go on as a file fetched whole."""
+        if base.size > self.store.rewrite_max:
+            raise _too_big(self.key, base.size, self.store.rewrite_max)
+        self.staging.grow(self.key, base.size)
+        try:
+            self._fetch_pieces(0, base.size, base.version)
+        except BaseException as exc:
+            self.staging.grow(self.key, -base.size)
+            if isinstance(exc, Stale):
+                raise WriteRefused(errno.ESTALE, f"{self.key}: replaced since it was opened and "
+                                   "appended to; open it again") from None
+            if isinstance(exc, KeyNotFound):
+                raise _removed(self.key) from None
+            raise
+        with self._lock:
+            for part in self._parts(0, base.size):
+                self._gen[part] = self._gen.get(part, 0) + 1
+            self._tail = False
+            self._unstaged = 0
+            self._base = None
+
+    def _drop_tail(self) -> None:
+        """With ``_fetching`` held: a truncate into the object's bytes cut every appended
+        byte; the open is as it was opened, nothing of it fetched."""
+        with self._lock:
+            self.staging.grow(self.key, self._unstaged - self._size)
+            os.ftruncate(self._fd, 0)
+            self._size = self._unstaged = self._seq_end = 0
+            self._tail = False
+
     def _unfetch(self) -> None:
         """What a fetch that failed staged goes: the file is as it was opened."""
         with self._lock:
@@ -200,20 +254,30 @@ class S3Writer(KeyWriter):
             self._size = self._seq_end = 0
             os.ftruncate(self._fd, 0)
 
-    def _settle(self, keep: Callable[[KeyInfo], int | None]) -> None:
-        """Before an operation that changes the file: fetch what of the opened object it
-        keeps, ``keep(base)`` bytes (see _take_base), if nothing has fetched them yet."""
+    def _before_write(self, offset: int, end: int) -> None:
+        """Before a write of [offset, end): fetch what of the opened object it keeps, if
+        nothing has yet: none for a write over all of it, none for an append to one big
+        enough to be copied by the server (see _start_tail), else all of it."""
         if self._base is None:
             return
         with self._fetching:
             base = self._base
-            if base is not None:
-                self._take_base(keep(base))
+            if base is None:
+                return
+            if self._tail:
+                if offset < base.size:  # into the object's bytes, under the appended ones
+                    self._fill_base(base)
+            elif offset == 0 and end >= base.size:
+                self._take_base(0)  # a write over all of it keeps none of it
+            elif offset == base.size and self._can_append(base):
+                self._start_tail(base)
+            else:
+                self._take_base(None)
 
     @property
     def size(self) -> int:
         base = self._base
-        return base.size if base is not None else self._size
+        return base.size if base is not None and not self._tail else self._size
 
     @property
     def closed(self) -> bool:
@@ -234,8 +298,7 @@ class S3Writer(KeyWriter):
     def write(self, offset: int, data: bytes) -> int:
         end = offset + len(data)
         self._refuse_past_limit(end)
-        # a write over all of the opened object keeps none of it
-        self._settle(lambda base: 0 if offset == 0 and end >= base.size else None)
+        self._before_write(offset, end)
         before = None
         with self._lock:
             if end > self._size:
@@ -271,9 +334,15 @@ class S3Writer(KeyWriter):
 
     def read(self, offset: int, length: int) -> bytes:
         base = self._base
-        if base is not None:
+        if base is None:
+            return pread_all(self._fd, offset, max(0, min(length, self._size - offset)), self.key)
+        if not self._tail:
             return self._read_base(base, offset, length)
-        return pread_all(self._fd, offset, max(0, min(length, self._size - offset)), self.key)
+        # appended to: the object's bytes, then the staged ones after them
+        end = min(offset + length, self._size)
+        head = self._read_base(base, offset, min(end, base.size) - offset) if offset < base.size else b""
+        start = max(offset, base.size)
+        return head + (pread_all(self._fd, start, end - start, self.key) if end > start else b"")
 
     def _read_base(self, base: KeyInfo, offset: int, length: int) -> bytes:
         """A read before anything is fetched: a range of the opened version, staging
@@ -294,17 +363,27 @@ class S3Writer(KeyWriter):
         return data
 
     def append(self, data: bytes) -> int:
-        self._settle(lambda base: None)  # at the end the file has once fetched
-        return self.write(self._size, data)
+        if self._base is not None:
+            with self._fetching:
+                base = self._base
+                if base is not None and not self._tail:
+                    if self._can_append(base):
+                        self._start_tail(base)
+                    else:
+                        self._take_base(None)  # at the end the file has once fetched
+        return self.write(self.size, data)
 
     def truncate(self, size: int) -> None:
         self._refuse_past_limit(size)
         if self._base is not None:
             with self._fetching:
                 base = self._base
-                if base is not None and size == base.size:
-                    return  # nothing changes: nothing to fetch, nor to store
-                self._take_base(size)
+                if base is not None and self._tail and size < base.size:
+                    self._drop_tail()  # every appended byte goes: as if nothing was appended
+                if base is not None and not self._tail:
+                    if size == base.size:
+                        return  # nothing changes: nothing to fetch, nor to store
+                    self._take_base(size)
         with self._lock:
             self.staging.grow(self.key, size - self._size)
             os.ftruncate(self._fd, size)
@@ -321,8 +400,10 @@ class S3Writer(KeyWriter):
     def background_work(self) -> list[Callable[[], None]]:
         """Parts a sequential writer has finished, to upload while it writes on."""
         with self._lock:
-            if not self._dirty or self._closed or self._seq_end < 2 * self.part_size:
-                return []  # a file under two parts is one PUT or a short upload at close
+            if not self._dirty or self._closed or self._tail or self._seq_end < 2 * self.part_size:
+                # a file under two parts is one PUT or a short upload at close; appends to an
+                # object the server copies (tail mode) go up at commit, after its copy
+                return []
             jobs: list[Callable[[], None]] = []
             for part in range(self._seq_end // self.part_size):
                 if len(self._in_flight) >= PARTS_IN_FLIGHT:
@@ -431,10 +512,12 @@ class S3Writer(KeyWriter):
             size = self._size
             seen = self._changes
         try:
-            if self._upload_id is None and size < 2 * self.part_size:
-                self._put_whole(size)
-            else:
-                self._finish_upload(size)
+            # appends to an object the server copies (tail mode), else the staged file whole
+            if not (self._tail and self._commit_tail(size)):
+                if self._upload_id is None and size < 2 * self.part_size:
+                    self._put_whole(size)
+                else:
+                    self._finish_upload(size)
         except Exception as exc:
             self._abort()
             if isinstance(exc, WriteRefused):
@@ -443,13 +526,94 @@ class S3Writer(KeyWriter):
                 self._keep_where_named()
                 self._told = True  # this error's line says where (close() says it no more)
             raise StoreError(f"{self.key}: upload failed ({exc}); the written bytes are kept "
-                             f"at {self.path}") from exc
+                             f"at {self.path}{self._kept_from()}") from exc
         with self._lock:
             self._dirty = self._changes != seen  # written meanwhile: the next commit stores it
             self._committed = True
             self.stored = True
             self._told = False  # what is written next and never stored is told of again
         return KeyInfo(size, time.time_ns())
+
+    def _commit_tail(self, size: int) -> bool:
+        """Store an object appended to in tail mode: a multipart upload of the object's bytes,
+        copied by the server (UploadPartCopy, If-Match the version appended to), then the
+        appended ones; nothing of the object is fetched. Returns False, with the object
+        fetched (tail mode over), when the copy may be of another version: a server that
+        ignores the condition gave a part whose ETag is not the object's (checked when the
+        object was one PUT copied as one part). A version replaced since: ESTALE."""
+        with self._fetching:
+            base = self._base
+            if base is None or not self._tail:
+                return False  # fetched meanwhile: an ordinary commit
+            etags = self._copy_parts(base)
+            if etags is None:
+                self._abort()
+                log.info("%s: the server's copy of the object appended to may be of another "
+                         "version; fetching it to store the file whole", self.key)
+                self._fill_base(base)
+                return False
+            upload_id = self._upload_id
+            assert upload_id is not None
+            for start in range(base.size, size, self.part_size):
+                data = pread_all(self._fd, start, min(self.part_size, size - start), self.key)
+                number = len(etags) + 1
+                t0 = time.perf_counter()
+                r = self.store._request(self.key, "UploadPart", lambda c, n=number, data=data: c.upload_part(
+                    Bucket=self.store.bucket, Key=self.store.prefix + self.key, UploadId=upload_id,
+                    PartNumber=n, Body=data))
+                _count_put(self.store.counters, len(data), time.perf_counter() - t0)
+                etags.append(str(r["ETag"]))
+            made = complete_upload(self.store, self.key, upload_id, etags)
+            with self._lock:
+                self._upload_id = None
+            if made is None:  # the answer gave no ETag: the object's, if it is still ours
+                found = self.store.info(self.key)
+                made = found.version if found.size == size else None
+            # the next commit copies the same bytes from the object just made
+            self._base = KeyInfo(base.size, time.time_ns(), made)
+            return True
+
+    def _copy_parts(self, base: KeyInfo) -> list[str] | None:
+        """A new multipart upload whose first parts are the server's copies of ``base``:
+        their ETags, or None when the copy cannot be told to be of that version."""
+        from botocore.exceptions import ClientError
+
+        from zvfs.stores.s3 import _etag
+
+        upload_id = self._start_upload()
+        pieces = -(-base.size // MAX_COPY)
+        step = -(-base.size // pieces)  # even pieces: each at least 5 MiB, as S3 asks
+        source = {"Bucket": self.store.bucket, "Key": self.store.prefix + self.key}
+        etags: list[str] = []
+        for start in range(0, base.size, step):
+            span = f"bytes={start}-{min(base.size, start + step) - 1}"
+            number = len(etags) + 1
+
+            def copy(c: Any, n: int = number, span: str = span) -> Any:
+                try:
+                    return c.upload_part_copy(
+                        Bucket=self.store.bucket, Key=self.store.prefix + self.key, UploadId=upload_id,
+                        PartNumber=n, CopySource=source, CopySourceRange=span, CopySourceIfMatch=base.version)
+                except ClientError as exc:
+                    if exc.response.get("Error", {}).get("Code") == "PreconditionFailed" or \
+                            exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 412:
+                        raise WriteRefused(errno.ESTALE, f"{self.key}: replaced since it was opened "
+                                           "and appended to") from None
+                    raise
+
+            r = self.store._request(self.key, "UploadPartCopy", copy)
+            etags.append(str(r["CopyPartResult"]["ETag"]))
+        plain = base.version is not None and "-" not in base.version
+        if pieces == 1 and plain and _etag(etags[0]) != _etag(base.version):
+            return None
+        return etags
+
+    def _kept_from(self) -> str:
+        """What a line naming the kept file says of it in tail mode: its start is a hole."""
+        if not self._unstaged:
+            return ""
+        return (f" (from byte {self._unstaged} on: the bytes before are the stored object's, "
+                "which was not changed)")
 
     def _put_whole(self, size: int) -> None:
         put_key(self.store, self.key, self.read(0, size), if_absent=self._exclusive and not self._committed)
@@ -508,7 +672,8 @@ class S3Writer(KeyWriter):
             self._say_kept(" (the daemon stopped while the store did not answer)")
 
     def _say_kept(self, why: str = "") -> None:
-        log.error("%s: written bytes that were never uploaded are kept at %s%s", self.key, self.path, why)
+        log.error("%s: written bytes that were never uploaded are kept at %s%s%s", self.key, self.path,
+                  self._kept_from(), why)
 
     def _keep_where_named(self) -> None:
         """Under the lock, before a line names ``self.path`` as where the bytes are kept: a
@@ -525,8 +690,8 @@ class S3Writer(KeyWriter):
             log.error("%s: its staged file was removed, and no other can be made: %s", self.key, exc)
             return
         try:
-            for start in range(0, self._size, _COPY_STEP):
-                pwrite_all(fd, self.read(start, _COPY_STEP), start)
+            for start in range(self._unstaged, self._size, _COPY_STEP):
+                pwrite_all(fd, pread_all(self._fd, start, min(_COPY_STEP, self._size - start), self.key), start)
             os.dup2(fd, self._fd)
         except (OSError, StoreError) as exc:
             log.error("%s: its staged file was removed, and copying it to %s failed: %s", self.key, path, exc)
@@ -548,6 +713,18 @@ class S3Writer(KeyWriter):
             self._exclusive = False  # the rename decided what the new key holds
             if self._fd >= 0:
                 self.staging.label(self._fd, key)
+        with self._fetching:
+            base = self._base
+            if base is None:
+                return
+            # not fetched yet: the rename's copy holds the same bytes, under an ETag of its
+            # own where the object was a multipart upload's (If-Match the old one failed)
+            try:
+                found = self.store.info(key)
+            except StoreError:
+                return
+            if found.size == base.size:
+                self._base = KeyInfo(base.size, base.mtime_ns, found.version)
 
     def discard(self) -> None:
         with self._lock:
@@ -563,7 +740,7 @@ class S3Writer(KeyWriter):
                 self._discarded = False
                 # writes meanwhile were not marked: store the staged copy as it is, once more
                 # (unless nothing was fetched: then nothing was written either)
-                self._dirty = self._base is None
+                self._dirty = self._base is None or self._tail
                 self._changes += 1
                 self._closed = self._closed_before_discard
 
@@ -580,7 +757,7 @@ class S3Writer(KeyWriter):
             told, self._told = self._told, True
         os.close(fd)
         self.staging.file_closed()
-        self.staging.grow(self.key, -self._size)
+        self.staging.grow(self.key, self._unstaged - self._size)
         if keep:
             if not told:  # first: the abort after may wait for its deadline
                 self._say_kept()
@@ -593,6 +770,12 @@ class S3Writer(KeyWriter):
                 os.unlink(self.path)
             except OSError:
                 pass
+
+
+def _too_big(key: str, size: int, limit: int) -> WriteRefused:
+    """EFBIG for a fetch past --rewrite-max-size, at the operation that needs it."""
+    return WriteRefused(errno.EFBIG, f"{key}: {size} bytes is more than --rewrite-max-size ({limit}) "
+                        "allows to fetch for changing in place; replace it instead (open with O_TRUNC, e.g. cp)")
 
 
 def _removed(key: str) -> WriteRefused:
@@ -648,8 +831,9 @@ def copy_key(store: S3Store, src: str, dst: str, size: int) -> None:
         raise
 
 
-def complete_upload(store: S3Store, key: str, upload_id: str, etags: list[str]) -> None:
-    """Complete the multipart upload (or copy) of ``key`` whose parts 1.. have ``etags``.
+def complete_upload(store: S3Store, key: str, upload_id: str, etags: list[str]) -> str | None:
+    """Complete the multipart upload (or copy) of ``key`` whose parts 1.. have ``etags``;
+    the object's ETag, where the answer gives it.
 
     A completion whose answer was lost is tried again, and the server may have made the
     object at the first try and answer this one NoSuchUpload (MinIO does): the write or
@@ -659,7 +843,7 @@ def complete_upload(store: S3Store, key: str, upload_id: str, etags: list[str]) 
 
     parts = [{"PartNumber": n, "ETag": tag} for n, tag in enumerate(etags, 1)]
     try:
-        store._request(key, "CompleteMultipartUpload", lambda c: c.complete_multipart_upload(
+        r = store._request(key, "CompleteMultipartUpload", lambda c: c.complete_multipart_upload(
             Bucket=store.bucket, Key=store.prefix + key, UploadId=upload_id,
             MultipartUpload={"Parts": parts}))
     except UploadGone:
@@ -667,6 +851,10 @@ def complete_upload(store: S3Store, key: str, upload_id: str, etags: list[str]) 
             raise
         log.info("%s: the multipart upload's completion was answered NoSuchUpload, but the "
                  "object is made of its parts: completed by a try whose answer was lost", key)
+        return multipart_etag(etags)
+    from zvfs.stores.s3 import _etag
+
+    return _etag(r.get("ETag")) if isinstance(r, dict) else None
 
 
 def create_upload(store: S3Store, key: str) -> str:
