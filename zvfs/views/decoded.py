@@ -59,9 +59,10 @@ class Decoded:
     serial: int = -1
     #: when the latest discovery that found it unchanged began
     confirmed: float = 0.0
-    #: the view families built from it (family): kept while it is the current one, which
-    #: outlives the metadata TTL when the store is unchanged
-    families: dict[str, DirNode] = field(default_factory=dict)
+    #: the view families built from it (family), with the stable time they took: kept
+    #: while it is the current one, which outlives the metadata TTL when the store is
+    #: unchanged, and that time is (the mount's metadata scan may end after a first build)
+    families: dict[str, tuple[DirNode, int]] = field(default_factory=dict)
 
 
 #: seconds an incomplete discovery (a store request failed) is served before trying again
@@ -289,22 +290,23 @@ async def family(ctx: MountContext, tag: str) -> DirNode:
     arrays, 60 -> 315 MB in 62). The cache's entry only makes one build of those asking
     at once."""
     d = await decoded(ctx)
-    node = d.families.get(tag)
-    if node is not None:
-        return node
+    held = d.families.get(tag)
+    if held is not None and held[1] == ctx.stable_time_ns:
+        return held[0]
     key = ("lazy", tag)  # one build for every asker at once
-    held = ctx.listings.peek(key)
-    if held is not None and held[0] != d.generation:
+    building = ctx.listings.peek(key)
+    if building is not None and building[0] != d.generation:
         ctx.listings.invalidate(key)  # an older discovery's: let it go
 
-    async def build() -> tuple[int, DirNode]:
-        return d.generation, await BUILDERS[tag](ctx)
+    async def build() -> tuple[int, DirNode, int]:
+        stable = ctx.stable_time_ns
+        return d.generation, await BUILDERS[tag](ctx), stable
 
-    generation, node = await ctx.listings.get(key, build)
+    generation, node, stable = await ctx.listings.get(key, build)
     if generation != d.generation:  # joined a build of the discovery before a write's: once more
         ctx.listings.invalidate(key)
-        generation, node = await ctx.listings.get(key, build)
+        generation, node, stable = await ctx.listings.get(key, build)
     if generation == d.generation:
-        d.families[tag] = node
+        d.families[tag] = (node, stable)
         ctx.listings.invalidate(key)
     return node
