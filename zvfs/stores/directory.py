@@ -286,26 +286,28 @@ class DirectoryStore(Store):
         )
         return None
 
-    def _open_direct(self, key: str) -> int | None:
+    def _open_direct(self, key: str, flags: int = _OPEN_FLAGS, what: str = "open") -> int | None:
         """``key``'s path opened where no symlink is on the way, or None (then resolve it).
 
         The kernel names the file it opened (/proc/self/fd): the path as given means no
         symlink was followed, which is what a resolution component by component would
-        establish, for two system calls instead of one per component.
+        establish, for two system calls instead of one per component. With O_PATH in
+        ``flags`` nothing is opened for reading (no device touched, no FIFO waited on), and
+        a symlink at the end is opened itself: the caller looks at what it got.
         """
         if not self._proc_fd:
             return None
         path = os.path.join(self.root, key)
-        if _special(path):
+        if not flags & os.O_PATH and _special(path):
             raise KeyNotFound(key)
         try:
-            fd = self._os_open(path, _OPEN_FLAGS)  # O_NOFOLLOW: a link at the end is ELOOP
+            fd = self._os_open(path, flags)  # O_NOFOLLOW: a link at the end is ELOOP
         except OSError as e:
             if e.errno == errno.ELOOP:
                 return None
             if e.errno in _ABSENT:
                 raise KeyNotFound(key) from None
-            raise _cannot_open(key, e) from e
+            raise _cannot_open(key, e, what) from e
         if self._opened_at(fd, path) and self._proc_fd:  # with no /proc here: always resolve
             return fd
         os.close(fd)
@@ -503,25 +505,18 @@ class DirectoryStore(Store):
         return KeyInfo(st.st_size, st.st_mtime_ns)
 
     def _stat_direct(self, key: str) -> os.stat_result | None:
-        """``key``'s stat where no symlink is on the way, as :meth:`_open_direct` tells it,
-        with an O_PATH descriptor (nothing opened for reading: a FIFO does not block, a
-        device is not touched); None for a symlink anywhere (then resolve it). A third of
-        a realpath's time: a rediscovery past the TTL takes one per metadata key, and
-        realpath was most of one of a store of 10,000 arrays."""
-        if not self._proc_fd:
+        """``key``'s stat where no symlink is on the way (:meth:`_open_direct`, O_PATH); None
+        for a symlink anywhere (then resolve it). A third of a realpath's time: a
+        rediscovery past the TTL takes one per metadata key, and realpath was most of one
+        of a store of 10,000 arrays."""
+        fd = self._open_direct(key, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, "stat")
+        if fd is None:
             return None
-        path = os.path.join(self.root, key)
         try:
-            fd = self._os_open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError as e:
-            if e.errno in _ABSENT:
-                raise KeyNotFound(key) from None
-            raise StoreError(f"{key}: cannot stat: {e.strerror}") from e
-        try:
-            st = os.fstat(fd)  # a symlink at the end is itself (O_NOFOLLOW), then resolved
-            return st if not stat.S_ISLNK(st.st_mode) and self._opened_at(fd, path) and self._proc_fd else None
+            st = os.fstat(fd)
         finally:
             os.close(fd)
+        return None if stat.S_ISLNK(st.st_mode) else st  # a link at the end: resolved
 
     def absent(self, keys: Iterable[str]) -> set[str]:
         """One lstat each, no open: a path with nothing at it (or a file where a directory
