@@ -552,8 +552,11 @@ def test_directory_opens_at_once_only_a_cached_path_with_no_symlink(tmp_path: Pa
 
 def test_directory_reader_reads_at_once_only_what_the_page_cache_holds(tmp_path: Path) -> None:
     """KeyReader.read_at_once (a local read on the caller's thread, preadv2 RWF_NOWAIT):
-    None for a file the page cache does not hold, whole or in part (a worker reads it then);
-    the very bytes once it is cached, a short answer only at the end of the file."""
+    the very bytes once the page cache holds them, a short answer only at the end of the
+    file; for bytes it does not hold, None or (never anything else) the very bytes: a
+    NOWAIT read that misses starts the kernel's read-ahead, and on a loaded machine that
+    read can end before the call looks again (6 in 600 runs did, at load 6-11), so None
+    there is the kernel's timing, not something this test can demand."""
     root = tmp_path / "root"
     root.mkdir()
     data = random.Random(11).randbytes(3 << 20)
@@ -563,7 +566,8 @@ def test_directory_reader_reads_at_once_only_what_the_page_cache_holds(tmp_path:
     fd = os.open(root / "f", os.O_RDONLY)
     try:
         assert drop_page_cache(fd), "DONTNEED kept the file's pages"
-        assert reader.read_at_once(0, 1 << 20) is None  # (it starts a read-ahead: let it end)
+        cold = reader.read_at_once(0, 1 << 20)  # (it starts a read-ahead: let it end)
+        assert cold is None or bytes(cold) == data[: 1 << 20]
         assert reader.read(0, len(data)) == data
         assert drop_page_cache(fd), "DONTNEED kept the file's pages"
         # the first MiB alone in the page cache: read on a descriptor with no read-ahead
@@ -571,7 +575,8 @@ def test_directory_reader_reads_at_once_only_what_the_page_cache_holds(tmp_path:
         assert os.pread(fd, 1 << 20, 0) == data[: 1 << 20]
         got = reader.read_at_once(4096, 100_000)
         assert got is not None and bytes(got) == data[4096:104_096]
-        assert reader.read_at_once((1 << 20) - 4096, 8192) is None  # half of it is not cached
+        half = reader.read_at_once((1 << 20) - 4096, 8192)  # half of it is not cached
+        assert half is None or bytes(half) == data[(1 << 20) - 4096: (1 << 20) + 4096]
         assert reader.read(0, len(data)) == data  # (after the read-ahead that one started)
         tail = reader.read_at_once(len(data) - 1000, 1 << 20)  # past the end: the rest, short
         assert tail is not None and bytes(tail) == data[-1000:]
