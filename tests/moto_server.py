@@ -1,4 +1,4 @@
-"""A real S3 server for tests: moto's server mode in a subprocess on 127.0.0.1.
+"""A real S3 server for tests: moto's server (benchlib/motoserve.py) in a subprocess on 127.0.0.1.
 
 Not a conftest: fixtures decide the scope. Typical use::
 
@@ -16,6 +16,7 @@ never leaks into a test. The server is stopped by its own PID, never by name.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -23,13 +24,16 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from benchlib.motoserve import SEED_PATH, pack
 from procs import stop
+
+#: moto's server, with seeding while it serves (the benchmarks' too)
+MOTOSERVE = Path(__file__).resolve().parents[1] / "scripts" / "benchlib" / "motoserve.py"
 
 DUMMY_ENV: dict[str, str] = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -71,32 +75,32 @@ class MotoServer:
         return self.proc.pid if self.proc else None
 
     def start(self) -> MotoServer:
-        last: str = ""
-        for _ in range(3):  # the free port may be taken between probe and bind: retry
-            self.port = free_port()
-            env = {**os.environ, **DUMMY_ENV, **self.extra_env}
-            # moto logs every request: a file, not a pipe, so nothing can fill up or break
-            self._log = tempfile.TemporaryFile()
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                env=env,
-                stdout=self._log,
-                stderr=subprocess.STDOUT,
-            )
-            deadline = time.monotonic() + self.timeout
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    self._log.seek(0)
-                    last = self._log.read().decode(errors="replace")
-                    self._log.close()
-                    break
+        env = {**os.environ, **DUMMY_ENV, **self.extra_env}
+        # moto logs every request: a file, not a pipe, so nothing can fill up or break.
+        # benchlib's motoserve.py is moto's server with seeding (put_many); it binds a
+        # port the kernel picks and says which ("ready PORT")
+        self._log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [sys.executable, str(MOTOSERVE), "127.0.0.1", "0"],
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            self._log.seek(0)
+            said = self._log.read().decode(errors="replace")
+            ready = re.search(r"^ready (\d+)$", said, re.MULTILINE)
+            if ready:
+                self.port = int(ready.group(1))
                 if self._answers():
                     return self
-                time.sleep(0.1)
-            else:
+            elif self.proc.poll() is not None:
                 self.stop()
-                raise RuntimeError(f"moto server did not answer on {self.endpoint} within {self.timeout}s")
-        raise RuntimeError(f"moto server failed to start: {last[-2000:]}")
+                raise RuntimeError(f"moto server failed to start: {said[-2000:]}")
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"moto server did not answer within {self.timeout}s")
 
     def _answers(self) -> bool:
         try:
@@ -151,26 +155,44 @@ def s3_client(endpoint: str, **kw: Any) -> Any:
     )
 
 
-def upload_tree(client: Any, bucket: str, prefix: str, local_dir: str | os.PathLike[str],
-                workers: int = 16) -> list[str]:
+def upload_tree(client: Any, bucket: str, prefix: str, local_dir: str | os.PathLike[str]) -> list[str]:
     """Upload every regular file below ``local_dir`` as ``prefix + relative/path``; returns the keys.
 
-    ``prefix`` is used as given ('' or ending in '/'). Uploads run in a thread pool.
+    ``prefix`` is used as given ('' or ending in '/'); the objects are seeded (see seed).
     """
     root = Path(local_dir)
     files = sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink())
     keys = [prefix + p.relative_to(root).as_posix() for p in files]
 
-    def put(item: tuple[Path, str]) -> None:
-        p, key = item
-        client.put_object(Bucket=bucket, Key=key, Body=p.read_bytes())
-
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(put, zip(files, keys, strict=True)))
+    seed(client.meta.endpoint_url, bucket, ((key, p.read_bytes()) for p, key in zip(files, keys, strict=True)))
     return keys
 
 
-def put_many(client: Any, bucket: str, items: Mapping[str, bytes], workers: int = 16) -> None:
-    """Put many small objects in parallel (e.g. >1000 keys for pagination tests)."""
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(lambda kv: client.put_object(Bucket=bucket, Key=kv[0], Body=kv[1]), items.items()))
+def put_many(client: Any, bucket: str, items: Mapping[str, bytes]) -> None:
+    """Put many objects (e.g. >1000 keys for pagination tests) into ``bucket`` of the
+    server ``client`` talks to, a MotoServer: in one request that moto's backend takes as
+    that many PUTs (motoserve.py), not thousands of requests each parsed by moto."""
+    seed(client.meta.endpoint_url, bucket, items.items())
+
+
+def seed(endpoint: str, bucket: str, items: Iterable[tuple[str, bytes]], batch: int = 32 << 20) -> None:
+    """``items`` put into ``bucket`` of the MotoServer at ``endpoint``, in requests of
+    about ``batch`` bytes; raises (the server's answer) if it refuses."""
+    def post(frames: list[tuple[str, bytes]]) -> None:
+        req = urllib.request.Request(f"{endpoint}{SEED_PATH}{bucket}", data=pack(frames), method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                assert int(r.read()) == len(frames)
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"seeding {bucket} at {endpoint}: {e.code} {e.read().decode(errors='replace')}") from None
+
+    frames: list[tuple[str, bytes]] = []
+    size = 0
+    for key, value in items:
+        frames.append((key, value))
+        size += len(key) + len(value)
+        if size >= batch:
+            post(frames)
+            frames, size = [], 0
+    if frames:
+        post(frames)

@@ -114,7 +114,7 @@ def upload(client, bucket: str, prefix: str, root: Path) -> None:  # type: ignor
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from moto_server import upload_tree
 
-    upload_tree(client, bucket, prefix.rstrip("/") + "/", root, workers=8)
+    upload_tree(client, bucket, prefix.rstrip("/") + "/", root)
 
 
 # --------------------------------------------------------------------------- the mount

@@ -274,7 +274,7 @@ def s3_store(moto, s3_env, mounter, tmp_path_factory) -> tuple[Any, Path, Path]:
 def _upload(client: Any, local: Path, prefix: str) -> list[str]:
     items = {f"{prefix}/{p.relative_to(local).as_posix()}": p.read_bytes()
              for p in sorted(local.rglob("*")) if p.is_file()}  # fmt: skip
-    put_many(client, BUCKET, items, workers=8)
+    put_many(client, BUCKET, items)
     return list(items)
 
 
