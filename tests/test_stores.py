@@ -2432,3 +2432,44 @@ def test_zip_of_streamed_members_written_over_is_checked_by_its_descriptors(tmp_
         assert st.get("y") == b"Y" * 10
     finally:
         st.close()
+
+
+def test_an_s3_request_slower_than_the_timeout_is_waited_for_longer_when_tried_again(moto: MotoServer) -> None:
+    """A server that takes longer than --s3-timeout to begin an answer (a LIST over a large
+    bucket on a loaded MinIO or moto: the first byte comes once the page is made) is slow,
+    not stalled. Every try waited the same timeout, so such a listing failed EIO at the
+    deadline however many tries it had, and each try left the server making the page again
+    (10 LIST timeouts and retries in one `find` of a 50,000-key bucket on moto under load).
+    Now each try after a timeout waits twice as long as the one before, within the
+    deadline; a server that never answers still fails at the deadline."""
+    from faultproxy import FaultProxy
+
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket="zvfs-late")
+    client.put_object(Bucket="zvfs-late", Key="a/k", Body=b"kept")
+    policy = RetryPolicy(attempts=10, timeout=1.0, deadline=8.0)
+    with FaultProxy(moto.port) as proxy:
+        st = S3Store("zvfs-late", "", endpoint_url=proxy.endpoint, retry=policy)
+        try:
+            for op, call in (("list", lambda: st.list_dir("a/").keys),
+                             ("head", lambda: st.info("a/k").size)):
+                proxy.set({"kind": "late", "stall": 1.5, "ops": [op]})
+                before = proxy.stats().get("fault_late", 0)
+                t0 = time.monotonic()
+                got = call()
+                took = time.monotonic() - t0
+                assert (list(got) if op == "list" else got) in (["k"], 4), (op, got)
+                # one try cut at 1 s, the next waits 2 s and gets the answer at 1.5 s
+                assert proxy.stats()["fault_late"] - before == 2, (op, proxy.stats())
+                assert took < 1 + 2 + policy.backoff_cap + 1, (op, took)
+                proxy.clear()
+            # a server that never answers: still given up at the deadline
+            proxy.set({"kind": "silent", "ops": ["list"]})
+            t0 = time.monotonic()
+            with pytest.raises(StoreError):
+                st.list_dir("a/")
+            assert time.monotonic() - t0 < policy.worst_case() + 1
+            proxy.clear()
+            assert list(st.list_dir("a/").keys) == ["k"]  # and the next request is quick again
+        finally:
+            st.close()

@@ -244,7 +244,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("cache_max_size", parse_size, 10 << 30, "bound for --cache-dir (e.g. 10G)"),
     Option("cache_min_free", parse_size, 1 << 30, "free space --cache-dir always leaves on its disk"),
     Option("s3_attempts", parse_count, 10, "tries per S3 request: throttling, 5xx, resets, stalls and broken bodies are retried with exponential backoff and jitter"),
-    Option("s3_timeout", parse_seconds, 10.0, "seconds an S3 try waits to connect or for the next bytes"),
+    Option("s3_timeout", parse_seconds, 10.0, "seconds an S3 try waits to connect or for the next bytes (a try after a timeout waits twice as long as the one before, up to --s3-deadline)"),
     Option("s3_deadline", parse_seconds, 60.0, "seconds after which an S3 request stops retrying: a read fails with EIO within about twice s3_deadline + s3_timeout + 2 seconds (the kernel tries a failed read once more)"),
     Option("threads", parse_count, 16, "worker threads for store I/O and decoding (at least 1)"),
     Option("decoders", parse_processes, 0, "processes that read and decode the chunks of a local "

@@ -439,7 +439,10 @@ class S3Store(Store):
             return client
 
         # our retry loop is the only one, so the user's attempts and deadline are the real bounds
-        self._make_client = lambda session: make(1, self.retry.timeout, session)
+        self._make_client = lambda session, timeout=None: make(1, timeout or self.retry.timeout, session)
+        #: clients that wait longer for the server's next bytes, by timeout (see _waiting):
+        #: each with the client it was made beside, and made again once that one is replaced
+        self._patient: dict[float, tuple[Any, Any]] = {}
         try:
             # one session for both: a session parses the service model once (~90 ms a client)
             session = self._session()
@@ -478,6 +481,24 @@ class S3Store(Store):
                 "AWS_CONFIG_FILE)"
             ) from None
 
+    def _waiting(self, base: Any, timeouts: int) -> Any:
+        """The client for a try after ``timeouts`` tries of one request timed out: ``base``
+        (the store's client) at first, then one like it that waits 2, 4, 8... times
+        --s3-timeout for the server's next bytes, up to --s3-deadline (past which the
+        watchdog cuts the request anyway). A server slow to begin an answer (a LIST over a
+        large bucket on a loaded server makes the whole page first) is then waited for; each
+        try waiting the same time failed such a listing at the deadline however many tries
+        it had, and had the server make the page again for every try. Nothing of it is
+        remembered: the request after begins with ``base``."""
+        timeout = min(self.retry.timeout * 2 ** min(timeouts, 16), max(self.retry.deadline, self.retry.timeout))
+        if timeout <= self.retry.timeout:
+            return base
+        with self._client_lock:
+            made = self._patient.get(timeout)
+            if made is None or made[0] is not base:
+                made = self._patient[timeout] = (base, self._make_client(self._client_session, timeout))
+            return made[1]
+
     def _renewed(self, client: Any, exc: BaseException, kind: str) -> bool:
         """Whether a request refused for its credentials is to be tried again, with a client
         that signs with what the credential chain gives now: always once they expired, and
@@ -490,6 +511,7 @@ class S3Store(Store):
     def _use_session(self, session: Any, credentials: tuple[str, str, str | None] | None) -> None:
         """Sign from now on with a client of ``session``, whose credentials are those."""
         self._client = self._make_client(session)
+        self._client_session = session
         self._client_credentials = credentials
 
     def _refresh_client(self, stale: Any) -> None:
@@ -845,6 +867,8 @@ class S3Store(Store):
 
     def close(self) -> None:
         self._client.close()
+        for _base, client in self._patient.values():
+            client.close()
         if self.staging is not None:
             self.staging.cleanup()
 
@@ -1069,8 +1093,10 @@ class S3Store(Store):
         """``call(client)`` under the retry policy; failures become StoreError naming ``key``."""
         tries = Attempts(self.retry)
         refreshed = False
+        timeouts = 0
         while True:
-            client = self._client
+            base = self._client
+            client = self._waiting(base, timeouts)
             watching = (contextlib.nullcontext() if op in _KEPT_ALIVE
                         else self._watchdog.watching(time.monotonic() + tries.left))
             try:
@@ -1098,11 +1124,12 @@ class S3Store(Store):
                     self.counters.add("store_failures")
                     raise StoreError(f"{key}: S3 {op}: {too_large}") from None
                 kind = self._count(exc)
-                if not refreshed and self._renewed(client, exc, kind):
+                if not refreshed and self._renewed(base, exc, kind):
                     refreshed = True
                     continue
                 if kind not in TRANSIENT_KINDS or not tries.retry():
                     raise self._failure(key, op, exc, kind, tries) from None
+                timeouts += kind == "timeout"
                 self.counters.add("store_retries")
 
     def _get(self, key: str, start: int, length: int | None, pin: str | None = None,
@@ -1130,6 +1157,7 @@ class S3Store(Store):
         tail = suffix  # still to be placed: the first response says where the suffix starts
         tries = Attempts(self.retry)
         refreshed = False
+        timeouts = 0
         while True:
             kw: dict[str, Any] = {"Bucket": self.bucket, "Key": self.prefix + key}
             pos = start + got
@@ -1143,7 +1171,8 @@ class S3Store(Store):
                 kw["IfMatch"] = etag
             if "Range" not in kw:
                 kw["ChecksumMode"] = "ENABLED"  # S3 sends its CRC with a whole object only
-            client = self._client
+            base = self._client
+            client = self._waiting(base, timeouts)
             watch = self._watchdog.start(time.monotonic() + tries.left)
             try:
                 resp = client.get_object(**kw)
@@ -1235,11 +1264,12 @@ class S3Store(Store):
                     parts, got, etag = [], 0, pin
                     if suffix is not None:
                         tail = suffix
-                if not refreshed and self._renewed(client, exc, kind):
+                if not refreshed and self._renewed(base, exc, kind):
                     refreshed = True
                     continue
                 if kind not in TRANSIENT_KINDS or not tries.retry():
                     raise self._failure(key, "GetObject", exc, kind, tries) from None
+                timeouts += kind == "timeout"
                 self.counters.add("store_retries")
                 if got:
                     log.debug("%s: %s after %d bytes; resuming from there", key, kind, got)
