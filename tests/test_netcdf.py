@@ -83,8 +83,8 @@ def _vars() -> list[Var]:
 
 
 VARS = _vars()
-#: what the netCDF view cannot hold (complex, fixed-width Unicode, variable-length, structured)
-LEFT_OUT_KINDS = set("cUOV")
+#: what the netCDF view cannot hold (complex, variable-length, structured)
+LEFT_OUT_KINDS = set("cOV")
 
 
 def is_left_out(v: Var) -> bool:
@@ -173,6 +173,10 @@ def served(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
     kind = ref.dtype.kind
     if kind == "S":  # char with a strlen dimension
         return np.ascontiguousarray(got).view(f"S{ref.dtype.itemsize}").reshape(ref.shape)
+    if kind == "U" and got.dtype.kind == "S":  # UTF-8 in char, read by a reader blind to _Encoding
+        assert got.shape == (*ref.shape, ref.dtype.itemsize), got.shape  # 4 bytes a code point
+        utf8 = np.ascontiguousarray(got).view(f"S{got.shape[-1]}").reshape(ref.shape)
+        return np.char.decode(utf8, "utf-8").astype(ref.dtype.newbyteorder("="))
     if kind == "u" and got.dtype.kind == "i":  # _Unsigned: the same bits
         return got.view(got.dtype.str.replace("i", "u"))
     if kind in "mM":
@@ -248,7 +252,7 @@ def test_netcdf4_every_variable(ncm: NcMount, nc_corpus: Path, store: str) -> No
                     else:
                         assert np.allclose(got, value), (v.path, name, got, value)
                 fill = expected_fill(v, node)
-                if fill is None or kind == "S":
+                if fill is None or kind in "SU":
                     assert "_FillValue" not in var.ncattrs(), v.path
                 else:
                     got = served(ref, np.array([var.getncattr("_FillValue")]))[0]
@@ -907,6 +911,58 @@ def test_times_read_as_numpy_has_them(mount, tmp_path: Path) -> None:
         assert [str(x) for x in got[[0, 1, 3]]] == [str(want_t[i].astype(object)) for i in (0, 1, 3)]
     res = run([tool("ncdump"), "-t", "-v", "t", str(f)])
     assert res.returncode == 0 and '"1500-03-01", "1582-10-04", _, "2001-01-01 12"' in res.stdout, res.stdout
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_string_coordinates_xarray_wrote_read_back_as_xarray_reads_them(mount, tmp_path: Path,
+                                                                         zarr_format: int) -> None:
+    """xarray writes a str variable (a station coordinate) as fixed-width Unicode (``<U6``,
+    v3's fixed_length_utf32). The netCDF view left it out ("classic netCDF has no string
+    type"): a dataset read through it lost its labels. It is now UTF-8 in a char array
+    with ``_Encoding``, as xarray writes str to a classic file itself: xarray (both
+    engines) and netCDF4 read the labels back, and ncdump prints what it prints of
+    xarray's own NETCDF3 file of the same dataset."""
+    names = ["Zürich", "", "日本語", "Genève-Est", "x"]
+    ds = xr.Dataset({"t": (("station", "time"), np.arange(15, dtype="f4").reshape(5, 3))},
+                    coords={"station": names, "time": np.arange(3, dtype="i4")})
+    store = tmp_path / "s.zarr"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds.to_zarr(store, mode="w", zarr_format=zarr_format, consolidated=False)
+        source = xr.open_zarr(store, consolidated=False).load()
+    assert source["station"].dtype.kind == "U"  # what this test is about: fixed width
+    reference = tmp_path / "xarray.nc"
+    source.to_netcdf(reference, format="NETCDF3_64BIT")
+    m = mount(store)
+    f = m.path / ".zvfs/netcdf/root.nc"
+    for engine in ("netcdf4", "scipy"):
+        with xr.open_dataset(f, engine=engine) as got:
+            assert got["station"].values.tolist() == source["station"].values.tolist() == names, engine
+            np.testing.assert_array_equal(got["t"].values, source["t"].values)
+            assert "zvfs_left_out" not in got.attrs, got.attrs
+    with netCDF4.Dataset(f) as nc:
+        assert nc["station"].getncattr("_Encoding") == "utf-8"
+        assert nc["station"][:].tolist() == names
+    ncdump = tool("ncdump")
+    want = _data_section(run([ncdump, "-v", "station", str(reference)], check=True).stdout)["station"]
+    assert _data_section(run([ncdump, "-v", "station", str(f)], check=True).stdout)["station"] == want
+
+
+def test_fixed_width_unicode_never_written_reads_as_its_fill(mount, tmp_path: Path) -> None:
+    """A fixed-width Unicode array of which only some chunks were written: the netCDF view's
+    values are zarr-python's, written, fill and non-ASCII alike, through netCDF4 and scipy."""
+    store = tmp_path / "u.zarr"
+    a = zarr.create_array(str(store), shape=(9,), chunks=(2,), dtype="<U4", fill_value="ñ?",
+                          dimension_names=["n"])
+    a[2:5] = np.array(["ab", "ÄÖÜß", ""])
+    want = zarr.open_array(str(store), mode="r")[:]
+    assert want.tolist() == ["ñ?", "ñ?", "ab", "ÄÖÜß", "", "ñ?", "ñ?", "ñ?", "ñ?"]
+    m = mount(store)
+    f = m.path / ".zvfs/netcdf/root.nc"
+    with netCDF4.Dataset(f) as nc:
+        assert nc["data"][:].tolist() == want.tolist()
+    with scipy.io.netcdf_file(f, mmap=False) as nc:
+        assert served(want, nc.variables["data"][:].copy()).tolist() == want.tolist()
 
 
 def test_a_time_array_s_own_units_never_label_the_served_counts(mount, tmp_path: Path) -> None:

@@ -21,9 +21,11 @@ convention; native ubyte/ushort/uint in a CDF-5 file), int64/uint64 -> CDF-5
 int64/uint64, datetime64/timedelta64 -> int64 with CF ``units`` (datetime64 with
 ``calendar = "proleptic_gregorian"``, numpy's; NaT is the ``_FillValue`` of
 both when the array names no other), fixed-width
-bytes ``S<n>`` -> char with a ``strlen<n>`` dimension (``S1``: char, no extra dimension). Complex, structured,
-fixed-width Unicode and variable-length arrays are left out, named in the
-global attribute ``zvfs_left_out`` with the reason.
+bytes ``S<n>`` -> char with a ``strlen<n>`` dimension (``S1``: char, no extra dimension),
+fixed-width Unicode ``U<n>`` -> char with a ``strlen<4n>`` dimension holding UTF-8 and
+``_Encoding = "utf-8"`` (as xarray writes str to a classic file). Complex, structured
+and variable-length arrays are left out (the width of a variable-length string is not
+in the metadata), named in the global attribute ``zvfs_left_out`` with the reason.
 """
 
 from __future__ import annotations
@@ -145,8 +147,11 @@ def var_type(dtype: np.dtype, cdf5: bool) -> VarType:
         return VarType(NC_CHAR, np.dtype(f"S{size}"), strlen=size if size > 1 else 0)
     if kind == "c":
         raise LeftOut("complex numbers: classic netCDF has no complex type")
-    if kind == "U":
-        raise LeftOut("fixed-width Unicode strings: classic netCDF has no string type")
+    if kind == "U" and size > 0:
+        # as xarray writes a str variable to a classic file: UTF-8 in a char array, marked by
+        # _Encoding (netCDF4-python and xarray read str back). The width is known from metadata
+        # alone: UTF-8 never needs more bytes than UTF-32's 4 a code point; NULs pad each value
+        return VarType(NC_CHAR, np.dtype(f"S{size}"), strlen=size, extra_attrs={"_Encoding": "utf-8"})
     raise LeftOut(f"dtype {dtype.str}: no classic netCDF type")
 
 
