@@ -313,6 +313,37 @@ def test_persistent_failure_is_eio_logged_and_not_remembered(corpus, proxy, moun
     assert read_all(target(mnt, "dec:plain")) == refs["plain"].tobytes()
 
 
+def test_a_store_failure_measuring_text_for_the_netcdf_view_is_eio_and_not_remembered(
+        corpus, proxy, mount, s3_env, moto, tmp_path) -> None:
+    """The netCDF view reads a variable-length string array whole, when the directory is
+    listed, for its width. A store failure then fails that listing with EIO (the array is
+    not left out for it, as it would be for a corrupt chunk), and the next listing, the
+    faults gone, serves the strings as zarr-python reads them."""
+    import netCDF4
+    import zarr
+
+    root = tmp_path / "text.zarr"
+    g = zarr.open_group(str(root), mode="w", zarr_format=3)
+    labels = g.create_array("labels", shape=(5,), chunks=(2,), dtype=str, dimension_names=["n"])
+    labels[:] = np.array(["α", "beta", "", "gämma", "d"], dtype=object)
+    want = zarr.open_array(str(root), path="labels", mode="r")[:].tolist()
+    upload_tree(s3_client(moto.endpoint), root, BUCKET, "text")
+    mnt = mount(f"s3://{BUCKET}/text", "--endpoint-url", proxy.endpoint, *FAST, env=s3_env)
+    os.listdir(mnt.path / ".zvfs/arrays")  # the metadata read: what fails below is the chunks
+    proxy.set({"kind": "503", "ops": ["get", "head"], "key": "labels/c/"})
+    t0 = time.monotonic()
+    with pytest.raises(OSError) as exc:
+        os.listdir(mnt.path / ".zvfs/netcdf")
+    assert exc.value.errno == errno.EIO
+    assert time.monotonic() - t0 < EIO_WITHIN
+    assert any("labels/c/" in ln for ln in mnt.log_text().splitlines()), mnt.log_text()[-2000:]
+    proxy.clear()
+    assert os.listdir(mnt.path / ".zvfs/netcdf") == ["root.nc"]
+    with netCDF4.Dataset(mnt.path / ".zvfs/netcdf/root.nc") as nc:
+        assert nc["labels"][:].tolist() == want
+        assert "zvfs_left_out" not in nc.ncattrs()
+
+
 def test_a_read_of_more_chunks_than_its_file_may_hold_threads_fails_within_one_bound(
         corpus, proxy, mount, s3_env) -> None:
     """A decoded read over more chunks than one file's reads may hold threads for (14 of

@@ -87,7 +87,29 @@ VARS = _vars()
 LEFT_OUT_KINDS = set("cOV")
 
 
+#: variable-length kinds served as char through _Encoding (zarr-python's values kept as JSON)
+TEXT_VLEN = {"vlen-utf8"}
+
+
+def is_text_vlen(v: Var) -> bool:
+    return v.info.get("vlen") in TEXT_VLEN and "ref_json" in v.info
+
+
+def vlen_ref(v: Var) -> list[str]:
+    """zarr-python's values of a variable-length text array, flattened."""
+    return json.loads((FIXTURES / "zarr" / v.info["ref_json"]).read_text())["values"]
+
+
+def vlen_served(chars: np.ndarray) -> list[str]:
+    """A text array's values from its char variable read as chars (no _Encoding decoding):
+    each row's bytes without the NUL padding, UTF-8 decoded."""
+    rows = np.ascontiguousarray(chars).reshape(-1, chars.shape[-1])
+    return [bytes(r).rstrip(b"\0").decode("utf-8") for r in rows]
+
+
 def is_left_out(v: Var) -> bool:
+    if is_text_vlen(v):
+        return False
     dt = v.info.get("dtype")
     return "ref" not in v.info or dt is None or np.dtype(dt).kind in LEFT_OUT_KINDS
 
@@ -231,8 +253,15 @@ def test_netcdf4_every_variable(ncm: NcMount, nc_corpus: Path, store: str) -> No
                 if "ref" in v.info or v.info.get("dtype") is None:
                     assert re.search(rf"^{re.escape(v.name)}: ", ds.getncattr(LEFT_OUT), re.M), v.path
                 continue
-            ref = v.ref()
             var = ds.variables[v.name]
+            if is_text_vlen(v):
+                assert var.getncattr("_Encoding") == "utf-8"
+                assert np.asarray(var[...]).reshape(-1).tolist() == vlen_ref(v), v.path
+                var.set_auto_chartostring(False)
+                assert vlen_served(var[...]) == vlen_ref(v), v.path
+                checked += 1
+                continue
+            ref = v.ref()
             assert same_values(served(ref, var[...]), ref.astype(ref.dtype.newbyteorder("="))), v.path
             kind = ref.dtype.kind
             if kind in "iu" and ref.dtype.itemsize == 8 or kind in "mM":
@@ -292,6 +321,10 @@ def test_scipy_reads_classic_files(ncm: NcMount) -> None:
                 v = refs.get((str(f), name))
                 if v is None:
                     continue
+                if is_text_vlen(v):
+                    assert vlen_served(var[...].copy()) == vlen_ref(v), v.path
+                    checked += 1
+                    continue
                 ref = v.ref()
                 assert same_values(served(ref, var[...].copy()), ref.astype(ref.dtype.newbyteorder("="))), v.path
                 checked += 1
@@ -306,7 +339,7 @@ def test_ncdump_values(ncm: NcMount, nc_corpus: Path) -> None:
         assert res.returncode == 0, (f, res.stderr)
     checked = 0
     for v in VARS:
-        if is_left_out(v) or np.dtype(v.info["dtype"]).kind not in "iuf" or v.store in V1_STORES:
+        if is_left_out(v) or is_text_vlen(v) or np.dtype(v.info["dtype"]).kind not in "iuf" or v.store in V1_STORES:
             continue
         res = run([ncdump, "-p", "9,17", "-v", v.name, str(v.nc_file(ncm.top))])
         assert res.returncode == 0, res.stderr
@@ -963,6 +996,100 @@ def test_fixed_width_unicode_never_written_reads_as_its_fill(mount, tmp_path: Pa
         assert nc["data"][:].tolist() == want.tolist()
     with scipy.io.netcdf_file(f, mmap=False) as nc:
         assert served(want, nc.variables["data"][:].copy()).tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_variable_length_strings_from_pandas_read_back_as_xarray_reads_them(mount, tmp_path: Path,
+                                                                            zarr_format: int) -> None:
+    """A dataset made from pandas (``DataFrame.to_xarray``) has object-dtype str labels, which
+    xarray writes as variable-length strings (v3 "string", v2 vlen-utf8). The netCDF view
+    left them out. Their width is now read from the data when the directory is listed:
+    char of the longest value's UTF-8 bytes with ``_Encoding``. The header is the one
+    xarray writes for the same dataset to a classic file, and every reader gets the labels."""
+    import pandas as pd
+
+    names = ["Zürich", "Bern", "Genève-Est", "", "日本"]
+    df = pd.DataFrame({"v": np.arange(5.0)}, index=pd.Index(names, name="station"))
+    store = tmp_path / "p.zarr"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        df.to_xarray().to_zarr(store, mode="w", zarr_format=zarr_format, consolidated=False)
+        source = xr.open_zarr(store, consolidated=False).load()
+    assert source["station"].dtype.kind in "OT"  # what this test is about: variable length
+    reference = tmp_path / "xarray.nc"
+    source.to_netcdf(reference, format="NETCDF3_64BIT")
+    m = mount(store)
+    f = m.path / ".zvfs/netcdf/root.nc"
+    for engine in ("netcdf4", "scipy"):
+        with xr.open_dataset(f, engine=engine) as got:
+            assert got["station"].values.tolist() == source["station"].values.tolist() == names, engine
+            np.testing.assert_array_equal(got["v"].values, source["v"].values)
+    with netCDF4.Dataset(f) as nc, netCDF4.Dataset(reference) as ref:
+        assert nc["station"][:].tolist() == names
+        # the longest value's bytes: "Genève-Est" is 11 in UTF-8, as xarray sized it
+        assert nc["station"].dimensions[1].startswith("strlen")
+        assert nc.dimensions[nc["station"].dimensions[1]].size == ref.dimensions["string11"].size == 11
+    ncdump = tool("ncdump")
+    want = _data_section(run([ncdump, "-v", "station", str(reference)], check=True).stdout)["station"]
+    assert _data_section(run([ncdump, "-v", "station", str(f)], check=True).stdout)["station"] == want
+
+
+def test_variable_length_text_reads_as_zarr_python_reads_it(mount, tmp_path: Path) -> None:
+    """zarr-python's variable-length str, written in part (the rest is its fill): each value
+    as zarr-python reads it. An array whose every value is empty still holds one char a
+    value. Variable-length bytes stay out: a value ending in NUL bytes (b"\\x01\\x00")
+    could not be told from its padding."""
+    store = tmp_path / "v.zarr"
+    g = zarr.open_group(str(store), mode="w", zarr_format=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t = g.create_array("text", shape=(3, 4), chunks=(2, 2), dtype=str, fill_value="–",
+                           dimension_names=["y", "x"])
+        t[0, :] = np.array(["a", "ÄÖÜ", "", "long value here"], dtype=object)
+        b = g.create_array("blobs", shape=(3,), chunks=(2,), dtype=zarr.dtype.VariableLengthBytes(),
+                           dimension_names=["n"])
+        b[:] = np.array([b"\x01\x00", b"", b"xyz"], dtype=object)
+        e = g.create_array("empty", shape=(2,), chunks=(2,), dtype=str, dimension_names=["m"])
+        e[:] = np.array(["", ""], dtype=object)
+    want = {n: zarr.open_array(str(store), path=n, mode="r")[:] for n in ("text", "empty")}
+    assert want["text"][2, 3] == "–"  # a never-written chunk: the fill
+    m = mount(store)
+    f = m.path / ".zvfs/netcdf/root.nc"
+    with netCDF4.Dataset(f) as nc:
+        assert nc["text"][:].tolist() == want["text"].tolist()
+        assert nc["empty"][:].tolist() == want["empty"].tolist() == ["", ""]
+        assert nc.dimensions[nc["empty"].dimensions[1]].size == 1
+        assert "blobs" not in nc.variables
+        assert nc.getncattr(LEFT_OUT) == ("blobs: variable-length elements (vlen-bytes): classic netCDF has "
+                                          "no such type (as char, trailing NUL bytes would be lost)\n")
+
+
+def test_variable_length_text_too_long_to_read_or_corrupt_is_left_out_and_told(mount, tmp_path: Path) -> None:
+    """An array of more variable-length values (or chunks) than are read whole for their
+    width, and one whose chunk is corrupt, are left out with the reason (the corrupt key logged once); the
+    group's other variables read as before."""
+    store = tmp_path / "w.zarr"
+    g = zarr.open_group(str(store), mode="w", zarr_format=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        g.create_array("many", shape=((1 << 20) + 1,), chunks=(1 << 16,), dtype=str, dimension_names=["big"])
+        g.create_array("tiny_chunks", shape=(5000,), chunks=(1,), dtype=str, dimension_names=["t"])
+        bad = g.create_array("bad", shape=(4,), chunks=(2,), dtype=str, compressors=None, dimension_names=["q"])
+        bad[:] = np.array(["a", "b", "c", "d"], dtype=object)
+        ok = g.create_array("ok", shape=(4,), chunks=(4,), dtype="i2", dimension_names=["q"])
+        ok[:] = [1, 2, 3, 4]
+    (store / "bad/c/1").write_bytes(b"\xff" * 3)  # shorter than a vlen chunk's header
+    m = mount(store)
+    f = m.path / ".zvfs/netcdf/root.nc"
+    with netCDF4.Dataset(f) as nc:
+        told = nc.getncattr(LEFT_OUT)
+        assert set(nc.variables) == {"ok"}
+        assert nc["ok"][:].tolist() == [1, 2, 3, 4]
+    assert re.search(r"^many: 1,048,577 variable-length values \(vlen-utf8\): more than the 1,048,576", told, re.M), told
+    assert re.search(r"^tiny_chunks: variable-length values \(vlen-utf8\) in 5,000 chunks: more than the 4,096",
+                     told, re.M), told
+    assert re.search(r"^bad: unreadable: .*bad/c/1", told, re.M), told
+    assert_one_line(m, "bad/c/1")
 
 
 def test_a_time_array_s_own_units_never_label_the_served_counts(mount, tmp_path: Path) -> None:

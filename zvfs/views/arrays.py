@@ -254,13 +254,9 @@ class DecodedArray:
             except NodeError:
                 raise
             except Exception as exc:  # corrupt chunk, unknown codec, store error: this read only
-                # logged once per store key and kind of failure, not per message: a store
-                # failure's text changes from try to try (attempts, request ids)
-                transient = is_store_failure(exc)
-                once = f"{self._store_key(idx)} {'store' if transient else 'data'}"
-                err = NodeError(errno.EIO, f"{self.meta.path or '/'} chunk {idx}: {exc}", key=once)
-                if not transient:
-                    self.ctx.failures.put(native, (str(err), once))
+                err = self._chunk_failure(idx, exc)
+                if not is_store_failure(exc):
+                    self.ctx.failures.put(native, (str(err), err.key))
                 raise err from exc
 
         key = native if dt is None else self._key(idx, dt)
@@ -294,6 +290,31 @@ class DecodedArray:
         except Exception:  # noqa: BLE001 - only a name for the log
             pass
         return f"{self.meta.path or '/'} chunk {idx}"
+
+    def _chunk_failure(self, idx: tuple[int, ...], exc: Exception) -> NodeError:
+        """EIO for chunk ``idx``, logged once per store key and kind of failure, not per
+        message: a store failure's text changes from try to try (attempts, request ids)."""
+        once = f"{self._store_key(idx)} {'store' if is_store_failure(exc) else 'data'}"
+        return NodeError(errno.EIO, f"{self.meta.path or '/'} chunk {idx}: {exc}", key=once)
+
+    async def text_width(self) -> int:
+        """Bytes of the longest value (UTF-8 for text) anywhere in the array, fill included:
+        the width a fixed-width form of variable-length values needs. Every chunk is read
+        (one worker hop each) and none is kept; a failure is :meth:`_chunk_failure`'s."""
+        await self.current()
+        reader = await self._open()
+
+        async def width(idx: tuple[int, ...]) -> int:
+            try:
+                return await self.ctx.workers.run(lambda: text_width(reader.read_chunk(idx)))
+            except Exception as exc:  # noqa: BLE001 - as a read of the chunk reports it
+                raise self._chunk_failure(idx, exc) from exc
+
+        longest = 0
+        indices = self.meta.chunk_indices()
+        while group := list(itertools.islice(indices, CHUNK_BATCH)):  # bounded tasks at a time
+            longest = max(longest, *(await gather(group, width)).values())
+        return longest
 
     @staticmethod
     def _failure(message: str, cause: str) -> NodeError:
@@ -390,9 +411,10 @@ class DecodedArray:
         boxes = list(range_boxes(meta.shape, start, stop))
         needed = chunks_under(boxes, meta.chunks)  # made a group at a time, never all at once
         group = list(itertools.islice(needed, CHUNK_BATCH))
-        # text re-encoded (U as UTF-8) is no cast the copy below can make: such chunks are
-        # converted whole in the workers (chunk_as), and copied as they are
-        recode = dt is not None and meta.dtype.kind == "U"
+        # text re-encoded (U, or variable-length values, as fixed-width UTF-8) is no cast the
+        # copy below can make: such chunks are converted whole in the workers (chunk_as), and
+        # copied as they are
+        recode = dt is not None and (meta.dtype.kind == "U" or meta.vlen is not None)
         if len(group) == 1 and dt is None:  # fewer than a group: that is all of them
             idx = group[0]
             chunk = self._peek(idx)
@@ -524,11 +546,13 @@ class DecodedArray:
         await self.current()
         dt = self._other(dtype)
         item = (dt or self.meta.dtype).itemsize
-        total = self.meta.nbytes // self.meta.dtype.itemsize * item
+        total = self.meta.size * item
         if offset >= total or length <= 0:
             return b""
         end = min(total, offset + length)
-        if ahead is not None:
+        # variable-length values are read converted only (their native chunks, objects, are
+        # never cached: the cache would count 8 bytes a value, whatever each holds)
+        if ahead is not None and self.meta.vlen is None:
             window = ahead.advise(offset, end, total)
             if window is not None:
                 self._prefetch(*window, item)
@@ -715,8 +739,8 @@ def convert_chunk(
     about 46 ms, for a netCDF read of the 256 MiB array) and lets it go through a cast, which
     also runs twice as fast (37 against 67 µs a MiB here)."""
     src = chunk.dtype
-    if src.kind == "U" and dtype.kind == "S":
-        return utf8_chunk(chunk, dtype)
+    if src.kind in "UO" and dtype.kind == "S":
+        return text_chunk(chunk, dtype)
     if src.kind in "iub" and dtype.kind in "iu" and src.itemsize == dtype.itemsize and (
             src.itemsize == 1 or src.str[0] == dtype.str[0]):
         return chunk.view(dtype)
@@ -730,13 +754,32 @@ def convert_chunk(
     return out
 
 
-def utf8_chunk(chunk: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """A fixed-width Unicode chunk as UTF-8, each value NUL-padded to ``dtype``'s width (numpy's
-    own cast encodes ASCII, and fails on any other character)."""
+def _encoded(values: np.ndarray) -> list[bytes]:
+    """Each value's bytes: text (fixed-width Unicode, a vlen-utf8 str) as UTF-8, bytes as they are."""
+    return [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in values.reshape(-1).tolist()]
+
+
+def text_width(chunk: np.ndarray) -> int:
+    """Bytes of the longest value of ``chunk`` (see :func:`_encoded`); a broadcast fill
+    chunk's one value is encoded once."""
+    if chunk.size and chunk.ndim and not any(chunk.strides):
+        chunk = chunk.reshape(-1)[:1]
+    return max(map(len, _encoded(chunk)), default=0)
+
+
+def text_chunk(chunk: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Text or bytes values (fixed-width Unicode, variable-length str or bytes) as ``dtype``
+    (``S<n>``): each value's bytes (UTF-8 for text), NUL-padded. numpy's own cast encodes
+    ASCII and fails on any other character, and cuts a longer value without a word: here a
+    value longer than the width is a ValueError (the width was measured before it changed)."""
     if chunk.size and chunk.ndim and not any(chunk.strides):  # a broadcast fill chunk: one value
-        one = np.char.encode(chunk.reshape(-1)[:1], "utf-8").astype(dtype)
-        return np.broadcast_to(one.reshape(()), chunk.shape)
-    return np.asarray(np.char.encode(chunk, "utf-8")).astype(dtype)  # a 0-d one gave a scalar
+        return np.broadcast_to(text_chunk(chunk.reshape(-1)[:1], dtype).reshape(()), chunk.shape)
+    values = _encoded(chunk)
+    longest = max(map(len, values), default=0)
+    if longest > dtype.itemsize:
+        raise ValueError(f"a value of {longest} bytes, wider than the {dtype.itemsize} it is "
+                         "served in (measured before the array changed)")
+    return np.array(values, dtype=dtype).reshape(chunk.shape)
 
 
 def byte_view(a: np.ndarray) -> memoryview:

@@ -252,7 +252,7 @@ async def build_netcdf_dir(ctx: MountContext) -> DirNode:
         parent, name = names[group]
         arrays = {v: d.arrays[p] for v, p in variables.items()}
         # its bytes are its arrays': a write through the mount below the group changes them
-        node = netcdf_file(d.groups.get(group, {}), arrays, max(mtime, ctx.changed_at_ns(group)),
+        node = await netcdf_file(d.groups.get(group, {}), arrays, max(mtime, ctx.changed_at_ns(group)),
                            d.group_types.get(group))
         root.place(parent).entries[name] = node
     return root

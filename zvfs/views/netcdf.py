@@ -23,14 +23,18 @@ int64/uint64, datetime64/timedelta64 -> int64 with CF ``units`` (datetime64 with
 both when the array names no other), fixed-width
 bytes ``S<n>`` -> char with a ``strlen<n>`` dimension (``S1``: char, no extra dimension),
 fixed-width Unicode ``U<n>`` -> char with a ``strlen<4n>`` dimension holding UTF-8 and
-``_Encoding = "utf-8"`` (as xarray writes str to a classic file). Complex, structured
-and variable-length arrays are left out (the width of a variable-length string is not
-in the metadata), named in the global attribute ``zvfs_left_out`` with the reason.
+``_Encoding = "utf-8"`` (as xarray writes str to a classic file), variable-length str
+-> the same char, as wide as the longest value (:func:`text_widths` reads the array
+for it: the one thing here not from metadata). Complex, structured and other
+variable-length arrays are left out, named in the global attribute ``zvfs_left_out``
+with the reason.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from zvfs.formats.meta import ArrayMeta, strict_json
+from zvfs.stores.base import is_store_failure
 from zvfs.views.arrays import DecodedArray
 from zvfs.views.cfattrs import (
     VALUE_TYPED,
@@ -50,10 +55,12 @@ from zvfs.views.cfattrs import (
     translate,
     with_suffix,
 )
-from zvfs.views.node import FileNode
+from zvfs.views.node import FileNode, NodeError
 from zvfs.views.readahead import ReadAhead
 from zvfs.views.v2mirror import consistent_dimensions
 from zvfs.workers import gather
+
+log = logging.getLogger(__name__)
 
 NC_BYTE, NC_CHAR, NC_SHORT, NC_INT, NC_FLOAT, NC_DOUBLE = 1, 2, 3, 4, 5, 6
 NC_UBYTE, NC_USHORT, NC_UINT, NC_INT64, NC_UINT64 = 7, 8, 9, 10, 11
@@ -153,6 +160,70 @@ def var_type(dtype: np.dtype, cdf5: bool) -> VarType:
         # alone: UTF-8 never needs more bytes than UTF-32's 4 a code point; NULs pad each value
         return VarType(NC_CHAR, np.dtype(f"S{size}"), strlen=size, extra_attrs={"_Encoding": "utf-8"})
     raise LeftOut(f"dtype {dtype.str}: no classic netCDF type")
+
+
+#: variable-length text arrays of at most this many values are served (read whole, when the
+#: directory is first listed, for the width of their longest value); larger ones are left out
+VLEN_MAX_VALUES = 1 << 20
+#: ... and in at most this many chunks (each a request on S3, made while the listing waits)
+VLEN_MAX_CHUNKS = 4096
+#: what a text variable's chunk may take once fixed-width (Zarr's own chunk bound)
+TEXT_CHUNK_LIMIT = 2**32
+#: the variable-length kinds served as text, and the attributes they imply. Not vlen-bytes:
+#: binary values (Zarr Vectors' links) end in NUL bytes a char array cannot tell from its padding
+TEXT_VLEN = {"vlen-utf8": {"_Encoding": "utf-8"}}
+
+
+def served_type(array: DecodedArray, cdf5: bool, width: int | str | None = None) -> VarType:
+    """How ``array`` is served: :func:`var_type` of its dtype, or for variable-length text
+    char of the ``width`` :func:`text_widths` measured (a str there is why none was)."""
+    meta = array.meta
+    if meta.vlen is None:
+        return var_type(meta.dtype, cdf5)
+    if meta.vlen not in TEXT_VLEN:
+        raise LeftOut(f"variable-length elements ({meta.vlen}): classic netCDF has no such type"
+                      + (" (as char, trailing NUL bytes would be lost)" if meta.vlen == "vlen-bytes" else ""))
+    if not isinstance(width, int):
+        raise LeftOut(width or f"variable-length elements ({meta.vlen}): not measured")
+    width = max(1, width)  # all empty: one NUL each (a zero-length dimension reads as unlimited)
+    return VarType(NC_CHAR, np.dtype(f"S{width}"), strlen=width, extra_attrs=dict(TEXT_VLEN[meta.vlen]))
+
+
+async def text_widths(arrays: dict[str, DecodedArray]) -> dict[str, int | str]:
+    """Variable name -> width in bytes of the longest value (UTF-8), for each variable-length
+    text array (or the reason it has none: too many values, a corrupt chunk). Each is read whole
+    here: the width is in no metadata, and the file's size needs it. A store failure is
+    raised (it fails this listing, and the next one tries again): it is no property of
+    the array, to be left out for."""
+    out: dict[str, int | str] = {}
+    for name, array in sorted(arrays.items()):
+        meta = array.meta
+        if meta.vlen not in TEXT_VLEN or meta.error is not None:
+            continue
+        if meta.size > VLEN_MAX_VALUES:
+            out[name] = (f"{meta.size:,} variable-length values ({meta.vlen}): more than the "
+                         f"{VLEN_MAX_VALUES:,} read whole for their width when the directory is listed")
+            continue
+        if math.prod(meta.grid_shape) > VLEN_MAX_CHUNKS:
+            out[name] = (f"variable-length values ({meta.vlen}) in {math.prod(meta.grid_shape):,} "
+                         f"chunks: more than the {VLEN_MAX_CHUNKS:,} read whole for their width when "
+                         "the directory is listed")
+            continue
+        try:
+            width = await array.text_width()
+        except NodeError as exc:
+            if is_store_failure(exc.__cause__):
+                raise
+            out[name] = f"unreadable: {exc}"
+            if array.ctx.log_once.first(f"netcdf width {exc.key or name}"):
+                log.warning("netCDF view: %s left out: %s", meta.path or "/", exc)
+            continue
+        if max(1, width) * math.prod(meta.chunks) > TEXT_CHUNK_LIMIT:
+            out[name] = (f"its longest value holds {width:,} bytes: a chunk of fixed-width text "
+                         f"would pass {TEXT_CHUNK_LIMIT:,} bytes")
+            continue
+        out[name] = width
+    return out
 
 
 def _unique(attrs: list[tuple[str, NcAttr]], where: str, left_out: dict[str, str]) -> list[NcAttr]:
@@ -317,23 +388,25 @@ def build_layout(
     group_attrs: dict[str, Any],
     arrays: dict[str, DecodedArray],
     group_types: dict[str, str] | None = None,
+    widths: dict[str, int | str] | None = None,
 ) -> NcLayout:
-    """The header and variable offsets for one group; ``arrays`` maps variable name -> array."""
+    """The header and variable offsets for one group; ``arrays`` maps variable name -> array,
+    ``widths`` (:func:`text_widths`) gives each variable-length text array its width."""
+    widths = widths or {}
     left_out: dict[str, str] = {}
     usable: dict[str, DecodedArray] = {}
     for name, array in sorted(arrays.items()):
-        meta = array.meta
         reason = _unusable(array)
         if reason is None:
             try:
-                var_type(meta.dtype, False)
+                served_type(array, False, widths.get(name))
             except LeftOut as exc:
                 reason = str(exc)
         if reason is not None:
             left_out[name] = reason
         else:
             usable[name] = array
-    cdf5 = any(var_type(a.meta.dtype, False).needs_cdf5 for a in usable.values())
+    cdf5 = any(served_type(a, False, widths.get(n)).needs_cdf5 for n, a in usable.items())
     # CDF-1 and CDF-2 write a dimension's length in 32 bits: a longer one needs CDF-5 (and
     # then its types: unsigned bytes are NC_UBYTE there)
     cdf5 = cdf5 or any(n > 2**32 - 1 for a in usable.values() for n in a.meta.shape)
@@ -348,7 +421,7 @@ def build_layout(
     taken: set[str] = {name for name in usable if nc_name(name) == name}
     for name, array in usable.items():
         meta = array.meta
-        vtype = var_type(meta.dtype, cdf5)
+        vtype = served_type(array, cdf5, widths.get(name))
         dims = list(dims_by_name[name] or [])
         if vtype.strlen:  # a name no array's own dimension has
             strlen = f"strlen{vtype.strlen}"
@@ -441,9 +514,7 @@ def _unusable(array: DecodedArray) -> str | None:
     meta = array.meta
     if meta.error:
         return f"unusable metadata: {meta.error}"
-    if meta.vlen is not None:
-        return f"variable-length elements ({meta.vlen}): classic netCDF has no string type"
-    if not array.readable:
+    if meta.vlen is None and not array.readable:
         return "shape unknown"
     if 0 in meta.shape:
         return "zero-length dimension: classic netCDF reads it as the unlimited one"
@@ -627,12 +698,14 @@ def group_members(group_paths: Sequence[str], array_paths: Sequence[str]) -> dic
     return groups
 
 
-def netcdf_file(
+async def netcdf_file(
     group_attrs: dict[str, Any],
     arrays: dict[str, DecodedArray],
     mtime_ns: int,
     group_types: dict[str, str] | None = None,
 ) -> NetcdfFile:
-    return NetcdfFile(build_layout(group_attrs, arrays, group_types), mtime_ns)
+    """One group's file; its variable-length text arrays are read here for their width."""
+    widths = await text_widths(arrays)
+    return NetcdfFile(build_layout(group_attrs, arrays, group_types, widths), mtime_ns)
 
 
