@@ -508,6 +508,47 @@ def test_header_follows_metadata_change(mount, tmp_path: Path) -> None:
         assert list(ds["v"][...]) == list(zarr.open_array(str(store) + "/v", mode="r")[...])
 
 
+def test_a_string_rewritten_longer_behind_the_mount_shows_whole_after_the_ttl(mount, tmp_path: Path) -> None:
+    """The width of a variable-length string variable is measured from the data: a value
+    rewritten longer behind the mount widens the file at the next discovery, never cut to
+    the old width. Until then the values read are the old ones, whole."""
+    store = tmp_path / "grow.zarr"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = zarr.create_array(str(store), name="s", shape=(4,), chunks=(2,), dtype=str, dimension_names=["n"])
+        a[:] = np.array(["a", "bb", "c", "d"], dtype=object)
+    m = mount(store, "--metadata-ttl", "1")
+    f = m.path / ".zvfs" / "netcdf" / "root.nc"
+    with netCDF4.Dataset(f) as ds:
+        assert ds["s"][:].tolist() == ["a", "bb", "c", "d"]
+    size0 = f.stat().st_size
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        zarr.open_array(str(store), path="s", mode="r+")[2:] = np.array(["ünïcode, and longer", "x"], dtype=object)
+    want = zarr.open_array(str(store), path="s", mode="r")[:].tolist()
+    assert wait_until(lambda: f.stat().st_size != size0, 10)
+    with netCDF4.Dataset(f) as ds:
+        assert ds["s"][:].tolist() == want
+        assert ds.dimensions[ds["s"].dimensions[1]].size == len("ünïcode, and longer".encode())
+
+
+def test_a_text_value_wider_than_its_served_width_is_an_error_not_cut() -> None:
+    """numpy's cast to S<n> cuts a longer value without a word (and encodes only ASCII): the
+    conversion the netCDF view serves text with refuses both, so a stale width is an EIO
+    of that read, never a wrong value."""
+    from zvfs.views.arrays import convert_chunk
+
+    text = np.array(["ab", "ünï"], dtype=object)
+    assert convert_chunk(text, np.dtype("S5")).tolist() == [b"ab", "ünï".encode()]
+    with pytest.raises(ValueError, match="a value of 5 bytes, wider than the 4"):
+        convert_chunk(text, np.dtype("S4"))
+    fixed = np.array(["ab", "日本"], dtype=">U2")
+    assert convert_chunk(fixed, np.dtype("S8")).tolist() == [b"ab", "日本".encode()]
+    fill = np.broadcast_to(np.array("é", dtype=object), (3, 2))
+    out = convert_chunk(fill, np.dtype("S2"))
+    assert out.shape == (3, 2) and not any(out.strides) and out[0, 0] == "é".encode()
+
+
 # --------------------------------------------------------------------------- past 4 GiB
 
 
