@@ -988,23 +988,29 @@ def test_times_read_as_numpy_has_them(mount, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("zarr_format", [2, 3])
-def test_string_coordinates_xarray_wrote_read_back_as_xarray_reads_them(mount, tmp_path: Path,
-                                                                         zarr_format: int) -> None:
-    """xarray writes a str variable (a station coordinate) as fixed-width Unicode (``<U6``,
-    v3's fixed_length_utf32). The netCDF view left it out ("classic netCDF has no string
-    type"): a dataset read through it lost its labels. It is now UTF-8 in a char array
-    with ``_Encoding``, as xarray writes str to a classic file itself: xarray (both
-    engines) and netCDF4 read the labels back, and ncdump prints what it prints of
-    xarray's own NETCDF3 file of the same dataset."""
+@pytest.mark.parametrize("width", ["fixed", "variable"])
+def test_string_labels_xarray_wrote_read_back_as_xarray_reads_them(mount, tmp_path: Path, zarr_format: int,
+                                                                   width: str) -> None:
+    """xarray writes a str coordinate (station names) as fixed-width Unicode (``<U10``, v3's
+    fixed_length_utf32), and an object one (pandas labels: ``DataFrame.to_xarray``) as
+    variable-length strings (v3 "string", v2 vlen-utf8). The netCDF view left both out
+    ("classic netCDF has no string type"): a dataset read through it lost its labels. They
+    are now UTF-8 in char with ``_Encoding``, as xarray writes str to a classic file
+    itself: xarray (both engines) and netCDF4 read the labels back, and ncdump prints what
+    it prints of xarray's own NETCDF3 file of the same dataset. The char dimension is 4
+    bytes a character for fixed width (known from metadata), the longest value's UTF-8
+    bytes for variable length (read from the data), as xarray sizes it."""
     names = ["Zürich", "", "日本語", "Genève-Est", "x"]
+    labels = np.array(names, dtype=object if width == "variable" else str)
     ds = xr.Dataset({"t": (("station", "time"), np.arange(15, dtype="f4").reshape(5, 3))},
-                    coords={"station": names, "time": np.arange(3, dtype="i4")})
+                    coords={"station": labels, "time": np.arange(3, dtype="i4")})
     store = tmp_path / "s.zarr"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ds.to_zarr(store, mode="w", zarr_format=zarr_format, consolidated=False)
         source = xr.open_zarr(store, consolidated=False).load()
-    assert source["station"].dtype.kind == "U"  # what this test is about: fixed width
+    # what this test is about: the two forms
+    assert source["station"].dtype.kind == ("U" if width == "fixed" else "T")
     reference = tmp_path / "xarray.nc"
     source.to_netcdf(reference, format="NETCDF3_64BIT")
     m = mount(store)
@@ -1014,9 +1020,11 @@ def test_string_coordinates_xarray_wrote_read_back_as_xarray_reads_them(mount, t
             assert got["station"].values.tolist() == source["station"].values.tolist() == names, engine
             np.testing.assert_array_equal(got["t"].values, source["t"].values)
             assert "zvfs_left_out" not in got.attrs, got.attrs
-    with netCDF4.Dataset(f) as nc:
+    with netCDF4.Dataset(f) as nc, netCDF4.Dataset(reference) as ref:
         assert nc["station"].getncattr("_Encoding") == "utf-8"
         assert nc["station"][:].tolist() == names
+        strlen = nc.dimensions[nc["station"].dimensions[1]].size
+        assert strlen == (4 * 10 if width == "fixed" else ref.dimensions["string11"].size), strlen
     ncdump = tool("ncdump")
     want = _data_section(run([ncdump, "-v", "station", str(reference)], check=True).stdout)["station"]
     assert _data_section(run([ncdump, "-v", "station", str(f)], check=True).stdout)["station"] == want
@@ -1037,42 +1045,6 @@ def test_fixed_width_unicode_never_written_reads_as_its_fill(mount, tmp_path: Pa
         assert nc["data"][:].tolist() == want.tolist()
     with scipy.io.netcdf_file(f, mmap=False) as nc:
         assert served(want, nc.variables["data"][:].copy()).tolist() == want.tolist()
-
-
-@pytest.mark.parametrize("zarr_format", [2, 3])
-def test_variable_length_strings_from_pandas_read_back_as_xarray_reads_them(mount, tmp_path: Path,
-                                                                            zarr_format: int) -> None:
-    """A dataset made from pandas (``DataFrame.to_xarray``) has object-dtype str labels, which
-    xarray writes as variable-length strings (v3 "string", v2 vlen-utf8). The netCDF view
-    left them out. Their width is now read from the data when the directory is listed:
-    char of the longest value's UTF-8 bytes with ``_Encoding``. The header is the one
-    xarray writes for the same dataset to a classic file, and every reader gets the labels."""
-    import pandas as pd
-
-    names = ["Zürich", "Bern", "Genève-Est", "", "日本"]
-    df = pd.DataFrame({"v": np.arange(5.0)}, index=pd.Index(names, name="station"))
-    store = tmp_path / "p.zarr"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        df.to_xarray().to_zarr(store, mode="w", zarr_format=zarr_format, consolidated=False)
-        source = xr.open_zarr(store, consolidated=False).load()
-    assert source["station"].dtype.kind in "OT"  # what this test is about: variable length
-    reference = tmp_path / "xarray.nc"
-    source.to_netcdf(reference, format="NETCDF3_64BIT")
-    m = mount(store)
-    f = m.path / ".zvfs/netcdf/root.nc"
-    for engine in ("netcdf4", "scipy"):
-        with xr.open_dataset(f, engine=engine) as got:
-            assert got["station"].values.tolist() == source["station"].values.tolist() == names, engine
-            np.testing.assert_array_equal(got["v"].values, source["v"].values)
-    with netCDF4.Dataset(f) as nc, netCDF4.Dataset(reference) as ref:
-        assert nc["station"][:].tolist() == names
-        # the longest value's bytes: "Genève-Est" is 11 in UTF-8, as xarray sized it
-        assert nc["station"].dimensions[1].startswith("strlen")
-        assert nc.dimensions[nc["station"].dimensions[1]].size == ref.dimensions["string11"].size == 11
-    ncdump = tool("ncdump")
-    want = _data_section(run([ncdump, "-v", "station", str(reference)], check=True).stdout)["station"]
-    assert _data_section(run([ncdump, "-v", "station", str(f)], check=True).stdout)["station"] == want
 
 
 def test_variable_length_text_reads_as_zarr_python_reads_it(mount, tmp_path: Path) -> None:
