@@ -1029,6 +1029,12 @@ def test_string_labels_xarray_wrote_read_back_as_xarray_reads_them(mount, tmp_pa
     want = _data_section(run([ncdump, "-v", "station", str(reference)], check=True).stdout)["station"]
     assert _data_section(run([ncdump, "-v", "station", str(f)], check=True).stdout)["station"] == want
 
+    def subdatasets(path: Path) -> set[str]:  # GDAL counts a string variable among them, as in xarray's
+        out = run([tool("gdalinfo"), str(path)], check=True).stdout
+        return set(re.findall(r"SUBDATASET_\d+_NAME=NETCDF:\"[^\"]+\":(\w+)", out))
+
+    assert subdatasets(f) == subdatasets(reference) == {"station", "t"}
+
 
 def test_fixed_width_unicode_never_written_reads_as_its_fill(mount, tmp_path: Path) -> None:
     """A fixed-width Unicode array of which only some chunks were written: the netCDF view's
