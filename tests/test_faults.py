@@ -810,6 +810,39 @@ def test_chunks_the_listing_shows_never_written_cost_no_request_on_s3(tmp_path, 
         assert np.array_equal(nc["big"][:], want)
 
 
+def test_the_groups_of_a_hierarchy_on_s3_are_listed_several_at_once(tmp_path, moto, proxy, mount, s3_env) -> None:
+    """Discovery lists each group's directory to find its members. On S3 those LISTs went
+    one after the other, whatever the probes of the members did at once: 300 groups of
+    two arrays each, behind 20 ms, took 17 s for the first `ls .zvfs/arrays`, most of it
+    303 LISTs in a row. A probe that finds a group now lists it in the same hop: the
+    proxy (each LIST answered 50 ms late) sees several at once, and every group and array
+    is found, reading as zarr-python wrote it."""
+    import zarr
+
+    root = tmp_path / "groups.zarr"
+    top = zarr.open_group(str(root), mode="w")
+    for i in range(20):
+        g = top.create_group(f"g{i:02d}")
+        g.create_array("a", shape=(2,), dtype="<i2")[:] = [i, -i]
+        g.create_group("inner").create_array("b", shape=(1,), dtype="<u1")[:] = [i]
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket="zvfs-groups")
+    upload_tree(client, root, "zvfs-groups", "h")
+    mnt = mount("s3://zvfs-groups/h", "--endpoint-url", proxy.endpoint, env=s3_env)
+    proxy.set({"kind": "late", "stall": 0.05, "ops": ["list"]})
+    proxy.reset_stats()
+    arrays = mnt.path / ".zvfs/arrays"
+    assert sorted(os.listdir(arrays)) == [f"g{i:02d}" for i in range(20)]
+    got = proxy.stats()
+    assert got["most_at_once_list"] >= 4, got
+    proxy.clear()
+    for i in (0, 13, 19):
+        assert sorted(os.listdir(arrays / f"g{i:02d}")) == ["a", "inner"]
+        assert (arrays / f"g{i:02d}/a/data.raw").read_bytes() == np.array([i, -i], "<i2").tobytes()
+        assert (arrays / f"g{i:02d}/inner/b/data.raw").read_bytes() == bytes([i])
+    assert "ERROR" not in mnt.log_text()
+
+
 def test_the_arrays_of_a_group_on_s3_are_discovered_with_their_gets_in_parallel(
         tmp_path, moto, proxy, mount, s3_env) -> None:
     """Discovery identifies each member of a group by getting its metadata keys; on S3 they
