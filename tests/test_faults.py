@@ -96,6 +96,14 @@ def mount_s3(mount, proxy, s3_env, *opts: str, check: bool = True):
                  *opts, env=s3_env, check=check)
 
 
+def mount_tree(root: Path, bucket: str, moto, proxy, mount, s3_env, *opts: str):
+    """``root`` uploaded to a bucket of its own, and mounted through the proxy."""
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket=bucket)
+    upload_tree(client, root, bucket, "t")
+    return mount(f"s3://{bucket}/t", "--endpoint-url", proxy.endpoint, *opts, env=s3_env)
+
+
 def read_all(path: Path, bs: int = 1 << 16) -> bytes:
     with open(path, "rb", buffering=0) as f:
         out = bytearray()
@@ -327,8 +335,7 @@ def test_a_store_failure_measuring_text_for_the_netcdf_view_is_eio_and_not_remem
     labels = g.create_array("labels", shape=(5,), chunks=(2,), dtype=str, dimension_names=["n"])
     labels[:] = np.array(["α", "beta", "", "gämma", "d"], dtype=object)
     want = zarr.open_array(str(root), path="labels", mode="r")[:].tolist()
-    upload_tree(s3_client(moto.endpoint), root, BUCKET, "text")
-    mnt = mount(f"s3://{BUCKET}/text", "--endpoint-url", proxy.endpoint, *FAST, env=s3_env)
+    mnt = mount_tree(root, "zvfs-text", moto, proxy, mount, s3_env, *FAST)
     os.listdir(mnt.path / ".zvfs/arrays")  # the metadata read: what fails below is the chunks
     proxy.set({"kind": "503", "ops": ["get", "head"], "key": "labels/c/"})
     t0 = time.monotonic()
@@ -816,7 +823,10 @@ def test_the_groups_of_a_hierarchy_on_s3_are_listed_several_at_once(tmp_path, mo
     two arrays each, behind 20 ms, took 17 s for the first `ls .zvfs/arrays`, most of it
     303 LISTs in a row. A probe that finds a group now lists it in the same hop: the
     proxy (each LIST answered 50 ms late) sees several at once, and every group and array
-    is found, reading as zarr-python wrote it."""
+    is found, reading as zarr-python wrote it. So with the netCDF view's files: each
+    group's string array is read for its width, several groups at once (300 one after
+    another took 10 s)."""
+    import netCDF4
     import zarr
 
     root = tmp_path / "groups.zarr"
@@ -824,11 +834,9 @@ def test_the_groups_of_a_hierarchy_on_s3_are_listed_several_at_once(tmp_path, mo
     for i in range(20):
         g = top.create_group(f"g{i:02d}")
         g.create_array("a", shape=(2,), dtype="<i2")[:] = [i, -i]
+        g.create_array("names", shape=(2,), dtype=str)[:] = np.array(["x", f"y{i}"], dtype=object)
         g.create_group("inner").create_array("b", shape=(1,), dtype="<u1")[:] = [i]
-    client = s3_client(moto.endpoint)
-    client.create_bucket(Bucket="zvfs-groups")
-    upload_tree(client, root, "zvfs-groups", "h")
-    mnt = mount("s3://zvfs-groups/h", "--endpoint-url", proxy.endpoint, env=s3_env)
+    mnt = mount_tree(root, "zvfs-groups", moto, proxy, mount, s3_env)
     proxy.set({"kind": "late", "stall": 0.05, "ops": ["list"]})
     proxy.reset_stats()
     arrays = mnt.path / ".zvfs/arrays"
@@ -837,9 +845,19 @@ def test_the_groups_of_a_hierarchy_on_s3_are_listed_several_at_once(tmp_path, mo
     assert got["most_at_once_list"] >= 4, got
     proxy.clear()
     for i in (0, 13, 19):
-        assert sorted(os.listdir(arrays / f"g{i:02d}")) == ["a", "inner"]
+        assert sorted(os.listdir(arrays / f"g{i:02d}")) == ["a", "inner", "names"]
         assert (arrays / f"g{i:02d}/a/data.raw").read_bytes() == np.array([i, -i], "<i2").tobytes()
         assert (arrays / f"g{i:02d}/inner/b/data.raw").read_bytes() == bytes([i])
+    proxy.set({"kind": "late", "stall": 0.05, "ops": ["get"]})
+    proxy.reset_stats()
+    netcdf = mnt.path / ".zvfs/netcdf"
+    assert sorted(os.listdir(netcdf)) == sorted([f"g{i:02d}" for i in range(20)] + [f"g{i:02d}.nc" for i in range(20)]
+                                                + ["root.nc"])
+    got = proxy.stats()
+    assert got["most_at_once_get"] >= 4, got
+    proxy.clear()
+    with netCDF4.Dataset(netcdf / "g07.nc") as nc:
+        assert nc["names"][:].tolist() == ["x", "y7"] and nc["a"][:].tolist() == [7, -7]
     assert "ERROR" not in mnt.log_text()
 
 
@@ -860,10 +878,7 @@ def test_the_arrays_of_a_group_on_s3_are_discovered_with_their_gets_in_parallel(
     sub = group.create_group("g")
     for i in range(4):
         sub.create_array(f"b{i}", shape=(2,), dtype="<u1")[:] = [i, 7]
-    client = s3_client(moto.endpoint)
-    client.create_bucket(Bucket="zvfs-members")
-    upload_tree(client, root, "zvfs-members", "m")
-    mnt = mount("s3://zvfs-members/m", "--endpoint-url", proxy.endpoint, env=s3_env)
+    mnt = mount_tree(root, "zvfs-members", moto, proxy, mount, s3_env)
     proxy.set({"kind": "late", "stall": 0.05, "ops": ["get"]})
     proxy.reset_stats()
     assert sorted(os.listdir(mnt.path / ".zvfs/arrays")) == [f"a{i:02d}" for i in range(24)] + ["g"]

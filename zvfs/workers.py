@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import contextvars
 import inspect
+import itertools
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -243,4 +244,14 @@ async def gather(keys: list[K], fn: Callable[[K], Awaitable[T]]) -> dict[K, T]:
             nursery.start_soon(one, k)
     if errors:
         raise errors[0]
+    return out
+
+
+async def gather_batched(keys: Iterable[K], fn: Callable[[K], Awaitable[T]], batch: int) -> dict[K, T]:
+    """:func:`gather` over ``keys`` ``batch`` at a time: a bounded number of tasks however
+    many keys (every chunk of an array, every group of a hierarchy)."""
+    out: dict[K, T] = {}
+    it = iter(keys)
+    while group := list(itertools.islice(it, batch)):
+        out.update(await gather(group, fn))
     return out

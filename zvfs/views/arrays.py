@@ -29,7 +29,7 @@ from zvfs.views.context import MountContext
 from zvfs.views.layout import Box, chunk_span, chunks_in_box, chunks_under, range_boxes
 from zvfs.views.node import BytesFile, DirNode, FileNode, LazyEntries, Node, NodeError, StaticDir
 from zvfs.views.readahead import ReadAhead
-from zvfs.workers import gather
+from zvfs.workers import gather, gather_batched
 
 log = logging.getLogger("zvfs")
 
@@ -310,11 +310,7 @@ class DecodedArray:
             except Exception as exc:  # noqa: BLE001 - as a read of the chunk reports it
                 raise self._chunk_failure(idx, exc) from exc
 
-        longest = 0
-        indices = self.meta.chunk_indices()
-        while group := list(itertools.islice(indices, CHUNK_BATCH)):  # bounded tasks at a time
-            longest = max(longest, *(await gather(group, width)).values())
-        return longest
+        return max((await gather_batched(self.meta.chunk_indices(), width, CHUNK_BATCH)).values(), default=0)
 
     @staticmethod
     def _failure(message: str, cause: str) -> NodeError:

@@ -21,7 +21,7 @@ from zvfs.formats.meta import ArrayMeta
 from zvfs.views.arrays import ArrayDir, DecodedArray, array_files
 from zvfs.views.cfattrs import nc_name
 from zvfs.views.context import MountContext
-from zvfs.views.netcdf import group_file_names, group_members, netcdf_file
+from zvfs.views.netcdf import NetcdfFile, group_file_names, group_members, netcdf_file
 from zvfs.views.node import DirNode, NodeError, StaticDir
 from zvfs.views.v2mirror import (
     consistent_dimensions,
@@ -30,6 +30,7 @@ from zvfs.views.v2mirror import (
     mirror_group_files,
 )
 from zvfs.views.vectors import build_vectors_dir
+from zvfs.workers import gather_batched
 
 log = logging.getLogger("zvfs")
 
@@ -241,6 +242,10 @@ async def build_v2_dir(ctx: MountContext) -> DirNode:
     return root
 
 
+#: groups whose netCDF files are made at once (see build_netcdf_dir)
+NETCDF_GROUPS_AT_ONCE = 64
+
+
 async def build_netcdf_dir(ctx: MountContext) -> DirNode:
     """One classic netCDF file per group (see views.netcdf for the naming)."""
     d = await decoded(ctx)
@@ -248,12 +253,18 @@ async def build_netcdf_dir(ctx: MountContext) -> DirNode:
     root = StaticDir(mtime_ns=mtime, unknown=_unknown(d), superseded=_superseded(ctx, d))
     members = group_members(sorted(d.groups), sorted(d.arrays))
     names = group_file_names(sorted(members))
-    for group, variables in sorted(members.items()):
-        parent, name = names[group]
-        arrays = {v: d.arrays[p] for v, p in variables.items()}
+
+    async def file_of(group: str) -> NetcdfFile:
+        arrays = {v: d.arrays[p] for v, p in members[group].items()}
         # its bytes are its arrays': a write through the mount below the group changes them
-        node = await netcdf_file(d.groups.get(group, {}), arrays, max(mtime, ctx.changed_at_ns(group)),
-                           d.group_types.get(group))
+        return await netcdf_file(d.groups.get(group, {}), arrays, max(mtime, ctx.changed_at_ns(group)),
+                                 d.group_types.get(group))
+
+    # several groups at once: a group's string arrays are read for their width (each a
+    # request or more on S3), and 300 such groups one after another took 10 s behind 20 ms
+    files = await gather_batched(sorted(members), file_of, NETCDF_GROUPS_AT_ONCE)
+    for group, node in sorted(files.items()):
+        parent, name = names[group]
         root.place(parent).entries[name] = node
     return root
 
