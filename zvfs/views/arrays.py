@@ -764,10 +764,10 @@ def text_width(chunk: np.ndarray) -> int:
 
 
 def text_chunk(chunk: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """Text or bytes values (fixed-width Unicode, variable-length str or bytes) as ``dtype``
-    (``S<n>``): each value's bytes (UTF-8 for text), NUL-padded. numpy's own cast encodes
-    ASCII and fails on any other character, and cuts a longer value without a word: here a
-    value longer than the width is a ValueError (the width was measured before it changed)."""
+    """Text values (fixed-width Unicode, variable-length str) as ``dtype`` (``S<n>``): each
+    value's UTF-8 bytes, NUL-padded. numpy's own cast encodes ASCII and fails on any other
+    character, and cuts a longer value without a word: here a value longer than the width
+    is a ValueError (the width was measured before the array changed)."""
     if chunk.size and chunk.ndim and not any(chunk.strides):  # a broadcast fill chunk: one value
         return np.broadcast_to(text_chunk(chunk.reshape(-1)[:1], dtype).reshape(()), chunk.shape)
     values = _encoded(chunk)
