@@ -255,7 +255,12 @@ class DecodedArray:
                 raise
             except Exception as exc:  # corrupt chunk, unknown codec, store error: this read only
                 err = self._chunk_failure(idx, exc)
-                if not is_store_failure(exc):
+                if isinstance(exc, TooWide):
+                    # no fault of the chunk: it changed behind the mount since the width was
+                    # measured. The views of it are made again (the width measured anew) by
+                    # the next lookup, as after a change through the mount
+                    self.ctx.note_replaced(self._store_key(idx))
+                elif not is_store_failure(exc):
                     self.ctx.failures.put(native, (str(err), err.key))
                 raise err from exc
 
@@ -763,18 +768,22 @@ def text_width(chunk: np.ndarray) -> int:
     return max(map(len, _encoded(chunk)), default=0)
 
 
+class TooWide(ValueError):
+    """A text value wider than the fixed width it is served in (see :func:`text_chunk`)."""
+
+
 def text_chunk(chunk: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """Text values (fixed-width Unicode, variable-length str) as ``dtype`` (``S<n>``): each
     value's UTF-8 bytes, NUL-padded. numpy's own cast encodes ASCII and fails on any other
     character, and cuts a longer value without a word: here a value longer than the width
-    is a ValueError (the width was measured before the array changed)."""
+    is :class:`TooWide` (the width was measured before the array changed)."""
     if chunk.size and chunk.ndim and not any(chunk.strides):  # a broadcast fill chunk: one value
         return np.broadcast_to(text_chunk(chunk.reshape(-1)[:1], dtype).reshape(()), chunk.shape)
     values = _encoded(chunk)
     longest = max(map(len, values), default=0)
     if longest > dtype.itemsize:
-        raise ValueError(f"a value of {longest} bytes, wider than the {dtype.itemsize} it is "
-                         "served in (measured before the array changed)")
+        raise TooWide(f"a value of {longest} bytes, wider than the {dtype.itemsize} it is "
+                      "served in (measured before the array changed)")
     return np.array(values, dtype=dtype).reshape(chunk.shape)
 
 
