@@ -544,6 +544,7 @@ def test_a_string_rewritten_longer_behind_the_mount_shows_whole_after_the_ttl(mo
         if seen and seen[-1] == want:
             break
         time.sleep(0.2)
+    print(f"{failed} opens failed EIO before the widened file; {len(seen)} read")
     assert seen and seen[-1] == want, (seen[-3:], failed)
     assert all(got in (old, want) for got in seen), seen  # never a value cut to the old width
     assert f.stat().st_size > size0
