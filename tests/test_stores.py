@@ -2223,6 +2223,13 @@ def test_the_watchdog_cuts_off_a_request_at_its_deadline_and_only_then(monkeypat
                 s.close()
 
 
+def _one_key_bucket(moto: MotoServer, bucket: str) -> None:
+    """``bucket`` holding ``a/k`` = b"kept": what the tests of one store behind the fault proxy read."""
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket=bucket)
+    client.put_object(Bucket=bucket, Key="a/k", Body=b"kept")
+
+
 def test_an_s3_answer_dripping_in_fails_at_the_deadline_whatever_the_request(moto: MotoServer) -> None:
     """A server that sends its answer, status line and headers included, a byte at a time
     never trips the timeout between bytes. botocore reads a HEAD's, a listing's or a PUT's
@@ -2234,9 +2241,7 @@ def test_an_s3_answer_dripping_in_fails_at_the_deadline_whatever_the_request(mot
 
     from zvfs.stores.s3_write import put_key
 
-    client = s3_client(moto.endpoint)
-    client.create_bucket(Bucket="zvfs-drip")
-    client.put_object(Bucket="zvfs-drip", Key="a/k", Body=b"kept")
+    _one_key_bucket(moto, "zvfs-drip")
     policy = RetryPolicy(attempts=3, timeout=1.0, deadline=2.0)
     with FaultProxy(moto.port) as proxy:
         st = S3Store("zvfs-drip", "", endpoint_url=proxy.endpoint, retry=policy)
@@ -2444,9 +2449,7 @@ def test_an_s3_request_slower_than_the_timeout_is_waited_for_longer_when_tried_a
     deadline; a server that never answers still fails at the deadline."""
     from faultproxy import FaultProxy
 
-    client = s3_client(moto.endpoint)
-    client.create_bucket(Bucket="zvfs-late")
-    client.put_object(Bucket="zvfs-late", Key="a/k", Body=b"kept")
+    _one_key_bucket(moto, "zvfs-late")
     policy = RetryPolicy(attempts=10, timeout=1.0, deadline=8.0)
     with FaultProxy(moto.port) as proxy:
         st = S3Store("zvfs-late", "", endpoint_url=proxy.endpoint, retry=policy)

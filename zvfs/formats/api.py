@@ -581,7 +581,8 @@ _Listed = Listing | StoreError | None
 
 def _wants_listing(node: _Node, path: str, bare: int) -> bool:
     """Whether the walk lists ``path``'s directory once its node is known: a group's or a
-    bare directory's (to find children), never an array's (its chunks)."""
+    bare directory's (to find children), never an array's (its chunks). The one rule for
+    the walk and for the probes that list ahead of it."""
     if isinstance(node, ArrayMeta):
         return False
     if node is not None:
@@ -675,7 +676,7 @@ def _walk_queue(store: Store, h: Hierarchy, queue: deque[tuple[str, Listing | No
             continue
         if node is not None:
             h.add(node)
-        elif bare >= MAX_BARE_DEPTH:
+        if not _wants_listing(node, path, bare):  # past MAX_BARE_DEPTH bare levels
             continue
         if listing is None:
             if listings >= MAX_LISTINGS:
