@@ -14,6 +14,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import trio
@@ -302,20 +303,27 @@ class DecodedArray:
         once = f"{self._store_key(idx)} {'store' if is_store_failure(exc) else 'data'}"
         return NodeError(errno.EIO, f"{self.meta.path or '/'} chunk {idx}: {exc}", key=once)
 
-    async def text_width(self) -> int:
-        """Bytes of the longest value (UTF-8 for text) anywhere in the array, fill included:
-        the width a fixed-width form of variable-length values needs. Every chunk is read
-        (one worker hop each) and none is kept; a failure is :meth:`_chunk_failure`'s."""
+    async def text_width(self) -> TextWidth:
+        """The longest value anywhere in the array, fill included: the width a fixed-width
+        form of variable-length values needs (no metadata holds it). Every chunk is read (one
+        worker hop each) and none is kept; a failure is :meth:`_chunk_failure`'s. Measured
+        once for what the array's bytes are now (:attr:`content`) within the metadata TTL,
+        whichever view asks first (the netCDF file and data.npy share it)."""
         await self.current()
-        reader = await self._open()
 
-        async def width(idx: tuple[int, ...]) -> int:
-            try:
-                return await self.ctx.workers.run(lambda: text_width(reader.read_chunk(idx)))
-            except Exception as exc:  # noqa: BLE001 - as a read of the chunk reports it
-                raise self._chunk_failure(idx, exc) from exc
+        async def measure() -> TextWidth:
+            reader = await self._open()
 
-        return max((await gather_batched(self.meta.chunk_indices(), width, CHUNK_BATCH)).values(), default=0)
+            async def width(idx: tuple[int, ...]) -> TextWidth:
+                try:
+                    return await self.ctx.workers.run(lambda: text_width(reader.read_chunk(idx)))
+                except Exception as exc:  # noqa: BLE001 - as a read of the chunk reports it
+                    raise self._chunk_failure(idx, exc) from exc
+
+            widths = (await gather_batched(self.meta.chunk_indices(), width, CHUNK_BATCH)).values()
+            return TextWidth(max((w.utf8 for w in widths), default=0), max((w.chars for w in widths), default=0))
+
+        return await self.ctx.listings.get(("text width", *self.content), measure)
 
     @staticmethod
     def _failure(message: str, cause: str) -> NodeError:
@@ -565,6 +573,47 @@ class DecodedArray:
         return data[skip : skip + (end - offset)]
 
 
+#: the variable-length kinds whose values are text, served fixed-width once measured. Not
+#: vlen-bytes: binary values (Zarr Vectors' links) end in NUL bytes that fixed-width padding
+#: cannot be told from
+TEXT_VLEN_KINDS = frozenset({"vlen-utf8"})
+#: variable-length text arrays of at most this many values are served (read whole, when a
+#: view of them is first listed, for the width of their longest value); larger ones are not
+VLEN_MAX_VALUES = 1 << 20
+#: ... and in at most this many chunks (each a request on S3, made while the listing waits)
+VLEN_MAX_CHUNKS = 4096
+#: what a chunk of text may take once fixed-width (Zarr's own chunk bound)
+TEXT_CHUNK_LIMIT = 2**32
+
+
+def is_text_vlen(meta: ArrayMeta) -> bool:
+    """Whether ``meta``'s array holds variable-length text (served once its width is known)."""
+    return meta.vlen in TEXT_VLEN_KINDS and meta.error is None
+
+
+async def served_text_width(array: DecodedArray, view: str) -> TextWidth | str:
+    """The width of variable-length text ``array`` (:meth:`DecodedArray.text_width`), or why
+    ``view`` leaves it out: too many values or chunks to read whole while a listing waits, or
+    a corrupt chunk (logged once, naming its key). A store failure is raised: it is no
+    property of the array, and the next listing tries again."""
+    meta = array.meta
+    if meta.size > VLEN_MAX_VALUES:
+        return (f"{meta.size:,} variable-length values ({meta.vlen}): more than the "
+                f"{VLEN_MAX_VALUES:,} read whole for their width when the directory is listed")
+    if math.prod(meta.grid_shape) > VLEN_MAX_CHUNKS:
+        return (f"variable-length values ({meta.vlen}) in {math.prod(meta.grid_shape):,} "
+                f"chunks: more than the {VLEN_MAX_CHUNKS:,} read whole for their width when "
+                "the directory is listed")
+    try:
+        return await array.text_width()
+    except NodeError as exc:
+        if is_store_failure(exc.__cause__):
+            raise
+        if array.ctx.log_once.first(f"{view} width {exc.key or meta.path}"):
+            log.warning("%s: %s left out: %s", view, meta.path or "/", exc)
+        return f"unreadable: {exc}"
+
+
 #: seconds at least between a read's rereadings of the metadata (see DecodedArray.current),
 #: whatever the metadata TTL: with 0, each read of a stream would discover the store anew
 RECHECK_MIN = 1.0
@@ -665,21 +714,25 @@ def region_bytes(a: np.ndarray, offset: int, length: int) -> bytes:
 
 
 class RawDataFile(FileNode):
-    """``data.raw``: the whole array, C order, declared byte order, fill where never written.
+    """``data.raw``: the whole array, C order, declared byte order, fill where never written;
+    variable-length text as fixed-width Unicode (``dtype``, the width measured).
 
     The node in the tree reads without read-ahead; each open reads through its own copy
     (:meth:`reader`), whose sequential detector follows that open alone.
     """
 
-    def __init__(self, array: DecodedArray, ahead: ReadAhead | None = None) -> None:
+    def __init__(self, array: DecodedArray, ahead: ReadAhead | None = None, dtype: np.dtype | None = None) -> None:
         self.array = array
         self.mtime_ns = array.ctx.data_mtime_ns(array.meta.path)
         self.immutable = array.ctx.immutable  # chunks may be rewritten unless declared immutable
         self._ahead = ahead
+        #: the dtype served when not the declared one (variable-length text's U<n>)
+        self.dtype = dtype
 
     @property
     def size(self) -> int:
-        return self.array.meta.nbytes
+        meta = self.array.meta
+        return meta.nbytes if self.dtype is None else meta.size * self.dtype.itemsize
 
     def version(self) -> object:
         return self.array.content
@@ -688,10 +741,10 @@ class RawDataFile(FileNode):
         return self.array.stale()
 
     async def reader(self) -> FileNode:
-        return type(self)(self.array, self.array.read_ahead())
+        return type(self)(self.array, self.array.read_ahead(), self.dtype)
 
     async def read(self, offset: int, length: int) -> bytes | memoryview:
-        return await self.array.read_bytes(offset, length, self._ahead)
+        return await self.array.read_bytes(offset, length, self._ahead, self.dtype)
 
 
 class ChunkFile(FileNode):
@@ -740,7 +793,7 @@ def convert_chunk(
     about 46 ms, for a netCDF read of the 256 MiB array) and lets it go through a cast, which
     also runs twice as fast (37 against 67 µs a MiB here)."""
     src = chunk.dtype
-    if src.kind in "UO" and dtype.kind == "S":
+    if src.kind == "O" or (src.kind == "U" and dtype.kind == "S"):  # text re-encoded
         return text_chunk(chunk, dtype)
     if src.kind in "iub" and dtype.kind in "iu" and src.itemsize == dtype.itemsize and (
             src.itemsize == 1 or src.str[0] == dtype.str[0]):
@@ -755,17 +808,32 @@ def convert_chunk(
     return out
 
 
-def _encoded(values: np.ndarray) -> list[bytes]:
-    """Each value's bytes: text (fixed-width Unicode, a vlen-utf8 str) as UTF-8, bytes as they are."""
-    return [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in values.reshape(-1).tolist()]
+def _values(chunk: np.ndarray) -> list[str | bytes]:
+    """Each value of a text chunk (fixed-width Unicode, vlen-utf8's str, vlen-bytes' bytes)."""
+    return [v if isinstance(v, str) else bytes(v) for v in chunk.reshape(-1).tolist()]
 
 
-def text_width(chunk: np.ndarray) -> int:
-    """Bytes of the longest value of ``chunk`` (see :func:`_encoded`); a broadcast fill
-    chunk's one value is encoded once."""
+def _encoded(values: list[str | bytes]) -> list[bytes]:
+    """Each value's bytes: text as UTF-8, bytes as they are."""
+    return [v.encode("utf-8") if isinstance(v, str) else v for v in values]
+
+
+@dataclass(frozen=True)
+class TextWidth:
+    """The longest value of a text array: in UTF-8 bytes (netCDF's char, ``S<n>``) and in
+    characters (numpy's ``U<n>``); a value of bytes counts a character a byte."""
+
+    utf8: int
+    chars: int
+
+
+def text_width(chunk: np.ndarray) -> TextWidth:
+    """The longest value of ``chunk`` (see :class:`TextWidth`); a broadcast fill chunk's one
+    value is measured once."""
     if chunk.size and chunk.ndim and not any(chunk.strides):
         chunk = chunk.reshape(-1)[:1]
-    return max(map(len, _encoded(chunk)), default=0)
+    values = _values(chunk)
+    return TextWidth(max(map(len, _encoded(values)), default=0), max(map(len, values), default=0))
 
 
 class TooWide(ValueError):
@@ -773,17 +841,22 @@ class TooWide(ValueError):
 
 
 def text_chunk(chunk: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """Text values (fixed-width Unicode, variable-length str) as ``dtype`` (``S<n>``): each
-    value's UTF-8 bytes, NUL-padded. numpy's own cast encodes ASCII and fails on any other
-    character, and cuts a longer value without a word: here a value longer than the width
-    is :class:`TooWide` (the width was measured before the array changed)."""
+    """Text values (fixed-width Unicode, variable-length str) as ``dtype``: ``S<n>``, each
+    value's UTF-8 bytes, NUL-padded; or ``U<n>``, its characters. numpy's own cast to S
+    encodes ASCII and fails on any other character, and either cast cuts a longer value
+    without a word: here a value longer than the width is :class:`TooWide` (the width was
+    measured before the array changed)."""
     if chunk.size and chunk.ndim and not any(chunk.strides):  # a broadcast fill chunk: one value
         return np.broadcast_to(text_chunk(chunk.reshape(-1)[:1], dtype).reshape(()), chunk.shape)
-    values = _encoded(chunk)
+    values = _values(chunk)
+    if dtype.kind == "S":
+        values, room, unit = _encoded(values), dtype.itemsize, "bytes"
+    else:
+        room, unit = dtype.itemsize // 4, "characters"
     longest = max(map(len, values), default=0)
-    if longest > dtype.itemsize:
-        raise TooWide(f"a value of {longest} bytes, wider than the {dtype.itemsize} it is "
-                      "served in (measured before the array changed)")
+    if longest > room:
+        raise TooWide(f"a value of {longest} {unit}, wider than the {room} it is served in "
+                      "(measured before the array changed)")
     return np.array(values, dtype=dtype).reshape(chunk.shape)
 
 
@@ -941,12 +1014,16 @@ class ArrayDir(StaticDir):
     """``arrays/<path>/``: its files (:func:`array_files`) made when the directory is first
     looked into, not when ``arrays/`` is built. meta.json is indented JSON, written by
     json's pure-Python encoder: made for every array at once, a store of 100,000 arrays
-    spent most of its first ``ls .zvfs/arrays`` there, and held every array's files."""
+    spent most of its first ``ls .zvfs/arrays`` there, and held every array's files.
+
+    A variable-length text array's data files come once its width is measured
+    (:func:`text_files`): at the first listing, or lookup of one of them."""
 
     def __init__(self, array: DecodedArray, mtime_ns: int = 0,
                  unknown: NodeError | None = None, superseded: Callable[[], bool] | None = None) -> None:
         super().__init__(mtime_ns=mtime_ns, unknown=unknown, superseded=superseded)
         self._array: DecodedArray | None = array
+        self._text: DecodedArray | None = array if is_text_vlen(array.meta) else None
 
     @property  # type: ignore[override]
     def entries(self) -> dict[str, Node]:
@@ -960,9 +1037,29 @@ class ArrayDir(StaticDir):
     def entries(self, value: dict[str, Node]) -> None:
         self._entries = value
 
+    async def lookup(self, name: str) -> Node | None:
+        if name in TEXT_FILES:
+            await self._measured()
+        return await super().lookup(name)
+
+    async def children(self) -> Sequence[tuple[str, Node]]:
+        await self._measured()
+        return await super().children()
+
+    async def _measured(self) -> None:
+        """Add a text array's data files, its width measured (once; a store failure raises,
+        and the next look tries again)."""
+        if self._text is None:
+            return
+        files = await text_files(self._text)
+        if self._text is not None:  # not added meanwhile, by another look
+            self._text = None
+            self.entries.update(files)
+
 
 def array_files(array: DecodedArray) -> dict[str, Node]:
-    """The files of ``arrays/<path>/`` for one array."""
+    """The files of ``arrays/<path>/`` for one array (a text array's data files are
+    :func:`text_files`)."""
     from zvfs.views.envi import envi_header, envi_supported
     from zvfs.views.npy import NpyFile
 
@@ -976,3 +1073,27 @@ def array_files(array: DecodedArray) -> dict[str, Node]:
     if envi_supported(array.meta):
         files["data.hdr"] = BytesFile(envi_header(array.meta), mtime)
     return files
+
+
+#: the data files of a variable-length text array
+TEXT_FILES = ("data.raw", "data.npy")
+
+
+async def text_files(array: DecodedArray) -> dict[str, Node]:
+    """data.raw and data.npy of a variable-length text array: fixed-width Unicode (``U<n>``,
+    n the longest value's characters, at least 1), as numpy holds such text; none when its
+    width is not served (:func:`served_text_width`, which logs why). No chunks/ (a chunk
+    file's width would be the whole array's) and no ENVI header (no text type)."""
+    from zvfs.views.npy import NpyFile
+
+    got = await served_text_width(array, "arrays view")
+    if isinstance(got, str):
+        return {}
+    dtype = np.dtype(f"<U{max(1, got.chars)}")
+    if dtype.itemsize * math.prod(array.meta.chunks) > TEXT_CHUNK_LIMIT:
+        if array.ctx.log_once.first(f"arrays view width {array.meta.path}"):
+            log.warning("arrays view: %s: no data files: its longest value holds %d characters, "
+                        "and a chunk of fixed-width text would pass %d bytes",
+                        array.meta.path or "/", got.chars, TEXT_CHUNK_LIMIT)
+        return {}
+    return {"data.raw": RawDataFile(array, dtype=dtype), "data.npy": NpyFile(array, dtype=dtype)}

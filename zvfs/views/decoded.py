@@ -18,7 +18,7 @@ from typing import Any
 
 from zvfs import formats
 from zvfs.formats.meta import ArrayMeta
-from zvfs.views.arrays import ArrayDir, DecodedArray, array_files
+from zvfs.views.arrays import ArrayDir, DecodedArray, array_files, is_text_vlen, text_files
 from zvfs.views.cfattrs import nc_name
 from zvfs.views.context import MountContext
 from zvfs.views.netcdf import NetcdfFile, group_file_names, group_members, netcdf_file
@@ -199,6 +199,8 @@ async def build_arrays_dir(ctx: MountContext) -> DirNode:
     for path, array in sorted(d.arrays.items()):
         if not path:  # a root array: its files are the directory's own
             root.entries.update(array_files(array))
+            if is_text_vlen(array.meta):
+                root.entries.update(await text_files(array))
             continue
         parent, _, name = path.rpartition("/")
         # sorted: a path comes before any below it, so the name is free (its files are made

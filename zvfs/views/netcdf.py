@@ -43,8 +43,13 @@ from typing import Any
 import numpy as np
 
 from zvfs.formats.meta import ArrayMeta, strict_json
-from zvfs.stores.base import is_store_failure
-from zvfs.views.arrays import DecodedArray
+from zvfs.views.arrays import (
+    TEXT_CHUNK_LIMIT,
+    TEXT_VLEN_KINDS,
+    DecodedArray,
+    is_text_vlen,
+    served_text_width,
+)
 from zvfs.views.cfattrs import (
     VALUE_TYPED,
     Typed,
@@ -55,7 +60,7 @@ from zvfs.views.cfattrs import (
     translate,
     with_suffix,
 )
-from zvfs.views.node import FileNode, NodeError
+from zvfs.views.node import FileNode
 from zvfs.views.readahead import ReadAhead
 from zvfs.views.v2mirror import consistent_dimensions
 from zvfs.workers import gather
@@ -162,16 +167,8 @@ def var_type(dtype: np.dtype, cdf5: bool) -> VarType:
     raise LeftOut(f"dtype {dtype.str}: no classic netCDF type")
 
 
-#: variable-length text arrays of at most this many values are served (read whole, when the
-#: directory is first listed, for the width of their longest value); larger ones are left out
-VLEN_MAX_VALUES = 1 << 20
-#: ... and in at most this many chunks (each a request on S3, made while the listing waits)
-VLEN_MAX_CHUNKS = 4096
-#: what a text variable's chunk may take once fixed-width (Zarr's own chunk bound)
-TEXT_CHUNK_LIMIT = 2**32
-#: the variable-length kinds served as text, and the attributes they imply. Not vlen-bytes:
-#: binary values (Zarr Vectors' links) end in NUL bytes a char array cannot tell from its padding
-TEXT_VLEN = {"vlen-utf8": {"_Encoding": "utf-8"}}
+#: the variable-length text kinds, and the attributes their char variables carry
+TEXT_VLEN = {kind: {"_Encoding": "utf-8"} for kind in TEXT_VLEN_KINDS}
 
 
 def served_type(array: DecodedArray, cdf5: bool, width: int | str | None = None) -> VarType:
@@ -197,32 +194,16 @@ async def text_widths(arrays: dict[str, DecodedArray]) -> dict[str, int | str]:
     the array, to be left out for."""
     out: dict[str, int | str] = {}
     for name, array in sorted(arrays.items()):
-        meta = array.meta
-        if meta.vlen not in TEXT_VLEN or meta.error is not None:
+        if not is_text_vlen(array.meta):
             continue
-        if meta.size > VLEN_MAX_VALUES:
-            out[name] = (f"{meta.size:,} variable-length values ({meta.vlen}): more than the "
-                         f"{VLEN_MAX_VALUES:,} read whole for their width when the directory is listed")
-            continue
-        if math.prod(meta.grid_shape) > VLEN_MAX_CHUNKS:
-            out[name] = (f"variable-length values ({meta.vlen}) in {math.prod(meta.grid_shape):,} "
-                         f"chunks: more than the {VLEN_MAX_CHUNKS:,} read whole for their width when "
-                         "the directory is listed")
-            continue
-        try:
-            width = await array.text_width()
-        except NodeError as exc:
-            if is_store_failure(exc.__cause__):
-                raise
-            out[name] = f"unreadable: {exc}"
-            if array.ctx.log_once.first(f"netcdf width {exc.key or name}"):
-                log.warning("netCDF view: %s left out: %s", meta.path or "/", exc)
-            continue
-        if max(1, width) * math.prod(meta.chunks) > TEXT_CHUNK_LIMIT:
-            out[name] = (f"its longest value holds {width:,} bytes: a chunk of fixed-width text "
+        got = await served_text_width(array, "netCDF view")
+        if isinstance(got, str):
+            out[name] = got
+        elif max(1, got.utf8) * math.prod(array.meta.chunks) > TEXT_CHUNK_LIMIT:
+            out[name] = (f"its longest value holds {got.utf8:,} bytes: a chunk of fixed-width text "
                          f"would pass {TEXT_CHUNK_LIMIT:,} bytes")
-            continue
-        out[name] = width
+        else:
+            out[name] = got.utf8
     return out
 
 

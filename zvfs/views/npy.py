@@ -35,13 +35,13 @@ def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
 class NpyFile(RawDataFile):
     """``data.npy``: ``data.raw`` behind its header (per-open read-ahead as data.raw's)."""
 
-    def __init__(self, array: DecodedArray, ahead: ReadAhead | None = None) -> None:
-        super().__init__(array, ahead)
-        self.header = npy_header(array.meta.dtype, array.meta.shape)
+    def __init__(self, array: DecodedArray, ahead: ReadAhead | None = None, dtype: np.dtype | None = None) -> None:
+        super().__init__(array, ahead, dtype)
+        self.header = npy_header(array.meta.dtype if dtype is None else dtype, array.meta.shape)
 
     @property
     def size(self) -> int:
-        return len(self.header) + self.array.meta.nbytes
+        return len(self.header) + super().size
 
     async def read(self, offset: int, length: int) -> bytes | memoryview:
         hlen = len(self.header)
