@@ -321,12 +321,13 @@ def test_persistent_failure_is_eio_logged_and_not_remembered(corpus, proxy, moun
     assert read_all(target(mnt, "dec:plain")) == refs["plain"].tobytes()
 
 
-def test_a_store_failure_measuring_text_for_the_netcdf_view_is_eio_and_not_remembered(
-        corpus, proxy, mount, s3_env, moto, tmp_path) -> None:
-    """The netCDF view reads a variable-length string array whole, when the directory is
-    listed, for its width. A store failure then fails that listing with EIO (the array is
-    not left out for it, as it would be for a corrupt chunk), and the next listing, the
-    faults gone, serves the strings as zarr-python reads them."""
+@pytest.mark.parametrize("view", ["netcdf", "arrays/labels"])
+def test_a_store_failure_measuring_text_is_eio_and_not_remembered(
+        corpus, proxy, mount, s3_env, moto, tmp_path, view: str) -> None:
+    """The netCDF view, and data.npy, read a variable-length string array whole, when their
+    directory is listed, for its width. A store failure then fails that listing with EIO
+    (the array is not left out for it, as it would be for a corrupt chunk), and the next
+    listing, the faults gone, serves the strings as zarr-python reads them."""
     import netCDF4
     import zarr
 
@@ -340,15 +341,19 @@ def test_a_store_failure_measuring_text_for_the_netcdf_view_is_eio_and_not_remem
     proxy.set({"kind": "503", "ops": ["get", "head"], "key": "labels/c/"})
     t0 = time.monotonic()
     with pytest.raises(OSError) as exc:
-        os.listdir(mnt.path / ".zvfs/netcdf")
+        os.listdir(mnt.path / ".zvfs" / view)
     assert exc.value.errno == errno.EIO
     assert time.monotonic() - t0 < EIO_WITHIN
     assert any("labels/c/" in ln for ln in mnt.log_text().splitlines()), mnt.log_text()[-2000:]
     proxy.clear()
-    assert os.listdir(mnt.path / ".zvfs/netcdf") == ["root.nc"]
-    with netCDF4.Dataset(mnt.path / ".zvfs/netcdf/root.nc") as nc:
-        assert nc["labels"][:].tolist() == want
-        assert "zvfs_left_out" not in nc.ncattrs()
+    if view == "netcdf":
+        assert os.listdir(mnt.path / ".zvfs/netcdf") == ["root.nc"]
+        with netCDF4.Dataset(mnt.path / ".zvfs/netcdf/root.nc") as nc:
+            assert nc["labels"][:].tolist() == want
+            assert "zvfs_left_out" not in nc.ncattrs()
+    else:
+        assert sorted(os.listdir(mnt.path / ".zvfs" / view)) == ["data.npy", "data.raw", "meta.json"]
+        assert np.load(mnt.path / ".zvfs" / view / "data.npy").tolist() == want
 
 
 def test_a_read_of_more_chunks_than_its_file_may_hold_threads_fails_within_one_bound(

@@ -506,6 +506,52 @@ def test_root_level_stores(corpus: Corpus, session_mount) -> None:
             assert got.tobytes() == corpus.ref(case).tobytes(), rel
 
 
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_variable_length_text_reads_from_data_npy_as_zarr_python_reads_it(mount, tmp_path: Path, fmt: int) -> None:
+    """zarr-python's variable-length str (v2 vlen-utf8, v3 string), written in part (the
+    rest is its fill), with non-ASCII and empty values: data.npy loads as fixed-width
+    Unicode as wide as the longest value's characters, each value as zarr-python reads it,
+    and data.raw is its bytes, whatever the range read. A store that is one such array
+    serves it at the top of arrays/. Bytes values get no data files (their trailing NULs
+    would be lost to the padding)."""
+    import warnings
+
+    import zarr
+
+    store, top = tmp_path / f"t{fmt}.zarr", tmp_path / f"root{fmt}.zarr"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        g = zarr.open_group(str(store), mode="w", zarr_format=fmt)
+        t = g.create_array("g/text", shape=(5, 4), chunks=(2, 3), dtype=str, fill_value="–")
+        t[0:2, :] = np.array([["a", "ÄÖÜ", "", "long value, with 日本語"], ["x", "y", "z", "w"]], dtype=object)
+        t[4, 3] = "corner"
+        b = g.create_array("blobs", shape=(3,), chunks=(2,), dtype=zarr.dtype.VariableLengthBytes())
+        b[:] = np.array([b"\x01\x00", b"", b"xyz"], dtype=object)
+        r = zarr.create_array(str(top), shape=(3,), chunks=(2,), dtype=str, zarr_format=fmt)
+        r[:] = np.array(["only", "", "ü"], dtype=object)
+        want = zarr.open_array(str(store), path="g/text", mode="r")[:]
+        want_top = zarr.open_array(str(top), mode="r")[:].tolist()
+    assert want[3, 0] == "–" and want[4, 3] == "corner"  # a never-written chunk: the fill
+    width = max(map(len, want.reshape(-1).tolist()))
+    m = mount(store)
+    base = m.path / ".zvfs/arrays/g/text"
+    assert sorted(os.listdir(base)) == ["data.npy", "data.raw", "meta.json"]
+    a = np.load(base / "data.npy", mmap_mode="r")
+    assert a.dtype == np.dtype(f"<U{width}") and a.shape == (5, 4)
+    assert a.tolist() == want.tolist()
+    expected = np.asarray(want.tolist(), dtype=f"<U{width}").tobytes()
+    raw = base / "data.raw"
+    assert raw.stat().st_size == len(expected) == 5 * 4 * 4 * width
+    rng = random.Random(fmt)
+    for _ in range(12):  # ranges that start and end inside values and chunks
+        off = rng.randrange(len(expected))
+        n = rng.randint(1, len(expected) - off)
+        assert read_range(raw, off, n) == expected[off : off + n], (off, n)
+    assert os.listdir(m.path / ".zvfs/arrays/blobs") == ["meta.json"]
+    top_mount = mount(top)
+    assert np.load(top_mount.path / ".zvfs/arrays/data.npy").tolist() == want_top
+
+
 def _walk_files(top: Path) -> list[tuple[Path, int]]:
     out = []
     for dirpath, _dirs, files in os.walk(top):

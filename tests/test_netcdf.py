@@ -509,12 +509,24 @@ def test_header_follows_metadata_change(mount, tmp_path: Path) -> None:
         assert list(ds["v"][...]) == list(zarr.open_array(str(store) + "/v", mode="r")[...])
 
 
-def test_a_string_rewritten_longer_behind_the_mount_shows_whole_after_the_ttl(mount, tmp_path: Path) -> None:
-    """The width of a variable-length string variable is measured from the data, when the
+def _strings_in_netcdf(f: Path) -> list[str]:
+    with netCDF4.Dataset(f) as ds:
+        return ds["s"][:].tolist()
+
+
+def _strings_in_npy(f: Path) -> list[str]:
+    return np.load(f).tolist()
+
+
+@pytest.mark.parametrize("view", ["netcdf/root.nc", "arrays/s/data.npy"])
+def test_a_string_rewritten_longer_behind_the_mount_shows_whole_after_the_ttl(
+        mount, tmp_path: Path, view: str) -> None:
+    """The width of a variable-length string array is measured from the data, when the
     views are made. A value rewritten longer behind the mount (the metadata unchanged, so a
     rediscovery keeps the views) is never served cut to the old width: once the chunk is
     read again (past the TTL) that read fails EIO, logged once, and the views are made
-    again, so the next open reads the file widened, each value whole."""
+    again, so the next open reads the file widened, each value whole. So for the netCDF
+    variable (UTF-8 bytes wide) and for data.npy (characters wide)."""
     store = tmp_path / "grow.zarr"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -524,21 +536,21 @@ def test_a_string_rewritten_longer_behind_the_mount_shows_whole_after_the_ttl(mo
     for p in store.rglob("*"):
         os.utime(p, (past, past))
     m = mount(store, "--metadata-ttl", "1")
-    f = m.path / ".zvfs" / "netcdf" / "root.nc"
+    f = m.path / ".zvfs" / view
+    strings = _strings_in_netcdf if view.startswith("netcdf") else _strings_in_npy
     old = ["a", "bb", "c", "d"]
-    with netCDF4.Dataset(f) as ds:
-        assert ds["s"][:].tolist() == old
+    assert strings(f) == old
     size0 = f.stat().st_size
+    longer = "ünïcode, and longer"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        zarr.open_array(str(store), path="s", mode="r+")[2:] = np.array(["ünïcode, and longer", "x"], dtype=object)
+        zarr.open_array(str(store), path="s", mode="r+")[2:] = np.array([longer, "x"], dtype=object)
     want = zarr.open_array(str(store), path="s", mode="r")[:].tolist()
     seen, failed = [], 0
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         try:
-            with netCDF4.Dataset(f) as ds:
-                seen.append(ds["s"][:].tolist())
+            seen.append(strings(f))
         except OSError:
             failed += 1
         if seen and seen[-1] == want:
@@ -548,8 +560,11 @@ def test_a_string_rewritten_longer_behind_the_mount_shows_whole_after_the_ttl(mo
     assert seen and seen[-1] == want, (seen[-3:], failed)
     assert all(got in (old, want) for got in seen), seen  # never a value cut to the old width
     assert f.stat().st_size > size0
-    with netCDF4.Dataset(f) as ds:
-        assert ds.dimensions[ds["s"].dimensions[1]].size == len("ünïcode, and longer".encode())
+    if view.startswith("netcdf"):
+        with netCDF4.Dataset(f) as ds:
+            assert ds.dimensions[ds["s"].dimensions[1]].size == len(longer.encode())
+    else:
+        assert np.load(f).dtype == np.dtype(f"<U{len(longer)}")
     assert len(lines_naming(m, "s/c/1")) <= 1, m.log_text()[-2000:]
 
 
@@ -568,6 +583,14 @@ def test_a_text_value_wider_than_its_served_width_is_an_error_not_cut() -> None:
     fill = np.broadcast_to(np.array("é", dtype=object), (3, 2))
     out = convert_chunk(fill, np.dtype("S2"))
     assert out.shape == (3, 2) and not any(out.strides) and out[0, 0] == "é".encode()
+    # data.npy's form, U<n>, is as wide as the longest value's characters: numpy's cast to
+    # U2 would cut "ünï" to "ün"
+    assert convert_chunk(text, np.dtype("<U3")).tolist() == ["ab", "ünï"]
+    assert np.array(["ünï"], dtype=object).astype("<U2").tolist() == ["ün"]
+    with pytest.raises(ValueError, match="a value of 3 characters, wider than the 2"):
+        convert_chunk(text, np.dtype("<U2"))
+    out = convert_chunk(fill, np.dtype("<U1"))
+    assert out.shape == (3, 2) and not any(out.strides) and out[0, 0] == "é"
 
 
 # --------------------------------------------------------------------------- past 4 GiB
@@ -1130,6 +1153,15 @@ def test_variable_length_text_too_long_to_read_or_corrupt_is_left_out_and_told(m
                      told, re.M), told
     assert re.search(r"^bad: unreadable: .*bad/c/1", told, re.M), told
     assert_one_line(m, "bad/c/1")
+    # data.npy needs the same width: the same arrays have no data files, told once each
+    # (the corrupt key's one line is the netCDF view's too)
+    for name in ("many", "tiny_chunks", "bad"):
+        assert os.listdir(m.path / ".zvfs/arrays" / name) == ["meta.json"]
+        assert not (m.path / ".zvfs/arrays" / name / "data.npy").exists()
+    assert np.load(m.path / ".zvfs/arrays/ok/data.npy").tolist() == [1, 2, 3, 4]
+    assert_one_line(m, "bad/c/1")
+    for name in ("many", "tiny_chunks"):
+        assert len(lines_naming(m, f"{name}: no netCDF variable or data.npy")) == 1, m.log_text()
 
 
 def test_a_time_array_s_own_units_never_label_the_served_counts(mount, tmp_path: Path) -> None:

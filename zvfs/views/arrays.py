@@ -306,24 +306,18 @@ class DecodedArray:
     async def text_width(self) -> TextWidth:
         """The longest value anywhere in the array, fill included: the width a fixed-width
         form of variable-length values needs (no metadata holds it). Every chunk is read (one
-        worker hop each) and none is kept; a failure is :meth:`_chunk_failure`'s. Measured
-        once for what the array's bytes are now (:attr:`content`) within the metadata TTL,
-        whichever view asks first (the netCDF file and data.npy share it)."""
+        worker hop each) and none is kept; a failure is :meth:`_chunk_failure`'s."""
         await self.current()
+        reader = await self._open()
 
-        async def measure() -> TextWidth:
-            reader = await self._open()
+        async def width(idx: tuple[int, ...]) -> TextWidth:
+            try:
+                return await self.ctx.workers.run(lambda: text_width(reader.read_chunk(idx)))
+            except Exception as exc:  # noqa: BLE001 - as a read of the chunk reports it
+                raise self._chunk_failure(idx, exc) from exc
 
-            async def width(idx: tuple[int, ...]) -> TextWidth:
-                try:
-                    return await self.ctx.workers.run(lambda: text_width(reader.read_chunk(idx)))
-                except Exception as exc:  # noqa: BLE001 - as a read of the chunk reports it
-                    raise self._chunk_failure(idx, exc) from exc
-
-            widths = (await gather_batched(self.meta.chunk_indices(), width, CHUNK_BATCH)).values()
-            return TextWidth(max((w.utf8 for w in widths), default=0), max((w.chars for w in widths), default=0))
-
-        return await self.ctx.listings.get(("text width", *self.content), measure)
+        widths = (await gather_batched(self.meta.chunk_indices(), width, CHUNK_BATCH)).values()
+        return TextWidth(max((w.utf8 for w in widths), default=0), max((w.chars for w in widths), default=0))
 
     @staticmethod
     def _failure(message: str, cause: str) -> NodeError:
@@ -591,27 +585,40 @@ def is_text_vlen(meta: ArrayMeta) -> bool:
     return meta.vlen in TEXT_VLEN_KINDS and meta.error is None
 
 
-async def served_text_width(array: DecodedArray, view: str) -> TextWidth | str:
+async def served_text_width(array: DecodedArray) -> TextWidth | str:
     """The width of variable-length text ``array`` (:meth:`DecodedArray.text_width`), or why
-    ``view`` leaves it out: too many values or chunks to read whole while a listing waits, or
-    a corrupt chunk (logged once, naming its key). A store failure is raised: it is no
-    property of the array, and the next listing tries again."""
+    the views that need it (netCDF, data.npy) leave it out: too many values or chunks to read
+    whole while a listing waits, or a corrupt chunk (its key logged once). Measured once for
+    what the array's bytes are now (its content) within the metadata TTL, whichever view
+    asks first; a corrupt chunk is remembered as long, as a read's is. A store failure is
+    raised, never remembered: it is no property of the array, and the next listing tries
+    again."""
     meta = array.meta
+    why = None
     if meta.size > VLEN_MAX_VALUES:
-        return (f"{meta.size:,} variable-length values ({meta.vlen}): more than the "
-                f"{VLEN_MAX_VALUES:,} read whole for their width when the directory is listed")
-    if math.prod(meta.grid_shape) > VLEN_MAX_CHUNKS:
-        return (f"variable-length values ({meta.vlen}) in {math.prod(meta.grid_shape):,} "
-                f"chunks: more than the {VLEN_MAX_CHUNKS:,} read whole for their width when "
-                "the directory is listed")
-    try:
-        return await array.text_width()
-    except NodeError as exc:
-        if is_store_failure(exc.__cause__):
-            raise
-        if array.ctx.log_once.first(f"{view} width {exc.key or meta.path}"):
-            log.warning("%s: %s left out: %s", view, meta.path or "/", exc)
-        return f"unreadable: {exc}"
+        why = (f"{meta.size:,} variable-length values ({meta.vlen}): more than the "
+               f"{VLEN_MAX_VALUES:,} read whole for their width when the directory is listed")
+    elif math.prod(meta.grid_shape) > VLEN_MAX_CHUNKS:
+        why = (f"variable-length values ({meta.vlen}) in {math.prod(meta.grid_shape):,} "
+               f"chunks: more than the {VLEN_MAX_CHUNKS:,} read whole for their width when "
+               "the directory is listed")
+    if why is not None:
+        if array.ctx.log_once.first(f"text width {meta.path}"):
+            log.info("%s: no netCDF variable or data.npy: %s", meta.path or "/", why)
+        return why
+
+    async def measure() -> TextWidth | str:
+        try:
+            return await array.text_width()
+        except NodeError as exc:
+            if is_store_failure(exc.__cause__):
+                raise
+            if array.ctx.log_once.first(f"text width {exc.key or meta.path}"):
+                log.warning("%s: no netCDF variable or data.npy: its width is unreadable: %s",
+                            meta.path or "/", exc)
+            return f"unreadable: {exc}"
+
+    return await array.ctx.listings.get(("text width", *array.content), measure)
 
 
 #: seconds at least between a read's rereadings of the metadata (see DecodedArray.current),
@@ -1086,7 +1093,7 @@ async def text_files(array: DecodedArray) -> dict[str, Node]:
     file's width would be the whole array's) and no ENVI header (no text type)."""
     from zvfs.views.npy import NpyFile
 
-    got = await served_text_width(array, "arrays view")
+    got = await served_text_width(array)
     if isinstance(got, str):
         return {}
     dtype = np.dtype(f"<U{max(1, got.chars)}")

@@ -196,7 +196,7 @@ async def text_widths(arrays: dict[str, DecodedArray]) -> dict[str, int | str]:
     for name, array in sorted(arrays.items()):
         if not is_text_vlen(array.meta):
             continue
-        got = await served_text_width(array, "netCDF view")
+        got = await served_text_width(array)
         if isinstance(got, str):
             out[name] = got
         elif max(1, got.utf8) * math.prod(array.meta.chunks) > TEXT_CHUNK_LIMIT:
