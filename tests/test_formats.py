@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import numcodecs_filter_cases, write_numcodecs_filter_array
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from zvfs import formats
 from zvfs.codecs import CodecError, UnknownCodecError, build_pipeline
@@ -897,3 +899,32 @@ def test_a_flat_listing_of_a_store_of_chunks_is_given_up_soon_and_not_tried_agai
     again = discover(store, first.known)
     assert store.listed == listed
     assert _found(again) == _found(discover(DictStore(data)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.text(), st.binary()), max_size=40), st.data())
+def test_vlen_items_decode_as_numcodecs_wrote_them_and_any_damage_is_a_codec_error(items, data) -> None:
+    """vlen-utf8 and vlen-bytes chunks as zarr-python writes them (numcodecs' encoders) decode
+    to the same items; the same bytes cut short, or with any byte changed, decode to as many
+    items or fail with CodecError: never another exception, never another count."""
+    import numcodecs
+
+    from zvfs.codecs import decode_vlen
+
+    utf8 = all(isinstance(v, str) for v in items) and data.draw(st.booleans())
+    values = [v if utf8 or isinstance(v, bytes) else v.encode() for v in items]
+    codec = numcodecs.VLenUTF8() if utf8 else numcodecs.VLenBytes()
+    encoded = bytes(codec.encode(np.array(values, dtype=object)))
+    assert decode_vlen(encoded, len(values), utf8).tolist() == values
+    with pytest.raises(CodecError):
+        decode_vlen(encoded, len(values) + 1, utf8)
+    cut = data.draw(st.integers(0, len(encoded) - 1))
+    damaged = bytearray(encoded)
+    at = data.draw(st.integers(0, len(encoded) - 1))
+    damaged[at] = data.draw(st.integers(0, 255))
+    for bad in (encoded[:cut], bytes(damaged)):
+        try:
+            got = decode_vlen(bad, len(values), utf8)
+        except CodecError:
+            continue
+        assert got.shape == (len(values),)
