@@ -56,7 +56,12 @@ FIXTURES = {
     "zv09_points": ("zv/v09/points.zarr", "0/vertices"),
 }
 KINDS = ("v2_zlib", "v2_blosc", "v2_raw_f", "v2_filters", "v3_zstd", "v3_shard", "v3_gzip_be",
-         "v3_bool", "v3_complex", "v3_scalar", "v3_string_attrs", "v3_numcodecs", *FIXTURES)
+         "v3_bool", "v3_complex", "v3_scalar", "v3_string_attrs", "v3_numcodecs", "v2_vlen_utf8",
+         "v3_string", *FIXTURES)
+#: the kinds of variable-length text (served as fixed-width once their width is measured)
+TEXT_KINDS = ("v2_vlen_utf8", "v3_string")
+#: their values: non-ASCII, empty and long ones (the fill, never written, is "–")
+TEXT = np.array([f"{'é' * (i % 4)}v{i}{'x' * (i % 7)}" for i in range(30)], dtype=object).reshape(5, 6)
 FIXTURE_DIR = Path(__file__).parent / "fixtures"
 
 #: values put in place of a member's: wrong types, sizes no store holds, text no decoder expects
@@ -180,11 +185,17 @@ def write_base(root: Path, group: str, kind: str) -> str:
         kw.update(shape=(), chunks=(), dtype="int64", fill_value=4)
     elif kind == "v3_string_attrs":
         kw.update(dtype="int8", fill_value=0, attributes={"units": "m", "flags": [1, 2], "long": "é" * 40})
+    elif kind in TEXT_KINDS:
+        kw.update(dtype=str, fill_value="–")
+        data = TEXT
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         a = g.create_array("a", **kw)
         if kind == "v3_scalar":
             a[...] = 5
+        elif kind in TEXT_KINDS:
+            a[:3, :4] = data[:3, :4]
+            a[4:, 4:] = data[4:, 4:]
         else:
             data = data.astype(a.dtype)
             a[:3, :4] = data[:3, :4]
@@ -467,8 +478,10 @@ def check(mnt: Path, root: Path, array: str, changed: dict[str, Any], log: Calla
         got = np.load(io.BytesIO(npy))
     except Exception as exc:  # noqa: BLE001
         return [*problems, f"data.npy does not load: {exc!r}"]
-    if got.shape != ref.shape or got.dtype.newbyteorder("=") != ref.dtype.newbyteorder("="):
+    if ref.dtype.kind not in "OT" and (got.shape != ref.shape or got.dtype.newbyteorder("=") != ref.dtype.newbyteorder("=")):
         return [*problems, f"data.npy is {got.shape} {got.dtype}, zarr-python reads {ref.shape} {ref.dtype}"]
+    if ref.dtype.kind in "OT":  # text: served as U<n>, as wide as the longest value
+        return [*problems, *_check_text(got, ref, files["data.raw"], nc_bytes)]
     want = ref.astype(got.dtype)
     if got.tobytes() != want.tobytes():
         problems.append(f"data.npy values differ: {got.ravel()[:6]} vs {ref.ravel()[:6]}")
@@ -487,6 +500,34 @@ def check(mnt: Path, root: Path, array: str, changed: dict[str, Any], log: Calla
     if nc_bytes is not None:
         problems += _check_netcdf(nc_bytes, ref)
     return problems
+
+
+def _check_text(got: np.ndarray, ref: np.ndarray, raw: bytes | None, nc_bytes: bytes | None) -> list[str]:
+    """Variable-length text as zarr-python reads it: data.npy fixed-width Unicode as wide as
+    the longest value, data.raw its bytes, the netCDF variable's strings the same."""
+    values = ref.tolist()
+    width = max(1, max((len(v) for v in ref.reshape(-1).tolist()), default=0))
+    if got.dtype != np.dtype(f"<U{width}") or got.shape != ref.shape:
+        return [f"data.npy of text is {got.shape} {got.dtype}, zarr-python reads {ref.shape} of width {width}"]
+    out = []
+    if got.tolist() != values:
+        out.append(f"data.npy strings differ: {got.ravel()[:4]} vs {ref.ravel()[:4]}")
+    if raw is not None and raw != got.tobytes():
+        out.append("data.raw of text differs from data.npy")
+    if nc_bytes is not None:
+        import netCDF4
+
+        with tempfile.NamedTemporaryFile(suffix=".nc") as f:
+            f.write(nc_bytes)
+            f.flush()
+            try:
+                with netCDF4.Dataset(f.name) as ds:
+                    served = ds["a"][...].tolist() if "a" in ds.variables else values
+            except Exception as exc:  # noqa: BLE001
+                return [*out, f"netCDF4 cannot read the group's file: {exc!r}"[:300]]
+        if served != values:
+            out.append(f"netCDF strings differ: {str(served)[:80]} vs {str(values)[:80]}")
+    return out
 
 
 def _no_constant(name: str) -> Any:
