@@ -206,6 +206,34 @@ def test_absent_names_only_keys_no_get_finds(store: Store) -> None:
         assert found == set(missing[:4]), found
 
 
+def test_absent_of_many_keys_of_small_directories_agrees_with_a_stat_each(tmp_path: Path) -> None:
+    """Many keys of one small directory (a sparse array's chunks) are looked up in one listing
+    of it: the same answer as an lstat each (which a single key still gets), through a file
+    where a directory should be, a missing directory, and symlinks in and out; and no key
+    named absent is one a get finds."""
+    root, outside = tmp_path / "s", tmp_path / "outside"
+    (root / "a" / "c").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "0.1").write_bytes(b"x")
+    for name in ("0.0", "0.3", "7.7"):
+        (root / "a" / "c" / name).write_bytes(b"chunk")
+    (root / "a" / "file").write_bytes(b"not a directory")
+    os.symlink(outside, root / "a" / "out")  # a directory link out
+    os.symlink("c", root / "a" / "in")  # a directory link in
+    os.symlink("0.0", root / "a" / "c" / "link")  # a file link
+    st = DirectoryStore(root)
+    parents = ["a/c", "a/file", "a/missing", "a/out", "a/in", "a"]
+    names = [f"{i}.{j}" for i in range(8) for j in range(4)] + ["link", "c", "file"]
+    keys = [f"{parent}/{name}" for parent in parents for name in names]
+    one_each = {key for key in keys if st.absent([key])}
+    assert st.absent(keys) == one_each
+    assert {"a/c/0.0", "a/c/link", "a/in/0.3", "a/c", "a/file"}.isdisjoint(one_each)
+    assert {"a/c/0.1", "a/file/0.0", "a/missing/0.0", "a/c/file"} <= one_each
+    for key in one_each:
+        with pytest.raises(KeyNotFound):
+            st.get(key)
+
+
 def test_get_range(store: Store) -> None:
     big = SAMPLE["a/big"]
     for start, length in [(0, 10), (5, 1), (1000, 70000), (len(big) - 3, 10), (len(big), 5),

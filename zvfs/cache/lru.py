@@ -52,6 +52,9 @@ class _Flight:
     error: BaseException | None = None
     #: invalidated while loading: its callers get the value, the cache does not keep it
     stale: bool = False
+    #: loaded with other keys, and that load failed: no failure of this key's own (another
+    #: key's bad bytes), so a waiter loads it alone rather than take the error
+    retry: bool = False
 
 
 class Cache:
@@ -122,9 +125,10 @@ class Cache:
                 break
             self.stats.waits += 1
             await flight.done.wait()
-            if isinstance(flight.error, trio.Cancelled):
-                # its loader's caller gave up (a read that failed by another chunk): not this
-                # caller's failure; raised here, it ended this task without a value
+            if flight.retry or isinstance(flight.error, trio.Cancelled):
+                # its loader's caller gave up (a read that failed by another chunk), or its
+                # batch failed (get_many): not this caller's failure; raised here, it ended
+                # this task without a value
                 continue
             if flight.error is not None:
                 raise flight.error
@@ -145,6 +149,55 @@ class Cache:
         if not flight.stale:
             self.put(key, flight.value, ttl)
         return flight.value
+
+    async def get_many(
+        self, keys: list[Hashable], load_many: Callable[[list[Hashable]], Awaitable[dict[Hashable, Any]]],
+        ttl: float | None | bool = True,
+    ) -> dict[Hashable, Any]:
+        """The values for ``keys``: the cached ones, those another caller is loading (waited
+        for), and the rest by one ``await load_many(rest)`` (a dict holding each), each of
+        them single-flight with :meth:`get`: many tiny chunks are loaded in one worker hop,
+        and a reader of one of them joins that load rather than start its own.
+
+        A failed ``load_many`` raises here; the callers waiting on one of its keys load that
+        key alone (the failure may be another key's)."""
+        out: dict[Hashable, Any] = {}
+        mine: dict[Hashable, _Flight] = {}
+        theirs = []
+        for key in keys:
+            value = self.peek(key)
+            if value is not None:
+                out[key] = value
+            elif key in self._flights:
+                theirs.append(key)
+            elif key not in mine:
+                self.stats.misses += 1
+                mine[key] = self._flights[key] = _Flight()
+        if mine:
+            try:
+                loaded = await load_many(list(mine))
+                for key, flight in mine.items():
+                    flight.value = loaded[key]
+            except BaseException as exc:
+                for flight in mine.values():
+                    flight.error, flight.retry = exc, True
+                self.stats.load_errors += 1
+                raise
+            finally:
+                for key, flight in mine.items():
+                    if self._flights.get(key) is flight:
+                        del self._flights[key]
+                    flight.done.set()
+            for key, flight in mine.items():
+                if not flight.stale:
+                    self.put(key, flight.value, ttl)
+                out[key] = flight.value
+        for key in theirs:
+            async def alone(key: Hashable = key) -> Any:
+                return (await load_many([key]))[key]
+
+            out[key] = await self.get(key, alone, ttl)
+        return out
 
     def put(self, key: Hashable, value: Any, ttl: float | None | bool = True) -> None:
         if ttl is True:

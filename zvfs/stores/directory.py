@@ -223,6 +223,11 @@ class _OpenFiles:
             os.close(entry.fd)
 
 
+#: keys of one directory that absent() looks up in a listing of it (when it is small)
+#: rather than an lstat each
+ABSENT_LISTED_MIN = 16
+
+
 class DirectoryStore(Store):
     """Store over a directory tree (the Zarr file-system store layout).
 
@@ -520,18 +525,45 @@ class DirectoryStore(Store):
 
     def absent(self, keys: Iterable[str]) -> set[str]:
         """One lstat each, no open: a path with nothing at it (or a file where a directory
-        of it should be) is a key no get can find, whatever symlinks lie on its way."""
+        of it should be) is a key no get can find, whatever symlinks lie on its way. Many
+        keys of one small directory (a sparse array's chunks) are looked up in one listing
+        of it instead: a read over 1.25 million never-written chunks spent 43% of its time
+        in their lstats."""
         out = set()
+        by_parent: dict[str, list[str]] = {}
         for key in keys:
-            if not is_safe_key(key):
+            if is_safe_key(key):
+                by_parent.setdefault(key.rpartition("/")[0], []).append(key)
+        for parent, group in by_parent.items():
+            names = self._small_dir_names(parent) if len(group) >= ABSENT_LISTED_MIN else None
+            if names is not None:
+                out.update(key for key in group if key.rpartition("/")[2] not in names)
                 continue
-            try:
-                os.lstat(os.path.join(self.root, key))
-            except (FileNotFoundError, NotADirectoryError):
-                out.add(key)
-            except (OSError, ValueError):
-                pass
+            for key in group:
+                try:
+                    os.lstat(os.path.join(self.root, key))
+                except (FileNotFoundError, NotADirectoryError):
+                    out.add(key)
+                except (OSError, ValueError):
+                    pass
         return out
+
+    def _small_dir_names(self, parent: str) -> set[str] | None:
+        """The names in the directory of key prefix ``parent`` ('' for the root), as the
+        lstats of :meth:`absent` would find them: none when nothing is there (or a file is);
+        None when it is large (a listing costs more than the lstats) or cannot be read."""
+        path = os.path.join(self.root, parent) if parent else self.root
+        try:
+            st = os.stat(path)
+            if not stat.S_ISDIR(st.st_mode):
+                return set()
+            if find_lister.is_large(st):
+                return None
+            return set(os.listdir(path))
+        except (FileNotFoundError, NotADirectoryError):
+            return set()
+        except (OSError, ValueError):
+            return None
 
     def list_dir(self, prefix: str) -> Listing:
         check_prefix(prefix)
