@@ -19,8 +19,8 @@ def decode_vlen(data: bytes | memoryview, count: int, utf8: bool) -> np.ndarray:
 
     The item count is checked against the chunk's before any item is read (a hostile
     header's 4 billion items would be an array of that many first); the items are then
-    read by numcodecs' compiled loop, five times faster than one in Python (a million
-    strings: 0.2 s against 1.2)."""
+    read by numcodecs' compiled loop, four times as fast as one in Python (100,000
+    strings: 0.028 s against 0.116)."""
     from numcodecs.vlen import VLenBytes, VLenUTF8
 
     buf = memoryview(data).cast("B")
