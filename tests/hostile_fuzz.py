@@ -520,18 +520,11 @@ def _check_text(got: np.ndarray, ref: np.ndarray, raw: bytes | None, nc_bytes: b
     if raw is not None and raw != got.tobytes():
         out.append("data.raw of text differs from data.npy")
     if nc_bytes is not None:
-        import netCDF4
-
-        with tempfile.NamedTemporaryFile(suffix=".nc") as f:
-            f.write(nc_bytes)
-            f.flush()
-            try:
-                with netCDF4.Dataset(f.name) as ds:
-                    served = ds["a"][...].tolist() if "a" in ds.variables else values
-            except Exception as exc:  # noqa: BLE001
-                return [*out, f"netCDF4 cannot read the group's file: {exc!r}"[:300]]
-        if served != values:
-            out.append(f"netCDF strings differ: {str(served)[:80]} vs {str(values)[:80]}")
+        served = _netcdf_values(nc_bytes, text=True)
+        if isinstance(served, str):
+            out.append(served)
+        elif served is not None and served.tolist() != values:
+            out.append(f"netCDF strings differ: {str(served.tolist())[:80]} vs {str(values)[:80]}")
     return out
 
 
@@ -630,28 +623,34 @@ def _check_mirror(v2: Path, array: str, ref: np.ndarray) -> list[str]:
     return []
 
 
-def _check_netcdf(data: bytes, ref: np.ndarray) -> list[str]:
+def _netcdf_values(data: bytes, text: bool = False) -> np.ndarray | str | None:
+    """Variable ``a`` of the group's netCDF file ``data`` as netCDF4 reads it (strings decoded
+    when ``text``, else the raw values), None when the file has none, or the problem."""
+    import netCDF4
 
     # from a file: netCDF-C refuses (EPERM) some valid files held in memory, one with no
     # variable among them
     with tempfile.NamedTemporaryFile(suffix=".nc") as f:
         f.write(data)
         f.flush()
-        return _netcdf_file(f.name, ref)
+        try:
+            with netCDF4.Dataset(f.name) as ds:
+                if "a" not in ds.variables:
+                    return None
+                v = ds["a"]
+                if not text:
+                    v.set_auto_maskandscale(False)
+                return np.asarray(v[...])
+        except Exception as exc:  # noqa: BLE001
+            return f"netCDF4 cannot read the group's file: {exc!r}"[:300]
 
 
-def _netcdf_file(path: str, ref: np.ndarray) -> list[str]:
-    import netCDF4
-
-    try:
-        with netCDF4.Dataset(path) as ds:
-            if "a" not in ds.variables:
-                return []
-            v = ds["a"]
-            v.set_auto_maskandscale(False)
-            got = np.asarray(v[...])
-    except Exception as exc:  # noqa: BLE001
-        return [f"netCDF4 cannot read the group's file: {exc!r}"[:300]]
+def _check_netcdf(data: bytes, ref: np.ndarray) -> list[str]:
+    got = _netcdf_values(data)
+    if got is None:
+        return []
+    if isinstance(got, str):
+        return [got]
     if ref.dtype.kind in "c?" or got.shape != ref.shape:
         return []  # no netCDF type for it: served some other way
     if got.astype(ref.dtype).tobytes() != ref.tobytes():

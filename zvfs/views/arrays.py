@@ -27,7 +27,7 @@ from zvfs.formats.meta import ArrayMeta
 from zvfs.stores.base import Listing, is_store_failure
 from zvfs.stores.listing import SortedNames
 from zvfs.views.context import CHUNK_ENTRY_OVERHEAD, MountContext
-from zvfs.views.layout import Box, chunk_span, chunks_in_box, chunks_under, range_boxes
+from zvfs.views.layout import Box, chunk_span, chunks_under, range_boxes
 from zvfs.views.node import BytesFile, DirNode, FileNode, LazyEntries, Node, NodeError, StaticDir
 from zvfs.views.readahead import ReadAhead
 from zvfs.workers import gather, gather_batched
@@ -352,17 +352,18 @@ class DecodedArray:
         budget: a task and a hop each, read-ahead over an array of 16-byte chunks held
         thousands of tasks at once (77 MiB of a daemon's 150 with a 16 MiB cache), and a
         read of 15 MB of it took 97 s."""
-        boxes = range_boxes(self.meta.shape, start // item, -(-stop // item))
-        todo = [idx for idx in dict.fromkeys(i for b in boxes for i in chunks_in_box(b, self.meta.chunks))
-                if not self.ctx.chunks.contains(self.cache_key(idx))]
+        boxes = list(range_boxes(self.meta.shape, start // item, -(-stop // item)))
+        keys = {self.cache_key(idx): idx for idx in chunks_under(boxes, self.meta.chunks)}
+        todo = [(key, idx) for key, idx in keys.items() if not self.ctx.chunks.contains(key)]
         nbytes = self.meta.chunk_nbytes
         step = CHUNK_BATCH if nbytes * CHUNK_BATCH <= BATCH_BYTES else 1
         for i in range(0, len(todo), step):
             group = todo[i : i + step]
-            if not self.ctx.prefetch(len(group) * (nbytes + CHUNK_ENTRY_OVERHEAD), self._ahead, group):
+            if not self.ctx.prefetch(len(group) * (nbytes + CHUNK_ENTRY_OVERHEAD), self._ahead,
+                                     [idx for _, idx in group]):
                 return
-            for idx in group:
-                self.ctx.prefetch_asked(self.cache_key(idx))
+            for key, _ in group:
+                self.ctx.prefetch_asked(key)
 
     def _ready(
         self, indices: list[tuple[int, ...]]
