@@ -66,6 +66,9 @@ log = logging.getLogger(__name__)
 #: signature, version, flags, method, time, date, CRC, sizes, name length, extra length
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
 _LOCAL_MAGIC = b"PK\x03\x04"
+#: general-purpose flags of data zipfile refuses to read: encrypted (bit 0), compressed
+#: patched data (bit 5), strong encryption (bit 6)
+_UNREADABLE_FLAGS = 0x1 | 0x20 | 0x40
 # compressed members at least this big keep parked decompressors for sequential reads
 _POOL_MIN_SIZE = 4 << 20
 #: compressed bytes read per step, and decompressed bytes produced per step: a bomb never
@@ -183,6 +186,9 @@ class ZipStore(Store):
         except UnicodeDecodeError as e:  # a name flagged UTF-8 that is not: zipfile stops there
             raise SourceError(f"{self.path}: a member's name is flagged UTF-8 but is not ({e}); "
                               "zipfile, zarr-python and fuse-zip refuse such an archive too") from e
+        except NotImplementedError as e:  # a member's "version needed" past what zipfile reads
+            raise SourceError(f"{self.path}: {e} is past what Python's zipfile (and so "
+                              "zarr-python) reads") from e
         except (EOFError, ValueError, struct.error) as e:
             raise SourceError(f"cannot read the zip directory of {self.path}: {e}") from e
         skipped: list[str] = []
@@ -359,18 +365,19 @@ class ZipStore(Store):
         if m.data_offset >= 0 and m.checked == now:
             return m.data_offset
         zi = m.info
-        # with the name: an archive changed since the mount has it compared
-        length = _LOCAL_HEADER.size + (len(_raw_name(zi)) if now else 0)
         try:
-            raw = os.pread(self._fd, length, zi.header_offset)
+            raw = os.pread(self._fd, _header_length(zi), zi.header_offset)
         except OSError as e:
             raise StoreError(f"{key}: cannot read zip local header: {e.strerror}") from e
         return self._local_header(key, m, raw, now)
 
     def _local_header(self, key: str, m: _Member, raw: bytes | memoryview, now: int = 0) -> int:
-        """The data offset a member's local header gives (kept on the member). ``now``: the
-        archive's generation; past 0, the header must also name the member and, unless its
-        sizes come after the data, give the central directory's CRC and sizes."""
+        """The data offset a member's local header gives (kept on the member). The header
+        must name the member, as zipfile demands: a directory entry whose offset leads to
+        another member's header would serve that member's bytes under this name, and a
+        range of a stored member is not covered by its CRC. ``now``: the archive's
+        generation; past 0, the header must also, unless its sizes come after the data,
+        give the central directory's CRC and sizes."""
         zi = m.info
         if len(raw) < _LOCAL_HEADER.size:
             raise StoreError(f"{key}: zip local header is truncated")
@@ -382,8 +389,12 @@ class ZipStore(Store):
         if magic != _LOCAL_MAGIC:
             raise StoreError(f"{key}: bad zip local header at offset {zi.header_offset}"
                              + (f" ({_MOVED})" if now else ""))
+        if not _names_member(zi, fields, raw):
+            raise StoreError(f"{key}: " + (_MOVED if now else
+                             f"the zip local header at offset {zi.header_offset} names another "
+                             "member (the archive is corrupt)"))
         off = zi.header_offset + _LOCAL_HEADER.size + name_len + extra_len
-        if now and not (_still_the_member(zi, fields, raw) and self._descriptor_agrees(zi, off)):
+        if now and not (_still_the_member(zi, fields) and self._descriptor_agrees(zi, off)):
             raise StoreError(f"{key}: {_MOVED}")
         if off + zi.compress_size > self._size:
             raise StoreError(f"{key}: member data extends past the end of the zip file")
@@ -423,7 +434,7 @@ class ZipStore(Store):
             return None
         zi = m.info
         size = zi.file_size
-        if (zi.compress_type != zipfile.ZIP_STORED or zi.flag_bits & 0x1
+        if (zi.compress_type != zipfile.ZIP_STORED or zi.flag_bits & _UNREADABLE_FLAGS
                 or zi.compress_size != size or start < 0 or length <= 0 or start >= size):
             return None
         if m.checked != self._now():  # the archive changed: the worker's read checks the member
@@ -431,7 +442,7 @@ class ZipStore(Store):
         try:
             off = m.data_offset
             if off < 0:
-                raw = pread_at_once(self._fd, zi.header_offset, _LOCAL_HEADER.size, self._size)
+                raw = pread_at_once(self._fd, zi.header_offset, _header_length(zi), self._size)
                 if raw is None:
                     return None
                 off = self._local_header(key, m, raw)
@@ -457,12 +468,16 @@ class ZipStore(Store):
 
     def _read_member(self, key: str, m: _Member, start: int, length: int) -> bytes:
         zi = m.info
-        if zi.flag_bits & 0x1:
-            raise StoreError(f"{key}: zip member is encrypted")
+        if zi.flag_bits & _UNREADABLE_FLAGS:
+            raise StoreError(f"{key}: zip member is " + ("compressed patched data" if zi.flag_bits & 0x20
+                                                         else "encrypted")
+                             + ", which zipfile (and so zarr-python) cannot read either")
         if m.bad is not None:
             raise StoreError(f"{key}: {m.bad}")
         off = self._data_offset(key, m)
         try:
+            if zi.file_size == 0 and zi.CRC != 0:  # no read of no bytes would check it
+                raise _Corrupt("zip member is empty, but its CRC is not that of no bytes")
             if zi.compress_type == zipfile.ZIP_STORED:
                 return self._read_stored(key, m, off, start, length)
             if zi.compress_type == zipfile.ZIP_DEFLATED:
@@ -517,17 +532,29 @@ _MOVED = ("the zip archive was written over since the mount, and this member is 
           "where its directory says: remount to read it")
 
 
-def _raw_name(zi: zipfile.ZipInfo) -> bytes:
-    """The member's name as the archive spells it (zipfile decoded it by the UTF-8 flag)."""
-    return zi.orig_filename.encode("utf-8" if zi.flag_bits & 0x800 else "cp437", "surrogateescape")
+def _header_length(zi: zipfile.ZipInfo) -> int:
+    """Bytes to read at a member's local header to hold its name too: the header may spell
+    the name in the other encoding (UTF-8 is up to three bytes a cp437 character)."""
+    return _LOCAL_HEADER.size + 3 * len(zi.orig_filename)
 
 
-def _still_the_member(zi: zipfile.ZipInfo, fields: tuple[Any, ...], raw: bytes | memoryview) -> bool:
-    """Whether a local header (``fields``, unpacked from ``raw``, which holds its name too)
-    is still ``zi``'s."""
-    _, _, flags, method, _, _, crc, csize, usize, name_len, _ = fields
-    if bytes(raw[_LOCAL_HEADER.size:_LOCAL_HEADER.size + name_len]) != _raw_name(zi):
+def _names_member(zi: zipfile.ZipInfo, fields: tuple[Any, ...], raw: bytes | memoryview) -> bool:
+    """Whether a local header (``fields``, unpacked from ``raw``, which holds its name)
+    names ``zi``, as zipfile compares them: the name decoded by the header's own flag."""
+    flags, name_len = fields[2], fields[9]
+    name = bytes(raw[_LOCAL_HEADER.size:_LOCAL_HEADER.size + name_len])
+    if len(name) != name_len:
         return False
+    try:
+        return name.decode("utf-8" if flags & 0x800 else "cp437") == zi.orig_filename
+    except UnicodeDecodeError:
+        return False
+
+
+def _still_the_member(zi: zipfile.ZipInfo, fields: tuple[Any, ...]) -> bool:
+    """Whether a local header (``fields``) that names ``zi`` still gives its method, CRC
+    and sizes."""
+    _, _, flags, method, _, _, crc, csize, usize, _, _ = fields
     if method != zi.compress_type:
         return False
     if flags & 0x8:  # CRC and sizes in a data descriptor after the data
