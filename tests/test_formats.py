@@ -928,3 +928,45 @@ def test_vlen_items_decode_as_numcodecs_wrote_them_and_any_damage_is_a_codec_err
         except CodecError:
             continue
         assert got.shape == (len(values),)
+
+
+@pytest.mark.parametrize("fill", ["x", "AAAA", "", 5, 1.5, True, 0, None, [], {}, [1, 2]],
+                         ids=lambda v: json.dumps(v))
+@pytest.mark.parametrize("fmt,kind", [(2, "text"), (2, "bytes"), (3, "text"), (3, "bytes")])
+def test_variable_length_fill_values_read_as_zarr_python_reads_them(tmp_path: Path, fmt: int, kind: str,
+                                                                     fill: Any) -> None:
+    """A text array's fill of a number was served as no text (zarr-python reads 5 as "5"),
+    one of a list or object as that JSON, and a bytes array's as the base64 text itself
+    (zarr-python decodes it, and refuses any other JSON): the reference is zarr-python's
+    read of the array's unwritten elements, or its refusal."""
+    import warnings
+
+    import zarr
+    from zarr.core.dtype import VariableLengthBytes, VariableLengthUTF8
+
+    from zvfs.stores.directory import DirectoryStore
+
+    dtype = VariableLengthUTF8() if kind == "text" else VariableLengthBytes()  # type: ignore[call-arg]
+    written = np.array(["ab", "c"] if kind == "text" else [b"ab", b"c"], dtype=object)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = zarr.create_array(str(tmp_path / "a"), shape=(4,), chunks=(2,), dtype=dtype, zarr_format=fmt)
+        a[:2] = written
+    doc_path = tmp_path / "a" / (".zarray" if fmt == 2 else "zarr.json")
+    doc = json.loads(doc_path.read_text())
+    doc["fill_value"] = fill
+    doc_path.write_text(json.dumps(doc))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            want: list | None = list(zarr.open_array(str(tmp_path / "a"), mode="r")[:])
+    except (TypeError, ValueError) as exc:  # zarr-python's refusal of the fill
+        want = None
+        print("zarr-python refuses:", exc)
+    meta = discover(DirectoryStore(tmp_path)).arrays["a"]
+    if want is None:
+        assert meta.error is not None and "fill_value" in meta.error, meta.error
+        return
+    assert meta.error is None, meta.error
+    got = open_array(DirectoryStore(tmp_path), "a", meta).read_all()
+    assert list(got) == want

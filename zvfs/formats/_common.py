@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import math
 import threading
@@ -273,6 +274,28 @@ def fill_scalar(value: Any, dtype: np.dtype, key: str) -> Any:
     except (ValueError, TypeError, OverflowError) as exc:
         raise FormatError(f"{key}: bad fill_value {value!r} for {dtype}: {exc}") from exc
     raise FormatError(f"{key}: unsupported dtype {dtype} for fill_value")
+
+
+def vlen_fill(value: Any, vlen: str, key: str) -> Any:
+    """The fill of a variable-length array as zarr-python 3 reads it (null: none). Text
+    takes a string, or a number as its text (5 is "5", true "True"); bytes take base64.
+    Any other JSON is the array's metadata error, as zarr-python refuses it: kept as it
+    was, a list or object was served as the fill of every unwritten element, and a
+    number as no text at all."""
+    if value is None or vlen not in ("vlen-utf8", "vlen-bytes"):
+        return value
+    if vlen == "vlen-utf8":
+        if isinstance(value, str):
+            return value
+        if isinstance(value, int | float):  # bool among them, as Python's str() spells it
+            return str(value)
+        raise FormatError(f"{key}: bad fill_value {value!r} for variable-length text: a string or a number")
+    if not isinstance(value, str):
+        raise FormatError(f"{key}: bad fill_value {value!r} for variable-length bytes: base64 text")
+    try:
+        return base64.b64decode(value.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError, ValueError) as exc:
+        raise FormatError(f"{key}: bad fill_value {value!r} for variable-length bytes: {exc}") from exc
 
 
 def split_dimension_names(attrs: dict[str, Any], ndim: int) -> tuple[str | None, ...] | None:

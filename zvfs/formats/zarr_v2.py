@@ -12,7 +12,14 @@ import numpy as np
 from ..codecs import VLEN_FILTER_IDS, UnknownCodecError, V2Pipeline
 from ..codecs.bounded import ceiling
 from ..stores.base import Store
-from ._common import fetch_and_decode, fill_scalar, int_tuple, join, split_dimension_names
+from ._common import (
+    fetch_and_decode,
+    fill_scalar,
+    int_tuple,
+    join,
+    split_dimension_names,
+    vlen_fill,
+)
 from .keys import ZARRAY
 from .meta import ArrayMeta, FormatError, checked_dtype
 
@@ -159,6 +166,8 @@ def _fill_meta(meta: ArrayMeta, zarray: Any, zattrs: Any, key: str) -> None:
         # zvfs serves for null, for every other dtype)
         fill = "NaT"
     meta.fill_value = fill_scalar(fill, meta.dtype, key)
+    if meta.vlen is not None:
+        meta.fill_value = vlen_fill(meta.fill_value, meta.vlen, key)
     V2Pipeline(compressor, filters)  # fail now, not at the first chunk, on unknown codecs
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..codecs import CodecError, Pipeline, ShardingCodec, UnknownCodecError, build_pipeline
 from ..stores.base import KeyNotFound, Store, StoreError
-from ._common import attributes_of, fill_scalar, int_tuple, join
+from ._common import attributes_of, fill_scalar, int_tuple, join, vlen_fill
 from .keys import ZARR_JSON
 from .meta import ArrayMeta, FormatError, checked_dtype
 
@@ -187,7 +187,8 @@ def _fill_meta(meta: ArrayMeta, doc: Any, key: str) -> None:
     if doc.get("storage_transformers"):
         raise FormatError(f"{key}: storage_transformers are not supported")
     meta.codecs = doc["codecs"] if isinstance(doc["codecs"], list) else []
-    fill = fill_scalar(doc.get("fill_value"), logical, key)
+    fill = (vlen_fill(doc["fill_value"], meta.vlen, key) if meta.vlen is not None
+            else fill_scalar(doc["fill_value"], logical, key))
     pipeline = build_pipeline(doc["codecs"], outer, logical, fill)
     meta.source["pipeline"] = pipeline  # the reader decodes with it: built once per array
     meta.source["outer"] = outer
