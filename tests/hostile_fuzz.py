@@ -57,6 +57,15 @@ FIXTURES = {
     "nczarr": ("cf/nczarr.file", "temp"),
     "zv07_points": ("zv/v07/points.zarr", "0/vertices"),
     "zv09_points": ("zv/v09/points.zarr", "0/vertices"),
+    # each geometry's writers (PLY, TrackVis, SWC) read its links, fragments and indexes
+    "zv07_mesh": ("zv/v07/mesh.zarr", "0/vertices"),
+    "zv09_mesh": ("zv/v09/mesh.zarr", "0/vertices"),
+    "zv09_mesh_draco": ("zv/v09/mesh_draco.zarr", "0/vertices"),
+    "zv07_streamlines": ("zv/v07/streamlines.zarr", "0/vertices"),
+    "zv09_streamlines": ("zv/v09/streamlines.zarr", "0/vertices"),
+    "zv09_polylines": ("zv/v09/polylines.zarr", "0/vertices"),
+    "zv07_skeleton": ("zv/v07/skeleton.zarr", "0/vertices"),
+    "zv09_graph": ("zv/v09/graph.zarr", "0/vertices"),
 }
 KINDS = ("v2_zlib", "v2_blosc", "v2_raw_f", "v2_filters", "v3_zstd", "v3_shard", "v3_gzip_be",
          "v3_bool", "v3_complex", "v3_scalar", "v3_string_attrs", "v3_numcodecs", "v2_vlen_utf8",

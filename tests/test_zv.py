@@ -535,6 +535,21 @@ def test_meta_json_describes_the_level() -> None:
     assert old["layout"] == "0.7" and old["geometry_type"] == "mesh" and old["link_widths"]["0"] == 3
 
 
+def test_meta_json_is_strict_json_whatever_the_level_attributes_hold(tmp_path: Path) -> None:
+    """The level's attributes are copied into meta.json: an -Infinity among them (or NaN)
+    was written as that literal, which jq and JSON.parse refuse, so the whole file was
+    unreadable to them. Non-finite numbers are Zarr's strings there, as in the arrays view."""
+    d = tmp_path / "s"
+    shutil.copytree(store_dir("v09/points"), d)
+    doc = json.loads((d / "0" / "zarr.json").read_text())
+    doc["attributes"]["zarr_vectors_level"]["extra"] = [float("-inf"), float("nan"), {"x": float("inf")}]
+    (d / "0" / "zarr.json").write_text(json.dumps(doc))
+    text = read_file(d, "0/meta.json").decode()
+    meta = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in meta.json"))
+    assert meta["level_attributes"]["extra"] == ["-Infinity", "NaN", {"x": "Infinity"}]
+    assert meta["vertex_count"] == 14
+
+
 @pytest.mark.parametrize("name", ["v07/points", "v09/points", "v09/points_sharded_blosc", "v09/mesh"])
 def test_chunks_keep_sign_and_concatenate_to_vertices(name: str) -> None:
     d = store_dir(name)

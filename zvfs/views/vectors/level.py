@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from zvfs.formats import zv
+from zvfs.formats.meta import json_scalar, strict_json
 from zvfs.formats.zv import Level, ZVGroup
 from zvfs.stores.base import is_store_failure
 from zvfs.views.context import MountContext
@@ -579,12 +580,15 @@ class LevelTree:
                     "so they cannot line up with vertices.npy and are not served")
         if self.errors:
             meta["errors"] = self.errors
-        return (json.dumps(meta, indent=1, default=_json_default) + "\n").encode()
+        return (json.dumps(strict_json(meta), indent=1, default=_json_default) + "\n").encode()
 
 
 def _json_default(o: Any) -> Any:
+    """numpy values as strict JSON, as the rest of meta.json is (strict_json): the store's
+    own attributes are copied into it, and an -Infinity among them made the whole file
+    something no strict JSON reader (jq, JavaScript's JSON.parse) takes."""
     if isinstance(o, np.generic):
-        return o.item()
+        return json_scalar(o)
     if isinstance(o, np.ndarray):
-        return o.tolist()
+        return strict_json(o.tolist())
     return str(o)
