@@ -66,6 +66,9 @@ FIXTURES = {
     "zv09_polylines": ("zv/v09/polylines.zarr", "0/vertices"),
     "zv07_skeleton": ("zv/v07/skeleton.zarr", "0/vertices"),
     "zv09_graph": ("zv/v09/graph.zarr", "0/vertices"),
+    # Zarr v1, both layouts (zarr-python 3 reads neither: held to the errnos)
+    "v1_old": ("zarr/v1.zarr", "int16_be"),
+    "v1_spec": ("zarr/v1spec.zarr", "blosc_F_3d_u1"),
 }
 KINDS = ("v2_zlib", "v2_blosc", "v2_raw_f", "v2_filters", "v3_zstd", "v3_shard", "v3_gzip_be",
          "v3_bool", "v3_complex", "v3_scalar", "v3_string_attrs", "v3_numcodecs", "v2_vlen_utf8",
@@ -75,6 +78,8 @@ TEXT_KINDS = ("v2_vlen_utf8", "v3_string")
 #: their values: non-ASCII, empty and long ones (the fill, never written, is "–")
 TEXT = np.array([f"{'é' * (i % 4)}v{i}{'x' * (i % 7)}" for i in range(30)], dtype=object).reshape(5, 6)
 FIXTURE_DIR = Path(__file__).parent / "fixtures"
+#: metadata documents a fixture's mutations may pick: v2's and v3's, and v1's two layouts'
+METADATA_NAMES = (".zarray", ".zattrs", ".zgroup", "zarr.json", "meta", "attrs", "__zmeta__", "__zattr__")
 
 #: values put in place of a member's: wrong types, sizes no store holds, text no decoder expects
 HOSTILE: list[Any] = [
@@ -352,7 +357,7 @@ def _metadata_key(root: Path, array: str, target: str, at: int = 0) -> Path:
     top = root / array.split("/", 1)[0]
     if not (top / ".zgroup").exists() and not (top / "zarr.json").exists():
         top = g
-    docs = sorted(p for p in top.rglob("*") if p.name in (".zarray", ".zattrs", ".zgroup", "zarr.json"))
+    docs = sorted(p for p in top.rglob("*") if p.name in METADATA_NAMES)
     if target == "any" and docs:  # a copied fixture: any of its documents
         return docs[at % len(docs)]
     if target == "group":
@@ -378,7 +383,7 @@ def build(root: Path, group: str, case: dict[str, Any]) -> dict[str, Any]:
         changed["docs"].append(key.relative_to(root).as_posix())
     top = root / group if case["kind"] in FIXTURES else root / array
     chunk_files = sorted(p for p in top.rglob("*")
-                         if p.is_file() and not p.name.startswith(".") and p.name != "zarr.json")
+                         if p.is_file() and not p.name.startswith(".") and p.name not in METADATA_NAMES)
     for m in case["chunks"]:
         if chunk_files:
             p = chunk_files[m["which"] % len(chunk_files)]
