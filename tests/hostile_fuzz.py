@@ -59,17 +59,12 @@ ALLOWED = (errno.EIO, errno.ENOENT)
 #: test's environment): kind -> (fixture, the array of it that is checked)
 FIXTURES = {
     "nczarr": ("cf/nczarr.file", "temp"),
-    "zv07_points": ("zv/v07/points.zarr", "0/vertices"),
-    "zv09_points": ("zv/v09/points.zarr", "0/vertices"),
-    # each geometry's writers (PLY, TrackVis, SWC) read its links, fragments and indexes
-    "zv07_mesh": ("zv/v07/mesh.zarr", "0/vertices"),
-    "zv09_mesh": ("zv/v09/mesh.zarr", "0/vertices"),
-    "zv09_mesh_draco": ("zv/v09/mesh_draco.zarr", "0/vertices"),
-    "zv07_streamlines": ("zv/v07/streamlines.zarr", "0/vertices"),
-    "zv09_streamlines": ("zv/v09/streamlines.zarr", "0/vertices"),
-    "zv09_polylines": ("zv/v09/polylines.zarr", "0/vertices"),
-    "zv07_skeleton": ("zv/v07/skeleton.zarr", "0/vertices"),
-    "zv09_graph": ("zv/v09/graph.zarr", "0/vertices"),
+    # every ZV geometry, whose writers (PLY, TrackVis, SWC) read its links, fragments and
+    # indexes; its level 0's vertices are the array checked
+    **{f"zv{layout}_{name}": (f"zv/v{layout}/{name}.zarr", "0/vertices") for layout, name in (
+        ("07", "points"), ("09", "points"), ("07", "mesh"), ("09", "mesh"), ("09", "mesh_draco"),
+        ("07", "streamlines"), ("09", "streamlines"), ("09", "polylines"), ("07", "skeleton"),
+        ("09", "graph"))},
     # Zarr v1, both layouts (zarr-python 3 reads neither: held to the errnos)
     "v1_old": ("zarr/v1.zarr", "int16_be"),
     "v1_spec": ("zarr/v1spec.zarr", "blosc_F_3d_u1"),

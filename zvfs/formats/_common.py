@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import math
 import threading
@@ -294,7 +293,7 @@ def vlen_fill(value: Any, vlen: str, key: str) -> Any:
         raise FormatError(f"{key}: bad fill_value {value!r} for variable-length bytes: base64 text")
     try:
         return base64.b64decode(value.encode("ascii"), validate=True)
-    except (binascii.Error, UnicodeEncodeError, ValueError) as exc:
+    except ValueError as exc:  # binascii.Error, and text beyond ASCII
         raise FormatError(f"{key}: bad fill_value {value!r} for variable-length bytes: {exc}") from exc
 
 

@@ -165,9 +165,8 @@ def _fill_meta(meta: ArrayMeta, zarray: Any, zattrs: Any, key: str) -> None:
         # writes null by default, reads its dtype's default there: NaT for times (zero, as
         # zvfs serves for null, for every other dtype)
         fill = "NaT"
-    meta.fill_value = fill_scalar(fill, meta.dtype, key)
-    if meta.vlen is not None:
-        meta.fill_value = vlen_fill(meta.fill_value, meta.vlen, key)
+    meta.fill_value = (vlen_fill(fill, meta.vlen, key) if meta.vlen is not None
+                       else fill_scalar(fill, meta.dtype, key))
     V2Pipeline(compressor, filters)  # fail now, not at the first chunk, on unknown codecs
 
 

@@ -212,6 +212,8 @@ class ZipStore(Store):
             if name in self._members:
                 repeated[name] = repeated.get(name, 1) + 1
             self._members[name] = _Member(zi, _member_mtime_ns(zi, fallback_mtime_ns))
+            if zi.file_size == 0 and zi.CRC != 0:  # no read of no bytes would check it
+                self._members[name].bad = "zip member is empty, but its CRC is not that of no bytes"
             parent, _, base = name.rpartition("/")
             pre = parent + "/" if parent else ""
             self._add_prefixes(pre)
@@ -476,8 +478,6 @@ class ZipStore(Store):
             raise StoreError(f"{key}: {m.bad}")
         off = self._data_offset(key, m)
         try:
-            if zi.file_size == 0 and zi.CRC != 0:  # no read of no bytes would check it
-                raise _Corrupt("zip member is empty, but its CRC is not that of no bytes")
             if zi.compress_type == zipfile.ZIP_STORED:
                 return self._read_stored(key, m, off, start, length)
             if zi.compress_type == zipfile.ZIP_DEFLATED:
