@@ -9,6 +9,7 @@ test_mount_decoded.py.
 from __future__ import annotations
 
 import errno
+import gc
 import math
 import os
 import time
@@ -932,6 +933,65 @@ def test_inodes_are_stable_per_name_and_nodes_go_when_the_kernel_forgets_them(tm
             await ops.read(fh, 0, 1)  # a released handle is gone
 
     trio.run(main)
+
+
+def test_a_listed_chunk_file_costs_the_daemon_little_while_the_kernel_holds_it(tmp_path, monkeypatch):
+    """A listing of chunks/ tells the kernel of every chunk file, and the kernel holds each
+    (readdirplus) until memory pressure makes it forget: the daemon keeps that file's number,
+    name and node meanwhile. A hostile-fuzz batch walking arrays of 14,352 never-written
+    chunks held 116,000 such files, at 317 bytes each here (a set entry marking the number
+    derived, 74; the node's tuple index and its ints, 80; two slots of its own, 16), and its
+    daemon passed its memory bound. Now 180: the name, the node with a flat index, and the
+    table's arrays."""
+    import tracemalloc
+
+    from zvfs.views.root import build_root
+
+    group = zarr.open_group(tmp_path, mode="w", zarr_format=2)
+    n = 100_000
+    group.create_array("a", shape=(n,), chunks=(1,), dtype="<u2", fill_value=3)
+    group.create_array("b", shape=(4,), chunks=(1,), dtype="<u2", fill_value=3)
+    ctx = MountContext(store=DirectoryStore(tmp_path))
+    ops = ZvfsOperations(build_root(ctx), ctx, derived=["/.zvfs/"])
+    told = 0
+
+    def reply(token, name: bytes, attr, off: int) -> bool:
+        nonlocal told
+        told += 1
+        return True
+
+    monkeypatch.setattr(pyfuse3, "readdir_reply", reply)
+
+    async def chunks_dir(array: bytes) -> int:
+        ino = pyfuse3.ROOT_INODE
+        for name in (b".zvfs", b"arrays", array, b"chunks"):
+            ino = (await ops.lookup(ino, name)).st_ino
+        return ino
+
+    async def list_all(ino: int) -> None:
+        fh = await ops.opendir(ino, None)
+        await ops.readdir(fh, 0, None)  # every entry told at once: the kernel holds them all
+        await ops.releasedir(fh)
+
+    async def main() -> float:
+        await list_all(await chunks_dir(b"b"))  # what any first listing builds, and imports
+        ino = await chunks_dir(b"a")
+        nonlocal told
+        told = 0
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            await list_all(ino)
+            gc.collect()
+            after = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        assert told == n + 2  # '.', '..' and every chunk
+        return (after - before) / n
+
+    per_file = trio.run(main)
+    assert per_file <= 200, f"{per_file:.0f} bytes a chunk file"
 
 
 def test_no_handler_lets_out_anything_but_fuse_error(tmp_path):

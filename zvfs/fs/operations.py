@@ -205,7 +205,9 @@ class ZvfsOperations(pyfuse3.Operations):
         self._page_epochs: dict[int, tuple[object, float]] = {}
         self._files: dict[int, _Open] = {}
         self._derived_prefixes = tuple(derived)
-        self._derived: set[int] = set()
+        #: a byte a number, 1 where it is of a derived file or directory (below a derived
+        #: prefix): a set of them cost 74 bytes a chunk file a listing told the kernel of
+        self._derived = bytearray(1)
         #: directories whose path leads to a derived prefix (the root, '/.zvfs')
         self._toward_derived: set[int] = {ROOT} if self._derived_prefixes else set()
         self._invalidating = False
@@ -313,8 +315,9 @@ class ZvfsOperations(pyfuse3.Operations):
             self._node_at.append(node)
             self._lookups.append(0)
             self._told.append(-1)
-        if parent in self._derived:
-            self._derived.add(ino)
+            self._derived.append(0)
+        if self._derived[parent - ROOT]:
+            self._derived[ino - ROOT] = 1
         elif parent in self._toward_derived:
             self._mark_derived(parent, name, ino)
         return ino
@@ -322,7 +325,7 @@ class ZvfsOperations(pyfuse3.Operations):
     def _mark_derived(self, parent: int, name: str, ino: int) -> None:
         path = self._child_path(parent, name)
         if path.startswith(self._derived_prefixes):
-            self._derived.add(ino)
+            self._derived[ino - ROOT] = 1
         elif any(p.startswith(path + "/") for p in self._derived_prefixes):
             self._toward_derived.add(ino)
 
@@ -522,9 +525,9 @@ class ZvfsOperations(pyfuse3.Operations):
         self._node_at.extend(itertools.repeat(None, n))
         self._lookups.extend(array("q", [0]) * n)
         self._told.extend(array("q", [-1]) * n)
-        if parent in self._derived:
-            self._derived.update(range(first, first + n))
-        elif parent in self._toward_derived:
+        derived = self._derived[parent - ROOT]
+        self._derived.extend(bytes([derived]) * n)
+        if not derived and parent in self._toward_derived:
             for ino, name in enumerate(names, first):
                 self._mark_derived(parent, name, ino)
         self._runs.setdefault(parent, []).append((first, names))
@@ -564,7 +567,7 @@ class ZvfsOperations(pyfuse3.Operations):
         self._name_at[i] = ""  # no name is empty: this marks it freed (and lets go of the name)
         self._told[i] = -1
         self._page_epochs.pop(ino, None)
-        self._derived.discard(ino)
+        self._derived[i] = 0
         self._toward_derived.discard(ino)
         self._stale.discard(ino)
         if self._dir_handles:
@@ -721,9 +724,9 @@ class ZvfsOperations(pyfuse3.Operations):
         a change behind the mount, `ls -l` then a new open was given the old node, which
         read ESTALE ("open it again", though it was opened after), and its mmap SIGBUS."""
         node = await self._fresh(ino) if self._stale else self._node(ino)
-        if ino in self._derived and node.outdated():
+        if self._derived[ino - ROOT] and node.outdated():
             parent = ino
-            while parent != ROOT and parent in self._derived and not self._view_top(parent):
+            while parent != ROOT and self._derived[parent - ROOT] and not self._view_top(parent):
                 self._stale.add(parent)  # up to a top of the views: each resolves the current ones
                 parent = self._parent(parent)
             node = await self._fresh(ino)
@@ -941,7 +944,7 @@ class ZvfsOperations(pyfuse3.Operations):
         if handle is None and not direct:
             direct = node.size != self._told[inode - ROOT] or (
                 before is not None and not keep and before[0] != node.version()
-                and inode not in self._derived)
+                and not self._derived[inode - ROOT])
         keep = keep and not direct
         if keep:
             self._counters.add("fuse_opens_cached")
@@ -1394,7 +1397,7 @@ class ZvfsOperations(pyfuse3.Operations):
     def changed(self) -> None:
         """A write through the mount changed the store: drop the kernel's caches of the
         derived files (soon after, once per burst of writes, off the trio thread)."""
-        if not self._derived:
+        if 1 not in self._derived:
             return
         if self._invalidating:
             self._invalidate_again = True
@@ -1426,7 +1429,8 @@ class ZvfsOperations(pyfuse3.Operations):
         try:
             while True:
                 self._invalidate_again = False
-                inodes = [i for i in self._derived if self._lookups[i - ROOT]]
+                inodes = [i + ROOT for i in itertools.compress(range(len(self._derived)), self._derived)
+                          if self._lookups[i]]
                 tops = [i for i in inodes if self._view_top(i)]
                 # the tops resolve the current views themselves; the nodes below them are
                 # of the views before the write, and the kernel may keep using their numbers

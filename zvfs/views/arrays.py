@@ -782,13 +782,35 @@ class RawDataFile(FileNode):
 class ChunkFile(FileNode):
     """``chunks/<i.j.k>``: one decoded chunk, clipped at the array's edge."""
 
-    __slots__ = ("array", "idx", "mtime_ns", "immutable")  # a listing makes one per chunk told
+    # a listing makes one per chunk it tells the kernel of, and the mount keeps it while the
+    # kernel holds the file: two slots, the chunk's index flat (one int, where a tuple and
+    # its ints took 80 bytes more), its mtime and immutability asked of the array
+    __slots__ = ("array", "_at")
 
     def __init__(self, array: DecodedArray, idx: tuple[int, ...]) -> None:
         self.array = array
-        self.idx = idx
-        self.mtime_ns = array.ctx.data_mtime_ns(array.meta.path)
-        self.immutable = array.ctx.immutable
+        at = 0
+        for i, n in zip(idx, array.meta.grid_shape, strict=True):
+            at = at * n + i
+        self._at = at
+
+    @property
+    def idx(self) -> tuple[int, ...]:
+        """The chunk's index in the grid (C order)."""
+        out = []
+        rest = self._at
+        for n in reversed(self.array.meta.grid_shape):
+            rest, i = divmod(rest, n)
+            out.append(i)
+        return tuple(reversed(out))
+
+    @property
+    def mtime_ns(self) -> int:  # type: ignore[override]
+        return self.array.ctx.data_mtime_ns(self.array.meta.path)
+
+    @property
+    def immutable(self) -> bool:  # type: ignore[override]
+        return self.array.ctx.immutable
 
     def version(self) -> object:
         return self.array.content
