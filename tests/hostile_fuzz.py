@@ -575,6 +575,8 @@ def _strict_json(raw: bytes, what: str) -> list[str]:
 
 #: files :func:`walk` reads below one case's tree, at most (scripts/fuzz-hostile reads all)
 WALK_FILES = 16
+#: bytes of a JSON file :func:`walk` reads, to check it whole
+JSON_LIMIT = 64 * MiB
 
 
 def walk(top: Path, limit: int = 1 << 16) -> list[str]:
@@ -599,7 +601,9 @@ def walk(top: Path, limit: int = 1 << 16) -> list[str]:
             budget -= 1
             if budget < 0:
                 break
-            got = _clean(timed_read(p, limit), str(p.relative_to(top.parent)), problems)
+            # a JSON file whole (its first 64 KiB are no JSON document when it is longer)
+            got = _clean(timed_read(p, JSON_LIMIT if name.endswith(".json") else limit),
+                         str(p.relative_to(top.parent)), problems)
             if got is not None and name.endswith(".json"):
                 problems += _strict_json(got, str(p.relative_to(top.parent)))
     return problems

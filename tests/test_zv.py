@@ -662,6 +662,28 @@ def test_wrong_fragment_magic(tmp_path: Path) -> None:
         zv.parse_fragment_index(b"\x00" * 40, "k")
 
 
+def test_a_fragment_index_naming_millions_of_rows_fails_fragments_json_alone(tmp_path: Path) -> None:
+    """A fragment index of 41 bytes can name 2**24 rows in one range: its fragments.json,
+    built with the chunk's directory, took a hostile-fuzz daemon from 70 to 286 MiB. Past
+    FRAGMENTS_JSON_ROWS that one file fails, naming the key; the chunk's other files and
+    the other chunks still answer."""
+    from zvfs.views.vectors.level import FRAGMENTS_JSON_ROWS
+
+    d = _copy(tmp_path, "v09/points")
+    cell = d / "0" / "vertex_fragments" / "c" / "1" / "1" / "1"
+    rows = FRAGMENTS_JSON_ROWS + 1
+    index = (struct.pack("<IHHII", zv.FRAGMENT_MAGIC, 1, 0, 1, 1) + b"\x01" + b"\x00" * 7
+             + struct.pack("<qq", 0, rows) + struct.pack("<I", 0))
+    assert zv.parse_fragment_index(index, "k").sizes().tolist() == [rows]
+    cell.write_bytes(_vlen_cell(index))
+    with pytest.raises(NodeError) as err:
+        read_file(d, "0/chunks/0.0.0/fragments.json")
+    assert "0/vertex_fragments/0.0.0" in str(err.value) and f"{rows:,} rows" in str(err.value)
+    assert json.loads(read_file(d, "0/chunks/-1.0.0/fragments.json"))  # another chunk's
+    np.testing.assert_array_equal(load_npy(d, "0/chunks/-1.0.0/vertices.npy"),
+                                  load_npy(store_dir("v09/points"), "0/chunks/-1.0.0/vertices.npy"))
+
+
 def test_manifest_past_end_of_chunk(tmp_path: Path) -> None:
     from numcodecs import Zstd
 

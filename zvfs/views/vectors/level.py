@@ -37,6 +37,10 @@ LINE_GEOMETRIES = ("streamline", "polyline", "line", "lines")
 #: faces or edges per level.ply part, and bytes per streamlines.trk part
 PART_ROWS = 1 << 16
 PART_BYTES = 1 << 20
+#: rows a chunk's fragments.json lists at most (about 8 MB of JSON, built with the chunk's
+#: directory): a fragment index of a few bytes can name 2**24 rows a range, and a mutated
+#: one took the daemon from 70 to 286 MiB (scripts/fuzz-hostile, seed 4105)
+FRAGMENTS_JSON_ROWS = 1 << 20
 TREE_CONVENTION = "implicit_sequential_with_branches"
 #: levels with at most this many objects have every manifest checked when sized
 OBJECT_CHECK_LIMIT = 100_000
@@ -492,8 +496,14 @@ class LevelTree:
                 for name, info in infos.items()}, mtime_ns=ctx.stable_time_ns)
         fi = L.fragments(c)
         if fi is not None:
-            out["fragments.json"] = MemFile(json.dumps(
-                [fi.rows(f).tolist() for f in range(fi.count)]).encode() + b"\n", ctx)
+            named = int(fi.sizes().sum())  # counted without expanding a range
+            if named > FRAGMENTS_JSON_ROWS:
+                out["fragments.json"] = ErrorFile(ctx, f"{base}/fragments.json", zv.ZVError(
+                    fi.key, f"its fragments name {named:,} rows; fragments.json lists at most "
+                    f"{FRAGMENTS_JSON_ROWS:,}"))
+            else:
+                out["fragments.json"] = MemFile(json.dumps(
+                    [fi.rows(f).tolist() for f in range(fi.count)]).encode() + b"\n", ctx)
         links: dict[str, Node] = {}
         for d in L.link_deltas():
             parts = []
