@@ -948,7 +948,7 @@ def test_a_listed_chunk_file_costs_the_daemon_little_while_the_kernel_holds_it(t
     from zvfs.views.root import build_root
 
     group = zarr.open_group(tmp_path, mode="w", zarr_format=2)
-    n = 100_000
+    n = 30_000
     group.create_array("a", shape=(n,), chunks=(1,), dtype="<u2", fill_value=3)
     group.create_array("b", shape=(4,), chunks=(1,), dtype="<u2", fill_value=3)
     ctx = MountContext(store=DirectoryStore(tmp_path))
