@@ -930,6 +930,37 @@ def test_vlen_items_decode_as_numcodecs_wrote_them_and_any_damage_is_a_codec_err
         assert got.shape == (len(values),)
 
 
+@pytest.mark.parametrize("codec", ["vlen-utf8", "vlen-bytes", "vlen-array"])
+def test_a_v2_vlen_chunk_claiming_millions_of_items_is_refused_before_any_is_made(codec: str) -> None:
+    """A v2 array's vlen filter went to numcodecs as it was, which makes an array of as many
+    items as the chunk's header says before reading one: a v2 vlen-utf8 array whose
+    compressor was deleted (scripts/fuzz-hostile, seed 4203) read blosc's header as 20
+    million items, and listing .zvfs/netcdf took the daemon from 69 to 250 MiB. The count
+    is checked against the chunk's first; a chunk numcodecs wrote still decodes as it does."""
+    import tracemalloc
+
+    import numcodecs
+
+    from zvfs.codecs.v2 import V2Pipeline
+
+    config = {"id": codec, **({"dtype": "<i4"} if codec == "vlen-array" else {})}
+    items = {"vlen-utf8": ["a", "é", ""], "vlen-bytes": [b"a", b"", b"xyz"],
+             "vlen-array": [np.arange(2, dtype="<i4"), np.arange(0, dtype="<i4"), np.arange(3, dtype="<i4")]}[codec]
+    written = numcodecs.get_codec(config).encode(np.array(items + [None], dtype=object)[:3])
+    pipeline = V2Pipeline(None, [config])
+    got = pipeline.decode(bytes(written), (3,), np.dtype(object))
+    assert [np.asarray(v).tolist() for v in got] == [np.asarray(v).tolist() for v in items]
+    hostile = b"\x02\x013\x01" + bytes(written)[4:]  # blosc's first bytes: 20,119,810 items
+    tracemalloc.start()
+    try:
+        with pytest.raises(CodecError, match="20119810 items, expected 3"):
+            pipeline.decode(hostile, (3,), np.dtype(object))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
+
+
 @pytest.mark.parametrize("fill", ["x", "AAAA", "", 5, 1.5, True, 0, None, [], {}, [1, 2]],
                          ids=lambda v: json.dumps(v))
 @pytest.mark.parametrize("fmt,kind", [(2, "text"), (2, "bytes"), (3, "text"), (3, "bytes")])

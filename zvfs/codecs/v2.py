@@ -15,6 +15,7 @@ import numpy as np
 from . import blosc as _blosc
 from . import bounded
 from .errors import CodecError, UnknownCodecError
+from .vlen import vlen_counted
 
 #: object codecs: their presence makes a v2 array variable-length
 VLEN_FILTER_IDS = {
@@ -70,6 +71,8 @@ def v1_compressor(compression: Any, options: Any) -> dict[str, Any] | None:
 
 #: numcodecs compressors that decode_bounded bounds (as a compressor or as a filter)
 BOUNDED_IDS = frozenset({"zlib", "gzip", "bz2", "lzma", "zstd", "lz4", "blosc"})
+#: numcodecs' variable-length object codecs: their header's item count is checked first
+VLEN_IDS = frozenset({"vlen-utf8", "vlen-bytes", "vlen-array"})
 
 
 def decode_bounded(codec: Any, codec_id: str | None, data: Any, limit: int | None) -> Any:
@@ -122,8 +125,12 @@ class V2Pipeline:
             else:
                 chunk = decode_bounded(self.compressor, self._id, data, limit)
             for f, fid in zip(reversed(self.filters), reversed(self._filter_ids), strict=True):
-                # a compressor among the filters is bounded like the compressor
-                chunk = decode_bounded(f, fid, _buffer(chunk), limit) if fid in BOUNDED_IDS else f.decode(chunk)
+                if fid in BOUNDED_IDS:  # a compressor among the filters, bounded like the compressor
+                    chunk = decode_bounded(f, fid, _buffer(chunk), limit)
+                elif fid in VLEN_IDS:  # the object codec: as many items as the chunk has
+                    chunk = f.decode(vlen_counted(_buffer(chunk), expected))
+                else:
+                    chunk = f.decode(chunk)
         except CodecError:
             raise
         except Exception as exc:
