@@ -71,7 +71,8 @@ def v1_compressor(compression: Any, options: Any) -> dict[str, Any] | None:
 
 #: numcodecs compressors that decode_bounded bounds (as a compressor or as a filter)
 BOUNDED_IDS = frozenset({"zlib", "gzip", "bz2", "lzma", "zstd", "lz4", "blosc"})
-#: numcodecs' variable-length object codecs: their header's item count is checked first
+#: the object codecs (of VLEN_FILTER_IDS) whose chunk begins with its item count, a u32:
+#: checked against the chunk's before numcodecs makes an array of that many
 VLEN_IDS = frozenset({"vlen-utf8", "vlen-bytes", "vlen-array"})
 
 
