@@ -403,7 +403,8 @@ class DecodedArray:
         return ReadAhead(initial=min(ceiling, max(4 << 20, stripe)), ceiling=ceiling)
 
     async def read_elements(
-        self, start: int, stop: int, dtype: np.dtype | None = None, passed_from: int | None = None
+        self, start: int, stop: int, dtype: np.dtype | None = None,
+        passed: Callable[[], tuple[int, int]] | None = None,
     ) -> memoryview:
         """C-order elements [start, stop) of the whole array as bytes: in the declared dtype and
         byte order, or converted to ``dtype`` as they are copied out of the decoded chunks.
@@ -420,8 +421,9 @@ class DecodedArray:
         by this read at a time, and tiny chunks are decoded a batch per worker hop: a
         1 MiB read of an array of 1-byte chunks costs bounded memory, not a million tasks.
 
-        ``passed_from``: this read ends a sequential run of reads that began at that element.
-        The chunks the run has now read whole leave the cache (see :meth:`_release`).
+        ``passed``: this read is part of a sequential run of reads; it tells the elements
+        [from, to) the run has now been answered whole. The chunks in them leave the cache
+        (see :meth:`_release`).
         """
         meta = self.meta
         dt = self._other(dtype)
@@ -439,8 +441,8 @@ class DecodedArray:
                 chunk = await self.chunk(idx)
             view = _contiguous_part(meta, idx, chunk, start, stop, boxes)
             if view is not None:
-                if passed_from is not None:
-                    self._release(group, passed_from, stop)
+                if passed is not None:
+                    self._release(group, *passed())
                 return view
         buf: np.ndarray | None = None
         laid: np.ndarray | None = None  # the fill chunk the whole reply was set to, if any
@@ -457,8 +459,8 @@ class DecodedArray:
                 if chunk is not laid:
                     _copy_chunk(meta.chunks, idx, chunk, boxes, views)
             del decoded  # not held while the next group loads
-            if passed_from is not None:
-                self._release(group, passed_from, stop)
+            if passed is not None:
+                self._release(group, *passed())
             group = list(itertools.islice(needed, CHUNK_BATCH))
         self.ctx.buffers.give(buf)  # lent again once the reply made from it is gone
         return byte_view(out)
@@ -585,9 +587,19 @@ class DecodedArray:
             if window is not None:
                 self._prefetch(*window, item)
         first, last = offset // item, -(-end // item)
-        # what the run has read whole, in elements: none when it ends inside one
-        passed = None if ahead is None or end % item else -(-ahead.run_start // item)
-        data = await self.read_elements(first, last, dt, passed)
+        if ahead is None:
+            data = await self.read_elements(first, last, dt)
+        else:
+            with ahead.reading(offset, end) as answered_to:
+                # what the run has read whole, in whole elements, from where it began
+                run_from = -(-ahead.run_start // item)
+                data = await self.read_elements(first, last, dt, lambda: (run_from, answered_to() // item))
+                later = answered_to() // item
+                if later > last and self.meta.chunk_nbytes >= RELEASE_MIN_BYTES:
+                    # reads after this one were answered first, and kept what they passed
+                    # for it: that goes now
+                    beyond = chunks_under(list(range_boxes(self.meta.shape, last, later)), self.meta.chunks)
+                    self._release(list(beyond), run_from, later)
         skip = offset - first * item
         return data[skip : skip + (end - offset)]
 

@@ -390,18 +390,27 @@ class RawFile(FileNode):
                 if not self.ctx.prefetch(bs, self._block, n, True):
                     break
         first, last = offset // bs, (end - 1) // bs
-        if first == last:  # a view of the cached block: no copy
-            data: bytes | memoryview = memoryview(await self._block(first))
+        if self._ahead is None:
+            data = await self._blocks(first, last)
         else:
-            blocks = await gather(list(range(first, last + 1)), self._block)
-            data = memoryview(b"".join(blocks[n] for n in range(first, last + 1)))
-        if self._ahead is not None:
-            self._release(self._ahead.run_start, end, size)
+            with self._ahead.reading(offset, end) as answered_to:
+                run_start = self._ahead.run_start
+                data = await self._blocks(first, last)
+                self._release(run_start, answered_to(), size)
         return data[offset - first * bs : end - first * bs]
+
+    async def _blocks(self, first: int, last: int) -> memoryview:
+        """Blocks ``first`` to ``last`` as one buffer: a view of the cached block when it is
+        one (no copy)."""
+        if first == last:
+            return memoryview(await self._block(first))
+        blocks = await gather(list(range(first, last + 1)), self._block)
+        return memoryview(b"".join(blocks[n] for n in range(first, last + 1)))
 
     def _release(self, start: int, end: int, size: int) -> None:
         """Drop the blocks this open has now read to their end, in the sequential run of
-        reads that began at ``start`` and has reached ``end``.
+        reads that began at ``start`` and has been answered up to ``end``
+        (:meth:`ReadAhead.reading`: not past a read of this open still under way).
 
         A streamed file's bytes are in the kernel's page cache by then (or read once, with
         direct_io), so keeping them here too only doubled the daemon's memory: reading

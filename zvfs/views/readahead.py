@@ -8,7 +8,10 @@ loads; the cache bounds the memory.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -18,8 +21,15 @@ class ReadAhead:
     _next: int = -1
     _window: int = 0
     _ahead_to: int = 0
-    #: where the current run of sequential reads began (the raw view releases what it passed)
+    #: where the current run of sequential reads began (the views release what it passed)
     run_start: int = 0
+    #: the run's number: a seek starts another
+    _run: int = 0
+    #: reads of this open under way: id -> offset
+    _reading: dict[int, int] = field(default_factory=dict)
+    _ids: Iterator[int] = field(default_factory=itertools.count)
+    #: the furthest end of the current run's reads that have been answered
+    _answered_to: int = 0
 
     def advise(self, offset: int, end: int, size: int) -> tuple[int, int] | None:
         """Record a read of [offset, end); return a byte range to prefetch, or None."""
@@ -27,6 +37,8 @@ class ReadAhead:
         self._next = end
         if not sequential:
             self.run_start = offset
+            self._run += 1
+            self._answered_to = offset
             self._window = 0
             self._ahead_to = end
             return None
@@ -37,6 +49,32 @@ class ReadAhead:
             return None
         self._ahead_to = stop
         return start, stop
+
+    @contextmanager
+    def reading(self, offset: int, end: int) -> Iterator[Callable[[], int]]:
+        """A read of [offset, end) under way (entered after :meth:`advise`). Yields a
+        function telling where its run has been answered to: what a view may let go of.
+
+        The kernel sends several reads of one open at once, and they end in any order: a
+        read that ended before an earlier one let go of a chunk the earlier one had yet to
+        take, which was then decoded twice (CI: 141 chunks decoded, 129 expected). So the
+        answered part of a run ends at the first read of this open still under way, or at
+        the furthest end of the run's answered reads if none is."""
+        rid, run = next(self._ids), self._run
+        self._reading[rid] = offset
+
+        def answered_to() -> int:
+            to = max(end, self._answered_to) if run == self._run else end
+            return min([to, *(o for r, o in self._reading.items() if r != rid)])
+
+        try:
+            yield answered_to
+        except BaseException:
+            del self._reading[rid]
+            raise
+        del self._reading[rid]
+        if run == self._run:
+            self._answered_to = max(self._answered_to, end)
 
 
 # -- a reader that starts files in tree order (cp -r, rsync, tar) ----------------------------
