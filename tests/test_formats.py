@@ -583,6 +583,33 @@ def test_fill_value_forms() -> None:
         fill_scalar(300, np.dtype("u1"), "k")
 
 
+@pytest.mark.parametrize("fmt", [2, 3])
+@pytest.mark.parametrize("fill", ["5", "-1e400", '"NaN"'])
+def test_a_complex_fill_that_is_one_number_is_refused_as_zarr_python_refuses_it(tmp_path, fmt, fill):
+    """A complex fill is [real, imaginary]. One number alone (what the hostile fuzz's seed
+    4301 made of a fill) zarr-python refuses, in v2 and v3; zvfs served it as the real
+    part. Its [real, imaginary] form, written by zarr-python, still reads as zarr-python
+    reads it."""
+    import warnings
+
+    import zarr
+
+    path = tmp_path / "a"
+    zarr.create_array(str(path), shape=(3,), chunks=(2,), dtype="complex64", fill_value=1.5 - 2j,
+                      zarr_format=fmt)
+    doc_key = "zarr.json" if fmt == 3 else ".zarray"
+    meta = discover(DirectoryStore(path)).arrays[""]
+    assert meta.error is None and meta.fill_value == zarr.open_array(str(path), mode="r").fill_value
+    doc = json.loads((path / doc_key).read_text())
+    doc["fill_value"] = "@"
+    (path / doc_key).write_text(json.dumps(doc).replace('"@"', fill))
+    with warnings.catch_warnings(), pytest.raises(TypeError, match="Expected a float"):
+        warnings.simplefilter("ignore")
+        zarr.open_array(str(path), mode="r")
+    meta = discover(DirectoryStore(path)).arrays[""]
+    assert meta.error is not None and "expected [real, imaginary]" in meta.error, meta.error
+
+
 def test_chunk_grid_helpers_and_overflow() -> None:
     m = ArrayMeta(path="x", format="zarr_v2", shape=(10, 7), chunks=(4, 3), dtype=np.dtype("<i2"))
     m.validate()
