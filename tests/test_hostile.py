@@ -697,6 +697,46 @@ def test_bad_metadata(tmp_path: Path, mount) -> None:
     assert_alive(m, pid)
 
 
+def test_a_number_too_big_for_a_float_where_metadata_wants_text_fails_that_array_alone(
+        tmp_path: Path, mount) -> None:
+    """1e400 is a JSON number no float holds (Python reads it as infinity). Given as a
+    Zarr v1 array's ``order`` (scripts/fuzz-hostile --seed 4302), the array's meta.json
+    could not be written as strict JSON, which failed the whole discovery: every view of
+    every array in the store was EIO. Now that array shows meta.json with its error, as
+    do v2 and v3 arrays given the same where text belongs (zarr-python refuses those), and
+    the store's other arrays read as zarr-python reads them."""
+    import zarr
+
+    root = new_store(tmp_path / "inf.zarr")
+    data = np.arange(48, dtype="<i4").reshape(6, 8)
+    bad = {}
+    v1 = root / "v1_order"
+    v1.mkdir()
+    (v1 / "meta").write_text(
+        '{"zarr_format": 1, "shape": [6, 8], "chunks": [3, 4], "dtype": "<i4", "compression": '
+        '"zlib", "compression_opts": 1, "fill_value": 0, "order": 1e400}')
+    (v1 / "attrs").write_text("{}")
+    bad["v1_order"] = "v1_order/meta"
+    for fmt, key, token in (("v2", ".zarray", '"order": "C"'),
+                            ("v3", "zarr.json", '"separator": "/"')):
+        name = f"{fmt}_text_member"
+        d = (v2_array if fmt == "v2" else v3_array)(root, name, data, (3, 4))
+        text = (d / key).read_text()
+        assert token in text, text
+        (d / key).write_text(text.replace(token, token.split(":")[0] + ": 1e400"))
+        with pytest.raises(Exception):  # noqa: B017 - any error: it must not open
+            zarr.open_array(zarr.storage.LocalStore(str(root)), path=name, mode="r")[...]
+        bad[name] = f"{name}/{key}"
+    m = mount(root)
+    pid = daemon_pid(m)
+    assert_good(m, root)
+    assert_metadata_errors(m, bad)
+    meta = json.loads((m.path / ".zvfs/arrays/v1_order/meta.json").read_text())
+    assert meta["order"] == "Infinity", meta  # what the document gave, as strict JSON
+    assert (m.path / ".zvfs/netcdf/root.nc").stat().st_size > 0
+    assert_alive(m, pid)
+
+
 def test_a_group_with_an_extension_it_must_understand_says_nothing_of_its_own(tmp_path: Path, mount) -> None:
     """A v3 group's zarr.json with a member the spec does not define, without
     ``"must_understand": false``, was served as if the member were absent: its attributes in

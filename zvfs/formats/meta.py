@@ -162,8 +162,13 @@ class ArrayMeta:
     # -- serialisation -----------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-able dict for meta.json (strict JSON: no NaN literals)."""
-        out: dict[str, Any] = {
+        """A JSON-able dict for meta.json (strict JSON: no NaN literals).
+
+        Made strict whole: a field the metadata's error is about keeps what the document
+        gave, any JSON value (a v1 array's ``order`` of 1e400, an infinity), and one such
+        value failed the digest of that array, which failed the whole discovery: every
+        view of every array EIO (scripts/fuzz-hostile --seed 4302)."""
+        return strict_json({
             "path": self.path,
             "format": self.format,
             "shape": list(self.shape),
@@ -173,15 +178,14 @@ class ArrayMeta:
             "fill_value": json_scalar(self.fill_value),
             "order": self.order,
             "dimension_names": list(self.dimension_names) if self.dimension_names else None,
-            "attributes": strict_json(self.attributes),
-            "codecs": strict_json(self.codecs),
+            "attributes": self.attributes,
+            "codecs": self.codecs,
             "chunk_key_encoding": self.chunk_key_encoding,
             "vlen": self.vlen,
             "nbytes": self.nbytes if self.error is None else None,
             "chunk_grid": list(self.grid_shape) if self.error is None else None,
             "error": self.error,
-        }
-        return out
+        })
 
     def json_bytes(self) -> bytes:
         """meta.json content: indented, strict JSON, trailing newline."""
