@@ -474,6 +474,12 @@ def check(mnt: Path, root: Path, array: str, changed: dict[str, Any], log: Calla
     # shows whether they read or fail alone
     limit = BIG_READ if ref is None and not (bombed or fixture) else 256 * MiB
     base = mnt / ".zvfs/arrays" / array
+    for family in ("arrays", "v2", "netcdf", "vectors"):
+        # each is built from the whole store: one that fails to list is every case's views
+        # failed, which the errnos allowed below would not show
+        listed = _listdir(mnt / ".zvfs" / family)
+        if not isinstance(listed, list):
+            problems.append(f".zvfs/{family} does not list: {errno.errorcode.get(listed, listed)}")
     got_meta = timed_read(base / "meta.json")
     if got_meta == errno.EIO:
         # meta.json is made from what the discovery found, the error inside it: one that
