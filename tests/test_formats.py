@@ -610,6 +610,31 @@ def test_a_complex_fill_that_is_one_number_is_refused_as_zarr_python_refuses_it(
     assert meta.error is not None and "expected [real, imaginary]" in meta.error, meta.error
 
 
+@pytest.mark.parametrize("dtype", ["string", "variable_length_bytes"])
+def test_a_vlen_codec_given_a_setting_it_has_not_is_refused_as_zarr_python_refuses_it(tmp_path, dtype):
+    """vlen-utf8 and vlen-bytes have no settings: zarr-python refuses either with a member
+    in its configuration (TypeError: unexpected keyword argument). zvfs read the array as
+    if it had none (scripts/fuzz-hostile --seed 4304). Without the member, it reads."""
+    import warnings
+
+    import zarr
+
+    path = tmp_path / "a"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        zarr.create_array(str(path), shape=(3,), chunks=(2,), dtype=dtype)
+    assert discover(DirectoryStore(path)).arrays[""].error is None
+    doc = json.loads((path / "zarr.json").read_text())
+    assert doc["codecs"][0]["name"].startswith("vlen-")
+    doc["codecs"][0]["configuration"] = {"x": None}
+    (path / "zarr.json").write_text(json.dumps(doc))
+    with warnings.catch_warnings(), pytest.raises(TypeError, match="unexpected keyword"):
+        warnings.simplefilter("ignore")
+        zarr.open_array(str(path), mode="r")
+    error = discover(DirectoryStore(path)).arrays[""].error
+    assert error is not None and "unknown configuration member 'x'" in error, error
+
+
 def test_chunk_grid_helpers_and_overflow() -> None:
     m = ArrayMeta(path="x", format="zarr_v2", shape=(10, 7), chunks=(4, 3), dtype=np.dtype("<i2"))
     m.validate()

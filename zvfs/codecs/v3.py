@@ -294,6 +294,8 @@ def _any(_v: Any) -> bool:
 #: a codec zvfs does not know: zarr-python refuses such an array, and zvfs served it.
 CONFIG_MEMBERS: dict[str, dict[str, Callable[[Any], bool]]] = {
     "bytes": {"endian": _any},  # checked by the codec itself
+    "vlen-utf8": {},  # no settings: zarr-python refuses any member (hostile fuzz, seed 4304)
+    "vlen-bytes": {},
     "transpose": {"order": _any},  # checked against the shape by the codec
     "gzip": {"level": _int_in(0, 9)},
     "zstd": {"level": _int_in(-(1 << 17), 22), "checksum": lambda v: isinstance(v, bool)},
