@@ -613,6 +613,12 @@ def build_bad_metadata(root: Path) -> dict[str, str]:
                "codec_without_configuration": lambda d: d["codecs"][-1].pop("configuration"),
                # 0 there read as "no configuration": the codec's settings were passed over
                "codec_configuration_zero": lambda d: d["codecs"][-1].__setitem__("configuration", 0),
+               # null is no object either: zarr-python refuses it ("Expected dict") for a
+               # codec, the chunk grid and the key encoding; zvfs took it as none
+               "codec_configuration_null": lambda d: d["codecs"][0].__setitem__("configuration", None),
+               "grid_configuration_null": lambda d: d["chunk_grid"].__setitem__("configuration", None),
+               "key_encoding_configuration_null": lambda d: d["chunk_key_encoding"].__setitem__(
+                   "configuration", None),
                # a shard's inner codecs given as 0: read as the default (bytes, little-endian)
                "shard_codecs_zero": lambda d: d.__setitem__("codecs", [{
                    "name": "sharding_indexed", "configuration": {

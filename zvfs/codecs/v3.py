@@ -327,9 +327,9 @@ def make_codec(spec: Any) -> Codec:
     if isinstance(spec, str):
         name, config = spec, {}
     elif isinstance(spec, dict) and isinstance(spec.get("name"), str):
-        name, config = spec["name"], spec.get("configuration")
-        if config is None:  # only null or absent: 0, false or "" are no configuration either
-            config = {}
+        # only absent is no configuration: null, 0, false or "" is no object, and
+        # zarr-python refuses each ("Expected dict")
+        name, config = spec["name"], spec.get("configuration", {})
         if "configuration" not in spec and name in NEED_CONFIGURATION:
             raise UnknownCodecError(f"codec {name!r} without its configuration")
     else:

@@ -48,12 +48,11 @@ def parse_data_type(value: Any, key: str) -> tuple[np.dtype, str | None]:
 
 def _configuration(value: dict[str, Any], key: str, members: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The ``configuration`` of a named member ({} when absent). Any other JSON there (a
-    string, a number) is the document's error: read as a dict it raised AttributeError,
-    which the log then told without the key. With ``members``, one it does not name is an
-    error too (an extension's, whose meaning zvfs does not know: zarr-python refuses it)."""
-    conf = value.get("configuration")
-    if conf is None:
-        return {}
+    string, a number, null: zarr-python refuses each) is the document's error: read as a
+    dict it raised AttributeError, which the log then told without the key. With
+    ``members``, one it does not name is an error too (an extension's, whose meaning zvfs
+    does not know: zarr-python refuses it)."""
+    conf = value.get("configuration", {})
     if not isinstance(conf, dict):
         raise FormatError(f"{key}: the configuration of {value.get('name')!r} is not a JSON object: {conf!r}")
     unknown = sorted(set(conf) - set(members)) if members is not None else []
