@@ -684,6 +684,37 @@ def test_a_fragment_index_naming_millions_of_rows_fails_fragments_json_alone(tmp
                                   load_npy(store_dir("v09/points"), "0/chunks/-1.0.0/vertices.npy"))
 
 
+def test_a_fragment_range_past_its_chunk_is_refused_before_its_rows_are_made(tmp_path: Path) -> None:
+    """A flipped fragment index of a ZV 0.7 skeleton (scripts/fuzz-hostile --seed 4307)
+    named millions of rows of a chunk of one: an object's .npy and .swc made them, 32 MB a
+    time, before they were found past the chunk's end (the daemon went from 48 to 181 MiB).
+    The range is checked against the chunk first now: an object that names it fails naming
+    a key of the chunk, in a few MiB; the others still read."""
+    import tracemalloc
+
+    d = _copy(tmp_path, "v07/skeleton")
+    cell = d / "0" / "vertex_fragments" / "0.0.0" / "c" / "0"
+    index = (struct.pack("<IHHII", zv.FRAGMENT_MAGIC, 1, 0, 1, 1) + b"\x01" + b"\x00" * 7
+             + struct.pack("<qq", 0, 1 << 22) + struct.pack("<I", 0))
+    assert len(index) == len(cell.read_bytes())  # the array's shape holds it
+    cell.write_bytes(index)
+    failed, served = [], 0
+    tracemalloc.start()
+    try:
+        for f in sorted(n for n in listing(d, "0/objects") if n.endswith((".npy", ".swc"))):
+            try:
+                read_file(d, f"0/objects/{f}")
+                served += 1
+            except NodeError as exc:
+                failed.append((f, str(exc)))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert failed and served, (failed, served)
+    assert all("0.0.0" in why for _, why in failed), failed
+    assert peak < 8 << 20, (peak, failed)
+
+
 def test_manifest_past_end_of_chunk(tmp_path: Path) -> None:
     from numcodecs import Zstd
 

@@ -161,9 +161,9 @@ def fragment_starts(level: Level) -> np.ndarray:
             out.append(offsets[c])
             continue
         for f in range(fi.count):
-            rows = fi.rows(f)
-            if len(rows):
-                out.append(offsets[c] + int(rows[0]))
+            first = fi.first(f)
+            if first is not None:
+                out.append(offsets[c] + first)
     return np.asarray(sorted(set(out)), np.int64)
 
 
@@ -240,13 +240,16 @@ def object_vertices(level: Level, oid: int, blocks: list | None = None,
                 raise ZVError(level.key(f"vertices/{chunk_name(b.chunk)}"),
                               f"decoded {len(verts)} vertices, the fragment index says {level.vertex_count(b.chunk)}")
             cache[b.chunk] = verts
+        if level.encoding != "draco" and (fi := level.fragments(b.chunk)) is not None:
+            for f in b.fragments:  # before the result is made: its size is the index's word
+                fi.check(int(f), len(cache[b.chunk]))
     out = np.empty((total, level.ndim), level.dtype)
     pos = 0
     for b in blocks:
         verts = cache[b.chunk]
         fi = None if level.encoding == "draco" else level.fragments(b.chunk)
         for f in b.fragments:
-            local = fi.rows(int(f)) if fi is not None else np.arange(len(verts))
+            local = fi.rows(int(f), len(verts)) if fi is not None else np.arange(len(verts))
             if len(local) and local.max() >= len(verts):
                 raise ZVError(level.key(f"vertices/{chunk_name(b.chunk)}"),
                               f"object {oid} points past the end of the chunk ({len(verts)} vertices)")

@@ -715,7 +715,7 @@ class Level:
                     rows = np.arange(n, dtype=np.int64)
                 else:
                     try:
-                        rows = fi.rows(int(f))
+                        rows = fi.rows(int(f), n)
                     except ZVError as exc:
                         raise ZVError(self.key("object_index/manifests"), f"object {oid}: {exc}") from exc
                 if len(rows) and (rows.min() < 0 or rows.max() >= n):
