@@ -69,10 +69,9 @@ class ReadAhead:
 
         try:
             yield answered_to
-        except BaseException:
+        finally:
             del self._reading[rid]
-            raise
-        del self._reading[rid]
+        # reached only when the read was answered (an exception left above)
         if run == self._run:
             self._answered_to = max(self._answered_to, end)
 

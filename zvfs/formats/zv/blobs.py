@@ -48,18 +48,23 @@ class FragmentIndex:
             raise ZVError(self.key, f"fragment {f} out of range (chunk has {self.count})")
         if within is not None:
             self.check(f, within)
-        s = int(self.slot[f])
+        s = self._slot(f)
         if self.is_range[f]:
             start, n = (int(v) for v in self.ranges[s])
             return np.arange(start, start + n, dtype=np.int64)
         return self.explicit[int(self.offsets[s]) : int(self.offsets[s + 1])]
 
+    def _slot(self, f: int) -> int:
+        """Fragment ``f``'s index into ``ranges`` or the explicit fragments (ZVError for a
+        fragment the chunk does not have)."""
+        if not 0 <= f < self.count:
+            raise ZVError(self.key, f"fragment {f} out of range (chunk has {self.count})")
+        return int(self.slot[f])
+
     def check(self, f: int, within: int) -> None:
         """ZVError unless every row fragment ``f`` names is one of a chunk of ``within``
         rows, found without expanding a range."""
-        if not 0 <= f < self.count:
-            raise ZVError(self.key, f"fragment {f} out of range (chunk has {self.count})")
-        s = int(self.slot[f])
+        s = self._slot(f)
         if self.is_range[f]:
             start, n = (int(v) for v in self.ranges[s])
             if start < 0 or n < 0 or start + n > within:
@@ -72,7 +77,7 @@ class FragmentIndex:
 
     def first(self, f: int) -> int | None:
         """The first row of fragment ``f`` (None when it has none), without expanding it."""
-        s = int(self.slot[f])
+        s = self._slot(f)
         if self.is_range[f]:
             start, n = (int(v) for v in self.ranges[s])
             return start if n > 0 else None
