@@ -458,7 +458,7 @@ def _v3(**over: Any) -> bytes:
         _v3(shape=[-1]),
         _v3(data_type="float128"),
         _v3(chunk_grid={"name": "rectilinear"}),
-        _v3(fill_value="0x7fc0"),
+        _v3(fill_value="0x7fc00"),  # five hex digits: no float width
         _v3(codecs=[{"name": "gzip"}]),
         _v3(codecs=[{"name": "bytes"}]),  # multi-byte type without endian
         _v3(storage_transformers=[{"name": "x"}]),
@@ -576,11 +576,89 @@ def test_fill_value_forms() -> None:
     assert c16.view("<u8")[0] == 0x7FF0000000000001 and c16.imag == 2.5
     assert fill_scalar("YWI=", np.dtype("S2"), "k") == b"ab"
     assert fill_scalar(None, f8, "k") is None
-    for bad in ("nope", "0x12", True):
+    for bad in ("nope", "0x12", "0x3ff00000000000", [1.0], None or {}):
         with pytest.raises(FormatError):
             fill_scalar(bad, f8, "k")
+    with pytest.raises(FormatError):  # Zarr v2 has no bit patterns
+        fill_scalar("0x3ff0000000000000", f8, "k", zarr_format=2)
     with pytest.raises(FormatError):
         fill_scalar(300, np.dtype("u1"), "k")
+
+
+FILL_FORMS = [
+    "true", "false", "0", "1", "-1", "1.0", "1.5", "-0.0", "1e3", "1e400", "-1e400", "255", "256",
+    "18446744073709551615", "9223372036854775807", "-9223372036854775809", '"1"', '" 1 "', '"1_0"',
+    '"+3"', '"1.0"', '"1e3"', '"0"', '""', '"abc"', '"true"', '"NaN"', '"nan"', '"Infinity"',
+    '"inf"', '"-Infinity"', '"-infinity"', '"0x3f800000"', '"0x7fc00001"', '"0x3c00"', '"0x7e01"',
+    '"0x3ff0000000000000"', '"0x3f80 000"', '"0X3f800000"', '"0x12"', '"NaT"', '"2020-01-01"',
+    "null", "[]", "[1, 2]", '["NaN", 1]', "[true, false]", '["1", "2"]', '[1.5, "0x3f800000"]',
+    '["0x3c00", "0x3ff0000000000000"]', "{}",
+]
+# where zvfs parts from zarr-python 3.1 on purpose: a bool fill of a list or object
+# (zarr-python broadcasts it over the chunk, or reads {} as false), a v3 bool of null (the
+# v3 spec has no null fill), and a v3 float's bit pattern of a NaN that a Python float does
+# not carry (the spec's bits are kept: zarr-python loses a float16 NaN's low payload bits,
+# and quiets a signalling NaN, below)
+FILL_BITS_KEPT = {("float16", '"0x7e01"'): "017e"}
+FILL_REFUSED = {("bool", f) for f in ("[1, 2]", '["NaN", 1]', "[true, false]", '["1", "2"]',
+                                      '[1.5, "0x3f800000"]', '["0x3c00", "0x3ff0000000000000"]', "{}")}
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+@pytest.mark.parametrize("dtype", ["bool", "int8", "uint8", "int32", "uint64", "int64", "float16", "float32",
+                                   "float64", "complex64", "complex128", "<M8[s]", "<m8[ns]"])
+def test_fill_values_read_as_zarr_python_reads_them(tmp_path: Path, fmt: int, dtype: str) -> None:
+    """Every fill in FILL_FORMS, written into an array's metadata, reads as zarr-python 3
+    reads that array's unwritten elements, or is refused where zarr-python refuses it.
+    zvfs refused integer and float fills of true or "1" that zarr-python reads as 1, read a
+    v2 float's "0x..." bit pattern that zarr-python refuses, and read a time fill of 1.5."""
+    import warnings
+
+    import zarr
+
+    path = tmp_path / "a"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        zarr.create_array(str(path), shape=(2,), chunks=(2,), dtype=dtype, zarr_format=fmt)
+    doc_path = path / (".zarray" if fmt == 2 else "zarr.json")
+    doc = json.loads(doc_path.read_text())
+    doc["fill_value"] = "@"
+    template = json.dumps(doc)
+    differ = []
+    for fill in FILL_FORMS:
+        doc_path.write_text(template.replace('"@"', fill))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                want: bytes | None = zarr.open_array(str(path), mode="r")[:].tobytes()
+        except (TypeError, ValueError, OverflowError):  # zarr-python's refusal of the fill
+            want = None
+        meta = discover(DirectoryStore(path)).arrays[""]
+        got = None if meta.error else open_array(DirectoryStore(path), "", meta).read_all().tobytes()
+        if meta.error:
+            assert "fill_value" in meta.error, meta.error
+        if fmt == 3 and (dtype, fill) in FILL_BITS_KEPT:
+            assert want is not None and got == bytes.fromhex(FILL_BITS_KEPT[dtype, fill]) * 2, (want, got)
+        elif (dtype, fill) in FILL_REFUSED or (fmt == 3 and dtype == "bool" and fill == "null"):
+            assert want is not None and got is None, (fill, want, got)
+        elif got != want:
+            differ.append((fill, want and want.hex(), got and got.hex()))
+    assert differ == [], differ
+
+
+def test_a_v3_bit_pattern_of_a_signalling_nan_keeps_its_bits(tmp_path: Path) -> None:
+    """The one fill zvfs reads otherwise than zarr-python 3.1 (which quiets it): the v3
+    spec's "0x7f800001" is that float32's bits."""
+    import zarr
+
+    zarr.create_array(str(tmp_path / "a"), shape=(2,), chunks=(2,), dtype="float32")
+    doc = json.loads((tmp_path / "a" / "zarr.json").read_text())
+    doc["fill_value"] = "0x7f800001"
+    (tmp_path / "a" / "zarr.json").write_text(json.dumps(doc))
+    meta = discover(DirectoryStore(tmp_path)).arrays["a"]
+    got = open_array(DirectoryStore(tmp_path), "a", meta).read_all()
+    assert got.view("<u4").tolist() == [0x7F800001] * 2
+    assert zarr.open_array(str(tmp_path / "a"), mode="r")[:].view("<u4").tolist() == [0x7FC00001] * 2
 
 
 @pytest.mark.parametrize("fmt", [2, 3])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import struct
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -183,37 +184,69 @@ def int_tuple(value: Any, what: str, key: str) -> tuple[int, ...]:
 _SPECIAL_FLOATS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
-def float_value(value: Any, key: str) -> float:
-    """A JSON float fill given as a number, "NaN", "Infinity" or "-Infinity" (a "0x..." bit
-    pattern is :func:`_float_bits`'s: as a Python float a signalling NaN would be quieted)."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
+def float_value(value: Any, key: str, floatish: bool = True) -> float:
+    """A JSON float fill as zarr-python 3 reads one: a number (true and false among them),
+    "NaN", "Infinity" or "-Infinity", or, where ``floatish``, any other string Python's
+    float() reads ("1e3", " 2.5"). A "0x..." bit pattern is :func:`_float_bits`'s: as a
+    Python float a signalling NaN would be quieted."""
+    if isinstance(value, int | float):
         return float(value)
-    if isinstance(value, str) and value in _SPECIAL_FLOATS:
-        return _SPECIAL_FLOATS[value]
+    if isinstance(value, str):
+        if value in _SPECIAL_FLOATS:
+            return _SPECIAL_FLOATS[value]
+        if floatish:
+            try:
+                return float(value)
+            except ValueError:
+                pass
     raise FormatError(f"{key}: bad float fill_value {value!r}")
 
 
-def _float_bits(value: Any, itemsize: int, key: str) -> bytes:
-    """A JSON float fill's big-endian bytes: a "0x..." pattern as given (NaN payloads and
-    signalling NaNs kept), anything else through :func:`float_value`."""
-    if isinstance(value, str) and value.startswith("0x"):
+_FLOAT_CODES = {2: ">e", 4: ">f", 8: ">d"}
+
+
+def _float_bits(value: Any, itemsize: int, key: str, zarr_format: int, floatish: bool = True) -> bytes:
+    """A JSON float fill's big-endian bytes. In Zarr v3 a "0x..." bit pattern of the
+    dtype's width is taken as given (NaN payloads and signalling NaNs kept, as the spec
+    has it); one of another float width (4, 8 or 16 hex digits) is that float's value, as
+    zarr-python reads it. Zarr v2 has no bit patterns: zarr-python refuses them there.
+    Anything else goes through :func:`float_value`."""
+    if isinstance(value, str) and value.startswith("0x") and zarr_format == 3:
         try:
             raw = bytes.fromhex(value[2:])
         except ValueError as exc:
             raise FormatError(f"{key}: bad hex fill_value {value!r}") from exc
-        if len(raw) != itemsize or itemsize not in (2, 4, 8):
-            raise FormatError(f"{key}: bad hex fill_value {value!r} for {itemsize}-byte float")
-        return raw
-    return np.array(float_value(value, key), dtype=f">f{itemsize}").tobytes()
+        if len(value) - 2 != 2 * len(raw) or len(raw) not in _FLOAT_CODES:
+            raise FormatError(f"{key}: bad hex fill_value {value!r}: expected 4, 8 or 16 hex digits")
+        if len(raw) == itemsize:
+            return raw
+        value = struct.unpack(_FLOAT_CODES[len(raw)], raw)[0]  # as zarr-python reads it
+    return np.array(float_value(value, key, floatish), dtype=f">f{itemsize}").tobytes()
 
 
-def fill_scalar(value: Any, dtype: np.dtype, key: str, complex_scalar: bool = False) -> Any:
-    """Decode a JSON fill value (Zarr v2/v3 conventions) into a numpy scalar of ``dtype``.
+def _int_value(value: Any, key: str) -> int:
+    """A JSON integer fill as zarr-python 3 reads one: an int (true and false among them),
+    a float with no fraction, or a string Python's int() reads ("42", " -7", "1_000")."""
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    raise FormatError(f"{key}: bad integer fill_value {value!r}")
+
+
+def fill_scalar(value: Any, dtype: np.dtype, key: str, zarr_format: int = 3) -> Any:
+    """Decode a JSON fill value of Zarr ``zarr_format`` (1, 2 or 3) into a numpy scalar of
+    ``dtype``, taking what zarr-python 3 takes and refusing what it refuses.
 
     Floats keep their exact bit pattern when given in hex (NaN payloads matter for
     byte-exact output), so the result is built through the bytes where needed. A complex
-    fill is [re, im]; one number alone is its real part only where ``complex_scalar`` says
-    (Zarr v1, whose fill numpy takes as it is).
+    fill is [re, im]; one number alone is its real part only in Zarr v1, whose fill numpy
+    takes as it is.
     """
     if value is None:
         return None
@@ -228,16 +261,13 @@ def fill_scalar(value: Any, dtype: np.dtype, key: str, complex_scalar: bool = Fa
                 raise FormatError(f"{key}: bad bool fill_value {value!r}")
             return np.array(bool(value), dtype=dtype)[()]
         if kind in "iu":
-            if isinstance(value, float) and value.is_integer():
-                value = int(value)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise FormatError(f"{key}: bad integer fill_value {value!r}")
+            value = _int_value(value, key)
             info = np.iinfo(dtype)
             if not info.min <= value <= info.max:
                 raise FormatError(f"{key}: fill_value {value} out of range for {dtype}")
             return np.array(value, dtype=dtype)[()]
         if kind == "f":
-            raw = _float_bits(value, dtype.itemsize, key)
+            raw = _float_bits(value, dtype.itemsize, key, zarr_format)
             return np.frombuffer(raw, dtype=dtype.newbyteorder(">"))[0].astype(dtype)
         if kind == "c":
             # [re, im], each part through its bits: a Python float of a float32 signalling
@@ -245,7 +275,7 @@ def fill_scalar(value: Any, dtype: np.dtype, key: str, complex_scalar: bool = Fa
             # (3.1, v2 and v3) refuses: zvfs served it as the real part
             if isinstance(value, list | tuple) and len(value) == 2:
                 parts = value
-            elif complex_scalar:
+            elif zarr_format == 1:
                 parts = (value, 0.0)
             else:
                 raise FormatError(f"{key}: bad complex fill_value {value!r}: expected [real, imaginary]")
@@ -253,12 +283,16 @@ def fill_scalar(value: Any, dtype: np.dtype, key: str, complex_scalar: bool = Fa
             out = np.zeros(1, dtype=dtype.newbyteorder("="))
             bits = out.view(f"u{half}")
             for i, part in enumerate(parts):
-                bits[i] = np.frombuffer(_float_bits(part, half, key), dtype=f">u{half}")[0]
+                # each part a number or a special string: zarr-python reads no "1.5" here
+                raw = _float_bits(part, half, key, zarr_format, floatish=False)
+                bits[i] = np.frombuffer(raw, dtype=f">u{half}")[0]
             return out.astype(dtype)[0]
         if kind in "Mm":
             if isinstance(value, str) and value == "NaT":
                 return np.array("NaT", dtype=dtype)[()]
-            return np.array(int(value), dtype="i8").view(dtype.newbyteorder("="))[()].astype(dtype)
+            if not isinstance(value, int):  # zarr-python reads no 1.0 or "1" here
+                raise FormatError(f"{key}: bad time fill_value {value!r}: an integer or \"NaT\"")
+            return np.array(value, dtype="i8").view(dtype.newbyteorder("="))[()].astype(dtype)
         if kind == "U":
             if not isinstance(value, str):
                 raise FormatError(f"{key}: bad string fill_value {value!r}")

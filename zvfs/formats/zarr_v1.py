@@ -64,7 +64,7 @@ def parse_spec_array(path: str, doc: Any, attrs: Any, key: str | None = None,
         compressor = v1_compressor(doc["compression"], doc["compression_opts"])
         meta.codecs = [compressor] if compressor is not None else []
         meta.source["pipeline"] = V2Pipeline(compressor, None)
-        meta.fill_value = fill_scalar(doc["fill_value"], meta.dtype, key, complex_scalar=True)
+        meta.fill_value = fill_scalar(doc["fill_value"], meta.dtype, key, zarr_format=1)
     except (FormatError, UnknownCodecError) as exc:
         meta.error = str(exc) if str(exc).startswith(key) else f"{key}: {exc}"
     meta.validate()
@@ -90,7 +90,7 @@ def parse_array(path: str, zmeta: Any, zattr: Any, key: str | None = None) -> Ar
             }
         ]
         meta.chunk_key_encoding = {"name": "zarr_v1", "separator": ".", "suffix": ".blosc"}
-        meta.fill_value = fill_scalar(zmeta.get("fill_value"), meta.dtype, key, complex_scalar=True)
+        meta.fill_value = fill_scalar(zmeta.get("fill_value"), meta.dtype, key, zarr_format=1)
     except FormatError as exc:
         meta.error = str(exc)
     meta.validate()

@@ -166,7 +166,7 @@ def _fill_meta(meta: ArrayMeta, zarray: Any, zattrs: Any, key: str) -> None:
         # zvfs serves for null, for every other dtype)
         fill = "NaT"
     meta.fill_value = (vlen_fill(fill, meta.vlen, key) if meta.vlen is not None
-                       else fill_scalar(fill, meta.dtype, key))
+                       else fill_scalar(fill, meta.dtype, key, zarr_format=2))
     V2Pipeline(compressor, filters)  # fail now, not at the first chunk, on unknown codecs
 
 
