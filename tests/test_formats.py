@@ -646,6 +646,26 @@ def test_fill_values_read_as_zarr_python_reads_them(tmp_path: Path, fmt: int, dt
     assert differ == [], differ
 
 
+@pytest.mark.parametrize("filters", ['""', "{}", "null", "[]"])
+def test_v2_filters_zarr_python_reads_as_none_read_as_none(tmp_path: Path, filters: str) -> None:
+    """An empty text or object as a ``.zarray``'s filters zarr-python reads as no filters,
+    as it reads null and []: zvfs refused the first two (0 and false, which zarr-python 3
+    refuses, stay refused: test_hostile)."""
+    import zarr
+
+    a = zarr.create_array(str(tmp_path / "a"), shape=(5,), chunks=(2,), dtype="<i2", zarr_format=2,
+                          compressors=None)
+    a[:] = np.arange(5, dtype="<i2") * 3
+    doc_path = tmp_path / "a" / ".zarray"
+    doc = json.loads(doc_path.read_text())
+    doc["filters"] = "@"
+    doc_path.write_text(json.dumps(doc).replace('"@"', filters))
+    want = zarr.open_array(str(tmp_path / "a"), mode="r")[:]
+    meta = discover(DirectoryStore(tmp_path)).arrays["a"]
+    assert meta.error is None, meta.error
+    assert open_array(DirectoryStore(tmp_path), "a", meta).read_all().tobytes() == want.tobytes()
+
+
 def test_a_v3_bit_pattern_of_a_signalling_nan_keeps_its_bits(tmp_path: Path) -> None:
     """The one fill zvfs reads otherwise than zarr-python 3.1 (which quiets it): the v3
     spec's "0x7f800001" is that float32's bits."""

@@ -631,7 +631,9 @@ def build_bad_metadata(root: Path) -> dict[str, str]:
                "key_encoding_unknown_member": lambda d: d["chunk_key_encoding"].__setitem__(
                    "configuration", {"separator": "/", "x": 1}),
                "dimension_names_too_few": lambda d: d.__setitem__("dimension_names", ["y"]),
-               "dimension_names_not_strings": lambda d: d.__setitem__("dimension_names", ["y", 1])},
+               "dimension_names_not_strings": lambda d: d.__setitem__("dimension_names", ["y", 1]),
+               # false read as "none"; zarr-python refuses it (an iterable of transformers)
+               "storage_transformers_false": lambda d: d.__setitem__("storage_transformers", False)},
         # members both zarr-pythons (2.18 and 3) require: zvfs guessed C order, a fill of
         # zeros for unwritten chunks, and Zarr v2
         "v2": {**{f"missing_{field}": lambda d, field=field: d.pop(field)

@@ -148,10 +148,11 @@ def _fill_meta(meta: ArrayMeta, zarray: Any, zattrs: Any, key: str) -> None:
     meta.chunk_key_encoding = {"name": "v2", "separator": sep}
     compressor = zarray.get("compressor")
     filters = zarray.get("filters")
-    if filters is None:
-        filters = []
+    if filters is None or filters in ("", {}):
+        filters = []  # zarr-python (2 and 3) reads an empty text or object as none too
     elif not isinstance(filters, list):
-        # 0 or false read as "none" (the old "or []") served the chunks without their filters
+        # 0 or false read as "none" (the old "or []") served the chunks without their
+        # filters; zarr-python 3 refuses them
         raise FormatError(f"{key}: filters must be a list or null, got {filters!r}")
     meta.codecs = [*filters, *([compressor] if compressor is not None else [])]
     if meta.dtype.kind == "O":

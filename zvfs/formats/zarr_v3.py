@@ -183,7 +183,10 @@ def _fill_meta(meta: ArrayMeta, doc: Any, key: str) -> None:
     if len(outer) != len(meta.shape) or any(c == 0 for c in outer):
         raise FormatError(f"{key}: chunk_shape {list(outer)} does not fit shape {list(meta.shape)}")
     meta.chunk_key_encoding = parse_key_encoding(doc["chunk_key_encoding"], key)
-    if doc.get("storage_transformers"):
+    transformers = doc.get("storage_transformers")
+    if isinstance(transformers, int | float):  # false and 0 included: zarr-python refuses them
+        raise FormatError(f"{key}: storage_transformers must be a list, got {transformers!r}")
+    if transformers:
         raise FormatError(f"{key}: storage_transformers are not supported")
     meta.codecs = doc["codecs"] if isinstance(doc["codecs"], list) else []
     fill = (vlen_fill(doc["fill_value"], meta.vlen, key) if meta.vlen is not None
