@@ -803,14 +803,17 @@ def test_v3_numcodecs_filters(tmp_path, name: str, endian: str) -> None:
 
 
 def test_v3_numcodecs_filters_that_cannot_be_undone_are_refused() -> None:
-    """A filter whose chunks zvfs cannot decode to the array's values is an error in the
-    metadata (meta.json), never wrong bytes or an EIO at the first read."""
+    """A filter whose chunks zarr-python cannot decode to the array's shape (it fails
+    every read) is an error in the metadata (meta.json), never wrong bytes or an EIO at
+    the first read."""
     bytes_le = {"name": "bytes", "configuration": {"endian": "little"}}
     bad = [
         ("packbits", {}, "int8"),  # packbits packs bools
+        # numcodecs views the chunk as its astype: twice the elements, or half
         ("quantize", {"digits": 2, "dtype": "<f8", "astype": "<f4"}, "float64"),
-        ("delta", {"dtype": "<i8"}, "int32"),  # numcodecs would view the chunk as i8
-        ("astype", {"encode_dtype": "<f4", "decode_dtype": "<f4"}, "float64"),
+        ("delta", {"dtype": "<i8"}, "int32"),
+        ("delta", {"dtype": "<i2"}, "int32"),
+        ("fixedscaleoffset", {"offset": 0, "scale": 1, "dtype": "<f8"}, "float32"),
     ]
     for codec_id, config, data_type in bad:
         codecs = [{"name": f"numcodecs.{codec_id}", "configuration": config}, bytes_le]
@@ -818,6 +821,42 @@ def test_v3_numcodecs_filters_that_cannot_be_undone_are_refused() -> None:
         meta = discover(store).arrays["a"]
         assert meta.error and f"numcodecs.{codec_id}" in meta.error, (codec_id, meta.error)
         assert json.loads(meta.json_bytes())["error"] == meta.error
+
+
+@pytest.mark.parametrize("codec_id,config,data_type,stored", [
+    # the filter's dtype other than the array's: zarr-python casts the filter's values
+    # into the array; zvfs refused these, or viewed f4 values as i4 bits
+    ("quantize", {"digits": 2, "dtype": "<f8", "astype": "<f4"}, "float32", "<f4"),
+    ("astype", {"encode_dtype": "<f4", "decode_dtype": "<f4"}, "float64", "<f4"),
+    ("delta", {"dtype": "<f4"}, "int32", "<i4"),
+    ("delta", {"dtype": "<i2", "astype": "<i2"}, "int32", "<i2"),
+    # null (or no) dtype: zarr-python takes the array's
+    ("fixedscaleoffset", {"offset": 1, "scale": 10, "dtype": None, "astype": "<i2"}, "float64", "<i2"),
+    ("quantize", {"digits": 2}, "float32", "<f4"),
+    ("astype", {"encode_dtype": "<i2"}, "float64", "<i2"),
+    # a delta's null dtype is numcodecs' float64, which zarr-python leaves as it is
+    ("delta", {"dtype": None, "astype": "<i2"}, "int16", "<i2"),
+])
+def test_v3_numcodecs_filters_of_another_dtype_read_as_zarr_python_reads_them(
+        tmp_path: Path, codec_id: str, config: dict, data_type: str, stored: str) -> None:
+    """A numcodecs filter whose dtype is not the array's (or is left null) reads as
+    zarr-python 3 reads it: the chunk bytes are of the dtype the filter encodes to, and
+    each decoded value is cast into the array's dtype."""
+    import zarr
+
+    path = tmp_path / "a"
+    zarr.create_array(str(path), shape=(5,), chunks=(5,), dtype=data_type, fill_value=0)
+    doc = json.loads((path / "zarr.json").read_text())
+    doc["codecs"] = [{"name": f"numcodecs.{codec_id}", "configuration": config},
+                     {"name": "bytes", "configuration": {"endian": "little"}}]
+    (path / "zarr.json").write_text(json.dumps(doc))
+    (path / "c").mkdir()
+    (path / "c" / "0").write_bytes(np.array([1, 2, 3, -4, 5], dtype=stored).tobytes())
+    want = zarr.open_array(str(path), mode="r")[:]
+    meta = discover(DirectoryStore(tmp_path)).arrays["a"]
+    assert meta.error is None, meta.error
+    got = open_array(DirectoryStore(tmp_path), "a", meta).read_all()
+    assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), (got, want)
 
 
 class Mangler(Store):

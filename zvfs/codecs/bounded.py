@@ -72,7 +72,11 @@ def bunzip(data: bytes | memoryview, limit: int | None) -> bytes:
 
 
 def unxz(data: bytes | memoryview, limit: int | None, format: int, filters: Any) -> bytes:
-    """lzma data of numcodecs' ``format`` and ``filters``, at most ``limit`` bytes."""
+    """lzma data of numcodecs' ``format`` and ``filters``, at most ``limit`` bytes.
+    Filters belong to the raw format alone: numcodecs fails any other given them, where
+    zvfs read the chunk as if they were not there."""
+    if filters is not None and format != lzma.FORMAT_RAW:
+        raise CodecError(f"lzma: filters {filters!r} are for format {lzma.FORMAT_RAW} (raw) only, not {format!r}")
     if format == lzma.FORMAT_RAW:
         return _streams(data, lambda: lzma.LZMADecompressor(format, filters=filters), limit, "lzma")
     return _streams(data, lambda: lzma.LZMADecompressor(format), limit, "lzma")

@@ -45,13 +45,12 @@ class ShardingCodec(Codec):
         ):
             raise UnknownCodecError(f"sharding_indexed: bad chunk_shape {chunk_shape!r}")
         self.chunk_shape = tuple(chunk_shape)
-        # a default only for a member that is absent (or null): 0, false or [] there once
-        # took the default too, and the shards were decoded as plain little-endian bytes;
-        # the pipelines refuse anything but a non-empty list
-        codecs = config.get("codecs")
-        self.codecs_config = [{"name": "bytes", "configuration": {"endian": "little"}}] if codecs is None else codecs
-        index_codecs = config.get("index_codecs")
-        self.index_codecs_config = _DEFAULT_INDEX_CODECS if index_codecs is None else index_codecs
+        # a default only for a member that is absent: 0, false or [] there once took the
+        # default too, and the shards were decoded as plain little-endian bytes; null is
+        # no list either (zarr-python refuses it). The pipelines refuse anything but a
+        # non-empty list
+        self.codecs_config = config.get("codecs", [{"name": "bytes", "configuration": {"endian": "little"}}])
+        self.index_codecs_config = config.get("index_codecs", _DEFAULT_INDEX_CODECS)
         self.index_location = config.get("index_location", "end")
         if self.index_location not in ("start", "end"):
             raise UnknownCodecError(f"sharding_indexed: bad index_location {self.index_location!r}")

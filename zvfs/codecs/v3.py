@@ -143,53 +143,56 @@ class TransposeCodec(Codec):
 class NumcodecsFilter(Codec):
     """zarr-python 3's "numcodecs.<id>" array→array wrappers (delta, fixedscaleoffset, ...).
 
-    On encoding, numcodecs views the chunk as the filter's own dtype and returns an
-    array of the dtype (and, for packbits, the shape) it encodes to; the bytes codec then
-    stores that array by value in its own byte order. Decoding undoes each step: the
-    bytes codec's array is cast to the filter's encoded dtype, and the filter's result
-    is viewed back as the chunk's dtype, then cast to the byte order served.
+    Read as zarr-python reads them: the next codec decodes the chunk to the dtype the
+    filter encodes to (its ``astype``, ``encode_dtype``, u1 for packbits; the chunk's
+    own dtype otherwise), numcodecs decodes that, and the result is cast by value to the
+    chunk's dtype, as zarr-python assigns it into the array. A filter dtype left null
+    (or out) is the array's, as zarr-python fills it in; a delta's stays numcodecs' own
+    default (float64), as zarr-python leaves it.
     """
 
     kind = "aa"
+    #: the member zarr-python fills in from the array's dtype when it is null or absent
+    _UNSET_DTYPE = {"fixedscaleoffset": "dtype", "quantize": "dtype", "astype": "decode_dtype"}
 
     def __init__(self, config: dict[str, Any], codec_id: str):
         super().__init__(config)
         self.codec_id = codec_id
         self.name = "numcodecs." + codec_id
-        self.codec = _numcodecs_codec({"id": codec_id, **config})
-
-    def _dtypes(self, dtype: np.dtype) -> tuple[np.dtype, np.dtype]:
-        """(dtype the filter decodes to, dtype it encodes to) for chunks of native ``dtype``."""
-        c = self.codec
-        if self.codec_id in ("delta", "fixedscaleoffset", "quantize"):
-            return np.dtype(c.dtype), np.dtype(c.astype)
-        if self.codec_id == "astype":
-            return np.dtype(c.decode_dtype), np.dtype(c.encode_dtype)
-        if self.codec_id == "packbits":
-            return np.dtype(bool), np.dtype("u1")
-        return dtype, dtype  # bitround rounds in place
+        self.codec: Any = None  # made once the chunk's dtype is known (encoded_spec)
+        self._encoded = np.dtype(bool)
 
     def encoded_spec(
         self, shape: tuple[int, ...], dtype: np.dtype
     ) -> tuple[tuple[int, ...], np.dtype]:
-        decoded, encoded = self._dtypes(dtype)
-        if self.codec_id == "quantize" and encoded != decoded:
-            # zarr-python 3 keeps quantize's chunk spec, so it cannot read such chunks
-            raise UnknownCodecError(f"{self.name}: astype {encoded} other than dtype {decoded}")
+        config = {"id": self.codec_id, **self.config}
+        unset = self._UNSET_DTYPE.get(self.codec_id)
+        if unset is not None and config.get(unset) is None:
+            config[unset] = dtype.newbyteorder("=").str
+        self.codec = _numcodecs_codec(config)
+        c = self.codec
         if self.codec_id == "packbits":
             if dtype != np.dtype(bool):
                 raise UnknownCodecError(f"{self.name} needs a bool array, not {dtype}")
-            return (1 + math.ceil(math.prod(shape) / 8),), encoded
-        if decoded.itemsize != dtype.itemsize:
-            raise UnknownCodecError(f"{self.name}: its dtype {decoded} does not fit {dtype} chunks")
-        return shape, encoded.newbyteorder("=")
+            self._encoded = np.dtype("u1")
+            return (1 + math.ceil(math.prod(shape) / 8),), self._encoded
+        if self.codec_id == "astype":
+            encoded = np.dtype(c.encode_dtype)
+        elif self.codec_id in ("delta", "fixedscaleoffset") and self.config.get("astype"):
+            encoded = np.dtype(self.config["astype"])
+        else:  # the chunk's own dtype, as zarr-python's chunk spec keeps it
+            encoded = dtype
+        if self.codec_id in ("delta", "fixedscaleoffset", "quantize"):
+            view = np.dtype(c.astype)
+            if view.itemsize != encoded.itemsize:
+                # numcodecs views the chunk as its astype: no chunk has the array's shape
+                # then, and zarr-python fails every read; an error in the metadata here
+                raise UnknownCodecError(f"{self.name}: would view {encoded} chunks as {view}")
+        self._encoded = encoded.newbyteorder("=")
+        return shape, self._encoded
 
     def decode(self, arr: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        native = dtype.newbyteorder("=")
-        encoded = self._dtypes(native)[1]
-        out = np.asarray(self.codec.decode(arr.astype(encoded, copy=False)))
-        if out.dtype != native:
-            out = out.view(native)
+        out = np.asarray(self.codec.decode(arr.astype(self._encoded, copy=False)))
         return out.reshape(shape).astype(dtype, copy=False)
 
 
@@ -289,6 +292,12 @@ def _any(_v: Any) -> bool:
     return True
 
 
+def _or_null(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """A setting zarr-python also takes as null: its own "unset", which it fills in from
+    the array's dtype (blosc's typesize and shuffle). Decoding needs neither."""
+    return lambda v: v is None or check(v)
+
+
 #: the configuration members each codec of the spec defines, and the values each may take
 #: (as zarr-python checks them). A member it does not define, or a value it cannot take, is
 #: a codec zvfs does not know: zarr-python refuses such an array, and zvfs served it.
@@ -300,8 +309,10 @@ CONFIG_MEMBERS: dict[str, dict[str, Callable[[Any], bool]]] = {
     "gzip": {"level": _int_in(0, 9)},
     "zstd": {"level": _int_in(-(1 << 17), 22), "checksum": lambda v: isinstance(v, bool)},
     "blosc": {"cname": _one_of("lz4", "lz4hc", "blosclz", "zstd", "snappy", "zlib"),
-              "clevel": lambda v: isinstance(v, int), "shuffle": _one_of("noshuffle", "shuffle", "bitshuffle"),
-              "typesize": _int_in(1, 1 << 31), "blocksize": _int_in(0, 1 << 31)},
+              "clevel": lambda v: isinstance(v, int),
+              "shuffle": _or_null(_one_of("noshuffle", "shuffle", "bitshuffle")),
+              "typesize": _or_null(lambda v: isinstance(v, int) and v >= 1),
+              "blocksize": lambda v: isinstance(v, int)},
     "sharding_indexed": {"chunk_shape": _any, "codecs": _any, "index_codecs": _any,
                          "index_location": _any},  # checked by the sharding codec
 }  # fmt: skip
