@@ -859,6 +859,73 @@ def test_v3_numcodecs_filters_of_another_dtype_read_as_zarr_python_reads_them(
     assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), (got, want)
 
 
+def _blosc_v3(**over: Any) -> list[dict]:
+    conf = {"cname": "zstd", "clevel": 5, "shuffle": "shuffle", "typesize": 4, "blocksize": 0, **over}
+    return [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "blosc", "configuration": conf}]
+
+
+def _shard_v3(**over: Any) -> list[dict]:
+    conf = {"chunk_shape": [2], "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+            "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
+            "index_location": "end"}
+    conf.update(over)
+    return [{"name": "sharding_indexed", "configuration": conf}]
+
+
+@pytest.mark.parametrize("fmt,written,read,reads", [
+    # null is zarr-python's "unset" for these (filled in from the dtype); any integer
+    # blocksize it takes (decoding needs none of them)
+    (3, _blosc_v3(), _blosc_v3(typesize=None, shuffle=None), True),
+    (3, _blosc_v3(), _blosc_v3(blocksize=-1), True),
+    # the shard's codecs and index codecs are lists: null is none (zvfs took the default)
+    (3, _shard_v3(), _shard_v3(codecs=None), False),
+    (3, _shard_v3(), _shard_v3(index_codecs=None), False),
+    # lzma's filters are the raw format's alone: numcodecs fails the others given them
+    (2, {"id": "lzma", "format": 1, "check": -1, "preset": None, "filters": None},
+     {"id": "lzma", "format": 1, "check": -1, "preset": None, "filters": [{"id": 33}]}, False),
+], ids=["blosc-null", "blosc-blocksize", "shard-codecs-null", "shard-index-null", "lzma-filters"])
+def test_codec_settings_read_as_zarr_python_reads_them(tmp_path: Path, fmt: int, written: Any, read: Any,
+                                                       reads: bool) -> None:
+    """Chunks written by zarr-python with ``written``, then read with ``read`` in the
+    metadata: zvfs reads them where zarr-python does, with its bytes, and fails them
+    where it fails."""
+    import numcodecs
+    import zarr
+
+    path = tmp_path / "a"
+    values = np.arange(6, dtype="<i4") * 37
+    if fmt == 3:
+        zarr.create_array(str(path), shape=(6,), chunks=(6,) if written[0]["name"] != "sharding_indexed" else (2,),
+                          shards=(6,) if written[0]["name"] == "sharding_indexed" else None,
+                          dtype="<i4", fill_value=0, compressors=None)  # a shard of bytes alone
+        doc = json.loads((path / "zarr.json").read_text())
+        if written[0]["name"] != "sharding_indexed":
+            doc["codecs"] = written
+            (path / "zarr.json").write_text(json.dumps(doc))
+        zarr.open_array(str(path), mode="r+")[:] = values
+        doc = json.loads((path / "zarr.json").read_text())
+        doc["codecs"] = read
+        (path / "zarr.json").write_text(json.dumps(doc))
+    else:
+        zarr.create_array(str(path), shape=(6,), chunks=(6,), dtype="<i4", fill_value=0, zarr_format=2,
+                          compressors=numcodecs.get_codec(dict(written)))[:] = values
+        doc = json.loads((path / ".zarray").read_text())
+        doc["compressor"] = read
+        (path / ".zarray").write_text(json.dumps(doc))
+    try:
+        want: np.ndarray | None = zarr.open_array(str(path), mode="r")[:]
+    except (TypeError, ValueError):
+        want = None
+    assert (want is not None) == reads
+    meta = discover(DirectoryStore(tmp_path)).arrays["a"]
+    if reads:
+        assert meta.error is None, meta.error
+        assert open_array(DirectoryStore(tmp_path), "a", meta).read_all().tobytes() == values.tobytes()
+    elif meta.error is None:  # refused at the chunk, as zarr-python refuses it
+        with pytest.raises((FormatError, CodecError)):
+            open_array(DirectoryStore(tmp_path), "a", meta).read_chunk((0,))
+
+
 class Mangler(Store):
     """Serves chunk bytes flipped, truncated or padded at random (metadata intact)."""
 
