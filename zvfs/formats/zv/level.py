@@ -535,7 +535,10 @@ class Level:
         out: list[tuple[str, Chunk]] = []
         if self.new:
             for seg in self.children(f"links/{delta}"):
-                out.extend((seg, c) for c in self.cell_chunks(f"links/{delta}/{seg}"))
+                # cells in the order of their keys' text, as zarr-vectors reads them
+                # (read_link_arrays): "-1.0.0" after "-2.0.0", "10.0.0" before "2.0.0"
+                cells_ = sorted(self.cell_chunks(f"links/{delta}/{seg}"), key=chunk_name)
+                out.extend((seg, c) for c in cells_)
             return out
         if "links" in self.members and delta in self.children("links"):
             out.extend(("", c) for c in self.cell_chunks(f"links/{delta}"))
