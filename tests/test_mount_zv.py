@@ -34,11 +34,13 @@ from conftest import (
     zip_with_zarr,
 )
 from test_zv import (
+    MANIFEST,
     assert_graph_links_match,
     assert_ply_vertex_attributes,
     assert_same_draco_mesh,
     assert_vertex_attributes_match,
     canon_faces,
+    committed_corpus,
     coord_edges,
     edge_set,
     level_cases,
@@ -48,8 +50,6 @@ from test_zv import (
     write_manifest_items,
 )
 
-FIX = Path(__file__).resolve().parent / "fixtures" / "zv"
-MANIFEST = json.loads((FIX / "manifest.json").read_text())["stores"]
 STORES = sorted(MANIFEST)
 BACKENDS = ["dir", "zip-cmd", "zip-zarrpy", "s3"]
 BUCKET = "zvfs-zv"
@@ -181,6 +181,7 @@ def vec(request, zv_mounts) -> Path:
 # --------------------------------------------------------------------------- Done when (issue 4)
 
 
+@committed_corpus
 def test_done_when_streamlines_trk_from_moto(mount, request) -> None:
     """A 0.9.2 streamline store in a moto bucket: nibabel loads streamlines.trk from the mount
     and gets the streamlines read_polylines returned."""
@@ -208,6 +209,7 @@ def test_done_when_mesh_ply_from_moto(mount, request) -> None:
     assert canon_faces(faces) == canon_faces(want)
 
 
+@committed_corpus
 @pytest.mark.parametrize("zipper", ["zip-cmd", "zip-zarrpy"])
 def test_done_when_points_020_in_zip(zipper: str, mount, tmp_path: Path) -> None:
     """A 0.2.0 point store in a zip: np.load(vertices.npy) equals the point positions."""
@@ -283,6 +285,7 @@ def test_object_attributes_and_groups(vec: Path, name: str, lv: str) -> None:
         np.testing.assert_array_equal(got, ref(name, fname))
 
 
+@committed_corpus
 @pytest.mark.parametrize("name", [n for n in STORES if MANIFEST[n]["kind"] == "graph"])
 def test_graph_links_and_weights(vec: Path, name: str) -> None:
     d = vec / store_rel(name) / "0"
@@ -297,6 +300,7 @@ def test_mesh_links_are_faces_with_winding(vec: Path, name: str) -> None:
     assert canon_faces(faces) == canon_faces(ref(name, "L0_faces.npy"))
 
 
+@committed_corpus
 @pytest.mark.parametrize("name", ["v07/points_pyramid", "v09/points_pyramid"])
 def test_cross_level_links(vec: Path, name: str) -> None:
     """links/<delta>.npy of a pyramid equals zarr-vectors 0.9.2's read_link_arrays (the 0.2.0
@@ -673,6 +677,7 @@ def sized_corpus(tmp_path_factory) -> Path:
     return root
 
 
+@committed_corpus
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_declared_sizes_and_link_endpoints_are_checked_before_use(backend: str, sized_corpus, mount,
                                                                    request, tmp_path: Path) -> None:
@@ -761,6 +766,7 @@ def _eio(p: Path) -> None:
     assert ei.value.errno == EIO, p
 
 
+@committed_corpus
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_bad_input_fails_cleanly(backend: str, bad_corpus, mount, request, tmp_path: Path) -> None:
     root, keys = bad_corpus
@@ -843,6 +849,7 @@ def test_bad_input_fails_cleanly(backend: str, bad_corpus, mount, request, tmp_p
 # --------------------------------------------------------------------------- objects past the cache
 
 
+@committed_corpus
 def test_an_object_larger_than_the_cache_is_served_in_parts(mount, tmp_path: Path) -> None:
     """objects/<id>.npy was built whole at each read, and a file larger than the cache was
     never kept: each 4 KiB read of a 5.8 MB object under --cache-size 1M decoded all of it

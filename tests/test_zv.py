@@ -32,6 +32,9 @@ from zvfs.views.vectors import build_vectors_dir
 #: the corpus: the committed one, or one that ``scripts/make_zv_fixtures --vary SEED`` wrote
 FIX = Path(os.environ.get("ZVFS_ZV_FIXTURES") or Path(__file__).resolve().parent / "fixtures" / "zv")
 MANIFEST = json.loads((FIX / "manifest.json").read_text())["stores"]
+#: a test tied to the committed corpus (hand-made damage to a chunk it has, counts it
+#: holds): deselected (-m "not committed_corpus") where ZVFS_ZV_FIXTURES names another
+committed_corpus = pytest.mark.committed_corpus
 
 
 # --------------------------------------------------------------------------- helpers
@@ -226,6 +229,7 @@ def assert_graph_links_match(name: str, load: Callable[[str], np.ndarray]) -> No
     assert seen >= 1
 
 
+@committed_corpus
 @pytest.mark.parametrize("name", ["v07/graph", "v09/graph"])
 def test_graph_links_and_link_attributes(name: str) -> None:
     assert_graph_links_match(name, lambda rel: load_npy(store_dir(name), f"0/{rel}"))
@@ -339,6 +343,7 @@ def write_manifest_items(cell: Path, items: list[bytes]) -> None:
     cell.write_bytes(Zstd().encode(body))
 
 
+@committed_corpus
 def test_trk_leaves_out_empty_objects_and_names_each_streamlines_object(tmp_path: Path) -> None:
     """nibabel drops a streamline of no points, which moved every later streamline onto the
     object before it; empty objects are left out, and each streamline carries its object id."""
@@ -439,6 +444,7 @@ def _type_of(pos: np.ndarray) -> np.ndarray:
     return np.where(k >= 0, 100 + k, k - 100)
 
 
+@committed_corpus
 @pytest.mark.parametrize("dtype", ["int16", "int64", "float32", "uint8"])
 def test_swc_types_of_any_width_are_written_whole(tmp_path: Path, dtype: str) -> None:
     """A type of 100 or more failed the file (its line was wider than the size it was given)."""
@@ -485,6 +491,7 @@ def assert_same_draco_mesh(pos: np.ndarray, faces: np.ndarray, verts_in: np.ndar
         assert np.abs(a - b).max() <= tol
 
 
+@committed_corpus
 def test_draco_mesh_within_quantization() -> None:
     """The reference for a Draco mesh is the mesh that was written (zarr-vectors 0.9.2's own
     read_mesh cannot read it back). Draco keeps only vertices that intra-chunk faces use."""
@@ -502,6 +509,7 @@ def test_draco_mesh_within_quantization() -> None:
     assert meta["vertex_encoding"] == "draco" and meta["draco"]["available"] is True
 
 
+@committed_corpus
 def test_missing_dracopy_is_a_clean_error(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
@@ -524,6 +532,7 @@ def test_missing_dracopy_is_a_clean_error(monkeypatch: pytest.MonkeyPatch) -> No
 # --------------------------------------------------------------------------- tree, meta, chunks
 
 
+@committed_corpus
 def test_meta_json_describes_the_level() -> None:
     d = store_dir("v09/points")
     meta = json.loads(read_file(d, "0/meta.json"))
@@ -537,6 +546,7 @@ def test_meta_json_describes_the_level() -> None:
     assert old["layout"] == "0.7" and old["geometry_type"] == "mesh" and old["link_widths"]["0"] == 3
 
 
+@committed_corpus
 def test_meta_json_is_strict_json_whatever_the_level_attributes_hold(tmp_path: Path) -> None:
     """The level's attributes are copied into meta.json: an -Infinity among them (or NaN)
     was written as that literal, which jq and JSON.parse refuse, so the whole file was
@@ -649,6 +659,7 @@ def _vlen_cell(payload: bytes) -> bytes:
     return struct.pack("<II", 1, len(payload)) + payload
 
 
+@committed_corpus
 def test_wrong_fragment_magic(tmp_path: Path) -> None:
     d = _copy(tmp_path, "v09/points")
     cell = d / "0" / "vertex_fragments" / "c" / "1" / "1" / "1"
@@ -664,6 +675,7 @@ def test_wrong_fragment_magic(tmp_path: Path) -> None:
         zv.parse_fragment_index(b"\x00" * 40, "k")
 
 
+@committed_corpus
 def test_a_fragment_index_naming_millions_of_rows_fails_fragments_json_alone(tmp_path: Path) -> None:
     """A fragment index of 41 bytes can name 2**24 rows in one range: its fragments.json,
     built with the chunk's directory, took a hostile-fuzz daemon from 70 to 286 MiB. Past
@@ -686,6 +698,7 @@ def test_a_fragment_index_naming_millions_of_rows_fails_fragments_json_alone(tmp
                                   load_npy(store_dir("v09/points"), "0/chunks/-1.0.0/vertices.npy"))
 
 
+@committed_corpus
 def test_a_fragment_range_past_its_chunk_is_refused_before_its_rows_are_made(tmp_path: Path) -> None:
     """A flipped fragment index of a ZV 0.7 skeleton (scripts/fuzz-hostile --seed 4307)
     named millions of rows of a chunk of one: an object's .npy and .swc made them, 32 MB a
@@ -717,6 +730,7 @@ def test_a_fragment_range_past_its_chunk_is_refused_before_its_rows_are_made(tmp
     assert peak < 8 << 20, (peak, failed)
 
 
+@committed_corpus
 def test_manifest_past_end_of_chunk(tmp_path: Path) -> None:
     from numcodecs import Zstd
 
@@ -736,6 +750,7 @@ def test_manifest_past_end_of_chunk(tmp_path: Path) -> None:
     np.testing.assert_array_equal(load_npy(d, "0/objects/1.npy"), ref("v07/points", "L0_object_1.npy"))
 
 
+@committed_corpus
 @pytest.mark.parametrize("name", ["v07/points", "v09/points"])
 def test_truncated_vertex_blob(tmp_path: Path, name: str) -> None:
     d = _copy(tmp_path, name)
@@ -809,6 +824,11 @@ def test_cross_level_links_equal_reference() -> None:
             for delta, fname in le["links"].items():
                 got = load_npy(store_dir(name), f"{lv}/links/{delta}.npy")
                 np.testing.assert_array_equal(got, ref(name, fname))
+
+
+@committed_corpus
+def test_v07_and_v09_pyramids_link_alike() -> None:
+    """The 0.7 pyramid (written from the same draws) links the same rows in the same order."""
     name = "v09/points_pyramid"
     old = load_npy(store_dir("v07/points_pyramid"), "0/links/+1.npy")
     np.testing.assert_array_equal(old, ref(name, MANIFEST[name]["levels"]["0"]["links"]["+1"]))
@@ -925,6 +945,7 @@ def _trk_ids(trk: Any) -> list[int]:
     return got.tolist()
 
 
+@committed_corpus
 @pytest.mark.parametrize("ids", [[-5, 7, 2], [-5, 7, -2**30], [2**40, -2**50 - 3, 0]])
 def test_trk_negative_object_ids_round_trip(tmp_path: Path, ids: list[int]) -> None:
     """zarr-vectors' object_ids array is int64 and objects/<id>.npy serve negative ids, but
@@ -945,6 +966,7 @@ def test_trk_negative_object_ids_round_trip(tmp_path: Path, ids: list[int]) -> N
         np.testing.assert_array_equal(np.asarray(pts, np.float32), load_npy(d, f"0/objects/{oid}.npy"))
 
 
+@committed_corpus
 def test_a_bad_mesh_link_cell_fails_the_object_plys_not_the_objects_dir(tmp_path: Path) -> None:
     """objects/ built the mesh's faces outside the per-file guard: one link cell whose
     endpoint is not a vertex of its chunk made the whole directory EIO, the objects'
@@ -1011,6 +1033,7 @@ def test_a_multi_column_attribute_stamped_one_column_is_served_at_its_width() ->
                                   f16.astype(np.float32))
 
 
+@committed_corpus
 def test_attribute_bytes_of_no_whole_width_leave_only_that_attribute_out(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Bytes that are no whole number of columns cannot say the width: that attribute is
