@@ -193,7 +193,10 @@ class NumcodecsFilter(Codec):
 
     def decode(self, arr: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         out = np.asarray(self.codec.decode(arr.astype(self._encoded, copy=False)))
-        return out.reshape(shape).astype(dtype, copy=False)
+        # a NaN or too big a value cast into an integer array is what zarr-python's cast
+        # makes of it, without numpy's warning in the daemon's log
+        with np.errstate(invalid="ignore", over="ignore"):
+            return out.reshape(shape).astype(dtype, copy=False)
 
 
 # -- bytes → bytes -------------------------------------------------------------

@@ -221,7 +221,8 @@ def _float_bits(value: Any, itemsize: int, key: str, zarr_format: int, floatish:
         if len(raw) == itemsize:
             return raw
         value = struct.unpack(_FLOAT_CODES[len(raw)], raw)[0]  # as zarr-python reads it
-    return np.array(float_value(value, key, floatish), dtype=f">f{itemsize}").tobytes()
+    with np.errstate(over="ignore"):  # 1e300 in a float16 is inf, as in zarr-python: no warning
+        return np.array(float_value(value, key, floatish), dtype=f">f{itemsize}").tobytes()
 
 
 def _int_value(value: Any, key: str) -> int:
