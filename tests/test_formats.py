@@ -585,6 +585,14 @@ def test_fill_value_forms() -> None:
         fill_scalar(300, np.dtype("u1"), "k")
 
 
+def _set_member_text(doc_path: Path, member: str, text: str) -> None:
+    """Set ``member`` of the JSON document at ``doc_path`` to ``text`` as written (JSON
+    that Python would not write itself: 1e400, a bare true)."""
+    doc = json.loads(doc_path.read_text())
+    doc[member] = "@"
+    doc_path.write_text(json.dumps(doc).replace('"@"', text))
+
+
 FILL_FORMS = [
     "true", "false", "0", "1", "-1", "1.0", "1.5", "-0.0", "1e3", "1e400", "-1e400", "255", "256",
     "18446744073709551615", "9223372036854775807", "-9223372036854775809", '"1"', '" 1 "', '"1_0"',
@@ -656,10 +664,7 @@ def test_v2_filters_zarr_python_reads_as_none_read_as_none(tmp_path: Path, filte
     a = zarr.create_array(str(tmp_path / "a"), shape=(5,), chunks=(2,), dtype="<i2", zarr_format=2,
                           compressors=None)
     a[:] = np.arange(5, dtype="<i2") * 3
-    doc_path = tmp_path / "a" / ".zarray"
-    doc = json.loads(doc_path.read_text())
-    doc["filters"] = "@"
-    doc_path.write_text(json.dumps(doc).replace('"@"', filters))
+    _set_member_text(tmp_path / "a" / ".zarray", "filters", filters)
     want = zarr.open_array(str(tmp_path / "a"), mode="r")[:]
     meta = discover(DirectoryStore(tmp_path)).arrays["a"]
     assert meta.error is None, meta.error
@@ -698,9 +703,7 @@ def test_a_complex_fill_that_is_one_number_is_refused_as_zarr_python_refuses_it(
     doc_key = "zarr.json" if fmt == 3 else ".zarray"
     meta = discover(DirectoryStore(path)).arrays[""]
     assert meta.error is None and meta.fill_value == zarr.open_array(str(path), mode="r").fill_value
-    doc = json.loads((path / doc_key).read_text())
-    doc["fill_value"] = "@"
-    (path / doc_key).write_text(json.dumps(doc).replace('"@"', fill))
+    _set_member_text(path / doc_key, "fill_value", fill)
     with warnings.catch_warnings(), pytest.raises(TypeError, match="Expected a float"):
         warnings.simplefilter("ignore")
         zarr.open_array(str(path), mode="r")
@@ -895,11 +898,11 @@ def test_codec_settings_read_as_zarr_python_reads_them(tmp_path: Path, fmt: int,
     path = tmp_path / "a"
     values = np.arange(6, dtype="<i4") * 37
     if fmt == 3:
-        zarr.create_array(str(path), shape=(6,), chunks=(6,) if written[0]["name"] != "sharding_indexed" else (2,),
-                          shards=(6,) if written[0]["name"] == "sharding_indexed" else None,
+        sharded = written[0]["name"] == "sharding_indexed"
+        zarr.create_array(str(path), shape=(6,), chunks=(2,) if sharded else (6,), shards=(6,) if sharded else None,
                           dtype="<i4", fill_value=0, compressors=None)  # a shard of bytes alone
         doc = json.loads((path / "zarr.json").read_text())
-        if written[0]["name"] != "sharding_indexed":
+        if not sharded:
             doc["codecs"] = written
             (path / "zarr.json").write_text(json.dumps(doc))
         zarr.open_array(str(path), mode="r+")[:] = values
