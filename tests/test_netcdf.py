@@ -23,6 +23,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import nc_sweep
 import netCDF4
 import numpy as np
 import pytest
@@ -172,6 +173,7 @@ class Source:
     dtype: np.dtype
     zarr_format: int
     dimension_names: object
+    ndim: int
 
 
 def zarr_node(store: Path, path: str) -> Source:
@@ -182,12 +184,13 @@ def zarr_node(store: Path, path: str) -> Source:
         try:
             a = zarr.open_array(store=str(store), path=path, mode="r")
             return Source(dict(a.attrs), a.fill_value, a.dtype, a.metadata.zarr_format,
-                          getattr(a.metadata, "dimension_names", None))
+                          getattr(a.metadata, "dimension_names", None), a.ndim)
         except ValueError:
             zarray = json.loads((store / path / ".zarray").read_text())
             attrs = json.loads((store / path / ".zattrs").read_text()) if (store / path / ".zattrs").exists() else {}
             fill = zarray["fill_value"]
-            return Source(attrs, np.nan if fill == "NaN" else fill, np.dtype(zarray["dtype"]), 2, None)
+            return Source(attrs, np.nan if fill == "NaN" else fill, np.dtype(zarray["dtype"]), 2, None,
+                          len(zarray["shape"]))
 
 
 def served(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
@@ -227,8 +230,8 @@ def expected_fill(v: Var, node) -> object | None:
         if raw == "NaN":
             return np.nan
         return raw
-    if node.zarr_format == 3 and node.dimension_names:
-        return None
+    if node.zarr_format == 3 and (node.dimension_names or node.ndim == 0):
+        return None  # xarray never masks with a v3 fill_value, and opens every 0-d array
     if node.dtype.kind == "b":
         return None
     return node.fill_value
@@ -1246,6 +1249,86 @@ def test_dimension_names_that_clash_as_netcdf_names_are_renamed_not_left_out(mou
             assert got.dtype == w.dtype, (name, got.dtype)
             np.testing.assert_array_equal(got, w, err_msg=name)
         assert ds["a"].dims != ds["b"].dims and ds["g"].dims == ("strlen2",)
+
+
+def test_random_groups_read_as_xarray_reads_their_source(mount, tmp_path: Path) -> None:
+    """25 random datasets a Zarr format (tests/nc_sweep.py: dtypes, names netCDF must change,
+    fills, packing, times, strings, coordinates, attributes), each a group written by xarray:
+    every group's netCDF file, read by xarray (netcdf4 and scipy) and ncdump, holds what
+    xarray reads from the source. ``ZVFS_NC_SEED`` picks another seed; scripts/nc-diff runs
+    a longer hunt."""
+    seed = int(os.environ.get("ZVFS_NC_SEED") or 45)
+    print(f"ZVFS_NC_SEED={seed}")
+    for fmt in (2, 3):
+        store = tmp_path / f"v{fmt}.zarr"
+        recipes = nc_sweep.build(store, fmt, seed, 25)
+        assert len(recipes) >= 20, "the draws xarray writes"
+        m = mount(store)
+        problems = [f"v{fmt} {p}\n    recipe: {recipe}" for group, recipe in recipes.items()
+                    for p in nc_sweep.check_group(m.path, store, group, fmt)]
+        assert not problems, "\n".join(problems)
+
+
+def test_a_v3_scalar_reads_as_xarray_reads_it(mount, tmp_path: Path) -> None:
+    """xarray writes a 0-d Zarr v3 array without dimension_names, as it writes no dimension,
+    and never masks with its fill_value: a uint16 scalar of 54278 with fill_value 0 was served
+    with _FillValue 0, and read back as float32."""
+    store = tmp_path / "s.zarr"
+    src = xr.Dataset({"t": ((), np.uint16(54278)), "u": (("x",), np.array([0, 7], "u2"))})
+    src.to_zarr(store, zarr_format=3, consolidated=False)
+    assert "dimension_names" not in json.loads((store / "t" / "zarr.json").read_text())
+    m = mount(store)
+    want = xr.open_zarr(store, zarr_format=3, consolidated=False).load()
+    with xr.open_dataset(m.path / ".zvfs/netcdf/root.nc") as got:
+        for name in ("t", "u"):
+            assert got[name].dtype == want[name].dtype == np.uint16, name
+            np.testing.assert_array_equal(got[name].values, want[name].values)
+
+
+def test_names_made_netcdf_s_give_way_to_a_variable_or_dimension_of_that_name(mount, tmp_path: Path) -> None:
+    """NFC and NFD "café" are one netCDF name. A dimension whose name had to change met a
+    scalar variable called so, and a variable whose name had to change met a dimension called
+    so that is not its own: xarray refused both files ("dimension 'café' already exists as a
+    scalar variable"). The changed name gives way (a dimension as ``<name>_<size>``, a variable
+    with ``_``), and a coordinate whose name changed keeps its dimension's name, so it stays
+    that dimension's coordinate. Read by xarray from the netCDF files (and the v2 mirror,
+    where names stay the source's), against xarray's read of the source."""
+    nfc, nfd = "caf\u00e9", "cafe\u0301"
+    store = tmp_path / "c.zarr"
+    cases = {
+        # the dimension changed, the scalar kept its name
+        "dim": xr.Dataset({nfc: ((), np.int32(5)), "v": ((nfd,), np.arange(3, dtype="i4"))}),
+        # the variable changed, the dimension kept its name
+        "var": xr.Dataset({nfd: ((), np.int32(5)), "v": ((nfc,), np.arange(3, dtype="i4"))}),
+        # a coordinate (NFD) whose dimension meets another of another size
+        "coord": xr.Dataset({"v": ((nfc,), np.arange(7, dtype="i4")), "w": ((nfd,), np.arange(6, dtype="i4"))},
+                            coords={nfd: np.arange(6, dtype="i4") * 10}),
+    }
+    for group, ds in cases.items():
+        ds.to_zarr(store, group=group, zarr_format=2, consolidated=False)
+    m = mount(store)
+    for group in cases:
+        want = xr.open_zarr(store, group=group, consolidated=False).load()
+        with xr.open_dataset(m.path / f".zvfs/netcdf/{group}.nc") as got:
+            assert "zvfs_left_out" not in got.attrs, got.attrs["zvfs_left_out"]
+            served = {name: got[name] for name in got.variables}
+            assert len(served) == len(want.variables), (group, list(served))
+            for name in want.variables:
+                w = want[name]
+                same = [v for v in served.values() if v.shape == w.shape and np.array_equal(v.values, w.values)]
+                assert same, (group, name)
+    # the mirror's scalars have shape [1], as netCDF-C writes them, which xarray cannot open
+    mirror = xr.open_zarr(m.path / ".zvfs" / "v2" / "coord", consolidated=False).load()
+    want = xr.open_zarr(store, group="coord", consolidated=False).load()
+    for name in want.variables:  # its dimensions renamed for netCDF-C (README), as in the files
+        np.testing.assert_array_equal(mirror[name].values, want[name].values)
+    with xr.open_dataset(m.path / ".zvfs/netcdf/dim.nc") as got:
+        assert got[nfc].dims == () and got["v"].dims == (f"{nfc}_3",)
+    with xr.open_dataset(m.path / ".zvfs/netcdf/var.nc") as got:
+        assert got[f"{nfc}_"].dims == () and got["v"].dims == (nfc,)
+    with xr.open_dataset(m.path / ".zvfs/netcdf/coord.nc") as got:
+        assert got["w"].dims == (f"{nfc}_6",) and f"{nfc}_6" in got.coords
+        np.testing.assert_array_equal(got[f"{nfc}_6"].values, np.arange(6) * 10)
 
 
 def test_uint64_missing_values_past_int64_stay_numbers(mount, tmp_path: Path) -> None:

@@ -226,9 +226,10 @@ def array_attributes(meta: ArrayMeta) -> VarAttributes:
 
     The CF fill is the ``_FillValue`` attribute when there is one; else, for v1,
     v2 and NCZarr, the array's ``fill_value`` (xarray and netCDF-C read it so);
-    for v3, the ``fill_value`` only when the array names no dimensions: a v3
-    array with ``dimension_names`` is laid out as xarray writes it, and xarray
-    never masks with the v3 ``fill_value``.
+    for v3, the ``fill_value`` only when the array has dimensions and names none
+    of them: xarray never masks with the v3 ``fill_value``, and it opens any
+    array that names its dimensions, and every 0-d array (which has none to
+    name; xarray writes one without ``dimension_names``).
     """
     source = meta.source if isinstance(meta.source, dict) else {}
     attrs = translate(meta.attributes, source.get("nczarr_attr_types"))
@@ -241,7 +242,7 @@ def array_attributes(meta: ArrayMeta) -> VarAttributes:
     typed_fill = attrs.pop("_FillValue", None)
     fill = _as_fill(typed_fill, meta.dtype) if typed_fill is not None else None
     if fill is None and typed_fill is None:
-        if meta.format != "zarr_v3" or not meta.dimension_names:
+        if meta.format != "zarr_v3" or (meta.shape and not meta.dimension_names):
             fill = _meta_fill(meta)
     elif fill is None:  # a _FillValue we cannot read as the array's type: keep it as it was
         attrs["_FillValue"] = typed_fill

@@ -62,7 +62,7 @@ from zvfs.views.cfattrs import (
 )
 from zvfs.views.node import FileNode
 from zvfs.views.readahead import ReadAhead
-from zvfs.views.v2mirror import consistent_dimensions
+from zvfs.views.v2mirror import consistent_dimensions, dimension_names
 from zvfs.workers import gather
 
 log = logging.getLogger(__name__)
@@ -447,8 +447,13 @@ def build_layout(
             nc_attrs = _unique(named, f"{name}: ", left_out)
             vname = nc_name(name)
             if vname != name:
+                # nor a dimension's name, but for its own coordinate: xarray refuses a file whose
+                # variable 'caf\u00e9' (once NFD) is no coordinate of the dimension 'caf\u00e9'
+                own = dims_by_name[name] or []
+                if dimension_names(meta) == [name] and own[0] not in taken:
+                    vname = own[0]  # a coordinate keeps its dimension's name ('x/y' is 'x_y', or 'x_y_4')
                 stem, n = vname, 0
-                while vname in taken:
+                while vname in taken or (vname in source_dims and own != [vname]):
                     n += 1
                     vname = with_suffix(stem, "_" * n)
                 taken.add(vname)

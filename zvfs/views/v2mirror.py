@@ -190,10 +190,22 @@ def consistent_dimensions(
     With ``generate`` (the netCDF files), unnamed dimensions get
     :func:`generated_dimension_names` instead of None. ``legal`` makes a name one the
     format can hold before the sizes are compared ("x " and "x" are one netCDF name); a
-    name it leaves unchanged has its size first, so a changed one gives way to it.
+    name it leaves unchanged has its size first, so a changed one gives way to it, and to
+    a sibling array of that name that is not its coordinate (xarray refused a group whose
+    dimension 'cafe\u0301', made 'caf\u00e9', met a scalar 'caf\u00e9'): it is renamed as for
+    a size.
     """
     def renamed(name: str, suffix: str) -> str:  # a legal name stays one (within NC_MAX_NAME)
         return name + suffix if legal is None else with_suffix(name, suffix)
+
+    def held_by_other(path: str, name: str) -> bool:
+        """A sibling array is called ``name`` and is not the coordinate of a dimension ``name``."""
+        parent = path.rpartition("/")[0]
+        other = metas.get(f"{parent}/{name}" if parent else name)
+        if other is None:
+            return False
+        dims = dimension_names(other) or []
+        return [legal(d) if legal else d for d in dims] != [name]
 
     sizes: dict[str, int] = {}
     if legal is not None:  # a name the format holds as it is keeps its size first: 'd\t' took 'd_'
@@ -213,8 +225,9 @@ def consistent_dimensions(
             out[path] = None
             continue
         fixed = []
-        for name, size in zip(names if legal is None else map(legal, names), meta.shape, strict=True):
-            if sizes.setdefault(name, size) != size:
+        for source, size in zip(names, meta.shape, strict=True):
+            name = source if legal is None else legal(source)
+            if (name != source and held_by_other(path, name)) or sizes.setdefault(name, size) != size:
                 name = base = renamed(name, f"_{size}")
                 k = 1
                 while sizes.setdefault(name, size) != size:

@@ -1,0 +1,319 @@
+"""Random datasets as groups of a Zarr store, and their netCDF files read against the source.
+
+Shared by ``scripts/nc-diff`` (a long hunt from any seed) and
+``test_netcdf.py::test_random_groups_read_as_xarray_reads_their_source`` (a bounded run).
+
+:func:`build` draws datasets from a seed (dtypes, dimension names, shapes, chunks, fill
+values, scale/offset packing, times, strings, coordinates, attribute names and values) and
+has xarray write each as one group of a Zarr store. :func:`check_group` reads that group's
+``.zvfs/netcdf/<group>.nc`` with xarray's netcdf4 engine, its scipy engine (CDF-1 and -2
+only) and ``ncdump -h``: each variable, its values, dimensions and attributes must be what
+``xarray.open_zarr`` reads from the source, CF decoding on both sides, but for what the
+README's netCDF view changes on purpose. Every expectation here is written from the README,
+not taken from zvfs's code (its ``nc_name`` is written again below).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import subprocess
+import unicodedata
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+LEFT_OUT = "zvfs_left_out"
+
+#: dimension and variable names: plain, then ones netCDF must rename or normalise
+NAMES = ["x", "y", "time", "lat", "lon", "band", "n", "a b", "café", "cafe\u0301", "x/y", "_z", "t-1",
+         "Δ", "0lead", "long" * 20]
+ATTR_NAMES = ["units", "long_name", "comment", "valid_min", "valid_max", "valid_range", "missing_value",
+              "flag_values", "note", "a b", "é", "x/y", "n1", "n2", "n3", "_private", "history"]
+DTYPES = ["i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "bool", "M8[ns]", "M8[s]",
+          "m8[s]", "U", "S", "str"]
+
+
+def attr_value(rng: random.Random) -> Any:
+    """A JSON attribute value of the kinds zarr stores hold."""
+    kind = rng.randrange(26)
+    return [
+        lambda: rng.randrange(-100, 100), lambda: 2**40 + rng.randrange(9), lambda: 2**70,
+        lambda: rng.uniform(-1e6, 1e6), lambda: float("nan"), lambda: float("inf"), lambda: -0.0,
+        lambda: "text", lambda: "héllo wörld", lambda: "", lambda: [1, 2, 3], lambda: [1.5, -2.0],
+        lambda: [1, 2.5], lambda: ["a", "bc"], lambda: [], lambda: True, lambda: {"k": 1},
+        lambda: None, lambda: [2**63, 1], lambda: [True, False], lambda: "a\x00b", lambda: "two\nlines",
+        lambda: list(range(300)), lambda: [-(2**63), 2**63 - 1], lambda: [1e300, -1e-300], lambda: 2**64 - 1,
+    ][kind]()
+
+
+def draw(rng: random.Random) -> tuple[xr.Dataset, dict, str]:
+    """One dataset, its to_zarr encoding, and the recipe text that draws it again."""
+    nprng = np.random.default_rng(rng.randrange(2**32))
+    sizes = {n: rng.randrange(1, 8) for n in rng.sample(NAMES, rng.randrange(1, 5))}
+    dims = list(sizes)
+    ds = xr.Dataset()
+    enc: dict[str, dict] = {}
+    used = set(dims)
+    for _ in range(rng.randrange(1, 5)):
+        dt = rng.choice(DTYPES)
+        vdims = tuple(rng.sample(dims, rng.randrange(0, min(3, len(dims)) + 1)))
+        shape = tuple(sizes[d] for d in vdims)
+        name = rng.choice([n for n in NAMES + ["v1", "v2", "v3", "temp"] if n not in used] or ["w"])
+        used.add(name)
+        data = values(nprng, dt, shape)
+        attrs = {rng.choice(ATTR_NAMES): attr_value(rng) for _ in range(rng.randrange(0, 4))}
+        attrs = {k: v for k, v in attrs.items() if k not in ("units", "calendar") or dt[0] not in "Mm"}
+        if dt[0] in "iuf" and rng.random() < 0.15:  # a CF time of numbers: both sides decode it
+            attrs["units"] = rng.choice(["days since 2000-01-01", "hours since 1970-01-01 00:00:00"])
+            attrs["calendar"] = rng.choice(["standard", "proleptic_gregorian"])
+            data = nprng.integers(0, 100, shape).astype(dt)
+        ds[name] = xr.Variable(vdims, data, attrs)
+        e: dict[str, Any] = {}
+        if shape and rng.random() < 0.7:
+            e["chunks"] = tuple(rng.randrange(1, s + 3) for s in shape)
+        if dt[0] in "fiu" and rng.random() < 0.4:
+            e["_FillValue"] = fill_for(nprng, dt)
+        if dt in ("f4", "f8") and rng.random() < 0.2:
+            e.update(dtype="i2", scale_factor=0.5, add_offset=rng.choice([0.0, 10.0]), _FillValue=-999)
+        if dt in ("f4", "f8") and rng.random() < 0.1:
+            e.update(dtype="u1", scale_factor=2.0, _FillValue=255)
+            data = np.where(np.isnan(data), np.nan, np.clip(np.round(data), 0, 400))
+            ds[name] = xr.Variable(vdims, data, attrs)
+        if dt[0] == "m" and rng.random() < 0.5:
+            e["units"] = rng.choice(["seconds", "hours", "days"])
+            if e["units"] != "seconds":
+                ds[name] = xr.Variable(vdims, (data // np.timedelta64(1, "D")).astype("m8[D]").astype(dt), attrs)
+        if dt in ("M8[ns]", "M8[s]") and rng.random() < 0.5:
+            e["units"] = rng.choice(["days since 2000-01-01", "seconds since 1970-01-01", "hours since 1900-01-01"])
+        enc[name] = e
+    for d in dims:
+        if d not in ds.variables and rng.random() < 0.3:
+            ds = ds.assign_coords({d: np.arange(sizes[d], dtype=rng.choice(["i4", "f8"]))})
+    ds.attrs = {rng.choice(ATTR_NAMES): attr_value(rng) for _ in range(rng.randrange(0, 4))}
+    return ds, enc, f"sizes={sizes}"
+
+
+def fill_for(nprng: np.random.Generator, dt: str) -> Any:
+    if dt[0] == "f":
+        return np.dtype(dt).type([np.nan, np.finfo(dt).max, -1.0][nprng.integers(3)])
+    return np.dtype(dt).type([np.iinfo(dt).max, np.iinfo(dt).min, 0, 7][nprng.integers(4)])
+
+
+def values(nprng: np.random.Generator, dt: str, shape: tuple[int, ...]) -> np.ndarray:
+    n = int(np.prod(shape))
+    if dt == "bool":
+        return nprng.integers(0, 2, shape).astype(bool)
+    if dt[0] in "iu":
+        info = np.iinfo(dt)
+        return nprng.integers(info.min, info.max, shape, dtype=dt, endpoint=True)
+    if dt[0] == "f":
+        a = nprng.normal(0, 100, shape).astype(dt)
+        a.reshape(-1)[nprng.random(n) < 0.1] = np.nan
+        return a
+    if dt[0] == "M":
+        a = (nprng.integers(0, 2_000_000_000, shape) * 10**9).astype("M8[ns]").astype(dt)
+        a.reshape(-1)[nprng.random(n) < 0.1] = np.datetime64("NaT")
+        return a
+    if dt[0] == "m":
+        return nprng.integers(-10**6, 10**6, shape).astype(dt)
+    words = ["", "a", "abc", "héllo", "日本語", "x y z", "tab\tin", "long" * 7]
+    a = np.array([words[i] for i in nprng.integers(0, len(words), n)], dtype=object).reshape(shape)
+    if dt == "U":
+        return a.astype("U")
+    if dt == "S":
+        return np.array([w.encode() for w in a.reshape(-1)], dtype="S").reshape(shape)
+    return a
+
+
+def nc_name(name: str) -> str:
+    """The netCDF name the README gives a Zarr name: NFC, '/' and control characters '_'."""
+    s = unicodedata.normalize("NFC", name)
+    s = "".join("_" if c == "/" or ord(c) < 32 or ord(c) == 127 else c for c in s)
+    return s
+
+
+def name_map(ds: xr.Dataset) -> dict[str, str]:
+    """The README's rule: a name netCDF holds keeps it; a changed one that meets another name,
+    or a dimension's that is not its own coordinate's, gets '_'."""
+    names = [str(n) for n in ds.variables]
+    out = {n: n for n in names if nc_name(n) == n}
+    taken = set(out.values())
+    dims = {nc_name(str(d)) for d in ds.dims}
+    for n in names:
+        if n not in out:
+            m = nc_name(n)
+            own = [nc_name(str(d)) for d in ds[n].dims]
+            while m in taken or (m in dims and own != [m]):
+                m += "_"
+            out[n] = m
+            taken.add(m)
+    return out
+
+
+def same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple, np.ndarray)):
+        a1 = np.atleast_1d(np.asarray(a))
+        b1 = np.atleast_1d(np.asarray(b))
+        if a1.shape != b1.shape:
+            return False
+        if a1.dtype.kind in "fc" or b1.dtype.kind in "fc":
+            try:
+                return bool(np.array_equal(a1.astype("f8"), b1.astype("f8"), equal_nan=True))
+            except (TypeError, ValueError):
+                return False
+        return bool(np.array_equal(a1, b1))
+    if isinstance(a, float) and isinstance(b, (float, np.floating)) and math.isnan(a):
+        return math.isnan(b)
+    return bool(a == b)
+
+
+def attr_problems(where: str, src: dict, got: dict, left_out: str) -> list[str]:
+    out = []
+    for k, v in src.items():
+        nk = nc_name(k)
+        if v is None:
+            if nk in got:
+                out.append(f"{where}: attribute {k!r} is null in the source but {got[nk]!r} in the file")
+            continue
+        if nk not in got:
+            if nk not in left_out and k not in left_out:
+                out.append(f"{where}: attribute {k!r} = {v!r} missing and not in {LEFT_OUT}")
+            continue
+        g = got[nk]
+        if isinstance(g, str) and not isinstance(v, str):
+            # the README: objects, lists of strings, integers no type of the file holds: JSON text
+            try:
+                if same_value(v, json.loads(g)) or g == str(v):
+                    continue
+            except ValueError:
+                pass
+        if isinstance(v, bool):
+            v = int(v)
+        if isinstance(v, str) and g == v.replace("\x00", ""):  # netCDF4-python drops a text's NULs
+            continue
+        if not same_value(v, g):
+            out.append(f"{where}: attribute {k!r}: source {v!r}, file {g!r}")
+    return out
+
+
+def compare(tag: str, src: xr.Dataset, nc: xr.Dataset) -> list[str]:
+    out = []
+    left_out = str(nc.attrs.get(LEFT_OUT, ""))
+    out += attr_problems(f"{tag} global", src.attrs, {k: v for k, v in nc.attrs.items() if k != LEFT_OUT},
+                         left_out)
+    names = name_map(src)
+    for name, var in src.variables.items():
+        nn = names[str(name)]
+        if nn not in nc.variables and var.dims == (name,):  # a coordinate follows its dimension
+            nn = next((str(v) for v in nc.variables if nc.variables[v].dims == (v,)
+                       and str(v).startswith(nc_name(str(name)))), nn)
+        if nn not in nc.variables:
+            out.append(f"{tag}: variable {name!r} ({var.dtype}, {var.dims}) missing"
+                       + ("" if nn in left_out else f", not in {LEFT_OUT}"))
+            continue
+        got = nc.variables[nn]
+        want_dims = tuple(nc_name(str(d)) for d in var.dims)
+        if tuple(d.rsplit("_", 1)[0] if d not in want_dims else d for d in got.dims) != want_dims:
+            out.append(f"{tag}: {name!r} dims {got.dims} for the source's {var.dims}")
+        a, b = var.values, got.values
+        if got.encoding.get("dtype") == "bool" and a.dtype.kind == "O":
+            # a bool masked by its missing_value or _FillValue: xarray makes the source's masked
+            # values NaN in an object array, and a netCDF bool's True (it masks, then casts to bool)
+            pass
+        elif a.dtype.kind in "OUST":
+            a = np.array([x.decode() if isinstance(x, bytes) else str(x) for x in a.reshape(-1)],
+                         dtype=object).reshape(a.shape)
+            b = np.array([x.decode() if isinstance(x, bytes) else str(x) for x in np.asarray(b).reshape(-1)],
+                         dtype=object).reshape(np.shape(b))
+            if a.shape != b.shape or not all(x == y for x, y in zip(a.reshape(-1), b.reshape(-1), strict=True)):
+                out.append(f"{tag}: {name!r} strings differ: {a.reshape(-1)[:6]} / {b.reshape(-1)[:6]}")
+        elif a.shape != b.shape:
+            out.append(f"{tag}: {name!r} shape {b.shape} for {a.shape}")
+        elif a.dtype.kind in "Mm":
+            if b.dtype.kind != a.dtype.kind or not np.array_equal(a.astype("M8[ns]" if a.dtype.kind == "M" else
+                                                                           "m8[ns]"), b, equal_nan=True):
+                out.append(f"{tag}: {name!r} times differ: {a.reshape(-1)[:4]} / {b.reshape(-1)[:4]}")
+        else:
+            # a missing_value or _FillValue left out (README: no number of a type of the file)
+            # leaves xarray no mask, so no float to widen into
+            masks_left = any(f"{nn}: attribute {k}" in left_out or f"{nn}: {k}" in left_out
+                             for k in ("missing_value", "_FillValue"))
+            if a.dtype != b.dtype and not (a.dtype == np.float16 and b.dtype == np.float32) and not masks_left:
+                out.append(f"{tag}: {name!r} dtype {b.dtype} for {a.dtype}")
+            if not np.array_equal(a.astype("f8") if a.dtype.kind == "f" else a,
+                                  b.astype("f8") if b.dtype.kind == "f" else b,
+                                  equal_nan=a.dtype.kind == "f"):
+                out.append(f"{tag}: {name!r} values differ: {a.reshape(-1)[:6]} / {b.reshape(-1)[:6]}")
+        vattrs = {k: v for k, v in var.attrs.items()}
+        out += attr_problems(f"{tag} {name!r}", vattrs, dict(got.attrs), left_out)
+    return out
+
+
+def utf8_names(ds: xr.Dataset) -> xr.Dataset:
+    def fix(n: object) -> object:
+        try:
+            return str(n).encode("latin-1").decode("utf-8")
+        except UnicodeError:
+            return n
+    ds = ds.rename_dims({d: fix(d) for d in ds.dims if fix(d) != d})
+    ds = ds.rename_vars({v: fix(v) for v in ds.variables if fix(v) != v})
+    ds.attrs = {fix(k): v for k, v in ds.attrs.items()}
+    for v in ds.variables.values():
+        v.attrs = {fix(k): x for k, x in v.attrs.items()}
+    return ds
+
+
+def check_group(mnt: Path, store: Path, group: str, fmt: int) -> list[str]:
+    nc = mnt / ".zvfs" / "netcdf" / f"{group}.nc"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = []
+        try:
+            src = xr.open_zarr(store, group=group, zarr_format=fmt, consolidated=False).load()
+        except Exception:  # noqa: BLE001 - xarray cannot CF-decode the source: the file must still open
+            with xr.open_dataset(nc, engine="netcdf4", decode_cf=False) as got:
+                got.load()
+            src = None
+        # scipy reads only CDF-1 and CDF-2, and decodes names as Latin-1 where netCDF says UTF-8
+        engines = ["netcdf4"] + (["scipy"] if nc.read_bytes()[:4] in (b"CDF\x01", b"CDF\x02") else [])
+        for engine in engines if src is not None else []:
+            try:
+                with xr.open_dataset(nc, engine=engine) as got:
+                    got = got.load()
+                    if engine == "scipy":
+                        got = utf8_names(got)
+                    out += compare(f"{group} ({engine})", src, got)
+            except Exception as e:  # noqa: BLE001 - every failure to read is a finding
+                out.append(f"{group} ({engine}): cannot read: {type(e).__name__}: {e}")
+    res = subprocess.run(["ncdump", "-h", str(nc)], capture_output=True, text=True)
+    if res.returncode != 0:
+        out.append(f"{group}: ncdump -h failed: {res.stderr.strip()[:300]}")
+    return out
+
+
+def build(store: Path, fmt: int, seed: int, groups: int) -> dict[str, str]:
+    """Write ``groups`` datasets drawn from ``seed`` as groups of one Zarr store; group -> recipe.
+
+    A draw xarray refuses to write (a variable whose name holds '/') is skipped."""
+    rng = random.Random(f"{seed}-{fmt}")
+    shutil.rmtree(store, ignore_errors=True)
+    recipes = {}
+    for i in range(groups):
+        ds, enc, recipe = draw(rng)
+        group = f"g{i}/sub" if rng.random() < 0.15 else f"g{i}"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                ds.to_zarr(store, group=group, zarr_format=fmt, encoding=enc, consolidated=False, mode="w")
+            except ValueError as e:
+                if "only groups may have child nodes" not in str(e):
+                    raise
+                continue
+        recipes[group] = f"{recipe} {ds!r} encoding={enc}"
+    return recipes
