@@ -1269,6 +1269,43 @@ def test_random_groups_read_as_xarray_reads_their_source(mount, tmp_path: Path) 
         assert not problems, "\n".join(problems)
 
 
+def test_attributes_readers_take_as_text_or_numbers_leave_the_file_readable(mount, tmp_path: Path) -> None:
+    """CF, the NUG and xarray read ``units``, ``calendar``, ``coordinates``, ``_Unsigned``,
+    ``_Encoding`` and ``dtype`` as text, and ``scale_factor`` and ``add_offset`` as numbers.
+    A list there (``dtype = [2**63, 1]``, ``_Unsigned = [1, 2]``) was served as an array,
+    and xarray failed to open the whole file ("truth value of an array ... is ambiguous");
+    text to unpack with failed it too. Now such a value is its JSON text, and a scaling
+    attribute that is no number is left out and told; xarray reads what it reads from the
+    source, and the variable it cannot unpack there as its values."""
+    store = tmp_path / "t.zarr"
+    g = zarr.open_group(str(store), mode="w", zarr_format=2)
+    attrs = {
+        "a": {"dtype": [2**63, 1], "_Unsigned": [1, 2], "calendar": float("nan")},
+        "b": {"units": 5, "_Unsigned": 1},
+        "flag": {"add_offset": "text"},
+    }
+    values = {"a": np.arange(4, dtype="f8"), "b": np.arange(4, dtype="i2"), "flag": np.array([True, False] * 2)}
+    for name, v in values.items():
+        g.create_array(name, shape=v.shape, dtype=v.dtype, chunks=v.shape,
+                       attributes={**attrs[name], "_ARRAY_DIMENSIONS": ["x"]})[:] = v
+    m = mount(store)
+    nc = m.path / ".zvfs/netcdf/root.nc"
+    with netCDF4.Dataset(nc) as ds:
+        assert ds["a"].getncattr("dtype") == "[9223372036854775808, 1]"
+        assert ds["a"].getncattr("_Unsigned") == "[1, 2]"
+        assert ds["a"].getncattr("calendar") == "NaN"
+        assert ds["b"].getncattr("units") == "5" and ds["b"].getncattr("_Unsigned") == "1"
+        assert "add_offset" not in ds["flag"].ncattrs()
+        assert "flag: attribute add_offset: not a number" in ds.getncattr(LEFT_OUT)
+    # xarray cannot unpack the source's "flag" with text; the file's is its bools
+    want = xr.open_zarr(store, consolidated=False, decode_times=False, drop_variables=["flag"]).load()
+    with xr.open_dataset(nc, decode_times=False) as got:
+        for name in ("a", "b"):
+            assert got[name].dtype == want[name].dtype, name
+            np.testing.assert_array_equal(got[name].values, want[name].values)
+        np.testing.assert_array_equal(got["flag"].values, values["flag"])
+
+
 def test_a_v3_scalar_reads_as_xarray_reads_it(mount, tmp_path: Path) -> None:
     """xarray writes a 0-d Zarr v3 array without dimension_names, as it writes no dimension,
     and never masks with its fill_value: a uint16 scalar of 54278 with fill_value 0 was served

@@ -37,6 +37,11 @@ from zvfs.formats.nczarr import attribute_types
 NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 #: attributes whose value has the variable's type in CF (and netCDF) conventions
 VALUE_TYPED = ("_FillValue", "missing_value", "valid_min", "valid_max", "valid_range")
+#: attributes that are numbers in CF: the variable is unpacked with them
+SCALING = ("scale_factor", "add_offset")
+#: attributes that are text in CF, the NUG or xarray: readers compare them with text ("true",
+#: "bool", "... since ..."), and xarray failed to open a file where one was an array
+TEXT_MEANT = ("units", "calendar", "coordinates", "_Unsigned", "_Encoding", "dtype")
 
 
 _BAD_NAME_CHARS = re.compile(r"[\x00-\x1f\x7f/]")

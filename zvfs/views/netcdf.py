@@ -51,6 +51,8 @@ from zvfs.views.arrays import (
     served_text_width,
 )
 from zvfs.views.cfattrs import (
+    SCALING,
+    TEXT_MEANT,
     VALUE_TYPED,
     Typed,
     VarAttributes,
@@ -307,6 +309,8 @@ def typed_attr(name: str, typed: Typed, cdf5: bool, served: VarType | None = Non
     """
     if typed.text is not None:
         return text_attr(name, typed.text)
+    if typed.values is not None and name in TEXT_MEANT:  # JSON's spelling: 5, NaN, [1, 2]
+        return text_attr(name, json.dumps(typed.json))
     if typed.values is None:
         if typed.json is None:
             return None  # null has no netCDF form
@@ -437,6 +441,10 @@ def build_layout(
                     # a number no type holds (missing_value 2**70), as text: netCDF4 then
                     # failed every read of the variable ("Python int too large")
                     left_out[f"{name}: attribute {k}"] = "no number of a netCDF type of this file"
+                    continue
+                if a.name in SCALING and a.nc_type == NC_CHAR != vtype.nc_type:
+                    # text to unpack numbers with: xarray failed to open the file
+                    left_out[f"{name}: attribute {k}"] = "not a number"
                     continue
                 named.append((k, a))
             fill = _fill_attr(vattrs, vtype, meta)
