@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import unicodedata
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -176,7 +177,7 @@ def same_value(a: Any, b: Any) -> bool:
             except (TypeError, ValueError):
                 return False
         return bool(np.array_equal(a1, b1))
-    if isinstance(a, float) and isinstance(b, (float, np.floating)) and math.isnan(a):
+    if isinstance(a, (float, np.floating)) and isinstance(b, (float, np.floating)) and math.isnan(a):
         return math.isnan(b)
     return bool(a == b)
 
@@ -210,6 +211,22 @@ def attr_problems(where: str, src: dict, got: dict, left_out: str) -> list[str]:
         if not same_value(v, g):
             out.append(f"{where}: attribute {k!r}: source {v!r}, file {g!r}")
     return out
+
+
+def _unpacked_otherwise(raw: dict, left_out: str, nn: str) -> bool:
+    """xarray unpacks the source and the file otherwise, by what the README says the file holds.
+
+    A scale_factor or add_offset that is null (no netCDF form: dropped), text or a number the
+    file cannot hold (left out), a JSON bool (xarray casts the source's data to bool with
+    it; the file's is the number 1 or 0), an integer past int32 (a classic file's double,
+    so floats, where xarray unpacks the source in int64), or either on a float16 (served as
+    float, so unpacked in float32, not float16) or a bool (served as bytes: xarray unpacks
+    them, then casts to bool)."""
+    scaling = [k for k in ("scale_factor", "add_offset") if k in raw]
+    return any(
+        f"{nn}: attribute {k}" in left_out or raw[k] is None or isinstance(raw[k], bool)
+        or (isinstance(raw[k], int) and not -(2**31) <= raw[k] < 2**31) for k in scaling
+    ) or bool(scaling and raw.get("_zvfs_dtype") in ("float16", "bool"))
 
 
 def compare(tag: str, src: xr.Dataset, nc: xr.Dataset, raw: dict[str, dict]) -> list[str]:
@@ -258,18 +275,17 @@ def compare(tag: str, src: xr.Dataset, nc: xr.Dataset, raw: dict[str, dict]) -> 
         else:
             # a missing_value or _FillValue left out (README: no number of a type of the file)
             # leaves xarray no mask, so no float to widen into
-            # a scale_factor or add_offset null (no netCDF form: dropped) or text (left out)
-            # has xarray unpack the source into floats, and the file's values as they are
-            masks_left = any(f"{nn}: attribute {k}" in left_out or f"{nn}: {k}" in left_out
-                             for k in ("missing_value", "_FillValue", "scale_factor", "add_offset"))
-            masks_left = masks_left or any(raw[str(name)].get(k, 0) is None for k in ("scale_factor", "add_offset"))
-            if a.dtype != b.dtype and not (a.dtype == np.float16 and b.dtype == np.float32) and not masks_left:
+            masks_left = any(f"{n}: attribute {k}" in left_out or f"{n}: {k}" in left_out
+                             for k in ("missing_value", "_FillValue") for n in (nn, str(name)))
+            unpacked_otherwise = any(_unpacked_otherwise(raw[str(name)], left_out, n) for n in (nn, str(name)))
+            if a.dtype != b.dtype and not (a.dtype == np.float16 and b.dtype == np.float32) and not (
+                    masks_left or unpacked_otherwise):
                 out.append(f"{tag}: {name!r} dtype {b.dtype} for {a.dtype}")
-            if masks_left and any(f"{nn}: attribute {k}" in left_out for k in ("scale_factor", "add_offset")):
-                pass  # the source unpacked with a factor the file cannot hold
+            if unpacked_otherwise:
+                pass
             elif not np.array_equal(a.astype("f8") if a.dtype.kind == "f" else a,
-                                  b.astype("f8") if b.dtype.kind == "f" else b,
-                                  equal_nan=a.dtype.kind == "f"):
+                                    b.astype("f8") if b.dtype.kind == "f" else b,
+                                    equal_nan=a.dtype.kind == "f"):
                 out.append(f"{tag}: {name!r} values differ: {a.reshape(-1)[:6]} / {b.reshape(-1)[:6]}")
         vattrs = {k: v for k, v in var.attrs.items()}
         out += attr_problems(f"{tag} {name!r}", vattrs, dict(got.attrs), left_out)
@@ -290,15 +306,21 @@ def utf8_names(ds: xr.Dataset) -> xr.Dataset:
     return ds
 
 
-def check_group(mnt: Path, store: Path, group: str, fmt: int) -> list[str]:
+def zarr_source(store: Path, group: str, fmt: int) -> Callable[[bool], xr.Dataset]:
+    """xarray's read of one group of a Zarr store, CF-decoded or not."""
+    return lambda decode: xr.open_zarr(store, group=group, zarr_format=fmt, consolidated=False, decode_cf=decode)
+
+
+def check_group(mnt: Path, group: str, source: Callable[[bool], xr.Dataset]) -> list[str]:
+    """The group's netCDF file against ``source`` (an opener: decode CF or not)."""
     nc = mnt / ".zvfs" / "netcdf" / f"{group}.nc"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = []
         try:
-            src = xr.open_zarr(store, group=group, zarr_format=fmt, consolidated=False).load()
-            with xr.open_zarr(store, group=group, zarr_format=fmt, consolidated=False, decode_cf=False) as undecoded:
-                raw = {str(k): dict(v.attrs) for k, v in undecoded.variables.items()}
+            src = source(True).load()
+            with source(False) as undecoded:
+                raw = {str(k): {**v.attrs, "_zvfs_dtype": str(v.dtype)} for k, v in undecoded.variables.items()}
         except Exception:  # noqa: BLE001 - xarray cannot CF-decode the source: the file must still open
             with xr.open_dataset(nc, engine="netcdf4", decode_cf=False) as got:
                 got.load()
@@ -339,3 +361,87 @@ def build(store: Path, fmt: int, seed: int, groups: int) -> dict[str, str]:
                 continue
         recipes[group] = f"{recipe} {ds!r} encoding={enc}"
     return recipes
+
+
+# -- NCZarr, written by netCDF-C from random CDL --------------------------------------------
+
+#: CDL type -> (numpy dtype, the CDL suffix of a constant)
+CDL_TYPES = {"byte": ("i1", "b"), "ubyte": ("u1", "ub"), "short": ("i2", "s"), "ushort": ("u2", "us"),
+             "int": ("i4", ""), "uint": ("u4", "u"), "int64": ("i8", "ll"), "uint64": ("u8", "ull"),
+             "float": ("f4", "f"), "double": ("f8", ""), "char": (None, None)}
+# no "string": netCDF-C 4.10's nccopy writes no NC_STRING variable or attribute to NCZarr
+
+
+def _cdl_number(rng: random.Random, cdl_type: str) -> str:
+    dt, suffix = CDL_TYPES[cdl_type]
+    if dt[0] == "f":
+        v = rng.choice(["NaN", "Infinity", "-Infinity", "0.0", "1.5", "-2.25", "1e30", f"{rng.uniform(-1e3, 1e3):.3f}"])
+        return v + suffix  # NaNf, 1.5f: a float; NaN, 1.5: a double
+    info = np.iinfo(dt)
+    return f"{rng.choice([int(info.min), int(info.max), 0, 1, rng.randrange(int(info.min), int(info.max))])}{suffix}"
+
+
+def _cdl_text(rng: random.Random) -> str:
+    return json.dumps(rng.choice(["", "a", "text", "h\u00e9llo", "two words", "x" * 40]), ensure_ascii=False)
+
+
+def _cdl_attr(rng: random.Random, target: str) -> str:
+    """One attribute line: ``target`` is ``v:name`` or ``:name``."""
+    t = rng.choice([*CDL_TYPES, "text"])
+    if t in ("text", "char"):
+        return f"  {target} = {_cdl_text(rng)} ;"
+    return f"  {target} = {', '.join(_cdl_number(rng, t) for _ in range(rng.randrange(1, 4)))} ;"
+
+
+def draw_cdl_group(rng: random.Random, name: str) -> str:
+    """One CDL group: dimensions, variables of every netCDF-4 atomic type, data and attributes."""
+    dims = {f"d{i}": rng.randrange(1, 9) for i in range(rng.randrange(1, 4))}
+    lines = [f"group: {name} {{", "dimensions:"] + [f"  {d} = {n} ;" for d, n in dims.items()]
+    lines.append("variables:")
+    data = []
+    for j in range(rng.randrange(1, 5)):
+        t = rng.choice(list(CDL_TYPES))
+        vdims = rng.sample(list(dims), rng.randrange(0, min(2, len(dims)) + 1))
+        v = f"v{j}_{t}"
+        lines.append(f"  {t} {v}({', '.join(vdims)}) ;" if vdims else f"  {t} {v} ;")
+        for k in rng.sample(range(9), rng.randrange(0, 3)):  # one name twice: ncgen 4.10 crashed
+            lines.append("  " + _cdl_attr(rng, f"{v}:a{k}"))
+        if t != "char" and rng.random() < 0.3:
+            lines.append(f"    {v}:_FillValue = {_cdl_number(rng, t)} ;")
+        n = int(np.prod([dims[d] for d in vdims])) if vdims else 1
+        if t == "char":
+            # one string: a 2-d char array's data as strings a character each crashed ncgen 4.10
+            values = [json.dumps("".join(rng.choice("abcxyz") for _ in range(n)))]
+        else:
+            values = [_cdl_number(rng, t) for _ in range(n)]
+        if rng.random() < 0.8:  # else never written: the fill value
+            data.append(f"  {v} = {', '.join(values)} ;")
+    for k in rng.sample(range(9), rng.randrange(0, 3)):
+        lines.append(_cdl_attr(rng, f":g{k}"))
+    if data:
+        lines += ["data:", *data]
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def build_nczarr(work: Path, seed: int, groups: int) -> tuple[Path, Path, dict[str, str]]:
+    """Random CDL groups: ncgen writes them as netCDF-4 (the reference), nccopy copies that into
+    an NCZarr directory store. (store, reference file, group -> its CDL)."""
+    rng = random.Random(f"{seed}-nczarr")
+    recipes = {f"g{i}": draw_cdl_group(rng, f"g{i}") for i in range(groups)}
+    cdl = "netcdf sweep {\n" + "\n".join(recipes.values()) + "\n}\n"
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "sweep.cdl").write_text(cdl)
+    ref, store = work / "sweep.nc", work / "sweep.file"
+    shutil.rmtree(store, ignore_errors=True)
+    for cmd in (["ncgen", "-k", "nc4", "-o", str(ref), str(work / "sweep.cdl")],
+                ["nccopy", str(ref), f"file://{store}#mode=nczarr,file"]):
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)}: {res.stderr.strip()}")
+    return store, ref, recipes
+
+
+def netcdf_source(ref: Path, group: str) -> Callable[[bool], xr.Dataset]:
+    """xarray's read of one group of the netCDF-4 reference file, CF-decoded or not."""
+    return lambda decode: xr.open_dataset(ref, group=group, engine="netcdf4", decode_cf=decode)

@@ -1255,8 +1255,9 @@ def test_random_groups_read_as_xarray_reads_their_source(mount, tmp_path: Path) 
     """25 random datasets a Zarr format (tests/nc_sweep.py: dtypes, names netCDF must change,
     fills, packing, times, strings, coordinates, attributes), each a group written by xarray:
     every group's netCDF file, read by xarray (netcdf4 and scipy) and ncdump, holds what
-    xarray reads from the source. ``ZVFS_NC_SEED`` picks another seed; scripts/nc-diff runs
-    a longer hunt."""
+    xarray reads from the source. Then 25 random CDL groups of every netCDF-4 atomic type
+    nccopy writes to NCZarr, each against xarray's read of ncgen's netCDF-4 file.
+    ``ZVFS_NC_SEED`` picks another seed; scripts/nc-diff runs a longer hunt."""
     seed = int(os.environ.get("ZVFS_NC_SEED") or 45)
     print(f"ZVFS_NC_SEED={seed}")
     for fmt in (2, 3):
@@ -1265,8 +1266,13 @@ def test_random_groups_read_as_xarray_reads_their_source(mount, tmp_path: Path) 
         assert len(recipes) >= 20, "the draws xarray writes"
         m = mount(store)
         problems = [f"v{fmt} {p}\n    recipe: {recipe}" for group, recipe in recipes.items()
-                    for p in nc_sweep.check_group(m.path, store, group, fmt)]
+                    for p in nc_sweep.check_group(m.path, group, nc_sweep.zarr_source(store, group, fmt))]
         assert not problems, "\n".join(problems)
+    store, ref, recipes = nc_sweep.build_nczarr(tmp_path / "nczarr", seed, 25)
+    m = mount(store)
+    problems = [f"nczarr {p}\n    recipe:\n{recipe}" for group, recipe in recipes.items()
+                for p in nc_sweep.check_group(m.path, group, nc_sweep.netcdf_source(ref, group))]
+    assert not problems, "\n".join(problems)
 
 
 def test_attributes_readers_take_as_text_or_numbers_leave_the_file_readable(mount, tmp_path: Path) -> None:
@@ -1274,14 +1280,14 @@ def test_attributes_readers_take_as_text_or_numbers_leave_the_file_readable(moun
     ``_Encoding`` and ``dtype`` as text, and ``scale_factor`` and ``add_offset`` as numbers.
     A list there (``dtype = [2**63, 1]``, ``_Unsigned = [1, 2]``) was served as an array,
     and xarray failed to open the whole file ("truth value of an array ... is ambiguous");
-    text to unpack with failed it too. Now such a value is its JSON text, and a scaling
+    text to unpack with failed it too. Now such a list is its JSON text, and a scaling
     attribute that is no number is left out and told; xarray reads what it reads from the
     source, and the variable it cannot unpack there as its values."""
     store = tmp_path / "t.zarr"
     g = zarr.open_group(str(store), mode="w", zarr_format=2)
     attrs = {
-        "a": {"dtype": [2**63, 1], "_Unsigned": [1, 2], "calendar": float("nan")},
-        "b": {"units": 5, "_Unsigned": 1},
+        "a": {"dtype": [2**63, 1], "_Unsigned": [1, 2], "calendar": [float("nan"), 1]},
+        "b": {"units": 5, "_Unsigned": True},
         "flag": {"add_offset": "text"},
     }
     values = {"a": np.arange(4, dtype="f8"), "b": np.arange(4, dtype="i2"), "flag": np.array([True, False] * 2)}
@@ -1293,8 +1299,9 @@ def test_attributes_readers_take_as_text_or_numbers_leave_the_file_readable(moun
     with netCDF4.Dataset(nc) as ds:
         assert ds["a"].getncattr("dtype") == "[9223372036854775808, 1]"
         assert ds["a"].getncattr("_Unsigned") == "[1, 2]"
-        assert ds["a"].getncattr("calendar") == "NaN"
-        assert ds["b"].getncattr("units") == "5" and ds["b"].getncattr("_Unsigned") == "1"
+        assert ds["a"].getncattr("calendar") == "[NaN, 1]"
+        # one number stays one: "true", the text, would make the shorts unsigned
+        assert ds["b"].getncattr("units") == 5 and ds["b"].getncattr("_Unsigned") == 1
         assert "add_offset" not in ds["flag"].ncattrs()
         assert "flag: attribute add_offset: not a number" in ds.getncattr(LEFT_OUT)
     # xarray cannot unpack the source's "flag" with text; the file's is its bools

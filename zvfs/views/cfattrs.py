@@ -40,7 +40,8 @@ VALUE_TYPED = ("_FillValue", "missing_value", "valid_min", "valid_max", "valid_r
 #: attributes that are numbers in CF: the variable is unpacked with them
 SCALING = ("scale_factor", "add_offset")
 #: attributes that are text in CF, the NUG or xarray: readers compare them with text ("true",
-#: "bool", "... since ..."), and xarray failed to open a file where one was an array
+#: "bool", "... since ..."), and xarray failed to open a file where one was an array of several
+#: numbers. A single number compares (unequal) as the source's JSON number does: it stays one
 TEXT_MEANT = ("units", "calendar", "coordinates", "_Unsigned", "_Encoding", "dtype")
 
 

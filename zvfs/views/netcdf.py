@@ -309,7 +309,7 @@ def typed_attr(name: str, typed: Typed, cdf5: bool, served: VarType | None = Non
     """
     if typed.text is not None:
         return text_attr(name, typed.text)
-    if typed.values is not None and name in TEXT_MEANT:  # JSON's spelling: 5, NaN, [1, 2]
+    if typed.values is not None and typed.values.size > 1 and name in TEXT_MEANT:  # JSON's spelling: [1, 2]
         return text_attr(name, json.dumps(typed.json))
     if typed.values is None:
         if typed.json is None:
