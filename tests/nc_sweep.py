@@ -393,10 +393,13 @@ def _cdl_attr(rng: random.Random, target: str) -> str:
     return f"  {target} = {', '.join(_cdl_number(rng, t) for _ in range(rng.randrange(1, 4)))} ;"
 
 
-def draw_cdl_group(rng: random.Random, name: str) -> str:
-    """One CDL group: dimensions, variables of every netCDF-4 atomic type, data and attributes."""
-    dims = {f"d{i}": rng.randrange(1, 9) for i in range(rng.randrange(1, 4))}
-    lines = [f"group: {name} {{", "dimensions:"] + [f"  {d} = {n} ;" for d, n in dims.items()]
+def draw_cdl_group(rng: random.Random, name: str, outer: dict[str, int] | None = None) -> str:
+    """One CDL group: dimensions, variables of every netCDF-4 atomic type, data and attributes,
+    and sometimes a child group ``sub`` whose variables use its parent's dimensions too
+    (NCZarr refers to them by path)."""
+    own = {f"{'e' if outer else 'd'}{i}": rng.randrange(1, 9) for i in range(rng.randrange(1, 4))}
+    dims = {**(outer or {}), **own}
+    lines = [f"group: {name} {{", "dimensions:"] + [f"  {d} = {n} ;" for d, n in own.items()]
     lines.append("variables:")
     data = []
     for j in range(rng.randrange(1, 5)):
@@ -420,6 +423,8 @@ def draw_cdl_group(rng: random.Random, name: str) -> str:
         lines.append(_cdl_attr(rng, f":g{k}"))
     if data:
         lines += ["data:", *data]
+    if outer is None and rng.random() < 0.25:
+        lines.append(draw_cdl_group(rng, "sub", dims))
     lines.append("}")
     return "\n".join(lines)
 
@@ -428,8 +433,10 @@ def build_nczarr(work: Path, seed: int, groups: int) -> tuple[Path, Path, dict[s
     """Random CDL groups: ncgen writes them as netCDF-4 (the reference), nccopy copies that into
     an NCZarr directory store. (store, reference file, group -> its CDL)."""
     rng = random.Random(f"{seed}-nczarr")
-    recipes = {f"g{i}": draw_cdl_group(rng, f"g{i}") for i in range(groups)}
-    cdl = "netcdf sweep {\n" + "\n".join(recipes.values()) + "\n}\n"
+    texts = [draw_cdl_group(rng, f"g{i}") for i in range(groups)]
+    cdl = "netcdf sweep {\n" + "\n".join(texts) + "\n}\n"
+    recipes = {f"g{i}": text for i, text in enumerate(texts)}
+    recipes.update({f"g{i}/sub": text for i, text in enumerate(texts) if "group: sub {" in text})
     work.mkdir(parents=True, exist_ok=True)
     (work / "sweep.cdl").write_text(cdl)
     ref, store = work / "sweep.nc", work / "sweep.file"
