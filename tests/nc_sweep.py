@@ -216,17 +216,15 @@ def attr_problems(where: str, src: dict, got: dict, left_out: str) -> list[str]:
 def _unpacked_otherwise(raw: dict, left_out: str, nn: str) -> bool:
     """xarray unpacks the source and the file otherwise, by what the README says the file holds.
 
-    A scale_factor or add_offset that is null (no netCDF form: dropped), text or a number the
-    file cannot hold (left out), a JSON bool (xarray casts the source's data to bool with
-    it; the file's is the number 1 or 0), an integer past int32 (a classic file's double,
-    so floats, where xarray unpacks the source in int64), or either on a float16 (served as
-    float, so unpacked in float32, not float16) or a bool (served as bytes: xarray unpacks
-    them, then casts to bool)."""
+    A scale_factor or add_offset that is null (no netCDF form: dropped), text, a JSON bool or
+    a number the file cannot hold (left out), an integer (xarray picks the float type it
+    unpacks into by the attribute's integer type, which JSON has not: a Python int in the
+    source, the smallest type that holds it in the file), or either on a float16 (served
+    as float, so unpacked in float32, not float16) or a bool (served as bytes: xarray
+    unpacks them, then casts to bool)."""
     scaling = [k for k in ("scale_factor", "add_offset") if k in raw]
-    return any(
-        f"{nn}: attribute {k}" in left_out or raw[k] is None or isinstance(raw[k], bool)
-        or (isinstance(raw[k], int) and not -(2**31) <= raw[k] < 2**31) for k in scaling
-    ) or bool(scaling and raw.get("_zvfs_dtype") in ("float16", "bool"))
+    return any(f"{nn}: attribute {k}" in left_out or raw[k] is None or isinstance(raw[k], int) for k in scaling
+               ) or bool(scaling and raw.get("_zvfs_dtype") in ("float16", "bool"))
 
 
 def compare(tag: str, src: xr.Dataset, nc: xr.Dataset, raw: dict[str, dict]) -> list[str]:
@@ -250,7 +248,14 @@ def compare(tag: str, src: xr.Dataset, nc: xr.Dataset, raw: dict[str, dict]) -> 
         if tuple(d.rsplit("_", 1)[0] if d not in want_dims else d for d in got.dims) != want_dims:
             out.append(f"{tag}: {name!r} dims {got.dims} for the source's {var.dims}")
         a, b = var.values, got.values
-        if got.encoding.get("dtype") == "bool" and a.dtype.kind == "O":
+        # a missing_value or _FillValue left out (README: no number of a type of the file)
+        # leaves xarray no mask, so no float to widen into
+        masks_left = any(f"{n}: attribute {k}" in left_out or f"{n}: {k}" in left_out
+                         for k in ("missing_value", "_FillValue") for n in (nn, str(name)))
+        unpacked_otherwise = any(_unpacked_otherwise(raw[str(name)], left_out, n) for n in (nn, str(name)))
+        if unpacked_otherwise:
+            pass
+        elif got.encoding.get("dtype") == "bool" and a.dtype.kind == "O":
             # a bool masked by its missing_value or _FillValue: xarray makes the source's masked
             # values NaN in an object array, and a netCDF bool's True (it masks, then casts to bool)
             pass
@@ -273,17 +278,9 @@ def compare(tag: str, src: xr.Dataset, nc: xr.Dataset, raw: dict[str, dict]) -> 
                                                                            "m8[ns]"), b, equal_nan=True):
                 out.append(f"{tag}: {name!r} times differ: {a.reshape(-1)[:4]} / {b.reshape(-1)[:4]}")
         else:
-            # a missing_value or _FillValue left out (README: no number of a type of the file)
-            # leaves xarray no mask, so no float to widen into
-            masks_left = any(f"{n}: attribute {k}" in left_out or f"{n}: {k}" in left_out
-                             for k in ("missing_value", "_FillValue") for n in (nn, str(name)))
-            unpacked_otherwise = any(_unpacked_otherwise(raw[str(name)], left_out, n) for n in (nn, str(name)))
-            if a.dtype != b.dtype and not (a.dtype == np.float16 and b.dtype == np.float32) and not (
-                    masks_left or unpacked_otherwise):
+            if a.dtype != b.dtype and not (a.dtype == np.float16 and b.dtype == np.float32) and not masks_left:
                 out.append(f"{tag}: {name!r} dtype {b.dtype} for {a.dtype}")
-            if unpacked_otherwise:
-                pass
-            elif not np.array_equal(a.astype("f8") if a.dtype.kind == "f" else a,
+            if not np.array_equal(a.astype("f8") if a.dtype.kind == "f" else a,
                                     b.astype("f8") if b.dtype.kind == "f" else b,
                                     equal_nan=a.dtype.kind == "f"):
                 out.append(f"{tag}: {name!r} values differ: {a.reshape(-1)[:6]} / {b.reshape(-1)[:6]}")

@@ -1289,8 +1289,10 @@ def test_attributes_readers_take_as_text_or_numbers_leave_the_file_readable(moun
         "a": {"dtype": [2**63, 1], "_Unsigned": [1, 2], "calendar": [float("nan"), 1]},
         "b": {"units": 5, "_Unsigned": True},
         "flag": {"add_offset": "text"},
+        "c": {"scale_factor": True, "_FillValue": 7},
     }
-    values = {"a": np.arange(4, dtype="f8"), "b": np.arange(4, dtype="i2"), "flag": np.array([True, False] * 2)}
+    values = {"a": np.arange(4, dtype="f8"), "b": np.arange(4, dtype="i2"), "flag": np.array([True, False] * 2),
+              "c": np.arange(4, dtype="i4")}
     for name, v in values.items():
         g.create_array(name, shape=v.shape, dtype=v.dtype, chunks=v.shape,
                        attributes={**attrs[name], "_ARRAY_DIMENSIONS": ["x"]})[:] = v
@@ -1304,13 +1306,17 @@ def test_attributes_readers_take_as_text_or_numbers_leave_the_file_readable(moun
         assert ds["b"].getncattr("units") == 5 and ds["b"].getncattr("_Unsigned") == 1
         assert "add_offset" not in ds["flag"].ncattrs()
         assert "flag: attribute add_offset: not a number" in ds.getncattr(LEFT_OUT)
+        assert "c: attribute scale_factor: not a number" in ds.getncattr(LEFT_OUT)
     # xarray cannot unpack the source's "flag" with text; the file's is its bools
-    want = xr.open_zarr(store, consolidated=False, decode_times=False, drop_variables=["flag"]).load()
+    want = xr.open_zarr(store, consolidated=False, decode_times=False, drop_variables=["flag", "c"]).load()
     with xr.open_dataset(nc, decode_times=False) as got:
         for name in ("a", "b"):
             assert got[name].dtype == want[name].dtype, name
             np.testing.assert_array_equal(got[name].values, want[name].values)
         np.testing.assert_array_equal(got["flag"].values, values["flag"])
+        # a JSON true to scale with: xarray casts the source's ints to bools by it, and the file
+        # holds none; the file's are its values, masked by the _FillValue
+        np.testing.assert_array_equal(got["c"].values, values["c"])
 
 
 def test_a_v3_scalar_reads_as_xarray_reads_it(mount, tmp_path: Path) -> None:
