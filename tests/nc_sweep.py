@@ -39,7 +39,7 @@ ATTR_NAMES = ["units", "long_name", "comment", "valid_min", "valid_max", "valid_
               # names a reader gives a meaning (xarray's and CF's), with values of any kind
               "_Unsigned", "dtype", "coordinates", "calendar", "scale_factor", "add_offset", "_Encoding"]
 DTYPES = ["i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "bool", "M8[ns]", "M8[s]",
-          "m8[s]", "U", "S", "str"]
+          "m8[s]", "U", "S", "str", "cftime"]
 
 
 def attr_value(rng: random.Random) -> Any:
@@ -56,7 +56,7 @@ def attr_value(rng: random.Random) -> Any:
     ][kind]()
 
 
-def draw(rng: random.Random) -> tuple[xr.Dataset, dict, str]:
+def draw(rng: random.Random, fmt: int) -> tuple[xr.Dataset, dict, str]:
     """One dataset, its to_zarr encoding, and the recipe text that draws it again."""
     nprng = np.random.default_rng(rng.randrange(2**32))
     sizes = {n: rng.randrange(1, 8) if rng.random() < 0.8 else rng.randrange(8, 40)
@@ -84,6 +84,10 @@ def draw(rng: random.Random) -> tuple[xr.Dataset, dict, str]:
         e: dict[str, Any] = {}
         if shape and rng.random() < 0.7:
             e["chunks"] = tuple(rng.randrange(1, s + 3) for s in shape)
+            if fmt == 3 and rng.random() < 0.3:  # shards of whole chunks
+                e["shards"] = tuple(c * rng.randrange(1, 3) for c in e["chunks"])
+        if rng.random() < 0.3:
+            e["compressors"] = _compressors(rng, fmt)
         if dt[0] in "fiu" and rng.random() < 0.4:
             e["_FillValue"] = fill_for(nprng, dt)
         if dt in ("f4", "f8") and rng.random() < 0.2:
@@ -106,6 +110,18 @@ def draw(rng: random.Random) -> tuple[xr.Dataset, dict, str]:
             ds = ds.assign_coords({d: np.arange(sizes[d], dtype=rng.choice(["i4", "f8"]))})
     ds.attrs = {rng.choice(ATTR_NAMES): attr_value(rng) for _ in range(rng.randrange(0, 4))}
     return ds, enc, f"sizes={sizes}"
+
+
+def _compressors(rng: random.Random, fmt: int) -> Any:
+    """A compressor zarr-python writes: numcodecs' for v2, zarr's own codecs for v3."""
+    if fmt == 3:
+        from zarr import codecs
+        return rng.choice([None, [codecs.ZstdCodec(level=3, checksum=True)], [codecs.GzipCodec(level=5)],
+                           [codecs.BloscCodec(cname="lz4", shuffle="bitshuffle")]])
+    import numcodecs
+    return rng.choice([None, [numcodecs.Zlib(level=1)], [numcodecs.GZip(level=5)], [numcodecs.Zstd(level=3)],
+                       [numcodecs.LZ4()], [numcodecs.Blosc(cname="zstd", shuffle=numcodecs.Blosc.BITSHUFFLE)],
+                       [numcodecs.BZ2()], [numcodecs.LZMA()]])
 
 
 def fill_for(nprng: np.random.Generator, dt: str) -> Any:
@@ -131,6 +147,12 @@ def values(nprng: np.random.Generator, dt: str, shape: tuple[int, ...]) -> np.nd
         return a
     if dt[0] == "m":
         return nprng.integers(-10**6, 10**6, shape).astype(dt)
+    if dt == "cftime":  # dates of a calendar numpy has not: xarray writes counts with units and calendar
+        import cftime
+        cls = [cftime.DatetimeNoLeap, cftime.Datetime360Day, cftime.DatetimeJulian][nprng.integers(3)]
+        days = nprng.integers(0, 20000, n)
+        return np.array([cls(1990, 1, 1) + np.timedelta64(int(d), "D").item() for d in days],
+                        dtype=object).reshape(shape)
     words = ["", "a", "abc", "héllo", "日本語", "x y z", "tab\tin", "long" * 7]
     a = np.array([words[i] for i in nprng.integers(0, len(words), n)], dtype=object).reshape(shape)
     if dt == "U":
@@ -348,7 +370,7 @@ def build(store: Path, fmt: int, seed: int, groups: int) -> dict[str, str]:
     shutil.rmtree(store, ignore_errors=True)
     recipes = {}
     for i in range(groups):
-        ds, enc, recipe = draw(rng)
+        ds, enc, recipe = draw(rng, fmt)
         group = f"g{i}/sub" if rng.random() < 0.15 else f"g{i}"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
