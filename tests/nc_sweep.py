@@ -19,7 +19,6 @@ import json
 import math
 import random
 import shutil
-import subprocess
 import unicodedata
 import warnings
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import xarray as xr
+from conftest import run, tool
 
 LEFT_OUT = "zvfs_left_out"
 
@@ -69,7 +69,10 @@ def draw(rng: random.Random, fmt: int) -> tuple[xr.Dataset, dict, str]:
         dt = rng.choice(DTYPES)
         vdims = tuple(rng.sample(dims, rng.randrange(0, min(3, len(dims)) + 1)))
         shape = tuple(sizes[d] for d in vdims)
-        name = rng.choice([n for n in NAMES + ["v1", "v2", "v3", "temp"] if n not in used] or ["w"])
+        # no variable 'x/y': zarr nests it under 'x', and whether xarray's write of the two then
+        # fails depends on the order of a set of names (PYTHONHASHSEED): the draws varied by run
+        name = rng.choice([n for n in NAMES + ["v1", "v2", "v3", "temp"] if n not in used and "/" not in n]
+                          or ["w"])
         used.add(name)
         data = values(nprng, dt, shape)
         if data.size > 1 and dt[0] in "iufbmM" and rng.random() < 0.25:
@@ -235,7 +238,14 @@ def attr_problems(where: str, src: dict, got: dict, left_out: str) -> list[str]:
     return out
 
 
-def _unpacked_otherwise(raw: dict, left_out: str, nn: str) -> bool:
+def _texts(values: Any) -> np.ndarray:
+    """Strings, bytes or dates as str, in their shape."""
+    values = np.asarray(values)
+    return np.array([x.decode() if isinstance(x, bytes) else str(x) for x in values.reshape(-1)],
+                    dtype=object).reshape(values.shape)
+
+
+def _unpacked_otherwise(dtype: str, raw: dict, left_out: str, nn: str) -> bool:
     """xarray unpacks the source and the file otherwise, by what the README says the file holds.
 
     A scale_factor or add_offset that is null (no netCDF form: dropped), text, a JSON bool or
@@ -246,11 +256,11 @@ def _unpacked_otherwise(raw: dict, left_out: str, nn: str) -> bool:
     unpacks them, then casts to bool)."""
     scaling = [k for k in ("scale_factor", "add_offset") if k in raw]
     return any(f"{nn}: attribute {k}" in left_out or raw[k] is None or isinstance(raw[k], int) for k in scaling
-               ) or bool(scaling and raw.get("_zvfs_dtype") in ("float16", "bool"))
+               ) or bool(scaling and dtype in ("float16", "bool"))
 
 
-def compare(tag: str, src: xr.Dataset, nc: xr.Dataset, raw: dict[str, dict]) -> list[str]:
-    """``raw``: each source variable's attributes before xarray's CF decoding."""
+def compare(tag: str, src: xr.Dataset, nc: xr.Dataset, raw: dict[str, tuple[str, dict]]) -> list[str]:
+    """``raw``: each source variable's dtype and attributes before xarray's CF decoding."""
     out = []
     left_out = str(nc.attrs.get(LEFT_OUT, ""))
     out += attr_problems(f"{tag} global", src.attrs, {k: v for k, v in nc.attrs.items() if k != LEFT_OUT},
@@ -274,7 +284,11 @@ def compare(tag: str, src: xr.Dataset, nc: xr.Dataset, raw: dict[str, dict]) -> 
         # leaves xarray no mask, so no float to widen into
         masks_left = any(f"{n}: attribute {k}" in left_out or f"{n}: {k}" in left_out
                          for k in ("missing_value", "_FillValue") for n in (nn, str(name)))
-        unpacked_otherwise = any(_unpacked_otherwise(raw[str(name)], left_out, n) for n in (nn, str(name)))
+        unpacked_otherwise = any(_unpacked_otherwise(*raw[str(name)], left_out, n) for n in (nn, str(name)))
+        # the source's own _Unsigned replaced by what the served type implies (README): xarray
+        # reads a uint32 with _Unsigned "false" as int32, the file's as the uint32 it is
+        unpacked_otherwise = unpacked_otherwise or any(
+            f"{n}: attribute _Unsigned: the data served are" in left_out for n in (nn, str(name)))
         if unpacked_otherwise:
             pass
         elif got.encoding.get("dtype") == "bool" and a.dtype.kind == "O":
@@ -287,10 +301,7 @@ def compare(tag: str, src: xr.Dataset, nc: xr.Dataset, raw: dict[str, dict]) -> 
                 # a classic file holds no list of strings, so the file has its JSON text (README)
                 keep = np.array([not (isinstance(x, float) and math.isnan(x)) for x in a.reshape(-1)])
                 a, b = a.reshape(-1)[keep], np.asarray(b).reshape(-1)[keep]
-            a = np.array([x.decode() if isinstance(x, bytes) else str(x) for x in a.reshape(-1)],
-                         dtype=object).reshape(a.shape)
-            b = np.array([x.decode() if isinstance(x, bytes) else str(x) for x in np.asarray(b).reshape(-1)],
-                         dtype=object).reshape(np.shape(b))
+            a, b = _texts(a), _texts(b)
             if a.shape != b.shape or not all(x == y for x, y in zip(a.reshape(-1), b.reshape(-1), strict=True)):
                 out.append(f"{tag}: {name!r} strings differ: {a.reshape(-1)[:6]} / {b.reshape(-1)[:6]}")
         elif a.shape != b.shape:
@@ -306,8 +317,7 @@ def compare(tag: str, src: xr.Dataset, nc: xr.Dataset, raw: dict[str, dict]) -> 
                                     b.astype("f8") if b.dtype.kind == "f" else b,
                                     equal_nan=a.dtype.kind == "f"):
                 out.append(f"{tag}: {name!r} values differ: {a.reshape(-1)[:6]} / {b.reshape(-1)[:6]}")
-        vattrs = {k: v for k, v in var.attrs.items()}
-        out += attr_problems(f"{tag} {name!r}", vattrs, dict(got.attrs), left_out)
+        out += attr_problems(f"{tag} {name!r}", dict(var.attrs), dict(got.attrs), left_out)
     return out
 
 
@@ -339,13 +349,15 @@ def check_group(mnt: Path, group: str, source: Callable[[bool], xr.Dataset]) -> 
         try:
             src = source(True).load()
             with source(False) as undecoded:
-                raw = {str(k): {**v.attrs, "_zvfs_dtype": str(v.dtype)} for k, v in undecoded.variables.items()}
+                raw = {str(k): (str(v.dtype), dict(v.attrs)) for k, v in undecoded.variables.items()}
         except Exception:  # noqa: BLE001 - xarray cannot CF-decode the source: the file must still open
             with xr.open_dataset(nc, engine="netcdf4", decode_cf=False) as got:
                 got.load()
             src = None
         # scipy reads only CDF-1 and CDF-2, and decodes names as Latin-1 where netCDF says UTF-8
-        engines = ["netcdf4"] + (["scipy"] if nc.read_bytes()[:4] in (b"CDF\x01", b"CDF\x02") else [])
+        with nc.open("rb") as f:
+            magic = f.read(4)
+        engines = ["netcdf4"] + (["scipy"] if magic in (b"CDF\x01", b"CDF\x02") else [])
         for engine in engines if src is not None else []:
             try:
                 with xr.open_dataset(nc, engine=engine) as got:
@@ -355,7 +367,7 @@ def check_group(mnt: Path, group: str, source: Callable[[bool], xr.Dataset]) -> 
                     out += compare(f"{group} ({engine})", src, got, raw)
             except Exception as e:  # noqa: BLE001 - every failure to read is a finding
                 out.append(f"{group} ({engine}): cannot read: {type(e).__name__}: {e}")
-    res = subprocess.run(["ncdump", "-h", str(nc)], capture_output=True, text=True)
+    res = run([tool("ncdump"), "-h", nc])
     if res.returncode != 0:
         out.append(f"{group}: ncdump -h failed: {res.stderr.strip()[:300]}")
     return out
@@ -460,11 +472,8 @@ def build_nczarr(work: Path, seed: int, groups: int) -> tuple[Path, Path, dict[s
     (work / "sweep.cdl").write_text(cdl)
     ref, store = work / "sweep.nc", work / "sweep.file"
     shutil.rmtree(store, ignore_errors=True)
-    for cmd in (["ncgen", "-k", "nc4", "-o", str(ref), str(work / "sweep.cdl")],
-                ["nccopy", str(ref), f"file://{store}#mode=nczarr,file"]):
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)}: {res.stderr.strip()}")
+    run([tool("ncgen"), "-k", "nc4", "-o", ref, work / "sweep.cdl"], check=True)
+    run([tool("nccopy"), ref, f"file://{store}#mode=nczarr,file"], check=True)
     return store, ref, recipes
 
 
