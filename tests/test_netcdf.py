@@ -1290,9 +1290,11 @@ def test_attributes_readers_take_as_text_or_numbers_leave_the_file_readable(moun
         "b": {"units": 5, "_Unsigned": True},
         "flag": {"add_offset": "text"},
         "c": {"scale_factor": True, "_FillValue": 7},
+        # on text served as chars too: xarray failed the file ("invalid literal for int()")
+        "s": {"scale_factor": True, "add_offset": "text"},
     }
     values = {"a": np.arange(4, dtype="f8"), "b": np.arange(4, dtype="i2"), "flag": np.array([True, False] * 2),
-              "c": np.arange(4, dtype="i4")}
+              "c": np.arange(4, dtype="i4"), "s": np.array([b"a", b"bc", b"", b"def"], "S3")}
     for name, v in values.items():
         g.create_array(name, shape=v.shape, dtype=v.dtype, chunks=v.shape,
                        attributes={**attrs[name], "_ARRAY_DIMENSIONS": ["x"]})[:] = v
@@ -1307,8 +1309,9 @@ def test_attributes_readers_take_as_text_or_numbers_leave_the_file_readable(moun
         assert "add_offset" not in ds["flag"].ncattrs()
         assert "flag: attribute add_offset: not a number" in ds.getncattr(LEFT_OUT)
         assert "c: attribute scale_factor: not a number" in ds.getncattr(LEFT_OUT)
+        assert not {"scale_factor", "add_offset"} & set(ds["s"].ncattrs())
     # xarray cannot unpack the source's "flag" with text; the file's is its bools
-    want = xr.open_zarr(store, consolidated=False, decode_times=False, drop_variables=["flag", "c"]).load()
+    want = xr.open_zarr(store, consolidated=False, decode_times=False, drop_variables=["flag", "c", "s"]).load()
     with xr.open_dataset(nc, decode_times=False) as got:
         for name in ("a", "b"):
             assert got[name].dtype == want[name].dtype, name
@@ -1317,6 +1320,7 @@ def test_attributes_readers_take_as_text_or_numbers_leave_the_file_readable(moun
         # a JSON true to scale with: xarray casts the source's ints to bools by it, and the file
         # holds none; the file's are its values, masked by the _FillValue
         np.testing.assert_array_equal(got["c"].values, values["c"])
+        np.testing.assert_array_equal(got["s"].values, values["s"])
 
 
 def test_a_v3_scalar_reads_as_xarray_reads_it(mount, tmp_path: Path) -> None:

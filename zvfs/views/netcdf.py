@@ -442,10 +442,10 @@ def build_layout(
                     # failed every read of the variable ("Python int too large")
                     left_out[f"{name}: attribute {k}"] = "no number of a netCDF type of this file"
                     continue
-                if a.name in SCALING and vtype.nc_type != NC_CHAR and (
-                        a.nc_type == NC_CHAR or isinstance(t.json, bool)):
+                if a.name in SCALING and (a.nc_type == NC_CHAR or isinstance(t.json, bool)):
                     # text or a JSON bool (a byte 1 here) to unpack numbers with: xarray failed
-                    # to open the file ("cannot convert float NaN to integer")
+                    # to open the file ("cannot convert float NaN to integer"; on text served
+                    # as char: "invalid literal for int()")
                     left_out[f"{name}: attribute {k}"] = "not a number"
                     continue
                 named.append((k, a))
