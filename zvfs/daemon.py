@@ -29,6 +29,7 @@ from zvfs import earlystop, warmup
 from zvfs.fs import Ownership, ZvfsOperations
 from zvfs.fs import loop as fs_loop
 from zvfs.fs.fuse import pyfuse3
+from zvfs.fs.push import PagePush
 from zvfs.mounts import MOUNT_TABLE_PREFIX, UnmountFailed, fusermount, mount_device
 from zvfs.options import OPTIONS, S3_WRITE_OPTIONS, format_value, parse_ttl
 from zvfs.stats import Counters
@@ -577,8 +578,11 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
     try:
         init_fuse(ops, mountpoint, fuse_options(description, opts["allow_other"], ctx.writable))
         ours = mount_device(mountpoint)
-        undo_loop = fs_loop.install(counters, busy_poll=opts["busy_poll"] / 1e6,
+        device = fs_loop.fuse_device_fd()
+        undo_loop = fs_loop.install(counters, fd=device, busy_poll=opts["busy_poll"] / 1e6,
                                     idle_for=ctx.workers.idle_for)
+        if device is not None:
+            ops.pages = PagePush(device)
         try:
             trio.run(_serve, ctx, root, ops, mountpoint, ready_fd, stop, prepare, failed)
             unmounted = True

@@ -43,6 +43,8 @@ KNOWN_COUNTERS: tuple[str, ...] = (
     "fuse_lookups", "fuse_getattrs", "fuse_readdirs", "fuse_read_requests", "fuse_read_bytes",
     # opens answered with keep_cache: the kernel may serve them from the pages it has
     "fuse_opens_cached",
+    # ... whose bytes were stored in the kernel's pages with the open: no READ follows
+    "fuse_opens_pushed",
     # requests read as soon as the last was answered, with no wait (zvfs.fs.loop)
     "fuse_requests_queued",
     # requests that came while the daemon busy-polled for them (--busy-poll)

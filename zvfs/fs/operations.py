@@ -58,6 +58,7 @@ import trio
 
 from zvfs.fs.fuse import pyfuse3
 from zvfs.fs.ownership import Ownership
+from zvfs.fs.push import PagePush
 from zvfs.views.context import MountContext
 from zvfs.views.node import DirNode, FileHandle, FileNode, LazyEntries, Node, NodeError
 from zvfs.workers import current_flow, run_abandonable
@@ -204,6 +205,10 @@ class ZvfsOperations(pyfuse3.Operations):
         #: inode -> (node version, monotonic time) of the kernel's cached pages
         self._page_epochs: dict[int, tuple[object, float]] = {}
         self._files: dict[int, _Open] = {}
+        #: inode -> its open handles, for reading or writing
+        self._open_count: dict[int, int] = {}
+        #: the kernel's page cache, stored into through the FUSE device (set once mounted)
+        self.pages: PagePush | None = None
         self._derived_prefixes = tuple(derived)
         #: a byte a number, 1 where it is of a derived file or directory (below a derived
         #: prefix): a set of them cost 74 bytes a chunk file a listing told the kernel of
@@ -948,6 +953,8 @@ class ZvfsOperations(pyfuse3.Operations):
         keep = keep and not direct
         if keep:
             self._counters.add("fuse_opens_cached")
+            if handle is None and self._open_count[inode] == 1:
+                self._push(inode, node)
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep, direct_io=direct)
 
     def _keep_pages(self, inode: int, node: FileNode) -> bool:
@@ -963,6 +970,11 @@ class ZvfsOperations(pyfuse3.Operations):
             return epoch is None or epoch[0] == version
         if version is None:
             return False
+        if epoch is None and self._bound(inode) and not self._derived[inode - ROOT]:
+            # the kernel has no pages of it: what it holds came through an open, and every
+            # open sets an epoch, dropped only once the kernel forgets the inode or its name
+            self._page_epochs[inode] = (version, now)
+            return True
         if epoch is not None and epoch[0] == version:
             if node.validated:  # checked against the source at this open: current however old
                 self._page_epochs[inode] = (version, now)
@@ -993,8 +1005,19 @@ class ZvfsOperations(pyfuse3.Operations):
         self._counters.add("fuse_read_bytes", data.nbytes if isinstance(data, memoryview) else len(data))
         return data  # any contiguous buffer: pyfuse3 replies from it without a copy
 
+    def _push(self, inode: int, node: FileNode) -> None:
+        """The whole of ``node`` into the kernel's pages of ``inode``, if the node has it in
+        memory: this open's reads are then answered by the kernel (see zvfs.fs.push). Only
+        for the one open of the file, with its pages kept: see there why."""
+        if self.pages is None:
+            return
+        data = node.resident()
+        if data is not None and self.pages.push(inode, data):
+            self._counters.add("fuse_opens_pushed")
+
     def _opened(self, fh: int, f: _Open) -> None:
         self._files[fh] = f
+        self._open_count[f.ino] = self._open_count.get(f.ino, 0) + 1
         if f.handle is not None:
             self._writing.setdefault(f.ino, []).append(f.handle)
 
@@ -1002,6 +1025,9 @@ class ZvfsOperations(pyfuse3.Operations):
         f = self._files.pop(fh, None)
         if f is None:
             return
+        n = self._open_count.pop(f.ino, 1) - 1
+        if n:
+            self._open_count[f.ino] = n
         if f.handle is None:
             f.node.released()
         else:

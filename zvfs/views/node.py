@@ -146,6 +146,13 @@ class FileNode(Node):
         TTL: the staleness the chunk cache allows already, and warm re-reads at memory speed."""
         return None
 
+    def resident(self) -> bytes | memoryview | None:
+        """The whole content, if it is in the daemon's memory already and is let go from
+        there now (a small file read ahead with the one before it); None otherwise. The fs
+        layer hands it to the kernel's page cache with the open, so the reader's read is
+        answered there, without a READ request."""
+        return None
+
     def opened(self) -> None:  # noqa: B027 - optional hook
         """Called at each open: a live file snapshots its content here, so the size a
         ``stat`` reports is the size of the bytes the reader gets."""

@@ -469,6 +469,28 @@ class RawFile(FileNode):
         if keys:
             self.ctx.background(self.ctx.workers.run, self.ctx.store.will_need, keys)
 
+    def _walked(self, walk: FileWalk | None) -> tuple[bool, list[str]]:
+        """Record in ``walk`` that this file is read from its start: whether the reader
+        streams files in order, and the files it now reaches that no batch will read (too
+        big: the kernel reads them ahead, see _read_unblocked)."""
+        ahead = walk.advise(self.key) if walk is not None else []
+        later = walk.hints([k for k, info in ahead if info.size > BATCH_MEMBER]) if walk else []
+        return bool(ahead), later
+
+    def resident(self) -> bytes | memoryview | None:
+        """A small member read with the one before it (see _read_unblocked), let go here:
+        the kernel's pages hold it from this open on. Counted as read from its start, so the
+        reader's walk goes on as if its read had come."""
+        if self.ctx.store.block_size > 0:
+            return None
+        key = self._block_key(0)
+        kept = self.ctx.chunks.peek(key)
+        if kept is None or len(kept) != self._info.size:
+            return None
+        self.ctx.chunks.invalidate(key)
+        self._hint(self._walked(self._walk())[1])
+        return kept
+
     async def _read_unblocked(self, offset: int, end: int) -> bytes | memoryview:
         """A read of a store without a block cache (a zip of stored members): a range of the
         member in one worker hop, or its bytes, read already with a file before it.
@@ -482,10 +504,7 @@ class RawFile(FileNode):
         costs a hop, and 20,000 of them cost 20,000 hops one by one. What is kept is let go
         once read to its end (the kernel's page cache has it then)."""
         walk = self._walk() if offset == 0 else None
-        ahead = walk.advise(self.key) if walk is not None else []
-        streaming = bool(ahead)
-        # the files the walk now reaches that no batch will read: the kernel reads them ahead
-        later = walk.hints([k for k, info in ahead if info.size > BATCH_MEMBER]) if walk else []
+        streaming, later = self._walked(walk)
         key = self._block_key(0)
         kept = self.ctx.chunks.peek(key)
         if kept is not None:
