@@ -58,7 +58,7 @@ import trio
 
 from zvfs.fs.fuse import pyfuse3
 from zvfs.fs.ownership import Ownership
-from zvfs.fs.push import PagePush
+from zvfs.fs.push import PUSH_MAX, PagePush
 from zvfs.views.context import MountContext
 from zvfs.views.node import DirNode, FileHandle, FileNode, LazyEntries, Node, NodeError
 from zvfs.workers import current_flow, run_abandonable
@@ -953,8 +953,8 @@ class ZvfsOperations(pyfuse3.Operations):
         keep = keep and not direct
         if keep:
             self._counters.add("fuse_opens_cached")
-            if handle is None and self._open_count[inode] == 1:
-                self._push(inode, node)
+            if handle is None and before is None and self._open_count[inode] == 1:
+                self._push(inode, node)  # the kernel has no pages of it yet
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep, direct_io=direct)
 
     def _keep_pages(self, inode: int, node: FileNode) -> bool:
@@ -1009,7 +1009,7 @@ class ZvfsOperations(pyfuse3.Operations):
         """The whole of ``node`` into the kernel's pages of ``inode``, if the node has it in
         memory: this open's reads are then answered by the kernel (see zvfs.fs.push). Only
         for the one open of the file, with its pages kept: see there why."""
-        if self.pages is None:
+        if self.pages is None or node.size > PUSH_MAX:
             return
         data = node.resident()
         if data is not None and self.pages.push(inode, data):

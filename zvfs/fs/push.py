@@ -1,20 +1,22 @@
-"""Handing a file's bytes to the kernel's page cache with its open (FUSE_NOTIFY_STORE).
+"""Handing a small file's bytes to the kernel's page cache with its open (FUSE_NOTIFY_STORE).
 
 A reader of many small files (cp -r, rsync, a loop over a zip's members) pays three round
 trips through the daemon a file: LOOKUP, OPEN and READ. When the daemon has the whole file
-in memory already at the open (a small zip member read ahead in one worker hop with the
-one before it), it can store those bytes in the kernel's page cache before it answers the
-open with keep_cache: the reader's read is then answered by the kernel, and one round trip
-of three is gone (20,000 members of 170 bytes: 4,300 files a second to 5,500 here).
+at hand at its first open (a small zip member read ahead in one worker hop with the one
+before it; a local file the page cache holds), it can store those bytes in the kernel's
+page cache before it answers the open with keep_cache: the reader's read is then answered
+by the kernel, and one round trip of three is gone (20,000 zip members of 170 bytes: 3,913
+to 4,291 files a second in the bench's zip group).
 
 pyfuse3 has ``notify_store``, but it lets go of the GIL around the write, and getting it
 back waits up to a switch interval (5 ms) while a worker thread runs Python: so the message
-is written here, with the GIL held, as zvfs.fs.loop polls the device. It is one write(2) of
-a header and the bytes; the kernel copies them into the file's pages and returns.
+is written here, with the GIL held, as zvfs.fs.loop polls the device. It is one writev(2)
+of a header and the bytes, which the kernel copies into the file's pages.
 
 The kernel locks each page it stores into. A page locked by a read waiting for this daemon
 would block the write, and the daemon with it, so the fs layer pushes only for an open that
-is the file's only one (no read of the file can be under way).
+is the file's only one (no read of the file can be under way), and only at a first open
+(the kernel has no pages of the file to copy over).
 """
 
 from __future__ import annotations
@@ -29,19 +31,42 @@ FUSE_NOTIFY_STORE = 4
 _MESSAGE = struct.Struct("<IiQQQII")
 
 
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+#: the biggest file pushed. The bytes are copied on the trio thread (a local file's read
+#: from the page cache, then the kernel's copy into the file's pages), for a reader that
+#: may want only the start of the file; a READ costs a round trip of some 60 µs, which a
+#: copy of this many bytes costs too. (A bigger file is read in one READ of up to 1 MiB
+#: or more, so little is saved by pushing it.)
+PUSH_MAX = 256 << 10
+
+
 class PagePush:
     """Stores bytes into the kernel's page cache of an inode, through the FUSE device ``fd``."""
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
         libc = ctypes.PyDLL(None)  # PyDLL: the call keeps the GIL
-        self._write = libc.write
-        self._write.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
-        self._write.restype = ctypes.c_ssize_t
+        self._writev = libc.writev
+        self._writev.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_int]
+        self._writev.restype = ctypes.c_ssize_t
 
     def push(self, inode: int, data: bytes | memoryview) -> bool:
         """Store ``data`` as the first bytes of ``inode``'s pages; False if the kernel
         refused (it forgot the inode, or knows no such message): the reads then come."""
-        n = len(data) if isinstance(data, bytes) else data.nbytes
-        message = _MESSAGE.pack(_MESSAGE.size + n, FUSE_NOTIFY_STORE, 0, inode, 0, n, 0) + data
-        return self._write(self._fd, message, len(message)) == len(message)
+        view = memoryview(data).cast("B")
+        n = view.nbytes
+        header = _MESSAGE.pack(_MESSAGE.size + n, FUSE_NOTIFY_STORE, 0, inode, 0, n, 0)
+        if isinstance(data, bytes):
+            base = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
+        elif not view.readonly and n:
+            base = ctypes.addressof(ctypes.c_char.from_buffer(view))
+        else:
+            data = view.tobytes()
+            base = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
+        iov = (_IoVec * 2)((ctypes.cast(ctypes.c_char_p(header), ctypes.c_void_p).value, len(header)),
+                           (base, n))
+        # ``data`` and ``header`` stay referenced until the call returns
+        return self._writev(self._fd, iov, 2) == len(header) + n
