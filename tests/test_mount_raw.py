@@ -1552,6 +1552,27 @@ def test_a_huge_raw_directory_is_listed_while_the_mounts_other_requests_are_answ
         f"a read waited {min(worst):.3f} s during each listing ({min(took):.2f} s)")
 
 
+def test_s3_small_objects_fetched_ahead_are_pushed_with_their_open(moto, s3_env, mount) -> None:
+    """Small objects read in tree order (cp -r): each is fetched ahead whole, one block,
+    while the reader reads the ones before it, and stored in the kernel's pages with its
+    open (zvfs.fs.push), so its read needs no READ request; the fetches ahead go on from
+    the opens as they do from reads. Every byte is the object's."""
+    client = s3_client(moto.endpoint)
+    client.create_bucket(Bucket="small")
+    rng = np.random.default_rng(4)
+    want = {f"c/{i}": rng.integers(0, 256, size=int(rng.integers(1, 20_000)), dtype=np.uint8).tobytes()
+            for i in range(60)}
+    for name, data in want.items():
+        client.put_object(Bucket="small", Key=name, Body=data)
+    m = mount("s3://small", "--endpoint-url", moto.endpoint, env=s3_env)
+    for name in sorted(want):  # the tree's order
+        assert (m.path / name).read_bytes() == want[name], name
+    stats = json.loads((m.path / ".zvfs/stats.json").read_text())
+    assert stats["fuse_opens_pushed"] > len(want) // 2, stats
+    assert stats["fuse_ops_read"] < len(want) // 2, stats
+    assert stats["prefetch_hits"] >= stats["fuse_opens_pushed"], stats
+
+
 @pytest.mark.parametrize("size", [6, 9, 3], ids=["same-size", "larger", "smaller"])
 def test_s3_an_object_replaced_behind_the_mount_reads_anew_once_opened_again(moto, s3_env, mount, size) -> None:
     """An object replaced behind a read-only mount reads ESTALE, whose line says "open it

@@ -478,17 +478,24 @@ class RawFile(FileNode):
         return bool(ahead), later
 
     def resident(self) -> bytes | memoryview | None:
-        """A small member read with the one before it (see _read_unblocked), let go here:
-        the kernel's pages hold it from this open on. Counted as read from its start, so the
-        reader's walk goes on as if its read had come."""
-        if self.ctx.store.block_size > 0:
+        """The whole file when it is in the cache already, let go from there: the kernel's
+        pages hold it from this open on. A small zip member read with the one before it
+        (see _read_unblocked), or a small object whose one block was fetched ahead (see
+        _siblings_ahead). Counted as read from its start, so the reader's walk goes on as
+        if its read had come: its hints, or the next files fetched ahead."""
+        bs = self.ctx.store.block_size
+        if bs > 0 and self._info.size > bs:
             return None
         key = self._block_key(0)
         kept = self.ctx.chunks.peek(key)
         if kept is None or len(kept) != self._info.size:
             return None
         self.ctx.chunks.invalidate(key)
-        self._hint(self._walked(self._walk())[1])
+        if bs > 0:
+            self.ctx.prefetch_hit(key)
+            self._siblings_ahead()
+        else:
+            self._hint(self._walked(self._walk())[1])
         return kept
 
     async def _read_unblocked(self, offset: int, end: int) -> bytes | memoryview:
