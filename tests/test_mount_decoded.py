@@ -1053,6 +1053,33 @@ def test_v3_numcodecs_filters_through_the_mount(mount, tmp_path) -> None:
     assert "ERROR" not in m.log_text()
 
 
+def test_the_mirror_s_documents_are_pushed_with_their_first_open(mount, tmp_path) -> None:
+    """The v2 mirror's metadata documents are built in memory: each is stored in the
+    kernel's pages with its first open (zvfs.fs.push), so zarr-python reading the mirror
+    reads them with no READ request, and gets the array zarr-python wrote."""
+    import zarr
+
+    root = tmp_path / "docs.zarr"
+    group = zarr.open_group(str(root), mode="w", zarr_format=3)
+    written = {}
+    for i in range(4):
+        ref = np.arange(60 * (i + 1), dtype="f4").reshape(6, -1) * (i + 1)
+        a = group.create_array(f"a{i}", shape=ref.shape, chunks=(3, 5), dtype=ref.dtype)
+        a[...] = ref
+        a.attrs["units"] = f"unit {i}"
+        written[f"a{i}"] = ref
+    m = mount(root)
+    for path, ref in written.items():
+        assert (_zarr_open_mirror(m.path / ".zvfs/v2", path)[...] == ref).all(), path
+    stats = json.loads((m.path / ".zvfs/stats.json").read_text())
+    assert stats["fuse_opens_pushed"] >= len(written), stats  # a .zarray each at least
+    for path in written:
+        doc = m.path / ".zvfs/v2" / path / ".zarray"
+        assert json.loads(doc.read_text())["shape"] == list(written[path].shape)
+    again = json.loads((m.path / ".zvfs/stats.json").read_text())
+    assert again["fuse_opens_pushed"] == stats["fuse_opens_pushed"], again  # the kernel had them
+
+
 def test_npy_header_sizes() -> None:
     """The NPY header keeps data 64-byte aligned, so mmap'ed loads see aligned data, and
     numpy's reader finds the shape and dtype in it (numpy integers in the shape too)."""

@@ -267,6 +267,9 @@ class BytesFile(FileNode):
     async def read(self, offset: int, length: int) -> bytes:
         return self._data[offset : offset + length]
 
+    def resident(self) -> bytes:
+        return self._data  # held for good: nothing is let go
+
 
 class StaticDir(DirNode):
     """A directory with a fixed set of children, built up front."""
