@@ -4,10 +4,10 @@ A reader of many small files (cp -r, rsync, a loop over a zip's members) pays th
 trips through the daemon a file: LOOKUP, OPEN and READ. When the daemon has the whole file
 at hand at its first open (a small zip member read ahead in one worker hop with the one
 before it, an S3 object fetched ahead, a local file the page cache holds, a document
-built in memory), it can store those bytes in the kernel's
-page cache before it answers the open with keep_cache: the reader's read is then answered
-by the kernel, and one round trip of three is gone (20,000 zip members of 170 bytes: 3,913
-to 4,291 files a second in the bench's zip group).
+built in memory), it can store those bytes in the kernel's page cache before it answers
+the open with keep_cache: the reader's read is then answered by the kernel, and one round
+trip of three is gone (20,000 zip members of 170 bytes: 3,913 to 4,291 files a second in
+the bench's zip group).
 
 pyfuse3 has ``notify_store``, but it lets go of the GIL around the write, and getting it
 back waits up to a switch interval (5 ms) while a worker thread runs Python: so the message
@@ -47,7 +47,7 @@ PUSH_MAX = 256 << 10
 
 class PagePush:
     """Stores bytes into the kernel's page cache of an inode, through the FUSE device ``fd``.
-    Used from the trio thread only: its one iovec pair is reused (1.7 µs a push, not 3.9)."""
+    Used from the trio thread only: its one iovec pair is reused (1.9 µs a push, not 3.9)."""
 
     def __init__(self, fd: int) -> None:
         self._fd = fd

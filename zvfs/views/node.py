@@ -147,10 +147,10 @@ class FileNode(Node):
         return None
 
     def resident(self) -> bytes | memoryview | None:
-        """The whole content, if it is in the daemon's memory already and is let go from
-        there now (a small file read ahead with the one before it); None otherwise. The fs
-        layer hands it to the kernel's page cache with the open, so the reader's read is
-        answered there, without a READ request."""
+        """The whole content when it is at hand without waiting (in the daemon's memory, or
+        a local file's in the page cache), else None; what was kept only for this file's
+        reader is let go from the daemon here. The fs layer stores it in the kernel's page
+        cache with the first open, so the reader's read needs no READ request."""
         return None
 
     def opened(self) -> None:  # noqa: B027 - optional hook
