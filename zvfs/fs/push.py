@@ -2,10 +2,9 @@
 
 A reader of many small files (cp -r, rsync, a loop over a zip's members) pays three round
 trips through the daemon a file: LOOKUP, OPEN and READ. When the daemon has the whole file
-at hand at its first open (a small zip member read ahead in one worker hop with the one
-before it, an S3 object fetched ahead, a local file the page cache holds, a document
-built in memory), it can store those bytes in the kernel's page cache before it answers
-the open with keep_cache: the reader's read is then answered by the kernel, and one round
+in memory at its first open (a small zip member read ahead in one worker hop with the one
+before it, an S3 object fetched ahead, a document built in memory), it can store those
+bytes in the kernel's page cache before it answers the open with keep_cache: the reader's read is then answered by the kernel, and one round
 trip of three is gone (20,000 zip members of 170 bytes: 3,913 to 4,291 files a second in
 the bench's zip group).
 
@@ -37,11 +36,9 @@ class _IoVec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_char_p), ("len", ctypes.c_size_t)]
 
 
-#: the biggest file pushed. The bytes are copied on the trio thread (a local file's read
-#: from the page cache, then the kernel's copy into the file's pages), for a reader that
-#: may want only the start of the file; a READ costs a round trip of some 60 µs, which a
-#: copy of this many bytes costs too. (A bigger file is read in one READ of up to 1 MiB
-#: or more, so little is saved by pushing it.)
+#: the biggest file pushed: the trio thread hands the kernel the bytes to copy, for a
+#: reader that may want only the start of the file (a bigger file is read in one READ of
+#: up to 1 MiB or more anyway, so little is saved by pushing it)
 PUSH_MAX = 256 << 10
 
 

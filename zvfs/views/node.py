@@ -147,10 +147,11 @@ class FileNode(Node):
         return None
 
     def resident(self) -> bytes | memoryview | None:
-        """The whole content when it is at hand without waiting (in the daemon's memory, or
-        a local file's in the page cache), else None; what was kept only for this file's
-        reader is let go from the daemon here. The fs layer stores it in the kernel's page
-        cache with the first open, so the reader's read needs no READ request."""
+        """The whole content when the daemon has it in memory, else None; what was kept
+        only for this file's reader is let go from the daemon here. The fs layer stores it
+        in the kernel's page cache with the first open, so the reader's read needs no READ
+        request. (Not a local file the page cache holds: its READ is answered on the trio
+        thread already, and reading it at the open cost more than the round trip saved.)"""
         return None
 
     def opened(self) -> None:  # noqa: B027 - optional hook

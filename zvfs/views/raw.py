@@ -591,11 +591,6 @@ class LocalReader(FileNode):
     def version(self) -> object:
         return self._reader.version
 
-    def resident(self) -> bytes | memoryview | None:
-        """The file's bytes when the page cache holds them all: read here, on the caller's
-        thread, without blocking (a file read ahead of its reader by the tree's walk)."""
-        return self._reader.read_at_once(0, self._reader.size)
-
     async def read(self, offset: int, length: int) -> bytes | memoryview:
         # to the file's end now, not at open: a truncate or write through another open of
         # it (or outside the mount) is seen, as through a descriptor of the file itself
