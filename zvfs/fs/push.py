@@ -4,9 +4,9 @@ A reader of many small files (cp -r, rsync, a loop over a zip's members) pays th
 trips through the daemon a file: LOOKUP, OPEN and READ. When the daemon has the whole file
 in memory at its first open (a small zip member read ahead in one worker hop with the one
 before it, an S3 object fetched ahead, a document built in memory), it can store those
-bytes in the kernel's page cache before it answers the open with keep_cache: the reader's read is then answered by the kernel, and one round
-trip of three is gone (20,000 zip members of 170 bytes: 3,913 to 4,291 files a second in
-the bench's zip group).
+bytes in the kernel's page cache before it answers the open with keep_cache: the reader's
+read is then answered by the kernel, and one round trip of three is gone (20,000 zip
+members of 170 bytes: 3,913 to 4,291 files a second in the bench's zip group).
 
 pyfuse3 has ``notify_store``, but it lets go of the GIL around the write, and getting it
 back waits up to a switch interval (5 ms) while a worker thread runs Python: so the message
@@ -32,7 +32,7 @@ _MESSAGE = struct.Struct("<IiQQQII")
 
 
 class _IoVec(ctypes.Structure):
-    # c_char_p: a bytes object is pointed to as it is; an address (int) as given
+    # c_char_p: a bytes object is pointed to as it is, not copied
     _fields_ = [("base", ctypes.c_char_p), ("len", ctypes.c_size_t)]
 
 
@@ -58,12 +58,8 @@ class PagePush:
         """Store ``data`` as the first bytes of ``inode``'s pages; False if the kernel
         refused (it forgot the inode, or knows no such message): the reads then come."""
         if not isinstance(data, bytes):
-            view = memoryview(data).cast("B")
-            if view.readonly or not view.nbytes:
-                data = view.tobytes()
-            else:  # the buffer stays referenced by ``view`` until the call returns
-                data = ctypes.addressof(ctypes.c_char.from_buffer(view))  # type: ignore[assignment]
-        n = len(data) if isinstance(data, bytes) else view.nbytes
+            data = bytes(data)  # every node gives bytes today; any other buffer is copied once
+        n = len(data)
         header = _MESSAGE.pack(_MESSAGE.size + n, FUSE_NOTIFY_STORE, 0, inode, 0, n, 0)
         iov = self._iov
         iov[0].base, iov[0].len = header, len(header)
