@@ -36,10 +36,11 @@ from moto_server import DUMMY_ENV, MotoServer, put_many, s3_client, upload_tree 
 from zvfs.stats import ERROR_KINDS, Counters  # noqa: E402
 from zvfs.stores.base import KeyInfo, KeyNotFound, SourceError, Store, StoreError  # noqa: E402
 from zvfs.stores.directory import DirectoryStore  # noqa: E402
+from zvfs.stores.opener import open_store  # noqa: E402
 from zvfs.stores.retry import RetryPolicy  # noqa: E402
 from zvfs.stores.s3 import S3Store  # noqa: E402
 from zvfs.stores.staging import Staging  # noqa: E402
-from zvfs.stores.url import SourceSpec, open_store, parse_source  # noqa: E402
+from zvfs.stores.url import SourceSpec, parse_source  # noqa: E402
 from zvfs.stores.zip import ZipStore  # noqa: E402
 
 MiB = 1 << 20

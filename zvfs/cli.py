@@ -428,8 +428,8 @@ def _source_errors(fn: Callable[[], T]) -> T:
 def _open_source(spec: Any, opts: dict[str, Any], counters: Counters) -> Any:
     """The store, open when that is cheap (a directory); an S3 store or a zip is a
     PendingStore, opened by ``prepare`` once the mount answers."""
+    from zvfs.stores.opener import open_store
     from zvfs.stores.retry import RetryPolicy
-    from zvfs.stores.url import open_store
 
     def make() -> Any:
         retry = RetryPolicy(attempts=opts["s3_attempts"], timeout=opts["s3_timeout"],
@@ -554,7 +554,7 @@ def _check_uploads(store: Any, description: str, opts: dict[str, Any], report: _
     if not leftovers:
         return
     if opts["abort_uploads"]:
-        from zvfs.stores.s3 import UploadGone
+        from zvfs.stores.s3_wire import UploadGone
 
         failed: list[StoreError] = []
         gone = 0

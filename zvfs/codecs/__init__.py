@@ -10,6 +10,8 @@ from __future__ import annotations
 from .blosc import decompress as blosc_decompress
 from .errors import CodecError, UnknownCodecError
 from .settings import decoding_settings
+
+# importing sharding registers it among the v3 codecs (it builds pipelines of them)
 from .sharding import EMPTY as SHARD_EMPTY
 from .sharding import ShardingCodec
 from .v2 import VLEN_FILTER_IDS, V2Pipeline, decode_blosc_chunk, v1_compressor

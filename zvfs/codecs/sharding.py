@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .errors import CodecError, UnknownCodecError
-from .v3 import Codec, Pipeline
+from .v3 import Codec, Pipeline, register
 
 #: the largest offset a file (or an S3 object) can have: past it no read can go
 MAX_FILE_OFFSET = 2**63 - 1
@@ -157,3 +157,6 @@ class ShardingCodec(Codec):
             off, n = where
             out[region] = self.inner.decode(buf[off : off + n])
         return out
+
+
+register("sharding_indexed", ShardingCodec)

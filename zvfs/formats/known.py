@@ -19,13 +19,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from ..stores.base import KeyInfo, KeyNotFound, Store, StoreError
 from .probe import DESCRIBING_NAMES
-
-if TYPE_CHECKING:
-    from .api import Hierarchy
 
 
 class _Unknown:
@@ -92,7 +89,9 @@ class Known:
     Known of its own."""
 
     nodes: dict[str, tuple[Any, tuple[tuple[str, Print], ...]]] = field(default_factory=dict)
-    roots: dict[str, tuple[Print, Hierarchy]] = field(default_factory=dict)
+    #: (a hierarchy is formats.api.Hierarchy: that module lies above this one, as a node
+    #: is of formats.api or formats.meta)
+    roots: dict[str, tuple[Print, Any]] = field(default_factory=dict)
     #: a flat listing was given up (it does not pay for this store): not tried again
     flat_refused: bool = False
 

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import boto3
 import botocore.exceptions as bce
@@ -60,6 +60,8 @@ from zvfs.stores.base import (
 )
 from zvfs.stores.keys import bad_segment, is_safe_key, safe_name
 from zvfs.stores.retry import TRANSIENT_KINDS, Attempts, RetryPolicy
+from zvfs.stores.s3_wire import Upload, UploadGone, strong_etag
+from zvfs.stores.s3_write import S3Writer, copy_key, link_key, part_way, rename_prefix
 from zvfs.stores.url import S3_BLOCK_SIZE, is_aws_endpoint
 from zvfs.stores.watchdog import AnswerTooLarge, Watchdog, watch_pools
 
@@ -184,22 +186,6 @@ class Refused(StoreError):
     """S3 refused the request (a 403): its credentials, or a policy that does not allow it."""
 
 
-class UploadGone(StoreError):
-    """S3 says the multipart upload does not exist (NoSuchUpload): aborted, or completed
-    already, as by a CompleteMultipartUpload whose answer was lost and that was tried again
-    (MinIO and S3 itself, after a while, answer the second one so)."""
-
-
-class Upload(NamedTuple):
-    """An unfinished multipart upload: its key (below the prefix), its id, when S3 says it
-    was made (epoch seconds, S3's clock) and who made it (None when the server does not say)."""
-
-    key: str
-    upload_id: str
-    started: float
-    initiator: str | None
-
-
 def fault_kind(exc: BaseException) -> str:
     """The kind of a failed S3 request: decides retry, and labels the error counters."""
     if isinstance(exc, _ExpiredCredentials):
@@ -265,7 +251,7 @@ def _key_info(size: object, when: object, etag: object) -> KeyInfo | None:
     a size no file can have. A date that is none (a small server's HEAD may give none) is 0."""
     if not isinstance(size, int) or not 0 <= size <= _MAX_SIZE:
         return None
-    return KeyInfo(size, _nanoseconds(when), _etag(etag))
+    return KeyInfo(size, _nanoseconds(when), strong_etag(etag))
 
 
 def _nanoseconds(when: object) -> int:
@@ -277,20 +263,6 @@ def _nanoseconds(when: object) -> int:
     if when.tzinfo is None:  # as datetime.timestamp() reads a naive time: local
         when = when.astimezone()
     return (when - _EPOCH) // _MICROSECOND * 1000
-
-
-def _etag(value: object) -> str | None:
-    """An ETag in one spelling, strong and quoted (``"abc"``), whatever the server wrote: a
-    listing's may lack the quotes its GET's header has (then a strict If-Match with it
-    failed every read of the file: ESTALE), and a proxy may mark it weak (``W/``). None
-    when there is none."""
-    if not isinstance(value, str):
-        return None
-    tag = value.strip()
-    if tag.startswith("W/"):
-        tag = tag[2:]
-    tag = tag.strip('"')
-    return f'"{tag}"' if tag else None
 
 
 def _last_listed(page: dict[str, Any]) -> str | None:
@@ -897,7 +869,6 @@ class S3Store(Store):
                 params.setdefault(name, value)
 
     def open_writer(self, key: str, *, truncate: bool, create: bool, exclusive: bool = False) -> KeyWriter:
-        from zvfs.stores.s3_write import S3Writer
 
         check_key(key)
         if self.staging is None:
@@ -930,7 +901,6 @@ class S3Store(Store):
                       lambda c: c.delete_object(Bucket=self.bucket, Key=self.prefix + key))
 
     def rename(self, src: str, dst: str) -> None:
-        from zvfs.stores.s3_write import copy_key, part_way
 
         check_key(dst)
         self._fits(dst)
@@ -942,7 +912,6 @@ class S3Store(Store):
                                 "both names hold it") from exc
 
     def link(self, src: str, dst: str) -> None:
-        from zvfs.stores.s3_write import link_key
 
         check_key(src)
         check_key(dst)
@@ -977,7 +946,6 @@ class S3Store(Store):
             self.delete_listed(prefix)
 
     def rename_dir(self, src: str, dst: str) -> None:
-        from zvfs.stores.s3_write import rename_prefix
 
         check_prefix(src)
         check_prefix(dst)
@@ -1151,7 +1119,7 @@ class S3Store(Store):
         """
         parts: list[bytes] = []
         got = 0
-        pin = _etag(pin)
+        pin = strong_etag(pin)
         etag: str | None = pin
         size: int | None = None
         tail = suffix  # still to be placed: the first response says where the suffix starts
@@ -1176,7 +1144,7 @@ class S3Store(Store):
             watch = self._watchdog.start(time.monotonic() + tries.left)
             try:
                 resp = client.get_object(**kw)
-                answered_tag = _etag(resp.get("ETag"))
+                answered_tag = strong_etag(resp.get("ETag"))
                 expected = int(resp.get("ContentLength", -1))
                 try:  # what the answer holds, against what was asked; else its body is let go
                     if "IfMatch" in kw and answered_tag is not None and answered_tag != etag:

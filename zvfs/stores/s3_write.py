@@ -29,16 +29,41 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, TypeVar
 
 from zvfs.stats import Counters
 from zvfs.stores._util import pread_all, pwrite_all
 from zvfs.stores.base import KeyInfo, KeyNotFound, KeyWriter, Stale, StoreError, WriteRefused
+from zvfs.stores.s3_wire import Upload, UploadGone, strong_etag
 from zvfs.stores.staging import Staging
 
-if TYPE_CHECKING:
-    from zvfs.stores.s3 import S3Store
+T = TypeVar("T")
+
+
+class S3Target(Protocol):
+    """What the writes need of the S3 store (:class:`zvfs.stores.s3.S3Store`, which imports
+    this module to hand its writes over): its requests, with their retries and their errors
+    mapped, and the reads a write builds on."""
+
+    bucket: str
+    prefix: str
+    counters: Counters
+    #: the largest object a write may fetch to change part of it
+    rewrite_max: int
+
+    def _request(self, key: str, op: str, call: Callable[[Any], T]) -> T: ...
+    def _fits(self, key: str) -> None: ...
+    def info(self, key: str) -> KeyInfo: ...
+    def exists(self, key: str) -> bool: ...
+    def get(self, key: str) -> bytes: ...
+    def get_version(self, key: str, start: int, length: int | None, version: str | None,
+                    limit: int | None = None) -> bytes: ...
+    def list_tree(self, prefix: str) -> Iterator[tuple[str, KeyInfo]]: ...
+    def delete(self, key: str) -> None: ...
+    def delete_listed(self, key: str) -> None: ...
+    def unfinished_uploads(self, key: str | None = None) -> list[Upload]: ...
+    def abort_upload(self, key: str, upload_id: str) -> None: ...
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +104,7 @@ class S3Writer(KeyWriter):
 
     staged = True
 
-    def __init__(self, store: S3Store, key: str, staging: Staging, part_size: int,
+    def __init__(self, store: S3Target, key: str, staging: Staging, part_size: int,
                  *, fresh: bool, exclusive: bool, stored: bool = False,
                  base: KeyInfo | None = None) -> None:
         self.store = store
@@ -578,8 +603,6 @@ class S3Writer(KeyWriter):
         their ETags, or None when the copy cannot be told to be of that version."""
         from botocore.exceptions import ClientError
 
-        from zvfs.stores.s3 import _etag
-
         upload_id = self._start_upload()
         pieces = -(-base.size // MAX_COPY)
         step = -(-base.size // pieces)  # even pieces: each at least 5 MiB, as S3 asks
@@ -604,7 +627,7 @@ class S3Writer(KeyWriter):
             r = self.store._request(self.key, "UploadPartCopy", copy)
             etags.append(str(r["CopyPartResult"]["ETag"]))
         plain = base.version is not None and "-" not in base.version
-        if pieces == 1 and plain and _etag(etags[0]) != _etag(base.version):
+        if pieces == 1 and plain and strong_etag(etags[0]) != strong_etag(base.version):
             return None
         return etags
 
@@ -643,8 +666,6 @@ class S3Writer(KeyWriter):
             self._done.clear()
         if upload_id is None:
             return
-        from zvfs.stores.s3 import UploadGone
-
         try:
             self.store._request(self.key, "AbortMultipartUpload", lambda c: c.abort_multipart_upload(
                 Bucket=self.store.bucket, Key=self.store.prefix + self.key, UploadId=upload_id))
@@ -806,7 +827,7 @@ def _count_put(counters: Counters, nbytes: int, seconds: float) -> None:
 # -- the store's other write operations ---------------------------------------------------------
 
 
-def copy_key(store: S3Store, src: str, dst: str, size: int) -> None:
+def copy_key(store: S3Target, src: str, dst: str, size: int) -> None:
     """Server-side copy of ``src`` to ``dst`` (multipart beyond S3's 5 GiB copy limit)."""
     bucket, full_src, full_dst = store.bucket, store.prefix + src, store.prefix + dst
     source = {"Bucket": bucket, "Key": full_src}
@@ -831,7 +852,7 @@ def copy_key(store: S3Store, src: str, dst: str, size: int) -> None:
         raise
 
 
-def complete_upload(store: S3Store, key: str, upload_id: str, etags: list[str]) -> str | None:
+def complete_upload(store: S3Target, key: str, upload_id: str, etags: list[str]) -> str | None:
     """Complete the multipart upload (or copy) of ``key`` whose parts 1.. have ``etags``;
     the object's ETag, where the answer gives it.
 
@@ -839,8 +860,6 @@ def complete_upload(store: S3Store, key: str, upload_id: str, etags: list[str]) 
     object at the first try and answer this one NoSuchUpload (MinIO does): the write or
     rename then failed though it was done. So the object is looked at: made of these very
     parts (its ETag says so), the completion is taken as done."""
-    from zvfs.stores.s3 import UploadGone
-
     parts = [{"PartNumber": n, "ETag": tag} for n, tag in enumerate(etags, 1)]
     try:
         r = store._request(key, "CompleteMultipartUpload", lambda c: c.complete_multipart_upload(
@@ -852,12 +871,10 @@ def complete_upload(store: S3Store, key: str, upload_id: str, etags: list[str]) 
         log.info("%s: the multipart upload's completion was answered NoSuchUpload, but the "
                  "object is made of its parts: completed by a try whose answer was lost", key)
         return multipart_etag(etags)
-    from zvfs.stores.s3 import _etag
-
-    return _etag(r.get("ETag")) if isinstance(r, dict) else None
+    return strong_etag(r.get("ETag")) if isinstance(r, dict) else None
 
 
-def create_upload(store: S3Store, key: str) -> str:
+def create_upload(store: S3Target, key: str) -> str:
     """A new multipart upload of ``key``: its id. A create that took more than one try may
     have made an upload on a try whose answer was lost; those are looked for and aborted
     (see abort_lost_uploads), which costs a listing only then."""
@@ -875,7 +892,7 @@ def create_upload(store: S3Store, key: str) -> str:
     return upload_id
 
 
-def abort_lost_uploads(store: S3Store, key: str, kept: str, began: float, ended: float) -> None:
+def abort_lost_uploads(store: S3Target, key: str, kept: str, began: float, ended: float) -> None:
     """Abort the uploads of ``key`` that the tries of a CreateMultipartUpload made between
     ``began`` and ``ended`` (our clock) other than ``kept``, the one whose answer came: the
     server made each, but only ``kept`` is ever completed or aborted, so the others stayed
@@ -926,7 +943,7 @@ def multipart_etag(part_etags: list[str]) -> str | None:
     return f'"{hashlib.md5(digests).hexdigest()}-{len(part_etags)}"'  # noqa: S324 - S3's ETag
 
 
-def completed_already(store: S3Store, key: str, part_etags: list[str]) -> bool:
+def completed_already(store: S3Target, key: str, part_etags: list[str]) -> bool:
     """Whether ``key`` is now the object a multipart upload of these parts made."""
     expected = multipart_etag(part_etags)
     if expected is None:
@@ -937,7 +954,7 @@ def completed_already(store: S3Store, key: str, part_etags: list[str]) -> bool:
         return False
 
 
-def link_key(store: S3Store, src: str, dst: str) -> None:
+def link_key(store: S3Target, src: str, dst: str) -> None:
     """``dst`` gets ``src``'s bytes unless it exists (EEXIST): zarr-python's create-if-absent.
 
     Small objects go through a conditional PUT (If-None-Match: *), so two writers cannot
@@ -952,7 +969,7 @@ def link_key(store: S3Store, src: str, dst: str) -> None:
     put_key(store, dst, store.get(src), if_absent=True)
 
 
-def put_key(store: S3Store, key: str, data: bytes, if_absent: bool = False) -> None:
+def put_key(store: S3Target, key: str, data: bytes, if_absent: bool = False) -> None:
     """One PUT of ``data`` as ``key``. ``if_absent``: EEXIST if the key exists, by a conditional
     PUT (If-None-Match: *), or where the server does not implement that, a check first."""
     kw: dict[str, Any] = {"Bucket": store.bucket, "Key": store.prefix + key, "Body": data}
@@ -981,7 +998,7 @@ def put_key(store: S3Store, key: str, data: bytes, if_absent: bool = False) -> N
     _count_put(store.counters, len(data), time.perf_counter() - t0)
 
 
-def _holds(store: S3Store, key: str, data: bytes) -> bool:
+def _holds(store: S3Target, key: str, data: bytes) -> bool:
     """``key``'s object is ``data``: its size, and its ETag their MD5 (a single PUT's, unless
     the server encrypts with KMS or a customer key: then it cannot be told, and is not)."""
     try:
@@ -991,7 +1008,7 @@ def _holds(store: S3Store, key: str, data: bytes) -> bool:
     return info.size == len(data) and info.version == f'"{hashlib.md5(data, usedforsecurity=False).hexdigest()}"'
 
 
-def rename_prefix(store: S3Store, src: str, dst: str) -> None:
+def rename_prefix(store: S3Target, src: str, dst: str) -> None:
     """Move every key below ``src`` to ``dst``, key by key (not atomic), up to RENAME_DIR_LIMIT."""
     keys = []
     for key, info in store.list_tree(src):

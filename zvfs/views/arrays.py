@@ -13,7 +13,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,13 +22,13 @@ import trio
 from zvfs.cache.tree import unlisted
 from zvfs.codecs.blosc import buffers_from
 from zvfs.decoders.pool import DecoderPool, NotServed
-from zvfs.formats import ZarrArray
+from zvfs.formats import ZarrArray, read_array_meta
 from zvfs.formats.meta import ArrayMeta
 from zvfs.stores.base import Listing, is_store_failure
 from zvfs.stores.listing import SortedNames
 from zvfs.views.context import CHUNK_ENTRY_OVERHEAD, MountContext
 from zvfs.views.layout import Box, chunk_span, chunks_under, range_boxes
-from zvfs.views.node import BytesFile, DirNode, FileNode, LazyEntries, Node, NodeError, StaticDir
+from zvfs.views.node import DirNode, FileNode, LazyEntries, Node, NodeError
 from zvfs.views.readahead import ReadAhead
 from zvfs.workers import gather, gather_batched
 
@@ -46,7 +46,10 @@ class DecodedArray:
     """
 
     def __init__(self, ctx: MountContext, meta: ArrayMeta, opener: Callable[[], ZarrArray],
+                 rediscover: Callable[[], Awaitable[object]],
                  digests: tuple[str, str] | None = None) -> None:
+        """``rediscover`` reads the mount's hierarchy again (the views' :func:`decoded`, which
+        lies above this module): what an open file calls once the metadata TTL has passed."""
         self.ctx = ctx
         self.meta = meta
         #: what its bytes are read by (see MountContext.array_layouts): ``layout``; given
@@ -54,6 +57,7 @@ class DecodedArray:
         self.digest, self.layout = digests or meta.digests()
         self.identity = ("chunk", meta.path, self.digest)
         self._opener = opener
+        self._rediscover = rediscover
         self._reader: ZarrArray | None = None
         self._reader_epoch = 0
         self._open_lock = trio.Lock()
@@ -175,10 +179,8 @@ class DecodedArray:
                 await self._recheck(now)
         elif now - max(ctx.layouts_read, ctx.layouts_asked) >= wait:
             ctx.layouts_asked = now
-            from zvfs.views.decoded import decoded  # it imports this module
-
             try:
-                await decoded(ctx)
+                await self._rediscover()
             except Exception as exc:  # noqa: BLE001 - the read reports its own failures
                 log.debug("metadata not read again for %s: %s", self.meta.path or "/", exc)
         self._current()
@@ -187,8 +189,6 @@ class DecodedArray:
         """Read this array's own metadata again (a get or a few, as discovery reads each
         node's) and note its layout for :meth:`_staleness`. Found changed (or gone), the
         mount's discovery is let go too, so the next lookup finds the array as it is now."""
-        from zvfs.formats import read_array_meta
-
         ctx = self.ctx
         path = self.meta.path
         try:
@@ -1080,92 +1080,3 @@ class GridNames(SortedNames):
         """The i-th name and its chunk index (None for an extra name)."""
         extra, k = self.locate(i)
         return (self._extra[k], None) if extra else self._base.entry(k)  # type: ignore[attr-defined]
-
-
-class ArrayDir(StaticDir):
-    """``arrays/<path>/``: its files (:func:`array_files`) made when the directory is first
-    looked into, not when ``arrays/`` is built. meta.json is indented JSON, written by
-    json's pure-Python encoder: made for every array at once, a store of 100,000 arrays
-    spent most of its first ``ls .zvfs/arrays`` there, and held every array's files.
-
-    A variable-length text array's data files come once its width is measured
-    (:func:`text_files`): at the first listing, or lookup of one of them."""
-
-    def __init__(self, array: DecodedArray, mtime_ns: int = 0,
-                 unknown: NodeError | None = None, superseded: Callable[[], bool] | None = None) -> None:
-        super().__init__(mtime_ns=mtime_ns, unknown=unknown, superseded=superseded)
-        self._array: DecodedArray | None = array
-        self._text: DecodedArray | None = array if is_text_vlen(array.meta) else None
-
-    @property  # type: ignore[override]
-    def entries(self) -> dict[str, Node]:
-        if self._array is not None:
-            array, self._array = self._array, None
-            # names placed below it meanwhile (an array inside an array's path) stay
-            self._entries = {**array_files(array), **self._entries}
-        return self._entries
-
-    @entries.setter
-    def entries(self, value: dict[str, Node]) -> None:
-        self._entries = value
-
-    async def lookup(self, name: str) -> Node | None:
-        if name in TEXT_FILES:
-            await self._measured()
-        return await super().lookup(name)
-
-    async def children(self) -> Sequence[tuple[str, Node]]:
-        await self._measured()
-        return await super().children()
-
-    async def _measured(self) -> None:
-        """Add a text array's data files, its width measured (once; a store failure raises,
-        and the next look tries again)."""
-        if self._text is None:
-            return
-        files = await text_files(self._text)
-        if self._text is not None:  # not added meanwhile, by another look
-            self._text = None
-            self.entries.update(files)
-
-
-def array_files(array: DecodedArray) -> dict[str, Node]:
-    """The files of ``arrays/<path>/`` for one array (a text array's data files are
-    :func:`text_files`)."""
-    from zvfs.views.envi import envi_header, envi_supported
-    from zvfs.views.npy import NpyFile
-
-    mtime = array.ctx.node_mtime_ns(array.meta.path)
-    files: dict[str, Node] = {"meta.json": BytesFile(array.meta.json_bytes(), mtime)}
-    if not array.readable:
-        return files
-    files["data.raw"] = RawDataFile(array)
-    files["data.npy"] = NpyFile(array)
-    files["chunks"] = ChunkGridDir(array, ChunkFile)
-    if envi_supported(array.meta):
-        files["data.hdr"] = BytesFile(envi_header(array.meta), mtime)
-    return files
-
-
-#: the data files of a variable-length text array
-TEXT_FILES = ("data.raw", "data.npy")
-
-
-async def text_files(array: DecodedArray) -> dict[str, Node]:
-    """data.raw and data.npy of a variable-length text array: fixed-width Unicode (``U<n>``,
-    n the longest value's characters, at least 1), as numpy holds such text; none when its
-    width is not served (:func:`served_text_width`, which logs why). No chunks/ (a chunk
-    file's width would be the whole array's) and no ENVI header (no text type)."""
-    from zvfs.views.npy import NpyFile
-
-    got = await served_text_width(array)
-    if isinstance(got, str):
-        return {}
-    dtype = np.dtype(f"<U{max(1, got.chars)}")
-    if dtype.itemsize * math.prod(array.meta.chunks) > TEXT_CHUNK_LIMIT:
-        if array.ctx.log_once.first(f"arrays view width {array.meta.path}"):
-            log.warning("arrays view: %s: no data files: its longest value holds %d characters, "
-                        "and a chunk of fixed-width text would pass %d bytes",
-                        array.meta.path or "/", got.chars, TEXT_CHUNK_LIMIT)
-        return {}
-    return {"data.raw": RawDataFile(array, dtype=dtype), "data.npy": NpyFile(array, dtype=dtype)}

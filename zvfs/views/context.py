@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from zvfs.decoders.pool import DecoderPool
     from zvfs.formats.known import Known
     from zvfs.formats.meta import ArrayMeta
-    from zvfs.views.decoded import Decoded
 
 log = logging.getLogger("zvfs")
 
@@ -130,7 +129,8 @@ class MountContext:
     metadata_known: Known | None = field(default=None, init=False)
     #: the newest complete discovery: one that finds every node as it was, with no write
     #: through the mount since, is that one again (its views are not built again)
-    decoded_last: Decoded | None = field(default=None, init=False)
+    #: (a views.decoded.Decoded: that module lies above this one, and alone reads it)
+    decoded_last: Any = field(default=None, init=False)
     #: array path -> (its ArrayMeta, digest, layout digest) as the newest discovery made them
     array_digests: dict[str, tuple[ArrayMeta, str, str]] = field(default_factory=dict, init=False)
     #: path -> (serial of its last write, the key's info after it, when it was made); see

@@ -9,6 +9,7 @@ importing this module only when ``.zvfs/`` is first used.
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
 import logging
 import time
@@ -18,7 +19,8 @@ from typing import Any
 
 from zvfs import formats
 from zvfs.formats.meta import ArrayMeta
-from zvfs.views.arrays import ArrayDir, DecodedArray, array_files, is_text_vlen, text_files
+from zvfs.views.array_dir import ArrayDir, array_files, text_files
+from zvfs.views.arrays import DecodedArray, is_text_vlen
 from zvfs.views.cfattrs import nc_name
 from zvfs.views.context import MountContext
 from zvfs.views.netcdf import NetcdfFile, group_file_names, group_members, netcdf_file
@@ -78,7 +80,7 @@ def _discover(ctx: MountContext) -> Decoded:
     # store of 10,000 arrays on S3 was 10,002 GETs
     hierarchy = formats.discover(ctx.store, ctx.metadata_known or formats.Known())
     ctx.metadata_known = hierarchy.known
-    last = ctx.decoded_last
+    last: Decoded | None = ctx.decoded_last
     if last is not None and _unchanged(last, out.serial, hierarchy):
         # the same views: rebuilding them took 0.6 of the 1.9 s of an ls past the TTL of a
         # store of 10,000 arrays, and the kernel dropped every directory it held of them
@@ -101,6 +103,7 @@ def _discover(ctx: MountContext) -> Decoded:
     # ones taken before (made from its metadata as JSON: past the TTL, a store of 10,000
     # arrays that read nothing again spent 4 of its 5 s in them)
     before, digests = ctx.array_digests, {}
+    rediscover = functools.partial(decoded, ctx)
     for path, meta in hierarchy.arrays.items():
         if meta.error:
             _warn_node(ctx, "array", path, meta.metadata_key, meta.error)
@@ -108,7 +111,7 @@ def _discover(ctx: MountContext) -> Decoded:
             out.node_docs[path] = _doc(meta.format, "array", meta.attributes)
         held = before.get(path)
         try:
-            array = DecodedArray(ctx, meta, _opener(ctx, meta),
+            array = DecodedArray(ctx, meta, _opener(ctx, meta), rediscover,
                                  held[1:] if held is not None and held[0] is meta else None)
         except Exception as exc:  # noqa: BLE001 - a bug met by hostile metadata: this array only
             # one array's metadata failed the whole discovery once (a v1 order of 1e400 in

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+import zvfs.views.vectors.encoders as enc
 from zvfs.formats import zv
 from zvfs.formats.meta import json_scalar, strict_json
 from zvfs.formats.zv import Level, ZVGroup
@@ -21,7 +22,6 @@ from zvfs.stores.base import is_store_failure
 from zvfs.views.context import MountContext
 from zvfs.views.node import Node
 from zvfs.views.npy import npy_header
-from zvfs.views.vectors import encoders as enc
 from zvfs.views.vectors.nodes import (
     BuiltDir,
     BuiltFile,
