@@ -869,7 +869,6 @@ class S3Store(Store):
                 params.setdefault(name, value)
 
     def open_writer(self, key: str, *, truncate: bool, create: bool, exclusive: bool = False) -> KeyWriter:
-
         check_key(key)
         if self.staging is None:
             raise WriteRefused(errno.EROFS, f"{key}: the mount is read-only")
@@ -901,7 +900,6 @@ class S3Store(Store):
                       lambda c: c.delete_object(Bucket=self.bucket, Key=self.prefix + key))
 
     def rename(self, src: str, dst: str) -> None:
-
         check_key(dst)
         self._fits(dst)
         copy_key(self, src, dst, self.info(src).size)
@@ -912,7 +910,6 @@ class S3Store(Store):
                                 "both names hold it") from exc
 
     def link(self, src: str, dst: str) -> None:
-
         check_key(src)
         check_key(dst)
         self._fits(dst)
@@ -946,7 +943,6 @@ class S3Store(Store):
             self.delete_listed(prefix)
 
     def rename_dir(self, src: str, dst: str) -> None:
-
         check_prefix(src)
         check_prefix(dst)
         rename_prefix(self, src, dst)
