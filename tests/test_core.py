@@ -1088,7 +1088,7 @@ def test_no_handler_lets_out_anything_but_fuse_error(tmp_path):
 
     async def main() -> None:
         f = await ops.lookup(pyfuse3.ROOT_INODE, b"f")
-        ops._lookups = None  # type: ignore[assignment]  # any lookup or forget now raises TypeError
+        ops._inodes.lookups = None  # type: ignore[assignment]  # any lookup or forget now raises TypeError
         with pytest.raises(pyfuse3.FUSEError) as eio:
             await ops.lookup(pyfuse3.ROOT_INODE, b"f")
         assert eio.value.errno == errno.EIO
@@ -1193,13 +1193,13 @@ def test_numbers_of_removed_names_are_dealt_out_again_once_the_kernel_forgets_th
 
     async def main() -> None:
         target = await write(b"chunk", b"first")  # the kernel knows it: one lookup
-        size = len(ops._node_at)
+        size = len(ops._inodes.node_at)
         for i in range(3000):
             tmp = await write(b"chunk.tmp", b"%d" % i)
             await ops.rename(root, b"chunk.tmp", root, b"chunk", 0, None)
             await ops.forget([(target, 1)])  # the replaced file's inode, evicted
             target = tmp
-        assert len(ops._node_at) <= size + 2, len(ops._node_at)
+        assert len(ops._inodes.node_at) <= size + 2, len(ops._inodes.node_at)
         assert (tmp_path / "chunk").read_bytes() == b"2999"
         got = await ops.lookup(root, b"chunk")
         assert (got.st_ino, got.st_size) == (target, 4)
@@ -1227,7 +1227,7 @@ def test_numbers_of_removed_names_are_dealt_out_again_once_the_kernel_forgets_th
         await ops.releasedir(fh)
         z = await ops.create(d, b"z", 0o644, os.O_WRONLY | os.O_CREAT, None)
         await ops.release(z[0].fh)
-        assert z[1].st_ino == x and z[1].generation == ops._generation[x] >= 1
+        assert z[1].st_ino == x and z[1].generation == ops._inodes.generation[x] >= 1
 
     trio.run(main)
 
@@ -1262,11 +1262,11 @@ def test_numbers_a_listing_gave_first_and_removed_directories_are_dealt_out_agai
 
     async def main() -> None:
         await cycle()
-        size = len(ops._node_at)
+        size = len(ops._inodes.node_at)
         for _ in range(200):
             await cycle()
-        assert len(ops._node_at) <= size + 3, (size, len(ops._node_at))
-        assert ctx.counters.snapshot()["inodes"] <= 2 and not ops._unbound and not ops._runs
+        assert len(ops._inodes.node_at) <= size + 3, (size, len(ops._inodes.node_at))
+        assert ctx.counters.snapshot()["inodes"] <= 2 and not ops._inodes.unbound and not ops._inodes.runs
 
     trio.run(main)
 
@@ -1300,7 +1300,7 @@ def test_numbers_of_names_gone_behind_a_read_only_mount_are_dealt_out_again(tmp_
         got = {name.decode(): n for name, n in sent[2:]}
         await ops.forget([(n, 1) for n in got.values()])
         for n in got.values():
-            generations.setdefault(n, set()).add(ops._generation.get(n, 0))
+            generations.setdefault(n, set()).add(ops._inodes.generation.get(n, 0))
         return got
 
     async def main() -> None:
@@ -1308,7 +1308,7 @@ def test_numbers_of_names_gone_behind_a_read_only_mount_are_dealt_out_again(tmp_
         hid = (await ops.lookup(dino, b".hidden")).st_ino
         await ops.forget([(hid, 1)])
         first = await listed(dino)
-        size = len(ops._node_at)
+        size = len(ops._inodes.node_at)
         held = (await ops.lookup(dino, b"k00000")).st_ino  # the kernel keeps this one
         serial = 100
         for _ in range(50):  # 20 keys gone and 20 new ones a round
@@ -1323,21 +1323,21 @@ def test_numbers_of_names_gone_behind_a_read_only_mount_are_dealt_out_again(tmp_
             assert (await ops.lookup(dino, b".hidden")).st_ino == hid  # listed never, kept
             await ops.forget([(hid, 1)])
         # the table stays the directory's size, and so do its runs
-        assert len(ops._node_at) <= size + 45, (size, len(ops._node_at))
-        assert sum(len(run) for _, run in ops._runs.get(dino, ())) + len(ops._ino_of.get(dino, {})) <= 150
-        assert len(ops._unbound) <= 100
+        assert len(ops._inodes.node_at) <= size + 45, (size, len(ops._inodes.node_at))
+        assert sum(len(run) for _, run in ops._inodes.runs.get(dino, ())) + len(ops._inodes.ino_of.get(dino, {})) <= 150
+        assert len(ops._inodes.unbound) <= 100
         assert any(len(gens) > 1 for gens in generations.values()), "numbers were dealt out again"
         # the held name is still its number, until the kernel forgets it
-        assert ops._name_at[held - ROOT] == "k00000" and ops._find(dino, "k00000") == held
+        assert ops._inodes.name_at[held - ROOT] == "k00000" and ops._inodes.find(dino, "k00000") == held
         await ops.forget([(held, 1)])  # then freed at once
-        assert ops._find(dino, "k00000") is None and ops._name_at[held - ROOT] == ""
+        assert ops._inodes.find(dino, "k00000") is None and ops._inodes.name_at[held - ROOT] == ""
         # a lookup that no longer finds a forgotten name frees its number
         name = min(n for n in d.entries if n != ".hidden")
-        ino = ops._find(dino, name)
-        in_use = ops._inodes_in_use()
+        ino = ops._inodes.find(dino, name)
+        in_use = ops._inodes.in_use()
         del d.entries[name]
         assert (await ops.lookup(dino, name.encode())).st_ino == 0
-        assert ops._find(dino, name) is None and ops._inodes_in_use() == in_use - 1
+        assert ops._inodes.find(dino, name) is None and ops._inodes.in_use() == in_use - 1
         assert first and ino
 
     trio.run(main)
@@ -1357,7 +1357,7 @@ def test_a_name_gone_while_held_and_listed_again_is_not_unbound_at_forget(tmp_pa
         sent.clear()
         fh = await ops.opendir(dino, None)
         if forget_first:
-            await ops.forget([(forget_first, ops._lookups[forget_first - ROOT])])
+            await ops.forget([(forget_first, ops._inodes.lookups[forget_first - ROOT])])
         await ops.readdir(fh, 0, None)
         await ops.releasedir(fh)
         return dict(sent[2:])
@@ -1369,9 +1369,9 @@ def test_a_name_gone_while_held_and_listed_again_is_not_unbound_at_forget(tmp_pa
         assert "k2" not in await listed(dino)  # gone from the store, still held
         d.entries["k2"] = gone
         again = await listed(dino, forget_first=held)  # listed again; the kernel forgets the old count
-        assert again.get("k2") == held and ops._find(dino, "k2") == held
-        await ops.forget([(held, ops._lookups[held - ROOT])])
-        assert ops._find(dino, "k2") == held  # still there: not unbound
+        assert again.get("k2") == held and ops._inodes.find(dino, "k2") == held
+        await ops.forget([(held, ops._inodes.lookups[held - ROOT])])
+        assert ops._inodes.find(dino, "k2") == held  # still there: not unbound
         assert "k2" in await listed(dino)
 
     trio.run(main)
@@ -1405,13 +1405,13 @@ def test_names_found_gone_while_held_are_not_looked_up_again_at_every_listing(tm
         for i in range(60):
             del d.entries[f"k{i:04d}"]
         await listed(dino)
-        assert len(asked) == 60 and len(ops._gone_held) == 60
+        assert len(asked) == 60 and len(ops._inodes.gone_held) == 60
         for k in range(60, 63):
             asked.clear()
             del d.entries[f"k{k:04d}"]
             await listed(dino)
             assert asked == [f"k{k:04d}"], f"{len(asked)} names looked up again"
-        assert len(ops._gone_held) == 63 and len(ops._bound_children(dino)) == 100
+        assert len(ops._inodes.gone_held) == 63 and len(ops._inodes.bound_children(dino)) == 100
 
     trio.run(main)
 
@@ -1434,9 +1434,9 @@ def test_a_directory_the_kernel_holds_through_a_dotdot_lookup_keeps_its_number(t
         del top.entries["d"]
         fh = await ops.opendir(pyfuse3.ROOT_INODE, None)  # d is gone from the listing
         await ops.releasedir(fh)
-        assert ops._find(pyfuse3.ROOT_INODE, "d") == dino and ops._name_at[dino - ROOT] == "d"
+        assert ops._inodes.find(pyfuse3.ROOT_INODE, "d") == dino and ops._inodes.name_at[dino - ROOT] == "d"
         await ops.forget([(dino, 1)])  # the kernel lets go of it: now it is freed
-        assert ops._find(pyfuse3.ROOT_INODE, "d") is None
+        assert ops._inodes.find(pyfuse3.ROOT_INODE, "d") is None
 
     trio.run(main)
 
@@ -1472,7 +1472,7 @@ def test_names_gone_behind_the_mount_by_the_thousand_are_unbound_a_slice_at_a_ti
             del d.entries[f"k{i:05d}"]
         fh = await ops.opendir(dino, None)
         await ops.releasedir(fh)
-        assert len(seen) == gone and len(ops._bound_children(dino)) == n - gone
+        assert len(seen) == gone and len(ops._inodes.bound_children(dino)) == n - gone
         assert len(set(seen)) >= gone // LISTING_SLICE, "the names were unbound with no pause"
 
     trio.run(main)
@@ -2110,7 +2110,7 @@ def test_a_listing_keeps_the_nodes_of_the_entries_the_kernel_was_told_of_only(tm
     ops = ZvfsOperations(build_root(ctx), ctx, derived=["/.zvfs/"])
 
     def nodes() -> int:
-        return sum(node is not None for node in ops._node_at)
+        return sum(node is not None for node in ops._inodes.node_at)
 
     async def main() -> None:
         chunks = await _walk(ops, ".zvfs/arrays/g/chunks")
@@ -2126,7 +2126,7 @@ def test_a_listing_keeps_the_nodes_of_the_entries_the_kernel_was_told_of_only(tm
         monkeypatch.undo()
         assert [n for n, _ in told[:2]] == [b".", b".."] and len(told) == 12
         assert nodes() == before + 10, (before, nodes())
-        assert len(ops._node_at) > 10_000  # every name has its number all the same
+        assert len(ops._inodes.node_at) > 10_000  # every name has its number all the same
         await ops.forget([(ino, 1) for _, ino in told[2:]])
         assert nodes() == before
         a = await ops.lookup(chunks, b"99.99")  # listed, never told

@@ -3,8 +3,8 @@
 This layer knows nodes (directories with lookup/children, files with size and
 read), never formats or stores. Its concurrency rules, all on the trio thread:
 
-- An inode number is assigned per (parent inode, name) the first time that
-  name is looked up, and never changed while the name is bound, so ``stat``
+- An inode number (the table: :mod:`zvfs.fs.inodes`) is assigned per (parent
+  inode, name) the first time that name is looked up, and never changed while the name is bound, so ``stat``
   twice gives one ``st_ino``. ``forget`` drops the node object when the
   kernel's lookup count reaches zero; a later lookup makes a fresh node
   under the same number. A number whose name was removed or replaced through
@@ -48,7 +48,7 @@ import stat
 import time
 from array import array
 from bisect import bisect_left
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -57,6 +57,7 @@ from typing import NamedTuple
 import trio
 
 from zvfs.fs.fuse import pyfuse3
+from zvfs.fs.inodes import ROOT, InodeTable
 from zvfs.fs.ownership import Ownership
 from zvfs.fs.push import PUSH_MAX, PagePush
 from zvfs.views.context import MountContext
@@ -65,7 +66,6 @@ from zvfs.workers import current_flow, run_abandonable
 
 log = logging.getLogger("zvfs")
 
-ROOT = pyfuse3.ROOT_INODE
 STATFS_BLOCK = 4096
 #: the longest name a path component may have (Linux's NAME_MAX, in bytes)
 NAME_MAX = 255
@@ -131,48 +131,16 @@ class ZvfsOperations(pyfuse3.Operations):
         self._counters = ctx.counters
         self._log_once = ctx.log_once
         self._usage = usage
-        # the inode table, compact for stores of millions of keys: inode numbers are dealt
-        # out in order and never reused, so per-inode facts are arrays indexed by
-        # ino - ROOT; the names are the listings' own strings, shared
-        #: the name each number was given under, and its parent: kept after an unbind, so an
-        #: open of a removed name is told ESTALE
         self._root = root
-        self._parent_of = array("I", [0])  # 4 bytes: past 2**32 inodes the mount fails EIO
-        self._name_at: list[str] = [""]
-        #: the node the kernel knows the number by (None once it forgets it)
-        self._node_at: list[Node | None] = [root]
-        #: the kernel's lookup count
-        self._lookups = array("q", [0])
-        #: the size the kernel knows (our last answer, or what was written through it); -1: none
-        self._told = array("q", [-1])
+        self._derived_prefixes = tuple(derived)
+        #: every number the mount dealt out, its name, parent and node (zvfs.fs.inodes)
+        self._inodes = InodeTable(root, self._derived_prefixes, self._oldest_listing)
         #: inode -> its opens for writing, newest last: their size is the file's, whatever
         #: became of its name (renamed, unlinked or replaced while open, as in POSIX)
         self._writing: dict[int, list[FileHandle]] = {}
         #: inode -> a reader of the file its name held, opened just before a rename through
         #: the mount replaced it (see _keep_open), oldest first
         self._kept: OrderedDict[int, FileNode] = OrderedDict()
-        # the live bindings (parent, name) -> inode. Most are made by an opendir, which
-        # numbers the names it meets first in sorted order: one run per directory, a list of
-        # names (8 bytes a name) searched by bisection; the others one by one in a dict
-        #: parent inode -> runs (first inode, sorted names): names[i] is inode first + i ...
-        self._runs: dict[int, list[tuple[int, list[str]]]] = {}
-        #: ... unless removed or replaced since (through the mount, or behind it: see
-        #: _drop_gone)
-        self._unbound: set[int] = set()
-        #: parent inode -> how many slots of its runs are in _unbound: past half, the runs
-        #: are let go (see _compact)
-        self._dead_in: dict[int, int] = {}
-        #: parent inode -> names bound under it that its last listing did not have and that
-        #: kept their numbers (the kernel held them, or a lookup finds them: '.zvfs')
-        self._unlisted_kept: dict[int, int] = {}
-        #: numbers of names a listing no longer had while the kernel held them: unbound
-        #: when it forgets them
-        self._gone_held: set[int] = set()
-        #: names unbound (removed, replaced or renamed) through the mount so far: a directory
-        #: snapshot taken before the last one checks its entries against the table
-        self._unbinds = 0
-        #: parent inode -> name -> inode: the bindings made one at a time
-        self._ino_of: dict[int, dict[str, int]] = {}
         #: directories whose listing is being numbered (see _remember_all): set once done,
         #: and the names bound one by one under them meanwhile
         self._numbering: dict[int, tuple[trio.Event, list[str]]] = {}
@@ -188,16 +156,8 @@ class ZvfsOperations(pyfuse3.Operations):
         self._names_floor = 0
         self._next_fh = itertools.count(1)
         self._last_fh = 0
-        #: numbers to deal out again: unbound through the mount, then forgotten by the kernel
-        self._free: list[int] = []
-        #: (last handle dealt out then, number) freed while directory handles were open: dealt
-        #: out again once those handles are closed (their snapshots may still list the number)
-        self._quarantine: deque[tuple[int, int]] = deque()
         #: numbers unbound through the mount that the kernel still knows: freed when it forgets
         self._detached: set[int] = set()
-        #: number -> times it was dealt out again: its generation, so that (number,
-        #: generation) names one file for ever, as NFS export asks
-        self._generation: dict[int, int] = {}
         #: (parent, name) -> set once the rename or removal of that name through the mount,
         #: begun in the store, is in the table too: a lookup or open of the name meanwhile
         #: waits for it (see _changing_names)
@@ -209,12 +169,6 @@ class ZvfsOperations(pyfuse3.Operations):
         self._open_count: dict[int, int] = {}
         #: the kernel's page cache, stored into through the FUSE device (set once mounted)
         self.pages: PagePush | None = None
-        self._derived_prefixes = tuple(derived)
-        #: a byte a number, 1 where it is of a derived file or directory (below a derived
-        #: prefix): a set of them cost 74 bytes a chunk file a listing told the kernel of
-        self._derived = bytearray(1)
-        #: directories whose path leads to a derived prefix (the root, '/.zvfs')
-        self._toward_derived: set[int] = {ROOT} if self._derived_prefixes else set()
         self._invalidating = False
         self._invalidate_again = False
         #: derived inodes whose node is of the views before a write: looked up again from
@@ -225,129 +179,30 @@ class ZvfsOperations(pyfuse3.Operations):
         self._settled.set()
         self._settling = 0  # replies waiting in _settle
         self._owner = owner or Ownership()
-        ctx.counters.reading("inodes", self._inodes_in_use)
+        ctx.counters.reading("inodes", self._inodes.in_use)
 
     # -- inode table ---------------------------------------------------------
 
-    def _inodes_in_use(self) -> int:
-        """Numbers the table holds, less those freed to be dealt out again (stats.json's
-        ``inodes``): read from any thread, as a len() is."""
-        return len(self._node_at) - len(self._free) - len(self._quarantine)
-
-    def _known(self, ino: int) -> Node | None:
-        """The node of ``ino`` while the kernel knows it, else None."""
-        i = ino - ROOT
-        return self._node_at[i] if 0 <= i < len(self._node_at) else None
-
     def _node(self, ino: int) -> Node:
-        node = self._known(ino)
+        node = self._inodes.known(ino)
         if node is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         return node
 
-    def _find(self, parent: int, name: str) -> int | None:
-        """The inode bound to ``name`` under ``parent``, or None."""
-        names = self._ino_of.get(parent)
-        if names:
-            ino = names.get(name)
-            if ino is not None:
-                return ino
-        for first, run in self._runs.get(parent, ()):
-            i = bisect_left(run, name)
-            if i < len(run) and run[i] == name and first + i not in self._unbound:
-                return first + i
-        return None
-
-    def _pop(self, parent: int, name: str) -> int | None:
-        """Unbind ``name`` under ``parent``: its inode, or None if it had none."""
-        self._unbinds += 1
-        names = self._ino_of.get(parent)
-        ino = names.pop(name, None) if names else None
-        if ino is None:
-            ino = self._find(parent, name)
-            if ino is None:
-                return None
-            self._unbound.add(ino)  # a slot of a run
-            self._dead_in[parent] = dead = self._dead_in.get(parent, 0) + 1
-            if dead * 2 >= sum(len(run) for _, run in self._runs[parent]):
-                self._compact(parent)
-        return self._unbound_now(parent, ino)
-
-    def _unbound_now(self, parent: int, ino: int) -> int:
-        """``ino``, just unbound from under ``parent``: no longer one of its kept unlisted names."""
-        if ino in self._gone_held:
-            self._gone_held.discard(ino)
-            kept = self._unlisted_kept.get(parent, 0) - 1
-            if kept > 0:
-                self._unlisted_kept[parent] = kept
-            else:
-                self._unlisted_kept.pop(parent, None)
-        return ino
-
-    def _compact(self, parent: int) -> None:
-        """Let go of ``parent``'s runs, at least half of whose slots are dead (their names
-        removed or replaced): the names still bound in them are bound one by one instead.
-        A store whose keys come and go behind the mount (a bucket with new keys daily and
-        old ones deleted) gave each listing's new names a run, held for the mount's life."""
-        bound = self._ino_of.setdefault(parent, {})
-        for first, run in self._runs.pop(parent, ()):
-            for ino, name in enumerate(run, first):
-                if ino in self._unbound:
-                    self._unbound.discard(ino)
-                else:
-                    bound[name] = ino
-        self._dead_in.pop(parent, None)
-
-    def _bound_children(self, parent: int) -> list[int]:
-        """The inodes bound under ``parent``."""
-        inos = list(self._ino_of.get(parent, {}).values())
-        for first, run in self._runs.get(parent, ()):
-            inos.extend(i for i in range(first, first + len(run)) if i not in self._unbound)
-        return inos
-
-    def _new(self, parent: int, name: str, node: Node | None, fresh: bool = False) -> int:
-        """An inode number for ``name`` under ``parent`` (not bound here: the caller does):
-        a freed one if there is one, unless ``fresh`` (a run's numbers follow each other)."""
-        ino = 0 if fresh else self._reusable()
-        if ino:
-            i = ino - ROOT
-            self._parent_of[i], self._name_at[i], self._node_at[i] = parent, name, node
-            self._generation[ino] = self._generation.get(ino, 0) + 1
-        else:
-            ino = ROOT + len(self._node_at)
-            self._parent_of.append(parent)
-            self._name_at.append(name)
-            self._node_at.append(node)
-            self._lookups.append(0)
-            self._told.append(-1)
-            self._derived.append(0)
-        if self._derived[parent - ROOT]:
-            self._derived[ino - ROOT] = 1
-        elif parent in self._toward_derived:
-            self._mark_derived(parent, name, ino)
-        return ino
-
-    def _mark_derived(self, parent: int, name: str, ino: int) -> None:
-        path = self._child_path(parent, name)
-        if path.startswith(self._derived_prefixes):
-            self._derived[ino - ROOT] = 1
-        elif any(p.startswith(path + "/") for p in self._derived_prefixes):
-            self._toward_derived.add(ino)
-
     def _remember(self, parent: int, name: str, node: Node, count: bool = True) -> int:
         """Inode for ``name`` under ``parent``: the same number every time."""
-        ino = self._find(parent, name)
+        ino = self._inodes.find(parent, name)
         if ino is None:
-            ino = self._new(parent, name, node)
-            self._ino_of.setdefault(parent, {})[name] = ino
+            ino = self._inodes.new(parent, name, node)
+            self._inodes.ino_of.setdefault(parent, {})[name] = ino
             if self._numbering:
                 self._bound_meanwhile(parent, name)
         else:
-            self._node_at[ino - ROOT] = node
-            if self._gone_held and ino in self._gone_held:
-                self._unbound_now(parent, ino)  # back in the store: not unbound at forget
+            self._inodes.node_at[ino - ROOT] = node
+            if self._inodes.gone_held and ino in self._inodes.gone_held:
+                self._inodes.unbound_now(parent, ino)  # back in the store: not unbound at forget
         if count:
-            self._lookups[ino - ROOT] += 1
+            self._inodes.lookups[ino - ROOT] += 1
         return ino
 
     async def _remember_all(self, parent: int, entries: Sequence[tuple[str, Node]]) -> array | None:
@@ -378,13 +233,13 @@ class ZvfsOperations(pyfuse3.Operations):
                       meanwhile: list[str]) -> array | None:
         names = _names_of(entries)
         n = len(names)
-        generation = self._generation.get(parent, 0)
+        generation = self._inodes.generation.get(parent, 0)
         found = array("q", bytes(8 * n))  # 0: not bound yet
         new: list[str] = []
         in_order = True  # strictly sorted: no name twice
         last: str | None = None
-        quick = parent not in self._ino_of and parent not in self._runs  # nothing bound yet
-        find = self._find
+        quick = parent not in self._inodes.ino_of and parent not in self._inodes.runs  # nothing bound yet
+        find = self._inodes.find
         each = iter(names)
         for lo in range(0, n, LISTING_SLICE):
             if lo:
@@ -399,8 +254,8 @@ class ZvfsOperations(pyfuse3.Operations):
                 else:
                     found[k] = ino
         # from here to the numbers dealt out, no await: the table does not change meanwhile
-        if parent != ROOT and (not self._name_at[parent - ROOT]
-                               or self._generation.get(parent, 0) != generation):
+        if parent != ROOT and (not self._inodes.name_at[parent - ROOT]
+                               or self._inodes.generation.get(parent, 0) != generation):
             return None  # removed (and its number maybe dealt out again) meanwhile
         if not in_order:  # not as children() promises: each name looked up again, sorted
             found = array("q", (find(parent, name) or 0 for name in names))
@@ -416,13 +271,13 @@ class ZvfsOperations(pyfuse3.Operations):
                 del new[j]
         reused: dict[str, int] = {}
         first = 0
-        self._release_quarantine()
-        if new and len(new) <= len(self._free):
-            bound = self._ino_of.setdefault(parent, {})
+        self._inodes.release_quarantine()
+        if new and len(new) <= len(self._inodes.free):
+            bound = self._inodes.ino_of.setdefault(parent, {})
             for name in new:
-                reused[name] = bound[name] = self._new(parent, name, None)
+                reused[name] = bound[name] = self._inodes.new(parent, name, None)
         elif new:
-            first = self._new_run(parent, new)
+            first = self._inodes.new_run(parent, new)
         if not new:
             return found
         if not reused and in_order and len(new) == n:
@@ -454,19 +309,19 @@ class ZvfsOperations(pyfuse3.Operations):
         Costs nothing while every bound name is listed (but those kept last time): the
         bound names are counted, not compared. Gone through a slice at a time. Returns how
         many names it unbound."""
-        live = len(self._ino_of.get(parent, ())) - self._dead_in.get(parent, 0)
-        live += sum(len(run) for _, run in self._runs.get(parent, ()))
-        if live - len(entries) <= self._unlisted_kept.get(parent, 0):
+        live = len(self._inodes.ino_of.get(parent, ())) - self._inodes.dead_in.get(parent, 0)
+        live += sum(len(run) for _, run in self._inodes.runs.get(parent, ()))
+        if live - len(entries) <= self._inodes.unlisted_kept.get(parent, 0):
             return 0
         names = _names_of(entries)
         n = len(names)
-        bound = list(self._ino_of.get(parent, {}).items())
-        for first, run in list(self._runs.get(parent, ())):
+        bound = list(self._inodes.ino_of.get(parent, {}).items())
+        for first, run in list(self._inodes.runs.get(parent, ())):
             for lo in range(0, len(run), LISTING_SLICE):
                 if lo:
                     await trio.sleep(0)  # a run's names are never changed: a gone one is checked below
                 bound.extend((name, ino) for ino, name in enumerate(run[lo:lo + LISTING_SLICE], first + lo)
-                             if ino not in self._unbound)
+                             if ino not in self._inodes.unbound)
         gone: list[tuple[str, int]] = []
         for lo in range(0, len(bound), LISTING_SLICE):
             if lo:
@@ -481,25 +336,25 @@ class ZvfsOperations(pyfuse3.Operations):
                 # each is looked up and unbound: a store that lost 150,000 keys held the
                 # mount for 0.7 s here (everything below is checked again after a pause)
                 await trio.sleep(0)
-            if ino in self._gone_held and self._lookups[ino - ROOT] > 0:
+            if ino in self._inodes.gone_held and self._inodes.lookups[ino - ROOT] > 0:
                 kept += 1  # found gone by an earlier listing, and still held: no lookup again
                 continue
             try:  # a name a listing leaves out (the root's '.zvfs') is not gone
                 there = await node.lookup(name) is not None
             except NodeError:
                 there = True  # not known to be gone
-            if there or self._find(parent, name) != ino or (parent, name) in self._changing:
+            if there or self._inodes.find(parent, name) != ino or (parent, name) in self._changing:
                 kept += 1
-            elif self._lookups[ino - ROOT] > 0 or ino in self._writing:
-                self._gone_held.add(ino)  # unbound when the kernel forgets it (forget)
+            elif self._inodes.lookups[ino - ROOT] > 0 or ino in self._writing:
+                self._inodes.gone_held.add(ino)  # unbound when the kernel forgets it (forget)
                 kept += 1
             else:
                 self._unbind(parent, name)
                 dropped += 1
         if kept > 0:
-            self._unlisted_kept[parent] = kept
+            self._inodes.unlisted_kept[parent] = kept
         else:
-            self._unlisted_kept.pop(parent, None)
+            self._inodes.unlisted_kept.pop(parent, None)
         return dropped
 
     def _listed_again(self, parent: int, entries: Sequence[tuple[str, Node]], inos: array) -> None:
@@ -507,36 +362,19 @@ class ZvfsOperations(pyfuse3.Operations):
         ``inos``) has again: the store has them back (removed and made again behind the
         mount), so the kernel's forget must not unbind them. (It did: a listing opened
         meanwhile, whose snapshot had the name under its number, left the name out.)"""
-        held = self._gone_held
+        held = self._inodes.gone_held
         if len(held) < len(inos):
             names = _names_of(entries)
             n = len(names)
-            for ino in [ino for ino in held if self._parent_of[ino - ROOT] == parent]:
-                name = self._name_at[ino - ROOT]
+            for ino in [ino for ino in held if self._inodes.parent_of[ino - ROOT] == parent]:
+                name = self._inodes.name_at[ino - ROOT]
                 k = bisect_left(names, name)
                 if k < n and names[k] == name and inos[k] == ino:
-                    self._unbound_now(parent, ino)
+                    self._inodes.unbound_now(parent, ino)
         else:
             for ino in inos:
                 if ino in held:
-                    self._unbound_now(parent, ino)
-
-    def _new_run(self, parent: int, names: list[str]) -> int:
-        """Numbers for ``names`` (sorted, none bound under ``parent``), one run: the first."""
-        first = ROOT + len(self._node_at)
-        n = len(names)
-        self._parent_of.extend(array("I", [parent]) * n)
-        self._name_at.extend(names)
-        self._node_at.extend(itertools.repeat(None, n))
-        self._lookups.extend(array("q", [0]) * n)
-        self._told.extend(array("q", [-1]) * n)
-        derived = self._derived[parent - ROOT]
-        self._derived.extend(bytes([derived]) * n)
-        if not derived and parent in self._toward_derived:
-            for ino, name in enumerate(names, first):
-                self._mark_derived(parent, name, ino)
-        self._runs.setdefault(parent, []).append((first, names))
-        return first
+                    self._inodes.unbound_now(parent, ino)
 
     def _bound_meanwhile(self, parent: int, name: str) -> None:
         """``name`` was bound under ``parent`` one by one: a listing numbering ``parent``
@@ -549,71 +387,26 @@ class ZvfsOperations(pyfuse3.Operations):
         """``ino``'s name was removed or replaced through the mount: its number is freed now,
         or once the kernel forgets it. (A number of a listing's run stays in ``_unbound``
         when it is dealt out again: its run's slot is dead for good.)"""
-        if self._lookups[ino - ROOT] > 0 or ino in self._writing:
+        if self._inodes.lookups[ino - ROOT] > 0 or ino in self._writing:
             self._detached.add(ino)
         else:
             self._free_number(ino)
 
     def _free_number(self, ino: int) -> None:
-        i = ino - ROOT
-        # a removed directory held nothing in the store, whatever names hang from it here
-        # (removed outside the mount, or a listing's dead slots): they go with it
-        below = list(self._ino_of.pop(ino, {}).values())
-        self._dead_in.pop(ino, None)
-        self._unlisted_kept.pop(ino, None)
-        self._gone_held.discard(ino)
-        for first, run in self._runs.pop(ino, ()):
-            for child in range(first, first + len(run)):
-                if child in self._unbound:
-                    self._unbound.discard(child)  # no run names it now
-                else:
-                    below.append(child)
-        self._node_at[i] = None
-        self._name_at[i] = ""  # no name is empty: this marks it freed (and lets go of the name)
-        self._told[i] = -1
+        """Free ``ino`` in the table, with what this layer keeps of it, and detach the names
+        still bound below it (a removed directory held nothing in the store, whatever names
+        hang from it here: removed outside the mount, or a listing's dead slots)."""
         self._page_epochs.pop(ino, None)
-        self._derived[i] = 0
-        self._toward_derived.discard(ino)
         self._stale.discard(ino)
-        if self._dir_handles:
-            self._quarantine.append((self._last_fh, ino))
-        else:
-            self._free.append(ino)
+        below = self._inodes.release(ino, self._last_fh if self._dir_handles else None)
         for child in below:
-            if self._parent_of[child - ROOT] == ino and self._name_at[child - ROOT]:
-                self._detach(child)  # still named under the removed directory
+            if self._inodes.still_below(child, ino):
+                self._detach(child)
 
-    def _release_quarantine(self) -> None:
-        """Free the quarantined numbers that no open directory handle can list any more."""
-        if self._quarantine:
-            oldest = min(self._dir_handles, default=self._last_fh + 1)
-            while self._quarantine and self._quarantine[0][0] < oldest:
-                self._free.append(self._quarantine.popleft()[1])
-
-    def _reusable(self) -> int:
-        """A freed number no open directory handle can list, or 0."""
-        self._release_quarantine()
-        return self._free.pop() if self._free else 0
-
-    def _still_named(self, ino: int, parent: int, name: str) -> bool:
-        """``ino`` is still ``name`` under ``parent`` (not removed, replaced or renamed)."""
-        i = ino - ROOT
-        return self._parent_of[i] == parent and self._name_at[i] == name and self._bound(ino)
-
-    def _path(self, ino: int) -> str:
-        """The path ``ino`` was last bound to (for log lines): walked up its parents."""
-        parts = []
-        while ino != ROOT and 0 < ino - ROOT < len(self._name_at):
-            parts.append(self._name_at[ino - ROOT])
-            ino = self._parent_of[ino - ROOT]
-        return "/" + "/".join(reversed(parts))
-
-    def _bound(self, ino: int) -> bool:
-        """True while ``ino``'s name still names it (not removed or replaced through the mount)."""
-        i = ino - ROOT
-        if not 0 < i < len(self._name_at):
-            return False
-        return self._find(self._parent_of[i], self._name_at[i]) == ino
+    def _oldest_listing(self) -> int:
+        """The oldest open directory handle (or the next to be dealt out): a number freed
+        after it was opened is not dealt out again while it is open (see InodeTable)."""
+        return min(self._dir_handles, default=self._last_fh + 1)
 
     def _attrs(self, ino: int, node: Node) -> pyfuse3.EntryAttributes:
         """A node's entry, made for a reply that pyfuse3 sends after the handler returns."""
@@ -634,7 +427,7 @@ class ZvfsOperations(pyfuse3.Operations):
     def _fill(self, a: pyfuse3.EntryAttributes, ino: int, node: Node) -> pyfuse3.EntryAttributes:
         """Set in ``a`` (from :meth:`_blank`) what is ``node``'s own."""
         a.st_ino = ino
-        a.generation = self._generation.get(ino, 0) if self._generation else 0
+        a.generation = self._inodes.generation.get(ino, 0) if self._inodes.generation else 0
         is_file = isinstance(node, FileNode)
         # a live file's size changes with its content: the kernel must ask every time
         a.attr_timeout = 0 if is_file and node.direct_io else self.ttl
@@ -649,7 +442,7 @@ class ZvfsOperations(pyfuse3.Operations):
                 size, mtime_ns = handle.size, handle.mtime_ns or mtime_ns
                 a.attr_timeout = 0
             a.st_nlink = 1
-            self._told[ino - ROOT] = size
+            self._inodes.told[ino - ROOT] = size
         else:
             size, mtime_ns = 0, node.mtime_ns
             a.st_nlink = 2
@@ -696,19 +489,19 @@ class ZvfsOperations(pyfuse3.Operations):
             # (fuse_get_parent), and counts the reply as a lookup reference it will forget
             ino = parent_inode if sname == "." else self._parent(parent_inode)
             entry = await self.getattr(ino)
-            self._lookups[ino - ROOT] += 1
+            self._inodes.lookups[ino - ROOT] += 1
             return entry
         parent = await self._live(parent_inode)
         if not isinstance(parent, DirNode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         if self._changing:
             await self._changed(parent_inode, sname)
-        before = self._find(parent_inode, sname)
-        child = await self._call(lambda: f"lookup {self._child_path(parent_inode, sname)}",
+        before = self._inodes.find(parent_inode, sname)
+        child = await self._call(lambda: f"lookup {self._inodes.child_path(parent_inode, sname)}",
                                  parent.lookup(sname))
         if child is None:
-            if before is not None and self._find(parent_inode, sname) == before \
-                    and self._lookups[before - ROOT] <= 0 and before not in self._writing:
+            if before is not None and self._inodes.find(parent_inode, sname) == before \
+                    and self._inodes.lookups[before - ROOT] <= 0 and before not in self._writing:
                 self._unbind(parent_inode, sname)  # gone from the store behind the mount
             neg = pyfuse3.EntryAttributes()
             neg.st_ino = 0
@@ -729,9 +522,9 @@ class ZvfsOperations(pyfuse3.Operations):
         a change behind the mount, `ls -l` then a new open was given the old node, which
         read ESTALE ("open it again", though it was opened after), and its mmap SIGBUS."""
         node = await self._fresh(ino) if self._stale else self._node(ino)
-        if self._derived[ino - ROOT] and node.outdated():
+        if self._inodes.derived[ino - ROOT] and node.outdated():
             parent = ino
-            while parent != ROOT and self._derived[parent - ROOT] and not self._view_top(parent):
+            while parent != ROOT and self._inodes.derived[parent - ROOT] and not self._view_top(parent):
                 self._stale.add(parent)  # up to a top of the views: each resolves the current ones
                 parent = self._parent(parent)
             node = await self._fresh(ino)
@@ -741,33 +534,33 @@ class ZvfsOperations(pyfuse3.Operations):
         """Whether ``ino`` is a top of the derived views (a directory right below a derived
         prefix): it resolves the current views itself, where the nodes below it are of the
         views it had when they were looked up."""
-        return self._path(self._parent(ino)).rstrip("/") + "/" in self._derived_prefixes
+        return self._inodes.path(self._parent(ino)).rstrip("/") + "/" in self._derived_prefixes
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for ino, n in inode_list:
             i = ino - ROOT
-            if not 0 <= i < len(self._node_at):
+            if not 0 <= i < len(self._inodes.node_at):
                 continue
-            left = self._lookups[i] - n
+            left = self._inodes.lookups[i] - n
             if left > 0:
-                self._lookups[i] = left
+                self._inodes.lookups[i] = left
                 continue
-            self._lookups[i] = 0
+            self._inodes.lookups[i] = 0
             self._page_epochs.pop(ino, None)  # the kernel's inode, and its pages, are gone
             if self._kept:
                 self._let_go(ino)
             self._stale.discard(ino)
-            self._told[i] = -1
+            self._inodes.told[i] = -1
             if ino != ROOT:
                 # the number stays bound to its name (_ino_of); only the node object goes
-                self._node_at[i] = None
+                self._inodes.node_at[i] = None
                 if ino in self._detached:  # unbound through the mount: free its number
                     self._detached.discard(ino)
                     self._detach(ino)  # unless a write handle still holds it
-                elif self._gone_held and ino in self._gone_held:
+                elif self._inodes.gone_held and ino in self._inodes.gone_held:
                     # its listing no longer had it: the store lost it behind the mount
-                    parent, name = self._parent_of[i], self._name_at[i]
-                    if self._find(parent, name) == ino and ino not in self._writing \
+                    parent, name = self._inodes.parent_of[i], self._inodes.name_at[i]
+                    if self._inodes.find(parent, name) == ino and ino not in self._writing \
                             and (parent, name) not in self._changing:
                         self._unbind(parent, name)
 
@@ -786,23 +579,23 @@ class ZvfsOperations(pyfuse3.Operations):
         node = await self._live(inode)
         if not isinstance(node, DirNode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
-        unbinds = self._unbinds  # a name unbound from here on is checked at readdir
+        unbinds = self._inodes.unbinds  # a name unbound from here on is checked at readdir
         names = self._names
-        entries = await self._call(lambda: f"readdir {self._path(inode)}", node.children())
+        entries = await self._call(lambda: f"readdir {self._inodes.path(inode)}", node.children())
         inos = await self._remember_all(inode, entries)
         if inos is None:  # removed while it was listed
             entries, inos = (), array("q")
         else:
-            if self._unlisted_kept.get(inode):
+            if self._inodes.unlisted_kept.get(inode):
                 self._listed_again(inode, entries, inos)
-            before = self._unbinds
+            before = self._inodes.unbinds
             dropped = await self._drop_gone(inode, node, entries)
-            if before == unbinds and self._unbinds == before + dropped:
-                unbinds = self._unbinds  # only names these entries do not have were unbound
+            if before == unbinds and self._inodes.unbinds == before + dropped:
+                unbinds = self._inodes.unbinds  # only names these entries do not have were unbound
         parent = self._parent(inode)
         # '.' and '..' come first, as on every POSIX file system; the kernel takes no
         # lookup reference for them (fuse_direntplus_link skips them), so neither do we
-        above = self._known(parent)
+        above = self._inodes.known(parent)
         return _DirSnapshot(((".", inode, node), ("..", parent, node if above is None else above)),
                             entries, inos, unbinds, names)
 
@@ -837,21 +630,23 @@ class ZvfsOperations(pyfuse3.Operations):
         # to the old file again, with the attributes of the new one (a reader of the
         # replaced file, still open, saw its size cut to the new file's), or to a number
         # dealt out to another file since
-        changed = snap.unbinds != self._unbinds
+        changed = snap.unbinds != self._inodes.unbinds
         dir_ino = snap.dots[0][1]
         first = max(start_id - 2, 0)
+        # the table's arrays grow in place, never replaced: held here for the loop
+        lookups, node_at = self._inodes.lookups, self._inodes.node_at
         for i in range(first, len(entries)):
             if i > first and not (i - first) % READDIR_SLICE:
                 # the kernel asks for up to a megabyte of entries at once (thousands of
                 # names, tens of ms): the mount's other requests are let in between (the
                 # entries told so far wait in this reply, and the table keeps their numbers)
                 await trio.sleep(0)
-                changed = snap.unbinds != self._unbinds
+                changed = snap.unbinds != self._inodes.unbinds
             name, node = entries[i]
             ino = inos[i]
-            if changed and not self._still_named(ino, dir_ino, name):
-                ino = self._find(dir_ino, name) or 0  # replaced: what the name holds now, if
-                node = self._node_at[ino - ROOT] if ino else None  # its node is at hand
+            if changed and not self._inodes.still_named(ino, dir_ino, name):
+                ino = self._inodes.find(dir_ino, name) or 0  # replaced: what the name holds now, if
+                node = self._inodes.node_at[ino - ROOT] if ino else None  # its node is at hand
                 if node is None:
                     continue
             try:
@@ -870,9 +665,9 @@ class ZvfsOperations(pyfuse3.Operations):
             # lets go), so the node is kept: only the entries it was told of keep one. A node
             # the table has already stays: a lookup during the listing made it afresh (from
             # metadata newer than the listing's, whose node read ESTALE in every new open)
-            self._lookups[ino - ROOT] += 1
-            if self._node_at[ino - ROOT] is None:
-                self._node_at[ino - ROOT] = node
+            lookups[ino - ROOT] += 1
+            if node_at[ino - ROOT] is None:
+                node_at[ino - ROOT] = node
 
     def _unlisted(self, name: str, exc: Exception) -> None:
         self._counters.add("fuse_errors_readdir")
@@ -905,9 +700,9 @@ class ZvfsOperations(pyfuse3.Operations):
         if not isinstance(node, FileNode):
             raise pyfuse3.FUSEError(errno.EISDIR)
         if self._changing:
-            await self._changed(self._parent_of[inode - ROOT], self._name_at[inode - ROOT])
+            await self._changed(self._inodes.parent_of[inode - ROOT], self._inodes.name_at[inode - ROOT])
         kept = None
-        if not self._bound(inode):
+        if not self._inodes.bound(inode):
             # its name was removed or replaced through the mount after the kernel looked it
             # up. A file renamed over was kept open, where that can be: every open reads
             # it, as on a local file system (each its own descriptor, what is kept staying
@@ -923,13 +718,13 @@ class ZvfsOperations(pyfuse3.Operations):
             if not node.writable:
                 raise pyfuse3.FUSEError(errno.EROFS)
             truncate = bool(flags & os.O_TRUNC)
-            handle = await self._call(lambda: f"open {self._path(inode)}", node.open_write(truncate))
+            handle = await self._call(lambda: f"open {self._inodes.path(inode)}", node.open_write(truncate))
             handle.appending = bool(flags & os.O_APPEND)
             keep = self._keep_pages(inode, node)
         else:
             if kept is None:
                 node.opened()
-                node = await self._call(lambda: f"open {self._path(inode)}", node.reader())
+                node = await self._call(lambda: f"open {self._inodes.path(inode)}", node.reader())
             else:
                 node = kept
             # after reader(): the pages kept are those of the content this open reads
@@ -947,9 +742,9 @@ class ZvfsOperations(pyfuse3.Operations):
         # first open after a change behind the mount)
         direct = node.direct_io or (handle is not None and handle.direct_io)
         if handle is None and not direct:
-            direct = node.size != self._told[inode - ROOT] or (
+            direct = node.size != self._inodes.told[inode - ROOT] or (
                 before is not None and not keep and before[0] != node.version()
-                and not self._derived[inode - ROOT])
+                and not self._inodes.derived[inode - ROOT])
         keep = keep and not direct
         if keep:
             self._counters.add("fuse_opens_cached")
@@ -970,7 +765,7 @@ class ZvfsOperations(pyfuse3.Operations):
             return epoch is None or epoch[0] == version
         if version is None:
             return False
-        if epoch is None and self._bound(inode) and not self._derived[inode - ROOT]:
+        if epoch is None and self._inodes.bound(inode) and not self._inodes.derived[inode - ROOT]:
             # the kernel has no pages of it: what it holds came through an open, and every
             # open sets an epoch, dropped only once the kernel forgets the inode or its name
             self._page_epochs[inode] = (version, now)
@@ -994,7 +789,7 @@ class ZvfsOperations(pyfuse3.Operations):
         # reads the store stalls cannot hold them all while other files wait
         flow = current_flow.set(f.ino)
         try:
-            data = await self._call(lambda: f"read {self._path(f.ino)}", source.read(off, size))
+            data = await self._call(lambda: f"read {self._inodes.path(f.ino)}", source.read(off, size))
         except pyfuse3.FUSEError as exc:
             if exc.errno == errno.ESTALE:
                 self._read_stale(f.ino)
@@ -1037,7 +832,7 @@ class ZvfsOperations(pyfuse3.Operations):
             if not writing:
                 self._writing.pop(f.ino, None)
             try:
-                await self._call(lambda: f"release {self._path(f.ino)}", f.handle.release())
+                await self._call(lambda: f"release {self._inodes.path(f.ino)}", f.handle.release())
             except pyfuse3.FUSEError:
                 pass  # logged; release has no one to tell
 
@@ -1076,7 +871,7 @@ class ZvfsOperations(pyfuse3.Operations):
         s.f_blocks = min(max(1, -(-used // STATFS_BLOCK) + s.f_bfree), _MAX_BLOCKS)
         # inodes as blocks: total = in use (the table) + free, so df -i's IUsed is the table
         s.f_ffree = s.f_favail = (1 << 32) if self._root.writable else 0
-        s.f_files = len(self._node_at) + s.f_ffree
+        s.f_files = len(self._inodes.node_at) + s.f_ffree
         s.f_namemax = NAME_MAX
         return s
 
@@ -1097,18 +892,15 @@ class ZvfsOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         return node
 
-    def _child_path(self, parent: int, name: str) -> str:
-        return self._path(parent).rstrip("/") + "/" + name
-
     def _parent(self, ino: int) -> int:
         i = ino - ROOT
-        return self._parent_of[i] if 0 < i < len(self._parent_of) else ROOT
+        return self._inodes.parent_of[i] if 0 < i < len(self._inodes.parent_of) else ROOT
 
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx):  # type: ignore[no-untyped-def,override]
         self._counters.add("fuse_ops_create")
         sname = os.fsdecode(name)
         parent = self._dir(parent_inode)
-        node, handle = await self._call(lambda: f"create {self._child_path(parent_inode, sname)}",
+        node, handle = await self._call(lambda: f"create {self._inodes.child_path(parent_inode, sname)}",
                                         parent.create(sname, bool(flags & os.O_EXCL)))
         handle.appending = bool(flags & os.O_APPEND)
         self._names_changed(parent_inode)
@@ -1123,7 +915,7 @@ class ZvfsOperations(pyfuse3.Operations):
         self._counters.add("fuse_ops_write")
         f = self._files.get(fh)
         handle = self._handle(fh)
-        return await self._call(lambda: f"write {self._path(f.ino) if f else fh}", handle.write(off, buf))
+        return await self._call(lambda: f"write {self._inodes.path(f.ino) if f else fh}", handle.write(off, buf))
 
     async def flush(self, fh: int) -> None:
         """close(): a write that could not be stored is the application's error here.
@@ -1136,8 +928,8 @@ class ZvfsOperations(pyfuse3.Operations):
         f = self._files.get(fh)
         if f is None or f.handle is None:
             return
-        await self._call(lambda: f"flush {self._path(f.ino)}", f.handle.flush())
-        self._told[f.ino - ROOT] = f.handle.size  # the kernel's size: what was written through it
+        await self._call(lambda: f"flush {self._inodes.path(f.ino)}", f.handle.flush())
+        self._inodes.told[f.ino - ROOT] = f.handle.size  # the kernel's size: what was written through it
         await self._settle()
 
     async def fsync(self, fh: int, datasync: bool) -> None:
@@ -1146,15 +938,15 @@ class ZvfsOperations(pyfuse3.Operations):
         if f is None:
             return
         if f.handle is None:  # an open for reading: a local file reports its write-back errors
-            await self._call(lambda: f"fsync {self._path(f.ino)}", f.node.sync())
+            await self._call(lambda: f"fsync {self._inodes.path(f.ino)}", f.node.sync())
             return
-        await self._call(lambda: f"fsync {self._path(f.ino)}", f.handle.flush(durable=True))
+        await self._call(lambda: f"fsync {self._inodes.path(f.ino)}", f.handle.flush(durable=True))
         await self._settle()
 
     async def setattr(self, inode: int, attr, fields, fh, ctx):  # type: ignore[no-untyped-def,override]
         self._counters.add("fuse_ops_setattr")
         node = self._node(inode)
-        path = self._path(inode)
+        path = self._inodes.path(inode)
         if not node.writable:
             raise pyfuse3.FUSEError(errno.EROFS)
         if fields.update_size:
@@ -1175,7 +967,7 @@ class ZvfsOperations(pyfuse3.Operations):
         self._counters.add("fuse_ops_mkdir")
         sname = os.fsdecode(name)
         parent = self._dir(parent_inode)
-        node = await self._call(lambda: f"mkdir {self._child_path(parent_inode, sname)}", parent.mkdir(sname))
+        node = await self._call(lambda: f"mkdir {self._inodes.child_path(parent_inode, sname)}", parent.mkdir(sname))
         self._names_changed(parent_inode)
         self._unbind(parent_inode, sname)
         await self._settle()
@@ -1192,7 +984,7 @@ class ZvfsOperations(pyfuse3.Operations):
         parent = self._dir(parent_inode)
         remove = parent.unlink if op == "unlink" else parent.rmdir
         async with self._changing_names((parent_inode, name)):
-            await self._call(lambda: f"{op} {self._child_path(parent_inode, name)}", remove(name))
+            await self._call(lambda: f"{op} {self._inodes.child_path(parent_inode, name)}", remove(name))
             self._names_changed(parent_inode)
             self._unbind(parent_inode, name)
         await self._settle()
@@ -1204,7 +996,7 @@ class ZvfsOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EINVAL)
         old, new = os.fsdecode(name_old), os.fsdecode(name_new)
         src, dst = self._dir(parent_inode_old), self._dir(parent_inode_new)
-        what = f"rename {self._child_path(parent_inode_old, old)} -> {self._child_path(parent_inode_new, new)}"
+        what = f"rename {self._inodes.child_path(parent_inode_old, old)} -> {self._inodes.child_path(parent_inode_new, new)}"
         async with self._changing_names((parent_inode_old, old), (parent_inode_new, new)):
             kept = None if flags & _RENAME_NOREPLACE else await self._keep_open(parent_inode_new, new)
             try:
@@ -1216,7 +1008,7 @@ class ZvfsOperations(pyfuse3.Operations):
                 raise
             self._names_changed(parent_inode_old, parent_inode_new)
             self._unbind(parent_inode_new, new)
-            ino = self._pop(parent_inode_old, old)
+            ino = self._inodes.pop(parent_inode_old, old)
             if ino is not None:
                 await self._move(ino, parent_inode_new, new, dst)
         await self._settle()
@@ -1228,8 +1020,8 @@ class ZvfsOperations(pyfuse3.Operations):
         ESTALE too. The node is looked up again (the view has let its listing go) and the
         kernel forgets what it keeps of the name."""
         i = ino - ROOT
-        if 0 <= i < len(self._name_at) and self._name_at[i] and ino != ROOT:
-            self._forget_in_kernel((self._parent_of[i], self._name_at[i]))
+        if 0 <= i < len(self._inodes.name_at) and self._inodes.name_at[i] and ino != ROOT:
+            self._forget_in_kernel((self._inodes.parent_of[i], self._inodes.name_at[i]))
 
     def _forget_in_kernel(self, *names: tuple[int, str]) -> None:
         """A rename that failed may have changed what its names hold all the same (S3
@@ -1240,8 +1032,8 @@ class ZvfsOperations(pyfuse3.Operations):
         stat must see it); the entries, with what the kernel keeps below them, in the
         background: the kernel holds their directories locked until the reply."""
         for parent, name in names:
-            ino = self._find(parent, name)
-            if ino is not None and self._lookups[ino - ROOT] > 0:
+            ino = self._inodes.find(parent, name)
+            if ino is not None and self._inodes.lookups[ino - ROOT] > 0:
                 self._stale.add(ino)
                 with contextlib.suppress(OSError):  # the kernel forgot it already
                     pyfuse3.invalidate_inode(ino, attr_only=True)
@@ -1267,10 +1059,10 @@ class ZvfsOperations(pyfuse3.Operations):
         Not for an unlink: there the open told ESTALE finds no name when the kernel looks
         again (ENOENT, as a moment later), and keeping the file open cost `rm -r` of 5,000
         files 15% (2.63 s against 2.28)."""
-        ino = self._find(parent, name)
-        if ino is None or self._lookups[ino - ROOT] <= 0 or ino in self._writing:
+        ino = self._inodes.find(parent, name)
+        if ino is None or self._inodes.lookups[ino - ROOT] <= 0 or ino in self._writing:
             return None
-        node = self._node_at[ino - ROOT]
+        node = self._inodes.node_at[ino - ROOT]
         if not isinstance(node, FileNode) or (kept := await node.lasting_reader()) is None:
             return None
         self._let_go(ino)
@@ -1289,29 +1081,29 @@ class ZvfsOperations(pyfuse3.Operations):
         """The inode table after ``ino`` was renamed to ``new`` under ``parent_inode_new``."""
         # the number moves with the entry (the kernel moved its dentry), and so do the names
         # below it, which hang from it
-        self._ino_of.setdefault(parent_inode_new, {})[new] = ino
+        self._inodes.ino_of.setdefault(parent_inode_new, {})[new] = ino
         if self._numbering:
             self._bound_meanwhile(parent_inode_new, new)
-        self._parent_of[ino - ROOT], self._name_at[ino - ROOT] = parent_inode_new, new
+        self._inodes.parent_of[ino - ROOT], self._inodes.name_at[ino - ROOT] = parent_inode_new, new
         moved = await dst.lookup(new)
         if moved is not None:
-            self._node_at[ino - ROOT] = moved
+            self._inodes.node_at[ino - ROOT] = moved
         # a node below a moved directory names its old key: each one the kernel still knows
         # is made anew from its new parent (the kernel keeps their entries, and asks by them)
         below = [(ino, moved)]
         while below:
             parent, parent_node = below.pop()
-            for i in self._bound_children(parent):
-                if self._lookups[i - ROOT] <= 0:
-                    self._node_at[i - ROOT] = None
+            for i in self._inodes.bound_children(parent):
+                if self._inodes.lookups[i - ROOT] <= 0:
+                    self._inodes.node_at[i - ROOT] = None
                     continue
                 node = None
                 if isinstance(parent_node, DirNode):
                     try:
-                        node = await parent_node.lookup(self._name_at[i - ROOT])
+                        node = await parent_node.lookup(self._inodes.name_at[i - ROOT])
                     except NodeError:
                         node = None
-                self._node_at[i - ROOT] = node
+                self._inodes.node_at[i - ROOT] = node
                 below.append((i, node))
 
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx):  # type: ignore[no-untyped-def,override]
@@ -1321,7 +1113,7 @@ class ZvfsOperations(pyfuse3.Operations):
         parent = self._dir(new_parent_inode)
         if not isinstance(node, FileNode):
             raise pyfuse3.FUSEError(errno.EPERM)
-        made = await self._call(lambda: f"link {self._child_path(new_parent_inode, sname)}", parent.link(node, sname))
+        made = await self._call(lambda: f"link {self._inodes.child_path(new_parent_inode, sname)}", parent.link(node, sname))
         self._names_changed(new_parent_inode)
         self._unbind(new_parent_inode, sname)
         await self._settle()
@@ -1343,7 +1135,7 @@ class ZvfsOperations(pyfuse3.Operations):
         self._counters.add("fuse_ops_create")
         sname = os.fsdecode(name)
         parent = self._dir(parent_inode)
-        what = functools.partial(self._child_path, parent_inode, sname)
+        what = functools.partial(self._inodes.child_path, parent_inode, sname)
         node, handle = await self._call(lambda: f"mknod {what()}", parent.create(sname, True))
         try:
             await self._call(lambda: f"mknod {what()}", handle.flush())
@@ -1366,16 +1158,16 @@ class ZvfsOperations(pyfuse3.Operations):
         if ino not in self._stale:
             return self._node(ino)
         i = ino - ROOT
-        parent = await self._fresh(self._parent_of[i])
+        parent = await self._fresh(self._inodes.parent_of[i])
         node: Node | None = None
         if isinstance(parent, DirNode):
             try:
-                node = await parent.lookup(self._name_at[i])
+                node = await parent.lookup(self._inodes.name_at[i])
             except NodeError:
                 node = None
         self._stale.discard(ino)
-        if self._lookups[i] > 0:
-            self._node_at[i] = node  # None: gone from the views, ENOENT from now on
+        if self._inodes.lookups[i] > 0:
+            self._inodes.node_at[i] = node  # None: gone from the views, ENOENT from now on
         if node is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         return node
@@ -1410,10 +1202,10 @@ class ZvfsOperations(pyfuse3.Operations):
 
     def _unbind(self, parent: int, name: str) -> None:
         """The entry ``name`` is gone or replaced: a new one there gets a new inode number."""
-        ino = self._pop(parent, name)
+        ino = self._inodes.pop(parent, name)
         if ino is not None:
             self._page_epochs.pop(ino, None)
-            node = self._node_at[ino - ROOT]
+            node = self._inodes.node_at[ino - ROOT]
             if node is not None:
                 node.detach()
             self._detach(ino)
@@ -1423,7 +1215,7 @@ class ZvfsOperations(pyfuse3.Operations):
     def changed(self) -> None:
         """A write through the mount changed the store: drop the kernel's caches of the
         derived files (soon after, once per burst of writes, off the trio thread)."""
-        if 1 not in self._derived:
+        if 1 not in self._inodes.derived:
             return
         if self._invalidating:
             self._invalidate_again = True
@@ -1455,14 +1247,14 @@ class ZvfsOperations(pyfuse3.Operations):
         try:
             while True:
                 self._invalidate_again = False
-                inodes = [i + ROOT for i in itertools.compress(range(len(self._derived)), self._derived)
-                          if self._lookups[i]]
+                inodes = [i + ROOT for i in itertools.compress(range(len(self._inodes.derived)), self._inodes.derived)
+                          if self._inodes.lookups[i]]
                 tops = [i for i in inodes if self._view_top(i)]
                 # the tops resolve the current views themselves; the nodes below them are
                 # of the views before the write, and the kernel may keep using their numbers
                 # (an open file, a cwd, an entry it revives): each is looked up again
                 self._stale.update(set(inodes).difference(tops))
-                entries = [(self._parent(i), os.fsencode(self._name_at[i - ROOT])) for i in tops]
+                entries = [(self._parent(i), os.fsencode(self._inodes.name_at[i - ROOT])) for i in tops]
                 for ino in inodes:
                     self._page_epochs.pop(ino, None)
                 await run_abandonable(_invalidate, inodes, entries)
