@@ -111,6 +111,11 @@ class InodeTable:
                 return first + i
         return None
 
+    def bind(self, parent: int, name: str, ino: int) -> None:
+        """Bind ``name`` under ``parent`` to ``ino`` on its own, not in a run (a lookup, a
+        create or a rename met it)."""
+        self.ino_of.setdefault(parent, {})[name] = ino
+
     def pop(self, parent: int, name: str) -> int | None:
         """Unbind ``name`` under ``parent``: its inode, or None if it had none."""
         self.unbinds += 1

@@ -4,8 +4,8 @@ This layer knows nodes (directories with lookup/children, files with size and
 read), never formats or stores. Its concurrency rules, all on the trio thread:
 
 - An inode number (the table: :mod:`zvfs.fs.inodes`) is assigned per (parent
-  inode, name) the first time that name is looked up, and never changed while the name is bound, so ``stat``
-  twice gives one ``st_ino``. ``forget`` drops the node object when the
+  inode, name) the first time that name is looked up, and never changed while
+  the name is bound, so ``stat`` twice gives one ``st_ino``. ``forget`` drops the node object when the
   kernel's lookup count reaches zero; a later lookup makes a fresh node
   under the same number. A number whose name was removed or replaced through
   the mount is dealt out again once the kernel has forgotten it (and no
@@ -181,7 +181,7 @@ class ZvfsOperations(pyfuse3.Operations):
         self._owner = owner or Ownership()
         ctx.counters.reading("inodes", self._inodes.in_use)
 
-    # -- inode table ---------------------------------------------------------
+    # -- numbers, nodes and entries (the table itself: zvfs.fs.inodes) --------
 
     def _node(self, ino: int) -> Node:
         node = self._inodes.known(ino)
@@ -194,7 +194,7 @@ class ZvfsOperations(pyfuse3.Operations):
         ino = self._inodes.find(parent, name)
         if ino is None:
             ino = self._inodes.new(parent, name, node)
-            self._inodes.ino_of.setdefault(parent, {})[name] = ino
+            self._inodes.bind(parent, name, ino)
             if self._numbering:
                 self._bound_meanwhile(parent, name)
         else:
@@ -273,9 +273,9 @@ class ZvfsOperations(pyfuse3.Operations):
         first = 0
         self._inodes.release_quarantine()
         if new and len(new) <= len(self._inodes.free):
-            bound = self._inodes.ino_of.setdefault(parent, {})
             for name in new:
-                reused[name] = bound[name] = self._inodes.new(parent, name, None)
+                reused[name] = ino = self._inodes.new(parent, name, None)
+                self._inodes.bind(parent, name, ino)
         elif new:
             first = self._inodes.new_run(parent, new)
         if not new:
@@ -1081,7 +1081,7 @@ class ZvfsOperations(pyfuse3.Operations):
         """The inode table after ``ino`` was renamed to ``new`` under ``parent_inode_new``."""
         # the number moves with the entry (the kernel moved its dentry), and so do the names
         # below it, which hang from it
-        self._inodes.ino_of.setdefault(parent_inode_new, {})[new] = ino
+        self._inodes.bind(parent_inode_new, new, ino)
         if self._numbering:
             self._bound_meanwhile(parent_inode_new, new)
         self._inodes.parent_of[ino - ROOT], self._inodes.name_at[ino - ROOT] = parent_inode_new, new
