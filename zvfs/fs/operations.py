@@ -132,9 +132,8 @@ class ZvfsOperations(pyfuse3.Operations):
         self._log_once = ctx.log_once
         self._usage = usage
         self._root = root
-        self._derived_prefixes = tuple(derived)
         #: every number the mount dealt out, its name, parent and node (zvfs.fs.inodes)
-        self._inodes = InodeTable(root, self._derived_prefixes, self._oldest_listing)
+        self._inodes = InodeTable(root, derived, self._oldest_listing)
         #: inode -> its opens for writing, newest last: their size is the file's, whatever
         #: became of its name (renamed, unlinked or replaced while open, as in POSIX)
         self._writing: dict[int, list[FileHandle]] = {}
@@ -534,7 +533,7 @@ class ZvfsOperations(pyfuse3.Operations):
         """Whether ``ino`` is a top of the derived views (a directory right below a derived
         prefix): it resolves the current views itself, where the nodes below it are of the
         views it had when they were looked up."""
-        return self._inodes.path(self._parent(ino)).rstrip("/") + "/" in self._derived_prefixes
+        return self._inodes.path(self._parent(ino)).rstrip("/") + "/" in self._inodes.derived_prefixes
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for ino, n in inode_list:
