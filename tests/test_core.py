@@ -1099,39 +1099,6 @@ def test_no_handler_lets_out_anything_but_fuse_error(tmp_path):
     trio.run(main)
 
 
-def test_write_replies_waiting_for_an_invalidation_are_bounded(tmp_path):
-    """A write's reply waits for the kernel to drop its caches of the derived files, but at
-    most MAX_SETTLING replies wait at once: each holds one of pyfuse3's session tasks, and
-    the invalidation may wait for a read that only a free task can take. The rest reply at
-    once and are counted; all the waiters go once the invalidation is done."""
-    from zvfs.daemon import MAX_SESSION_TASKS
-    from zvfs.fs.operations import MAX_SETTLING
-
-    assert MAX_SETTLING * 2 <= MAX_SESSION_TASKS
-    ctx = MountContext(store=DirectoryStore(tmp_path))
-    ops = ZvfsOperations(StaticDir({}), ctx)
-    done: list[int] = []
-
-    async def reply(i: int) -> None:
-        await ops._settle()
-        done.append(i)
-
-    async def main() -> None:
-        ops._settled = trio.Event()  # an invalidation under way
-        async with trio.open_nursery() as nursery:
-            for i in range(MAX_SETTLING + 20):
-                nursery.start_soon(reply, i)
-            await trio.testing.wait_all_tasks_blocked()
-            # 20 replied at once (which 20 is trio's choice: it runs a batch in either order)
-            assert len(done) == 20 and ops._settling == MAX_SETTLING
-            assert ctx.counters.snapshot()["settle_skipped"] == 20
-            ops._settled.set()
-        assert sorted(done) == list(range(MAX_SETTLING + 20)) and ops._settling == 0
-        await ops._settle()  # nothing under way: no wait
-
-    trio.run(main)
-
-
 def test_inode_numbers_from_listings_and_lookups_agree_and_stay(tmp_path):
     """A directory's names are numbered in one run at its first listing; a name looked up
     before, or added after, keeps its own number; a removed name's number never comes back,

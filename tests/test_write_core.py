@@ -123,7 +123,7 @@ def test_a_slow_create_of_the_multipart_upload_does_not_hold_up_the_writer(s3):
 
     store, client, bucket, _ = s3
     creating, release = threading.Event(), threading.Event()
-    request = store._request
+    request = store.request
 
     def held(key, op, fn):
         if op == "CreateMultipartUpload":
@@ -131,7 +131,7 @@ def test_a_slow_create_of_the_multipart_upload_does_not_hold_up_the_writer(s3):
             assert release.wait(30)
         return request(key, op, fn)
 
-    store._request = held
+    store.request = held
     data = os.urandom(12 * MiB)
     w = store.open_writer("slow", truncate=True, create=True)
     w.write(0, data[:11 * MiB])

@@ -18,15 +18,9 @@ read), never formats or stores. Its concurrency rules, all on the trio thread:
   node is kept only for what the kernel holds (looked up, or sent by readdir).
 - A file handle is a number of its own per open: it holds the node, and for an
   open with write flags the node's write handle (reads through it see what was
-  written through it). Writes go only to nodes that say ``writable``; every
-  other node answers EROFS, as does the whole tree of a read-only mount.
-- unlink, rmdir and a rename that replaces unbind the old name, so a new entry
-  of that name gets another inode; a rename moves the number with the entry.
-- After a write through the mount, the kernel's caches of the *derived* files
-  (paths below ``derived``, the decoded views) are dropped: their pages and
-  attributes, and their directory entries, so new arrays are found at once.
-  One pass in a thread serves a burst of writes, and every write op replies
-  only after it: the writer's next read of a view never meets the old bytes.
+  written through it). The requests that write are :mod:`zvfs.fs.writing`'s,
+  mixed in here; after each, the kernel's caches of the *derived* files (paths
+  below ``derived``, the decoded views) are dropped (:mod:`zvfs.fs.derived`).
 - The kernel's page cache of a file is kept across opens (``keep_cache``) when
   its data is immutable, or while the node's ``version()`` is the one the cached
   pages were read under and that was less than the metadata TTL ago; otherwise
@@ -44,22 +38,22 @@ import inspect
 import itertools
 import logging
 import os
-import stat
 import time
 from array import array
 from bisect import bisect_left
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import trio
 
+from zvfs.fs.derived import DerivedCaches, Targets, invalidate
 from zvfs.fs.fuse import pyfuse3
 from zvfs.fs.inodes import ROOT, InodeTable
 from zvfs.fs.ownership import Ownership
 from zvfs.fs.push import PUSH_MAX, PagePush
+from zvfs.fs.writing import WritingOperations
 from zvfs.views.context import MountContext
 from zvfs.views.node import DirNode, FileHandle, FileNode, LazyEntries, Node, NodeError
 from zvfs.workers import current_flow, run_abandonable
@@ -72,12 +66,8 @@ NAME_MAX = 255
 #: errnos that answer what the application asked (logged at info), not a failure to serve it
 _REFUSALS = frozenset({errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR, errno.EROFS,
                        errno.ENAMETOOLONG, errno.EXDEV, errno.ESTALE})
-_RENAME_NOREPLACE = 1  # renameat2(2); its other flags (EXCHANGE, WHITEOUT) are refused
 #: free space a writable store with no bound of its own (S3) reports to df and cp
 _UNBOUNDED_FREE = 1 << 50
-#: files kept open for the kernel's opens of names renamed over (see _keep_open):
-#: the kernel forgets such an inode as soon as nothing holds it, so few are kept at once
-KEPT_OPEN = 64
 
 
 def _writes(flags: int) -> bool:
@@ -110,7 +100,7 @@ class _Open:
     handle: FileHandle | None = None
 
 
-class ZvfsOperations(pyfuse3.Operations):
+class ZvfsOperations(WritingOperations, pyfuse3.Operations):
     """The file system over ``root``, for the mount whose context is ``ctx``: its counters and
     log-once, and its metadata TTL (None: indefinite, the data is immutable)."""
 
@@ -168,15 +158,11 @@ class ZvfsOperations(pyfuse3.Operations):
         self._open_count: dict[int, int] = {}
         #: the kernel's page cache, stored into through the FUSE device (set once mounted)
         self.pages: PagePush | None = None
-        self._invalidating = False
-        self._invalidate_again = False
         #: derived inodes whose node is of the views before a write: looked up again from
         #: their parent at their next use (see _fresh)
         self._stale: set[int] = set()
-        #: set when the kernel's caches of the derived files hold no write's old bytes
-        self._settled = trio.Event()
-        self._settled.set()
-        self._settling = 0  # replies waiting in _settle
+        #: when the kernel's caches of the derived files are dropped after a write
+        self._derived = DerivedCaches(ctx.counters, self._derived_targets)
         self._owner = owner or Ownership()
         ctx.counters.reading("inodes", self._inodes.in_use)
 
@@ -187,6 +173,10 @@ class ZvfsOperations(pyfuse3.Operations):
         if node is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         return node
+
+    def _parent(self, ino: int) -> int:
+        i = ino - ROOT
+        return self._inodes.parent_of[i] if 0 < i < len(self._inodes.parent_of) else ROOT
 
     def _remember(self, parent: int, name: str, node: Node, count: bool = True) -> int:
         """Inode for ``name`` under ``parent``: the same number every time."""
@@ -730,7 +720,7 @@ class ZvfsOperations(pyfuse3.Operations):
             before = self._page_epochs.get(inode)
             keep = self._keep_pages(inode, node)
         fh = next(self._next_fh)
-        self._opened(fh, _Open(inode, node, handle))
+        self._opened(fh, inode, node, handle)
         # a reader whose bytes are not what the kernel knows of the inode (the key was
         # replaced since the kernel's lookup, or since an earlier open whose pages another
         # reader may still be filling) reads past the kernel's cache and size: uncut,
@@ -809,8 +799,9 @@ class ZvfsOperations(pyfuse3.Operations):
         if data is not None and self.pages.push(inode, data):
             self._counters.add("fuse_opens_pushed")
 
-    def _opened(self, fh: int, f: _Open) -> None:
-        self._files[fh] = f
+    def _opened(self, fh: int, ino: int, node: FileNode, handle: FileHandle | None) -> None:
+        """``fh`` is an open of ``ino`` reading ``node``, writing through ``handle`` if set."""
+        self._files[fh] = f = _Open(ino, node, handle)
         self._open_count[f.ino] = self._open_count.get(f.ino, 0) + 1
         if f.handle is not None:
             self._writing.setdefault(f.ino, []).append(f.handle)
@@ -877,140 +868,7 @@ class ZvfsOperations(pyfuse3.Operations):
     # getxattr/listxattr are left to pyfuse3's ENOSYS on purpose: the kernel then stops
     # asking, where ENODATA would cost `ls -l` two daemon round trips per file
 
-    # -- everything that writes ---------------------------------------------
-
-    def _handle(self, fh: int) -> FileHandle:
-        f = self._files.get(fh)
-        if f is None or f.handle is None:
-            raise pyfuse3.FUSEError(errno.EBADF)
-        return f.handle
-
-    def _dir(self, inode: int) -> DirNode:
-        node = self._node(inode)
-        if not isinstance(node, DirNode):
-            raise pyfuse3.FUSEError(errno.ENOTDIR)
-        return node
-
-    def _parent(self, ino: int) -> int:
-        i = ino - ROOT
-        return self._inodes.parent_of[i] if 0 < i < len(self._inodes.parent_of) else ROOT
-
-    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx):  # type: ignore[no-untyped-def,override]
-        self._counters.add("fuse_ops_create")
-        sname = os.fsdecode(name)
-        parent = self._dir(parent_inode)
-        node, handle = await self._call(lambda: f"create {self._inodes.child_path(parent_inode, sname)}",
-                                        parent.create(sname, bool(flags & os.O_EXCL)))
-        handle.appending = bool(flags & os.O_APPEND)
-        self._names_changed(parent_inode)
-        self._unbind(parent_inode, sname)
-        ino = self._remember(parent_inode, sname, node)
-        fh = next(self._next_fh)
-        self._opened(fh, _Open(ino, node, handle))
-        await self._settle()
-        return pyfuse3.FileInfo(fh=fh, direct_io=handle.direct_io), self._attrs(ino, node)
-
-    async def write(self, fh: int, off: int, buf: bytes) -> int:
-        self._counters.add("fuse_ops_write")
-        f = self._files.get(fh)
-        handle = self._handle(fh)
-        return await self._call(lambda: f"write {self._inodes.path(f.ino) if f else fh}", handle.write(off, buf))
-
-    async def flush(self, fh: int) -> None:
-        """close(): a write that could not be stored is the application's error here.
-
-        A read-only mount has nothing to flush: ENOSYS tells the kernel so, and it sends no
-        flush again on this mount, which takes a round trip to the daemon off every close()."""
-        self._counters.add("fuse_ops_flush")
-        if not self._root.writable:
-            raise pyfuse3.FUSEError(errno.ENOSYS)
-        f = self._files.get(fh)
-        if f is None or f.handle is None:
-            return
-        await self._call(lambda: f"flush {self._inodes.path(f.ino)}", f.handle.flush())
-        self._inodes.told[f.ino - ROOT] = f.handle.size  # the kernel's size: what was written through it
-        await self._settle()
-
-    async def fsync(self, fh: int, datasync: bool) -> None:
-        self._counters.add("fuse_ops_fsync")
-        f = self._files.get(fh)
-        if f is None:
-            return
-        if f.handle is None:  # an open for reading: a local file reports its write-back errors
-            await self._call(lambda: f"fsync {self._inodes.path(f.ino)}", f.node.sync())
-            return
-        await self._call(lambda: f"fsync {self._inodes.path(f.ino)}", f.handle.flush(durable=True))
-        await self._settle()
-
-    async def setattr(self, inode: int, attr, fields, fh, ctx):  # type: ignore[no-untyped-def,override]
-        self._counters.add("fuse_ops_setattr")
-        node = self._node(inode)
-        path = self._inodes.path(inode)
-        if not node.writable:
-            raise pyfuse3.FUSEError(errno.EROFS)
-        if fields.update_size:
-            if not isinstance(node, FileNode):
-                raise pyfuse3.FUSEError(errno.EISDIR)
-            f = self._files.get(fh) if fh is not None else None
-            if f is not None and f.handle is not None:
-                await self._call(f"truncate {path}", f.handle.truncate(attr.st_size))
-            else:
-                await self._call(f"truncate {path}", node.set_size(attr.st_size))
-        if fields.update_mtime:
-            await self._call(f"utimens {path}", node.set_mtime_ns(attr.st_mtime_ns))
-        # mode, owner and atime are the mount's, not the store's: accepted and not kept
-        await self._settle()
-        return self._attrs(inode, node)
-
-    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx):  # type: ignore[no-untyped-def,override]
-        self._counters.add("fuse_ops_mkdir")
-        sname = os.fsdecode(name)
-        parent = self._dir(parent_inode)
-        node = await self._call(lambda: f"mkdir {self._inodes.child_path(parent_inode, sname)}", parent.mkdir(sname))
-        self._names_changed(parent_inode)
-        self._unbind(parent_inode, sname)
-        await self._settle()
-        return self._attrs(self._remember(parent_inode, sname, node), node)
-
-    async def unlink(self, parent_inode: int, name: bytes, ctx) -> None:  # type: ignore[override]
-        await self._remove("unlink", parent_inode, os.fsdecode(name))
-
-    async def rmdir(self, parent_inode: int, name: bytes, ctx) -> None:  # type: ignore[override]
-        await self._remove("rmdir", parent_inode, os.fsdecode(name))
-
-    async def _remove(self, op: str, parent_inode: int, name: str) -> None:
-        self._counters.add(f"fuse_ops_{op}")
-        parent = self._dir(parent_inode)
-        remove = parent.unlink if op == "unlink" else parent.rmdir
-        async with self._changing_names((parent_inode, name)):
-            await self._call(lambda: f"{op} {self._inodes.child_path(parent_inode, name)}", remove(name))
-            self._names_changed(parent_inode)
-            self._unbind(parent_inode, name)
-        await self._settle()
-
-    async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,  # type: ignore[override]
-                     name_new: bytes, flags: int, ctx) -> None:
-        self._counters.add("fuse_ops_rename")
-        if flags & ~_RENAME_NOREPLACE:  # EXCHANGE, WHITEOUT (overlayfs'): no store has them
-            raise pyfuse3.FUSEError(errno.EINVAL)
-        old, new = os.fsdecode(name_old), os.fsdecode(name_new)
-        src, dst = self._dir(parent_inode_old), self._dir(parent_inode_new)
-        what = f"rename {self._inodes.child_path(parent_inode_old, old)} -> {self._inodes.child_path(parent_inode_new, new)}"
-        async with self._changing_names((parent_inode_old, old), (parent_inode_new, new)):
-            kept = None if flags & _RENAME_NOREPLACE else await self._keep_open(parent_inode_new, new)
-            try:
-                await self._call(what, src.rename(old, dst, new, not flags & _RENAME_NOREPLACE))
-            except BaseException as exc:
-                self._let_go(kept)
-                if isinstance(exc, pyfuse3.FUSEError):
-                    self._forget_in_kernel((parent_inode_old, old), (parent_inode_new, new))
-                raise
-            self._names_changed(parent_inode_old, parent_inode_new)
-            self._unbind(parent_inode_new, new)
-            ino = self._inodes.pop(parent_inode_old, old)
-            if ino is not None:
-                await self._move(ino, parent_inode_new, new, dst)
-        await self._settle()
+    # -- the names a write changes, and what the kernel keeps of them ---------
 
     def _read_stale(self, ino: int) -> None:
         """A read found what the file's node stands for changed behind the mount (an S3
@@ -1040,113 +898,11 @@ class ZvfsOperations(pyfuse3.Operations):
 
         async def drop_entries() -> None:
             try:
-                await run_abandonable(_invalidate, [], entries)
+                await run_abandonable(invalidate, [], entries)
             except Exception as exc:  # noqa: BLE001 - a system task's error would end the mount
                 log.debug("dropping the kernel's entries after a failed rename: %s", exc)
 
         trio.lowlevel.spawn_system_task(drop_entries)
-
-    async def _keep_open(self, parent: int, name: str) -> int | None:
-        """Open the file ``name`` names now, if the kernel knows it, before a rename over
-        it: the kernel may have looked the name up just before, and send its open just
-        after. On a local file system that open reads the file it found; here it was told
-        ESTALE, and the kernel looked the name up once more, so a reader of a name renamed
-        over again and again got ESTALE itself (1 read in 928, under load). Kept only where
-        a reader outlives the name (a local file's descriptor), until the kernel forgets the
-        inode (at most KEPT_OPEN). Returns the inode kept.
-
-        Not for an unlink: there the open told ESTALE finds no name when the kernel looks
-        again (ENOENT, as a moment later), and keeping the file open cost `rm -r` of 5,000
-        files 15% (2.63 s against 2.28)."""
-        ino = self._inodes.find(parent, name)
-        if ino is None or self._inodes.lookups[ino - ROOT] <= 0 or ino in self._writing:
-            return None
-        node = self._inodes.node_at[ino - ROOT]
-        if not isinstance(node, FileNode) or (kept := await node.lasting_reader()) is None:
-            return None
-        self._let_go(ino)
-        self._kept[ino] = kept
-        while len(self._kept) > KEPT_OPEN:
-            self._kept.popitem(last=False)[1].released()
-        return ino
-
-    def _let_go(self, ino: int | None) -> None:
-        """Close what _keep_open kept of ``ino`` (the kernel forgot it, or the rename
-        failed)."""
-        if ino is not None and (kept := self._kept.pop(ino, None)) is not None:
-            kept.released()
-
-    async def _move(self, ino: int, parent_inode_new: int, new: str, dst: DirNode) -> None:
-        """The inode table after ``ino`` was renamed to ``new`` under ``parent_inode_new``."""
-        # the number moves with the entry (the kernel moved its dentry), and so do the names
-        # below it, which hang from it
-        self._inodes.bind(parent_inode_new, new, ino)
-        if self._numbering:
-            self._bound_meanwhile(parent_inode_new, new)
-        self._inodes.parent_of[ino - ROOT], self._inodes.name_at[ino - ROOT] = parent_inode_new, new
-        moved = await dst.lookup(new)
-        if moved is not None:
-            self._inodes.node_at[ino - ROOT] = moved
-        # a node below a moved directory names its old key: each one the kernel still knows
-        # is made anew from its new parent (the kernel keeps their entries, and asks by them)
-        below = [(ino, moved)]
-        while below:
-            parent, parent_node = below.pop()
-            for i in self._inodes.bound_children(parent):
-                if self._inodes.lookups[i - ROOT] <= 0:
-                    self._inodes.node_at[i - ROOT] = None
-                    continue
-                node = None
-                if isinstance(parent_node, DirNode):
-                    try:
-                        node = await parent_node.lookup(self._inodes.name_at[i - ROOT])
-                    except NodeError:
-                        node = None
-                self._inodes.node_at[i - ROOT] = node
-                below.append((i, node))
-
-    async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx):  # type: ignore[no-untyped-def,override]
-        self._counters.add("fuse_ops_link")
-        sname = os.fsdecode(new_name)
-        node = self._node(inode)
-        parent = self._dir(new_parent_inode)
-        if not isinstance(node, FileNode):
-            raise pyfuse3.FUSEError(errno.EPERM)
-        made = await self._call(lambda: f"link {self._inodes.child_path(new_parent_inode, sname)}", parent.link(node, sname))
-        self._names_changed(new_parent_inode)
-        self._unbind(new_parent_inode, sname)
-        await self._settle()
-        return self._attrs(self._remember(new_parent_inode, sname, made), made)
-
-    async def symlink(self, *args: object, **kwargs: object) -> None:
-        raise pyfuse3.FUSEError(errno.EPERM if self._root.writable else errno.EROFS)
-
-    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int,  # type: ignore[override]
-                    ctx) -> pyfuse3.EntryAttributes:
-        """mknod of a regular file is a create closed at once, an empty file (GNU tar makes
-        each file so before it opens it when the archive holds extended attributes,
-        `tar --xattrs -x`, which failed on every file with EPERM). A FIFO, a socket or a
-        device has no key to be: EPERM."""
-        if not self._root.writable:
-            raise pyfuse3.FUSEError(errno.EROFS)
-        if not stat.S_ISREG(mode):
-            raise pyfuse3.FUSEError(errno.EPERM)
-        self._counters.add("fuse_ops_create")
-        sname = os.fsdecode(name)
-        parent = self._dir(parent_inode)
-        what = functools.partial(self._inodes.child_path, parent_inode, sname)
-        node, handle = await self._call(lambda: f"mknod {what()}", parent.create(sname, True))
-        try:
-            await self._call(lambda: f"mknod {what()}", handle.flush())
-        finally:
-            with contextlib.suppress(pyfuse3.FUSEError):  # logged; the file is made or not
-                await self._call(lambda: f"release {what()}", handle.release())
-            self._names_changed(parent_inode)
-            self._unbind(parent_inode, sname)
-        # numbered once stored: a failed mknod leaves the kernel no entry to forget
-        ino = self._remember(parent_inode, sname, node)
-        await self._settle()
-        return self._attrs(ino, node)
 
     async def _fresh(self, ino: int) -> Node:
         """``ino``'s node; a derived one made before a write is looked up again from its
@@ -1171,29 +927,6 @@ class ZvfsOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOENT)
         return node
 
-    @asynccontextmanager
-    async def _changing_names(self, *names: tuple[int, str]) -> AsyncIterator[None]:
-        """While the store changes what ``names`` name and the table follows it.
-
-        The kernel locks a directory for a rename or removal in it, but not against an
-        open of a file it has looked up, nor a lookup that revalidates a cached entry. An
-        open during a rename over its name opened the new file under the old inode number,
-        whose size the kernel had from the old one: its reads and its fstat disagreed
-        (direct_io kept the bytes whole). Now such an open waits, is told ESTALE, and the
-        kernel looks the name up again."""
-        names = tuple(dict.fromkeys(names))  # a rename onto itself names one name twice
-        for name in names:
-            await self._changed(*name)
-        done = trio.Event()
-        for name in names:
-            self._changing[name] = done
-        try:
-            yield
-        finally:
-            for name in names:
-                del self._changing[name]
-            done.set()
-
     async def _changed(self, parent: int, name: str) -> None:
         """Return once no rename or removal of ``name`` under ``parent`` is under way."""
         while (changing := self._changing.get((parent, name))) is not None:
@@ -1209,59 +942,27 @@ class ZvfsOperations(pyfuse3.Operations):
                 node.detach()
             self._detach(ino)
 
-    # -- keeping the kernel's caches of derived files true ---------------------
+    # -- keeping the kernel's caches of derived files true (zvfs.fs.derived) --
 
     def changed(self) -> None:
-        """A write through the mount changed the store: drop the kernel's caches of the
-        derived files (soon after, once per burst of writes, off the trio thread)."""
-        if 1 not in self._inodes.derived:
-            return
-        if self._invalidating:
-            self._invalidate_again = True
-            return
-        self._invalidating = True
-        self._settled = trio.Event()
-        trio.lowlevel.spawn_system_task(self._invalidate_derived)
+        """A write through the mount changed the store: the kernel's caches of the derived
+        files are dropped soon, once per burst of writes, if it holds any."""
+        if 1 in self._inodes.derived:
+            self._derived.changed()
 
-    async def _settle(self) -> None:
-        """Wait until the kernel has dropped its caches of the derived files: a write's reply
-        comes after, so the application that wrote reads the new views at once.
-
-        At most MAX_SETTLING replies wait: each holds a session task, and the kernel's
-        invalidation can itself wait for a read of a derived file (its pages are locked
-        meanwhile) that only a free session task takes from /dev/fuse. The replies past
-        that go at once (counted as ``settle_skipped``); the invalidation follows soon."""
-        if self._settled.is_set():
-            return
-        if self._settling >= MAX_SETTLING:
-            self._counters.add("settle_skipped")
-            return
-        self._settling += 1
-        try:
-            await self._settled.wait()
-        finally:
-            self._settling -= 1
-
-    async def _invalidate_derived(self) -> None:
-        try:
-            while True:
-                self._invalidate_again = False
-                inodes = [i + ROOT for i in itertools.compress(range(len(self._inodes.derived)), self._inodes.derived)
-                          if self._inodes.lookups[i]]
-                tops = [i for i in inodes if self._view_top(i)]
-                # the tops resolve the current views themselves; the nodes below them are
-                # of the views before the write, and the kernel may keep using their numbers
-                # (an open file, a cwd, an entry it revives): each is looked up again
-                self._stale.update(set(inodes).difference(tops))
-                entries = [(self._parent(i), os.fsencode(self._inodes.name_at[i - ROOT])) for i in tops]
-                for ino in inodes:
-                    self._page_epochs.pop(ino, None)
-                await run_abandonable(_invalidate, inodes, entries)
-                if not self._invalidate_again:
-                    return
-        finally:
-            self._invalidating = False
-            self._settled.set()
+    def _derived_targets(self) -> Targets:
+        """What one pass drops: the pages and attributes of every derived inode the kernel
+        holds, and the entries of the tops of the views. The tops resolve the current views
+        themselves; the nodes below them are of the views before the write, and the kernel
+        may keep using their numbers (an open file, a cwd, an entry it revives): each is
+        looked up again (_fresh)."""
+        derived, lookups = self._inodes.derived, self._inodes.lookups
+        inodes = [i + ROOT for i in itertools.compress(range(len(derived)), derived) if lookups[i]]
+        tops = [i for i in inodes if self._view_top(i)]
+        self._stale.update(set(inodes).difference(tops))
+        for ino in inodes:
+            self._page_epochs.pop(ino, None)
+        return inodes, [(self._parent(i), os.fsencode(self._inodes.name_at[i - ROOT])) for i in tops]
 
 
 #: names a listing goes through between two chances for the mount's other requests
@@ -1297,30 +998,9 @@ class _Names(Sequence[str]):
 #: unsigned, but programs multiply them by the block size in signed arithmetic)
 _MAX_BLOCKS = ((1 << 63) - 1) // STATFS_BLOCK
 
-#: replies that may wait in ``_settle`` at once: well under pyfuse3's session tasks
-#: (daemon.MAX_SESSION_TASKS, 256), so some are always free to take the reads that a
-#: kernel invalidation may be waiting for
-MAX_SETTLING = 64
-
-
 def _op(what: str | Callable[[], str]) -> str:
     """The operation a ``what`` names ('lookup' of 'lookup /a/b')."""
     return (what() if callable(what) else what).split(" ", 1)[0]
-
-
-def _invalidate(inodes: list[int], entries: list[tuple[int, bytes]]) -> None:
-    """Worker thread: the kernel forgets pages and attributes of ``inodes``, and the
-    directory entries ``entries`` (with everything cached below them)."""
-    for ino in inodes:
-        try:
-            pyfuse3.invalidate_inode(ino, attr_only=False)
-        except OSError:
-            pass  # the kernel forgot it already
-    for parent, name in entries:
-        try:  # waits for a lookup in that directory to be answered (by the trio thread)
-            pyfuse3.invalidate_entry(parent, name)
-        except OSError:
-            pass  # the kernel forgot it already
 
 
 def _guarded(fn: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[object]]:
@@ -1367,6 +1047,7 @@ _WRITE_OPS = frozenset({"write", "flush", "fsync", "release", "create", "mknod",
 WRITES_FLOW = "writes"
 
 
-for _name, _fn in list(vars(ZvfsOperations).items()):
-    if hasattr(pyfuse3.Operations, _name) and inspect.iscoroutinefunction(_fn):
-        setattr(ZvfsOperations, _name, _guarded(_fn))
+for _cls in (WritingOperations, ZvfsOperations):  # the handlers zvfs defines, wherever
+    for _name, _fn in list(vars(_cls).items()):
+        if hasattr(pyfuse3.Operations, _name) and inspect.iscoroutinefunction(_fn):
+            setattr(ZvfsOperations, _name, _guarded(_fn))

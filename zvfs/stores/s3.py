@@ -682,7 +682,7 @@ class S3Store(Store):
 
     def info(self, key: str) -> KeyInfo:
         check_key(key)
-        r = self._request(key, "HeadObject", lambda c: c.head_object(Bucket=self.bucket, Key=self.prefix + key))
+        r = self.request(key, "HeadObject", lambda c: c.head_object(Bucket=self.bucket, Key=self.prefix + key))
         # checked, not trusted: a HEAD without Last-Modified (a small server's) raised
         # KeyError, so every open for writing without O_TRUNC, rename and link of it failed
         found = _key_info(r.get("ContentLength"), r.get("LastModified"), r.get("ETag"))
@@ -872,7 +872,7 @@ class S3Store(Store):
         check_key(key)
         if self.staging is None:
             raise WriteRefused(errno.EROFS, f"{key}: the mount is read-only")
-        self._fits(key)
+        self.check_key_length(key)
         found: KeyInfo | None = None
         # an exclusive create asks nothing now: its upload is conditional (If-None-Match)
         if not create or not truncate:
@@ -896,12 +896,12 @@ class S3Store(Store):
     def delete_listed(self, key: str) -> None:
         """Delete ``key`` as the store lists it, unchecked: a folder marker ("d/"), or a key
         no path can name ("d//x"), which :meth:`delete` refuses, goes with its directory."""
-        self._request(key, "DeleteObject",
+        self.request(key, "DeleteObject",
                       lambda c: c.delete_object(Bucket=self.bucket, Key=self.prefix + key))
 
     def rename(self, src: str, dst: str) -> None:
         check_key(dst)
-        self._fits(dst)
+        self.check_key_length(dst)
         copy_key(self, src, dst, self.info(src).size)
         try:
             self.delete(src)
@@ -912,14 +912,14 @@ class S3Store(Store):
     def link(self, src: str, dst: str) -> None:
         check_key(src)
         check_key(dst)
-        self._fits(dst)
+        self.check_key_length(dst)
         link_key(self, src, dst)
 
     def make_dir(self, prefix: str) -> None:
         check_prefix(prefix)  # implicit: the mount shows it until it is removed or filled
-        self._fits(prefix + "x")  # a directory that could hold no file, not even of one byte
+        self.check_key_length(prefix + "x")  # a directory that could hold no file, not even of one byte
 
-    def _fits(self, key: str) -> None:
+    def check_key_length(self, key: str) -> None:
         """Refuse (ENAMETOOLONG) a key to write that is longer than S3 takes: the upload at
         close failed after the whole file was staged (EIO, the bytes left in staging)."""
         size = len((self.prefix + key).encode("utf-8", "surrogateescape"))
@@ -930,7 +930,7 @@ class S3Store(Store):
 
     def remove_dir(self, prefix: str) -> None:
         check_prefix(prefix)
-        page = self._request(prefix, "ListObjectsV2", lambda c: c.list_objects_v2(
+        page = self.request(prefix, "ListObjectsV2", lambda c: c.list_objects_v2(
             Bucket=self.bucket, Prefix=self.prefix + prefix, MaxKeys=2))
         sizes = {o["Key"]: o.get("Size") for o in page.get("Contents", ())}
         marker = self.prefix + prefix
@@ -956,7 +956,7 @@ class S3Store(Store):
         seen: set[tuple[str, str]] = set()
         listed = 0
         while True:
-            page = self._request(where, "ListMultipartUploads",
+            page = self.request(where, "ListMultipartUploads",
                                  lambda c, a=dict(args): c.list_multipart_uploads(**a))
             for up in page.get("Uploads", ()):
                 listed += 1
@@ -987,7 +987,7 @@ class S3Store(Store):
                     args.pop(param, None)
 
     def abort_upload(self, key: str, upload_id: str) -> None:
-        self._request(key, "AbortMultipartUpload", lambda c: c.abort_multipart_upload(
+        self.request(key, "AbortMultipartUpload", lambda c: c.abort_multipart_upload(
             Bucket=self.bucket, Key=self.prefix + key, UploadId=upload_id))
 
     # -- internals ---------------------------------------------------------------------------
@@ -1020,10 +1020,10 @@ class S3Store(Store):
             page = self._probed_page() if whole and not token and marker is None else None
             if marker is not None:  # V1 knows no StartAfter: the marker is past it anyway
                 v1 = {k: v for k, v in args.items() if k != "StartAfter"}
-                page = self._request(where, "ListObjects",
+                page = self.request(where, "ListObjects",
                                      lambda c, a=dict(v1, Marker=marker): c.list_objects(**a))
             elif page is None:
-                page = self._request(where, "ListObjectsV2", lambda c, a=args: c.list_objects_v2(**a))
+                page = self.request(where, "ListObjectsV2", lambda c, a=args: c.list_objects_v2(**a))
             entries = len(page.get("Contents", ())) + len(page.get("CommonPrefixes", ()))
             listed += entries
             if listed > MAX_LISTED_KEYS:
@@ -1053,7 +1053,7 @@ class S3Store(Store):
                                  f"token {token[:40]!r} twice)")
             seen.add(token)
 
-    def _request(self, key: str, op: str, call: Callable[[Any], T]) -> T:
+    def request(self, key: str, op: str, call: Callable[[Any], T]) -> T:
         """``call(client)`` under the retry policy; failures become StoreError naming ``key``."""
         tries = Attempts(self.retry)
         refreshed = False

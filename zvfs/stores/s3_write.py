@@ -52,8 +52,8 @@ class S3Target(Protocol):
     #: the largest object a write may fetch to change part of it
     rewrite_max: int
 
-    def _request(self, key: str, op: str, call: Callable[[Any], T]) -> T: ...
-    def _fits(self, key: str) -> None: ...
+    def request(self, key: str, op: str, call: Callable[[Any], T]) -> T: ...
+    def check_key_length(self, key: str) -> None: ...
     def info(self, key: str) -> KeyInfo: ...
     def exists(self, key: str) -> bool: ...
     def get(self, key: str) -> bytes: ...
@@ -512,7 +512,7 @@ class S3Writer(KeyWriter):
             length = min(self.part_size, self._size - start)
         data = self.read(start, length)
         t0 = time.perf_counter()
-        r = self.store._request(self.key, "UploadPart", lambda c: c.upload_part(
+        r = self.store.request(self.key, "UploadPart", lambda c: c.upload_part(
             Bucket=self.store.bucket, Key=self.store.prefix + self.key, UploadId=upload_id,
             PartNumber=part + 1, Body=data))
         _count_put(self.store.counters, len(data), time.perf_counter() - t0)
@@ -583,7 +583,7 @@ class S3Writer(KeyWriter):
                 data = pread_all(self._fd, start, min(self.part_size, size - start), self.key)
                 number = len(etags) + 1
                 t0 = time.perf_counter()
-                r = self.store._request(self.key, "UploadPart", lambda c, n=number, data=data: c.upload_part(
+                r = self.store.request(self.key, "UploadPart", lambda c, n=number, data=data: c.upload_part(
                     Bucket=self.store.bucket, Key=self.store.prefix + self.key, UploadId=upload_id,
                     PartNumber=n, Body=data))
                 _count_put(self.store.counters, len(data), time.perf_counter() - t0)
@@ -624,7 +624,7 @@ class S3Writer(KeyWriter):
                                            "and appended to") from None
                     raise
 
-            r = self.store._request(self.key, "UploadPartCopy", copy)
+            r = self.store.request(self.key, "UploadPartCopy", copy)
             etags.append(str(r["CopyPartResult"]["ETag"]))
         plain = base.version is not None and "-" not in base.version
         if pieces == 1 and plain and strong_etag(etags[0]) != strong_etag(base.version):
@@ -667,7 +667,7 @@ class S3Writer(KeyWriter):
         if upload_id is None:
             return
         try:
-            self.store._request(self.key, "AbortMultipartUpload", lambda c: c.abort_multipart_upload(
+            self.store.request(self.key, "AbortMultipartUpload", lambda c: c.abort_multipart_upload(
                 Bucket=self.store.bucket, Key=self.store.prefix + self.key, UploadId=upload_id))
         except UploadGone:  # nothing is left open: no line sending the user to --abort-uploads
             log.info("%s: multipart upload %s is gone already (NoSuchUpload)", self.key, upload_id)
@@ -832,7 +832,7 @@ def copy_key(store: S3Target, src: str, dst: str, size: int) -> None:
     bucket, full_src, full_dst = store.bucket, store.prefix + src, store.prefix + dst
     source = {"Bucket": bucket, "Key": full_src}
     if size <= MAX_COPY:
-        store._request(src, "CopyObject", lambda c: c.copy_object(
+        store.request(src, "CopyObject", lambda c: c.copy_object(
             Bucket=bucket, Key=full_dst, CopySource=source))
         return
     upload_id = create_upload(store, dst)
@@ -841,13 +841,13 @@ def copy_key(store: S3Target, src: str, dst: str, size: int) -> None:
         etags = []
         for n, start in enumerate(range(0, size, step), 1):
             span = f"bytes={start}-{min(size, start + step) - 1}"
-            part = store._request(src, "UploadPartCopy", lambda c, n=n, span=span: c.upload_part_copy(
+            part = store.request(src, "UploadPartCopy", lambda c, n=n, span=span: c.upload_part_copy(
                 Bucket=bucket, Key=full_dst, UploadId=upload_id, PartNumber=n,
                 CopySource=source, CopySourceRange=span))
             etags.append(str(part["CopyPartResult"]["ETag"]))
         complete_upload(store, dst, upload_id, etags)
     except BaseException:
-        store._request(dst, "AbortMultipartUpload", lambda c: c.abort_multipart_upload(
+        store.request(dst, "AbortMultipartUpload", lambda c: c.abort_multipart_upload(
             Bucket=bucket, Key=full_dst, UploadId=upload_id))
         raise
 
@@ -862,7 +862,7 @@ def complete_upload(store: S3Target, key: str, upload_id: str, etags: list[str])
     parts (its ETag says so), the completion is taken as done."""
     parts = [{"PartNumber": n, "ETag": tag} for n, tag in enumerate(etags, 1)]
     try:
-        r = store._request(key, "CompleteMultipartUpload", lambda c: c.complete_multipart_upload(
+        r = store.request(key, "CompleteMultipartUpload", lambda c: c.complete_multipart_upload(
             Bucket=store.bucket, Key=store.prefix + key, UploadId=upload_id,
             MultipartUpload={"Parts": parts}))
     except UploadGone:
@@ -886,7 +886,7 @@ def create_upload(store: S3Target, key: str) -> str:
         return client.create_multipart_upload(Bucket=store.bucket, Key=store.prefix + key)
 
     began = time.time()
-    upload_id = str(store._request(key, "CreateMultipartUpload", create)["UploadId"])
+    upload_id = str(store.request(key, "CreateMultipartUpload", create)["UploadId"])
     if tries > 1:
         abort_lost_uploads(store, key, upload_id, began, time.time())
     return upload_id
@@ -982,7 +982,7 @@ def put_key(store: S3Target, key: str, data: bytes, if_absent: bool = False) -> 
 
     t0 = time.perf_counter()
     try:
-        store._request(key, "PutObject", put)
+        store.request(key, "PutObject", put)
     except WriteRefused as exc:
         if exc.errno == errno.EEXIST and tries > 1 and _holds(store, key, data):
             # a try served whose answer was lost (a reset, a timeout): the next one met the
@@ -994,7 +994,7 @@ def put_key(store: S3Target, key: str, data: bytes, if_absent: bool = False) -> 
         elif store.exists(key):
             raise WriteRefused(errno.EEXIST, f"{key}: exists already") from None
         else:
-            store._request(key, "PutObject", lambda c: c.put_object(**kw))
+            store.request(key, "PutObject", lambda c: c.put_object(**kw))
     _count_put(store.counters, len(data), time.perf_counter() - t0)
 
 
@@ -1017,7 +1017,7 @@ def rename_prefix(store: S3Target, src: str, dst: str) -> None:
             raise WriteRefused(errno.EXDEV, f"{src}: more than {RENAME_DIR_LIMIT} keys to rename on S3; "
                                "copy and delete them instead (mv does so by itself)")
     if keys and len(dst) > len(src):  # the longest must fit under the new name: before a copy
-        store._fits(dst + max((key for key, _ in keys), key=lambda k: len(k.encode()))[len(src):])
+        store.check_key_length(dst + max((key for key, _ in keys), key=lambda k: len(k.encode()))[len(src):])
     # every key below it moves: the folder markers ("dir/", the S3 console's, s3fs's) after
     # the files (one left behind kept the old directory listed, and a directory that was
     # only a marker did not move at all, though mv said it had), and the keys the mount
