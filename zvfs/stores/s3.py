@@ -24,7 +24,6 @@ from zvfs.stores import s3_client
 # isort: split
 import contextlib
 import errno
-import http.client
 import logging
 import os
 import re
@@ -38,14 +37,13 @@ from typing import Any, TypeVar
 import boto3
 import botocore.exceptions as bce
 import botocore.session
-import urllib3.exceptions as u3e
 from botocore import UNSIGNED
 from botocore.config import Config
 from botocore.handlers import add_expect_header
 
 from zvfs.stats import Counters
 from zvfs.stores import s3_walk
-from zvfs.stores._util import NO_DESCRIPTORS, LogOnce, check_key, check_prefix, no_descriptors_hint
+from zvfs.stores._util import LogOnce, check_key, check_prefix
 from zvfs.stores.base import (
     KeyInfo,
     KeyNotFound,
@@ -60,53 +58,38 @@ from zvfs.stores.base import (
 )
 from zvfs.stores.keys import bad_segment, is_safe_key, safe_name
 from zvfs.stores.retry import TRANSIENT_KINDS, Attempts, RetryPolicy
-from zvfs.stores.s3_wire import Upload, UploadGone, strong_etag
+from zvfs.stores.s3_errors import (
+    BAD_CREDENTIALS,
+    POLICY_REFUSALS,
+    REFUSED,
+    REQUEST_ERRORS,
+    SKEW_HINT,
+    SKEWED,
+    UNREACHABLE,
+    UNSAID_REFUSAL,
+    WRONG_REGION,
+    Overdue,
+    Refused,
+    Replaced,
+    ShortBody,
+    error_code,
+    failure,
+    fault_kind,
+    http_status,
+    request_error,
+    too_large_behind,
+)
+from zvfs.stores.s3_wire import Upload, strong_etag
 from zvfs.stores.s3_write import S3Writer, copy_key, link_key, part_way, rename_prefix
 from zvfs.stores.url import S3_BLOCK_SIZE, is_aws_endpoint
-from zvfs.stores.watchdog import AnswerTooLarge, Watchdog, watch_pools
+from zvfs.stores.watchdog import Watchdog, watch_pools
 
 log = logging.getLogger(__name__)
 
-_MISSING = {"NoSuchKey", "404", "NotFound"}
-_REFUSED = {
-    "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
-    "InvalidToken", "TokenRefreshRequired", "AllAccessDisabled", "InvalidClientTokenId",
-    "403", "Forbidden",
-}
-_WRONG_REGION = {"PermanentRedirect", "AuthorizationHeaderMalformed", "301", "IllegalLocationConstraintException"}
-_EXPIRED = {"ExpiredToken", "TokenRefreshRequired", "RequestExpired", "ExpiredTokenException"}
-#: refusals of the credentials themselves (a key deleted or deactivated, a secret or token
-#: that is wrong), not of one object: new credentials in the chain (a credentials file
-#: rewritten, a profile's keys rotated) may mend them, so the chain is read again
-_BAD_CREDENTIALS = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "InvalidClientTokenId"}
-#: a 403 without an error document (a HEAD's: S3 sends it no body), which may be either
-_UNSAID_REFUSAL = {"403", "Forbidden"}
-#: refusals of one request whose credentials S3 accepted: a policy, an ACL or a KMS key
-#: does not allow it (new credentials are not looked for: it may be one object of many)
-_POLICY_REFUSALS = {"AccessDenied", "AllAccessDisabled"}
-_THROTTLED = {"SlowDown", "Throttling", "ThrottlingException", "TooManyRequests",
-              "RequestLimitExceeded", "RequestThrottled", "ServiceUnavailable"}
-_SERVER = {"InternalError", "RequestTimeout", "BadGateway", "GatewayTimeout"}
-#: S3's answer (a 403) to a request signed with a clock 15 minutes off its own: no credential
-#: is wrong, and trying again with the same clock cannot help
-_SKEWED = "RequestTimeTooSkewed"
-#: S3's answer (a 403) to a GET of an object archived in Glacier Flexible Retrieval, Deep
-#: Archive or an Intelligent-Tiering archive tier: readable once restored, by any credentials
-_ARCHIVED = "InvalidObjectState"
-_SKEW_HINT = ("this machine's clock differs from the S3 server's by more than S3 allows (15 minutes), "
-              "and every request is signed with it: set the clock (e.g. enable NTP); the credentials are fine")
-#: what a failed request can raise: botocore's errors, and urllib3's and the socket's when a
-#: response breaks while botocore parses it
-_REQUEST_ERRORS = (bce.BotoCoreError, bce.ClientError, u3e.HTTPError, OSError)
-_UNREACHABLE = (bce.EndpointConnectionError, bce.ConnectTimeoutError, bce.ConnectionClosedError)
 #: requests that S3 answers once their work is done, however long it takes, sending blanks
 #: meanwhile to keep the connection open (a copy of gigabytes, the assembly of a multipart
 #: upload): bounded by the timeout between bytes, not cut off at the deadline
 _KEPT_ALIVE = frozenset({"CopyObject", "UploadPartCopy", "CompleteMultipartUpload"})
-#: writes that may carry a condition (If-None-Match): a refused condition means EEXIST
-_CONDITIONAL_WRITES = frozenset({"PutObject", "CompleteMultipartUpload"})
-#: the operations that store bytes: a 404 without an error document is no missing key there
-_WRITES = frozenset({"PutObject", "UploadPart", "CreateMultipartUpload", "CompleteMultipartUpload"})
 #: the operations that make an object, which take the mount's upload settings
 _MAKES_OBJECTS = frozenset({"PutObject", "CreateMultipartUpload", "CopyObject"})
 #: each upload setting (the mount option's name) as the parameter S3 takes it
@@ -131,97 +114,6 @@ FIRST_PAGE_TTL = 5.0
 #: seconds at most one try of the check at open waits: its two tries end well within the
 #: 120 s `zvfs mount` waits for a mount to be ready (cli.READY_TIMEOUT)
 PROBE_TIMEOUT_MAX = 50.0
-
-
-class _ShortBody(Exception):
-    """The body ended before its Content-Length (the server closed the connection), or a
-    range came back shorter than asked though the object goes on: resumed where it stopped."""
-
-
-class _Replaced(Exception):
-    """The answer came from another version of the object than the one asked for (its ETag
-    is not the pinned one): a server that ignores If-Match would otherwise mix two objects
-    in one read."""
-
-
-class _ExpiredCredentials(bce.BotoCoreError):
-    """The credentials the AWS chain gives are expired already (a credential_process or an
-    SSO cache that answers so): botocore refuses to sign with them, and no request is sent."""
-
-    fmt = "{msg}"
-
-
-#: what botocore raises (a RuntimeError), and logs as a warning too, for such credentials
-_STILL_EXPIRED = "refreshed credentials are still expired"
-
-
-def _request_error(exc: BaseException) -> BaseException:
-    """``exc`` as a failed request's error: botocore's RuntimeError for credentials that are
-    expired when given (before any request) reached the log bare, naming no key nor fix."""
-    if isinstance(exc, RuntimeError) and _STILL_EXPIRED in str(exc):
-        return _ExpiredCredentials(msg=str(exc))
-    return exc
-
-
-class _NotTwice(logging.Filter):
-    """Drops botocore's own warning of credentials still expired: the failed request's line
-    (naming the key and what to fix) says it, once."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return _STILL_EXPIRED not in record.getMessage()
-
-
-logging.getLogger("botocore.credentials").addFilter(_NotTwice())
-
-
-class _Overdue(TimeoutError):
-    """The answer still coming when the request's deadline passed (a server trickling it a
-    byte at a time never trips the timeout between bytes)."""
-
-    def __init__(self, deadline: float) -> None:
-        super().__init__(f"no whole answer within the {deadline:g} s deadline")
-
-
-class Refused(StoreError):
-    """S3 refused the request (a 403): its credentials, or a policy that does not allow it."""
-
-
-def fault_kind(exc: BaseException) -> str:
-    """The kind of a failed S3 request: decides retry, and labels the error counters."""
-    if isinstance(exc, _ExpiredCredentials):
-        return "expired"
-    if isinstance(exc, bce.ClientError):
-        code, status = _code(exc), _status(exc)
-        if code in _MISSING:
-            return "not_found"
-        if code in _EXPIRED:
-            return "expired"
-        if code in (_SKEWED, _ARCHIVED):
-            return "other"  # a 403, but no refused credential (the message says what to fix)
-        if code in _REFUSED or status == 403:
-            return "denied"
-        if code in _THROTTLED or status in (429, 503):
-            return "throttled"
-        if code == "NotImplemented" or status == 501:
-            # the server lacks the feature (a conditional PUT): asking again cannot help, and
-            # each create-if-absent waited out the retries' backoff (3 s) before its fallback
-            return "other"
-        if code in _SERVER or status >= 500:
-            return "server"
-        return "other"
-    if isinstance(exc, bce.FlexibleChecksumError):
-        return "checksum"
-    if isinstance(exc, bce.ReadTimeoutError | bce.ConnectTimeoutError | TimeoutError
-                  | u3e.TimeoutError):
-        return "timeout"
-    if isinstance(exc, bce.IncompleteReadError | _ShortBody) or "IncompleteRead" in str(exc):
-        return "truncated"
-    if isinstance(exc, bce.ConnectionError | bce.HTTPClientError | bce.ResponseStreamingError
-                  | ConnectionError | u3e.HTTPError):
-        return "reset"
-    if isinstance(exc, OSError):  # urllib3's protocol errors are OSErrors too
-        return "reset"
-    return "other"
 
 
 #: entries one listing may hold (a directory, or a flat listing): past it the listing fails
@@ -282,16 +174,8 @@ def _answered_range(resp: dict[str, Any]) -> tuple[int, int, int | None] | None:
         return None
     m = _CONTENT_RANGE.match(resp.get("ContentRange") or "")
     if m is None:
-        raise _ShortBody(f"a partial answer with no usable Content-Range ({resp.get('ContentRange')!r})")
+        raise ShortBody(f"a partial answer with no usable Content-Range ({resp.get('ContentRange')!r})")
     return int(m.group(1)), int(m.group(2)), None if m.group(3) == "*" else int(m.group(3))
-
-
-def _code(e: bce.ClientError) -> str:
-    return str(e.response.get("Error", {}).get("Code", ""))
-
-
-def _status(e: bce.ClientError) -> int:
-    return int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
 
 
 def _credentials_of(session: Any) -> tuple[str, str, str | None] | None:
@@ -303,7 +187,7 @@ def _credentials_of(session: Any) -> tuple[str, str, str | None] | None:
         if creds is None:
             return None
         frozen = creds.get_frozen_credentials()
-    except (bce.BotoCoreError, RuntimeError):  # RuntimeError: given expired (_request_error)
+    except (bce.BotoCoreError, RuntimeError):  # RuntimeError: given expired (request_error)
         return None
     return frozen.access_key, frozen.secret_key, frozen.token
 
@@ -501,7 +385,7 @@ class S3Store(Store):
         tried again with the new client; False when the chain gives the same ones, which
         would be refused again."""
         if self.no_sign_request or not isinstance(exc, bce.ClientError) \
-                or _code(exc) not in _BAD_CREDENTIALS | _UNSAID_REFUSAL:
+                or error_code(exc) not in BAD_CREDENTIALS | UNSAID_REFUSAL:
             return False
         refused = time.monotonic()
         with self._client_lock:
@@ -521,7 +405,7 @@ class S3Store(Store):
             if found is None or found == self._client_credentials:
                 return False
             log.warning("S3 credentials for %s were refused (%s); the credential chain gives "
-                        "other ones now: using them", self.description, _code(exc))
+                        "other ones now: using them", self.description, error_code(exc))
             self._use_session(session, found)
             return True
 
@@ -548,15 +432,15 @@ class S3Store(Store):
                     page = client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix, MaxKeys=self.page_keys)
                 except Exception as exc:
                     if watch.cut:  # it broke because it came too late
-                        raise _Overdue(deadline) from exc
+                        raise Overdue(deadline) from exc
                     raise
             if watch.cut:  # an answer cut off can parse as a whole one
-                raise _Overdue(deadline)
-        except _Overdue:
+                raise Overdue(deadline)
+        except Overdue:
             raise SourceUnavailable(f"cannot open {self.description} ({where}): the server's answer to "
                                     f"the first listing was still coming in after {deadline:g} s") from None
         except bce.ClientError as e:
-            code, status = _code(e), _status(e)
+            code, status = error_code(e), http_status(e)
             msg = e.response.get("Error", {}).get("Message", "")
             headers = e.response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
             if (not code or code.isdigit()) and not any(h.startswith("x-amz-") for h in headers):
@@ -567,16 +451,16 @@ class S3Store(Store):
                 ) from None
             if code == "NoSuchBucket" or (status == 404 and code in ("404", "NotFound")):
                 raise SourceError(f"S3 bucket '{self.bucket}' does not exist ({where})") from None
-            if code in _WRONG_REGION or status == 301:
+            if code in WRONG_REGION or status == 301:
                 # a header on a redirect; in the document of an AuthorizationHeaderMalformed
                 region = headers.get("x-amz-bucket-region") or e.response.get("Error", {}).get("Region")
                 hint = f"pass --region {region}" if region else "pass the bucket's --region"
                 raise SourceError(
                     f"S3 bucket '{self.bucket}' is in another region ({where}): {hint}"
                 ) from None
-            if code == _SKEWED:
-                raise SourceError(f"cannot open {self.description} ({where}): {_SKEWED}: {_SKEW_HINT}") from None
-            if code in _POLICY_REFUSALS and not self.no_sign_request:
+            if code == SKEWED:
+                raise SourceError(f"cannot open {self.description} ({where}): {SKEWED}: {SKEW_HINT}") from None
+            if code in POLICY_REFUSALS and not self.no_sign_request:
                 # accepted credentials (S3 names refused ones: InvalidAccessKeyId...) that may
                 # not list: "fix the credentials" sent the user to keys that were fine
                 raise SourceError(
@@ -585,7 +469,7 @@ class S3Store(Store):
                     "allow them s3:ListBucket there, which zvfs needs to mount it; grant it, or pass "
                     "--profile NAME of credentials that have it"
                 ) from None
-            if code in _REFUSED or status == 403:
+            if code in REFUSED or status == 403:
                 if self.no_sign_request:
                     raise SourceError(
                         f"anonymous access to S3 bucket '{self.bucket}' was refused ({code}, {where}); "
@@ -607,7 +491,7 @@ class S3Store(Store):
                 "--no-sign-request; otherwise configure credentials: --profile NAME, "
                 "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or ~/.aws/credentials"
             ) from None
-        except _UNREACHABLE as e:
+        except UNREACHABLE as e:
             raise SourceUnavailable(f"cannot reach the S3 endpoint {self.endpoint}: {e}") from None
         except bce.ParamValidationError:
             raise SourceError(
@@ -615,7 +499,7 @@ class S3Store(Store):
                 "dots and hyphens, e.g. s3://my-bucket/prefix"
             ) from None
         except (bce.BotoCoreError, ValueError) as e:
-            too_large = _too_large(e)
+            too_large = too_large_behind(e)
             if too_large is not None or not isinstance(e, bce.BotoCoreError):
                 # an answer that could not be read, or went on without end
                 raise SourceError(f"cannot open {self.description} ({where}): the server's listing "
@@ -1069,21 +953,21 @@ class S3Store(Store):
                         answer = call(client)
                     except Exception as exc:
                         if watch is not None and watch.cut:  # it broke because it came too late
-                            raise _Overdue(self.retry.deadline) from exc
+                            raise Overdue(self.retry.deadline) from exc
                         raise
                 if watch is not None and watch.cut:
                     # an answer cut off can parse as a whole one (a status line cut after
                     # "200", then no headers: a PutObject that "succeeded"): it came too late
-                    raise _Overdue(self.retry.deadline)
+                    raise Overdue(self.retry.deadline)
                 return answer
             except (ValueError, TypeError) as exc:  # botocore's parse of a malformed answer
                 raise StoreError(f"{key}: S3 {op}: the server's answer could not be read "
                                  f"({type(exc).__name__}: {exc})") from None
             except Exception as exc:  # noqa: BLE001 - classified below; anything else is re-raised
-                exc = _request_error(exc)
-                if not isinstance(exc, _REQUEST_ERRORS):
+                exc = request_error(exc)
+                if not isinstance(exc, REQUEST_ERRORS):
                     raise
-                too_large = _too_large(exc)
+                too_large = too_large_behind(exc)
                 if too_large is not None:  # not retried: the server would send it all again
                     self.counters.add("store_failures")
                     raise StoreError(f"{key}: S3 {op}: {too_large}") from None
@@ -1145,14 +1029,14 @@ class S3Store(Store):
                 try:  # what the answer holds, against what was asked; else its body is let go
                     if "IfMatch" in kw and answered_tag is not None and answered_tag != etag:
                         # the server ignored If-Match: these bytes are another version's
-                        raise _Replaced(f"asked for version {etag}, answered with {answered_tag}")
+                        raise Replaced(f"asked for version {etag}, answered with {answered_tag}")
                     etag = etag or answered_tag
                     answered = _answered_range(resp) if "Range" in kw else None
                     skip = 0  # bytes of the body before what was asked (a range answered whole)
                     if tail is not None:  # from now on an absolute range: a resume asks the rest
                         size = answered[2] if answered else expected
                         if size is None:
-                            raise _ShortBody("a suffix answered without the object's size")
+                            raise ShortBody("a suffix answered without the object's size")
                         first = answered[0] if answered else max(0, size - tail)
                         start, length, tail = first, size - first, None
                         pos = start + got
@@ -1161,7 +1045,7 @@ class S3Store(Store):
                         if answered is None:
                             skip = pos
                         elif answered[0] != pos:
-                            raise _ShortBody(f"asked for bytes from {pos}, answered from {answered[0]}")
+                            raise ShortBody(f"asked for bytes from {pos}, answered from {answered[0]}")
                     if length is None and "Range" not in kw:
                         size = expected if expected >= 0 else None
                         if strict and limit is not None and expected > limit:
@@ -1191,28 +1075,28 @@ class S3Store(Store):
                 finally:
                     body.close()
                 if self._watchdog.end(watch):  # cut off: a read it ended may have looked whole
-                    raise _Overdue(self.retry.deadline)
+                    raise Overdue(self.retry.deadline)
                 if (take is None or take > 0) and 0 <= consumed < expected:
-                    raise _ShortBody(f"body ended after {consumed} of {expected} bytes")
+                    raise ShortBody(f"body ended after {consumed} of {expected} bytes")
                 if (take is None or take > 0) and answered is not None and answered[2] is not None \
                         and start + got < answered[2]:
-                    raise _ShortBody(f"range answered short: bytes {answered[0]}-{answered[1]} "
+                    raise ShortBody(f"range answered short: bytes {answered[0]}-{answered[1]} "
                                      f"of {answered[2]}")
                 return b"".join(parts), size
             except Exception as exc:  # noqa: BLE001 - classified below; anything else is re-raised
-                if self._watchdog.end(watch) and not isinstance(exc, _Overdue):
-                    exc = _Overdue(self.retry.deadline)  # whatever broke, broke as it came too late
-                exc = _request_error(exc)
-                if not isinstance(exc, (*_REQUEST_ERRORS, _ShortBody, _Overdue, _Replaced)):
+                if self._watchdog.end(watch) and not isinstance(exc, Overdue):
+                    exc = Overdue(self.retry.deadline)  # whatever broke, broke as it came too late
+                exc = request_error(exc)
+                if not isinstance(exc, (*REQUEST_ERRORS, ShortBody, Overdue, Replaced)):
                     raise
-                changed = isinstance(exc, _Replaced)
+                changed = isinstance(exc, Replaced)
                 if isinstance(exc, bce.ClientError):
-                    code = _code(exc)
+                    code = error_code(exc)
                     if code == "InvalidRange" and tail is not None:
                         return b"", 0  # a suffix of an empty object (RFC 9110: unsatisfiable)
                     if code == "InvalidRange" and (length is not None or got):
                         return b"".join(parts), size  # at or past the end: fewer bytes, like pread
-                    changed = code == "PreconditionFailed" or _status(exc) == 412
+                    changed = code == "PreconditionFailed" or http_status(exc) == 412
                 if changed and pin:
                     raise Stale(f"{key}: replaced since it was opened; open it again") from None
                 if changed:
@@ -1246,107 +1130,9 @@ class S3Store(Store):
         return kind
 
     def _failure(self, key: str, op: str, exc: BaseException, kind: str, tries: Attempts) -> StoreError:
-        """The error a failed request becomes: its message is the one log line the user reads."""
-        if kind == "not_found" and not (op in _WRITES and _code(exc) == "404"):
-            return KeyNotFound(key)
-        if isinstance(exc, bce.ClientError) and op in _CONDITIONAL_WRITES:
-            if _code(exc) == "PreconditionFailed" or _status(exc) == 412:  # If-None-Match: *
-                return WriteRefused(errno.EEXIST, f"{key}: exists already")
-            if _code(exc) == "NotImplemented" or _status(exc) == 501:
-                return WriteRefused(errno.ENOTSUP, f"{key}: S3 {op}: the server does not implement it")
-        self.counters.add("store_failures")
-        if isinstance(exc, bce.ClientError) and _code(exc) == _SKEWED:
-            return StoreError(f"{key}: S3 {op} failed: {_SKEWED}: {_SKEW_HINT}")
-        if isinstance(exc, bce.ClientError) and _code(exc) == _ARCHIVED:
-            error = exc.response.get("Error", {})
-            tier = " ".join(str(error[f]) for f in ("StorageClass", "AccessTier") if error.get(f))
-            return StoreError(f"{key}: S3 {op} failed: {_ARCHIVED}: the object is archived"
-                              f"{f' ({tier})' if tier else ''} and cannot be read until it is "
-                              "restored: restore it (aws s3api restore-object, or the console), "
-                              "then read it again")
-        if isinstance(exc, bce.ClientError) and _code(exc) == "NoSuchUpload":
-            return UploadGone(f"{key}: S3 {op} failed: NoSuchUpload "
-                              f"{exc.response.get('Error', {}).get('Message', '')}".rstrip())
-        if isinstance(exc, bce.ClientError):
-            code = _code(exc) or str(_status(exc))
-            msg = exc.response.get("Error", {}).get("Message", "")
-            if not msg and code == str(_status(exc)):
-                # no error document: botocore calls it by its status, which says little alone
-                # (a 404 to a write: a server or proxy that does not serve this bucket or name)
-                msg = http.client.responses.get(_status(exc), "")
-            what = f"{code} {msg}".rstrip()
-        else:
-            what = f"{type(exc).__name__}: {exc}"
-            cause = _out_of_descriptors(exc)
-            if cause is not None:  # "Could not connect to the endpoint URL": no socket to connect
-                what += no_descriptors_hint(cause)
-        what = what.rstrip(".")  # S3's messages end in one: the line goes on after it
-        code = _code(exc) if isinstance(exc, bce.ClientError) else ""
-        if kind == "denied" and code in _POLICY_REFUSALS:
-            # the credentials were accepted (else S3 names them: InvalidAccessKeyId...), and
-            # this request is not allowed them: no new credentials are looked for
-            if self.no_sign_request:
-                return Refused(f"{key}: S3 {op} refused: {what}. Anonymous access "
-                               f"(--no-sign-request) to it in {self.description} is not allowed: "
-                               "it is not public")
-            return Refused(
-                f"{key}: S3 {op} refused: {what}. The credentials were accepted, but a policy "
-                f"(the bucket's or the user's IAM policy), an ACL or a KMS key does not allow them "
-                f"this request in {self.description}; grant it, or mount with credentials allowed it"
-            )
-        if kind == "denied" and code in _UNSAID_REFUSAL:
-            return Refused(
-                f"{key}: S3 {op} refused: {what} (S3 gives this answer no reason): the credentials "
-                f"were rejected, or a policy (the bucket's or the user's IAM policy) does not allow "
-                f"them this request in {self.description}; new credentials in the AWS chain are "
-                "picked up without a remount"
-            )
-        if isinstance(exc, _ExpiredCredentials):
-            return Refused(
-                f"{key}: S3 {op} not sent: the AWS credential chain gives credentials for "
-                f"{self.description} that are already expired ({what}); mend what gives them (the "
-                "--profile's credential_process or SSO login, e.g. `aws sso login`, or the "
-                "environment's AWS_SESSION_TOKEN) - zvfs picks up new ones without a remount"
-            )
-        if kind in ("denied", "expired"):
-            return Refused(
-                f"{key}: S3 {op} refused: {what}. The credentials were rejected for "
-                f"{self.description}; fix them (--profile, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
-                "or a credential_process that renews them) - zvfs picks up new ones without a remount"
-            )
-        if kind in TRANSIENT_KINDS:
-            return StoreError(f"{key}: S3 {op} failed after {tries.number} attempts: {what}")
-        return StoreError(f"{key}: S3 {op} failed: {what}")
-
-
-def _too_large(exc: BaseException) -> AnswerTooLarge | None:
-    """The AnswerTooLarge behind ``exc``: botocore reads an answer's body inside its send,
-    and wraps what that raises as an HTTPClientError (which would be retried as a reset)."""
-    found = _behind(exc, lambda e: isinstance(e, AnswerTooLarge))
-    return found if isinstance(found, AnswerTooLarge) else None
-
-
-def _out_of_descriptors(exc: BaseException) -> OSError | None:
-    """The EMFILE (or ENFILE) behind ``exc``, if that is what it comes from: botocore tells
-    a socket that could not be made as an endpoint it could not connect to."""
-    found = _behind(exc, lambda e: isinstance(e, OSError) and e.errno in NO_DESCRIPTORS)
-    return found if isinstance(found, OSError) else None
-
-
-def _behind(exc: BaseException, wanted: Callable[[BaseException], bool]) -> BaseException | None:
-    """The first error ``wanted`` takes among ``exc`` and what it wraps: its cause, its
-    context, the errors among its arguments, and botocore's ``kwargs["error"]``."""
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if wanted(e):
-            return e
-        todo += [e.__cause__, e.__context__, *(a for a in e.args if isinstance(a, BaseException))]
-        kwargs = getattr(e, "kwargs", None)
-        if isinstance(kwargs, dict) and isinstance(kwargs.get("error"), BaseException):
-            todo.append(kwargs["error"])
-    return None
+        """The error a failed request becomes (s3_errors.failure), counted as a failure of
+        the store unless it answers what was asked (a missing key, a create of one that exists)."""
+        error = failure(key, op, exc, kind, tries.number, self.description, self.no_sign_request)
+        if not isinstance(error, KeyNotFound | WriteRefused):
+            self.counters.add("store_failures")
+        return error
