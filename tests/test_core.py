@@ -689,7 +689,7 @@ def test_a_byte_order_change_is_a_copy_that_leaves_its_source_alone(tmp_path):
     cached for data.raw, or memory a store handed over, is left as it was."""
     from zarr.codecs import BloscCodec
 
-    from zvfs.views.arrays import convert_chunk
+    from zvfs.views.values import convert_chunk
 
     ref = (np.arange(64 * 256) % 251).astype("<i4").reshape(64, 256) - 100
     zarr.create_array(str(tmp_path / "a.zarr"), shape=ref.shape, chunks=(8, 256), dtype="<i4",

@@ -236,7 +236,7 @@ def test_a_grids_names_made_when_read_are_the_sorted_names_of_its_chunks(grid, e
     with it. They are what sorting every chunk_name (and the extra files) gives."""
     from itertools import product
 
-    from zvfs.views.arrays import GridNames, chunk_name
+    from zvfs.views.chunk_files import GridNames, chunk_name
 
     names = GridNames(tuple(grid), sorted(extra))
     model = sorted([(e, None) for e in extra]  # as ChunkGridDir listed them: extras first

@@ -575,7 +575,7 @@ def test_a_text_value_wider_than_its_served_width_is_an_error_not_cut() -> None:
     """numpy's cast to S<n> cuts a longer value without a word (and encodes only ASCII): the
     conversion the netCDF view serves text with refuses both, so a stale width is an EIO
     of that read, never a wrong value."""
-    from zvfs.views.arrays import convert_chunk
+    from zvfs.views.values import convert_chunk
 
     text = np.array(["ab", "ünï"], dtype=object)
     assert convert_chunk(text, np.dtype("S5")).tolist() == [b"ab", "ünï".encode()]

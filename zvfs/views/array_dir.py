@@ -13,18 +13,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from zvfs.views.arrays import (
-    TEXT_CHUNK_LIMIT,
-    ChunkFile,
-    ChunkGridDir,
-    DecodedArray,
-    RawDataFile,
-    is_text_vlen,
-    served_text_width,
-)
+from zvfs.views.arrays import DecodedArray, RawDataFile, served_text_width
+from zvfs.views.chunk_files import ChunkFile, ChunkGridDir
 from zvfs.views.envi import envi_header, envi_supported
 from zvfs.views.node import BytesFile, Node, NodeError, StaticDir
 from zvfs.views.npy import NpyFile
+from zvfs.views.values import TEXT_CHUNK_LIMIT, is_text_vlen
 
 log = logging.getLogger("zvfs")
 

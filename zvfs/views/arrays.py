@@ -2,8 +2,9 @@
 
 One :class:`DecodedArray` per array holds what its files share: the metadata,
 the lazily opened reader, and access to the mount's chunk cache. The files
-themselves are small classes: raw bytes here, the NPY and ENVI framings in
-their own modules.
+themselves are small classes: data.raw here, the NPY and ENVI framings and the
+per-chunk files (:mod:`zvfs.views.chunk_files`) in their own modules; a chunk's
+values become the bytes served in :mod:`zvfs.views.values`.
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Hashable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Hashable, Iterable
 
 import numpy as np
 import trio
@@ -25,11 +25,11 @@ from zvfs.decoders.pool import DecoderPool, NotServed
 from zvfs.formats import ZarrArray, read_array_meta
 from zvfs.formats.meta import ArrayMeta
 from zvfs.stores.base import Listing, is_store_failure
-from zvfs.stores.listing import SortedNames
 from zvfs.views.context import CHUNK_ENTRY_OVERHEAD, MountContext
 from zvfs.views.layout import Box, chunk_span, chunks_under, range_boxes
-from zvfs.views.node import DirNode, FileNode, LazyEntries, Node, NodeError
+from zvfs.views.node import FileNode, NodeError
 from zvfs.views.readahead import ReadAhead
+from zvfs.views.values import TextWidth, TooWide, byte_view, convert_chunk, text_width
 from zvfs.workers import gather, gather_batched
 
 log = logging.getLogger("zvfs")
@@ -610,24 +610,11 @@ class DecodedArray:
         return data[skip : skip + (end - offset)]
 
 
-#: the variable-length kinds whose values are text, served fixed-width once measured. Not
-#: vlen-bytes: binary values (Zarr Vectors' links) end in NUL bytes that fixed-width padding
-#: cannot be told from
-TEXT_VLEN_KINDS = frozenset({"vlen-utf8"})
 #: variable-length text arrays of at most this many values are served (read whole, when a
 #: view of them is first listed, for the width of their longest value); larger ones are not
 VLEN_MAX_VALUES = 1 << 20
 #: ... and in at most this many chunks (each a request on S3, made while the listing waits)
 VLEN_MAX_CHUNKS = 4096
-#: what a chunk of text may take once fixed-width (Zarr's own chunk bound)
-TEXT_CHUNK_LIMIT = 2**32
-
-
-def is_text_vlen(meta: ArrayMeta) -> bool:
-    """Whether ``meta``'s array holds variable-length text (served once its width is known)."""
-    return meta.vlen in TEXT_VLEN_KINDS and meta.error is None
-
-
 async def served_text_width(array: DecodedArray) -> TextWidth | str:
     """The width of variable-length text ``array`` (:meth:`DecodedArray.text_width`), or why
     the views that need it (netCDF, data.npy) leave it out: too many values or chunks to read
@@ -743,26 +730,6 @@ def _copy_chunk(
             out[part[1]] = chunk[part[0]]
 
 
-def region_bytes(a: np.ndarray, offset: int, length: int) -> bytes:
-    """Bytes [offset, offset+length) of ``a`` in C order, copying only that range
-    (a broadcast fill chunk of 1 GiB is never materialised for a 4 KiB read)."""
-    item = a.dtype.itemsize
-    total = a.size * item
-    end = min(total, offset + length)
-    if offset >= end:
-        return b""
-    if a.flags.c_contiguous:
-        return bytes(byte_view(a)[offset:end])
-    first, last = offset // item, -(-end // item)
-    if a.ndim == 0:
-        data = a.tobytes()
-    else:
-        data = b"".join(a[tuple(slice(x, y) for x, y in zip(lo, hi, strict=True))].tobytes()
-                        for lo, hi in range_boxes(a.shape, first, last))
-    skip = offset - first * item
-    return data[skip : skip + (end - offset)]
-
-
 class RawDataFile(FileNode):
     """``data.raw``: the whole array, C order, declared byte order, fill where never written;
     variable-length text as fixed-width Unicode (``dtype``, the width measured).
@@ -795,288 +762,3 @@ class RawDataFile(FileNode):
 
     async def read(self, offset: int, length: int) -> bytes | memoryview:
         return await self.array.read_bytes(offset, length, self._ahead, self.dtype)
-
-
-class ChunkFile(FileNode):
-    """``chunks/<i.j.k>``: one decoded chunk, clipped at the array's edge."""
-
-    # a listing makes one per chunk it tells the kernel of, and the mount keeps it while the
-    # kernel holds the file: two slots, the chunk's index flat (one int, where a tuple and
-    # its ints took 80 bytes more), its mtime and immutability asked of the array
-    __slots__ = ("array", "_at")
-
-    def __init__(self, array: DecodedArray, idx: tuple[int, ...]) -> None:
-        self.array = array
-        at = 0
-        for i, n in zip(idx, array.meta.grid_shape, strict=True):
-            at = at * n + i
-        self._at = at
-
-    @property
-    def idx(self) -> tuple[int, ...]:
-        """The chunk's index in the grid (C order)."""
-        out = []
-        rest = self._at
-        for n in reversed(self.array.meta.grid_shape):
-            rest, i = divmod(rest, n)
-            out.append(i)
-        return tuple(reversed(out))
-
-    @property
-    def mtime_ns(self) -> int:  # type: ignore[override]
-        return self.array.ctx.data_mtime_ns(self.array.meta.path)
-
-    @property
-    def immutable(self) -> bool:  # type: ignore[override]
-        return self.array.ctx.immutable
-
-    def version(self) -> object:
-        return self.array.content
-
-    def outdated(self) -> bool:
-        return self.array.stale()
-
-    @property
-    def size(self) -> int:
-        meta = self.array.meta
-        n = meta.dtype.itemsize
-        for i, c, s in zip(self.idx, meta.chunks, meta.shape, strict=True):
-            n *= max(0, min(c, s - i * c))  # meta.chunk_region_shape's, in one pass
-        return n
-
-    async def read(self, offset: int, length: int) -> bytes:
-        await self.array.current()
-        chunk = await self.array.chunk(self.idx)
-        region = self.array.meta.chunk_region_shape(self.idx)
-        # the Ellipsis keeps a 0-d chunk an array: chunk[()] is a numpy scalar, which is in
-        # native byte order and drops an S or U value's trailing NULs (wrong bytes, unsaid)
-        return region_bytes(chunk[(..., *(slice(0, s) for s in region))], offset, length)
-
-
-def convert_chunk(
-    chunk: np.ndarray, dtype: np.dtype, into: Callable[[int], np.ndarray | None] | None = None
-) -> np.ndarray:
-    """``chunk`` as ``dtype``; a broadcast fill chunk (all strides 0) stays a broadcast, and
-    integers of the same size and byte order (uint8 as netCDF's byte) are a view, not a copy.
-
-    ``into(nbytes)`` may lend the result's memory (a uint8 buffer of exactly that size, or
-    None): the buffer pool. A conversion is always a casting copy, never ``byteswap(inplace=
-    True)``: numpy holds the GIL through a byteswap (the trio thread waited on 256 of them,
-    about 46 ms, for a netCDF read of the 256 MiB array) and lets it go through a cast, which
-    also runs twice as fast (37 against 67 µs a MiB here)."""
-    src = chunk.dtype
-    if src.kind == "O" or (src.kind == "U" and dtype.kind == "S"):  # text re-encoded
-        return text_chunk(chunk, dtype)
-    if src.kind in "iub" and dtype.kind in "iu" and src.itemsize == dtype.itemsize and (
-            src.itemsize == 1 or src.str[0] == dtype.str[0]):
-        return chunk.view(dtype)
-    if chunk.ndim and not any(chunk.strides):
-        return np.broadcast_to(chunk.reshape(-1)[:1].astype(dtype).reshape(()), chunk.shape)
-    buf = into(chunk.size * dtype.itemsize) if into is not None else None
-    if buf is None:
-        return chunk.astype(dtype)
-    out = buf.view(dtype).reshape(chunk.shape)
-    np.copyto(out, chunk, casting="unsafe")  # astype's casting
-    return out
-
-
-def _values(chunk: np.ndarray) -> list[str | bytes]:
-    """Each value of a text chunk (fixed-width Unicode, vlen-utf8's str, vlen-bytes' bytes)."""
-    return [v if isinstance(v, str) else bytes(v) for v in chunk.reshape(-1).tolist()]
-
-
-def _encoded(values: list[str | bytes]) -> list[bytes]:
-    """Each value's bytes: text as UTF-8, bytes as they are."""
-    return [v.encode("utf-8") if isinstance(v, str) else v for v in values]
-
-
-@dataclass(frozen=True)
-class TextWidth:
-    """The longest value of a text array: in UTF-8 bytes (netCDF's char, ``S<n>``) and in
-    characters (numpy's ``U<n>``); a value of bytes counts a character a byte."""
-
-    utf8: int
-    chars: int
-
-
-def text_width(chunk: np.ndarray) -> TextWidth:
-    """The longest value of ``chunk`` (see :class:`TextWidth`); a broadcast fill chunk's one
-    value is measured once."""
-    if chunk.size and chunk.ndim and not any(chunk.strides):
-        chunk = chunk.reshape(-1)[:1]
-    values = _values(chunk)
-    return TextWidth(max(map(len, _encoded(values)), default=0), max(map(len, values), default=0))
-
-
-class TooWide(ValueError):
-    """A text value wider than the fixed width it is served in (see :func:`text_chunk`)."""
-
-
-def text_chunk(chunk: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """Text values (fixed-width Unicode, variable-length str) as ``dtype``: ``S<n>``, each
-    value's UTF-8 bytes, NUL-padded; or ``U<n>``, its characters. numpy's own cast to S
-    encodes ASCII and fails on any other character, and either cast cuts a longer value
-    without a word: here a value longer than the width is :class:`TooWide` (the width was
-    measured before the array changed)."""
-    if chunk.size and chunk.ndim and not any(chunk.strides):  # a broadcast fill chunk: one value
-        return np.broadcast_to(text_chunk(chunk.reshape(-1)[:1], dtype).reshape(()), chunk.shape)
-    values = _values(chunk)
-    if dtype.kind == "S":
-        values, room, unit = _encoded(values), dtype.itemsize, "bytes"
-    else:
-        room, unit = dtype.itemsize // 4, "characters"
-    longest = max(map(len, values), default=0)
-    if longest > room:
-        raise TooWide(f"a value of {longest} {unit}, wider than the {room} it is served in "
-                      "(measured before the array changed)")
-    return np.array(values, dtype=dtype).reshape(chunk.shape)
-
-
-def byte_view(a: np.ndarray) -> memoryview:
-    """The C-order bytes of ``a`` without a copy when it is contiguous.
-
-    Through a uint8 view, not ``memoryview(a)``: datetime64/timedelta64 arrays
-    have no buffer interface.
-    """
-    flat = np.ascontiguousarray(a).reshape(-1)  # 1-d, so 0-d arrays work too
-    return memoryview(flat.view(np.uint8))
-
-
-def chunk_name(idx: tuple[int, ...]) -> str:
-    return ".".join(str(i) for i in idx) if idx else "0"
-
-
-def parse_chunk_name(name: str, ndim: int) -> tuple[int, ...] | None:
-    if ndim == 0:
-        return () if name == "0" else None
-    parts = name.split(".")
-    if len(parts) != ndim or not all(p.isdigit() and (p == "0" or not p.startswith("0")) for p in parts):
-        return None
-    return tuple(int(p) for p in parts)
-
-
-#: past this many chunks a chunks/ directory still answers lookups but lists nothing
-MAX_LISTED_CHUNKS = 1_000_000
-
-
-class ChunkGridDir(DirNode):
-    """One file per chunk of the grid (plus ``extra`` entries); lookups parse the name."""
-
-    def __init__(
-        self,
-        array: DecodedArray,
-        make: Callable[[DecodedArray, tuple[int, ...]], FileNode],
-        extra: dict[str, Node] | None = None,
-    ) -> None:
-        self.array = array
-        self.make = make
-        self.extra = dict(extra or {})
-        self.mtime_ns = array.ctx.node_mtime_ns(array.meta.path)
-
-    def outdated(self) -> bool:
-        return self.array.stale()
-
-    async def lookup(self, name: str) -> Node | None:
-        if name in self.extra:
-            return self.extra[name]
-        meta = self.array.meta
-        idx = parse_chunk_name(name, meta.ndim)
-        if idx is None or any(i >= n for i, n in zip(idx, meta.grid_shape, strict=True)):
-            return None
-        return self.make(self.array, idx)
-
-    async def children(self) -> Sequence[tuple[str, Node]]:
-        """The grid's names are computed when read, and each chunk's node when asked: a
-        grid of a million chunks lists with no million names and nodes made at once (their
-        making held the mount's one trio thread for seconds, at every listing)."""
-        meta = self.array.meta
-        grid = meta.grid_shape if meta.nchunks <= MAX_LISTED_CHUNKS else None
-        names = GridNames(grid, sorted(self.extra))
-        array, make, extra = self.array, self.make, self.extra
-
-        def entry(i: int) -> tuple[str, Node]:
-            name, idx = names.entry(i)
-            return name, extra[name] if idx is None else make(array, idx)
-
-        return LazyEntries(names, entry)
-
-
-class _Grid(Sequence[str]):
-    """The sorted names of a chunk grid's files (``chunk_name`` of every index), each
-    made when read.
-
-    Sorted as strings, the names of the grid go dimension by dimension, each dimension's
-    numbers in the order of their decimal strings ('.' sorts before every digit, so '1.5'
-    comes before '10.2'): one short sorted list per dimension gives the k-th name."""
-
-    __slots__ = ("_orders", "_texts", "_sizes", "_n", "_last", "_last_k")
-
-    def __init__(self, grid: tuple[int, ...] | None) -> None:
-        # grid None: too many chunks to list; () is a 0-d array's one chunk, named '0'
-        self._orders = [sorted(range(n), key=str) for n in grid] if grid is not None else []
-        self._texts = [[str(i) for i in order] for order in self._orders]
-        self._sizes = [len(o) for o in self._orders][::-1]  # last dimension first
-        self._n = 0 if grid is None else math.prod(grid)
-        self._last: list[int] = []
-        self._last_k = -2
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __iter__(self) -> Iterator[str]:
-        """In order, as a listing reads them: a name for each, without a search."""
-        if self._orders:
-            return map(".".join, itertools.product(*self._texts))
-        return iter(["0"] * self._n)
-
-    def _digits(self, k: int) -> list[int]:
-        """The position of the k-th name in each dimension's order (a listing reads the
-        names one after the other: then the last one's, moved on by one)."""
-        last = self._last
-        if k == self._last_k + 1 and last:
-            self._last_k = k
-            d = len(last) - 1
-            while True:
-                last[d] += 1
-                if last[d] < self._sizes[len(last) - 1 - d] or d == 0:
-                    return last
-                last[d] = 0
-                d -= 1
-        digits = []
-        rest = k
-        for n in self._sizes:
-            rest, d = divmod(rest, n)
-            digits.append(d)
-        digits.reverse()
-        self._last, self._last_k = digits, k  # moved on in place by the next name's
-        return digits
-
-    def __getitem__(self, k):  # type: ignore[no-untyped-def,override]
-        if isinstance(k, slice):
-            return [self[j] for j in range(*k.indices(self._n))]
-        if not 0 <= k < self._n:
-            raise IndexError(k)
-        return self.entry(k)[0]
-
-    def entry(self, k: int) -> tuple[str, tuple[int, ...]]:
-        """The k-th name and its chunk index."""
-        if not self._orders:
-            return "0", ()
-        digits = self._digits(k)
-        return (".".join([t[d] for t, d in zip(self._texts, digits, strict=True)]),
-                tuple([o[d] for o, d in zip(self._orders, digits, strict=True)]))
-
-
-class GridNames(SortedNames):
-    """A chunk grid's names (``grid`` None: too many to list, none) merged with a few
-    sorted ``extra`` names, as a chunks/ directory or a v2 mirror's array lists them."""
-
-    __slots__ = ()
-
-    def __init__(self, grid: tuple[int, ...] | None, extra: list[str]) -> None:
-        super().__init__(_Grid(grid), [], extra)
-
-    def entry(self, i: int) -> tuple[str, tuple[int, ...] | None]:
-        """The i-th name and its chunk index (None for an extra name)."""
-        extra, k = self.locate(i)
-        return (self._extra[k], None) if extra else self._base.entry(k)  # type: ignore[attr-defined]

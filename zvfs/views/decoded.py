@@ -20,7 +20,7 @@ from typing import Any
 from zvfs import formats
 from zvfs.formats.meta import ArrayMeta
 from zvfs.views.array_dir import ArrayDir, array_files, text_files
-from zvfs.views.arrays import DecodedArray, is_text_vlen
+from zvfs.views.arrays import DecodedArray
 from zvfs.views.cfattrs import nc_name
 from zvfs.views.context import MountContext
 from zvfs.views.netcdf import NetcdfFile, group_file_names, group_members, netcdf_file
@@ -31,6 +31,7 @@ from zvfs.views.v2mirror import (
     mirror_array_dir,
     mirror_group_files,
 )
+from zvfs.views.values import is_text_vlen
 from zvfs.views.vectors import build_vectors_dir
 from zvfs.workers import gather_batched
 

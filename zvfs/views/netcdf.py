@@ -43,13 +43,7 @@ from typing import Any
 import numpy as np
 
 from zvfs.formats.meta import ArrayMeta, strict_json
-from zvfs.views.arrays import (
-    TEXT_CHUNK_LIMIT,
-    TEXT_VLEN_KINDS,
-    DecodedArray,
-    is_text_vlen,
-    served_text_width,
-)
+from zvfs.views.arrays import DecodedArray, served_text_width
 from zvfs.views.cfattrs import (
     SCALING,
     TEXT_MEANT,
@@ -65,6 +59,7 @@ from zvfs.views.cfattrs import (
 from zvfs.views.node import FileNode
 from zvfs.views.readahead import ReadAhead
 from zvfs.views.v2mirror import consistent_dimensions, dimension_names
+from zvfs.views.values import TEXT_CHUNK_LIMIT, TEXT_VLEN_KINDS, is_text_vlen
 from zvfs.workers import gather
 
 log = logging.getLogger(__name__)

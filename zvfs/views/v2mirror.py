@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from zvfs.formats.meta import ArrayMeta, dtype_str, json_scalar
-from zvfs.views.arrays import ChunkFile, ChunkGridDir, DecodedArray, region_bytes
+from zvfs.views.arrays import DecodedArray
 from zvfs.views.cfattrs import (
     Typed,
     VarAttributes,
@@ -52,7 +52,9 @@ from zvfs.views.cfattrs import (
     translate,
     with_suffix,
 )
+from zvfs.views.chunk_files import ChunkFile, ChunkGridDir
 from zvfs.views.node import BytesFile, Node, StaticDir
+from zvfs.views.values import region_bytes
 
 
 def _dumps(doc: Any) -> bytes:
