@@ -944,7 +944,7 @@ def test_a_walk_hints_the_files_it_reaches_in_batches_once_at_full_window():
     what is held back goes out when the window reaches the last file."""
     from zvfs.stores.base import KeyInfo
     from zvfs.stores.listing import Listing
-    from zvfs.views.raw import FileWalk
+    from zvfs.views.file_walk import FileWalk
 
     n = 60
     walk = FileWalk(Listing({f"f{i:02d}": KeyInfo(1 << 20, 0) for i in range(n)}), "d")

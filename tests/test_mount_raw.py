@@ -700,7 +700,7 @@ def test_a_tree_of_more_files_than_are_listed_at_once_is_walked_from_a_worker(tm
     tree is listed in a worker while the first files are read without it. Read in tree
     order, every byte is the member's, and once the walk is there the members come in
     batches: far fewer worker reads than files."""
-    from zvfs.views.raw import FileWalk
+    from zvfs.views.file_walk import FileWalk
 
     n = 1_500
     assert n > FileWalk.CHEAP_FILES

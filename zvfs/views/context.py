@@ -86,7 +86,7 @@ class MountContext:
     _prefetching: int = field(default=0, init=False)
     #: listings made ahead of a walk of the tree, in flight (see list_ahead())
     _listing_ahead: int = field(default=0, init=False)
-    #: per raw directory (or '' for the whole tree): a reader's progress (views.raw.FileWalk)
+    #: per raw directory (or '' for the whole tree): a reader's progress (views.file_walk.FileWalk)
     walks: dict[str, Any] = field(default_factory=dict, init=False)
     #: a reader's progress through a directory store's tree (views.tree_ahead.TreeAhead)
     tree_ahead: Any = field(default=None, init=False)

@@ -1,7 +1,7 @@
 """Reading ahead through a directory store's tree, for a reader that goes from file to file
 in tree order (cp -r, rsync, tar, find | xargs cat, a backup).
 
-A zip or a bucket knows its whole tree, and a reader's walk (raw.FileWalk) follows it. A
+A zip or a bucket knows its whole tree, and a reader's walk (file_walk.FileWalk) follows it. A
 directory store is listed one directory at a time, as the kernel looks them up, each in a
 worker; and each file's bytes come from the disk when they are first read, which the
 kernel's own read-ahead never does across files. Zarr v3 puts each chunk in a directory of
