@@ -523,7 +523,7 @@ def test_descriptors_of_files_deleted_outside_are_let_go_once_idle(store, tmp_pa
     the idle time (IDLE_SECONDS, checked every IDLE_CHECK_SECONDS), so the disk space comes
     back. Before, the descriptors stayed until evicted by other reads: perhaps never."""
     from zvfs.daemon import IDLE_CHECK_SECONDS
-    from zvfs.stores.directory import IDLE_SECONDS
+    from zvfs.stores.open_files import IDLE_SECONDS
 
     root, refs = store
     source = copy_store(store, tmp_path / "copy")

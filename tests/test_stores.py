@@ -493,10 +493,10 @@ def test_directory_writes_never_follow_a_directory_swapped_for_a_link(tmp_path: 
 
 
 def test_directory_kept_descriptors_close_once_idle_and_never_under_a_reader(tmp_path: Path) -> None:
-    """The directory store's kept read descriptors (_OpenFiles): one unused for the idle time
+    """The directory store's kept read descriptors (OpenFiles): one unused for the idle time
     is closed, at the next borrow or by close_idle, least recently used first; one borrowed
     when its time comes is closed only when its reader gives it back."""
-    from zvfs.stores.directory import _OpenFiles
+    from zvfs.stores.open_files import OpenFiles
 
     def is_open(fd: int) -> bool:
         try:
@@ -510,7 +510,7 @@ def test_directory_kept_descriptors_close_once_idle_and_never_under_a_reader(tmp
         (tmp_path / name).write_bytes(name.encode())
         paths.append(str(tmp_path / name))
     now = [0.0]
-    files = _OpenFiles(8, idle=0.3, clock=lambda: now[0])
+    files = OpenFiles(8, idle=0.3, clock=lambda: now[0])
     fds = [os.open(p, os.O_RDONLY) for p in paths]
     held = [files.keep(n, fd, (0, i)) for i, (n, fd) in enumerate(zip("abc", fds, strict=True))]
     files.give_back(held[0])

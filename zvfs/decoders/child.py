@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from zvfs.stats import Counters
 from zvfs.stores.base import Store
-from zvfs.stores.directory import IDLE_SECONDS
+from zvfs.stores.open_files import IDLE_SECONDS
 
 if TYPE_CHECKING:  # imported by the zygote's preload (at nice 10), not by this module's import
     import numpy as np

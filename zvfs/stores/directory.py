@@ -13,7 +13,7 @@ listings and logged once.
 Opening a key checks those rules with the kernel's name for the opened file
 (``/proc/self/fd``): when it is the path as given, no symlink was on the way;
 otherwise the path is resolved component by component. Reads keep a bounded
-set of files open (:class:`_OpenFiles`), so a repeated read (the inner chunks
+set of files open (:class:`~zvfs.stores.open_files.OpenFiles`), so a repeated read (the inner chunks
 of one shard, a raw file read block by block) is one ``stat`` of its path and
 one ``pread``, not an open and a close. A kept descriptor is used only while the
 key's path still names the same file (device and inode, checked by that
@@ -29,16 +29,12 @@ import copy
 import errno
 import logging
 import os
-import resource
 import stat
 import sys
-import threading
 import time
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 from zvfs.pagecache import read_ahead_and_close
 from zvfs.stores import find_lister
@@ -71,6 +67,7 @@ from zvfs.stores.base import (
 )
 from zvfs.stores.cached_open import open_if_cached
 from zvfs.stores.keys import bad_segment, is_safe_key, safe_name
+from zvfs.stores.open_files import KeptOpen, OpenFiles, kept_files
 
 log = logging.getLogger(__name__)
 
@@ -102,125 +99,9 @@ def _special(path: str, dir_fd: int | None = None) -> bool:
 #: the mode of a file made through the mount (the store keeps no modes; directories get 0755)
 NEW_FILE_MODE = 0o644
 
-#: files kept open for reading, at most (a small share of the usual 1024 descriptors; an
-#: eighth of the process's limit where that is lower, see _kept_files)
-OPEN_FILES = 128
-#: seconds a kept descriptor may go unused before it is closed: a file deleted or replaced
-#: outside the mount keeps its disk space (and the file system under the store busy) for
-#: as long as a descriptor of it is open
-IDLE_SECONDS = 10.0
 #: directories listed at once ahead of a walk of the tree (see Store.list_ahead); for a
 #: find over a million keys 2, 4 and 8 did alike (docs/benchmark-history.md, sixteenth session)
 LIST_AHEAD = 4
-
-
-@dataclass(slots=True, eq=False)
-class _Open:
-    """A descriptor kept for reading ``key``: closed once dropped and no reader uses it."""
-
-    key: str
-    fd: int
-    ident: tuple[int, int]  # (st_dev, st_ino) of the file the descriptor reads
-    used: float  # time.monotonic() of its last borrow
-    users: int = 0
-    dropped: bool = False
-
-
-class _OpenFiles:
-    """A bounded LRU of read descriptors by key, shared by the worker threads.
-
-    pread needs no file position, so threads share a descriptor; a reader borrows it
-    and gives it back, and a descriptor evicted or dropped meanwhile is closed by its
-    last reader (never under one: its number could name another file by then).
-    A descriptor unused for ``idle`` seconds is closed too (at the next borrow, or by
-    ``close_idle`` when nothing is borrowed).
-    """
-
-    def __init__(self, limit: int, idle: float = IDLE_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._limit = max(1, limit)
-        self._idle = idle
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._open: OrderedDict[str, _Open] = OrderedDict()
-
-    def borrow(self, key: str) -> _Open | None:
-        now = self._clock()
-        with self._lock:
-            self._expire(now)
-            entry = self._open.get(key)
-            if entry is not None:
-                self._open.move_to_end(key)
-                entry.users += 1
-                entry.used = now
-            return entry
-
-    def keep(self, key: str, fd: int, ident: tuple[int, int]) -> _Open:
-        """Keep ``fd`` (just opened for ``key``), borrowed by the caller."""
-        entry = _Open(key, fd, ident, self._clock(), users=1)
-        with self._lock:
-            old = self._open.pop(key, None)
-            if old is not None:  # another thread opened it at the same time
-                self._retire(old)
-            self._open[key] = entry
-            while len(self._open) > self._limit:
-                self._retire(self._open.popitem(last=False)[1])
-        return entry
-
-    def close_idle(self) -> int:
-        """Close the descriptors unused for the idle time; how many are left open."""
-        with self._lock:
-            self._expire(self._clock())
-            return len(self._open)
-
-    def _expire(self, now: float) -> None:
-        """Under the lock: retire the least recently borrowed while idle too long (the
-        dict is in borrow order, so only its front is looked at)."""
-        while self._open:
-            oldest = next(iter(self._open.values()))
-            if now - oldest.used < self._idle:
-                return
-            self._retire(self._open.popitem(last=False)[1])
-
-    def give_back(self, entry: _Open) -> None:
-        with self._lock:
-            entry.users -= 1
-            if entry.dropped and entry.users == 0:
-                os.close(entry.fd)
-
-    def drop(self, key: str, entry: _Open | None = None) -> None:
-        """Let go of ``key``'s descriptor (only ``entry``'s, when given)."""
-        with self._lock:
-            current = self._open.get(key)
-            if current is not None and (entry is None or current is entry):
-                self._retire(self._open.pop(key))
-
-    def drop_prefix(self, prefix: str) -> None:
-        with self._lock:
-            for key in [k for k in self._open if k.startswith(prefix)]:
-                self._retire(self._open.pop(key))
-
-    def close(self) -> None:
-        with self._lock:
-            for entry in self._open.values():
-                self._retire(entry)
-            self._open.clear()
-
-    def shed(self) -> int:
-        """Close every kept descriptor no reader is using (the process ran out of them: an
-        open is worth more than a descriptor kept for a read that may never come); how
-        many were closed."""
-        with self._lock:
-            idle = [key for key, entry in self._open.items() if entry.users == 0]
-            for key in idle:
-                self._retire(self._open.pop(key))
-            return len(idle)
-
-    def _retire(self, entry: _Open) -> None:
-        """Under the lock: close now, or when the last reader gives it back."""
-        entry.dropped = True
-        if entry.users == 0:
-            os.close(entry.fd)
 
 
 #: keys of one directory that absent() looks up in a listing of it (when it is small)
@@ -253,7 +134,7 @@ class DirectoryStore(Store):
         self._root_sep = self.root if self.root.endswith("/") else self.root + "/"
         self.description = shown
         self._escapes = LogOnce(log)
-        self._files = _OpenFiles(_kept_files() if open_files is None else open_files)
+        self._files = OpenFiles(kept_files() if open_files is None else open_files)
         self._held = HeldDescriptors()
         self._unheld = LogOnce(log)
         self._proc_fd = True  # /proc/self/fd names opened files (see _open_direct)
@@ -371,7 +252,7 @@ class DirectoryStore(Store):
 
     # -- Store API ---------------------------------------------------------------------------
 
-    def _borrow(self, key: str) -> tuple[_Open, os.stat_result]:
+    def _borrow(self, key: str) -> tuple[KeptOpen, os.stat_result]:
         """A kept descriptor of ``key`` and the file's stat now; give it back when done.
 
         Kept: used while a stat of the key's path finds the same file; else the key is
@@ -963,16 +844,6 @@ class DirectoryStore(Store):
 
 #: opens of a directory to list that was removed just as it was opened, at most
 _REOPENS = 3
-
-
-def _kept_files() -> int:
-    """How many read descriptors to keep: OPEN_FILES, but at most an eighth of the open-file
-    limit (a daemon run with a hard limit of 64 kept 58 files of metadata open after its
-    scan, and every open then failed with EIO)."""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft == resource.RLIM_INFINITY:
-        return OPEN_FILES
-    return max(1, min(OPEN_FILES, soft // 8))
 
 
 def _cannot_open(key: str, e: OSError, what: str = "open") -> StoreError:
