@@ -24,6 +24,7 @@ from collections.abc import Callable
 import trio
 
 from zvfs.fs.fuse import pyfuse3
+from zvfs.logonce import LogOnce
 from zvfs.stats import Counters
 from zvfs.workers import run_abandonable
 
@@ -61,9 +62,10 @@ class DerivedCaches:
     drop; ``drop`` runs in a thread of its own and drops it (``invalidate``; a test gives
     its own)."""
 
-    def __init__(self, counters: Counters, targets: Callable[[], Targets],
+    def __init__(self, counters: Counters, log_once: LogOnce, targets: Callable[[], Targets],
                  drop: Callable[[list[int], list[tuple[int, bytes]]], None] = invalidate) -> None:
         self._counters = counters
+        self._log_once = log_once
         self._targets = targets
         self._drop = drop
         self._running = False
@@ -106,9 +108,13 @@ class DerivedCaches:
                 except Exception as exc:  # noqa: BLE001 - a system task's error ends the mount
                     # the views' caches are then kept for their TTL, as after a write
                     # behind the mount: worse, but the mount goes on
+                    # counted each time, logged once a kind: one that fails every pass
+                    # would say so at every write
                     self._counters.add("fuse_errors_invalidate")
-                    log.error("dropping the kernel's caches of the derived files: %s: %s",
-                              type(exc).__name__, exc)
+                    if self._log_once.first(f"invalidate {type(exc).__name__}"):
+                        log.error("dropping the kernel's caches of the derived files: %s: %s (the "
+                                  "views may show what they held before a write for the metadata "
+                                  "TTL; the mount goes on)", type(exc).__name__, exc)
                 if not self._again:
                     return
         finally:

@@ -162,7 +162,7 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
         #: their parent at their next use (see _fresh)
         self._stale: set[int] = set()
         #: when the kernel's caches of the derived files are dropped after a write
-        self._derived = DerivedCaches(ctx.counters, self._derived_targets)
+        self._derived = DerivedCaches(ctx.counters, ctx.log_once, self._derived_targets)
         self._owner = owner or Ownership()
         ctx.counters.reading("inodes", self._inodes.in_use)
 
