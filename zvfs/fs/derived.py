@@ -68,9 +68,9 @@ class DerivedCaches:
         self._log_once = log_once
         self._targets = targets
         self._drop = drop
-        self._running = False
         self._again = False
-        #: set when the kernel's caches of the derived files hold no write's old bytes
+        #: set when the kernel's caches of the derived files hold no write's old bytes (no
+        #: pass under way)
         self._settled = trio.Event()
         self._settled.set()
         #: replies waiting in settle
@@ -79,10 +79,9 @@ class DerivedCaches:
     def changed(self) -> None:
         """The store changed through the mount: a pass soon, off the trio thread (one more
         after the one under way, if one is)."""
-        if self._running:
+        if not self._settled.is_set():
             self._again = True
             return
-        self._running = True
         self._settled = trio.Event()
         trio.lowlevel.spawn_system_task(self._run)
 
@@ -107,9 +106,8 @@ class DerivedCaches:
                     await run_abandonable(self._drop, *self._targets())
                 except Exception as exc:  # noqa: BLE001 - a system task's error ends the mount
                     # the views' caches are then kept for their TTL, as after a write
-                    # behind the mount: worse, but the mount goes on
-                    # counted each time, logged once a kind: one that fails every pass
-                    # would say so at every write
+                    # behind the mount; counted each time, logged once a kind (one that
+                    # fails every pass would say so at every write)
                     self._counters.add("fuse_errors_invalidate")
                     if self._log_once.first(f"invalidate {type(exc).__name__}"):
                         log.error("dropping the kernel's caches of the derived files: %s: %s (the "
@@ -118,5 +116,4 @@ class DerivedCaches:
                 if not self._again:
                     return
         finally:
-            self._running = False
             self._settled.set()
