@@ -1222,6 +1222,37 @@ def test_times_in_multiples_of_a_unit_read_as_zarr_reads_them(mount, tmp_path: P
             np.testing.assert_array_equal(got.astype(ns), w.astype(ns), err_msg=name)
 
 
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_times_without_a_cf_unit_are_counts_of_the_unit_itself(mount, tmp_path: Path, fmt: int) -> None:
+    """Durations in months or years and times in ps, fs or as have no CF unit: they are
+    plain int64 counts of that unit. An m8[2M] element of 3 is 6 months; it was served as
+    3, its raw count, with nothing to say so. A duration in weeks is a whole number of days
+    and is served as days. netCDF4-python's counts are zarr-python's values in the unit."""
+    store = tmp_path / "t.zarr"
+    g = zarr.open_group(str(store), mode="w", zarr_format=fmt)
+    counts = np.array([3, -5, 0])
+    dtypes = {"d2M": "m8[2M]", "d3Y": "m8[3Y]", "t10ps": "M8[10ps]", "t7as": "M8[7as]",
+              "d2W": "m8[2W]", "dW": "m8[W]"}
+    for name, dt in dtypes.items():
+        g.create_array(name, shape=(3,), dtype=dt, chunks=(3,), dimension_names=["n"] if fmt == 3 else None,
+                       attributes={} if fmt == 3 else {"_ARRAY_DIMENSIONS": ["n"]})[:] = counts.astype(dt)
+    want = {name: zarr.open_array(str(store), path=name, mode="r")[:] for name in dtypes}
+    m = mount(store)
+    with netCDF4.Dataset(m.path / ".zvfs/netcdf/root.nc") as ds:
+        ds.set_auto_maskandscale(False)
+        for name, w in want.items():
+            var = ds[name]
+            unit = np.datetime_data(w.dtype)[0]
+            if unit == "W":
+                assert var.getncattr("units") == "days", name
+                unit = "D"
+            else:
+                assert "units" not in var.ncattrs(), (name, var.ncattrs())
+            expected = w.astype(f"{w.dtype.kind}8[{unit}]").view("i8")
+            assert expected.tolist() != counts.tolist() or name == "dW", name  # the multiple counts
+            np.testing.assert_array_equal(var[:], expected, err_msg=name)
+
+
 def test_dimension_names_that_clash_as_netcdf_names_are_renamed_not_left_out(mount, tmp_path: Path) -> None:
     """Dimensions "x" and "x " (one netCDF name) of two sizes, and a string variable beside
     an array's own dimension "strlen2" of another size: the second variable of each pair was

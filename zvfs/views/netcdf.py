@@ -138,19 +138,23 @@ def var_type(dtype: np.dtype, cdf5: bool) -> VarType:
             return VarType(NC_FLOAT, NC_DTYPE[NC_FLOAT])
         raise LeftOut(f"float{size * 8}: no netCDF type holds it")
     if kind in "mM":
-        unit, count = np.datetime_data(dtype)
-        if kind == "M" and unit in _CALENDAR_UNITS:
-            unit = "D"  # weeks, months and years since 1970 are whole days (not so as durations)
+        unit, _count = np.datetime_data(dtype)
+        if unit == "W" or (kind == "M" and unit in _CALENDAR_UNITS):
+            # a week is seven days either way; months and years since 1970 are whole days,
+            # but as durations they have no length in days
+            unit = "D"
+        # counts of the unit itself: an M8[10s] element holds tens of seconds, served as seconds
+        # (its raw count labelled "seconds" read ten times too early); NaT stays NaT
+        served = np.dtype(f">{kind}8[{unit}]")
         if unit not in _TIME_UNITS:  # ps, fs, as, and durations in months or years: no CF unit
-            return VarType(NC_INT64, NC_DTYPE[NC_INT64], needs_cdf5=True)
+            # still counts of the unit itself: an m8[2M] of 3 is served as 6 (months)
+            return VarType(NC_INT64, served, needs_cdf5=True)
         name = _TIME_UNITS[unit]
         # numpy's calendar is the proleptic Gregorian one; CF's default mixes in the Julian
         # calendar before 1582-10-15, and moved such dates 10 days earlier
         extra = ({"units": f"{name} since 1970-01-01 00:00:00", "calendar": "proleptic_gregorian"}
                  if kind == "M" else {"units": name})
-        # counts of the unit itself: an M8[10s] element holds tens of seconds, served as seconds
-        # (its raw count labelled "seconds" read ten times too early); NaT stays NaT
-        return VarType(NC_INT64, np.dtype(f">{kind}8[{unit}]"), needs_cdf5=True, extra_attrs=extra)
+        return VarType(NC_INT64, served, needs_cdf5=True, extra_attrs=extra)
     if kind == "S" and size > 0:
         # one byte an element is netCDF's own char array (NCZarr's char variables): no strlen
         return VarType(NC_CHAR, np.dtype(f"S{size}"), strlen=size if size > 1 else 0)
