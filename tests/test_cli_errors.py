@@ -513,6 +513,36 @@ def test_generic_mount_options_are_accepted(zarr_dir, mount) -> None:
     assert mount_entry(m.path)["options"].startswith("ro,"), mount_entry(m.path)
 
 
+def test_noexec_reaches_the_kernel_and_exec_undoes_it(mount, tmp_path) -> None:
+    """fstab's noexec hardens a mount: it was accepted and dropped, so a program on the mount
+    still ran (fuse-zip and sshfs pass it on). The kernel now has it: the mount table shows
+    it and exec() is refused; a later -o exec, mount(8)'s default, undoes it."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "run.sh").write_text("#!/bin/sh\necho ran\n")
+    (src / "run.sh").chmod(0o755)
+    for options, refused in (("noexec", True), ("noexec,exec", False), ("ro", False)):
+        m = mount(src, "-o", f"{options},file_mode=0755")
+        try:
+            assert ("noexec" in mount_entry(m.path)["options"].split(",")) == refused, mount_entry(m.path)
+            if refused:
+                with pytest.raises(PermissionError):
+                    subprocess.run([str(m.path / "run.sh")], capture_output=True)
+            else:
+                res = subprocess.run([str(m.path / "run.sh")], capture_output=True, text=True)
+                assert res.stdout == "ran\n", res
+        finally:
+            force_unmount(m.path)
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    res = run(["mount", "-t", "zvfs", str(src), str(mnt), "-o", f"noexec,log_file={tmp_path / 'log'}"])
+    try:
+        assert res.returncode == 0, res.stderr
+        assert "noexec" in mount_entry(mnt)["options"].split(","), mount_entry(mnt)
+    finally:
+        force_unmount(mnt)
+
+
 def test_a_quoted_option_value_holds_its_commas_as_mount8_quotes_it(zarr_dir, tmp_path) -> None:
     """mount(8) and fstab quote a value that holds commas (`-o context="a,b"`) and pass it to
     the helper quotes and all: zvfs split it at its commas ("unknown option -o b\"")."""

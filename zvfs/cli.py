@@ -963,7 +963,8 @@ def _known_options(o_values: list[str]) -> list[str]:
     for item in zopts.split_o(o_values):
         given = item.partition("=")[0].strip()
         key = given.replace("-", "_")
-        known = key in zopts.BY_KEY or key in zopts.IGNORED or given.lower().startswith("x-") or given == "comment"
+        known = (key in zopts.BY_KEY or key in zopts.IGNORED or key in zopts.NEGATIONS
+                 or given.lower().startswith("x-") or given == "comment")
         (kept if known else dropped).append(item)
     if dropped:
         print(f"mount.zvfs: ignoring unknown option{'s' if len(dropped) > 1 else ''} "

@@ -67,7 +67,8 @@ class Prepared(NamedTuple):
 Prepare = Callable[[Store], Prepared]
 
 
-def fuse_options(description: str, allow_other: bool, writable: bool = False) -> set[str]:
+def fuse_options(description: str, allow_other: bool, writable: bool = False,
+                 noexec: bool = False) -> set[str]:
     """Mount options. max_read is not among them: pyfuse3's init cannot match it, and the
     kernel's own limit (max_pages, negotiated from libfuse's 1 MiB buffer) already gives
     1 MiB reads once tune_kernel has raised the read-ahead."""
@@ -78,6 +79,8 @@ def fuse_options(description: str, allow_other: bool, writable: bool = False) ->
     opts |= {f"fsname={fsname}", "subtype=zvfs", "noatime", "rw" if writable else "ro"}
     if allow_other:
         opts.add("allow_other")
+    if noexec:  # libfuse's own mount flag (MS_NOEXEC); nosuid and nodev it always sets
+        opts.add("noexec")
     return opts
 
 
@@ -576,7 +579,8 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
     unmounted = False
     failed: list[BaseException] = []
     try:
-        init_fuse(ops, mountpoint, fuse_options(description, opts["allow_other"], ctx.writable))
+        init_fuse(ops, mountpoint, fuse_options(description, opts["allow_other"], ctx.writable,
+                                                opts["noexec"]))
         ours = mount_device(mountpoint)
         device = fs_loop.fuse_device_fd()
         undo_loop = fs_loop.install(counters, fd=device, busy_poll=opts["busy_poll"] / 1e6,

@@ -256,6 +256,8 @@ OPTIONS: tuple[Option, ...] = (
            "answering one before it sleeps, when nothing else needs it (a reader going file by file asks "
            "again sooner than a sleeping daemon wakes); needs 2 CPUs; 0: never"),
     Option("allow_other", None, False, "let other users access the mount (needs user_allow_other in /etc/fuse.conf for non-root)"),
+    Option("noexec", None, False, "the kernel runs no program from the mount, as mount(8)'s noexec "
+           "(-o exec, mount(8)'s default, undoes it)"),
     Option("uid", parse_uid, None, "owner of every file and directory: a user name or number "
            "(other users reach the mount only with --allow-other)", shown_default="the user who mounts"),
     Option("gid", parse_gid, None, "group of every file and directory: a group name or number",
@@ -303,13 +305,17 @@ BY_KEY = {**BY_NAME, **{a: o for o in OPTIONS for a in o.aliases}}
 
 #: generic mount(8)/fstab options that mean nothing to zvfs and are accepted silently
 IGNORED = {"rw", "ro", "defaults", "auto", "noauto", "user", "nouser", "users", "owner", "group",
-           "nofail", "_netdev", "_rnetdev", "exec", "noexec", "suid", "nosuid", "dev", "nodev",
+           "nofail", "_netdev", "_rnetdev", "suid", "nosuid", "dev", "nodev",
            "atime", "noatime", "relatime", "norelatime", "strictatime", "nostrictatime", "diratime",
            "nodiratime", "lazytime", "nolazytime", "symfollow", "nosymfollow", "iversion",
            "noiversion", "sync", "async", "dirsync", "silent", "loud", "default_permissions",
            # the kernel's own FUSE options, which the mount table shows (an fstab line copied
            # from it holds them): set by the mount itself, whatever they say (uid/gid own files)
            "user_id", "group_id", "rootmode", "max_read", "blksize"}
+
+#: generic options that turn a switch off: mount(8)'s default, given to undo an fstab line's
+#: opposite. suid and dev stay ignored: a FUSE mount is always nosuid and nodev
+NEGATIONS = {"exec": "noexec"}
 
 #: the words a switch's -o value may be (a bare key means on)
 _ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
@@ -357,6 +363,9 @@ def resolve(ns: argparse.Namespace) -> dict[str, Any]:
         # x-* and comment=: for systemd, mount(8) and desktops (x-systemd.*, x-gvfs-show)
         if key in IGNORED or given.lower().startswith("x-") or given == "comment":
             read_only = read_only or key == "ro"
+            continue
+        if key in NEGATIONS and not eq:
+            raw[NEGATIONS[key]] = False
             continue
         opt = BY_KEY.get(key)
         if opt is None:
