@@ -491,6 +491,20 @@ def test_missing_profile(moto, s3_env, mnt) -> None:
     assert_nothing_mounted(mnt)
 
 
+@pytest.mark.parametrize("which", ["AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"])
+def test_an_aws_file_that_cannot_be_parsed_is_a_configuration_error(moto, s3_env, mnt, tmp_path,
+                                                                    which) -> None:
+    """botocore's ConfigParseError went out as a failure that may pass (exit 1), so a systemd
+    unit restarted on it where RestartPreventExitStatus=78 stops. It is 78, naming the file."""
+    broken = tmp_path / "aws-file"
+    broken.write_text("[profile broken\nregion=\n" if which == "AWS_CONFIG_FILE" else "[default]\nkey_only\n")
+    res = zvfs_mount(f"s3://{S3_BUCKET}/{S3_PREFIX}", mnt, "--endpoint-url", moto.endpoint,
+                     env={**s3_env, which: str(broken)})
+    assert res.returncode == 78, (res.returncode, res.stderr)
+    assert_fails(res, re.escape(f"Unable to parse config file: {broken}: fix that file"))
+    assert_nothing_mounted(mnt)
+
+
 # --------------------------------------------------------------------------- operating faults
 
 def test_a_switch_is_on_or_off_and_ro_contradicts_writable(zarr_dir, mnt) -> None:

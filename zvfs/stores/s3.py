@@ -317,6 +317,9 @@ class S3Store(Store):
             probe = make(2, min(self.retry.timeout, PROBE_TIMEOUT_MAX), session)
         except ValueError as e:  # e.g. a malformed endpoint URL
             raise SourceError(f"bad S3 settings for {self.description}: {e}") from e
+        except bce.ConfigParseError as e:  # a broken ~/.aws/config or credentials: no retry mends it
+            raise SourceError(f"{e}: fix that file, or name another with AWS_CONFIG_FILE or "
+                              "AWS_SHARED_CREDENTIALS_FILE") from None
         self.endpoint = str(self._client.meta.endpoint_url)
         try:
             self._probe(probe)
