@@ -296,16 +296,34 @@ def test_bad_option_values(zarr_dir, mnt, args, pattern) -> None:
     ("s3", ["-o", "abort_uploads"], r"--abort-uploads .*read-only.*add --writable"),
     ("s3", ["--decoders", "2"], r"--decoders 2 starts processes .*S3 source.*drop it"),
     ("s3", ["-o", "decoders=1"], r"--decoders 1 starts processes"),
+    # how S3 is reached, signed, retried and written to: given for a local source, the user
+    # believes it is S3 (they were accepted and ignored)
+    ("dir", ["--endpoint-url", "http://127.0.0.1:9"], r"--endpoint-url applies to S3 sources only.*is a directory"),
+    ("dir", ["--no-sign-request"], r"--no-sign-request applies to S3 sources only"),
+    ("zip", ["-o", "region=eu-west-1"], r"--region applies to S3 sources only.*is a zip"),
+    ("zip", ["--profile", "other"], r"--profile applies to S3 sources only"),
+    ("dir", ["--s3-timeout", "3"], r"--s3-timeout applies to S3 sources only"),
+    ("dir", ["--allow-empty"], r"--allow-empty applies to S3 sources only"),
+    ("dir", ["--writable", "--part-size", "16M"], r"--part-size applies to S3 sources only"),
 ])
-def test_s3_only_options_are_refused_where_they_cannot_apply(zarr_dir, mnt, source, args, pattern) -> None:
+def test_s3_only_options_are_refused_where_they_cannot_apply(zarr_dir, zarr_zip_cmd, mnt, source, args,
+                                                             pattern) -> None:
     """Encryption asked for and silently not done would be worse than an error: options
-    only S3 writes use are refused elsewhere, before anything is opened (the endpoint here
-    answers nothing)."""
-    src = str(zarr_dir) if source == "dir" else "s3://zvfs-nowhere/p"
-    res = zvfs_mount(src, mnt, "--endpoint-url", "http://127.0.0.1:9", *args)
+    only S3 (or its writes) uses are refused elsewhere, before anything is opened (the S3
+    endpoint here answers nothing)."""
+    src = {"dir": str(zarr_dir), "zip": str(zarr_zip_cmd), "s3": "s3://zvfs-nowhere/p"}[source]
+    endpoint = ["--endpoint-url", "http://127.0.0.1:9"] if source == "s3" else []
+    res = zvfs_mount(src, mnt, *endpoint, *args)
     assert res.returncode == 78, (res.returncode, res.stderr)
     assert re.search(pattern, res.stderr), res.stderr
     assert_nothing_mounted(mnt)
+
+
+def test_an_s3_option_at_its_default_changes_nothing_and_passes(zarr_dir, mount) -> None:
+    """An fstab line may spell out a default (`s3_attempts=10`): for a directory that asks
+    for nothing it does not do, and it mounts."""
+    m = mount(zarr_dir, "-o", "s3_attempts=10,no_sign_request=off")
+    assert sorted(os.listdir(m.path)) == sorted(p.name for p in zarr_dir.iterdir())
 
 
 def test_unmount_errors(tmp_path, mnt) -> None:

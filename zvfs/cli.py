@@ -392,10 +392,11 @@ def _source_spec(source: str, opts: dict[str, Any]) -> Any:
 
 def _check_s3_options(spec: Any, opts: dict[str, Any]) -> None:
     """Options only an S3 source (or only its writes) can use are refused elsewhere, not ignored:
-    a user who asked for encryption must not get unencrypted objects without a word. So is a
-    number of decoder processes for S3, which only a local source has (``auto`` is taken as
-    "what suits the source": none for S3)."""
-    given = [name for name in zopts.S3_OPTIONS if opts[name]]
+    a user who asked for encryption must not get unencrypted objects without a word, and one
+    who gives an endpoint or a region believes the source is S3. An option set to its default
+    changes nothing, and passes. So is a number of decoder processes for S3 refused, which only
+    a local source has (``auto`` is taken as "what suits the source": none for S3)."""
+    given = [name for name in zopts.S3_OPTIONS if opts[name] != zopts.BY_NAME[name].default]
     if given and spec.kind != "s3":
         raise CliError(f"{zopts.flag(given[0])} applies to S3 sources only, and {spec.describe()} is a "
                        f"{spec.kind}: drop it")

@@ -178,8 +178,11 @@ STORAGE_CLASSES = ("STANDARD", "REDUCED_REDUNDANCY", "STANDARD_IA", "ONEZONE_IA"
 S3_WRITE_OPTIONS = ("sse", "sse_kms_key_id", "storage_class")
 #: options that only a writable S3 mount has a use for
 S3_WRITABLE_OPTIONS = (*S3_WRITE_OPTIONS, "abort_uploads")
-#: options that only an S3 source has a use for
-S3_OPTIONS = ("requester_pays", *S3_WRITABLE_OPTIONS)
+#: options that only an S3 source has a use for: how it is reached, signed and retried, and
+#: how its writes are staged and uploaded
+S3_OPTIONS = ("endpoint_url", "region", "profile", "no_sign_request", "requester_pays", "s3_attempts",
+              "s3_timeout", "s3_deadline", "allow_empty", "staging_max_size", "staging_min_free",
+              "part_size", "rewrite_max_size", *S3_WRITABLE_OPTIONS)
 
 
 def flag(name: str) -> str:
