@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -536,6 +537,30 @@ def test_directory_without_zarr_warns_once(zarr_dir, tmp_path) -> None:
             assert _mount_said(store, mnt, tmp_path / "log") == []
         finally:
             force_unmount(mnt)
+
+
+def test_an_empty_directory_or_zip_is_told_unless_it_is_mounted_to_be_written(tmp_path) -> None:
+    """An empty directory or zip, most often a wrong path, mounted without a word (an empty
+    S3 prefix is refused outright). Read-only, it is one line; a writable mount of an empty
+    directory, the way to start a store, says nothing."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    archive = tmp_path / "empty.zip"
+    zipfile.ZipFile(archive, "w").close()
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    for source, writable_hint in ((empty, True), (archive, False)):
+        try:
+            lines = _mount_said(source, mnt, tmp_path / "log")
+            assert lines == [f"zvfs: warning: {source} is empty: mounting an empty tree"
+                             + (" (to write into it, mount it with --writable)" if writable_hint else "")], lines
+            assert os.listdir(mnt) == [], os.listdir(mnt)
+        finally:
+            force_unmount(mnt)
+    try:
+        assert _mount_said(empty, mnt, tmp_path / "log", "--writable") == []
+    finally:
+        force_unmount(mnt)
 
 
 def test_a_store_of_its_own_dot_zvfs_is_told_and_shown_with_decoded_off(zarr_dir, tmp_path) -> None:

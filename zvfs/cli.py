@@ -471,9 +471,11 @@ class _Reporter:
         return True
 
 
-def _scan(store: Any, description: str, report: _Reporter, decoded: bool = True) -> Any:
+def _scan(store: Any, description: str, report: _Reporter, decoded: bool = True,
+          empty_expected: bool = False) -> Any:
     """Look at the store's key names once: warn when it holds no Zarr metadata at all (its
-    plain files still mount), and learn the metadata mtimes the decoded views show.
+    plain files still mount) or nothing at all (a wrong path, unless ``empty_expected``: a
+    writable mount, or S3's --allow-empty), and learn the metadata mtimes the decoded views show.
     Returns a daemon.Prepared: the mtimes, and for a store listed flat (S3) that listing,
     resumed, for the raw tree's index."""
     from zvfs.daemon import Prepared
@@ -494,6 +496,9 @@ def _scan(store: Any, description: str, report: _Reporter, decoded: bool = True)
     except Exception:  # noqa: BLE001 - the scan only informs; the mount goes on without it
         log.debug("metadata scan failed", exc_info=True)
         return Prepared({}, None)
+    if scan.empty and not empty_expected:
+        hint = " (to write into it, mount it with --writable)" if getattr(store, "can_write", False) else ""
+        report.warn(f"{description} is empty: mounting an empty tree{hint}")
     if scan.found is False:
         report.warn(f"{description} holds no Zarr metadata (zarr.json, .zarray, .zgroup, a v1 meta); "
                     "mounting its plain files, and .zvfs/ will have no arrays")
@@ -626,7 +631,8 @@ def _mount_foreground(args: argparse.Namespace, opts: dict[str, Any], spec: Any 
         if opts["writable"]:
             _check_uploads(opened, description, opts, report)
             _check_left_staged(opened, report)
-        return _scan(counted, description, report, decoded=opts["decoded"] != "off")
+        return _scan(counted, description, report, decoded=opts["decoded"] != "off",
+                     empty_expected=opts["writable"] or opts["allow_empty"])
 
     from zvfs.daemon import MountRefused, SessionAborted, serve
 

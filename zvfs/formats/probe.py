@@ -51,12 +51,14 @@ class MetadataScan:
     ``mtimes``: node path ('' for the root) -> newest mtime (ns) of its metadata and attribute keys.
     ``v1_candidates``: keys named 'meta', small enough to be Zarr v1 metadata, not yet read.
     ``reserved_used``: keys were seen under the ``reserved`` name asked about (the mount's
-    control directory, which hides them)."""
+    control directory, which hides them).
+    ``empty``: the store holds no key at all."""
 
     found: bool | None = False
     mtimes: dict[str, int] = field(default_factory=dict)
     v1_candidates: list[str] = field(default_factory=list)
     reserved_used: bool = False
+    empty: bool = False
 
     @property
     def newest(self) -> int | None:
@@ -112,8 +114,9 @@ def scan_keys(keys: Iterable[tuple[str, KeyInfo]], limit: int = SCAN_LIMIT,
     for key in out.v1_candidates:  # an array's attrs count where its meta may be one
         parent = key.rpartition("/")[0]
         out.mtimes[parent] = max(out.mtimes[parent], v1_attrs.get(parent, 0))
+    out.empty = seen == 0
     if not out.found and (seen >= limit or seen == 0):
-        out.found = None  # too big to say, or empty (nothing to warn about: writes may fill it)
+        out.found = None  # too big to say, or empty (told apart: see ``empty``)
     return out
 
 
