@@ -54,6 +54,25 @@ def test_keys_listed_with_impossible_sizes_or_dates_cost_only_themselves(mount) 
             assert len(lines) == 1 and "no file can have" in lines[0], log[-3000:]
 
 
+def test_keys_that_cannot_be_paths_are_named_as_they_are_in_one_line_each(mount) -> None:
+    """Keys with an empty, '.' or '..' segment are no path: they are left out and logged once
+    each. The line named the prefix they are listed under as a key ("skipping store key
+    'x/'", "(empty key)" for x//y), a key the store does not hold; it names the keys under
+    it now, and why. Their directories stay, with the good keys beside them."""
+    objects = {"s/good.txt": b"good\n", "s/x//y": b"1", "s/a/../b": b"2", "s/./c": b"3", "s/z/ok": b"4"}
+    with HostileS3(BUCKET, objects) as server:
+        m = mount_it(mount, server)
+        assert sorted(os.listdir(m.path)) == ["a", "good.txt", "x", "z"]
+        assert os.listdir(m.path / "x") == [] and os.listdir(m.path / "a") == []
+        assert (m.path / "z" / "ok").read_bytes() == b"4"
+        lines = [ln.split(" WARNING ", 1)[1] for ln in m.log_text().splitlines() if "skipping" in ln]
+        assert sorted(lines) == [
+            "skipping the store keys under './': cannot be a POSIX path (segment '.')",
+            "skipping the store keys under 'a/../': cannot be a POSIX path (segment '..')",
+            "skipping the store keys under 'x//': cannot be a POSIX path (empty segment)",
+        ], lines
+
+
 def test_a_key_a_thousand_levels_deep_and_a_name_of_5000_bytes_cost_only_themselves(mount) -> None:
     deep = "s/" + "d/" * 1000 + "f"
     long_name = "s/" + "L" * 5000

@@ -593,7 +593,7 @@ class S3Store(Store):
             if safe_name(name):
                 listing.prefixes.add(name)
             else:
-                self._skip(sub[:-1])
+                self._skip(sub[:-1], under=True)
         return listing
 
     def _listed(self, obj: dict[str, Any]) -> KeyInfo | None:
@@ -609,9 +609,11 @@ class S3Store(Store):
                                   "a directory, the bytes are not", key, info.size)
         return info
 
-    def _skip(self, key: str) -> None:
-        why = bad_segment(key) or "not a path segment"
-        self._skipped.warning(key, "skipping store key %r: cannot be a POSIX path (%s)", key, why)
+    def _skip(self, key: str, under: bool = False) -> None:
+        """Log once that ``key`` (``under``: every key below the prefix ``key/``) is no path."""
+        why = bad_segment(key + "/x" if under else key) or "not a path segment"
+        what = f"the store keys under {key + '/'!r}" if under else f"store key {key!r}"
+        self._skipped.warning(key, "skipping %s: cannot be a POSIX path (%s)", what, why)
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
         """Every key below ``prefix`` in one flat paginated listing (no per-level requests)."""

@@ -686,18 +686,20 @@ class RawDir(DirNode):
     def _usable(self, name: str, listing: Listing) -> bool:
         why = bad_segment(name)
         if why is not None:
-            self._skipping(name, why)
+            self._skipping(name, why, listing)
             return False
         # the prefixes first: a set of a few, where the keys are searched (a million names)
         if name in listing.prefixes and name in listing.keys:
             self._clash(name)
         return True
 
-    def _skipping(self, name: str, why: str | None) -> None:
-        self.ctx.warn_once(
-            "bad:" + self.prefix + name,
-            f"skipping store key {self.prefix + name!r}: cannot be a POSIX path ({why})",
-        )
+    def _skipping(self, name: str, why: str | None, listing: Listing) -> None:
+        # a prefix of the listing stands for the keys below it: 'x//y' is listed in x/ as the
+        # prefix '', and "store key 'x/'" named a key the store does not hold
+        what = f"store key {self.prefix + name!r}"
+        if name in listing.prefixes:
+            what, why = f"the store keys under {self.prefix + name + '/'!r}", why if name else "empty segment"
+        self.ctx.warn_once("bad:" + self.prefix + name, f"skipping {what}: cannot be a POSIX path ({why})")
 
     def _clash(self, name: str) -> None:
         self.ctx.warn_once(
@@ -757,7 +759,7 @@ class RawDir(DirNode):
         given = {name: node for name, node in (shown or {}).items() if node is not None}
         names, unsafe = listing.names_view(hide=shown or (), add=given)
         for name in unsafe:
-            self._skipping(name, bad_segment(name))
+            self._skipping(name, bad_segment(name), listing)
         for name in listing.prefixes:
             if name in listing.keys and name not in unsafe:
                 self._clash(name)
