@@ -29,6 +29,7 @@ import netCDF4
 import numpy as np
 import pytest
 from conftest import Mounted, daemon_pids, in_threads, is_mounted, read_errno, run, tool
+from zarr_model import parse_npy_header
 
 MiB = 1 << 20
 
@@ -903,6 +904,35 @@ def test_bad_chunks(tmp_path: Path, mount) -> None:
     for key, _ref in bad.values():
         assert_one_line(m, key)
     assert_alive(m, pid)
+
+
+def test_a_corrupt_first_chunk_costs_data_npy_only_its_own_values(tmp_path: Path, mount) -> None:
+    """The header of data.npy shared its page with the first chunk's values: with that chunk
+    corrupt, the kernel's read of the page failed, and so did the header, np.load(mmap_mode)
+    and every other value of the file. The header now fills its page; the chunk's own values
+    still fail with EIO, the rest read as zarr-python wrote them."""
+    import zarr
+
+    root = tmp_path / "first.zarr"
+    g = zarr.open_group(str(root), mode="w", zarr_format=3)
+    ref = np.arange(100_000, dtype="<f8")
+    g.create_array("a", shape=ref.shape, chunks=(10_000,), dtype=ref.dtype, dimension_names=["t"])[:] = ref
+    (root / "a" / "c" / "0").write_bytes(b"garbage")
+    m = mount(root)
+    npy = m.path / ".zvfs/arrays/a/data.npy"
+    with open(npy, "rb") as f:
+        hlen, shape, _fortran, dtype = parse_npy_header(os.pread(f.fileno(), 4096, 0))
+        assert (shape, dtype) == (ref.shape, ref.dtype)
+        with pytest.raises(OSError) as exc:
+            os.pread(f.fileno(), 8, hlen)  # the first chunk's first value
+        assert exc.value.errno == errno.EIO
+    arr = np.load(npy, mmap_mode="r")
+    # from the first page that holds none of the first chunk's values (a mapped page that
+    # cannot be read is SIGBUS, as on any file system)
+    first = -(-(hlen + 10_000 * 8) // 4096) * 4096
+    np.testing.assert_array_equal(arr[(first - hlen) // 8:], ref[(first - hlen) // 8:])
+    del arr
+    assert_one_line(m, "a/c/0")
 
 
 def test_chunk_bombs_are_refused_in_bounded_memory(tmp_path: Path, mount) -> None:

@@ -10,12 +10,18 @@ from zvfs.views.arrays import DecodedArray, RawDataFile
 from zvfs.views.readahead import ReadAhead
 
 NPY_ALIGN = 64
+#: the alignment of a file whose data are read from chunks: the header alone on the first
+#: page. A read of that page with the first chunk's bytes fails when that chunk cannot be
+#: read (corrupt, or its store failing); the kernel then reads the page alone again, so the
+#: header, np.load(mmap_mode="r") and the other chunks' values stay readable
+PAGE_ALIGN = 4096
 
 
-def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+def npy_header(dtype: np.dtype, shape: tuple[int, ...], align: int = NPY_ALIGN) -> bytes:
     """The one NPY header writer (data.npy, the vectors view): format 1.0 (2.0 when too long)
-    for a C-order array, padded so data starts 64-byte aligned. A header that latin-1 cannot
-    hold (a structured dtype's field named ``温度``) is format 3.0, UTF-8, as numpy writes it."""
+    for a C-order array, padded so data start ``align``-byte aligned (a multiple of numpy's
+    64). A header that latin-1 cannot hold (a structured dtype's field named ``温度``) is
+    format 3.0, UTF-8, as numpy writes it."""
     descr = np.lib.format.dtype_to_descr(np.dtype(dtype))
     # plain ints: numpy 2 would write np.int64(3) into the header text
     text = repr({"descr": descr, "fortran_order": False, "shape": tuple(int(n) for n in shape)})
@@ -25,7 +31,7 @@ def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
         encoded, versions = text.encode("utf-8"), (((3, 0), "<I"),)
     for version, fmt in versions:
         prefix = 6 + 2 + struct.calcsize(fmt)
-        pad = -(prefix + len(encoded) + 1) % NPY_ALIGN
+        pad = -(prefix + len(encoded) + 1) % align
         body = encoded + b" " * pad + b"\n"
         if len(body) < 1 << (8 * struct.calcsize(fmt)):
             return b"\x93NUMPY" + bytes(version) + struct.pack(fmt, len(body)) + body
@@ -37,7 +43,7 @@ class NpyFile(RawDataFile):
 
     def __init__(self, array: DecodedArray, ahead: ReadAhead | None = None, dtype: np.dtype | None = None) -> None:
         super().__init__(array, ahead, dtype)
-        self.header = npy_header(array.meta.dtype if dtype is None else dtype, array.meta.shape)
+        self.header = npy_header(array.meta.dtype if dtype is None else dtype, array.meta.shape, PAGE_ALIGN)
 
     @property
     def size(self) -> int:

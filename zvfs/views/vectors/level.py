@@ -21,7 +21,7 @@ from zvfs.formats.zv import Level, ZVGroup
 from zvfs.stores.base import is_store_failure
 from zvfs.views.context import MountContext
 from zvfs.views.node import Node
-from zvfs.views.npy import npy_header
+from zvfs.views.npy import PAGE_ALIGN, npy_header
 from zvfs.views.vectors.nodes import (
     BuiltDir,
     BuiltFile,
@@ -98,7 +98,7 @@ class LevelTree:
         D = L.ndim
         if ok:
             out["vertices.npy"] = rows_file(
-                ctx, (self.key, "vertices"), f"{self.what}/vertices", npy_header(L.dtype, (n, D)),
+                ctx, (self.key, "vertices"), f"{self.what}/vertices", npy_header(L.dtype, (n, D), PAGE_ALIGN),
                 counts, L.dtype.itemsize * D, lambda i: L.vertices(chunks[i]).astype(L.dtype, copy=False).tobytes())
         else:
             out["vertices.npy"] = ErrorFile(ctx, f"{self.what}/vertices.npy", counts)
@@ -118,7 +118,7 @@ class LevelTree:
                 continue
             va[f"{name}.npy"] = rows_file(
                 ctx, (self.key, "va", name), f"{self.what}/vertex_attributes/{name}",
-                npy_header(info.dtype, (n, *info.row_shape)), counts,
+                npy_header(info.dtype, (n, *info.row_shape), PAGE_ALIGN), counts,
                 info.dtype.itemsize * info.ncols,
                 lambda i, name=name: np.ascontiguousarray(L.vertex_attribute(name, chunks[i])).tobytes())
         if va:
@@ -367,7 +367,7 @@ class LevelTree:
                 sizes.append(0)
             parts[-1].append(b)
             sizes[-1] += k
-        header = npy_header(L.dtype, (n, L.ndim))
+        header = npy_header(L.dtype, (n, L.ndim), PAGE_ALIGN)
 
         def load(i: int) -> bytes:
             got = zv.object_vertices(L, oid, parts[i - 1])
