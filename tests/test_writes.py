@@ -806,6 +806,41 @@ def test_rename(store: Store, mount) -> None:
                                  "renamed/sub/x2"}
 
 
+def test_an_open_that_may_create_keeps_a_file_made_behind_the_mount(store: Store, mount) -> None:
+    """A directory listed empty, then a file written into it behind the mount (another
+    program, another mount of the same store) within the TTL: the kernel takes the name for
+    absent and sends CREATE, which emptied the file, for `touch` and `>>` too (no O_TRUNC).
+    Only O_TRUNC empties it now; O_EXCL is EEXIST; two mounts appending to one log keep
+    both lines."""
+    store.put("zarr.json", b"{}")
+    m = store.mount(mount)
+    os.mkdir(m.path / "d")
+    assert os.listdir(m.path / "d") == []  # the kernel and the mount both know d/ as empty
+    for name in ("touched", "appended", "truncated", "excl"):
+        store.put(f"d/{name}", b"precious\n")
+    run(["touch", m.path / "d" / "touched"], check=True)
+    with open(m.path / "d" / "appended", "ab") as f:
+        f.write(b"more\n")
+    with open(m.path / "d" / "truncated", "wb") as f:
+        f.write(b"new\n")
+    fails(errno.EEXIST, os.open, m.path / "d" / "excl", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    assert store.get("d/touched") == b"precious\n"
+    assert store.get("d/appended") == b"precious\nmore\n"
+    assert store.get("d/truncated") == b"new\n"
+    assert store.get("d/excl") == b"precious\n"
+    for name, size in (("touched", 9), ("appended", 14), ("truncated", 4)):
+        assert (m.path / "d" / name).stat().st_size == size, name
+    # an O_RDWR|O_CREAT open reads what the store holds
+    store.put("d/rdwr", b"abcdef")
+    fd = os.open(m.path / "d" / "rdwr", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        assert os.pread(fd, 6, 0) == b"abcdef"
+        os.pwrite(fd, b"X", 6)
+    finally:
+        os.close(fd)
+    assert store.get("d/rdwr") == b"abcdefX"
+
+
 def test_create_if_absent_on_a_server_without_conditional_writes(s3store: Store, moto, mount,
                                                                  tmp_path) -> None:
     """A server that answers a PUT carrying If-None-Match with 501 NotImplemented (one

@@ -88,7 +88,7 @@ class WritingOperations:
         sname = os.fsdecode(name)
         parent = self._dir(parent_inode)
         node, handle = await self._call(lambda: f"create {self._inodes.child_path(parent_inode, sname)}",
-                                        parent.create(sname, bool(flags & os.O_EXCL)))
+                                        parent.create(sname, bool(flags & os.O_EXCL), bool(flags & os.O_TRUNC)))
         handle.appending = bool(flags & os.O_APPEND)
         self._names_changed(parent_inode)
         self._unbind(parent_inode, sname)

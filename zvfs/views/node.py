@@ -203,8 +203,11 @@ class DirNode(Node):
     async def children(self) -> Sequence[tuple[str, Node]]:
         """Visible children as (name, node), sorted by name."""
 
-    async def create(self, name: str, exclusive: bool) -> tuple[FileNode, FileHandle]:
-        """A new (or emptied) file ``name``, open for writing."""
+    async def create(self, name: str, exclusive: bool, truncate: bool = True) -> tuple[FileNode, FileHandle]:
+        """The file ``name``, open for writing: made if absent, emptied if ``truncate``.
+
+        The kernel asks this of a name it believes absent, which it may no longer be (made in
+        the store since its negative entry was cached): an open without O_TRUNC keeps the bytes."""
         raise read_only()
 
     async def mkdir(self, name: str) -> DirNode:

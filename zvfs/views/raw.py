@@ -790,17 +790,30 @@ class RawDir(DirNode):
             raise NodeError(errno.EINVAL if size <= 255 else errno.ENAMETOOLONG)
         return self.prefix + name
 
-    async def create(self, name: str, exclusive: bool) -> tuple[FileNode, FileHandle]:
+    async def create(self, name: str, exclusive: bool, truncate: bool = True) -> tuple[FileNode, FileHandle]:
         key = self._key(name)
         listing = await self._listing()
         if name in listing.prefixes:
             raise NodeError(errno.EISDIR)
-        if exclusive and name in listing.keys:
-            raise NodeError(errno.EEXIST)
-        writer = await store_call(self.ctx, key, self.ctx.store.open_writer, key, truncate=True, create=True,
+        if name in listing.keys:
+            if exclusive:
+                raise NodeError(errno.EEXIST)
+            # a file the kernel believed absent: opened as any open of it is (S3's opens of
+            # one file share its staged copy)
+            node = self._child(name, listing)
+            if isinstance(node, RawFile):
+                try:
+                    return node, await node.open_write(truncate)
+                except NodeError as exc:
+                    if exc.errno != errno.ENOENT:
+                        raise  # gone from the store since it was listed: made below
+        # absent from the listing, not always from the store (written there since it was
+        # listed): without O_TRUNC the store opens what it holds, and the bytes stay. Every
+        # create emptied it, so `>>` or `touch` of such a file lost its bytes
+        writer = await store_call(self.ctx, key, self.ctx.store.open_writer, key, truncate=truncate, create=True,
                                   exclusive=exclusive)
         handle = WriteHandle(self.ctx, key, writer)
-        info = KeyInfo(0, time.time_ns())
+        info = KeyInfo(0, time.time_ns()) if truncate else KeyInfo(writer.size, writer.mtime_ns or time.time_ns())
         self.ctx.listing_put(key, info)
         self.ctx.note_write(key, info)
         return RawFile(self.ctx, key, info), handle

@@ -87,9 +87,9 @@ class MountRoot(RawDirHolder):
         if name == CONTROL_NAME and self.control is not None:
             raise NodeError(errno.EPERM if self.writable else errno.EROFS)
 
-    async def create(self, name: str, exclusive: bool) -> tuple[FileNode, FileHandle]:
+    async def create(self, name: str, exclusive: bool, truncate: bool = True) -> tuple[FileNode, FileHandle]:
         self._plain(name)
-        return await self.raw.create(name, exclusive)
+        return await self.raw.create(name, exclusive, truncate)
 
     async def mkdir(self, name: str) -> DirNode:
         self._plain(name)
