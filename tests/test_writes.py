@@ -3060,6 +3060,21 @@ def test_s3_a_renamed_directory_takes_the_keys_the_mount_cannot_show(s3store: St
     assert s3store.keys() == {"a2/ok": 2, "a2//b": 5, "a2/./c": 3}
 
 
+def test_s3_names_of_many_multibyte_characters_are_staged_and_stored(s3store: Store, mount) -> None:
+    """The staged copy's name holds the key's name cut to 80 characters: 75 CJK characters
+    (225 bytes, a legal name) made it longer than 255 bytes, so creating, appending to or
+    rewriting such a file failed EIO ("cannot stage: File name too long")."""
+    m = s3store.mount(mount)
+    for name in ("名" * 84, "😀" * 63):  # 252 bytes each
+        (m.path / name).write_bytes(b"one\n")
+        with open(m.path / name, "ab") as f:
+            f.write(b"two\n")
+        assert s3store.get(name) == b"one\ntwo\n"
+        os.rename(m.path / name, m.path / (name[:-1] + "x"))
+        (m.path / (name[:-1] + "x")).write_bytes(b"three\n")
+        assert s3store.get(name[:-1] + "x") == b"three\n"
+
+
 def test_s3_a_key_longer_than_s3_takes_is_refused_before_anything_is_staged(s3store: Store, mount) -> None:
     """S3 keys hold at most 1,024 bytes: a file whose key would be longer (a deep tree copied
     in) was made, written and staged whole, and only the upload at close failed, EIO, the

@@ -106,7 +106,11 @@ class Staging:
         self.held.give()
 
     def _new_file(self, key: str) -> tuple[str, int]:
-        name = f"{uuid.uuid4().hex}-{os.path.basename(key)[:80]}"
+        # the key's name, for whoever looks into the staging directory: its first 80 bytes,
+        # not characters (75 CJK characters are 225 bytes, past 255 with the rest: every
+        # create of such a name failed EIO, "File name too long")
+        shown = os.path.basename(key).encode()[:80].decode(errors="ignore")
+        name = f"{uuid.uuid4().hex}-{shown}"
         gone = self.dir
         try:
             return self._create(key, name)
