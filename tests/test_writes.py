@@ -2768,6 +2768,32 @@ def test_dir_a_link_through_the_mount_is_a_file_of_its_own(dirstore: Store, moun
     fails(errno.EEXIST, os.link, a, a)
 
 
+def test_a_link_of_a_file_being_written_holds_its_bytes_written_so_far(store: Store, mount) -> None:
+    """On S3 the link copied the object as stored: a file rewritten and not yet closed gave
+    a link of the old bytes under the new size (stat 9, read 2, for the TTL), and one made
+    and not yet closed once was ENOENT though stat showed it. The link now holds what the
+    file holds when it is made, as on a directory store; the open goes on writing."""
+    m = store.mount(mount)
+    old, new = m.path / "old", m.path / "new"
+    old.write_bytes(b"v1")
+    fd = os.open(old, os.O_WRONLY | os.O_TRUNC)
+    fd_new = os.open(new, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"v2-longer")
+        os.link(old, m.path / "old-link")
+        os.write(fd_new, b"never closed yet")
+        os.link(new, m.path / "new-link")
+        for name, want in (("old-link", b"v2-longer"), ("new-link", b"never closed yet")):
+            assert (m.path / name).stat().st_size == len(want), name
+            assert (m.path / name).read_bytes() == want, name
+            assert store.get(name) == want, name
+        os.write(fd, b"+more")
+    finally:
+        os.close(fd)
+        os.close(fd_new)
+    assert store.get("old") == b"v2-longer+more" and store.get("old-link") == b"v2-longer"
+
+
 def test_dir_files_made_through_the_mount_have_the_stores_mode_whatever_the_tool_asked(
         dirstore: Store, mount, tmp_path) -> None:
     """The store keeps no modes (chmod is accepted and not kept), but a file was made with the

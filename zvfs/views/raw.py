@@ -962,6 +962,12 @@ class RawDir(DirNode):
         listing = await self._listing()
         if name in listing.keys or name in listing.prefixes:
             raise NodeError(errno.EEXIST)
+        open_now = self.ctx.writers.get(node.key)
+        if open_now and self.ctx.store.stages_writes:
+            # the link copies what the store holds: the file's bytes written and not yet stored
+            # are stored first, as fsync() would (the copy held the old bytes under the new
+            # size, and a file not yet stored once was ENOENT)
+            await open_now[-1].flush()
         await store_call(self.ctx, dst, self.ctx.store.link, node.key, dst)
         info = KeyInfo(node.size, node.mtime_ns)
         self.ctx.listing_put(dst, info)
