@@ -323,7 +323,11 @@ class MountContext:
         parent = key.rpartition("/")[0]
         self.listings.invalidate(parent + "/" if parent else "")
         self.listings.invalidate(("tree",))
-        self.note_write(key)
+        # what the mount's own last write of it made is kept: the refused read is most often
+        # one that was pinned before that write (S3 fetching ahead for a reader that opened
+        # while the file was rewritten), and a node that meets this epoch without an info
+        # kept the size before the write, so stat showed the old size for the TTL
+        self.note_write(key, self.written(key))
 
     async def listing(self, prefix: str) -> Listing:
         """The store's listing of directory ``prefix`` ('' or ending in '/'), made once for
