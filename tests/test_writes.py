@@ -3109,6 +3109,34 @@ def test_s3_a_file_rewritten_while_read_shows_its_new_size_after_close(s3store: 
     assert p.read_bytes() == b"n" * 71
 
 
+def test_sync_of_a_file_open_for_writing_stores_it(store: Store, mount) -> None:
+    """`sync FILE` opens the file for reading and calls fsync(): on S3 that returned at once
+    with the writer's bytes still staged, where an fsync() through the writer stores them.
+    It stores them now, for a stored file and for one made and never stored; the writer
+    goes on writing."""
+    store.put("old", b"stored once")
+    m = store.mount(mount)
+    fds = {name: os.open(m.path / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) for name in ("old", "new")}
+    try:
+        for name, fd in fds.items():
+            os.write(fd, f"{name}: written, not closed".encode())
+        # in this process: a child process (sync FILE itself) closes the inherited writers
+        # as it starts, and each close stores the file anyway
+        for name in fds:
+            r = os.open(m.path / name, os.O_RDONLY)
+            try:
+                os.fsync(r)
+            finally:
+                os.close(r)
+        for name in fds:
+            assert store.get(name) == f"{name}: written, not closed".encode(), name
+        os.write(fds["old"], b" +more")
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    assert store.get("old") == b"old: written, not closed +more"
+
+
 def test_s3_names_of_many_multibyte_characters_are_staged_and_stored(s3store: Store, mount) -> None:
     """The staged copy's name holds the key's name cut to 80 characters: 75 CJK characters
     (225 bytes, a legal name) made it longer than 255 bytes, so creating, appending to or

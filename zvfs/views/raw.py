@@ -41,6 +41,7 @@ from zvfs.views.writing import (
     move_writers,
     relink_writers,
     store_call,
+    store_pending,
     unlink_writers,
 )
 from zvfs.workers import Workers, gather
@@ -305,6 +306,9 @@ class RawFile(FileNode):
             self.ctx.listing_put(self.key, info)
             self.ctx.note_write(self.key, info)
         return writer
+
+    async def sync(self) -> None:
+        await store_pending(self.ctx, self.key)
 
     async def set_size(self, size: int) -> None:
         handle = await self.open_write(truncate=size == 0)

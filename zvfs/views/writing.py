@@ -165,6 +165,15 @@ class WriteHandle(FileHandle):
         await store_call(self.ctx, self.key, self.writer.close)
 
 
+async def store_pending(ctx: MountContext, key: str) -> None:
+    """fsync() through an open for reading (``sync FILE``), of a file open for writing on a
+    store that stages writes (S3): its bytes not yet stored are stored now, as an fsync()
+    through a writer does (it returned at once, the bytes still staged)."""
+    open_now = ctx.writers.get(key) if ctx.store.stages_writes else None
+    if open_now:
+        await open_now[-1].flush(durable=True)
+
+
 class UnstoredReader(FileNode):
     """An open for reading of a file made through the mount and being written, never stored
     yet (S3): it reads what the writers have written so far. Readers of a stored object
@@ -181,6 +190,9 @@ class UnstoredReader(FileNode):
     @property
     def size(self) -> int:
         return self.handle.size
+
+    async def sync(self) -> None:
+        await store_pending(self.handle.ctx, self.key)
 
     async def read(self, offset: int, length: int) -> bytes:
         writer = self.handle.writer
