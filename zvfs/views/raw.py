@@ -813,7 +813,10 @@ class RawDir(DirNode):
                         raise  # gone from the store since it was listed: made below
         # absent from the listing, not always from the store (written there since it was
         # listed): without O_TRUNC the store opens what it holds, and the bytes stay. Every
-        # create emptied it, so `>>` or `touch` of such a file lost its bytes
+        # create emptied it, so `>>` or `touch` of such a file lost its bytes. An exclusive
+        # create keeps none either way (cp's O_EXCL: S3 asks nothing before the upload, whose
+        # If-None-Match refuses a key that exists)
+        truncate = truncate or exclusive
         writer = await store_call(self.ctx, key, self.ctx.store.open_writer, key, truncate=truncate, create=True,
                                   exclusive=exclusive)
         handle = WriteHandle(self.ctx, key, writer)
