@@ -109,7 +109,7 @@ class Staging:
         # the key's name, for whoever looks into the staging directory: its first 80 bytes,
         # not characters (75 CJK characters are 225 bytes, past 255 with the rest: every
         # create of such a name failed EIO, "File name too long")
-        shown = os.path.basename(key).encode()[:80].decode(errors="ignore")
+        shown = os.path.basename(key).encode(errors="surrogateescape")[:80].decode(errors="ignore")
         name = f"{uuid.uuid4().hex}-{shown}"
         gone = self.dir
         try:

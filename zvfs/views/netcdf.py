@@ -138,7 +138,7 @@ def var_type(dtype: np.dtype, cdf5: bool) -> VarType:
             return VarType(NC_FLOAT, NC_DTYPE[NC_FLOAT])
         raise LeftOut(f"float{size * 8}: no netCDF type holds it")
     if kind in "mM":
-        unit, _count = np.datetime_data(dtype)
+        unit = np.datetime_data(dtype)[0]
         if unit == "W" or (kind == "M" and unit in _CALENDAR_UNITS):
             # a week is seven days either way; months and years since 1970 are whole days,
             # but as durations they have no length in days
