@@ -245,16 +245,21 @@ def test_service_stops_on_sigterm(zarr_dir, tmp_path) -> None:
         force_unmount(mnt)
 
 
-def test_mount_unit_type_and_options_work_with_mount8(zarr_dir, tmp_path) -> None:
+def test_mount_unit_type_and_options_work_with_mount8(zarr_dir, zarr_s3_public, moto, tmp_path) -> None:
     """What systemd runs for the .mount unit: mount -t <Type> <What> <Where> -o <Options>.
 
-    What= is replaced by the local sample store (no network here); Options= stay as written.
+    What= is replaced by the sample store in a public bucket of the test's moto (no network
+    here), whose endpoint is added to Options=, which otherwise stay as written (S3's
+    options, refused for a local source, are the unit's own).
     """
     m = read_unit(MOUNT_UNIT)["Mount"]
+    assert m["What"].startswith("s3://"), m["What"]
     mnt = tmp_path / "unit-mnt"
     mnt.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}  # nothing signs
     try:
-        res = run(["mount", "-t", m["Type"], str(zarr_dir), mnt, "-o", m["Options"]], timeout=120)
+        res = run(["mount", "-t", m["Type"], zarr_s3_public, mnt, "-o",
+                   f"{m['Options']},endpoint_url={moto.endpoint}"], timeout=120, env=env)
         assert res.returncode == 0, res.stderr
         entry = mount_entry(mnt)
         assert entry is not None and entry["fstype"] == "fuse.zvfs"

@@ -508,6 +508,7 @@ def test_an_owner_who_cannot_reach_the_mount_is_warned_of(dirstore: Store, mount
     """--uid of another user without --allow-other mounts, and says why that user will not
     get in (FUSE keeps everyone but the mounting user out); with --allow-other it says
     nothing."""
+    dirstore.put("zarr.json", b'{"zarr_format": 3, "node_type": "group"}')  # nothing else to warn of
     m = dirstore.mount(mount, "--uid", str(NOBODY), writable=False, mountpoint=shared_mountpoint)
     assert f"--uid {NOBODY} without --allow-other" in m.result.stderr, m.result.stderr
     res = as_nobody(f"ls '{m.path}'")
