@@ -233,6 +233,8 @@ def expected_fill(v: Var, node) -> object | None:
         return raw
     if node.zarr_format == 3 and (node.dimension_names or node.ndim == 0):
         return None  # xarray never masks with a v3 fill_value, and opens every 0-d array
+    if v.store.startswith("nczarr"):
+        return None  # NCZarr's fill_value alone is the type's default fill: netCDF-C shows no attribute
     if node.dtype.kind == "b":
         return None
     return node.fill_value
@@ -1521,6 +1523,38 @@ def test_unsigned_attributes_of_a_classic_file_keep_their_values(mount, tmp_path
         assert got["b"][:].tolist() == want["b"][:].tolist() == [1, 2, 3]
 
 
+def test_an_nczarr_store_s_default_fills_read_as_netcdf_c_reads_them(mount, tmp_path: Path) -> None:
+    """NCZarr keeps a fill the writer set as a typed _FillValue attribute; a .zarray's
+    fill_value alone is the type's default fill, which netCDF-C shows as no attribute. It
+    was served as _FillValue: a byte's -127 then masked real data (ncdump printed `_`,
+    xarray made the variable float), and a double's, which NCZarr writes rounded
+    (9.96921e+36), masked nothing, so an unwritten value read as 9.97e36. ncdump of the
+    served file prints what ncdump of the store prints, and so does netCDF4-python."""
+    cdl = tmp_path / "fills.cdl"
+    cdl.write_text("netcdf fills { dimensions: x = 3 ;\n"
+                   "variables: double d(x) ; int i(x) ; i:_FillValue = -5 ; byte b(x) ; ubyte ub(x) ;\n"
+                   "data: d = 1, _, 3 ; i = 1, _, 3 ; b = -127, 0, 1 ; ub = 1, 128, 255 ; }\n")
+    store = tmp_path / "fills.zarr"
+    url = f"file://{store}#mode=nczarr,file"
+    assert run([tool("ncgen"), "-k", "nc4", "-o", url, str(cdl)]).returncode == 0
+    want = parse_ncdump(run([tool("ncdump"), url], check=True).stdout)
+    m = mount(url)
+    served = m.path / ".zvfs/netcdf/root.nc"
+    got = parse_ncdump(run([tool("ncdump"), served], check=True).stdout)
+    # ub is a byte with _Unsigned in a classic file, which ncdump prints signed: by netCDF4 below
+    assert {k: got[k] for k in "dib"} == {k: want[k] for k in "dib"}, (got, want)
+    assert want["d"] == ["1", "_", "3"] and want["b"][0] == "-127", want
+    with netCDF4.Dataset(url) as ref, netCDF4.Dataset(served) as ds:
+        for name in ("d", "i", "b", "ub"):
+            assert ("_FillValue" in ds[name].ncattrs()) == ("_FillValue" in ref[name].ncattrs()), name
+        for name in ("d", "i", "b"):  # (netCDF4-python masks an _Unsigned byte's 255 as ubyte's default)
+            a, b = ref[name][:], ds[name][:]
+            assert np.ma.getmaskarray(a).tolist() == np.ma.getmaskarray(b).tolist(), name
+            assert np.ma.filled(a, 0).tolist() == np.ma.filled(b, 0).tolist(), name
+        ds.set_auto_mask(False)
+        assert ds["ub"][:].tolist() == [1, 128, 255]
+
+
 @pytest.mark.parametrize("writer", ["nccopy", "ncgen"])
 def test_an_nczarr_char_variable_reads_as_netcdf_wrote_it(mount, tmp_path: Path, writer: str) -> None:
     """netCDF-C 4.9 stores a char variable as dtype "<U1" with one byte a character: data.raw
@@ -1622,6 +1656,23 @@ def test_zv_store_shows_only_plain_arrays(mount) -> None:
     assert checked > 0 and left_out > 0
     with netCDF4.Dataset(top / "0.nc") as ds:
         assert "vertices" not in ds.variables and "vertices: " in ds.getncattr(LEFT_OUT)
+
+
+def test_an_nczarr_string_variable_reads_as_text(mount, tmp_path: Path) -> None:
+    """netCDF-C (4.10.1, in netCDF4-python's wheel) keeps an NC_STRING variable as
+    ``|S<maxstrlen>`` (its char is ``|S1``). It was served as bytes without ``_Encoding``:
+    xarray read b'\\xce\\xb1' for 'α'. It is UTF-8 text now, as netCDF-C reads the store."""
+    store = tmp_path / "strings"
+    with netCDF4.Dataset(f"file://{store}#mode=nczarr,file", "w") as ds:
+        ds.createDimension("y", 3)
+        v = ds.createVariable("s", str, ("y",))
+        v[0], v[1], v[2] = "α", "beta gamma", ""
+    assert json.loads((store / "s/.zarray").read_text())["dtype"].startswith("|S")  # what this is about
+    with netCDF4.Dataset(f"file://{store}#mode=nczarr,file") as want:
+        ref = [str(x) for x in want["s"][:]]
+    m = mount(store)
+    with xr.open_dataset(m.path / ".zvfs/netcdf/root.nc") as ds:
+        assert [str(x) for x in ds["s"].values.tolist()] == ref == ["α", "beta gamma", ""], ds["s"].values
 
 
 def test_scalars_of_a_later_netcdf_c_stay_scalars(mount, tmp_path: Path) -> None:

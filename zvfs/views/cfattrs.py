@@ -3,8 +3,9 @@
 Zarr attributes are JSON, but the readers that matter (xarray, netCDF-C, GDAL)
 give some of them a type and a meaning:
 
-- ``_FillValue`` is the CF missing value. Zarr v2 (and NCZarr) keep it in the
-  array's ``fill_value``; xarray writing Zarr v3 keeps it in the attributes,
+- ``_FillValue`` is the CF missing value. Zarr v2 keeps it in the array's
+  ``fill_value``, NCZarr in a typed attribute (its ``fill_value`` alone is the
+  type's default fill); xarray writing Zarr v3 keeps it in the attributes,
   base64-encoded for floats, and leaves the v3 ``fill_value`` as a plain
   "unwritten chunk" value that no reader masks with (0 for a time variable).
 - NCZarr types its attributes in ``_nczarr_attr.types`` ("<f4", ">i2",
@@ -230,8 +231,9 @@ def _meta_fill(meta: ArrayMeta) -> np.ndarray | None:
 def array_attributes(meta: ArrayMeta) -> VarAttributes:
     """The array's attributes and CF fill value, by the rules of the module doc.
 
-    The CF fill is the ``_FillValue`` attribute when there is one; else, for v1,
-    v2 and NCZarr, the array's ``fill_value`` (xarray and netCDF-C read it so);
+    The CF fill is the ``_FillValue`` attribute when there is one; else, for v1
+    and v2, the array's ``fill_value`` (xarray and netCDF-C read it so), and for
+    NCZarr none (netCDF-C reads that ``fill_value`` as the type's default fill);
     for v3, the ``fill_value`` only when the array has dimensions and names none
     of them: xarray never masks with the v3 ``fill_value``, and it opens any
     array that names its dimensions, and every 0-d array (which has none to
@@ -248,7 +250,13 @@ def array_attributes(meta: ArrayMeta) -> VarAttributes:
     typed_fill = attrs.pop("_FillValue", None)
     fill = _as_fill(typed_fill, meta.dtype) if typed_fill is not None else None
     if fill is None and typed_fill is None:
-        if meta.format != "zarr_v3" or (meta.shape and not meta.dimension_names):
+        # NCZarr keeps a fill set by the writer as a typed _FillValue attribute; its
+        # fill_value alone is netCDF's default fill, which netCDF-C shows as no attribute
+        # (a default masks by type in every netCDF reader, and NCZarr rounds the double's:
+        # as _FillValue, 9.96921e+36 masked nothing, and a byte's -127 masked real data)
+        if meta.format == "nczarr":
+            pass
+        elif meta.format != "zarr_v3" or (meta.shape and not meta.dimension_names):
             fill = _meta_fill(meta)
     elif fill is None:  # a _FillValue we cannot read as the array's type: keep it as it was
         attrs["_FillValue"] = typed_fill

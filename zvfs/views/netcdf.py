@@ -177,7 +177,11 @@ def served_type(array: DecodedArray, cdf5: bool, width: int | str | None = None)
     char of the ``width`` :func:`text_widths` measured (a str there is why none was)."""
     meta = array.meta
     if meta.vlen is None:
-        return var_type(meta.dtype, cdf5)
+        vtype = var_type(meta.dtype, cdf5)
+        if meta.format == "nczarr" and meta.dtype.kind == "S" and meta.dtype.itemsize > 1:
+            # NCZarr's NC_STRING (|S<maxstrlen>; its char is |S1): UTF-8 text, as netCDF-C reads it
+            vtype.extra_attrs = {**vtype.extra_attrs, "_Encoding": "utf-8"}
+        return vtype
     if meta.vlen not in TEXT_VLEN:
         raise LeftOut(f"variable-length elements ({meta.vlen}): classic netCDF has no such type"
                       + (" (as char, trailing NUL bytes would be lost)" if meta.vlen == "vlen-bytes" else ""))
