@@ -396,7 +396,7 @@ class ZipStore(Store):
                              f"the zip local header at offset {zi.header_offset} names another "
                              "member (the archive is corrupt)"))
         off = zi.header_offset + _LOCAL_HEADER.size + name_len + extra_len
-        if now and not (_still_the_member(zi, fields) and self._descriptor_agrees(zi, off)):
+        if now and not (_still_the_member(zi, fields) and self._descriptor_agrees(zi, off, fields[2])):
             raise StoreError(f"{key}: {_MOVED}")
         if off + zi.compress_size > self._size:
             raise StoreError(f"{key}: member data extends past the end of the zip file")
@@ -404,12 +404,15 @@ class ZipStore(Store):
         m.checked = now
         return off
 
-    def _descriptor_agrees(self, zi: zipfile.ZipInfo, off: int) -> bool:
+    def _descriptor_agrees(self, zi: zipfile.ZipInfo, off: int, local_flags: int) -> bool:
         """For a member whose CRC and sizes follow its data (flag 0x8: streamed, as zipfile
         on a pipe, Go and Java write every member), whether the data descriptor where the
         directory says the data ends holds them: the local header has only zeros to
-        compare, and a shorter member in its place was served with the next one's bytes."""
-        if not zi.flag_bits & 0x8:
+        compare, and a shorter member in its place was served with the next one's bytes.
+        The local header's flag counts as much as the directory's: an archive rewritten in
+        place by a streaming writer put such a header where a member without one was, and
+        the new bytes (then the next member's) were served under the old size."""
+        if not (zi.flag_bits | local_flags) & 0x8:
             return True
         try:
             raw = os.pread(self._fd, 24, off + zi.compress_size)
