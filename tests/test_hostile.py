@@ -1052,6 +1052,12 @@ def test_zip_stored_member_with_wrong_crc(tmp_path: Path, mount) -> None:
                 pass
     assert ei.value.errno == errno.EIO
     assert read_errno(m.path / "blob.bin") == errno.EIO  # and every later read
+    # its start too: the kernel held the pages read before the CRC was found bad, and a new
+    # open (`head`) read them from its cache (a helper's audit)
+    with open(m.path / "blob.bin", "rb", buffering=0) as f:
+        with pytest.raises(OSError) as ei:
+            f.read(4096)
+    assert ei.value.errno == errno.EIO
     # the decoded view never serves the bad chunk
     arrays = m.path / ".zvfs/arrays"
     assert read_errno(arrays / "raw/chunks/0.1") == errno.EIO
