@@ -974,6 +974,36 @@ def test_zip_corrupt_member_is_store_error_naming_key(tmp_path: Path) -> None:
     st.close()
 
 
+@pytest.mark.parametrize("method", [zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA])
+def test_zip_bzip2_or_lzma_member_with_a_bad_crc_is_corrupt_for_every_later_read(tmp_path: Path,
+                                                                                 method: int) -> None:
+    """A bzip2 or lzma member whose CRC-32 does not match (zipfile finds it at its end) was
+    counted as an "other" error, not a checksum one, and not remembered; as a deflated
+    member's mismatch is, it is both now: later reads, of any range, fail too."""
+    path = tmp_path / "c.zip"
+    data = b"".join(b"%08d some text line\n" % i for i in range(20_000))
+    with zipfile.ZipFile(path, "w", method) as zf:
+        zf.writestr("big", data)
+        zf.writestr("ok", b"fine")
+    raw = bytearray(path.read_bytes())
+    central = raw.index(b"PK\x01\x02")  # 'big' is the first entry: flip its CRC there
+    struct.pack_into("<I", raw, central + 16, struct.unpack_from("<I", raw, central + 16)[0] ^ 1)
+    path.write_bytes(bytes(raw))
+    with zipfile.ZipFile(path) as zf, pytest.raises(zipfile.BadZipFile, match="CRC"):
+        zf.read("big")  # the reference agrees
+    st = ZipStore(path)
+    try:
+        with pytest.raises(StoreError, match="big: corrupt zip member"):
+            st.get("big")
+        with pytest.raises(StoreError, match="big: "):
+            st.get_range("big", 1000, 10)
+        assert st.get("ok") == b"fine"
+        counted = st.counters.snapshot()
+        assert counted.get("store_errors_checksum") == 2 and not counted.get("store_errors_other"), counted
+    finally:
+        st.close()
+
+
 def test_zip_unsupported_method_is_named_and_counted(tmp_path: Path) -> None:
     """A member of a method zipfile does not know (93, zstd) fails naming the method."""
     path = tmp_path / "m.zip"

@@ -522,7 +522,12 @@ class ZipStore(Store):
         except NotImplementedError as e:
             raise StoreError(f"{key}: unsupported zip compression method {zi.compress_type} "
                              f"({e})") from e
-        except Exception as e:  # zlib.error, BadZipFile (CRC), EOFError, lzma/bz2 errors, OSError
+        except OSError as e:  # the archive's own read failed: nothing known of the member
+            raise StoreError(f"{key}: zip member could not be read: {e}") from e
+        except Exception as e:  # zlib.error, BadZipFile (CRC), EOFError, lzma/bz2 errors
+            # corrupt, as a deflated member's CRC mismatch is: remembered, and counted as a
+            # checksum error (it was "other")
+            m.bad = f"corrupt zip member: {e}"
             raise StoreError(f"{key}: corrupt zip member: {e}") from e
         if len(data) != length:
             raise StoreError(f"{key}: zip member decompressed to fewer bytes than declared")
