@@ -552,7 +552,7 @@ def test_an_empty_directory_or_zip_is_told_unless_it_is_mounted_to_be_written(tm
     for source, writable_hint in ((empty, True), (archive, False)):
         try:
             lines = _mount_said(source, mnt, tmp_path / "log")
-            assert lines == [f"zvfs: warning: {source} is empty: mounting an empty tree"
+            assert lines == [f"zvfs: warning: {source} holds no files; mounting it all the same"
                              + (" (to write into it, mount it with --writable)" if writable_hint else "")], lines
             assert os.listdir(mnt) == [], os.listdir(mnt)
         finally:

@@ -498,7 +498,7 @@ def _scan(store: Any, description: str, report: _Reporter, decoded: bool = True,
         return Prepared({}, None)
     if scan.empty and not empty_expected:
         hint = " (to write into it, mount it with --writable)" if getattr(store, "can_write", False) else ""
-        report.warn(f"{description} is empty: mounting an empty tree{hint}")
+        report.warn(f"{description} holds no files; mounting it all the same{hint}")
     if scan.found is False:
         report.warn(f"{description} holds no Zarr metadata (zarr.json, .zarray, .zgroup, a v1 meta); "
                     "mounting its plain files, and .zvfs/ will have no arrays")
