@@ -163,8 +163,6 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
         #: derived inodes whose node is of the views before a write: looked up again from
         #: their parent at their next use (see _fresh)
         self._stale: set[int] = set()
-        #: inodes whose pages the kernel is being told to drop after a failed read
-        self._dropping: set[int] = set()
         #: when the kernel's caches of the derived files are dropped after a write
         self._derived = DerivedCaches(ctx.counters, ctx.log_once, self._derived_targets)
         self._owner = owner or Ownership()
@@ -887,26 +885,14 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
             self._forget_in_kernel((self._inodes.parent_of[i], self._inodes.name_at[i]))
 
     def _drop_pages(self, ino: int) -> None:
-        """A read of ``ino`` failed EIO: the kernel forgets the pages it holds of it, so no
-        later read is answered with bytes served before the failure was found (a zip
-        member's CRC is known only once all of it was read: `cat` failed, and `head` then
-        read the corrupt bytes from the page cache). After the reply, in a thread: the
-        failed read's pages are locked until it is answered. The next open drops them too
-        (no keep_cache: a version no node has), in case it comes before that thread."""
+        """A read of ``ino`` failed EIO: its next open has the kernel drop the pages it holds
+        of it (no keep_cache: a page epoch no node's version equals), so no new open reads
+        bytes served before the failure was found (a zip member's CRC is known only once
+        all of it was read: `cat` failed, and `head` then read the corrupt bytes from the
+        page cache). Not the pages at once, in a thread after the reply: under load that
+        upset the reads around it (a test of batched zip member reads failed 5 runs in 8
+        with it, none without; not explained further)."""
         self._page_epochs[ino] = (_READ_FAILED, time.monotonic())
-        if ino in self._dropping:
-            return
-        self._dropping.add(ino)
-
-        async def drop() -> None:
-            try:
-                await run_abandonable(invalidate, [ino], [])
-            except Exception as exc:  # noqa: BLE001 - a system task's error would end the mount
-                log.debug("dropping the kernel's pages after a failed read: %s", exc)
-            finally:
-                self._dropping.discard(ino)
-
-        trio.lowlevel.spawn_system_task(drop)
 
     def _forget_in_kernel(self, *names: tuple[int, str]) -> None:
         """A rename that failed may have changed what its names hold all the same (S3
