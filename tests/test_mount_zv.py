@@ -42,6 +42,7 @@ from test_zv import (
     canon_faces,
     committed_corpus,
     coord_edges,
+    draco_chunk_shape,
     edge_set,
     level_cases,
     manifest_items,
@@ -371,7 +372,7 @@ def test_draco_mesh_within_quantization(vec: Path) -> None:
     np.testing.assert_array_equal(pos, load(d / "vertices.npy"))
     faces = np.stack(ply["face"]["vertex_indices"])
     verts_in, faces_in = ref(name, "input_vertices.npy"), ref(name, "input_faces.npy")
-    assert_same_draco_mesh(pos, faces, verts_in, faces_in)
+    assert_same_draco_mesh(pos, faces, verts_in, faces_in, draco_chunk_shape(name))
     meta = json.loads((d / "meta.json").read_text())
     assert meta["vertex_encoding"] == "draco" and meta["draco"]["available"] is True
 
@@ -504,7 +505,8 @@ def test_ls_l_decodes_no_vertices(backend: str, mount, request, tmp_path: Path) 
                  "v09/graph", "v09/mesh"]
     good = make_corpus(tmp_path / "good", names)
     bad = make_corpus(tmp_path / "bad", names)
-    assert sum(_break_vertex_cells(bad / store_rel(n)) for n in names) > 20
+    # at least a cell a store (a varied corpus of large chunks has few: > 20 failed there)
+    assert sum(_break_vertex_cells(bad / store_rel(n)) for n in names) >= len(names)
     mg = mount(good)
     mb = mount_backend(mount, request, backend, bad, tmp_path, "novertex")
     pids = daemon_pids(mg.path) + daemon_pids(mb.path)

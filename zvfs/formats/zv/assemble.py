@@ -111,7 +111,12 @@ def level_links(level: Level, delta: str = "0") -> Links:
     other_counts = own_counts if target is level else _counts(target)
     parts: list[np.ndarray] = []
     cells: list[tuple[str, Chunk, int]] = []
-    for part, chunk in level.link_parts(delta):
+    # A Draco level's stored links (the faces across chunks) index each chunk's rows as
+    # written; Draco reorders those rows and drops the unused ones, keeping no map back
+    # (as for the vertex attributes): mapped onto the decoded rows, their corners landed
+    # on other vertices. They are left out; the level's meta.json says so
+    draco = delta == "0" and level.encoding == "draco"
+    for part, chunk in () if draco else level.link_parts(delta):
         ends, vi = level.link_cell(delta, part, chunk)
         if len(vi) == 0:
             continue
@@ -125,7 +130,7 @@ def level_links(level: Level, delta: str = "0") -> Links:
         parts.append(rows)
         cells.append((part, chunk, len(vi)))
     rows = np.concatenate(parts) if parts else np.empty((0, fam.width), np.int64)
-    if delta == "0" and level.encoding == "draco":
+    if draco:
         # Draco keeps each chunk's intra-chunk faces inside its own bitstream
         extra = []
         own = level.offsets()

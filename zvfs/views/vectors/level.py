@@ -584,6 +584,10 @@ class LevelTree:
                 meta["draco"]["error"] = "DracoPy is not installed: pip install 'zvfs[draco]'"
             meta["draco"]["note"] = ("Draco keeps only vertices used by intra-chunk faces and "
                                      "quantizes positions; counts come from decoding")
+            meta["draco"]["cross_chunk_faces"] = (
+                "stored as links that index each chunk's rows as written; Draco reorders and "
+                "drops those rows and keeps no map back to them, so faces across chunks are "
+                "not served (links/0.npy and the .ply files hold the intra-chunk faces)")
             if infos:
                 meta["draco"]["vertex_attributes"] = (
                     "written one row per input vertex; Draco keeps no map back to those rows, "
