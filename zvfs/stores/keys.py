@@ -30,5 +30,13 @@ def bad_segment(key: str) -> str | None:
     return None
 
 
+def skipped_key(key: str, under: bool = False) -> str:
+    """The log line of ``key``, a key that cannot be a path (``under``: the prefix ``key/``,
+    standing for every key below it), and why."""
+    why = bad_segment(key + "/x" if under else key) or "not a path segment"
+    what = f"the store keys under {key + '/'!r}" if under else f"store key {key!r}"
+    return f"skipping {what}: cannot be a POSIX path ({why})"
+
+
 def is_safe_key(key: str) -> bool:
     return bad_segment(key) is None

@@ -56,7 +56,7 @@ from zvfs.stores.base import (
     TooLarge,
     WriteRefused,
 )
-from zvfs.stores.keys import bad_segment, is_safe_key, safe_name
+from zvfs.stores.keys import is_safe_key, safe_name, skipped_key
 from zvfs.stores.retry import TRANSIENT_KINDS, Attempts, RetryPolicy
 from zvfs.stores.s3_errors import (
     BAD_CREDENTIALS,
@@ -611,9 +611,7 @@ class S3Store(Store):
 
     def _skip(self, key: str, under: bool = False) -> None:
         """Log once that ``key`` (``under``: every key below the prefix ``key/``) is no path."""
-        why = bad_segment(key + "/x" if under else key) or "not a path segment"
-        what = f"the store keys under {key + '/'!r}" if under else f"store key {key!r}"
-        self._skipped.warning(key, "skipping %s: cannot be a POSIX path (%s)", what, why)
+        self._skipped.warning(key, "%s", skipped_key(key, under))
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
         """Every key below ``prefix`` in one flat paginated listing (no per-level requests)."""

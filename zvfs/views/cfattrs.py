@@ -254,9 +254,8 @@ def array_attributes(meta: ArrayMeta) -> VarAttributes:
         # fill_value alone is netCDF's default fill, which netCDF-C shows as no attribute
         # (a default masks by type in every netCDF reader, and NCZarr rounds the double's:
         # as _FillValue, 9.96921e+36 masked nothing, and a byte's -127 masked real data)
-        if meta.format == "nczarr":
-            pass
-        elif meta.format != "zarr_v3" or (meta.shape and not meta.dimension_names):
+        if meta.format in ("zarr_v1", "zarr_v2") or (
+                meta.format == "zarr_v3" and meta.shape and not meta.dimension_names):
             fill = _meta_fill(meta)
     elif fill is None:  # a _FillValue we cannot read as the array's type: keep it as it was
         attrs["_FillValue"] = typed_fill

@@ -28,7 +28,7 @@ from zvfs.stores.base import (
     StoreError,
     WriteRefused,
 )
-from zvfs.stores.keys import bad_segment
+from zvfs.stores.keys import bad_segment, skipped_key
 from zvfs.stores.listing import KeyTable
 from zvfs.views.context import MountContext
 from zvfs.views.file_walk import FileWalk, current_walk
@@ -688,22 +688,19 @@ class RawDir(DirNode):
         return listing
 
     def _usable(self, name: str, listing: Listing) -> bool:
-        why = bad_segment(name)
-        if why is not None:
-            self._skipping(name, why, listing)
+        if bad_segment(name) is not None:
+            self._skipping(name, listing)
             return False
         # the prefixes first: a set of a few, where the keys are searched (a million names)
         if name in listing.prefixes and name in listing.keys:
             self._clash(name)
         return True
 
-    def _skipping(self, name: str, why: str | None, listing: Listing) -> None:
+    def _skipping(self, name: str, listing: Listing) -> None:
         # a prefix of the listing stands for the keys below it: 'x//y' is listed in x/ as the
         # prefix '', and "store key 'x/'" named a key the store does not hold
-        what = f"store key {self.prefix + name!r}"
-        if name in listing.prefixes:
-            what, why = f"the store keys under {self.prefix + name + '/'!r}", why if name else "empty segment"
-        self.ctx.warn_once("bad:" + self.prefix + name, f"skipping {what}: cannot be a POSIX path ({why})")
+        key = self.prefix + name
+        self.ctx.warn_once("bad:" + key, skipped_key(key, under=name in listing.prefixes))
 
     def _clash(self, name: str) -> None:
         self.ctx.warn_once(
@@ -763,7 +760,7 @@ class RawDir(DirNode):
         given = {name: node for name, node in (shown or {}).items() if node is not None}
         names, unsafe = listing.names_view(hide=shown or (), add=given)
         for name in unsafe:
-            self._skipping(name, bad_segment(name), listing)
+            self._skipping(name, listing)
         for name in listing.prefixes:
             if name in listing.keys and name not in unsafe:
                 self._clash(name)
@@ -969,12 +966,10 @@ class RawDir(DirNode):
         listing = await self._listing()
         if name in listing.keys or name in listing.prefixes:
             raise NodeError(errno.EEXIST)
-        open_now = self.ctx.writers.get(node.key)
-        if open_now and self.ctx.store.stages_writes:
-            # the link copies what the store holds: the file's bytes written and not yet stored
-            # are stored first, as fsync() would (the copy held the old bytes under the new
-            # size, and a file not yet stored once was ENOENT)
-            await open_now[-1].flush()
+        # the link copies what the store holds: the file's bytes written and not yet stored
+        # are stored first, as fsync() would (the copy held the old bytes under the new
+        # size, and a file not yet stored once was ENOENT)
+        await store_pending(self.ctx, node.key)
         await store_call(self.ctx, dst, self.ctx.store.link, node.key, dst)
         info = KeyInfo(node.size, node.mtime_ns)
         self.ctx.listing_put(dst, info)
