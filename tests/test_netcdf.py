@@ -1555,6 +1555,29 @@ def test_an_nczarr_store_s_default_fills_read_as_netcdf_c_reads_them(mount, tmp_
         assert ds["ub"][:].tolist() == [1, 128, 255]
 
 
+def test_an_nczarr_group_lists_variables_and_dimensions_in_netcdf_c_s_order(mount, tmp_path: Path) -> None:
+    """ncdump lists an NCZarr store's dimensions and variables in the order they were
+    defined (``_nczarr_group``'s dims and vars); the served file listed variables by name and
+    dimensions by first use, so ncdump's headers of the two differed. (netCDF-C 4.10.1, in
+    netCDF4-python's wheel, lists a store's variables by name: the two libraries disagree,
+    and the served file keeps the order its writer chose.)"""
+    cdl = tmp_path / "order.cdl"
+    cdl.write_text("netcdf order { dimensions: y = 2 ; t = 3 ; x = 1 ;\n"
+                   "variables: int alpha(t) ; float zeta(y, x) ; double t(t) ;\n"
+                   "data: alpha = 7, 8, 9 ; zeta = 1, 2 ; t = 0, 1, 2 ; }\n")
+    store = tmp_path / "order.zarr"
+    url = f"file://{store}#mode=nczarr,file"
+    assert run([tool("ncgen"), "-k", "nc4", "-o", url, str(cdl)]).returncode == 0
+    m = mount(url)
+
+    def declarations(target: object) -> list[str]:  # ncdump -h's dimension and variable lines
+        lines = run([tool("ncdump"), "-h", str(target)], check=True).stdout.splitlines()
+        return [x.strip() for x in lines if x.startswith("\t") and not x.startswith("\t\t") and ":" not in x]
+
+    assert declarations(m.path / ".zvfs/netcdf/root.nc") == declarations(url) == [
+        "y = 2 ;", "t = 3 ;", "x = 1 ;", "int alpha(t) ;", "float zeta(y, x) ;", "double t(t) ;"]
+
+
 @pytest.mark.parametrize("writer", ["nccopy", "ncgen"])
 def test_an_nczarr_char_variable_reads_as_netcdf_wrote_it(mount, tmp_path: Path, writer: str) -> None:
     """netCDF-C 4.9 stores a char variable as dtype "<U1" with one byte a character: data.raw

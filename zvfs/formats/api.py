@@ -43,6 +43,8 @@ class GroupMeta:
     metadata_key: str = ""
     #: NCZarr's ``_nczarr_attr`` types (name -> dtype string), kept for the typed views
     attribute_types: dict[str, str] = field(default_factory=dict)
+    #: NCZarr's order of the group's variables and dimensions; empty = by name
+    definition_order: nczarr.DefinitionOrder = nczarr.BY_NAME
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -470,11 +472,13 @@ def _v2_group(path: str, zgroup: Any, zattrs: Any, key: str) -> GroupMeta:
     attrs = dict(zattrs) if isinstance(zattrs, dict) else {}
     fmt = "nczarr" if nczarr.is_nczarr(zgroup, zattrs) else "zarr_v2"
     types: dict[str, str] = {}
+    order = nczarr.BY_NAME
     if fmt == "nczarr":
         types = nczarr.attribute_types(attrs)
         attrs = nczarr.strip_nczarr(attrs)
+        order = nczarr.definition_order(zgroup)
     err = None if isinstance(zgroup, dict) else f"{key}: expected a JSON object"
-    return GroupMeta(path, fmt, attrs, err, key, types)
+    return GroupMeta(path, fmt, attrs, err, key, types, order)
 
 
 def _get_doc(store: Store, key: str, look: Look, name: str) -> tuple[bool, Any, str | None]:

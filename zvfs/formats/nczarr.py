@@ -10,7 +10,7 @@ attributes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -45,6 +45,33 @@ def attribute_types(attrs: Any) -> dict[str, str]:
     if not isinstance(types, dict):
         return {}
     return {str(k): v for k, v in types.items() if isinstance(v, str)}
+
+
+class DefinitionOrder(NamedTuple):
+    """A group's variables and dimensions in the order netCDF-C defined them."""
+
+    variables: tuple[str, ...] = ()
+    dimensions: tuple[str, ...] = ()
+
+
+#: no order given: variables by name, dimensions by first use
+BY_NAME = DefinitionOrder()
+
+
+def definition_order(zgroup: Any) -> DefinitionOrder:
+    """``_nczarr_group.vars`` and the keys of its ``dims``, as written.
+
+    netCDF-C lists a group's dimensions and variables in that order (ncdump, xarray's
+    data_vars): a served file in it reads as the store's own ncdump does.
+    """
+    info = nczarr_keys(zgroup).get("_nczarr_group")
+    if not isinstance(info, dict):
+        return BY_NAME
+
+    def names(v: Any) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(n for n in v if isinstance(n, str))) if isinstance(v, (list, dict)) else ()
+
+    return DefinitionOrder(names(info.get("vars")), names(info.get("dims")))
 
 
 def strip_nczarr(attrs: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import Any
 
 from zvfs import formats
 from zvfs.formats.meta import ArrayMeta
+from zvfs.formats.nczarr import BY_NAME, DefinitionOrder
 from zvfs.views.array_dir import ArrayDir, array_files, text_files
 from zvfs.views.arrays import DecodedArray
 from zvfs.views.cfattrs import nc_name
@@ -46,6 +47,8 @@ class Decoded:
     arrays: dict[str, DecodedArray] = field(default_factory=dict)
     #: path -> NCZarr attribute types of that group (name -> dtype string)
     group_types: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: path -> NCZarr's definition order of that group's variables and dimensions
+    group_order: dict[str, DefinitionOrder] = field(default_factory=dict)
     #: a store request failed during discovery: kept only briefly, then discovered again
     incomplete: bool = False
     #: found in consolidated metadata (one document), not by reading each node's own
@@ -96,6 +99,8 @@ def _discover(ctx: MountContext) -> Decoded:
             out.node_docs[path] = _doc(group.format, "group", group.attributes)
         if group.attribute_types:
             out.group_types[path] = dict(group.attribute_types)
+        if group.definition_order != BY_NAME:
+            out.group_order[path] = group.definition_order
         if group.error:  # its members stay: each has metadata of its own
             _warn_node(ctx, "group", path, group.metadata_key, group.error)
     for prefix, error in hierarchy.errors.items():
@@ -271,7 +276,7 @@ async def build_netcdf_dir(ctx: MountContext) -> DirNode:
         arrays = {v: d.arrays[p] for v, p in members[group].items()}
         # its bytes are its arrays': a write through the mount below the group changes them
         return await netcdf_file(d.groups.get(group, {}), arrays, max(mtime, ctx.changed_at_ns(group)),
-                                 d.group_types.get(group))
+                                 d.group_types.get(group), d.group_order.get(group, BY_NAME))
 
     # several groups at once: a group's string arrays are read for their width (each a
     # request or more on S3), and 300 such groups one after another took 10 s behind 20 ms

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from zvfs.formats.meta import ArrayMeta, strict_json
+from zvfs.formats.nczarr import BY_NAME, DefinitionOrder
 from zvfs.views.arrays import DecodedArray, served_text_width
 from zvfs.views.cfattrs import (
     SCALING,
@@ -377,9 +378,12 @@ def build_layout(
     arrays: dict[str, DecodedArray],
     group_types: dict[str, str] | None = None,
     widths: dict[str, int | str] | None = None,
+    order: DefinitionOrder = BY_NAME,
 ) -> NcLayout:
     """The header and variable offsets for one group; ``arrays`` maps variable name -> array,
-    ``widths`` (:func:`text_widths`) gives each variable-length text array its width."""
+    ``widths`` (:func:`text_widths`) gives each variable-length text array its width, and
+    ``order`` the order of the variables and dimensions (NCZarr's definition order); the
+    others follow, variables by name and dimensions by first use."""
     widths = widths or {}
     left_out: dict[str, str] = {}
     usable: dict[str, DecodedArray] = {}
@@ -472,6 +476,12 @@ def build_layout(
                 taken.add(vname)
             nbytes = meta.size * vtype.served.itemsize
             variables.append(NcVar(vname, array, vtype, dims, nc_attrs, nbytes))
+    # names are given in sorted order (which name gives way does not hang on the store's
+    # order); the file lists them in the store's: netCDF-C's ncdump of an NCZarr store
+    # and of its served file then list variables and dimensions alike
+    rank = {n: i for i, n in enumerate(order.variables)}
+    source = {id(a): n for n, a in usable.items()}
+    variables.sort(key=lambda v: rank.get(source[id(v.array)], len(rank)))
     # no file holds more than 2**63 - 1 bytes (st_size): the largest variables give way, not
     # the group's file (it was EIO, and every other variable of the group with it)
     total = sum(v.vsize + VAR_ALIGN for v in variables)
@@ -482,8 +492,9 @@ def build_layout(
         total -= v.vsize + VAR_ALIGN
         left_out[next(n for n, a in usable.items() if a is v.array)] = (
             f"{v.vsize} bytes of data: the file would pass {FILE_LIMIT} bytes")
-    # dimensions in order of first use by the remaining variables
-    dim_order: dict[str, int] = {}
+    # dimensions in the store's order, then in order of first use by the remaining variables
+    used = {d for v in variables for d in v.dims}
+    dim_order = {d: dim_sizes[d] for d in order.dimensions if d in used}
     for v in variables:
         for d in v.dims:
             dim_order.setdefault(d, dim_sizes[d])
@@ -702,9 +713,10 @@ async def netcdf_file(
     arrays: dict[str, DecodedArray],
     mtime_ns: int,
     group_types: dict[str, str] | None = None,
+    order: DefinitionOrder = BY_NAME,
 ) -> NetcdfFile:
     """One group's file; its variable-length text arrays are read here for their width."""
     widths = await text_widths(arrays)
-    return NetcdfFile(build_layout(group_attrs, arrays, group_types, widths), mtime_ns)
+    return NetcdfFile(build_layout(group_attrs, arrays, group_types, widths, order), mtime_ns)
 
 
