@@ -1188,6 +1188,30 @@ def test_zip_member_names_never_become_paths(tmp_path: Path, mount) -> None:
     assert_alive(m, pid)
 
 
+def test_a_zip_member_name_cut_at_a_nul_byte_is_told(tmp_path: Path, mount) -> None:
+    """zipfile (so zarr-python) cuts a member's name at its first NUL byte, a trick to show
+    one name and mean another ('report.txt\\0.exe'); zvfs serves it so too, and now says
+    so in one line naming the name as stored (there was no word)."""
+    src = new_store(tmp_path / "src.zarr")
+    path = tmp_path / "nul.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for p in sorted(src.rglob("*")):
+            if p.is_file():
+                zf.write(p, p.relative_to(src).as_posix())
+        zi = zipfile.ZipInfo("placeholder")
+        zi.filename = "notes.txt\0.exe"  # written as is: zipfile cuts names only as it reads them
+        zf.writestr(zi, b"what the name hides\n")
+    with zipfile.ZipFile(path) as zf:
+        assert zf.read("notes.txt") == b"what the name hides\n"  # the reference's reading
+    m = mount(path)
+    pid = daemon_pid(m)
+    assert (m.path / "notes.txt").read_bytes() == b"what the name hides\n"
+    line = assert_one_line(m, repr("notes.txt\0.exe"))
+    assert "NUL" in line and repr("notes.txt") in line, line
+    assert_good(m, src)
+    assert_alive(m, pid)
+
+
 def write_zip_bomb(path: Path, size: int, name: str = "bomb",
                    others: dict[str, bytes] | None = None) -> None:
     """``size`` bytes of zeros as one deflated member ``name`` (after the members

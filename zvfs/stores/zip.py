@@ -193,6 +193,7 @@ class ZipStore(Store):
             raise SourceError(f"cannot read the zip directory of {self.path}: {e}") from e
         skipped: list[str] = []
         repeated: dict[str, int] = {}  # name -> members of that name
+        cut: list[str] = []  # names zipfile cut at a NUL byte
         for zi in infos:
             name = _member_name(zi)
             if name.endswith("/"):  # directory entry: an (empty) prefix
@@ -208,6 +209,9 @@ class ZipStore(Store):
             if bad_segment(name) is not None:
                 skipped.append(name)
                 continue
+            if "\0" in zi.orig_filename and name == zi.filename:
+                cut.append(f"{self.path}: member {zi.orig_filename!r} holds a NUL byte; served as "
+                           f"{name!r}, cut there as zipfile and zarr-python read it")
             # the last of duplicate names wins, as in zipfile and zarr-python; told below
             if name in self._members:
                 repeated[name] = repeated.get(name, 1) + 1
@@ -223,6 +227,7 @@ class ZipStore(Store):
         _tell_some(logging.INFO, [f"{self.path}: member {name!r} appears {times} times; the last one "
                                   "is served, as zipfile and zarr-python read it" for name, times in repeated.items()],
                    f"{self.path}: %d more member names appear more than once")
+        _tell_some(logging.WARNING, cut, f"{self.path}: %d more member names cut at a NUL byte")
         _tell_some(logging.WARNING, [f"{self.path}: member {name!r} is not a safe path; ignored" for name in skipped],
                    f"{self.path}: %d more unsafe member names ignored")
 
