@@ -420,6 +420,29 @@ def test_writable_o_key_switches_writes_on(store: Store, mount) -> None:
     assert_key(store, m, "hello.txt", b"hello\n")
 
 
+def test_zvfs_views_stay_read_only_in_a_writable_mount_one_errno_for_all(store: Store, mount) -> None:
+    """Every write into, out of or within .zvfs/ fails with EROFS. A rename into it was EXDEV
+    (mv then copied the file and failed to create it) and a link out of it EXDEV, where the
+    other way round each was EROFS. .zvfs itself is a name the mount keeps: EPERM."""
+    store.put("zarr.json", b'{"zarr_format": 3, "node_type": "group"}')
+    store.put("f.txt", b"plain\n")
+    m = store.mount(mount)
+    views = m.path / ".zvfs"
+    stats = views / "stats.json"
+    assert stats.is_file()
+    for fn, args in [(os.rename, (m.path / "f.txt", views / "x")), (os.link, (m.path / "f.txt", views / "x")),
+                     (os.rename, (stats, m.path / "g")), (os.link, (stats, m.path / "g")),
+                     (os.rename, (stats, views / "y")), (os.link, (stats, views / "y")),
+                     (os.mkdir, (views / "d",)), (os.unlink, (stats,)), (os.truncate, (stats, 0)),
+                     (open, (views / "new", "wb")), (open, (stats, "r+b"))]:
+        fails(errno.EROFS, fn, *args)
+    res = run(["mv", str(m.path / "f.txt"), str(views / "x")])
+    assert res.returncode != 0 and "Read-only file system" in res.stderr, res.stderr
+    fails(errno.EPERM, os.rename, views, m.path / "views")
+    assert store.objects() == {"zarr.json": b'{"zarr_format": 3, "node_type": "group"}', "f.txt": b"plain\n"}
+    assert (m.path / "f.txt").read_bytes() == b"plain\n"
+
+
 def test_zip_stays_read_only(zarr_zip_cmd, mount) -> None:
     """A zip mount refuses writes (EROFS); asking for writes on one is a one-line error, exit 78."""
     for args in (["--writable"], ["-o", "writable"]):

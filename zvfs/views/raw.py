@@ -32,7 +32,7 @@ from zvfs.stores.keys import bad_segment, skipped_key
 from zvfs.stores.listing import KeyTable
 from zvfs.views.context import MountContext
 from zvfs.views.file_walk import FileWalk, current_walk
-from zvfs.views.node import DirNode, FileHandle, FileNode, LazyEntries, Node, NodeError
+from zvfs.views.node import DirNode, FileHandle, FileNode, LazyEntries, Node, NodeError, read_only
 from zvfs.views.readahead import ReadAhead
 from zvfs.views.tree_ahead import TreeAhead
 from zvfs.views.writing import (
@@ -868,7 +868,11 @@ class RawDir(DirNode):
     async def rename(self, name: str, target: DirNode, new_name: str, replace: bool) -> None:
         if isinstance(target, RawDirHolder):
             target = target.raw
-        if not isinstance(target, RawDir) or target.ctx is not self.ctx:
+        if not isinstance(target, RawDir):
+            # into .zvfs/: read-only, as a rename or link out of it or within it is (EXDEV
+            # here made mv copy the file, and then fail to create it)
+            raise read_only()
+        if target.ctx is not self.ctx:
             raise NodeError(errno.EXDEV)
         src, dst = self._key(name, new=False), target._key(new_name)
         if src == dst:
@@ -960,7 +964,9 @@ class RawDir(DirNode):
             self.ctx.note_write(key, info)
 
     async def link(self, node: FileNode, name: str) -> FileNode:
-        if not isinstance(node, RawFile) or node.ctx is not self.ctx:
+        if not isinstance(node, RawFile):
+            raise read_only()  # a file of .zvfs/: see rename
+        if node.ctx is not self.ctx:
             raise NodeError(errno.EXDEV)
         dst = self._key(name)
         listing = await self._listing()
