@@ -1214,6 +1214,31 @@ def test_dir_a_write_the_disk_cannot_hold_is_short_and_a_retry_leaves_no_torn_co
     assert os.stat(m.path / "log").st_size == len(record)
 
 
+def test_dir_mmap_pages_the_disk_cannot_hold_fail_msync_not_silently(small_store: Store, mount) -> None:
+    """Pages written through a shared mmap reach the daemon as write-back WRITEs, and the
+    kernel takes a short count there for done: when the disk filled part way through them,
+    the rest of the pages were lost, and msync(), fsync() and close() all returned 0 (a
+    helper's audit: 454,656 bytes of 1 MiB kept, the rest zeros). The write that fell
+    short is now an error at the next msync/fsync, once, as a local disk reports it."""
+    m = small_store.mount(mount)
+    _fill(small_store.root, 300_000)
+    size = 1 << 20
+    fd = os.open(m.path / "mapped.bin", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.ftruncate(fd, size)  # a hole: no room taken yet
+        with mmap.mmap(fd, size) as mm:
+            mm[:] = b"\x07" * size
+            with pytest.raises(OSError) as ei:
+                mm.flush()  # msync(MS_SYNC)
+            assert ei.value.errno == errno.ENOSPC, ei.value
+        os.fsync(fd)  # told once: the disk's own write-back errors are too
+    finally:
+        os.close(fd)
+    kept = (small_store.root / "mapped.bin").read_bytes()
+    assert 0 < kept.count(7) < size, kept.count(7)  # what this is about: part of it did land
+    assert "mapped.bin" in m.log_text()
+
+
 def test_dir_df_of_a_full_store_shows_no_room(small_store: Store, mount) -> None:
     """df showed 1 PiB free on a writable mount of a full directory store: the free space
     S3 reports (no bound of its own) was taken for any 0. A full disk shows 0 now."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from collections.abc import Callable
 
 from zvfs.logonce import LogOnce as LogOnce  # the one log-once; re-exported for the stores
 from zvfs.stores.base import KeyNotFound, StoreError, WriteRefused
@@ -97,13 +98,14 @@ def pread_at_once(fd: int, offset: int, length: int, size: int) -> memoryview | 
 
 
 def pwrite_all(fd: int, data: bytes | memoryview, offset: int, *, append: bool = False,
-               short: bool = False) -> int:
+               short: Callable[[OSError], object] | None = None) -> int:
     """Write all of ``data`` at ``offset`` (pwrite may write less than asked); returns its length.
 
     ``append``: at the end the file has at each call, whoever else appends to it (O_APPEND's
     one step, RWF_APPEND; ``offset`` is ignored), not at an end read before. ``short``: an
-    error after some bytes are written returns how many, as write(2) does; raising would
-    tell the application none were, and a retry would leave a torn copy before a whole one.
+    error after some bytes are written is handed to it, and how many were is returned, as
+    write(2) does; raising would tell the application none were, and a retry would leave a
+    torn copy before a whole one.
     """
     view = memoryview(data)
     done = 0
@@ -113,8 +115,9 @@ def pwrite_all(fd: int, data: bytes | memoryview, offset: int, *, append: bool =
                 done += os.pwritev(fd, [view[done:]], 0, os.RWF_APPEND)
             else:
                 done += os.pwrite(fd, view[done:], offset + done)
-        except OSError:
-            if short and done:
+        except OSError as e:
+            if short is not None and done:
+                short(e)
                 return done
             raise
     return done
