@@ -2101,8 +2101,36 @@ def test_s3_bytes_a_killed_daemon_staged_are_told_with_their_key_and_source(
     assert f"{left} holds 2 staged file(s), 18 bytes" in said, said
     source = f"{s3store.source} at {s3store.endpoint}"
     assert f"{staged[b'chunk bytes']} is arr/c/0/1 of {source}" in said, said
-    assert f"{staged[b'renamed']} is arr/c/0/0 of {source}" in said, said  # as renamed since
+    assert f"{staged[b'renamed']} is arr/c/0/0 of {source}, its daemon stopped before storing it" in said, said
     assert s3store.get("arr/c/0/1") is None
+
+
+def test_s3_a_file_kept_after_its_upload_failed_is_told_so_by_the_next_mount(
+        s3store: Store, moto, mount, tmp_path) -> None:
+    """A file whose upload failed is kept (close() said EIO, the log where). The next mount
+    told it among the files 'written through a zvfs mount whose daemon stopped before storing
+    them' and said to copy them back: over an object another writer had stored since, that
+    put older bytes back (a helper's audit). It now says why each was kept and when, and to
+    compare with what the store holds before copying back."""
+    from faultproxy import FaultProxy
+
+    s3store.put("zarr.json", b"{}")
+    cache = tmp_path / "cache"
+    with FaultProxy(moto.port) as proxy:
+        m = s3store.mount(mount, "--cache-dir", str(cache), "--s3-attempts", "1", endpoint=proxy.endpoint)
+        proxy.set({"kinds": ["500"], "ops": ["put"], "key": "failed.bin"})
+        f = open(m.path / "failed.bin", "wb", buffering=0)  # noqa: SIM115 - its close is what fails
+        f.write(b"older bytes")
+        fails(errno.EIO, f.close)
+        proxy.clear()
+        run([tool("zvfs"), "unmount", m.path], check=True)
+    s3store.put("failed.bin", b"newer bytes, stored since by another writer")
+    m2 = s3store.mount(mount, "--cache-dir", str(cache))
+    said = m2.result.stderr
+    (line,) = [ln for ln in said.splitlines() if "failed.bin" in ln]
+    assert "failed.bin of" in line and "kept: its upload failed, and close() or fsync() said so" in line, line
+    assert "UTC)" in line and "comparing it with what the store holds now" in line, line
+    assert "its daemon stopped before storing it" not in line, line
 
 
 def test_s3_the_empty_staging_directory_of_a_killed_daemon_is_removed(s3store: Store, mount,

@@ -533,16 +533,20 @@ def _check_left_staged(store: Any, report: _Reporter) -> None:
     for path, files, size in staging.left_behind():
         staged = staged_keys(path)
         named = []
-        for name, key, source in staged[:_STAGED_NAMED]:
-            named.append(f"{name} is {key} of {source or 'a source not recorded'}" if key
-                         else f"{name} (its key was not recorded)")
+        for name, key, source, why in staged[:_STAGED_NAMED]:
+            what = f"{name} is {key} of {source or 'a source not recorded'}" if key else \
+                f"{name} (its key was not recorded)"
+            # a file whose upload failed was kept with a word to the application and the log;
+            # one of a killed daemon, with none
+            named.append(f"{what}, kept: {why}" if why else f"{what}, its daemon stopped before storing it")
         more = files - len(named)
         where = (f"each file's extended attribute {KEY_ATTR} holds its key: getfattr -d FILE"
-                 if any(key for _n, key, _s in staged) else "each is named <id>-<file name>")
+                 if any(key for _n, key, _s, _w in staged) else "each is named <id>-<file name>")
         report.warn(f"{path} holds {files} staged file(s), {size} bytes, written through a zvfs mount "
-                    f"whose daemon stopped before storing them: {'; '.join(named)}"
+                    f"and never stored: {'; '.join(named)}"
                     f"{f'; and {more} more' if more > 0 else ''}. Copy back what you need ({where}), "
-                    "then remove the directory")
+                    "after comparing it with what the store holds now (a later write may have stored "
+                    "newer bytes), then remove the directory")
 
 
 def _check_uploads(store: Any, description: str, opts: dict[str, Any], report: _Reporter) -> None:

@@ -550,7 +550,7 @@ class S3Writer(KeyWriter):
             if isinstance(exc, WriteRefused):
                 raise
             with self._lock:
-                self._keep_where_named()
+                self._keep_where_named(f"its upload failed, and close() or fsync() said so: {exc}")
                 self._told = True  # this error's line says where (close() says it no more)
             raise StoreError(f"{self.key}: upload failed ({exc}); the written bytes are kept "
                              f"at {self.path}{self._kept_from()}") from exc
@@ -690,7 +690,7 @@ class S3Writer(KeyWriter):
             self._closed = True  # no more background parts
             keep = self._dirty and not self._discarded
             if keep:
-                self._keep_where_named()
+                self._keep_where_named("the daemon stopped while the store did not answer")
         if keep:
             self._say_kept(" (the daemon stopped while the store did not answer)")
 
@@ -698,13 +698,16 @@ class S3Writer(KeyWriter):
         log.error("%s: written bytes that were never uploaded are kept at %s%s%s", self.key, self.path,
                   self._kept_from(), why)
 
-    def _keep_where_named(self) -> None:
-        """Under the lock, before a line names ``self.path`` as where the bytes are kept: a
+    def _keep_where_named(self, why: str) -> None:
+        """Under the lock, before a line names ``self.path`` as where the bytes are kept, and
+        why (recorded on the file, for the next mount to tell). A
         staged file removed from its directory (the staging directory deleted under the mount:
         systemd-tmpfiles, a clean-up script) lived only in its open descriptor, so the path
         named held nothing and the bytes went with the descriptor's close. They are copied
         into a new staged file, which then stands in the descriptor's place (dup2: a part
         upload reading meanwhile reads the same bytes from either)."""
+        if self._fd >= 0:
+            self.staging.label_kept(self._fd, why)
         try:
             if self._fd < 0 or os.fstat(self._fd).st_nlink > 0:
                 return
@@ -775,7 +778,8 @@ class S3Writer(KeyWriter):
             self._settle_parts()
             keep = self._dirty and not self._discarded
             if keep:
-                self._keep_where_named()
+                self._keep_where_named("closed with bytes not stored (the last store of them failed, "
+                                       "or none was asked)")
             fd, self._fd = self._fd, -1
             told, self._told = self._told, True
         os.close(fd)

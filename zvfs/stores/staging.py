@@ -32,6 +32,10 @@ DIR_PREFIX = "zvfs-staging-"
 #: (its name holds only the key's last segment, and $TMPDIR is every writable mount's)
 KEY_ATTR = "user.zvfs.key"
 SOURCE_ATTR = "user.zvfs.source"
+#: extended attribute of a staged file kept on purpose (its upload failed, the daemon stopped
+#: before the store answered): why and when, so the next mount tells it from a file a killed
+#: daemon left (and one whose upload failed is not copied back blindly over a newer object)
+KEPT_ATTR = "user.zvfs.kept"
 #: extended attribute of a staging directory made by a zvfs that holds it locked while it
 #: lives: one unlocked is a dead daemon's, and removed once empty (an older zvfs took no lock)
 DIR_ATTR = "user.zvfs.staging"
@@ -149,6 +153,17 @@ class Staging:
                          "leaves there are named by their key's last segment only", self.base)
             # else (ENOSPC, EDQUOT, ...): that file goes unlabelled; its write is what matters
 
+    def label_kept(self, fd: int, why: str) -> None:
+        """Record on the staged file ``fd`` why it is kept (best effort, as :meth:`label`); the
+        first reason stays (a failed upload, then the close that keeps the file)."""
+        if not self._labels:
+            return
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        try:
+            os.setxattr(fd, KEPT_ATTR, f"{why} ({stamp})".encode(), os.XATTR_CREATE)
+        except OSError:
+            pass  # labelled already, or unlabelled: then told as a stopped daemon's
+
     def _create(self, key: str, name: str) -> tuple[str, int]:
         path = os.path.join(self.dir, name)
         try:
@@ -248,10 +263,11 @@ def _remove_if_marked(fd: int, path: str) -> None:
         pass
 
 
-def staged_keys(directory: str) -> list[tuple[str, str | None, str | None]]:
-    """(file name, key, source) of each file staged in ``directory``, as recorded when it was
-    made (None where nothing was: a disk without extended attributes, an older zvfs)."""
-    out: list[tuple[str, str | None, str | None]] = []
+def staged_keys(directory: str) -> list[tuple[str, str | None, str | None, str | None]]:
+    """(file name, key, source, why kept) of each file staged in ``directory``, as recorded
+    (None where nothing was: a disk without extended attributes, an older zvfs, and for why
+    kept, a daemon that stopped with no word)."""
+    out: list[tuple[str, str | None, str | None, str | None]] = []
     try:
         files = sorted(f.name for f in os.scandir(directory) if f.is_file(follow_symlinks=False))
     except OSError:
@@ -259,12 +275,12 @@ def staged_keys(directory: str) -> list[tuple[str, str | None, str | None]]:
     for name in files:
         path = os.path.join(directory, name)
         found: list[str | None] = []
-        for attr in (KEY_ATTR, SOURCE_ATTR):
+        for attr in (KEY_ATTR, SOURCE_ATTR, KEPT_ATTR):
             try:
                 found.append(os.fsdecode(os.getxattr(path, attr, follow_symlinks=False)))
             except OSError:
                 found.append(None)
-        out.append((name, found[0], found[1]))
+        out.append((name, found[0], found[1], found[2]))
     return out
 
 
