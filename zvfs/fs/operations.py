@@ -67,7 +67,7 @@ STATFS_BLOCK = 4096
 NAME_MAX = 255
 #: errnos that answer what the application asked (logged at info), not a failure to serve it
 _REFUSALS = frozenset({errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR, errno.EROFS,
-                       errno.ENAMETOOLONG, errno.EXDEV, errno.ESTALE})
+                       errno.ENAMETOOLONG, errno.EXDEV, errno.ESTALE, errno.EPERM})
 #: free space a writable store with no bound of its own (S3) reports to df and cp
 _UNBOUNDED_FREE = 1 << 50
 
@@ -432,7 +432,10 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
                 handle = self._writing[ino][-1]
                 size, mtime_ns = handle.size, handle.mtime_ns or mtime_ns
                 a.attr_timeout = 0
-            a.st_nlink = 1
+            # a file whose name was removed through the mount (unlink, a rename over it) has no
+            # link left, as fstat of an open unlinked file says on any disk (lsof +L1, log
+            # followers); only a writable mount removes names
+            a.st_nlink = 0 if node.writable and not self._inodes.bound(ino) else 1
             self._inodes.told[ino - ROOT] = size
         else:
             size, mtime_ns = 0, node.mtime_ns
