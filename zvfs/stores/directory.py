@@ -878,27 +878,6 @@ class _FileReader(KeyReader):
         self.version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         self._fd = fd
         self._held = held  # given back at close
-        #: the bytes [start, end) a short write left out, and its error: told at the next
-        #: commit (flush, fsync) unless written since. The kernel's write-back of mmap'd
-        #: pages takes a short count for done, and pages a disk filled under were lost with
-        #: no error anywhere; write(2)'s caller sees the count, and writes the rest again
-        self._lost: tuple[int, int, OSError] | None = None
-
-    def _note_lost(self, start: int, end: int, e: OSError) -> None:
-        if self._lost is not None:
-            start, end = min(start, self._lost[0]), max(end, self._lost[1])
-        self._lost = (start, end, e)
-
-    def _note_written(self, start: int, end: int) -> None:
-        """[start, end) holds what was asked: lost bytes there are lost no more."""
-        if self._lost is None:
-            return
-        lo, hi, e = self._lost
-        if start <= lo < end:
-            lo = end
-        if start < hi <= end:
-            hi = start
-        self._lost = (lo, hi, e) if lo < hi else None
 
     def read(self, offset: int, length: int) -> bytes:
         return pread_all(self._fd, offset, length, self.key)
