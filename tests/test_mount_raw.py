@@ -1409,6 +1409,48 @@ def test_directory_files_kept_from_their_first_open_are_read_anew_once_changed(t
         assert (m.path / name).read_bytes() == data, name
 
 
+def test_a_directory_file_changed_behind_the_mount_maps_and_stats_as_it_reads(tmp_path, mount) -> None:
+    """A file rewritten outside the mount within the metadata TTL, after the kernel learned
+    its size: the next open read it past the kernel's cache (direct_io), so np.load(...,
+    mmap_mode="r") failed ('mmap length is greater than file size', or ENODEV) and stat and
+    fstat showed the old size for the whole TTL while read() gave the new bytes (a helper's
+    audit). An open that is the file's only one now has the kernel ask its size again and
+    reads through the page cache: it maps, and stat agrees with read. One beside another
+    open still reads past the cache (that open could fill pages with the old bytes)."""
+    src = tmp_path / "store"
+    src.mkdir()
+    np.save(src / "vec.npy", np.arange(1000))
+    (src / "same.bin").write_bytes(b"A" * 5000)
+    m = mount(src)  # the default TTL, 60 s: every step below is well within it
+    np.testing.assert_array_equal(np.load(m.path / "vec.npy"), np.arange(1000))
+    fd = os.open(m.path / "same.bin", os.O_RDONLY)
+    with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as mm:
+        assert mm[:] == b"A" * 5000
+    os.close(fd)
+    assert os.stat(m.path / "vec.npy").st_size == os.stat(src / "vec.npy").st_size
+    np.save(src / "vec.npy", np.arange(2000))  # a new size
+    (src / "same.bin").write_bytes(b"Z" * 5000)  # the same size, new bytes
+    os.utime(src / "same.bin", ns=(time.time_ns(), time.time_ns() + 10**9))
+    got = np.load(m.path / "vec.npy", mmap_mode="r")
+    np.testing.assert_array_equal(got, np.arange(2000))
+    del got
+    assert os.stat(m.path / "vec.npy").st_size == os.stat(src / "vec.npy").st_size
+    fd = os.open(m.path / "same.bin", os.O_RDONLY)
+    try:
+        with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as mm:
+            assert mm[:] == b"Z" * 5000
+        assert os.fstat(fd).st_mtime_ns == os.stat(src / "same.bin").st_mtime_ns
+    finally:
+        os.close(fd)
+    # beside an open of the old version: read past the cache, every byte the new file's
+    held = os.open(m.path / "same.bin", os.O_RDONLY)
+    try:
+        (src / "same.bin").write_bytes(b"Q" * 7000)
+        assert (m.path / "same.bin").read_bytes() == b"Q" * 7000
+    finally:
+        os.close(held)
+
+
 @pytest.mark.parametrize("compression", [zipfile.ZIP_DEFLATED, zipfile.ZIP_STORED])
 def test_zip_opened_after_the_mount_answers_reads_as_its_members_need(tmp_path, mount,
                                                                        compression) -> None:

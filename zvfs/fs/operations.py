@@ -716,6 +716,7 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
             handle.appending = bool(flags & os.O_APPEND)
             keep = self._keep_pages(inode, node)
         else:
+            named = node
             if kept is None:
                 node.opened()
                 node = await self._call(lambda: f"open {self._inodes.path(inode)}", node.reader())
@@ -739,6 +740,14 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
             direct = node.size != self._inodes.told[inode - ROOT] or (
                 before is not None and not keep and before[0] != node.version()
                 and not self._inodes.derived[inode - ROOT])
+            if direct and kept is None and self._open_count[inode] == 1 and named.learn(node):
+                # no other open of it, whose reads could fill pages with the old bytes after
+                # this open drops them: the kernel drops its attributes (no page lock taken,
+                # so safe before the reply) and asks the size again, and the pages go at this
+                # open; reads go through the page cache, and mmap works
+                with contextlib.suppress(OSError):  # the kernel forgot it already
+                    pyfuse3.invalidate_inode(inode, attr_only=True)
+                direct = keep = False
         keep = keep and not direct
         if keep:
             self._counters.add("fuse_opens_cached")

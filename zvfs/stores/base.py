@@ -173,6 +173,8 @@ class KeyReader(ABC):
     size: int
     #: what the content is (a local file's device, inode, size and mtime), to compare
     version: object
+    #: the content's mtime where the reader knows it (a local file's, at open)
+    mtime_ns: int | None = None
 
     @abstractmethod
     def read(self, offset: int, length: int) -> bytes: ...

@@ -875,6 +875,7 @@ class _FileReader(KeyReader):
     def __init__(self, key: str, fd: int, st: os.stat_result, held: HeldDescriptors) -> None:
         self.key = key
         self.size = st.st_size
+        self.mtime_ns = st.st_mtime_ns
         self.version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         self._fd = fd
         self._held = held  # given back at close
@@ -924,6 +925,7 @@ class _UnheldReader(KeyReader):
     def __init__(self, store: DirectoryStore, key: str, st: os.stat_result) -> None:
         self.key = key
         self.size = st.st_size
+        self.mtime_ns = st.st_mtime_ns
         self.version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         self._ident = (st.st_dev, st.st_ino)
         self._store = store

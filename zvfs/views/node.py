@@ -170,6 +170,13 @@ class FileNode(Node):
     def released(self) -> None:  # noqa: B027 - optional hook
         """The open that :meth:`reader` returned this node for was closed."""
 
+    def learn(self, reader: FileNode) -> bool:
+        """Take the size and mtime of what ``reader`` (from :meth:`reader`) reads as this
+        node's own, where they differ from what it showed (the file changed behind the
+        mount within the metadata TTL); False where it cannot (its stat would show the
+        old size, so the fs layer reads that open past the kernel's cache instead)."""
+        return False
+
     async def lasting_reader(self) -> FileNode | None:
         """What :meth:`reader` gives, opened now, if it goes on reading these bytes once
         the name is removed or replaced (a local file's descriptor); None where nothing

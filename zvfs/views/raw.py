@@ -220,6 +220,20 @@ class RawFile(FileNode):
         mine.direct_io = staged
         return mine
 
+    def learn(self, reader: FileNode) -> bool:
+        """A local file opened at another size or mtime than its listing's (rewritten behind
+        the mount, within the metadata TTL): the listing and this node take the file's, so
+        the kernel, once told to ask again, gets the size the open reads (it read past a
+        stale size with direct_io, which failed mmap with ENODEV, while stat and fstat
+        showed the old size for the TTL). Not while the mount writes the key: its size is
+        the writer's."""
+        if not isinstance(reader, LocalReader) or self._pinned or self.ctx.writers.get(self.key):
+            return False
+        info = reader.stat_info()
+        self._src = info
+        self.ctx.listing_put(self.key, info)
+        return True
+
     def _tree_ahead(self) -> TreeAhead:
         ahead = self.ctx.tree_ahead
         if ahead is None:
@@ -595,6 +609,10 @@ class LocalReader(FileNode):
             raise NodeError(exc.errno, str(exc), key=self.key) from exc
         except StoreError as exc:
             raise NodeError(errno.EIO, str(exc), key=self.key) from exc
+
+    def stat_info(self) -> KeyInfo:
+        """Size and mtime of the file this open reads, as its descriptor found it at open."""
+        return KeyInfo(self._reader.size, self._reader.mtime_ns or self.mtime_ns)
 
     def again(self) -> LocalReader | None:
         reader = self._reader.again()
