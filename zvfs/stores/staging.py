@@ -207,11 +207,9 @@ class Staging:
                 "raise --staging-max-size)",
             )
         if self._short_of(extra):
-            return WriteRefused(
-                errno.ENOSPC,
-                f"{key}: the staging disk ({self.dir}) would drop below its {self.min_free} "
-                "free bytes (--staging-min-free)",
-            )
+            floor = (f"would drop below its {self.min_free} free bytes (--staging-min-free)"
+                     if self.min_free else "is full")
+            return WriteRefused(errno.ENOSPC, f"{key}: the staging disk ({self.dir}) {floor}")
         return None
 
     def _short_of(self, extra: int) -> bool:
