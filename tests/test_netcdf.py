@@ -1523,6 +1523,15 @@ def test_unsigned_attributes_of_a_classic_file_keep_their_values(mount, tmp_path
         assert got["b"][:].tolist() == want["b"][:].tolist() == [1, 2, 3]
 
 
+def ncgen_nczarr(tmp_path: Path, name: str, body: str) -> str:
+    """The NCZarr store ncgen writes of the CDL ``netcdf <name> { <body> }``: its URL."""
+    cdl = tmp_path / f"{name}.cdl"
+    cdl.write_text(f"netcdf {name} {{ {body} }}\n")
+    url = f"file://{tmp_path / name}.zarr#mode=nczarr,file"
+    assert run([tool("ncgen"), "-k", "nc4", "-o", url, str(cdl)]).returncode == 0
+    return url
+
+
 def test_an_nczarr_store_s_default_fills_read_as_netcdf_c_reads_them(mount, tmp_path: Path) -> None:
     """NCZarr keeps a fill the writer set as a typed _FillValue attribute; a .zarray's
     fill_value alone is the type's default fill, which netCDF-C shows as no attribute. It
@@ -1530,13 +1539,9 @@ def test_an_nczarr_store_s_default_fills_read_as_netcdf_c_reads_them(mount, tmp_
     xarray made the variable float), and a double's, which NCZarr writes rounded
     (9.96921e+36), masked nothing, so an unwritten value read as 9.97e36. ncdump of the
     served file prints what ncdump of the store prints, and so does netCDF4-python."""
-    cdl = tmp_path / "fills.cdl"
-    cdl.write_text("netcdf fills { dimensions: x = 3 ;\n"
-                   "variables: double d(x) ; int i(x) ; i:_FillValue = -5 ; byte b(x) ; ubyte ub(x) ;\n"
-                   "data: d = 1, _, 3 ; i = 1, _, 3 ; b = -127, 0, 1 ; ub = 1, 128, 255 ; }\n")
-    store = tmp_path / "fills.zarr"
-    url = f"file://{store}#mode=nczarr,file"
-    assert run([tool("ncgen"), "-k", "nc4", "-o", url, str(cdl)]).returncode == 0
+    url = ncgen_nczarr(tmp_path, "fills", "dimensions: x = 3 ;\n"
+                       "variables: double d(x) ; int i(x) ; i:_FillValue = -5 ; byte b(x) ; ubyte ub(x) ;\n"
+                       "data: d = 1, _, 3 ; i = 1, _, 3 ; b = -127, 0, 1 ; ub = 1, 128, 255 ;")
     want = parse_ncdump(run([tool("ncdump"), url], check=True).stdout)
     m = mount(url)
     served = m.path / ".zvfs/netcdf/root.nc"
@@ -1561,13 +1566,9 @@ def test_an_nczarr_group_lists_variables_and_dimensions_in_netcdf_c_s_order(moun
     dimensions by first use, so ncdump's headers of the two differed. (netCDF-C 4.10.1, in
     netCDF4-python's wheel, lists a store's variables by name: the two libraries disagree,
     and the served file keeps the order its writer chose.)"""
-    cdl = tmp_path / "order.cdl"
-    cdl.write_text("netcdf order { dimensions: y = 2 ; t = 3 ; x = 1 ;\n"
-                   "variables: int alpha(t) ; float zeta(y, x) ; double t(t) ;\n"
-                   "data: alpha = 7, 8, 9 ; zeta = 1, 2 ; t = 0, 1, 2 ; }\n")
-    store = tmp_path / "order.zarr"
-    url = f"file://{store}#mode=nczarr,file"
-    assert run([tool("ncgen"), "-k", "nc4", "-o", url, str(cdl)]).returncode == 0
+    url = ncgen_nczarr(tmp_path, "order", "dimensions: y = 2 ; t = 3 ; x = 1 ;\n"
+                       "variables: int alpha(t) ; float zeta(y, x) ; double t(t) ;\n"
+                       "data: alpha = 7, 8, 9 ; zeta = 1, 2 ; t = 0, 1, 2 ;")
     m = mount(url)
 
     def declarations(target: object) -> list[str]:  # ncdump -h's dimension and variable lines
