@@ -408,6 +408,65 @@ def test_directory_symlink_swapped_in_while_a_key_is_opened(tmp_path: Path, monk
     st.close()
 
 
+@pytest.mark.parametrize("op", ["link", "info", "list"])
+def test_directory_a_symlinked_key_never_reaches_outside_through_a_swap(tmp_path: Path, monkeypatch,
+                                                                        op: str) -> None:
+    """``f -> sub/x`` is resolved, then opened or stat'ed; a process swapping ``sub`` for a link
+    out of the store between the two (done here at that moment) must not get the store to
+    take what lies outside. A link through the mount (``ln MNT/f MNT/copy``) copied the
+    outside file into the store, a root daemon's /etc/shadow among them (a helper's audit:
+    51 of 150 ln calls won the race); stat and the listing showed the outside file's size."""
+    import errno
+
+    from zvfs.stores.base import WriteRefused
+
+    outside, root = _store_beside_a_secret(tmp_path, "x", "x")
+    (outside / "x").write_bytes(b"the secret, longer")
+    os.symlink("sub/x", root / "f")
+    st = DirectoryStore(root)
+    assert st.info("f").size == 1 and st.list_dir("").keys["f"].size == 1
+    resolve = DirectoryStore._resolve
+
+    def racing(self: DirectoryStore, rel: str, **kw: Any) -> str | None:
+        real = resolve(self, rel, **kw)
+        if rel == "f" and not (root / "sub").is_symlink():
+            _swap_for_link(root / "sub", outside)
+        return real
+
+    monkeypatch.setattr(DirectoryStore, "_resolve", racing)
+    if op == "link":
+        with pytest.raises(WriteRefused) as refused:
+            st.link("f", "copy")
+        assert refused.value.errno == errno.ENOENT, refused.value
+        assert not (root / "copy").exists()
+    elif op == "info":
+        with pytest.raises(KeyNotFound):
+            st.info("f")
+    else:
+        assert "f" not in st.list_dir("").keys
+    st.close()
+
+
+def test_directory_a_path_changing_under_its_resolution_is_absent_not_an_error(
+        tmp_path: Path, monkeypatch) -> None:
+    """realpath fails EINVAL when a step it read as a link is none when it reads the link (a
+    directory swapped meanwhile): a get was EIO with a bare "OSError: [Errno 22]" line. It is
+    absent now, as it is a moment later, with one line naming the key."""
+    import errno
+
+    _outside, root = _store_beside_a_secret(tmp_path, "x", "x")
+    os.symlink("sub/x", root / "f")
+    st = DirectoryStore(root)
+
+    def changing(path: Any, *args: Any, **kw: Any) -> str:
+        raise OSError(errno.EINVAL, "Invalid argument", str(path))
+
+    monkeypatch.setattr(os.path, "realpath", changing)
+    with pytest.raises(KeyNotFound):
+        st.get("f")
+    st.close()
+
+
 @pytest.mark.parametrize("entries", [3, 2000])  # a large directory is listed by find
 def test_directory_listing_never_lists_a_directory_swapped_for_a_link(tmp_path: Path, monkeypatch,
                                                                      entries: int) -> None:

@@ -153,7 +153,15 @@ class DirectoryStore(Store):
         caller checks), and only when ``file_link_ok``.
         """
         path = os.path.join(self.root, rel) if rel else self.root
-        real = os.path.realpath(path)
+        try:
+            real = os.path.realpath(path)
+        except OSError as e:
+            # the path changed under realpath (a directory swapped for a symlink between two
+            # of its steps: EINVAL): absent now, as at a lookup a moment later; it was EIO
+            # with a bare "OSError: [Errno 22]" line (a helper's audit)
+            self._escapes.warning(rel, "%s: %r changed while it was resolved (%s); treated as absent",
+                                  self.description, rel, e.strerror)
+            return None
         if real == path:  # keys are normalized (no '.', '..', '//'): no symlink on the way
             return real
         if not self._inside(real):
@@ -381,14 +389,31 @@ class DirectoryStore(Store):
             if real is None:
                 raise KeyNotFound(key)
             try:
-                st = os.stat(real)
+                st = self._stat_resolved(key, real)
             except OSError as e:
                 if e.errno in _ABSENT:
                     raise KeyNotFound(key) from None
                 raise StoreError(f"{key}: cannot stat: {e.strerror}") from e
+            if st is None:
+                raise KeyNotFound(key)
         if not stat.S_ISREG(st.st_mode):
             raise KeyNotFound(key)
         return KeyInfo(st.st_size, st.st_mtime_ns)
+
+    def _stat_resolved(self, key: str, real: str) -> os.stat_result | None:
+        """The stat of ``real``, which ``key`` resolved to, if what is there is still that
+        path (opened O_PATH, then checked as :meth:`_open` checks); None when a directory on
+        the way became a symlink since (a stat of the path followed it, and showed the size
+        of a file outside the store)."""
+        fd = os.open(real, os.O_PATH | os.O_CLOEXEC)
+        try:
+            if not self._opened_at(fd, real):
+                self._escapes.warning(key, "%s: %r changed while it was opened (a symlink "
+                                      "swapped in); treated as absent", self.description, key)
+                return None
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
 
     def _stat_direct(self, key: str) -> os.stat_result | None:
         """``key``'s stat where no symlink is on the way (:meth:`_open_direct`, O_PATH); None
@@ -618,15 +643,19 @@ class DirectoryStore(Store):
         try:
             return os.open(name, _OPEN_FLAGS, dir_fd=parent)
         except OSError as e:
-            real = self._resolve(src) if e.errno == errno.ELOOP else None
-            try:
-                if real is None:
-                    raise
-                if _special(real):
-                    raise WriteRefused(errno.EPERM, f"{src}: not a regular file") from None
-                return os.open(real, _OPEN_FLAGS)
-            except OSError as e2:
-                raise _refused(src, e2) from None
+            if e.errno != errno.ELOOP:
+                raise _refused(src, e) from None
+        # a symlink: opened as a read opens it (_open), which checks the file opened is the
+        # one resolved. This open did not, and a directory on the way swapped for a symlink
+        # between the resolution and the open copied a file from outside the store into it
+        # (a helper's audit: /etc/shadow, for a daemon run as root)
+        try:
+            return self._open(src)[0]
+        except KeyNotFound:
+            raise WriteRefused(errno.ENOENT, f"{src}: no file of the store") from None
+        except StoreError as e:
+            cause = e.__cause__
+            raise _refused(src, cause) if isinstance(cause, OSError) else e from None
 
     def make_dir(self, prefix: str) -> None:
         with self._in_parent(prefix.rstrip("/")) as (parent, name):
@@ -748,8 +777,10 @@ class DirectoryStore(Store):
         if target is None:
             return None
         try:
-            st = os.stat(target)
+            st = self._stat_resolved(key, target)
         except OSError:
+            return None
+        if st is None:
             return None
         if stat.S_ISDIR(st.st_mode):
             self._escapes.warning(
