@@ -1800,6 +1800,33 @@ def test_chunks_of_a_quarter_gib_decode_one_at_a_time_not_one_per_thread(tmp_pat
     assert_alive(m, pid)
 
 
+def test_chunk_file_listings_number_a_bounded_number_of_files_in_all(tmp_path: Path, mount) -> None:
+    """Each chunks/ listing numbers its grid's files, and each keeps its number (about 180
+    bytes) while its array lasts: metadata of a few kilobytes declaring large grids of
+    unwritten chunks grew the daemon 185 MB an ``ls -f`` of a 10^6-cell grid, with no bound
+    and no word (a helper's audit: 1.16 GB after six). The listings of a mount number at
+    most --cache-size's worth (100,000 files at least, whatever the cache size): a grid
+    past that lists nothing, with one line saying why, and its files open by name."""
+    import zarr
+
+    root = new_store(tmp_path / "store")
+    for name in ("a1", "a2", "a3"):
+        zarr.create_array(zarr.storage.LocalStore(str(root)), name=name, shape=(40_000,), chunks=(1,),
+                          dtype="u1", fill_value=3)  # metadata alone: every chunk unwritten
+    m = mount(root, "--cache-size", "0")  # the floor: 100,000 files
+    pid = daemon_pid(m)
+    arrays = m.path / ".zvfs/arrays"
+    assert len(os.listdir(arrays / "a1/chunks")) == 40_000
+    assert len(os.listdir(arrays / "a2/chunks")) == 40_000
+    assert os.listdir(arrays / "a3/chunks") == []  # 120,000 in all: past the bound
+    line = assert_one_line(m, "a3")
+    assert "not listed" in line and "--cache-size" in line, line
+    assert (arrays / "a3/chunks/39999").read_bytes() == b"\x03"  # by its name
+    assert len(os.listdir(arrays / "a1/chunks")) == 40_000  # numbered already: listed again
+    assert_good(m, root)
+    assert_alive(m, pid)
+
+
 def test_the_metadata_of_a_whole_discovery_holds_a_bounded_number_of_values(tmp_path: Path, mount) -> None:
     """MAX_JSON_VALUES bounds one document; a store of many documents just under it was
     bound by nothing: 20 zarr.json of 8 million numbers each (a 335 KiB zip) kept 2.8 GiB

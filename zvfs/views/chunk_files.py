@@ -89,6 +89,13 @@ def parse_chunk_name(name: str, ndim: int) -> tuple[int, ...] | None:
 
 #: past this many chunks a chunks/ directory still answers lookups but lists nothing
 MAX_LISTED_CHUNKS = 1_000_000
+#: what a chunk file's number costs while its array lasts (measured: 185 MB a 10^6-cell
+#: listing); the mount's listings number at most --cache-size's worth of them in all (see
+#: MountContext.may_list_cells): past it, a grid not listed yet lists nothing, as one past
+#: MAX_LISTED_CHUNKS does
+CELL_NUMBER_BYTES = 180
+#: chunk files listed whatever the cache size (--cache-size 0 too)
+MIN_LISTED_CELLS = 100_000
 
 
 class ChunkGridDir(DirNode):
@@ -122,7 +129,11 @@ class ChunkGridDir(DirNode):
         grid of a million chunks lists with no million names and nodes made at once (their
         making held the mount's one trio thread for seconds, at every listing)."""
         meta = self.array.meta
-        grid = meta.grid_shape if meta.nchunks <= MAX_LISTED_CHUNKS else None
+        ctx = self.array.ctx
+        listed = meta.nchunks <= MAX_LISTED_CHUNKS and ctx.may_list_cells(
+            (meta.path, self.make.__name__), meta.nchunks,
+            max(MIN_LISTED_CELLS, ctx.cache_size // CELL_NUMBER_BYTES))
+        grid = meta.grid_shape if listed else None
         names = GridNames(grid, sorted(self.extra))
         array, make, extra = self.array, self.make, self.extra
 
