@@ -1260,3 +1260,34 @@ def test_variable_length_fill_values_read_as_zarr_python_reads_them(tmp_path: Pa
     assert meta.error is None, meta.error
     got = open_array(DirectoryStore(tmp_path), "a", meta).read_all()
     assert list(got) == want
+
+
+def test_the_metadata_documents_of_one_discovery_hold_a_bounded_number_of_bytes(tmp_path: Path,
+                                                                                monkeypatch) -> None:
+    """One document is bounded (MAX_JSON_BYTES), and so were the values of them all, but not
+    their bytes: groups of one 200 MB attribute each took the daemon past 1.6 GiB (a
+    helper's audit). A discovery's documents hold MAX_DISCOVERY_BYTES together; each one
+    past that is its node's error, naming its key, and the others are read. (The bound is
+    made small here: the discovery is the real one, over a directory store zarr-python wrote.)"""
+    import zarr
+
+    from zvfs.formats import _common
+    from zvfs.stores.directory import DirectoryStore
+
+    root = tmp_path / "store"
+    for k in range(3):
+        a = zarr.create_array(zarr.storage.LocalStore(str(root)), name=f"a{k}", shape=(4,), chunks=(2,),
+                              dtype="<i2", attributes={"note": "x" * 1_000_000})
+        a[:] = np.arange(4, dtype="<i2")
+    monkeypatch.setattr(_common, "MAX_DISCOVERY_BYTES", 2_500_000)
+    store = DirectoryStore(root)
+    try:
+        h = discover(store)
+    finally:
+        store.close()
+    errors = {p: m.error for p, m in h.arrays.items() if m.error}
+    assert len(errors) == 1, errors
+    ((path, error),) = errors.items()
+    assert f"{path}/zarr.json" in error and "a discovery reads" in error and "bytes" in error, error
+    assert sorted(p for p in h.arrays if p not in errors) == sorted({"a0", "a1", "a2"} - {path})
+

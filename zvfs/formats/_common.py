@@ -44,8 +44,13 @@ MAX_JSON_VALUES = 1 << 23
 #: document times the documents of a store is no bound (20 documents of 8 million numbers, a
 #: 335 KiB zip, kept 2.8 GiB). Past it, each further document is its node's error
 MAX_DISCOVERY_VALUES = 1 << 24
+#: bytes all the documents one discovery reads may hold together: one document is bounded
+#: (MAX_JSON_BYTES), but groups of one 200 MB attribute each took the daemon past 1.6 GiB
+#: (kept about 4 times: parsed, as meta.json, in the v2 mirror's documents and netCDF
+#: headers; a helper's audit). Past it, each further document is its node's error
+MAX_DISCOVERY_BYTES = 512 << 20
 
-#: the values the running discovery may still parse ([count], mutable), or None outside one
+#: what the running discovery may still parse ([values, bytes], mutable), or None outside one
 _values_left: ContextVar[list[int] | None] = ContextVar("zvfs_json_values_left", default=None)
 #: a discovery may parse in several threads at once (its probes of a remote store), each
 #: with a copy of its context and so the same [count]
@@ -53,10 +58,10 @@ _values_lock = threading.Lock()
 
 
 @contextmanager
-def values_budget(total: int = MAX_DISCOVERY_VALUES) -> Iterator[None]:
+def values_budget() -> Iterator[None]:
     """Within this block (one thread's discovery), the documents parse_json reads hold at
-    most ``total`` values together."""
-    token = _values_left.set([total])
+    most MAX_DISCOVERY_VALUES values and MAX_DISCOVERY_BYTES bytes together."""
+    token = _values_left.set([MAX_DISCOVERY_VALUES, MAX_DISCOVERY_BYTES])
     try:
         yield
     finally:
@@ -82,7 +87,11 @@ def parse_json(raw: bytes, key: str) -> Any:
             if values > left[0]:
                 raise FormatError(f"{key}: the metadata read before it holds so many values that its "
                                   f"{values} more pass the {MAX_DISCOVERY_VALUES} a discovery reads")
+            if len(data) > left[1]:
+                raise FormatError(f"{key}: the metadata read before it holds so many bytes that its "
+                                  f"{len(data)} more pass the {MAX_DISCOVERY_BYTES} a discovery reads")
             left[0] -= values
+            left[1] -= len(data)
     try:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
