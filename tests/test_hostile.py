@@ -1813,7 +1813,7 @@ def test_chunk_file_listings_number_a_bounded_number_of_files_in_all(tmp_path: P
     for name in ("a1", "a2", "a3"):
         zarr.create_array(zarr.storage.LocalStore(str(root)), name=name, shape=(40_000,), chunks=(1,),
                           dtype="u1", fill_value=3)  # metadata alone: every chunk unwritten
-    m = mount(root, "--cache-size", "0")  # the floor: 100,000 files
+    m = mount(root, "--cache-size", "0", "--metadata-ttl", "1")  # the floor: 100,000 files
     pid = daemon_pid(m)
     arrays = m.path / ".zvfs/arrays"
     assert len(os.listdir(arrays / "a1/chunks")) == 40_000
@@ -1823,6 +1823,12 @@ def test_chunk_file_listings_number_a_bounded_number_of_files_in_all(tmp_path: P
     assert "not listed" in line and "--cache-size" in line, line
     assert (arrays / "a3/chunks/39999").read_bytes() == b"\x03"  # by its name
     assert len(os.listdir(arrays / "a1/chunks")) == 40_000  # numbered already: listed again
+    # a grid grown since it was counted counts anew (counted at its old size, an array
+    # listed at 1 cell and grown to 600,000 listed them all: a review)
+    zarr.open_array(zarr.storage.LocalStore(str(root)), path="a2", mode="r+").resize((70_000,))
+    time.sleep(1.5)  # past the metadata TTL
+    assert os.listdir(arrays / "a2/chunks") == []  # 40,000 + 70,000: past the bound
+    assert "its 70,000 chunk files are not listed" in m.log_text()
     assert_good(m, root)
     assert_alive(m, pid)
 

@@ -67,7 +67,7 @@ STATFS_BLOCK = 4096
 NAME_MAX = 255
 #: errnos that answer what the application asked (logged at info), not a failure to serve it
 _REFUSALS = frozenset({errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR, errno.EROFS,
-                       errno.ENAMETOOLONG, errno.EXDEV, errno.ESTALE, errno.EPERM})
+                       errno.ENAMETOOLONG, errno.EXDEV, errno.ESTALE})
 #: free space a writable store with no bound of its own (S3) reports to df and cp
 _UNBOUNDED_FREE = 1 << 50
 
@@ -462,7 +462,7 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
                 if exc.key is None or self._log_once.first(exc.key):
                     # what the application asked for cannot be (rmdir of a full directory, a
                     # write to a read-only mount): its answer, not a failure of the mount
-                    refusal = exc.errno in _REFUSALS and (exc.key is None or exc.answer)
+                    refusal = exc.answer or (exc.errno in _REFUSALS and exc.key is None)
                     log.log(logging.INFO if refusal else logging.ERROR, "%s: %s", what, exc)
             raise pyfuse3.FUSEError(exc.errno) from None
         except Exception as exc:  # noqa: BLE001 - one bad file must not take the daemon down

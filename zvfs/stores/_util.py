@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import threading
@@ -97,15 +98,50 @@ def pread_at_once(fd: int, offset: int, length: int, size: int) -> memoryview | 
     return memoryview(buf)[:n]
 
 
+_FALLOC_FL_KEEP_SIZE = 1
+
+
+def _fallocate() -> Callable[..., int] | None:
+    """libc's fallocate(2): the system call itself (glibc's posix_fallocate writes zeros where
+    a file system has none, which is no reservation), or None where there is none."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).fallocate
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    return fn
+
+
+_fallocate_call = _fallocate()
+
+
+def reserve(fd: int, offset: int, length: int) -> None:
+    """Have the disk hold room for ``length`` bytes at ``offset`` of ``fd`` before they are
+    written (its size unchanged): OSError (ENOSPC, EDQUOT) when it cannot, so a write that
+    follows lands whole or not at all. Nothing where the file system cannot reserve (then a
+    write may still fall short)."""
+    global _fallocate_call
+    if _fallocate_call is None or length <= 0:
+        return
+    if _fallocate_call(fd, _FALLOC_FL_KEEP_SIZE, offset, length) == 0:
+        return
+    err = ctypes.get_errno()
+    if err in (errno.EOPNOTSUPP, errno.ENOSYS):
+        return  # this file system cannot (each call asks: a store may span several)
+    if err in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EINTR):
+        raise OSError(err, os.strerror(err))
+    # anything else (EBADF, EINVAL on an odd file): the write decides
+
+
 def pwrite_all(fd: int, data: bytes | memoryview, offset: int, *, append: bool = False,
-               short: Callable[[OSError], object] | None = None) -> int:
+               short: bool = False) -> int:
     """Write all of ``data`` at ``offset`` (pwrite may write less than asked); returns its length.
 
     ``append``: at the end the file has at each call, whoever else appends to it (O_APPEND's
     one step, RWF_APPEND; ``offset`` is ignored), not at an end read before. ``short``: an
-    error after some bytes are written is handed to it, and how many were is returned, as
-    write(2) does; raising would tell the application none were, and a retry would leave a
-    torn copy before a whole one.
+    error after some bytes are written returns how many, as write(2) does; raising would
+    tell the application none were, and a retry would leave a torn copy before a whole one.
     """
     view = memoryview(data)
     done = 0
@@ -115,9 +151,8 @@ def pwrite_all(fd: int, data: bytes | memoryview, offset: int, *, append: bool =
                 done += os.pwritev(fd, [view[done:]], 0, os.RWF_APPEND)
             else:
                 done += os.pwrite(fd, view[done:], offset + done)
-        except OSError as e:
-            if short is not None and done:
-                short(e)
+        except OSError:
+            if short and done:
                 return done
             raise
     return done

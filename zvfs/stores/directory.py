@@ -49,6 +49,7 @@ from zvfs.stores._util import (
     pread_all,
     pread_at_once,
     pwrite_all,
+    reserve,
 )
 from zvfs.stores.base import (
     GONE,
@@ -1063,27 +1064,6 @@ class _FileWriter(KeyWriter):
         self._fd = fd
         self._store = store
         self._held = held  # given back at close
-        #: the bytes [start, end) a short write left out, and its error: told at the next
-        #: commit (flush, fsync) unless written since. The kernel's write-back of mmap'd
-        #: pages takes a short count for done, and pages a disk filled under were lost with
-        #: no error anywhere; write(2)'s caller sees the count, and writes the rest again
-        self._lost: tuple[int, int, OSError] | None = None
-
-    def _note_lost(self, start: int, end: int, e: OSError) -> None:
-        if self._lost is not None:
-            start, end = min(start, self._lost[0]), max(end, self._lost[1])
-        self._lost = (start, end, e)
-
-    def _note_written(self, start: int, end: int) -> None:
-        """[start, end) holds what was asked: lost bytes there are lost no more."""
-        if self._lost is None:
-            return
-        lo, hi, e = self._lost
-        if start <= lo < end:
-            lo = end
-        if start < hi <= end:
-            hi = start
-        self._lost = (lo, hi, e) if lo < hi else None
 
     @property
     def size(self) -> int:
@@ -1094,29 +1074,22 @@ class _FileWriter(KeyWriter):
         return os.fstat(self._fd).st_mtime_ns
 
     def write(self, offset: int, data: bytes) -> int:
-        cut: list[OSError] = []
         try:
-            n = pwrite_all(self._fd, data, offset, short=cut.append)
+            # all of it or none: the kernel takes a short count for done when it writes back
+            # mmap'd pages, and pages a filling disk could not hold were lost with no error
+            # anywhere; an ENOSPC there is kept by the kernel and told by msync and fsync
+            reserve(self._fd, offset, len(data))
+            return pwrite_all(self._fd, data, offset, short=True)
         except OSError as e:
             raise _refused(self.key, e) from None
-        self._note_written(offset, offset + n)
-        if cut:
-            self._note_lost(offset + n, offset + len(data), cut[0])
-        return n
 
     def append(self, data: bytes) -> int:
-        cut: list[OSError] = []
-        try:
-            n = pwrite_all(self._fd, data, 0, append=True, short=cut.append)
+        try:  # short, as write(2) is: an append is never a write-back of pages
+            return pwrite_all(self._fd, data, 0, append=True, short=True)
         except OSError as e:
             if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # no RWF_APPEND (Linux < 4.16)
                 return self.write(self.size, data)
             raise _refused(self.key, e) from None
-        end = self.size  # as near as another appender lets it be known
-        self._note_written(end - n, end)
-        if cut:
-            self._note_lost(end, end + len(data) - n, cut[0])
-        return n
 
     def read(self, offset: int, length: int) -> bytes:
         return pread_all(self._fd, offset, length, self.key)
@@ -1126,12 +1099,8 @@ class _FileWriter(KeyWriter):
             os.ftruncate(self._fd, size)
         except OSError as e:
             raise _refused(self.key, e) from None
-        self._note_written(size, max(size, self._lost[1]) if self._lost else size)  # cut off: not lost
 
     def commit(self, durable: bool = False) -> KeyInfo | None:
-        lost, self._lost = self._lost, None
-        if lost is not None:  # told once, as the kernel tells a write-back error once
-            raise _refused(self.key, lost[2])
         try:
             if durable:
                 os.fsync(self._fd)

@@ -330,9 +330,7 @@ class S3Writer(KeyWriter):
                 self.staging.grow(self.key, end - self._size)
                 before, self._size = self._size, end
         try:
-            # a short count is the application's to see (no mmap here: a writable S3 file
-            # refuses it, so no write-back takes a short count for done)
-            n = pwrite_all(self._fd, data, offset, short=lambda _e: None)
+            n = pwrite_all(self._fd, data, offset, short=True)
         except OSError as e:
             n, failure = 0, e
         else:

@@ -517,14 +517,17 @@ class MountContext:
 
     def may_list_cells(self, grid: Hashable, cells: int, most: int) -> bool:
         """Whether a listing may number the ``cells`` files of chunk grid ``grid`` (an array
-        and its view): yes for one numbered already; else while the mount's listings have
-        numbered fewer than ``most`` in all. A listed name keeps its number while its array
+        and its view): yes for one numbered already at that size or larger; else while the
+        mount's listings number at most ``most`` in all. A listed name keeps its number while its array
         lasts, and a few kilobytes of metadata declaring huge grids of unwritten chunks
         grew the daemon by 185 MB a listing, without bound (a helper's audit: 1.16 GB
         after six ``ls -f``, nothing logged)."""
-        if grid in self._listed_cells:
+        before = self._listed_cells.get(grid, 0)
+        if cells <= before:
             return True
-        total = sum(self._listed_cells.values())
+        # a grid grown since it was counted (its metadata rewritten) counts anew: counted at
+        # its old size, an array listed at 1 cell then grown to 600,000 listed them all
+        total = sum(self._listed_cells.values()) - before
         if total + cells > most:
             self.warn_once(f"cells {grid!r}", f"{grid[0] if isinstance(grid, tuple) else grid}: "
                            f"its {cells:,} chunk files are not listed: the mount's listings have "

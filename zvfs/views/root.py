@@ -85,7 +85,8 @@ class MountRoot(RawDirHolder):
 
     def _plain(self, name: str) -> None:
         if name == CONTROL_NAME and self.control is not None:
-            raise NodeError(errno.EPERM if self.writable else errno.EROFS)
+            # the mount's own name: an answer (logged at info), not a failure of the store
+            raise NodeError(errno.EPERM if self.writable else errno.EROFS, answer=True)
 
     async def create(self, name: str, exclusive: bool, truncate: bool = True) -> tuple[FileNode, FileHandle]:
         self._plain(name)
