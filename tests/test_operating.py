@@ -418,6 +418,17 @@ def test_mount_started_with_its_standard_streams_closed(zarr_dir, mount, tmp_pat
 # --------------------------------------------------------------------------- status
 
 
+def test_status_shows_decoders_auto_among_the_options(zarr_dir, mount) -> None:
+    """``--decoders auto`` parses to "not set", and the options in effect (status, its JSON,
+    stats.json) had no decoders at all then, while the default showed decoders=0 (a
+    helper's audit of the README)."""
+    m = mount(zarr_dir, "--decoders", "auto")
+    stats = json.loads((m.path / ".zvfs/stats.json").read_bytes())
+    assert stats["options"]["decoders"] == "auto", stats["options"]
+    res = zvfs("status", m.path)
+    assert res.returncode == 0 and "decoders=auto" in res.stdout, res.stdout
+
+
 def test_status_lists_health_source_options_and_traffic(zarr_dir, zarr_s3, moto, s3_env, mount) -> None:
     local = mount(zarr_dir, "--threads", "3", "--metadata-ttl", "indefinite")
     remote = mount(zarr_s3, "--endpoint-url", moto.endpoint, env=s3_env)

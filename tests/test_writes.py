@@ -449,14 +449,25 @@ def test_zvfs_views_stay_read_only_in_a_writable_mount_one_errno_for_all(store: 
 def test_dir_an_eperm_of_the_store_itself_is_logged_as_a_failure(dirstore: Store, mount) -> None:
     """The mount's own EPERM (rmdir of .zvfs) answers what was asked, at info; the store's
     (a file made immutable, chattr +i) is a failure to serve it, one ERROR line naming the
-    key, as a store gone read-only is (a review: every EPERM was made an info line)."""
+    key, as a store gone read-only is (a review: every EPERM was made an info line). Only
+    a failure is the status's last error: an answer (rmdir's ENOTEMPTY) showed there too."""
     dirstore.put("locked.bin", b"keep")
+    dirstore.put("full/f", b"f")
     run(["chattr", "+i", str(dirstore.root / "locked.bin")], check=True)
     try:
         m = dirstore.mount(mount)
+
+        def last_error() -> str | None:
+            told = json.loads((m.path / ".zvfs/stats.json").read_bytes())["last_error"]
+            return None if told is None else told["message"]
+
+        fails(errno.ENOTEMPTY, os.rmdir, m.path / "full")
+        fails(errno.EPERM, os.rmdir, m.path / ".zvfs")
+        assert last_error() is None
         fails(errno.EPERM, os.unlink, m.path / "locked.bin")
         errors = [ln for ln in m.log_text().splitlines() if " ERROR " in ln and "locked.bin" in ln]
         assert len(errors) == 1, m.log_text()[-3000:]
+        assert "locked.bin" in (last_error() or ""), last_error()
     finally:
         run(["chattr", "-i", str(dirstore.root / "locked.bin")], check=True)
     assert (dirstore.root / "locked.bin").read_bytes() == b"keep"

@@ -31,7 +31,7 @@ from zvfs.fs import loop as fs_loop
 from zvfs.fs.fuse import pyfuse3
 from zvfs.fs.push import PagePush
 from zvfs.mounts import MOUNT_TABLE_PREFIX, UnmountFailed, fusermount, mount_device
-from zvfs.options import OPTIONS, S3_WRITE_OPTIONS, format_value, parse_ttl
+from zvfs.options import OPTIONS, S3_WRITE_OPTIONS, format_value, parse_processes, parse_ttl
 from zvfs.stats import Counters
 from zvfs.stores.base import KeyInfo, Store
 from zvfs.stores.counting import CountingStore
@@ -220,9 +220,11 @@ def build_context(store: Store, opts: dict[str, Any], counters: Counters,
         cache_size=opts["cache_size"],
         decoded=opts["decoded"],
         source=description or store.description,
-        # None is "not set", but for a TTL it is what "indefinite" parses to
+        # None is "not set", but for a TTL it is what "indefinite" parses to, and for the
+        # decoder processes what "auto" does (status showed no decoders at all then)
         options={o.name: format_value(o, opts[o.name]) if o.parse else opts[o.name]
-                 for o in OPTIONS if opts.get(o.name) is not None or o.parse is parse_ttl and o.name in opts},
+                 for o in OPTIONS if opts.get(o.name) is not None
+                 or o.parse in (parse_ttl, parse_processes) and o.name in opts},
     )
 
 

@@ -162,6 +162,8 @@ def format_value(opt: Option, value: Any) -> str:
     """The inverse of ``opt.parse``, so resolved options can be passed on as flags."""
     if opt.parse is parse_ttl and value is None:
         return "indefinite"
+    if opt.parse is parse_processes and value is None:
+        return "auto"
     if opt.parse in (parse_size, parse_part_size):
         return _human(value)
     if opt.parse is parse_mode:
@@ -284,8 +286,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("part_size", parse_part_size, 8 << 20, "S3 writes: multipart part size (at least 5M); "
            "files of two parts or more are uploaded in parts, while they are written"),
     Option("rewrite_max_size", parse_size, 1 << 30, "S3 writes: the most bytes of an object opened "
-           "without O_TRUNC fetched to change it in place (a write into it, an append); past it that "
-           "write is EFBIG (the open, reads and truncate -s 0 fetch nothing)"),
+           "without O_TRUNC fetched to change it in place (a write into it, an append, a truncate that "
+           "keeps them); past it that operation is EFBIG (the open, reads and truncate -s 0 fetch nothing)"),
     Option("abort_uploads", None, False, "S3 writes: at mount, abort the unfinished multipart uploads "
            "under the prefix (left by a writer that was killed)"),
     Option("sse", _choice("AES256", "aws:kms", "aws:kms:dsse"), None, "S3 writes: server-side "
@@ -294,7 +296,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("sse_kms_key_id", str, None, "S3 writes: the KMS key (ID or ARN) of --sse aws:kms or "
            "aws:kms:dsse", shown_default="the account's AWS managed key"),
     Option("storage_class", _choice(*STORAGE_CLASSES), None, "S3 writes: the storage class of the "
-           "objects written", shown_default="STANDARD"),
+           "objects written", shown_default="none: S3 stores STANDARD"),
     Option("requester_pays", None, False, "S3: send every request as paid by the requester (to "
            "read or write a bucket that has Requester Pays on)"),
     Option("metrics_addr", parse_addr, None, "serve Prometheus metrics at HOST:PORT (host 127.0.0.1 "

@@ -458,11 +458,13 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
             if exc.errno != errno.ENOENT:
                 what = what() if callable(what) else what
                 self._counters.add(f"fuse_errors_{_op(what)}")
-                self._counters.note_error(f"{what}: {exc}")
+                # what the application asked for cannot be (rmdir of a full directory, a
+                # write to a read-only mount): its answer, not a failure of the mount, so
+                # not the status's "last error" either (an rmdir's ENOTEMPTY showed there)
+                refusal = exc.answer or (exc.errno in _REFUSALS and exc.key is None)
+                if not refusal:
+                    self._counters.note_error(f"{what}: {exc}")
                 if exc.key is None or self._log_once.first(exc.key):
-                    # what the application asked for cannot be (rmdir of a full directory, a
-                    # write to a read-only mount): its answer, not a failure of the mount
-                    refusal = exc.answer or (exc.errno in _REFUSALS and exc.key is None)
                     log.log(logging.INFO if refusal else logging.ERROR, "%s: %s", what, exc)
             raise pyfuse3.FUSEError(exc.errno) from None
         except Exception as exc:  # noqa: BLE001 - one bad file must not take the daemon down
