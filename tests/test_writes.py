@@ -2956,6 +2956,32 @@ def test_renameat2_flags_no_store_has_are_refused(store: Store, mount) -> None:
     assert store.get("z") == b"X" and store.get("w") is None
 
 
+def test_a_rename_checks_its_target_as_the_store_has_it_not_as_the_mount_listed_it(
+        store: Store, mount) -> None:
+    """Another client changes the target of a rename within the metadata TTL, after the
+    mount listed it: a directory filled since took the moved keys over its own (rename(2)
+    is ENOTEMPTY there; the other client's rh/w was overwritten, two directories merged),
+    and ``mv -n`` (RENAME_NOREPLACE) onto a name made since copied over it (a helper's
+    audit of S3 clients side by side). Both are refused now, the target's keys kept."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    store.put("src/w", b"mine")
+    store.put("dst/keep", b"k")
+    store.put("moved", b"mine too")
+    m = store.mount(mount)
+    os.unlink(m.path / "dst/keep")  # the mount lists dst empty now
+    assert os.listdir(m.path / "dst") == []
+    assert not (m.path / "made").exists()  # not there, and the mount remembers it
+    store.put("dst/w", b"PEER-DATA")  # another client, within the TTL
+    store.put("made", b"PEER-CREATED")
+    fails(errno.ENOTEMPTY, os.rename, m.path / "src", m.path / "dst")
+    assert libc.renameat2(-100, os.fsencode(m.path / "moved"), -100, os.fsencode(m.path / "made"), 1) != 0
+    assert ctypes.get_errno() == errno.EEXIST
+    assert store.get("dst/w") == b"PEER-DATA" and store.get("made") == b"PEER-CREATED"
+    assert store.get("src/w") == b"mine" and store.get("moved") == b"mine too"
+
+
 def test_paths_below_a_renamed_directory_work_at_once(store: Store, mount) -> None:
     """mv of a directory the kernel has walked: its files and subdirectories answer under the
     new name at once (ENOENT for the metadata TTL before, for ever with indefinite)."""

@@ -791,19 +791,19 @@ class DiskCachedStore(WrappedStore):
         self._forget(key)
         self.inner.delete(key)
 
-    def rename(self, src: str, dst: str) -> None:
+    def rename(self, src: str, dst: str, replace: bool = True) -> None:
         self._forget(src)
         self._forget(dst)
-        self.inner.rename(src, dst)
+        self.inner.rename(src, dst, replace)
 
     def link(self, src: str, dst: str) -> None:
         self._forget(dst)
         self.inner.link(src, dst)
 
-    def rename_dir(self, src: str, dst: str) -> None:
+    def rename_dir(self, src: str, dst: str, replace: bool = True) -> None:
         self._forget_prefix(src)
         self._forget_prefix(dst)
-        self.inner.rename_dir(src, dst)
+        self.inner.rename_dir(src, dst, replace)
 
     @property
     def used_bytes(self) -> int:

@@ -380,8 +380,10 @@ class Store(ABC):
         """Remove ``key``; KeyNotFound if it is not there."""
         raise _read_only(key)
 
-    def rename(self, src: str, dst: str) -> None:
-        """Make ``dst`` hold what ``src`` held, replacing it, and remove ``src``."""
+    def rename(self, src: str, dst: str, replace: bool = True) -> None:
+        """Make ``dst`` hold what ``src`` held, replacing it (unless not ``replace``: then
+        EEXIST if the store holds ``dst`` now, whatever a cached listing said), and remove
+        ``src``."""
         raise _read_only(src)
 
     def link(self, src: str, dst: str) -> None:
@@ -396,8 +398,10 @@ class Store(ABC):
         """Remove the empty directory ``prefix``; ENOTEMPTY if keys remain below it."""
         raise _read_only(prefix)
 
-    def rename_dir(self, src: str, dst: str) -> None:
-        """Move every key below prefix ``src`` to prefix ``dst`` (both ending in '/')."""
+    def rename_dir(self, src: str, dst: str, replace: bool = True) -> None:
+        """Move every key below prefix ``src`` to prefix ``dst`` (both ending in '/'). ``dst``
+        may be an empty directory unless not ``replace``; as the store has it now, not as a
+        cached listing said: ENOTEMPTY (EEXIST) otherwise."""
         raise _read_only(src)
 
     def set_mtime_ns(self, key: str, mtime_ns: int) -> None:  # noqa: B027 - optional
@@ -492,8 +496,8 @@ class WrappedStore(Store):
     def delete(self, key: str) -> None:
         self.inner.delete(key)
 
-    def rename(self, src: str, dst: str) -> None:
-        self.inner.rename(src, dst)
+    def rename(self, src: str, dst: str, replace: bool = True) -> None:
+        self.inner.rename(src, dst, replace)
 
     def link(self, src: str, dst: str) -> None:
         self.inner.link(src, dst)
@@ -504,8 +508,8 @@ class WrappedStore(Store):
     def remove_dir(self, prefix: str) -> None:
         self.inner.remove_dir(prefix)
 
-    def rename_dir(self, src: str, dst: str) -> None:
-        self.inner.rename_dir(src, dst)
+    def rename_dir(self, src: str, dst: str, replace: bool = True) -> None:
+        self.inner.rename_dir(src, dst, replace)
 
     def set_mtime_ns(self, key: str, mtime_ns: int) -> None:
         self.inner.set_mtime_ns(key, mtime_ns)

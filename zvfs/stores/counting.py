@@ -94,9 +94,9 @@ class CountingStore(WrappedStore):
         with self._timed("delete"):
             self.inner.delete(key)
 
-    def rename(self, src: str, dst: str) -> None:
+    def rename(self, src: str, dst: str, replace: bool = True) -> None:
         with self._timed("rename"):
-            self.inner.rename(src, dst)
+            self.inner.rename(src, dst, replace)
 
     def link(self, src: str, dst: str) -> None:
         with self._timed("link"):

@@ -602,19 +602,21 @@ class DirectoryStore(Store):
             except OSError as e:
                 raise _refused(shown, e) from None
 
-    def rename(self, src: str, dst: str) -> None:
+    def rename(self, src: str, dst: str, replace: bool = True) -> None:
         with self._in_parent(src) as (a_dir, a), self._in_parent(dst) as (b_dir, b):
             self._files.drop(src)
             self._files.drop(dst)
             try:
+                if not replace and _exists(b, b_dir):  # made since the mount's listing said not
+                    raise WriteRefused(errno.EEXIST, f"{dst}: exists")
                 os.rename(a, b, src_dir_fd=a_dir, dst_dir_fd=b_dir)
             except OSError as e:
                 raise _refused(src, e) from None
 
-    def rename_dir(self, src: str, dst: str) -> None:
+    def rename_dir(self, src: str, dst: str, replace: bool = True) -> None:
         self._files.drop_prefix(src)
         self._files.drop_prefix(dst)
-        self.rename(src.rstrip("/"), dst.rstrip("/"))
+        self.rename(src.rstrip("/"), dst.rstrip("/"), replace)  # rename(2): ENOTEMPTY of its own
 
     def link(self, src: str, dst: str) -> None:
         """``dst`` gets ``src``'s bytes as a file of its own, as on S3. A hard link showed in
@@ -881,6 +883,14 @@ _REOPENS = 3
 def _cannot_open(key: str, e: OSError, what: str = "open") -> StoreError:
     """The error of an open that failed; out of descriptors, it says which limit to raise."""
     return StoreError(f"{key}: cannot {what}: {e.strerror}{no_descriptors_hint(e)}")
+
+
+def _exists(name: str, parent: int) -> bool:
+    try:
+        os.lstat(name, dir_fd=parent)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _fd_path(fd: int) -> str | None:

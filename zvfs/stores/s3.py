@@ -786,9 +786,12 @@ class S3Store(Store):
         self.request(key, "DeleteObject",
                       lambda c: c.delete_object(Bucket=self.bucket, Key=self.prefix + key))
 
-    def rename(self, src: str, dst: str) -> None:
+    def rename(self, src: str, dst: str, replace: bool = True) -> None:
         check_key(dst)
         self.check_key_length(dst)
+        if not replace and (self._holds(dst) or self._first_keys(dst + "/")):
+            # made since the mount listed it (another client): mv -n copied over it
+            raise WriteRefused(errno.EEXIST, f"{dst}: exists")
         copy_key(self, src, dst, self.info(src).size)
         try:
             self.delete(src)
@@ -815,23 +818,45 @@ class S3Store(Store):
             raise WriteRefused(errno.ENAMETOOLONG, f"{shown}: its object key would be {size} bytes; "
                                f"S3 takes at most {MAX_KEY_BYTES}")
 
-    def remove_dir(self, prefix: str) -> None:
-        check_prefix(prefix)
+    def _first_keys(self, prefix: str) -> dict[str, int | None]:
+        """The first two keys below ``prefix`` as the store has them now (key -> size)."""
         page = self.request(prefix, "ListObjectsV2", lambda c: c.list_objects_v2(
             Bucket=self.bucket, Prefix=self.prefix + prefix, MaxKeys=2))
-        sizes = {o["Key"]: o.get("Size") for o in page.get("Contents", ())}
+        return {o["Key"]: o.get("Size") for o in page.get("Contents", ())}
+
+    def _holds(self, key: str) -> bool:
+        try:
+            self.info(key)
+        except KeyNotFound:
+            return False
+        return True
+
+    def _check_empty(self, prefix: str, what: str) -> bool:
+        """ENOTEMPTY unless directory ``prefix`` holds nothing but, perhaps, an empty folder
+        marker object (``dir/``, another tool's) in the store now; whether it holds one."""
+        sizes = self._first_keys(prefix)
         marker = self.prefix + prefix
         if any(k != marker for k in sizes):
             raise WriteRefused(errno.ENOTEMPTY, f"{prefix}: not empty")
         if sizes.get(marker):  # bytes the mount never showed (a directory it is): kept
-            raise WriteRefused(errno.ENOTEMPTY, f"{prefix}: not removed: its folder marker object "
+            raise WriteRefused(errno.ENOTEMPTY, f"{prefix}: not {what}: its folder marker object "
                                f"{marker!r} holds {sizes[marker]} bytes, which the mount does not show")
-        if marker in sizes:  # a folder marker object ("dir/") from another tool
+        return marker in sizes
+
+    def remove_dir(self, prefix: str) -> None:
+        check_prefix(prefix)
+        if self._check_empty(prefix, "removed"):  # a folder marker object ("dir/") from another tool
             self.delete_listed(prefix)
 
-    def rename_dir(self, src: str, dst: str) -> None:
+    def rename_dir(self, src: str, dst: str, replace: bool = True) -> None:
         check_prefix(src)
         check_prefix(dst)
+        # the target as the store has it now: another client may have filled it since the
+        # mount listed it empty, and its keys were copied over (two directories merged)
+        if self._check_empty(dst, "replaced") and not replace:
+            raise WriteRefused(errno.EEXIST, f"{dst}: exists")
+        if not replace and self._holds(dst.rstrip("/")):
+            raise WriteRefused(errno.EEXIST, f"{dst.rstrip('/')}: exists")
         rename_prefix(self, src, dst)
 
     def unfinished_uploads(self, key: str | None = None) -> list[Upload]:
@@ -1101,7 +1126,8 @@ class S3Store(Store):
                         return b"".join(parts), size  # at or past the end: fewer bytes, like pread
                     changed = code == "PreconditionFailed" or http_status(exc) == 412
                 if changed and pin:
-                    raise Stale(f"{key}: replaced since it was opened; open it again") from None
+                    raise Stale(f"{key}: replaced since the mount listed it or it was opened; "
+                                "open it again") from None
                 if changed:
                     # the object changed between two pieces: start over on the new version
                     log.info("%s: object changed while it was read; reading it again", key)

@@ -916,7 +916,7 @@ class RawDir(DirNode):
                 if store.implicit_dirs:
                     target.ctx.made_dirs.get(target.prefix, set()).discard(new_name)
             try:
-                await store_call(self.ctx, src, store.rename_dir, src + "/", dst + "/")
+                await store_call(self.ctx, src, store.rename_dir, src + "/", dst + "/", replace)
             except NodeError:
                 self._forget_both(target, src, dst)
                 raise
@@ -935,7 +935,7 @@ class RawDir(DirNode):
             if dst_dir:
                 raise NodeError(errno.EISDIR)
             try:
-                await store_call(self.ctx, src, store.rename, src, dst)
+                await store_call(self.ctx, src, store.rename, src, dst, replace)
             except NodeError as exc:
                 # a file made through the mount and open, not stored yet (S3): nothing to
                 # copy, its bytes are all staged; the file the rename replaces goes now
