@@ -1558,8 +1558,8 @@ def test_an_open_during_a_rename_over_its_name_reads_the_file_it_found_not_the_n
     renamed, go_on = threading.Event(), threading.Event()
     plain_rename = store.rename
 
-    def held_rename(src: str, dst: str) -> None:
-        plain_rename(src, dst)  # done in the store ...
+    def held_rename(src: str, dst: str, replace: bool = True) -> None:
+        plain_rename(src, dst, replace)  # done in the store ...
         renamed.set()
         go_on.wait(10)  # ... and not yet in the table
 
