@@ -1739,6 +1739,27 @@ def test_s3_a_write_fetches_the_object_at_the_write_and_none_when_it_covers_it(
             _stored(s3store, m, key, _same_on_a_local_file(tmp_path, before, steps))
 
 
+@pytest.mark.parametrize("size", [100, 6 * MiB + 5], ids=["put", "multipart"])
+def test_s3_a_rewrite_through_the_mount_keeps_the_objects_content_type_and_metadata(
+        s3store: Store, mount, size: int) -> None:
+    """Another client's object (s3fs's, with its mode in x-amz-meta-mode; rclone's) appended
+    to through the mount was stored with no Content-Type and no user metadata: text/plain
+    became binary/octet-stream, and an s3fs file of mode 0600 showed 0640 in s3fs after (a
+    helper's audit of S3 clients side by side). An open of an existing object keeps them, as
+    a local file keeps its attributes when its bytes change: one PUT, or a multipart upload."""
+    data = rand(size, 3)
+    full = s3store.prefix + "peer.txt"
+    s3store.client.put_object(Bucket=s3store.bucket, Key=full, Body=data, ContentType="text/plain",
+                              CacheControl="no-cache", Metadata={"mode": "33152", "uid": "1000"})
+    m = s3store.mount(mount, "--part-size", "5M")
+    with open(m.path / "peer.txt", "ab") as f:
+        f.write(b"appended\n")
+    head = s3store.client.head_object(Bucket=s3store.bucket, Key=full)
+    assert head["ContentType"] == "text/plain" and head.get("CacheControl") == "no-cache", head
+    assert head["Metadata"] == {"mode": "33152", "uid": "1000"}, head["Metadata"]
+    assert s3store.get("peer.txt") == data + b"appended\n"
+
+
 def test_s3_an_append_to_a_big_object_fetches_none_of_it(s3store: Store, moto, mount, tmp_path) -> None:
     """`echo line >> f` on an object of 5 MiB or more fetched it whole (and past
     --rewrite-max-size, 2M here, failed EFBIG): now nothing of it is fetched; each close

@@ -80,7 +80,7 @@ from zvfs.stores.s3_errors import (
     too_large_behind,
 )
 from zvfs.stores.s3_wire import Upload, strong_etag
-from zvfs.stores.s3_write import S3Writer, copy_key, link_key, part_way, rename_prefix
+from zvfs.stores.s3_write import KEPT_HEADERS, S3Writer, copy_key, link_key, part_way, rename_prefix
 from zvfs.stores.url import S3_BLOCK_SIZE, is_aws_endpoint
 from zvfs.stores.watchdog import Watchdog, watch_pools
 
@@ -568,6 +568,11 @@ class S3Store(Store):
         return self._get(key, start, length, pin=version, limit=limit)[0]
 
     def info(self, key: str) -> KeyInfo:
+        return self._head(key)[0]
+
+    def _head(self, key: str) -> tuple[KeyInfo, dict[str, Any]]:
+        """``key``'s size, mtime and ETag, and what of its headers an upload of it keeps
+        (:data:`KEPT_HEADERS`)."""
         check_key(key)
         r = self.request(key, "HeadObject", lambda c: c.head_object(Bucket=self.bucket, Key=self.prefix + key))
         # checked, not trusted: a HEAD without Last-Modified (a small server's) raised
@@ -576,7 +581,7 @@ class S3Store(Store):
         if found is None:
             raise StoreError(f"{key}: S3 HeadObject: the server's answer gives no size a file "
                              f"can have (Content-Length {r.get('ContentLength')!r})")
-        return found
+        return found, {h: r[h] for h in KEPT_HEADERS if r.get(h)}
 
     def list_dir(self, prefix: str) -> Listing:
         check_prefix(prefix)
@@ -761,10 +766,11 @@ class S3Store(Store):
             raise WriteRefused(errno.EROFS, f"{key}: the mount is read-only")
         self.check_key_length(key)
         found: KeyInfo | None = None
+        kept: dict[str, Any] = {}
         # an exclusive create asks nothing now: its upload is conditional (If-None-Match)
         if not create or not truncate:
             try:
-                found = self.info(key)
+                found, kept = self._head(key)
             except KeyNotFound:
                 if not create:
                     raise
@@ -774,7 +780,7 @@ class S3Store(Store):
         # it keeps at the first operation that keeps some (truncate -s 0 keeps none)
         return S3Writer(self, key, self.staging, self.part_size,
                         fresh=found is None or truncate, exclusive=exclusive, stored=found is not None,
-                        base=None if truncate else found)
+                        base=None if truncate else found, headers=kept)
 
     def delete(self, key: str) -> None:
         check_key(key)

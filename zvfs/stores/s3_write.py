@@ -29,7 +29,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol, TypeVar
 
 from zvfs.stats import Counters
@@ -106,9 +106,11 @@ class S3Writer(KeyWriter):
 
     def __init__(self, store: S3Target, key: str, staging: Staging, part_size: int,
                  *, fresh: bool, exclusive: bool, stored: bool = False,
-                 base: KeyInfo | None = None) -> None:
+                 base: KeyInfo | None = None, headers: Mapping[str, Any] | None = None) -> None:
         self.store = store
         self.key = key
+        #: the object's own headers an upload keeps (KEPT_HEADERS, from the open's HEAD)
+        self.headers = dict(headers or {})
         self.staging = staging
         self.part_size = max(MIN_PART, part_size)
         self.path, self._fd = staging.new_file(key)
@@ -495,7 +497,7 @@ class S3Writer(KeyWriter):
                 if background and self._start_failures != failures:
                     raise StoreError(f"{self.key}: the multipart upload could not be started")
             try:
-                upload_id = create_upload(self.store, self.key)
+                upload_id = create_upload(self.store, self.key, self.headers)
             except Exception:
                 with self._lock:
                     self._start_failures += 1
@@ -639,7 +641,8 @@ class S3Writer(KeyWriter):
                 "which was not changed)")
 
     def _put_whole(self, size: int) -> None:
-        put_key(self.store, self.key, self.read(0, size), if_absent=self._exclusive and not self._committed)
+        put_key(self.store, self.key, self.read(0, size), if_absent=self._exclusive and not self._committed,
+                headers=self.headers)
 
     def _finish_upload(self, size: int) -> None:
         if self._exclusive and not self._committed and self.store.exists(self.key):
@@ -878,7 +881,15 @@ def complete_upload(store: S3Target, key: str, upload_id: str, etags: list[str])
     return strong_etag(r.get("ETag")) if isinstance(r, dict) else None
 
 
-def create_upload(store: S3Target, key: str) -> str:
+#: headers of an object that a rewrite through the mount keeps, as a local file keeps its
+#: attributes when its bytes change: another client's Content-Type and user metadata
+#: (s3fs's mode and owner, rclone's mtime) were dropped by an append through the mount,
+#: and an s3fs file of mode 0600 showed 0640 there after (a helper's audit)
+KEPT_HEADERS = ("ContentType", "Metadata", "CacheControl", "ContentDisposition", "ContentEncoding",
+                "ContentLanguage")
+
+
+def create_upload(store: S3Target, key: str, headers: Mapping[str, Any] | None = None) -> str:
     """A new multipart upload of ``key``: its id. A create that took more than one try may
     have made an upload on a try whose answer was lost; those are looked for and aborted
     (see abort_lost_uploads), which costs a listing only then."""
@@ -887,7 +898,7 @@ def create_upload(store: S3Target, key: str) -> str:
     def create(client: Any) -> Any:
         nonlocal tries
         tries += 1
-        return client.create_multipart_upload(Bucket=store.bucket, Key=store.prefix + key)
+        return client.create_multipart_upload(Bucket=store.bucket, Key=store.prefix + key, **(headers or {}))
 
     began = time.time()
     upload_id = str(store.request(key, "CreateMultipartUpload", create)["UploadId"])
@@ -973,10 +984,12 @@ def link_key(store: S3Target, src: str, dst: str) -> None:
     put_key(store, dst, store.get(src), if_absent=True)
 
 
-def put_key(store: S3Target, key: str, data: bytes, if_absent: bool = False) -> None:
+def put_key(store: S3Target, key: str, data: bytes, if_absent: bool = False,
+            headers: Mapping[str, Any] | None = None) -> None:
     """One PUT of ``data`` as ``key``. ``if_absent``: EEXIST if the key exists, by a conditional
-    PUT (If-None-Match: *), or where the server does not implement that, a check first."""
-    kw: dict[str, Any] = {"Bucket": store.bucket, "Key": store.prefix + key, "Body": data}
+    PUT (If-None-Match: *), or where the server does not implement that, a check first.
+    ``headers``: KEPT_HEADERS of the object it replaces."""
+    kw: dict[str, Any] = {"Bucket": store.bucket, "Key": store.prefix + key, "Body": data, **(headers or {})}
     tries = 0
 
     def put(client: Any) -> Any:
