@@ -219,6 +219,16 @@ class DirectoryStore(Store):
             return True
         return where == path
 
+    def _opened_as_resolved(self, fd: int, real: str, key: str) -> bool:
+        """Whether ``fd`` is open at ``real``, which ``key`` resolved to; else a directory on
+        the way became a symlink between the resolution and the open (another process
+        racing us), what was opened may be outside, and one line says so."""
+        if self._opened_at(fd, real):
+            return True
+        self._escapes.warning(key, "%s: %r changed while it was opened (a symlink swapped in); "
+                              "treated as absent", self.description, key)
+        return False
+
     def _first_link(self, rel: str) -> str:
         """The shortest prefix of ``rel`` that is a symlink (for the log line)."""
         parts = rel.split("/")
@@ -242,12 +252,8 @@ class DirectoryStore(Store):
                 if e.errno in _ABSENT:
                     raise KeyNotFound(key) from None
                 raise _cannot_open(key, e) from e
-            if not self._opened_at(fd, real):
-                # a directory on the way became a symlink between the resolution and the
-                # open (another process racing us): what was opened may be outside
+            if not self._opened_as_resolved(fd, real, key):
                 os.close(fd)
-                self._escapes.warning(key, "%s: %r changed while it was opened (a symlink "
-                                      "swapped in); treated as absent", self.description, key)
                 raise KeyNotFound(key)
         try:
             st = os.fstat(fd)
@@ -408,11 +414,7 @@ class DirectoryStore(Store):
         of a file outside the store)."""
         fd = os.open(real, os.O_PATH | os.O_CLOEXEC)
         try:
-            if not self._opened_at(fd, real):
-                self._escapes.warning(key, "%s: %r changed while it was opened (a symlink "
-                                      "swapped in); treated as absent", self.description, key)
-                return None
-            return os.fstat(fd)
+            return os.fstat(fd) if self._opened_as_resolved(fd, real, key) else None
         finally:
             os.close(fd)
 

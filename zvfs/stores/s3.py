@@ -795,7 +795,7 @@ class S3Store(Store):
     def rename(self, src: str, dst: str, replace: bool = True) -> None:
         check_key(dst)
         self.check_key_length(dst)
-        if not replace and (self._holds(dst) or self._first_keys(dst + "/")):
+        if not replace and (self.exists(dst) or self._first_keys(dst + "/")):
             # made since the mount listed it (another client): mv -n copied over it
             raise WriteRefused(errno.EEXIST, f"{dst}: exists")
         copy_key(self, src, dst, self.info(src).size)
@@ -830,13 +830,6 @@ class S3Store(Store):
             Bucket=self.bucket, Prefix=self.prefix + prefix, MaxKeys=2))
         return {o["Key"]: o.get("Size") for o in page.get("Contents", ())}
 
-    def _holds(self, key: str) -> bool:
-        try:
-            self.info(key)
-        except KeyNotFound:
-            return False
-        return True
-
     def _check_empty(self, prefix: str, what: str) -> bool:
         """ENOTEMPTY unless directory ``prefix`` holds nothing but, perhaps, an empty folder
         marker object (``dir/``, another tool's) in the store now; whether it holds one."""
@@ -859,9 +852,8 @@ class S3Store(Store):
         check_prefix(dst)
         # the target as the store has it now: another client may have filled it since the
         # mount listed it empty, and its keys were copied over (two directories merged)
-        if self._check_empty(dst, "replaced") and not replace:
-            raise WriteRefused(errno.EEXIST, f"{dst}: exists")
-        if not replace and self._holds(dst.rstrip("/")):
+        marker = self._check_empty(dst, "replaced")
+        if not replace and (marker or self.exists(dst.rstrip("/"))):
             raise WriteRefused(errno.EEXIST, f"{dst.rstrip('/')}: exists")
         rename_prefix(self, src, dst)
 

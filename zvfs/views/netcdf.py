@@ -490,7 +490,7 @@ def build_layout(
             break
         variables.remove(v)
         total -= v.vsize + VAR_ALIGN
-        left_out[next(n for n, a in usable.items() if a is v.array)] = (
+        left_out[source[id(v.array)]] = (
             f"{v.vsize} bytes of data: the file would pass {FILE_LIMIT} bytes")
     # dimensions in the store's order, then in order of first use by the remaining variables
     used = {d for v in variables for d in v.dims}
