@@ -384,6 +384,20 @@ def _swap_for_link(directory: Path, target: Path) -> None:
     os.symlink(target, directory)
 
 
+def _swap_when_resolved(monkeypatch: pytest.MonkeyPatch, rel: str, directory: Path, target: Path) -> None:
+    """The store's resolution of ``rel`` is followed at once by ``directory`` swapped for a
+    link to ``target`` (once), as a process racing the store could do it."""
+    resolve = DirectoryStore._resolve
+
+    def racing(self: DirectoryStore, key: str, **kw: Any) -> str | None:
+        real = resolve(self, key, **kw)
+        if key == rel and not directory.is_symlink():
+            _swap_for_link(directory, target)
+        return real
+
+    monkeypatch.setattr(DirectoryStore, "_resolve", racing)
+
+
 def test_directory_symlink_swapped_in_while_a_key_is_opened(tmp_path: Path, monkeypatch) -> None:
     """A key whose path holds a link (``f -> sub/x``) is resolved and then opened; a process
     that swaps ``sub`` for a link out of the store between the two must not get the store
@@ -395,14 +409,7 @@ def test_directory_symlink_swapped_in_while_a_key_is_opened(tmp_path: Path, monk
     assert st.get("f") == b"x"
     st.close()
     st = DirectoryStore(root)
-    resolve = DirectoryStore._resolve
-
-    def racing(self: DirectoryStore, rel: str, **kw: Any) -> str | None:
-        real = resolve(self, rel, **kw)
-        _swap_for_link(root / "sub", outside)
-        return real
-
-    monkeypatch.setattr(DirectoryStore, "_resolve", racing)
+    _swap_when_resolved(monkeypatch, "f", root / "sub", outside)
     with pytest.raises(KeyNotFound):
         st.get("f")
     st.close()
@@ -425,15 +432,7 @@ def test_directory_a_symlinked_key_never_reaches_outside_through_a_swap(tmp_path
     os.symlink("sub/x", root / "f")
     st = DirectoryStore(root)
     assert st.info("f").size == 1 and st.list_dir("").keys["f"].size == 1
-    resolve = DirectoryStore._resolve
-
-    def racing(self: DirectoryStore, rel: str, **kw: Any) -> str | None:
-        real = resolve(self, rel, **kw)
-        if rel == "f" and not (root / "sub").is_symlink():
-            _swap_for_link(root / "sub", outside)
-        return real
-
-    monkeypatch.setattr(DirectoryStore, "_resolve", racing)
+    _swap_when_resolved(monkeypatch, "f", root / "sub", outside)
     if op == "link":
         with pytest.raises(WriteRefused) as refused:
             st.link("f", "copy")
@@ -482,15 +481,7 @@ def test_directory_listing_never_lists_a_directory_swapped_for_a_link(tmp_path: 
         (root / "d" / "e" / f"inside{i}").write_bytes(b"i")
     st = DirectoryStore(root)
     assert len(st.list_dir("d/e/").keys) == entries
-    resolve = DirectoryStore._resolve
-
-    def racing(self: DirectoryStore, rel: str, **kw: Any) -> str | None:
-        real = resolve(self, rel, **kw)
-        if rel == "d/e" and not (root / "d").is_symlink():
-            _swap_for_link(root / "d", outside)
-        return real
-
-    monkeypatch.setattr(DirectoryStore, "_resolve", racing)
+    _swap_when_resolved(monkeypatch, "d/e", root / "d", outside)
     listed = st.list_dir("d/e/")
     assert not [k for k in listed.keys if k.startswith("secret")], sorted(listed.keys)[:5]
     assert not [k for k, _ in st.list_tree("d/e/") if "secret" in k]
