@@ -84,14 +84,16 @@ class KeyTable(MutableMapping[str, KeyInfo]):
 
     # -- building ------------------------------------------------------------------------
 
-    def _append(self, name: str, info: KeyInfo) -> None:
+    def add(self, name: str, size: int, mtime_ns: int, version: str | None = None) -> None:
+        """While the table is built: one key more, without a KeyInfo made for it (a zip of
+        a million members adds a million)."""
         names = self._names
         if names and name <= names[-1]:  # out of order, or a name again: the seal sorts it out
             self._in_order = False
         names.append(name)
-        self._sizes.append(info.size)
-        self._mtimes.append(info.mtime_ns)
-        self._add_version(info.version)
+        self._sizes.append(size)
+        self._mtimes.append(mtime_ns)
+        self._add_version(version)
 
     def _add_version(self, version: str | None) -> None:
         """The version of the key just appended (the arrays' last)."""
@@ -138,12 +140,15 @@ class KeyTable(MutableMapping[str, KeyInfo]):
             if not self._in_order:
                 names, n = self._names, len(self._names)
                 order = sorted(range(n), key=names.__getitem__)  # stable: equal names keep order
-                ordered = KeyTable()
-                for k, i in enumerate(order):
-                    if k + 1 == n or names[order[k + 1]] != names[i]:
-                        ordered._append(names[i], self._at(i))
-                self._names, self._sizes, self._mtimes = ordered._names, ordered._sizes, ordered._mtimes
-                self._versions = ordered._versions
+                keep = [i for k, i in enumerate(order) if k + 1 == n or names[order[k + 1]] != names[i]]
+                self._names = [names[i] for i in keep]
+                self._sizes = array("q", [self._sizes[i] for i in keep])
+                self._mtimes = array("q", [self._mtimes[i] for i in keep])
+                vs = self._versions
+                if isinstance(vs, bytearray):
+                    self._versions = bytearray(b"".join(vs[16 * i:16 * i + 16] for i in keep))
+                elif vs is not None:
+                    self._versions = [vs[i] for i in keep]
                 self._in_order = True
             self._building = False
 
@@ -169,6 +174,11 @@ class KeyTable(MutableMapping[str, KeyInfo]):
             self._memo = (names[i], i)
             return i
         return -1
+
+    def position(self, name: str) -> int:
+        """Where ``name`` is in the sealed arrays (-1 if it is not), for a store that keeps
+        more of each key in arrays of its own, in this order (a zip's members)."""
+        return self._index(name)
 
     def _at(self, i: int) -> KeyInfo:
         return KeyInfo(self._sizes[i], self._mtimes[i], self._version_at(i))
@@ -279,7 +289,7 @@ class KeyTable(MutableMapping[str, KeyInfo]):
 
     def __setitem__(self, name: str, info: KeyInfo) -> None:
         if self._building:
-            self._append(name, info)
+            self.add(name, info.size, info.mtime_ns, info.version)
             return
         self._dead.discard(name)
         self._over[name] = info

@@ -31,16 +31,15 @@ mode bits are never trusted: a directory entry is a name ending in '/'.
 
 from __future__ import annotations
 
-import functools
 import io
 import logging
 import os
 import stat
 import struct
 import threading
-import time
 import zipfile
 import zlib
+from array import array
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -59,7 +58,8 @@ from zvfs.stores.base import (
     StoreError,
     TooLarge,
 )
-from zvfs.stores.keys import bad_segment, is_safe_key
+from zvfs.stores.keys import bad_segment, is_safe_key, safe_name
+from zvfs.stores.zip_directory import Directory, read_directory
 
 log = logging.getLogger(__name__)
 
@@ -90,15 +90,87 @@ _SKIPPED = 8
 COMPRESSED_BLOCK_SIZE = 1 << 20
 
 
-@dataclass(slots=True)
 class _Member:
-    info: zipfile.ZipInfo
-    mtime_ns: int
-    data_offset: int = -1  # filled lazily from the local header
-    #: the archive's generation (see ZipStore._now) when that header was read
-    checked: int = 0
-    #: why the member is known to be corrupt (CRC mismatch, bad stream); later reads fail at once
-    bad: str | None = None
+    """One member, as a read sees it: a view of its row in the directory's arrays, made
+    for the read and dropped after it (a million members kept as objects cost ~700 MB)."""
+
+    __slots__ = ("_d", "i", "key")
+
+    def __init__(self, d: Directory, i: int, key: str) -> None:
+        self._d, self.i, self.key = d, i, key
+
+    @property
+    def file_size(self) -> int:
+        return self._d.sizes[self.i]
+
+    @property
+    def compress_size(self) -> int:
+        return self._d.compressed[self.i]
+
+    @property
+    def CRC(self) -> int:  # noqa: N802 -- zipfile's spelling, which the readers share
+        return self._d.crcs[self.i]
+
+    @property
+    def compress_type(self) -> int:
+        return self._d.methods[self.i]
+
+    @property
+    def flag_bits(self) -> int:
+        return self._d.flags[self.i]
+
+    @property
+    def header_offset(self) -> int:
+        return self._d.header_offset(self.i)
+
+    @property
+    def orig_filename(self) -> str:
+        """The name as the archive spells it (the local header must spell it so too)."""
+        return self._d.orig.get(self.i, self.key)
+
+    @property
+    def extra_len(self) -> int:
+        return self._d.extra_lens[self.i]
+
+    @property
+    def mtime_ns(self) -> int:
+        return self._d.mtimes[self.i]
+
+    @property
+    def data_offset(self) -> int:
+        """Where the data starts, from the local header; -1 until that was read."""
+        return self._d.data_offsets[self.i]
+
+    @data_offset.setter
+    def data_offset(self, value: int) -> None:
+        self._d.data_offsets[self.i] = value
+
+    @property
+    def checked(self) -> int:
+        """The archive's generation (see ZipStore._now) when the local header was read."""
+        return self._d.checked[self.i]
+
+    @checked.setter
+    def checked(self, value: int) -> None:
+        self._d.checked[self.i] = value
+
+    @property
+    def bad(self) -> str | None:
+        """Why the member is known to be corrupt (CRC mismatch, bad stream); later reads
+        fail at once."""
+        return self._d.bad.get(self.i)
+
+    @bad.setter
+    def bad(self, why: str) -> None:
+        self._d.bad[self.i] = why
+
+
+def _zip_info(m: _Member) -> zipfile.ZipInfo:
+    """A ZipInfo for zipfile's own reader (bzip2, lzma), made for the read."""
+    zi = zipfile.ZipInfo(m.orig_filename)
+    zi.compress_type, zi.flag_bits, zi.CRC = m.compress_type, m.flag_bits, m.CRC
+    zi.compress_size, zi.file_size, zi.header_offset = m.compress_size, m.file_size, m.header_offset
+    return zi
 
 
 def open_fd(path: str) -> int:
@@ -150,8 +222,9 @@ class ZipStore(Store):
             self._fd = fd
             self._size = st.st_size
             self._stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-            self._members: dict[str, _Member] = {}
             self._dirs: dict[str, Listing] = {"": Listing()}
+            #: per directory, the member index of each key, in the order of its KeyTable
+            self._slots: dict[str, array[int]] = {}
             self._read_central_directory(st.st_mtime_ns)
         except BaseException:
             os.close(fd)
@@ -165,19 +238,14 @@ class ZipStore(Store):
         self.counters = counters if counters is not None else Counters()
         self._inflate = _Inflater(self._fd, self.counters)
         self._stored_crc = _SequentialCrc()
-        if any(m.info.compress_type != zipfile.ZIP_STORED for m in self._members.values()):
+        if any(self._d.methods[i] != zipfile.ZIP_STORED for slots in self._slots.values() for i in slots):
             self.block_size = COMPRESSED_BLOCK_SIZE
-        for listing in self._dirs.values():  # sorted here, so a listing costs nothing later
-            listing.keys.seal()
 
     def _read_central_directory(self, fallback_mtime_ns: int) -> None:
-        """Parse the central directory once (through a private file object) and build the tree."""
+        """Parse the central directory once (see zip_directory) and build the tree."""
         try:
-            with open(self._fd, "rb", closefd=False) as fh, zipfile.ZipFile(fh) as zf:
-                infos = zf.infolist()
+            d, names = read_directory(self._fd, fallback_mtime_ns)
         except zipfile.BadZipFile as e:
-            if isinstance(e.__context__, OSError):  # zipfile says "not a zip file" for an EIO
-                raise _unreadable(self.path, e.__context__) from e
             raise SourceError(
                 f"{self.path} is not a valid zip archive (truncated or corrupt: {e})"
             ) from e
@@ -189,39 +257,63 @@ class ZipStore(Store):
         except NotImplementedError as e:  # a member's "version needed" past what zipfile reads
             raise SourceError(f"{self.path}: {e} is past what Python's zipfile (and so "
                               "zarr-python) reads") from e
-        except (EOFError, ValueError, struct.error) as e:
-            raise SourceError(f"cannot read the zip directory of {self.path}: {e}") from e
+        self._d = d
+        self._fill_listings(d, names)
+
+    def _fill_listings(self, d: Directory, names: list[str]) -> None:
+        """One listing per directory, each sorted once here (so a listing costs nothing
+        later), and beside it the member index of each of its keys."""
         skipped: list[str] = []
-        repeated: dict[str, int] = {}  # name -> members of that name
         cut: list[str] = []  # names zipfile cut at a NUL byte
-        for zi in infos:
-            name = _member_name(zi)
+        by_dir: dict[str, list[tuple[str, int]]] = {}
+        checked: set[str] = set()  # parents whose every segment is safe
+        for i, name in enumerate(names):
             if name.endswith("/"):  # directory entry: an (empty) prefix
-                d = name.rstrip("/")
-                if d and bad_segment(d) is None:
-                    self._add_prefixes(d + "/")
-                    if zi.file_size:  # a directory it is, as zipfile and unzip take it
+                dir_name = name.rstrip("/")
+                if dir_name and bad_segment(dir_name) is None:
+                    self._add_prefixes(dir_name + "/")
+                    if d.sizes[i]:  # a directory it is, as zipfile and unzip take it
                         log.warning("%s: member %r is a directory entry holding %d bytes; "
-                                    "the bytes are ignored", self.path, name, zi.file_size)
+                                    "the bytes are ignored", self.path, name, d.sizes[i])
                 else:  # '/', '//' and the like, or an unsafe directory name
                     skipped.append(name)
                 continue
-            if bad_segment(name) is not None:
+            parent, sep, base = name.rpartition("/")
+            if not sep:
+                safe = safe_name(name)
+            elif parent in checked:  # only the last segment is new
+                safe = safe_name(base)
+            else:
+                safe = bad_segment(name) is None
+                if safe:
+                    checked.add(parent)
+            if not safe:
                 skipped.append(name)
                 continue
-            if "\0" in zi.orig_filename and name == zi.filename:
-                cut.append(f"{self.path}: member {zi.orig_filename!r} holds a NUL byte; served as "
+            orig = d.orig.get(i)
+            if orig is not None and "\0" in orig and name == orig[:orig.index("\0")]:
+                cut.append(f"{self.path}: member {orig!r} holds a NUL byte; served as "
                            f"{name!r}, cut there as zipfile and zarr-python read it")
-            # the last of duplicate names wins, as in zipfile and zarr-python; told below
-            if name in self._members:
-                repeated[name] = repeated.get(name, 1) + 1
-            self._members[name] = _Member(zi, _member_mtime_ns(zi, fallback_mtime_ns))
-            if zi.file_size == 0 and zi.CRC != 0:  # no read of no bytes would check it
-                self._members[name].bad = "zip member is empty, but its CRC is not that of no bytes"
-            parent, _, base = name.rpartition("/")
-            pre = parent + "/" if parent else ""
+            if d.sizes[i] == 0 and d.crcs[i] != 0:  # no read of no bytes would check it
+                d.bad[i] = "zip member is empty, but its CRC is not that of no bytes"
+            by_dir.setdefault(parent + sep, []).append((base, i))
+        repeated: dict[str, int] = {}  # name -> members of that name
+        sizes, mtimes = d.sizes, d.mtimes
+        for pre, members in by_dir.items():
             self._add_prefixes(pre)
-            self._dirs[pre].keys[base] = KeyInfo(zi.file_size, self._members[name].mtime_ns)
+            members.sort()  # by name, then in directory order
+            keys = self._dirs[pre].keys
+            slots = self._slots[pre] = array("I")
+            last = len(members) - 1
+            for k, (base, i) in enumerate(members):
+                if k < last and members[k + 1][0] == base:
+                    # the last of duplicate names wins, as in zipfile and zarr-python; told below
+                    repeated[pre + base] = repeated.get(pre + base, 1) + 1
+                    continue
+                keys.add(base, sizes[i], mtimes[i])
+                slots.append(i)
+        for listing in self._dirs.values():
+            listing.keys.seal()
         # zarr-python's ZipStore leaves such pairs whenever a key is set twice (it warns as it
         # writes them): a fact about the archive, not a fault
         _tell_some(logging.INFO, [f"{self.path}: member {name!r} appears {times} times; the last one "
@@ -250,7 +342,7 @@ class ZipStore(Store):
 
     def info(self, key: str) -> KeyInfo:
         m = self._member(key)
-        return KeyInfo(m.info.file_size, m.mtime_ns)
+        return KeyInfo(m.file_size, m.mtime_ns)
 
     def list_dir(self, prefix: str) -> Listing:
         check_prefix(prefix)
@@ -264,47 +356,52 @@ class ZipStore(Store):
 
     def absent(self, keys: Iterable[str]) -> set[str]:
         """Every key the central directory does not name: the index is the whole archive."""
-        return {key for key in keys if key not in self._members and is_safe_key(key)}
+        return {key for key in keys if self._find(key) is None and is_safe_key(key)}
 
     def will_need(self, keys: Sequence[str]) -> None:
         """Have the kernel read these members ahead, local headers included: a stored
         member read cold otherwise waits on the disk twice (its header, then its data),
         and the kernel's own read-ahead does not reach past one ``pread`` to the next."""
         for key in keys:
-            m = self._members.get(key)
-            if m is None:
+            m = self._find(key)
+            if m is None or not 0 <= m.header_offset < self._size:
                 continue
-            zi = m.info
             # the local header's name and extra field can differ from the central ones:
             # a page of slack covers them
-            length = _LOCAL_HEADER.size + len(zi.orig_filename.encode()) + len(zi.extra) + zi.compress_size
+            length = _LOCAL_HEADER.size + len(m.orig_filename.encode()) + m.extra_len + m.compress_size
             try:
-                os.posix_fadvise(self._fd, zi.header_offset, length + 4096, os.POSIX_FADV_WILLNEED)
+                os.posix_fadvise(self._fd, m.header_offset, length + 4096, os.POSIX_FADV_WILLNEED)
             except OSError:
                 return  # only a hint
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
         if prefix:
             check_prefix(prefix)
-        yield from sorted(k for k in self._members if k.startswith(prefix))
+        found = []
+        for pre, listing in self._dirs.items():
+            if pre.startswith(prefix):
+                found.extend(pre + name for name in listing.keys)
+            elif prefix.startswith(pre):
+                found.extend(key for name in listing.keys if (key := pre + name).startswith(prefix))
+        yield from sorted(found)
 
     def get(self, key: str) -> bytes:
         m = self._member(key)
-        return self._read(key, m, 0, m.info.file_size)
+        return self._read(key, m, 0, m.file_size)
 
     def get_at_most(self, key: str, limit: int) -> bytes:
         m = self._member(key)
-        if m.info.file_size > limit:  # a bomb is refused from the central directory alone
+        if m.file_size > limit:  # a bomb is refused from the central directory alone
             raise TooLarge(
-                f"{key}: zip member declares {m.info.file_size} bytes, more than the {limit} it may hold"
+                f"{key}: zip member declares {m.file_size} bytes, more than the {limit} it may hold"
             )
-        return self._read(key, m, 0, m.info.file_size)
+        return self._read(key, m, 0, m.file_size)
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
         if start < 0 or length < 0:
             raise StoreError(f"{key}: bad range start={start} length={length}")
         m = self._member(key)
-        size = m.info.file_size
+        size = m.file_size
         if start >= size or length == 0:
             return b""
         return self._read(key, m, start, min(length, size - start))
@@ -313,7 +410,7 @@ class ZipStore(Store):
         if length < 0:
             raise StoreError(f"{key}: bad suffix length {length}")
         m = self._member(key)
-        size = m.info.file_size  # from the central directory: no request for it
+        size = m.file_size  # from the central directory: no request for it
         start = max(0, size - length)
         return (self._read(key, m, start, size - start) if size > start else b""), size
 
@@ -336,10 +433,19 @@ class ZipStore(Store):
 
     def _member(self, key: str) -> _Member:
         check_key(key)
-        m = self._members.get(key)
+        m = self._find(key)
         if m is None:
             raise KeyNotFound(key)
         return m
+
+    def _find(self, key: str) -> _Member | None:
+        """The member served as ``key``, found by its directory's listing."""
+        parent, sep, base = key.rpartition("/")
+        slots = self._slots.get(parent + sep)
+        if slots is None:
+            return None
+        pos = self._dirs[parent + sep].keys.position(base)
+        return None if pos < 0 else _Member(self._d, slots[pos], key)
 
     def _now(self) -> int:
         """The archive's generation: 0 while it is as mounted, one more each time its size or
@@ -371,9 +477,12 @@ class ZipStore(Store):
         now = self._now()
         if m.data_offset >= 0 and m.checked == now:
             return m.data_offset
-        zi = m.info
+        at = m.header_offset
+        if not 0 <= at < self._size:  # pread would say EINVAL (negative) or read nothing
+            raise StoreError(f"{key}: the zip directory puts its local header at offset {at}, "
+                             "outside the archive")
         try:
-            raw = os.pread(self._fd, _header_length(zi), zi.header_offset)
+            raw = os.pread(self._fd, _header_length(m), at)
         except OSError as e:
             raise StoreError(f"{key}: cannot read zip local header: {e.strerror}") from e
         return self._local_header(key, m, raw, now)
@@ -385,7 +494,6 @@ class ZipStore(Store):
         range of a stored member is not covered by its CRC. ``now``: the archive's
         generation; past 0, the header must also, unless its sizes come after the data,
         give the central directory's CRC and sizes."""
-        zi = m.info
         if len(raw) < _LOCAL_HEADER.size:
             raise StoreError(f"{key}: zip local header is truncated")
         fields = _LOCAL_HEADER.unpack_from(raw)
@@ -394,22 +502,22 @@ class ZipStore(Store):
         # as mounted again (a copy back), or was caught halfway through a cp; the next
         # read checks again, at the cost of a header read while the archive is changed
         if magic != _LOCAL_MAGIC:
-            raise StoreError(f"{key}: bad zip local header at offset {zi.header_offset}"
+            raise StoreError(f"{key}: bad zip local header at offset {m.header_offset}"
                              + (f" ({_MOVED})" if now else ""))
-        if not _names_member(zi, fields, raw):
+        if not _names_member(m, fields, raw):
             raise StoreError(f"{key}: " + (_MOVED if now else
-                             f"the zip local header at offset {zi.header_offset} names another "
+                             f"the zip local header at offset {m.header_offset} names another "
                              "member (the archive is corrupt)"))
-        off = zi.header_offset + _LOCAL_HEADER.size + name_len + extra_len
-        if now and not (_still_the_member(zi, fields) and self._descriptor_agrees(zi, off, fields[2])):
+        off = m.header_offset + _LOCAL_HEADER.size + name_len + extra_len
+        if now and not (_still_the_member(m, fields) and self._descriptor_agrees(m, off, fields[2])):
             raise StoreError(f"{key}: {_MOVED}")
-        if off + zi.compress_size > self._size:
+        if off + m.compress_size > self._size:
             raise StoreError(f"{key}: member data extends past the end of the zip file")
         m.data_offset = off  # benign race: every thread computes the same value
         m.checked = now
         return off
 
-    def _descriptor_agrees(self, zi: zipfile.ZipInfo, off: int, local_flags: int) -> bool:
+    def _descriptor_agrees(self, m: _Member, off: int, local_flags: int) -> bool:
         """For a member whose CRC and sizes follow its data (flag 0x8: streamed, as zipfile
         on a pipe, Go and Java write every member), whether the data descriptor where the
         directory says the data ends holds them: the local header has only zeros to
@@ -417,10 +525,10 @@ class ZipStore(Store):
         The local header's flag counts as much as the directory's: an archive rewritten in
         place by a streaming writer put such a header where a member without one was, and
         the new bytes (then the next member's) were served under the old size."""
-        if not (zi.flag_bits | local_flags) & 0x8:
+        if not (m.flag_bits | local_flags) & 0x8:
             return True
         try:
-            raw = os.pread(self._fd, 24, off + zi.compress_size)
+            raw = os.pread(self._fd, 24, off + m.compress_size)
         except OSError:
             return False
         if raw[:4] == b"PK\x07\x08":  # the signature is optional
@@ -428,10 +536,10 @@ class ZipStore(Store):
         if len(raw) < 12:
             return False
         crc, csize, usize = struct.unpack_from("<III", raw)
-        if crc == zi.CRC and (csize, usize) == (zi.compress_size, zi.file_size):
+        if crc == m.CRC and (csize, usize) == (m.compress_size, m.file_size):
             return True
-        if crc == zi.CRC and len(raw) >= 20:  # zip64: 8-byte sizes
-            return struct.unpack_from("<QQ", raw, 4) == (zi.compress_size, zi.file_size)
+        if crc == m.CRC and len(raw) >= 20:  # zip64: 8-byte sizes
+            return struct.unpack_from("<QQ", raw, 4) == (m.compress_size, m.file_size)
         return False
 
     def get_range_at_once(self, key: str, start: int, length: int) -> memoryview | None:
@@ -439,20 +547,21 @@ class ZipStore(Store):
         the first time): what ``will_need`` asked the kernel to read ahead. Anything else
         (a compressed member, bytes not cached, a member found bad) is left to
         ``get_range`` in a worker, which reports every error."""
-        m = self._members.get(key)
+        m = self._find(key)
         if m is None or m.bad is not None or self._closed:
             return None
-        zi = m.info
-        size = zi.file_size
-        if (zi.compress_type != zipfile.ZIP_STORED or zi.flag_bits & _UNREADABLE_FLAGS
-                or zi.compress_size != size or start < 0 or length <= 0 or start >= size):
+        size = m.file_size
+        if (m.compress_type != zipfile.ZIP_STORED or m.flag_bits & _UNREADABLE_FLAGS
+                or m.compress_size != size or start < 0 or length <= 0 or start >= size):
             return None
         if m.checked != self._now():  # the archive changed: the worker's read checks the member
             return None
         try:
             off = m.data_offset
             if off < 0:
-                raw = pread_at_once(self._fd, zi.header_offset, _header_length(zi), self._size)
+                if not 0 <= m.header_offset < self._size:  # the worker's read tells why
+                    return None
+                raw = pread_at_once(self._fd, m.header_offset, _header_length(m), self._size)
                 if raw is None:
                     return None
                 off = self._local_header(key, m, raw)
@@ -460,7 +569,7 @@ class ZipStore(Store):
             data = pread_at_once(self._fd, off + start, length, self._size)
             if data is None or len(data) != length:
                 return None
-            self._stored_crc.update(key, start, data, size, zi.CRC)
+            self._stored_crc.update(key, start, data, size, m.CRC)
         except (StoreError, _Corrupt) as exc:
             if isinstance(exc, _Corrupt):
                 m.bad = str(exc)  # the worker's read reports it
@@ -477,18 +586,17 @@ class ZipStore(Store):
             raise
 
     def _read_member(self, key: str, m: _Member, start: int, length: int) -> bytes:
-        zi = m.info
-        if zi.flag_bits & _UNREADABLE_FLAGS:
-            raise StoreError(f"{key}: zip member is " + ("compressed patched data" if zi.flag_bits & 0x20
+        if m.flag_bits & _UNREADABLE_FLAGS:
+            raise StoreError(f"{key}: zip member is " + ("compressed patched data" if m.flag_bits & 0x20
                                                          else "encrypted")
                              + ", which zipfile (and so zarr-python) cannot read either")
         if m.bad is not None:
             raise StoreError(f"{key}: {m.bad}")
         off = self._data_offset(key, m)
         try:
-            if zi.compress_type == zipfile.ZIP_STORED:
+            if m.compress_type == zipfile.ZIP_STORED:
                 return self._read_stored(key, m, off, start, length)
-            if zi.compress_type == zipfile.ZIP_DEFLATED:
+            if m.compress_type == zipfile.ZIP_DEFLATED:
                 return self._inflate.read(key, m, off, start, length)
         except _Corrupt as exc:
             m.bad = str(exc)
@@ -497,8 +605,7 @@ class ZipStore(Store):
 
     def _read_stored(self, key: str, m: _Member, off: int, start: int, length: int) -> bytes:
         """A slice of a stored member, CRC-checked when the reads have covered it in order."""
-        zi = m.info
-        if zi.compress_size != zi.file_size:
+        if m.compress_size != m.file_size:
             raise StoreError(f"{key}: stored zip member has inconsistent sizes")
         try:
             data = os.pread(self._fd, length, off + start)
@@ -506,17 +613,16 @@ class ZipStore(Store):
             raise StoreError(f"{key}: read failed: {e.strerror}") from e
         if len(data) != length:
             raise StoreError(f"{key}: zip member data is truncated")
-        self._stored_crc.update(key, start, data, zi.file_size, zi.CRC)
+        self._stored_crc.update(key, start, data, m.file_size, m.CRC)
         return data
 
     def _read_other(self, key: str, m: _Member, off: int, start: int, length: int) -> bytes:
         """bzip2, lzma, ...: through zipfile, with parked readers for sequential reads."""
-        zi = m.info
-        pooled = zi.file_size >= _POOL_MIN_SIZE and start + length < zi.file_size
+        pooled = m.file_size >= _POOL_MIN_SIZE and start + length < m.file_size
         reader = self._streams.take(key, start) if pooled else None
         try:
             if reader is None:
-                reader = zipfile.ZipExtFile(_RegionFile(self._fd, off, zi.compress_size), "rb", zi)
+                reader = zipfile.ZipExtFile(_RegionFile(self._fd, off, m.compress_size), "rb", _zip_info(m))
             skip = start - reader.tell()
             while skip > 0:  # read forward in bounded steps (seek would buffer up to 16 MiB)
                 n = len(reader.read(min(skip, 1 << 20)))
@@ -525,7 +631,7 @@ class ZipStore(Store):
                 skip -= n
             data = reader.read(length)
         except NotImplementedError as e:
-            raise StoreError(f"{key}: unsupported zip compression method {zi.compress_type} "
+            raise StoreError(f"{key}: unsupported zip compression method {m.compress_type} "
                              f"({e})") from e
         except OSError as e:  # the archive's own read failed: nothing known of the member
             raise StoreError(f"{key}: zip member could not be read: {e}") from e
@@ -545,35 +651,35 @@ _MOVED = ("the zip archive was written over since the mount, and this member is 
           "where its directory says: remount to read it")
 
 
-def _header_length(zi: zipfile.ZipInfo) -> int:
+def _header_length(m: _Member) -> int:
     """Bytes to read at a member's local header to hold its name too: the header may spell
     the name in the other encoding (UTF-8 is up to three bytes a cp437 character)."""
-    return _LOCAL_HEADER.size + 3 * len(zi.orig_filename)
+    return _LOCAL_HEADER.size + 3 * len(m.orig_filename)
 
 
-def _names_member(zi: zipfile.ZipInfo, fields: tuple[Any, ...], raw: bytes | memoryview) -> bool:
+def _names_member(m: _Member, fields: tuple[Any, ...], raw: bytes | memoryview) -> bool:
     """Whether a local header (``fields``, unpacked from ``raw``, which holds its name)
-    names ``zi``, as zipfile compares them: the name decoded by the header's own flag."""
+    names ``m``, as zipfile compares them: the name decoded by the header's own flag."""
     flags, name_len = fields[2], fields[9]
     name = bytes(raw[_LOCAL_HEADER.size:_LOCAL_HEADER.size + name_len])
     if len(name) != name_len:
         return False
     try:
-        return name.decode("utf-8" if flags & 0x800 else "cp437") == zi.orig_filename
+        return name.decode("utf-8" if flags & 0x800 else "cp437") == m.orig_filename
     except UnicodeDecodeError:
         return False
 
 
-def _still_the_member(zi: zipfile.ZipInfo, fields: tuple[Any, ...]) -> bool:
-    """Whether a local header (``fields``) that names ``zi`` still gives its method, CRC
+def _still_the_member(m: _Member, fields: tuple[Any, ...]) -> bool:
+    """Whether a local header (``fields``) that names ``m`` still gives its method, CRC
     and sizes."""
     _, _, flags, method, _, _, crc, csize, usize, _, _ = fields
-    if method != zi.compress_type:
+    if method != m.compress_type:
         return False
     if flags & 0x8:  # CRC and sizes in a data descriptor after the data
         return True
     zip64 = 0xFFFFFFFF
-    return crc == zi.CRC and csize in (zi.compress_size, zip64) and usize in (zi.file_size, zip64)
+    return crc == m.CRC and csize in (m.compress_size, zip64) and usize in (m.file_size, zip64)
 
 
 class _Corrupt(Exception):
@@ -818,11 +924,10 @@ class _Inflater:
 
     def read(self, key: str, m: _Member, off: int, start: int, length: int) -> bytes:
         """``length`` decompressed bytes at ``start`` of the deflated member ``m``."""
-        zi = m.info
         end = start + length
-        spacing = max(_CHECKPOINT_MIN_SPACING, -(-zi.file_size // _CHECKPOINTS_PER_MEMBER))
+        spacing = max(_CHECKPOINT_MIN_SPACING, -(-m.file_size // _CHECKPOINTS_PER_MEMBER))
         me = object()
-        state = self._start_state(key, start, end, zi.file_size, me)
+        state = self._start_state(key, start, end, m.file_size, me)
         if isinstance(state, bytes):
             return state  # decompressed already by a read that went past it
         keep: _InflateState | None = None
@@ -834,7 +939,7 @@ class _Inflater:
             self._forward(key, m, off, state, end, parts, spacing)
             if state.out_pos != end:
                 raise _Corrupt("deflate stream ended early (fewer bytes than declared)")
-            if end == zi.file_size:
+            if end == m.file_size:
                 self._finish(m, off, state)
             else:
                 keep = state  # parked: the next sequential read continues from here
@@ -849,9 +954,8 @@ class _Inflater:
     def _forward(self, key: str, m: _Member, off: int, state: _InflateState, until: int,
                  parts: list[bytes] | _Passed | None, spacing: int) -> None:
         """Decompress until ``until`` output bytes, keeping them in ``parts`` (or dropping them)."""
-        zi = m.info
         dec = state.dec
-        big = zi.file_size >= 2 * spacing
+        big = m.file_size >= 2 * spacing
         while state.out_pos < until:
             feed = dec.unconsumed_tail
             if not feed:
@@ -859,7 +963,7 @@ class _Inflater:
                     return
                 # with every compressed byte given, zlib may still hold output (a read that
                 # stopped short of the end): decompress(b"") drains it
-                n = min(_IN_STEP, zi.compress_size - state.in_pos)
+                n = min(_IN_STEP, m.compress_size - state.in_pos)
                 if n > 0:
                     feed = os.pread(self._fd, n, off + state.in_pos)
                     if len(feed) != n:
@@ -882,14 +986,13 @@ class _Inflater:
 
     def _finish(self, m: _Member, off: int, state: _InflateState) -> None:
         """At the declared end: the stream must end here and the CRC must match."""
-        zi = m.info
         dec = state.dec
         if not dec.eof:
             # the end-of-stream marker may still be in the input: any further output is too much
             while not dec.eof:
                 feed = dec.unconsumed_tail
                 if not feed:
-                    n = min(_IN_STEP, zi.compress_size - state.in_pos)
+                    n = min(_IN_STEP, m.compress_size - state.in_pos)
                     if n > 0:  # else zlib holds the rest already (see _forward)
                         feed = os.pread(self._fd, n, off + state.in_pos)
                         state.in_pos += len(feed)
@@ -899,9 +1002,9 @@ class _Inflater:
                     raise _Corrupt("deflate stream holds more bytes than declared")
                 if not feed and not dec.eof:
                     raise _Corrupt("compressed data ends before the deflate stream does")
-        if state.crc != zi.CRC:
+        if state.crc != m.CRC:
             raise _Corrupt(
-                f"CRC-32 mismatch (computed {state.crc:08x}, zip directory says {zi.CRC:08x})"
+                f"CRC-32 mismatch (computed {state.crc:08x}, zip directory says {m.CRC:08x})"
             )
 
 
@@ -975,76 +1078,3 @@ class _RegionFile(io.RawIOBase):
         data = self.read(len(b))
         b[: len(data)] = data
         return len(data)
-
-
-def _member_name(zi: zipfile.ZipInfo) -> str:
-    """The member's name as UTF-8 text.
-
-    Info-ZIP's ``zip`` on Linux stores UTF-8 names without setting the UTF-8 flag,
-    so zipfile decodes them as cp437; undo that when the bytes are valid UTF-8.
-    An Info-ZIP Unicode Path extra field (0x7075), when present and current, wins.
-    """
-    name = zi.filename
-    extra = zi.extra
-    if zi.flag_bits & 0x800:
-        return name
-    if name.isascii() and b"up" not in extra:  # no Unicode Path field (tag 0x7075, LE)
-        return name  # and ASCII reads the same in cp437 and UTF-8
-    i = 0
-    while i + 4 <= len(extra):
-        tag, size = struct.unpack_from("<HH", extra, i)
-        body = extra[i + 4:i + 4 + size]
-        if tag == 0x7075 and len(body) > 5 and body[0] == 1:
-            (crc,) = struct.unpack_from("<I", body, 1)
-            try:
-                raw = zi.orig_filename.encode("cp437")
-                if zlib.crc32(raw) == crc:
-                    return body[5:].decode("utf-8")
-            except (UnicodeError, ValueError):
-                pass
-        i += 4 + size
-    try:
-        return name.encode("cp437").decode("utf-8")
-    except UnicodeError:
-        return name
-
-
-#: extra fields that hold a member's time in UTC: Info-ZIP's extended timestamp ("UT",
-#: which the ``zip`` command writes) and NTFS times (7-Zip, Windows)
-_UT_TAG, _NTFS_TAG = 0x5455, 0x000A
-#: 100 ns intervals from 1601-01-01 (NTFS) to 1970-01-01
-_NTFS_EPOCH = 116444736000000000
-
-
-def _member_mtime_ns(zi: zipfile.ZipInfo, fallback_ns: int) -> int:
-    """The member's mtime in ns: from a UTC extra field when it has one, else its DOS time.
-
-    The DOS time is local time of no stated zone, at 2 s steps: read alone it moved with the
-    daemon's TZ (12:00:01 UTC showed as 03:00:02 in Tokyo), where unzip and fuse-zip read
-    the exact UTC second from the "UT" field every ``zip`` archive carries."""
-    extra = zi.extra
-    i = 0
-    while i + 4 <= len(extra):
-        tag, size = struct.unpack_from("<HH", extra, i)
-        body = extra[i + 4:i + 4 + size]
-        i += 4 + size
-        if tag == _UT_TAG and len(body) >= 5 and body[0] & 1:  # flag bit 0: mtime present
-            return struct.unpack_from("<i", body, 1)[0] * 1_000_000_000
-        if tag == _NTFS_TAG and len(body) >= 32:
-            # 4 reserved bytes, then attributes; tag 1 (24 bytes) holds mtime, atime, ctime
-            tag1, size1 = struct.unpack_from("<HH", body, 4)
-            if tag1 == 1 and size1 >= 24:
-                (ticks,) = struct.unpack_from("<Q", body, 8)
-                return (ticks - _NTFS_EPOCH) * 100
-    return _zip_mtime_ns(zi.date_time, fallback_ns)
-
-
-@functools.lru_cache(maxsize=1024)
-def _zip_mtime_ns(date_time: tuple[int, int, int, int, int, int], fallback_ns: int) -> int:
-    """Member time as zipfile gives it (local time, no zone); the archive's mtime if invalid.
-    Remembered: an archive's members mostly share a handful of times, and mktime (a
-    time-zone lookup) was a fifth of opening 20,000 members."""
-    try:
-        return int(time.mktime((*date_time, 0, 0, -1))) * 1_000_000_000
-    except (OverflowError, ValueError):
-        return fallback_ns

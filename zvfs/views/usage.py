@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import shutil
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from itertools import islice
 
 import trio
@@ -68,11 +68,15 @@ class StoreUsage:
         except OSError:
             return 0
 
-    async def _used(self, index: dict[str, Listing] | None) -> int:
+    async def _used(self, index: Mapping[str, Listing] | None) -> int:
+        store = self.ctx.store
+        if index is None and store.lists_in_memory:
+            # a zip's listings, all made at open: their sizes are arrays, summed in place
+            # (a walk made a KeyInfo per key: 18 s of a million-member mount's find)
+            index = store.listings()
         used = await self.ctx.workers.run(_index_size, index) if index is not None else None
         if used is not None:
             return used
-        store = self.ctx.store
         if store.flat_listing or store.lists_in_memory or self.ctx.listings.peek("") is None:
             # one flat listing, or none at all; or no one is listing the tree through the
             # mount (a plain df, zvfs status): then a walk of the store that keeps nothing
@@ -133,7 +137,7 @@ def _listed_size(store: Store) -> int:
     return sum(info.size for _key, info in islice(store.list_tree(""), MAX_KEYS))
 
 
-def _index_size(index: dict[str, Listing]) -> int | None:
+def _index_size(index: Mapping[str, Listing]) -> int | None:
     """The bytes of every key in a tree index; None if a write through the mount changed
     the index while it was summed (the caller then lists the store)."""
     try:
