@@ -1117,6 +1117,46 @@ def test_zip_entry_leading_to_another_members_header_is_refused(tmp_path: Path) 
         st.close()
 
 
+@pytest.mark.parametrize("offset", [0xFFFF_FFF0, 0xFFFF_FFFF_FFFF_FFF0])
+def test_zip_entries_whose_offsets_fall_outside_the_archive_fail_their_own_reads(
+        tmp_path: Path, offset: int, caplog) -> None:
+    """An entry whose local header offset lies past the end of the archive (or, through
+    a zip64 field, past what a file offset can be) fails the reads of that member, with
+    the offset in the error; the archive opens as zipfile opens it and its other members
+    read."""
+    path = tmp_path / "far.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("near", b"N" * 100)
+        zf.writestr("far", b"F" * 100)
+    raw = bytearray(path.read_bytes())
+    entry = raw.index(b"PK\x01\x02", raw.index(b"PK\x01\x02") + 1)  # far's central entry
+    if offset > 0xFFFF_FFFF:  # the offset in a zip64 extra field: the entry grows by 12 bytes
+        struct.pack_into("<I", raw, entry + 42, 0xFFFF_FFFF)
+        name_end = entry + 46 + struct.unpack_from("<H", raw, entry + 28)[0]
+        raw[name_end:name_end] = struct.pack("<HHQ", 1, 8, offset)
+        struct.pack_into("<H", raw, entry + 30, 12)
+        end = raw.index(b"PK\x05\x06")
+        struct.pack_into("<I", raw, end + 12, struct.unpack_from("<I", raw, end + 12)[0] + 12)
+    else:
+        struct.pack_into("<I", raw, entry + 42, offset)
+    path.write_bytes(bytes(raw))
+    with zipfile.ZipFile(path) as zf:
+        assert zf.getinfo("far").header_offset == offset  # the reference opens it, and reads it so
+        assert zf.read("near") == b"N" * 100
+    st = ZipStore(path)
+    try:
+        assert st.info("far").size == 100
+        for read in (lambda: st.get("far"), lambda: st.get_range("far", 10, 20)):
+            with pytest.raises(StoreError, match=f"far: the zip directory puts its local header "
+                                                 f"at offset {offset}, outside the archive"):
+                read()
+        assert st.get_range_at_once("far", 0, 10) is None
+        assert st.get("near") == b"N" * 100
+        assert st.get_range("near", 90, 20) == b"N" * 10
+    finally:
+        st.close()
+
+
 @pytest.mark.parametrize("flag", [0x20, 0x41])
 @pytest.mark.parametrize("method", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_LZMA])
 def test_zip_members_flagged_patched_or_strongly_encrypted_are_refused(tmp_path: Path, flag: int,

@@ -259,7 +259,7 @@ def read_directory(fd: int, fallback_ns: int) -> tuple[Directory, list[str]]:
         d.crcs.append(crc)
         d.methods.append(method)
         d.flags.append(flags)
-        d.extra_lens.append(elen)
+        d.extra_lens.append(len(extra))  # as zipfile: what the directory holds of it
         d.mtimes.append(mtime)
         total += _CENTRAL.size + nlen + elen + clen
     n = len(names)
