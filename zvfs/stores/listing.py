@@ -27,6 +27,10 @@ from itertools import islice
 
 from zvfs.stores.keys import safe_name
 
+#: the largest size a key can have here: st_size is a signed 64-bit number, and so is a
+#: KeyTable's column of sizes (a store drops a key past it, with a line naming it)
+MAX_FILE_SIZE = (1 << 63) - 1
+
 
 @dataclass(frozen=True, slots=True)
 class KeyInfo:

@@ -57,6 +57,7 @@ from zvfs.stores.base import (
     WriteRefused,
 )
 from zvfs.stores.keys import is_safe_key, safe_name, skipped_key
+from zvfs.stores.listing import MAX_FILE_SIZE
 from zvfs.stores.retry import TRANSIENT_KINDS, Attempts, RetryPolicy
 from zvfs.stores.s3_errors import (
     BAD_CREDENTIALS,
@@ -123,8 +124,6 @@ MAX_LISTED_KEYS = 5_000_000
 MAX_EMPTY_PAGES = 100
 #: names listed where they cannot be (not under the prefix asked) that get a line each
 STRAY_LINES = 10
-#: sizes a file can have (st_size is a signed 64-bit number)
-_MAX_SIZE = (1 << 63) - 1
 
 
 def _info(obj: dict[str, Any]) -> KeyInfo | None:
@@ -141,7 +140,7 @@ _MICROSECOND = timedelta(microseconds=1)
 def _key_info(size: object, when: object, etag: object) -> KeyInfo | None:
     """A key's info from what a listing or a HEAD said, each checked, not trusted; None for
     a size no file can have. A date that is none (a small server's HEAD may give none) is 0."""
-    if not isinstance(size, int) or not 0 <= size <= _MAX_SIZE:
+    if not isinstance(size, int) or not 0 <= size <= MAX_FILE_SIZE:
         return None
     return KeyInfo(size, _nanoseconds(when), strong_etag(etag))
 

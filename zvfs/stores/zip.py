@@ -59,6 +59,7 @@ from zvfs.stores.base import (
     TooLarge,
 )
 from zvfs.stores.keys import bad_segment, is_safe_key, safe_name
+from zvfs.stores.listing import MAX_FILE_SIZE
 from zvfs.stores.zip_directory import Directory, read_directory
 
 log = logging.getLogger(__name__)
@@ -265,6 +266,7 @@ class ZipStore(Store):
         later), and beside it the member index of each of its keys."""
         skipped: list[str] = []
         cut: list[str] = []  # names zipfile cut at a NUL byte
+        too_big: list[str] = []
         by_dir: dict[str, list[tuple[str, int]]] = {}
         checked: set[str] = set()  # parents whose every segment is safe
         for i, name in enumerate(names):
@@ -289,6 +291,10 @@ class ZipStore(Store):
                     checked.add(parent)
             if not safe:
                 skipped.append(name)
+                continue
+            if d.sizes[i] > MAX_FILE_SIZE:  # a zip64 size no file can have (st_size is signed)
+                too_big.append(f"{self.path}: member {name!r} says it holds {d.sizes[i]} bytes, "
+                               "more than a file can; ignored")
                 continue
             orig = d.orig.get(i)
             if orig is not None and "\0" in orig and name == orig[:orig.index("\0")]:
@@ -320,6 +326,7 @@ class ZipStore(Store):
                                   "is served, as zipfile and zarr-python read it" for name, times in repeated.items()],
                    f"{self.path}: %d more member names appear more than once")
         _tell_some(logging.WARNING, cut, f"{self.path}: %d more member names cut at a NUL byte")
+        _tell_some(logging.WARNING, too_big, f"{self.path}: %d more members too large for a file ignored")
         _tell_some(logging.WARNING, [f"{self.path}: member {name!r} is not a safe path; ignored" for name in skipped],
                    f"{self.path}: %d more unsafe member names ignored")
 
