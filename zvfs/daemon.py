@@ -315,8 +315,10 @@ async def _announce_ready(ctx: MountContext, root: MountRoot, mountpoint: str, r
         ctx.background(when_quiet, ctx, load_decoded_views, ctx)
 
 
-#: how long the mount must have had no request for ``when_quiet`` to go on
-QUIET_SECONDS = 0.1
+#: how long the mount must have had no request for ``when_quiet`` to go on: longer than a
+#: script takes to start its first reader after the mount returns (a fresh Python with a
+#: cold page cache, 0.1-0.3 s), shorter than a person takes to type the first command
+QUIET_SECONDS = 1.0
 
 
 async def when_quiet(ctx: MountContext, fn: Callable[..., Awaitable[object]], *args: object) -> None:
@@ -324,8 +326,11 @@ async def when_quiet(ctx: MountContext, fn: Callable[..., Awaitable[object]], *a
 
     Background work at start-up (the decoded views' import: about 0.13 s of CPU) took
     that CPU from a reader that began as soon as the mount answered: reading the 111 MiB
-    of a zip at once went at 349 MiB/s, and at 385 after a pause. What is deferred here
-    is also done on demand (a first decoded read imports what it needs itself)."""
+    of a zip at once went at 349 MiB/s, and at 385 after a pause. With 0.1 s of quiet, a
+    reader started 0.2 s after the mount (as the bench's is, a fresh process) met the
+    import once it had begun: 203-235 MiB/s against 403-426, the daemon 48 MiB against 31.
+    What is deferred here is also done on demand (a first decoded read imports what it
+    needs itself)."""
     def requests() -> float:
         return sum(v for k, v in ctx.counters.snapshot().items() if k.startswith("fuse_ops_"))
 
