@@ -292,10 +292,6 @@ class ZipStore(Store):
             if not safe:
                 skipped.append(name)
                 continue
-            if d.sizes[i] > MAX_FILE_SIZE:  # a zip64 size no file can have (st_size is signed)
-                too_big.append(f"{self.path}: member {name!r} says it holds {d.sizes[i]} bytes, "
-                               "more than a file can; ignored")
-                continue
             orig = d.orig.get(i)
             if orig is not None and "\0" in orig and name == orig[:orig.index("\0")]:
                 cut.append(f"{self.path}: member {orig!r} holds a NUL byte; served as "
@@ -316,6 +312,10 @@ class ZipStore(Store):
                     # the last of duplicate names wins, as in zipfile and zarr-python; told below
                     repeated[pre + base] = repeated.get(pre + base, 1) + 1
                     continue
+                if sizes[i] > MAX_FILE_SIZE:  # a zip64 size no file can have (st_size is signed)
+                    too_big.append(f"{self.path}: member {pre + base!r} says it holds {sizes[i]} "
+                                   "bytes, more than a file can; ignored")
+                    continue  # the name is not served: zipfile would read this member for it
                 keys.add(base, sizes[i], mtimes[i])
                 slots.append(i)
         for listing in self._dirs.values():
