@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 
 from zvfs.stores.base import SourceError, StoreError
 from zvfs.stores.zip import ZipStore
-from zvfs.stores.zip_directory import read_directory
+from zvfs.stores.zip_directory import Directory, read_directory
 
 LIMIT = 1 << 20  # what a caller lets a member hold (the decoded views pass their own)
 
@@ -300,14 +300,19 @@ def _directory_as_zipfile_reads_it(path: Path) -> tuple[str, str] | list[tuple]:
         return type(exc).__name__, str(exc)
 
 
-def _directory_as_parsed(path: Path) -> tuple[str, str] | list[tuple]:
+def _read_directory(path: Path) -> tuple[Directory, list[str]]:
     fd = os.open(path, os.O_RDONLY)
     try:
-        d, names = read_directory(fd, 0)
-    except Exception as exc:
-        return type(exc).__name__, str(exc)
+        return read_directory(fd, 0)
     finally:
         os.close(fd)
+
+
+def _directory_as_parsed(path: Path) -> tuple[str, str] | list[tuple]:
+    try:
+        d, names = _read_directory(path)
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
     assert len(d) == len(names)
     return [tuple(d.entry(i, name)[1:]) for i, name in enumerate(names)]
 
@@ -349,11 +354,7 @@ def test_a_central_directory_costs_its_members_little_memory(tmp_path: Path) -> 
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            d, names = read_directory(fd, 0)
-        finally:
-            os.close(fd)
+        d, names = _read_directory(path)
         kept = tracemalloc.get_traced_memory()[0] - before
         assert len(d) == len(names) == n
         del d, names
