@@ -130,20 +130,32 @@ def doc_mutations(draw: st.DrawFn) -> dict[str, Any]:
 
 
 BOMBS = ("zstd_claims_4gib", "blosc_claims_2gib", "gzip_of_64mib")
-CHUNK_CHANGES = ("cut", "flip", "empty", "extend", "replace", *BOMBS)
+#: a little-endian integer of 4 or 8 bytes written over a chunk's bytes: in an uncompressed
+#: blob (a ZV fragment index, manifest or links cell; a vlen cell's framing) it is a count,
+#: length, offset or index that a parser must not trust. A flipped bit seldom lands on one.
+INT_CHANGES = ("int4", "int8")
+HOSTILE_INTS = (0, 1, -1, 2, 7, 255, 2**15, 2**16 - 1, 2**31 - 1, 2**31, 2**32 - 1, 2**32,
+                2**53, 2**62, 2**63 - 1, -(2**63))
+CHUNK_CHANGES = ("cut", "flip", "empty", "extend", "replace", *INT_CHANGES, *BOMBS)
 
 
 @st.composite
-def cases(draw: st.DrawFn) -> dict[str, Any]:
-    """A base array and what is done to its metadata (array's and group's) and chunks."""
-    case: dict[str, Any] = {"kind": draw(st.sampled_from(KINDS)), "docs": [], "chunks": []}
+def cases(draw: st.DrawFn, kinds: tuple[str, ...] = KINDS) -> dict[str, Any]:
+    """A base array (one of ``kinds``) and what is done to its metadata (array's and
+    group's) and chunks."""
+    case: dict[str, Any] = {"kind": draw(st.sampled_from(kinds)), "docs": [], "chunks": []}
     for _ in range(draw(st.integers(0, 2))):
         target = draw(st.sampled_from(["array", "array", "array", "attrs", "group"]))
         case["docs"].append({"target": target, **draw(doc_mutations())})
     for _ in range(draw(st.integers(0, 2))):
-        case["chunks"].append({"how": draw(st.sampled_from(CHUNK_CHANGES)),
-                               "which": draw(st.integers(0, 1 << 16)),
-                               "at": draw(st.integers(0, 1 << 16))})
+        how = draw(st.sampled_from(CHUNK_CHANGES))
+        change = {"how": how, "which": draw(st.integers(0, 1 << 16))}
+        if how in INT_CHANGES:  # most often in a blob's header, where its counts are
+            change["at"] = draw(st.integers(0, 40) | st.integers(0, 1 << 16))
+            change["value"] = draw(st.sampled_from(HOSTILE_INTS) | st.integers(-(2**63), 2**64 - 1))
+        else:
+            change["at"] = draw(st.integers(0, 1 << 16))
+        case["chunks"].append(change)
     if not case["docs"] and not case["chunks"]:
         case["docs"].append({"target": "array", "how": "value", "at": draw(st.integers(0, 1 << 16)),
                              "value": draw(json_values())})
@@ -349,6 +361,11 @@ def mutate_chunk(raw: bytes, m: dict[str, Any]) -> bytes:
         return raw + bytes(1 + at % 9)
     if how == "replace":
         return np.random.default_rng(at).bytes(len(raw))
+    if how in INT_CHANGES:
+        width = 4 if how == "int4" else 8
+        value = (m["value"] % (1 << (8 * width))).to_bytes(width, "little")
+        i = at % max(1, len(raw) - width + 1)
+        return raw[:i] + value + raw[i + width:]
     return _bomb(how)
 
 
