@@ -36,7 +36,6 @@ for _p in (TESTS, REPO / "scripts"):  # the tests' helpers, and benchlib's (drop
         sys.path.insert(0, str(_p))
 
 
-
 def _import_the_project() -> None:
     """Import every module of zvfs and of the bench's library before any test runs.
 
