@@ -190,10 +190,14 @@ def peak_rss_kib(pid: int) -> int | None:
     return total if found else None
 
 
-def settled_peak_rss_kib(pid: int, quiet: float = 1.0, limit: float = 15.0) -> int | None:
+def settled_peak_rss_kib(pid: int, quiet: float = 3.0, limit: float = 15.0) -> int | None:
     """VmHWM of ``pid`` (as :func:`peak_rss_kib`) once it has stopped growing for ``quiet``
     seconds (at most ``limit`` seconds): the work a daemon does in the background after a
-    workload (zvfs imports its decoded views after it answers) belongs to its footprint."""
+    workload (zvfs imports its decoded views after it answers) belongs to its footprint.
+    ``quiet`` outlasts zvfs's wait for a second without requests before that import (about
+    17 MiB, begun 1.3-1.5 s after a `find` of the 4-key store ended): with 1 s the 4-key
+    store's figure sometimes missed it and the 200,000 keys' did not, which put about 87
+    bytes on each key (375 B/key in the full run after be353bb, 288 in the one before)."""
     last = peak_rss_kib(pid)
     start = stable_since = time.monotonic()
     while time.monotonic() - stable_since < quiet and time.monotonic() - start < limit:
