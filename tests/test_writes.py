@@ -896,6 +896,41 @@ def test_an_open_that_may_create_keeps_a_file_made_behind_the_mount(store: Store
     assert store.get("d/rdwr") == b"abcdefX"
 
 
+def test_a_name_made_behind_the_mount_is_refused_eexist_and_then_found(store: Store, mount,
+                                                                       tmp_path) -> None:
+    """A directory listed, then a subdirectory and a file made in it behind the mount
+    within the TTL: making them through the mount is refused EEXIST (on S3 an O_EXCL
+    create at close, and a mkdir succeeds: it has no directories to refuse), and what the
+    store holds is then found. `mkdir -p` of such a directory failed: its mkdir was EEXIST
+    and its own stat then ENOENT, from the kernel's entry and the mount's listing that
+    still took the name for absent."""
+    store.put("zarr.json", b"{}")
+    # the refused create's bytes are kept under the test's directory, not /tmp
+    m = store.mount(mount, "--cache-dir", str(tmp_path / "cache"))
+    os.mkdir(m.path / "d")
+    assert os.listdir(m.path / "d") == []
+    for name in ("sub", "deep", "file"):  # looked up absent: cached so in the kernel and the mount
+        fails(errno.ENOENT, os.stat, m.path / "d" / name)
+    store.put("d/sub/k", b"k")
+    store.put("d/deep/k", b"k")
+    store.put("d/file", b"precious\n")
+    run(["mkdir", "-p", m.path / "d" / "deep"], check=True)
+    assert stat.S_ISDIR(os.stat(m.path / "d" / "deep").st_mode)
+    if store.kind == "dir":
+        fails(errno.EEXIST, os.mkdir, m.path / "d" / "sub")
+        assert stat.S_ISDIR(os.stat(m.path / "d" / "sub").st_mode)
+        assert os.listdir(m.path / "d" / "sub") == ["k"]
+        fails(errno.EEXIST, os.open, m.path / "d" / "file", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    else:
+        fd = os.open(m.path / "d" / "file", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.write(fd, b"mine")
+        fails(errno.EEXIST, os.close, fd)
+    assert (m.path / "d" / "file").read_bytes() == b"precious\n"
+    assert os.stat(m.path / "d" / "file").st_size == 9
+    assert store.get("d/file") == b"precious\n"
+    assert sorted(os.listdir(m.path / "d")) == ["deep", "file", "sub"]
+
+
 def test_create_if_absent_on_a_server_without_conditional_writes(s3store: Store, moto, mount,
                                                                  tmp_path) -> None:
     """A server that answers a PUT carrying If-None-Match with 501 NotImplemented (one

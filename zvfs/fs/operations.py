@@ -120,6 +120,13 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
         super().__init__()
         ttl = ctx.metadata_ttl
         self.ttl = 365 * 86400.0 if ttl is None else float(ttl)
+        #: how long the kernel takes a name looked up and not found for absent. A writable
+        #: mount's names are made through it, and a name made behind it was refused EEXIST
+        #: by the store while the kernel still held it absent: `mkdir -p` then failed ENOENT
+        #: from its own stat. The entry's drop can only follow the reply (the kernel holds
+        #: the directory locked until then), so the stat could come first: a writable mount
+        #: keeps no such entries, and the views' listing answers each lookup
+        self._absent_ttl = 0.0 if root.writable else self.ttl
         self._counters = ctx.counters
         self._log_once = ctx.log_once
         self._usage = usage
@@ -501,7 +508,7 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
                 self._unbind(parent_inode, sname)  # gone from the store behind the mount
             neg = pyfuse3.EntryAttributes()
             neg.st_ino = 0
-            neg.entry_timeout = self.ttl
+            neg.entry_timeout = self._absent_ttl
             return neg
         ino = self._remember(parent_inode, sname, child)
         return self._attrs(ino, child)
@@ -910,7 +917,8 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
 
     def _forget_in_kernel(self, *names: tuple[int, str]) -> None:
         """A rename that failed may have changed what its names hold all the same (S3
-        copies, then deletes, key by key): the kernel forgets the entries and attributes it
+        copies, then deletes, key by key), and an O_EXCL create refused at close() names
+        another client's object (see _storing): the kernel forgets the entries and attributes it
         keeps of them, and their numbers are looked up again (see _fresh), so the next stat
         shows what the store holds rather than the old size for the TTL. The attributes
         before the reply (that takes no lock the rename holds, and the application's next

@@ -115,7 +115,7 @@ class WritingOperations:
         f = self._files.get(fh)
         if f is None or f.handle is None:
             return
-        await self._call(lambda: f"flush {self._inodes.path(f.ino)}", f.handle.flush())
+        await self._storing(f.ino, self._call(lambda: f"flush {self._inodes.path(f.ino)}", f.handle.flush()))
         self._inodes.told[f.ino - ROOT] = f.handle.size  # the kernel's size: what was written through it
         await self._derived.settle()
 
@@ -127,8 +127,23 @@ class WritingOperations:
         if f.handle is None:  # an open for reading: a local file reports its write-back errors
             await self._call(lambda: f"fsync {self._inodes.path(f.ino)}", f.node.sync())
             return
-        await self._call(lambda: f"fsync {self._inodes.path(f.ino)}", f.handle.flush(durable=True))
+        await self._storing(f.ino, self._call(lambda: f"fsync {self._inodes.path(f.ino)}",
+                                              f.handle.flush(durable=True)))
         await self._derived.settle()
+
+    async def _storing(self, ino: int, call: Awaitable[None]) -> None:
+        """Await the storing of a file open for writing. EEXIST: an O_EXCL create whose
+        upload found the key made behind the mount (S3). The file the name shows is the
+        store's from then on: its size and mtime are no more the writes' (taken at once, as
+        the release comes after close() returns), and the kernel forgets what it holds."""
+        try:
+            await call
+        except pyfuse3.FUSEError as exc:
+            if exc.errno == errno.EEXIST:
+                self._writing.pop(ino, None)
+                i = ino - ROOT
+                self._forget_in_kernel((self._inodes.parent_of[i], self._inodes.name_at[i]))
+            raise
 
     async def setattr(self, inode: int, attr, fields, fh, ctx):  # type: ignore[no-untyped-def,override]
         self._counters.add("fuse_ops_setattr")

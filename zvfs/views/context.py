@@ -429,6 +429,16 @@ class MountContext:
             for p in [p for p in tree if p.startswith(prefix)]:
                 del tree[p]
 
+    def listing_unknown(self, key: str) -> None:
+        """The store holds ``key`` (a file, or the directory ``key/``) where the cached listing
+        of its directory says otherwise: made behind the mount within the TTL, and found when
+        the store refused to make it again (EEXIST). That listing is forgotten, so the next
+        lookup finds what the store holds; on a store listed flat, the whole tree's index
+        (which holds a directory it lacks as empty), to be listed again at the next lookup."""
+        parent = key.strip("/").rpartition("/")[0]
+        self.listings.invalidate(parent + "/" if parent else "")
+        self.listings.invalidate(("tree",))
+
     def listing_drop(self, key: str, directory: bool = False, below: bool = False) -> None:
         """Remove ``key`` (or the directory ``key/``, its listing forgotten, and with ``below``
         its subdirectories' too: see listings_forget) from the cached listings."""

@@ -12,7 +12,7 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
 import trio
@@ -832,20 +832,31 @@ class RawDir(DirNode):
         # create keeps none either way (cp's O_EXCL: S3 asks nothing before the upload, whose
         # If-None-Match refuses a key that exists)
         truncate = truncate or exclusive
-        writer = await store_call(self.ctx, key, self.ctx.store.open_writer, key, truncate=truncate, create=True,
-                                  exclusive=exclusive)
+        writer = await self._making(key, store_call(self.ctx, key, self.ctx.store.open_writer, key,
+                                                     truncate=truncate, create=True, exclusive=exclusive))
         handle = WriteHandle(self.ctx, key, writer)
         info = KeyInfo(0, time.time_ns()) if truncate else KeyInfo(writer.size, writer.mtime_ns or time.time_ns())
         self.ctx.listing_put(key, info)
         self.ctx.note_write(key, info)
         return RawFile(self.ctx, key, info), handle
 
+    async def _making(self, key: str, call: Awaitable[T]) -> T:
+        """Await a store call that makes ``key``, which this directory's cached listing
+        lacks: the store's EEXIST means it was made behind the mount (`mkdir -p` of such a
+        directory was EEXIST, and then ENOENT from its own stat)."""
+        try:
+            return await call
+        except NodeError as exc:
+            if exc.errno == errno.EEXIST:
+                self.ctx.listing_unknown(key)
+            raise
+
     async def mkdir(self, name: str) -> DirNode:
         key = self._key(name)
         listing = await self._listing()
         if name in listing.prefixes or name in listing.keys:
             raise NodeError(errno.EEXIST)
-        await store_call(self.ctx, key, self.ctx.store.make_dir, key + "/")
+        await self._making(key, store_call(self.ctx, key, self.ctx.store.make_dir, key + "/"))
         if self.ctx.store.implicit_dirs:
             self.ctx.made_dirs.setdefault(self.prefix, set()).add(name)
         self.ctx.listing_new_dir(key)

@@ -85,6 +85,9 @@ class WriteHandle(FileHandle):
         self.peers = peers if peers is not None else []
         self.peers.append(self)
         self._unlinked = False
+        #: an O_EXCL create whose upload found the key made behind the mount (S3 asks
+        #: nothing before it): the store's object is the file the mount shows from then on
+        self._refused = False
         ctx.writers.setdefault(key, []).append(self)
 
     @property  # type: ignore[override]
@@ -138,7 +141,14 @@ class WriteHandle(FileHandle):
     async def flush(self, durable: bool = False) -> None:
         if self._unlinked:
             return
-        info = await store_call(self.ctx, self.key, self.writer.commit, durable)
+        try:
+            info = await store_call(self.ctx, self.key, self.writer.commit, durable)
+        except NodeError as exc:
+            if exc.errno == errno.EEXIST:
+                self._refused = True
+                self.ctx.listing_unknown(self.key)
+                self.ctx.note_write(self.key)
+            raise
         if info is GONE:  # removed behind the mount: listed no more (its size was put back)
             self.ctx.listing_drop(self.key)
             self.ctx.note_write(self.key)
@@ -158,7 +168,8 @@ class WriteHandle(FileHandle):
         self.peers.remove(self)
         if self.peers:
             return
-        if not self.writer.stored and not self._unlinked and self.key not in self.ctx.writers:
+        if not self.writer.stored and not self._unlinked and not self._refused \
+                and self.key not in self.ctx.writers:
             # made through the mount and never stored (its upload failed): listed no more
             self.ctx.listing_drop(self.key)
             self.ctx.note_write(self.key)
