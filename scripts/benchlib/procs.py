@@ -190,7 +190,11 @@ def peak_rss_kib(pid: int) -> int | None:
     return total if found else None
 
 
-def settled_peak_rss_kib(pid: int, quiet: float = 3.0, limit: float = 15.0) -> int | None:
+#: how long a daemon's peak RSS must stay put to be read as settled (see below)
+SETTLE_SECONDS = 3.0
+
+
+def settled_peak_rss_kib(pid: int, quiet: float = SETTLE_SECONDS, limit: float = 15.0) -> int | None:
     """VmHWM of ``pid`` (as :func:`peak_rss_kib`) once it has stopped growing for ``quiet``
     seconds (at most ``limit`` seconds): the work a daemon does in the background after a
     workload (zvfs imports its decoded views after it answers) belongs to its footprint.
