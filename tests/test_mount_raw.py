@@ -276,17 +276,23 @@ def _store_mtimes(backend: Backend) -> dict[str, list[int]]:
                     name = name.encode("cp437").decode("utf-8")
                 except UnicodeError:
                     pass
-            cands = [int(time.mktime((*zi.date_time, 0, 0, -1))) * 10**9,
-                     calendar.timegm((*zi.date_time, 0, 0, 0)) * 10**9]
-            extra = zi.extra
-            while len(extra) >= 4:
-                tag, size = int.from_bytes(extra[:2], "little"), int.from_bytes(extra[2:4], "little")
-                body = extra[4 : 4 + size]
-                if tag == 0x5455 and len(body) >= 5 and body[0] & 1:
-                    cands.append(int.from_bytes(body[1:5], "little", signed=True) * 10**9)
-                extra = extra[4 + size :]
-            out[name] = cands
+            out[name] = _zip_entry_mtimes(zi)
     return out
+
+
+def _zip_entry_mtimes(zi: zipfile.ZipInfo) -> list[int]:
+    """The mtimes a zip entry may be read as, in ns: its DOS date/time (local time, or
+    UTC) or the exact Unix time of its 'UT' extra field."""
+    cands = [int(time.mktime((*zi.date_time, 0, 0, -1))) * 10**9,
+             calendar.timegm((*zi.date_time, 0, 0, 0)) * 10**9]
+    extra = zi.extra
+    while len(extra) >= 4:
+        tag, size = int.from_bytes(extra[:2], "little"), int.from_bytes(extra[2:4], "little")
+        body = extra[4 : 4 + size]
+        if tag == 0x5455 and len(body) >= 5 and body[0] & 1:
+            cands.append(int.from_bytes(body[1:5], "little", signed=True) * 10**9)
+        extra = extra[4 + size :]
+    return cands
 
 
 def test_mtime_is_the_stores(backend: Backend) -> None:
@@ -298,6 +304,43 @@ def test_mtime_is_the_stores(backend: Backend) -> None:
     for key, cands in want.items():
         got = os.stat(backend.mnt.path / key).st_mtime_ns
         assert got in cands, (key, got, cands)
+
+
+def test_zip_directories_show_the_times_of_their_own_entries(tmp_path, mount) -> None:
+    """A zip made by `zip -r` holds an entry, with its time, for each directory: the mount
+    shows that time, as fuse-zip does, so `rsync -a` out of it keeps the directories'
+    times. A directory with no entry of its own (zarr-python's ZipStore writes none) shows
+    the mount's derived time, as before."""
+    src = tmp_path / "src"
+    times = {"old/deeper": "2019-06-07 08:09:10", "old": "2020-01-02 03:04:05", "new": "2024-11-12 13:14:16"}
+    for d in times:
+        (src / d).mkdir(parents=True, exist_ok=True)
+        (src / d / "f").write_bytes(d.encode())
+    for d, when in times.items():  # the deepest first: a directory's time is set after its contents
+        subprocess.run(["touch", "-d", when, str(src / d / "f"), str(src / d)], check=True)
+    z = tmp_path / "dirs.zip"
+    subprocess.run(["zip", "-q", "-r", str(z), "old", "new"], cwd=src, check=True)
+    # the same names with no directory entries
+    bare = tmp_path / "bare.zip"
+    with zipfile.ZipFile(bare, "w") as zf:
+        zf.writestr("old/f", b"old")
+    with zipfile.ZipFile(z) as zf:  # the reference: what the archive records
+        want = {zi.filename.rstrip("/"): _zip_entry_mtimes(zi) for zi in zf.infolist() if zi.is_dir()}
+    assert set(want) == {"old", "old/deeper", "new"}, want
+    m = mount(z)
+    peer = tmp_path / "fuse-zip"
+    peer.mkdir()
+    subprocess.run(["fuse-zip", "-r", str(z), str(peer)], check=True)
+    try:
+        for d, cands in want.items():
+            got = os.stat(m.path / d).st_mtime_ns
+            assert got in cands, (d, got, cands)
+            assert got == os.stat(peer / d).st_mtime_ns, d
+            assert got == os.stat(src / d).st_mtime_ns, d  # zip -r's UT field: to the second
+    finally:
+        subprocess.run(["fusermount3", "-u", str(peer)], check=True)
+    mb = mount(bare)
+    assert os.stat(mb.path / "old").st_mtime_ns == os.stat(mb.path).st_mtime_ns
 
 
 @pytest.mark.exclusive  # drops the kernel's dentries and inodes

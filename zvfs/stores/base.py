@@ -407,6 +407,14 @@ class Store(ABC):
     def set_mtime_ns(self, key: str, mtime_ns: int) -> None:  # noqa: B027 - optional
         """Set the modification time where the store keeps one it lets us set (a no-op on S3)."""
 
+    def dir_mtime_ns(self, prefix: str) -> int | None:
+        """The time the store records for directory ``prefix`` ('a/b/') and that never moves
+        while mounted: a zip's directory entry. None where there is none, and the mount shows
+        its own derived time (S3 has no directories; a directory store's times move with
+        every write, through the mount or beside it). Asked on the mount's own thread, for
+        every directory's attributes: it must never wait (see PendingStore)."""
+        return None
+
 
 class WrappedStore(Store):
     """A store layered over another (counting, disk cache): everything is passed on,
@@ -473,6 +481,9 @@ class WrappedStore(Store):
 
     def info(self, key: str) -> KeyInfo:
         return self.inner.info(key)
+
+    def dir_mtime_ns(self, prefix: str) -> int | None:
+        return self.inner.dir_mtime_ns(prefix)
 
     def list_dir(self, prefix: str) -> Listing:
         return self.inner.list_dir(prefix)

@@ -97,6 +97,12 @@ class PendingStore(WrappedStore):
         store = self._store
         return None if store is None else store.get_range_at_once(key, start, length)
 
+    def dir_mtime_ns(self, prefix: str) -> int | None:
+        """The open store's (never waits: asked on the mount's thread, for the root's
+        attributes before the open too): None until it is open."""
+        store = self._store
+        return None if store is None else store.dir_mtime_ns(prefix)
+
     @property  # type: ignore[override]
     def lists_in_memory(self) -> bool:
         """The open store's (never waits): False until it is open, as a listing would wait."""

@@ -224,6 +224,9 @@ class ZipStore(Store):
             self._size = st.st_size
             self._stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             self._dirs: dict[str, Listing] = {"": Listing()}
+            #: the mtime of each directory that has an entry of its own ('a/' made by `zip -r`;
+            #: zarr-python's ZipStore writes none)
+            self._dir_mtimes: dict[str, int] = {}
             #: per directory, the member index of each key, in the order of its KeyTable
             self._slots: dict[str, array[int]] = {}
             self._read_central_directory(st.st_mtime_ns)
@@ -274,6 +277,7 @@ class ZipStore(Store):
                 dir_name = name.rstrip("/")
                 if dir_name and bad_segment(dir_name) is None:
                     self._add_prefixes(dir_name + "/")
+                    self._dir_mtimes[dir_name + "/"] = d.mtimes[i]  # the last entry of a name wins
                     if d.sizes[i]:  # a directory it is, as zipfile and unzip take it
                         log.warning("%s: member %r is a directory entry holding %d bytes; "
                                     "the bytes are ignored", self.path, name, d.sizes[i])
@@ -350,6 +354,9 @@ class ZipStore(Store):
     def info(self, key: str) -> KeyInfo:
         m = self._member(key)
         return KeyInfo(m.file_size, m.mtime_ns)
+
+    def dir_mtime_ns(self, prefix: str) -> int | None:
+        return self._dir_mtimes.get(prefix)
 
     def list_dir(self, prefix: str) -> Listing:
         check_prefix(prefix)

@@ -650,15 +650,19 @@ class RawDir(DirNode):
         untracked cache, new files). A write deeper down moves it too: a needless new
         listing for such a tool, never a stale one. Or the time a utimens through the mount
         set on a store that keeps it, since: rsync -a sets each directory's time after
-        filling it, and found it changed again at every run."""
+        filling it, and found it changed again at every run. Or, before all of that, the
+        time the store records for the directory (a zip's directory entry, which `rsync -a`
+        from fuse-zip and ratarmount keeps)."""
         ctx = self.ctx
         path = self.prefix.rstrip("/")
         told = ctx.dir_time(path)
         if told is not None:
             return told
+        own = ctx.store.dir_mtime_ns(self.prefix)
+        base = ctx.stable_time_ns if own is None else own
         if ctx.unwritten:
-            return ctx.stable_time_ns
-        return max(ctx.stable_time_ns, ctx.changed_at_ns(path))
+            return base
+        return max(base, ctx.changed_at_ns(path))
 
     async def _listing(self) -> Listing:
         """This directory's listing; on a store listed flat, from the whole tree's index."""
