@@ -795,6 +795,42 @@ def test_unlink(store: Store, mount) -> None:
     assert store.keys() == {}
 
 
+def test_dir_a_file_with_no_name_shows_what_its_opens_read(dirstore: Store, mount,
+                                                          tmp_path: Path) -> None:
+    """A file open for reading and for writing, then unlinked (or renamed over), then
+    written and closed by its writer: the reader's fstat and reads show the written bytes,
+    as on the directory itself. They showed the size the key's listing last had (0) once
+    the writer closed, and the reader read nothing (found by the write model, seed 5701)."""
+    data = rand(100_000, 57)
+    m = dirstore.mount(mount)
+    local = tmp_path / "local"
+    local.mkdir()
+
+    def run_on(base: Path, how: str) -> tuple[int, int, bytes]:
+        (base / "other").write_bytes(b"o")
+        w = os.open(base / "a", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        r = os.open(base / "a", os.O_RDONLY)
+        try:
+            if how == "unlink":
+                os.unlink(base / "a")
+            else:
+                os.rename(base / "other", base / "a")
+            os.pwrite(w, data, 0)
+            os.close(w)
+            w = -1
+            st = os.fstat(r)
+            return st.st_size, st.st_nlink, os.pread(r, len(data) + 1, 0)
+        finally:
+            if w >= 0:
+                os.close(w)
+            os.close(r)
+
+    for how in ("unlink", "rename over"):
+        want = run_on(local, how)
+        assert want == (len(data), 0, data)
+        assert run_on(m.path, how) == want, how
+
+
 def test_mkdir_rmdir(store: Store, mount) -> None:
     """mkdir makes a directory that lists and stats; rmdir of an empty one removes it,
     of a non-empty one fails ENOTEMPTY."""

@@ -410,6 +410,16 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
         """A node's entry, made for a reply that pyfuse3 sends after the handler returns."""
         return self._fill(self._blank(), ino, node)
 
+    def _read_now(self, ino: int) -> tuple[int, int] | None:
+        """Size and mtime of what an open of ``ino`` for reading (or the file kept for a
+        name renamed over it) reads now, where its reader can tell (a local file's
+        descriptor); None else. Only for a file with no name, which is seldom open."""
+        for f in self._files.values():
+            if f.ino == ino and f.handle is None and (now := f.node.current_size_and_mtime_ns()):
+                return now
+        kept = self._kept.get(ino)
+        return None if kept is None else kept.current_size_and_mtime_ns()
+
     def _blank(self) -> pyfuse3.EntryAttributes:
         """An entry with what every node of the mount shares set. readdir fills one entry
         again for each name, as ``readdir_reply`` copies it into the reply at once: a walk
@@ -432,6 +442,10 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
         a.st_mode = self._owner.mode(not is_file, node.writable)
         if is_file:
             size, mtime_ns = node.size_and_mtime_ns()
+            # a file whose name was removed through the mount (unlink, a rename over it) has no
+            # link left, as fstat of an open unlinked file says on any disk (lsof +L1, log
+            # followers); only a writable mount removes names
+            unlinked = node.writable and not self._inodes.bound(ino)
             if self._writing and ino in self._writing:
                 # open for writing: what the writes made it, and asked again each time (a
                 # cached answer outlived the close, whose flush gives the listing the new
@@ -439,10 +453,13 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
                 handle = self._writing[ino][-1]
                 size, mtime_ns = handle.size, handle.mtime_ns or mtime_ns
                 a.attr_timeout = 0
-            # a file whose name was removed through the mount (unlink, a rename over it) has no
-            # link left, as fstat of an open unlinked file says on any disk (lsof +L1, log
-            # followers); only a writable mount removes names
-            a.st_nlink = 0 if node.writable and not self._inodes.bound(ino) else 1
+            elif unlinked and (now := self._read_now(ino)) is not None:
+                # no name, but open: the file its opens read as it is now, not the key's last
+                # listing (a write through an open closed since, as `a` unlinked, written, then
+                # read through an open made before: the kernel took the size the listing had
+                # for the file's, 0, and the reader found nothing)
+                size, mtime_ns = now
+            a.st_nlink = 0 if unlinked else 1
             self._inodes.told[ino - ROOT] = size
         else:
             size, mtime_ns = 0, node.mtime_ns

@@ -194,6 +194,12 @@ class KeyReader(ABC):
         duplicated: it reads the file even once no name has it); None where there is none."""
         return None
 
+    def current_size_and_mtime_ns(self) -> tuple[int, int] | None:
+        """The size and mtime of what this reader reads, as they are now, where that is
+        known at once (a local file's descriptor: its fstat, which sees writes made through
+        other descriptors of the file, also once no name has it); None elsewhere."""
+        return None
+
     @abstractmethod
     def close(self) -> None: ...
 

@@ -938,6 +938,15 @@ class _FileReader(KeyReader):
         except OSError as e:
             raise _refused(self.key, e) from None
 
+    def current_size_and_mtime_ns(self) -> tuple[int, int] | None:
+        if self._fd < 0:
+            return None
+        try:
+            st = os.fstat(self._fd)
+        except OSError:
+            return None
+        return st.st_size, st.st_mtime_ns
+
     def again(self) -> _FileReader | None:
         if self._fd < 0 or not self._held.take():
             return None

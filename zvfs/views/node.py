@@ -188,6 +188,12 @@ class FileNode(Node):
         its own; None where there is none."""
         return None
 
+    def current_size_and_mtime_ns(self) -> tuple[int, int] | None:
+        """For a reader (from :meth:`reader`): the size and mtime of what it reads as they
+        are now, where that is known at once (a local file's descriptor); None elsewhere.
+        What the fs layer tells of a file whose name was removed while it is open."""
+        return None
+
     async def open_write(self, truncate: bool) -> FileHandle:
         """Open for writing (the fs layer calls it for opens with write flags)."""
         raise read_only()

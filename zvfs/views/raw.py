@@ -614,6 +614,9 @@ class LocalReader(FileNode):
         """Size and mtime of the file this open reads, as its descriptor found it at open."""
         return KeyInfo(self._reader.size, self._reader.mtime_ns or self.mtime_ns)
 
+    def current_size_and_mtime_ns(self) -> tuple[int, int] | None:
+        return self._reader.current_size_and_mtime_ns()
+
     def again(self) -> LocalReader | None:
         reader = self._reader.again()
         if reader is None:
