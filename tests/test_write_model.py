@@ -1,26 +1,29 @@
 """Model-based test of writes through a real mount, fsx-style: hypothesis runs random
-sequences of opens, writes, reads, truncates, fsyncs, closes, renames, unlinks, mkdirs
-and rmdirs through one writable mount per store kind, and checks every byte read and
-every listing against a model. The truth of what was stored is read from outside the
-mount (the directory, or the bucket with boto3) each time a file is closed and at the
-end of every example.
+sequences of opens (``O_EXCL`` too), writes, reads, truncates, fsyncs, fstats, closes,
+renames (of files, and of directories with open files below them), links, unlinks,
+mkdirs and rmdirs through one writable mount per store kind, and checks every byte read,
+every open's size and every listing against a model. The truth of what was stored is
+read from outside the mount (the directory, or the bucket with boto3) each time a file
+is closed or linked and at the end of every example.
 
 The model follows the README's table of write semantics:
 
 * **directory store**: POSIX. A file is an inode shared by every open of it; a write
   through one open is seen at once by the others; unlink and rename leave open files
-  working on their inode; a rename replaces its target atomically.
+  working on their inode; a rename replaces its target atomically, and a directory's
+  moves the files below it, open ones too. A link makes a file of its own holding the
+  source's bytes (the mount shows no hard links).
 * **S3 store**: a file open for writing is staged, one staged copy for every open of it
   (an existing object opened without ``O_TRUNC`` is fetched only when an operation first
   keeps some of its bytes: until then a read, write or truncate through an open whose
-  file was unlinked or replaced through the mount may be ``ESTALE``), and stored whole at each ``close()`` or
-  ``fsync()`` that follows a change; a reader opened before keeps the object it opened
-  (the old bytes, or ``ESTALE`` once the cache let them go); a new file is listed as
-  soon as it is created. A file renamed while open for writing is stored under its
-  new name, and
-  one unlinked or replaced while open is not stored at all. A fresh open of a name
-  being written reads the stored object, so the model reads whole only names that
-  no one writes.
+  file was unlinked or replaced through the mount may be ``ESTALE``), and stored whole
+  at each ``close()`` or ``fsync()`` that follows a change; a reader opened before keeps
+  the object it opened (the old bytes, or ``ESTALE`` once the cache let them go); a new
+  file is listed as soon as it is created. A file renamed while open for writing, by
+  its own rename or its directory's, is stored under its new name, and one unlinked or
+  replaced while open is not stored at all. A link stores the source's staged bytes
+  first. A fresh open of a name being written reads the stored object, so the model
+  reads whole only names that no one writes.
 
 Each example gets a directory of its own below the mount (``exN``), removed after.
 ``ZVFS_WMODEL_SEED=N`` reruns a run exactly; ``ZVFS_WMODEL_SCALE=K`` runs K times as
@@ -140,6 +143,10 @@ class WriteModel(RuleBasedStateMachine):
         parent = name.rpartition("/")[0]
         return parent == "" or parent in self.dirs
 
+    def inside(self, d: str) -> list[str]:
+        """The files and directories below directory ``d``."""
+        return [n for n in [*self.files, *self.dirs] if n.startswith(d + "/")]
+
     def writers_of(self, name: str) -> list[Handle]:
         """The opens writing the file ``name`` shows now (not one unlinked or replaced)."""
         inode = self.files.get(name)
@@ -171,9 +178,15 @@ class WriteModel(RuleBasedStateMachine):
 
     # -- rules ----------------------------------------------------------------------------
 
-    @initialize()
-    def start(self) -> None:
+    @initialize(dirs=st.sets(st.sampled_from(DIRS)))
+    def start(self, dirs: set[str]) -> None:
+        """The example's directory, with some of DIRS made already: files below them, and
+        renames of directories that hold them, are then drawn often enough to matter."""
         os.mkdir(self.root)
+        for d in sorted(dirs):  # a parent before its children
+            if self.parent_exists(d):
+                os.mkdir(self.p(d))
+                self.dirs.add(d)
 
     @rule(d=st.sampled_from(DIRS))
     def mkdir(self, d: str) -> None:
@@ -190,21 +203,25 @@ class WriteModel(RuleBasedStateMachine):
         if d not in self.dirs:
             self.expect_errno(errno.ENOENT, os.rmdir, self.p(d))
             return
-        inside = [n for n in [*self.files, *self.dirs] if n.startswith(d + "/")]
-        if inside:
+        if self.inside(d):
             self.expect_errno(errno.ENOTEMPTY, os.rmdir, self.p(d))
         else:
             os.rmdir(self.p(d))
             self.dirs.discard(d)
 
-    @rule(name=st.sampled_from(NAMES), trunc=st.booleans(), append=st.booleans())
-    def open_for_writing(self, name: str, trunc: bool, append: bool) -> None:
+    @rule(name=st.sampled_from(NAMES), trunc=st.booleans(), append=st.booleans(),
+          excl=st.sampled_from([False, False, False, True]))
+    def open_for_writing(self, name: str, trunc: bool, append: bool, excl: bool) -> None:
         if not self.parent_exists(name):
             self.expect_errno(errno.ENOENT, os.open, self.p(name), os.O_CREAT | os.O_RDWR, 0o644)
             return
+        flags = (os.O_CREAT | os.O_RDWR | (os.O_TRUNC if trunc else 0) | (os.O_APPEND if append else 0)
+                 | (os.O_EXCL if excl else 0))
+        if excl and name in self.files:
+            self.expect_errno(errno.EEXIST, os.open, self.p(name), flags, 0o644)
+            return
         if len(self.handles) >= 6:
             return
-        flags = os.O_CREAT | os.O_RDWR | (os.O_TRUNC if trunc else 0) | (os.O_APPEND if append else 0)
         fd = os.open(self.p(name), flags, 0o644)
         inode = self.files.get(name)
         new = inode is None
@@ -398,6 +415,64 @@ class WriteModel(RuleBasedStateMachine):
         for h in self.handles:
             if h.inode is moved:
                 h.name = dst
+
+    @rule(src=st.sampled_from(DIRS), dst=st.sampled_from(DIRS))
+    def rename_dir(self, src: str, dst: str) -> None:
+        """A directory renamed with what it holds, open files too (mv of a directory)."""
+        if src not in self.dirs or not self.parent_exists(dst):
+            self.expect_errno(errno.ENOENT, os.rename, self.p(src), self.p(dst))
+            return
+        if src == dst:
+            os.rename(self.p(src), self.p(dst))
+            return
+        if dst.startswith(src + "/"):
+            self.expect_errno(errno.EINVAL, os.rename, self.p(src), self.p(dst))
+            return
+        if dst in self.dirs and self.inside(dst):  # e/f onto e too: e holds f
+            self.expect_errno(errno.ENOTEMPTY, os.rename, self.p(src), self.p(dst))
+            return
+        os.rename(self.p(src), self.p(dst))
+        self.dirs.discard(dst)
+
+        def moved(n: str) -> str:
+            return dst + n[len(src):] if n.startswith(src + "/") else n
+
+        for name in [n for n in self.files if n.startswith(src + "/")]:
+            self.replaced(name)  # S3: copied key by key; readers keep (or lose) the old objects
+        self.files = {moved(n): inode for n, inode in self.files.items()}
+        self.dirs = {moved(d) for d in self.dirs if d != src} | {dst}
+        for h in self.handles:
+            h.name = moved(h.name)
+
+    @rule(src=st.sampled_from(NAMES), dst=st.sampled_from(NAMES))
+    def link(self, src: str, dst: str) -> None:
+        """ln: the target gets the source's bytes, as a file of its own."""
+        if src not in self.files or not self.parent_exists(dst):
+            self.expect_errno(errno.ENOENT, os.link, self.p(src), self.p(dst))
+            return
+        if dst in self.files:
+            self.expect_errno(errno.EEXIST, os.link, self.p(src), self.p(dst))
+            return
+        os.link(self.p(src), self.p(dst))
+        writers = self.writers_of(src) if self.s3 else []
+        if writers:  # S3: the source's staged bytes are stored first, as fsync() stores them
+            self.commit(writers[-1])
+        self.files[dst] = Inode(bytearray(self.files[src].data))
+        self.check_stored(dst)
+        if writers:
+            self.check_stored(src)
+
+    @precondition(lambda self: bool(self.handles))
+    @rule(i=st.integers(0, 10**6))
+    def fstat(self, i: int) -> None:
+        """An open's size: what its reads reach (a directory store's inode; an S3 writer's
+        staged copy)."""
+        h = self.handles[i % len(self.handles)]
+        if self.s3 and (h.staged is None or h.staged.gone):
+            return  # a reader: the object it opened, or what a writer stages since
+        size = os.fstat(h.fd).st_size
+        assert size == len(self.content(h)), (f"fstat of {h.name} ({'writer' if h.writable else 'reader'}): "
+                                              f"{size} bytes, the model {len(self.content(h))}")
 
     @rule(name=st.sampled_from(NAMES))
     def read_whole(self, name: str) -> None:

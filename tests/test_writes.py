@@ -2449,6 +2449,54 @@ def test_decoded_views_follow_writes(store: Store, mount, tmp_path) -> None:
     assert raw.read_bytes() == want.astype("<i4").tobytes()
 
 
+def test_open_decoded_files_read_on_past_an_attribute_set_and_stop_at_a_resize(store: Store, mount, tmp_path) -> None:
+    """zarr-python's ``attrs[...] = ...`` rewrites a v3 array's zarr.json: the open data.raw,
+    data.npy and chunk files (and a mapping of data.raw) read on, as after an attribute
+    changed behind the mount. They read ESTALE after it, and the mapping died of SIGBUS. A
+    resize, which changes what the bytes are read by, is ESTALE from then on, as the README
+    says; a new open reads the new shape. The reference is zarr-python's read of the store."""
+    import zarr
+
+    seed = tmp_path / "seed"
+    a0 = zarr.create_array(zarr.storage.LocalStore(str(seed / "arr")), shape=(64, 32), chunks=(16, 16),
+                           dtype="<f8", fill_value=0)
+    a0[:] = np.arange(64 * 32, dtype="<f8").reshape(64, 32) / 7
+    store.put_tree(seed)
+    m = store.mount(mount)
+    views = m.path / ".zvfs/arrays/arr"
+    names = ("data.raw", "data.npy", "chunks/1.1")
+    fds = {n: os.open(views / n, os.O_RDONLY) for n in names}
+    try:
+        before = {n: os.pread(fd, 1 << 20, 0) for n, fd in fds.items()}
+        mapped = mmap.mmap(fds["data.raw"], 0, prot=mmap.PROT_READ)
+        try:
+            a = zarr.open_array(zarr.storage.LocalStore(str(m.path / "arr")), mode="r+")
+            a.attrs["units"] = "K"
+            ref = zarr.open_array(zarr.storage.LocalStore(str(store.download(tmp_path / "dl"))),
+                                  path="arr", mode="r")
+            assert ref.attrs["units"] == "K"
+            assert before["data.raw"] == np.ascontiguousarray(ref[...]).tobytes()
+            for n, fd in fds.items():
+                assert os.pread(fd, 1 << 20, 0) == before[n], f"{n}, open across the attribute set"
+            assert mapped[:] == before["data.raw"]
+        finally:
+            mapped.close()
+        a.resize((40, 32))
+        for n, fd in fds.items():
+            if n == "chunks/1.1":
+                continue  # its chunk keeps its shape: whether it reads on is the fs's to say
+            with pytest.raises(OSError) as err:
+                os.pread(fd, 1 << 20, 0)
+            assert err.value.errno == errno.ESTALE, n
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    ref = zarr.open_array(zarr.storage.LocalStore(str(store.download(tmp_path / "dl2"))), path="arr",
+                          mode="r")
+    assert (views / "data.raw").read_bytes() == np.ascontiguousarray(ref[...]).tobytes()
+    assert ref.shape == (40, 32)
+
+
 def test_decoded_views_follow_a_metadata_write_while_a_path_below_them_is_in_use(
         dirstore: Store, mount, tmp_path) -> None:
     """The kernel keeps an entry of .zvfs/ in use (a file open below it, a working directory

@@ -63,6 +63,9 @@ class DecodedArray:
         self._open_lock = trio.Lock()
         #: the write epoch of the metadata document this object was made from
         self._meta_epoch = ctx.epoch(meta.metadata_key)
+        #: a later epoch of it whose document :meth:`_follow_rewrite` found of another layout
+        self._refused_epoch = -1
+        self._rewrite_lock = trio.Lock()
         self._content: tuple[object, ...] = (*self.identity, ctx.epoch(meta.path))
 
     @property
@@ -166,6 +169,7 @@ class DecodedArray:
         for that: only this array's own metadata is (:meth:`_recheck`). A reader of one array
         of a store of 100,000 waited 22-32 s every TTL for a discovery of them all."""
         ctx = self.ctx
+        await self._follow_rewrite()
         ttl = ctx.metadata_ttl
         if ttl is None:
             self._current()
@@ -184,6 +188,36 @@ class DecodedArray:
             except Exception as exc:  # noqa: BLE001 - the read reports its own failures
                 log.debug("metadata not read again for %s: %s", self.meta.path or "/", exc)
         self._current()
+
+    async def _follow_rewrite(self) -> None:
+        """The metadata document rewritten through the mount since this file was opened:
+        read it again (one store read), and when what the bytes are read by is unchanged
+        (:meth:`ArrayMeta.layout_digest`: an attribute set, dimension names, the same
+        document written again) take the rewrite for this array's own, so the open goes on
+        reading, as it does after such a change behind the mount. zarr-python rewrites a v3
+        array's zarr.json for ``attrs[...] = ...``: every open data.raw read ESTALE after
+        it, and an mmap of it died of SIGBUS. Another layout leaves it for :meth:`_current`
+        to refuse. Each epoch is read at most once (a refused one is remembered)."""
+        ctx = self.ctx
+        key = self.meta.metadata_key
+        if not key or ctx.unwritten:
+            return
+        epoch = ctx.epoch(key)
+        if epoch == self._meta_epoch or epoch == self._refused_epoch:
+            return
+        async with self._rewrite_lock:
+            if epoch in (self._meta_epoch, self._refused_epoch):
+                return
+            try:
+                meta = await ctx.workers.run_urgent(read_array_meta, ctx.store, self.meta.path)
+            except Exception as exc:  # noqa: BLE001 - the read is then refused as before
+                log.debug("metadata not read again for %s: %s", self.meta.path or "/", exc)
+                return
+            # the epoch noted before the read: a write since moves it on, and is read again
+            if meta is not None and meta.error is None and meta.layout_digest() == self.layout:
+                self._meta_epoch = epoch
+            else:
+                self._refused_epoch = epoch
 
     async def _recheck(self, began: float) -> None:
         """Read this array's own metadata again (a get or a few, as discovery reads each
