@@ -1,11 +1,13 @@
 """Model-based test of Zarr written through a writable mount: hypothesis runs random
 sequences of zarr-python 3 creating arrays (v2 and v3, sharded, the codecs of
-tests/zarr_model.py), writing regions, resizing and deleting them, all through the
-mount's raw tree, while the decoded views are read and held open. After every step
-each array's ``data.raw`` and ``data.npy`` (a fresh open, and every open held since the
-array was made), the v2 mirror's shape and the ``.zvfs/arrays`` listing must show what
-zarr-python reads from the store itself, outside the mount (the directory, or the
-bucket's keys fetched with boto3): never zvfs's own decoder.
+tests/zarr_model.py), writing regions, setting attributes, resizing and deleting them,
+all through the mount's raw tree, while the decoded views are read and held open. After
+every step each array's ``data.raw`` and ``data.npy`` (a fresh open, and every open held
+since, which an attribute set must leave reading), the v2 mirror's shape and the
+``.zvfs/arrays`` listing must show what zarr-python reads from the store itself, outside
+the mount (the directory, or the bucket's keys fetched with boto3): never zvfs's own
+decoder. An open held across a resize or a new array made over its own may read
+``ESTALE`` instead, as the README says, or the new array's bytes, never others.
 
 The mount keeps the default metadata TTL (60 s): every view must follow a write made
 through the mount at once, not when its cache expires.
