@@ -1316,8 +1316,9 @@ def test_attributes_readers_take_as_text_or_numbers_leave_the_file_readable(moun
     ``_Encoding`` and ``dtype`` as text, and ``scale_factor`` and ``add_offset`` as numbers.
     A list there (``dtype = [2**63, 1]``, ``_Unsigned = [1, 2]``) was served as an array,
     and xarray failed to open the whole file ("truth value of an array ... is ambiguous");
-    text to unpack with failed it too. Now such a list is its JSON text, and a scaling
-    attribute that is no number is left out and told; xarray reads what it reads from the
+    text to unpack with failed it too, and numbers to unpack text with. Now such a list
+    is its JSON text, and a scaling attribute that is no number, or is on text, is left out
+    and told; xarray reads what it reads from the
     source, and the variable it cannot unpack there as its values."""
     store = tmp_path / "t.zarr"
     g = zarr.open_group(str(store), mode="w", zarr_format=2)
@@ -1328,9 +1329,12 @@ def test_attributes_readers_take_as_text_or_numbers_leave_the_file_readable(moun
         "c": {"scale_factor": True, "_FillValue": 7},
         # on text served as chars too: xarray failed the file ("invalid literal for int()")
         "s": {"scale_factor": True, "add_offset": "text"},
+        # numbers on text: xarray failed the file ("ufunc 'multiply' did not contain a loop")
+        "t": {"scale_factor": 3, "add_offset": 0.5},
     }
     values = {"a": np.arange(4, dtype="f8"), "b": np.arange(4, dtype="i2"), "flag": np.array([True, False] * 2),
-              "c": np.arange(4, dtype="i4"), "s": np.array([b"a", b"bc", b"", b"def"], "S3")}
+              "c": np.arange(4, dtype="i4"), "s": np.array([b"a", b"bc", b"", b"def"], "S3"),
+              "t": np.array([b"x", b"", b"yz", b"w"], "S2")}
     for name, v in values.items():
         g.create_array(name, shape=v.shape, dtype=v.dtype, chunks=v.shape,
                        attributes={**attrs[name], "_ARRAY_DIMENSIONS": ["x"]})[:] = v
@@ -1346,8 +1350,10 @@ def test_attributes_readers_take_as_text_or_numbers_leave_the_file_readable(moun
         assert "flag: attribute add_offset: not a number" in ds.getncattr(LEFT_OUT)
         assert "c: attribute scale_factor: not a number" in ds.getncattr(LEFT_OUT)
         assert not {"scale_factor", "add_offset"} & set(ds["s"].ncattrs())
+        assert not {"scale_factor", "add_offset"} & set(ds["t"].ncattrs())
+        assert "t: attribute scale_factor: text is not unpacked" in ds.getncattr(LEFT_OUT)
     # xarray cannot unpack the source's "flag" with text; the file's is its bools
-    want = xr.open_zarr(store, consolidated=False, decode_times=False, drop_variables=["flag", "c", "s"]).load()
+    want = xr.open_zarr(store, consolidated=False, decode_times=False, drop_variables=["flag", "c", "s", "t"]).load()
     with xr.open_dataset(nc, decode_times=False) as got:
         for name in ("a", "b"):
             assert got[name].dtype == want[name].dtype, name
@@ -1357,6 +1363,7 @@ def test_attributes_readers_take_as_text_or_numbers_leave_the_file_readable(moun
         # holds none; the file's are its values, masked by the _FillValue
         np.testing.assert_array_equal(got["c"].values, values["c"])
         np.testing.assert_array_equal(got["s"].values, values["s"])
+        np.testing.assert_array_equal(got["t"].values, values["t"])
 
 
 def test_a_v3_scalar_reads_as_xarray_reads_it(mount, tmp_path: Path) -> None:

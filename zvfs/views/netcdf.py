@@ -455,6 +455,12 @@ def build_layout(
                     # as char: "invalid literal for int()")
                     left_out[f"{name}: attribute {k}"] = "not a number"
                     continue
+                if a.name in SCALING and vtype.nc_type == NC_CHAR:
+                    # numbers to unpack text with: xarray failed to open the file ("ufunc
+                    # 'multiply' did not contain a loop"), where open_zarr of the source got
+                    # by numpy repeating its bytes an integer number of times
+                    left_out[f"{name}: attribute {k}"] = "text is not unpacked"
+                    continue
                 named.append((k, a))
             fill = _fill_attr(vattrs, vtype, meta)
             if fill is not None:
