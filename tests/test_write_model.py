@@ -27,7 +27,8 @@ The model follows the README's table of write semantics:
 
 Each example gets a directory of its own below the mount (``exN``), removed after.
 ``ZVFS_WMODEL_SEED=N`` reruns a run exactly; ``ZVFS_WMODEL_SCALE=K`` runs K times as
-many examples.
+many examples; ``ZVFS_WMODEL_REPRODUCE="<hypothesis version> <blob>"`` replays the one
+example a failure printed (``@reproduce_failure(...)``) on a fresh mount.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, seed, settings
+from hypothesis import HealthCheck, reproduce_failure, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -50,7 +51,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from test_writes import Store, new_store
+from test_writes import Mounted, Store, new_store
 
 SEED = int(os.environ.get("ZVFS_WMODEL_SEED") or random.SystemRandom().randrange(2**32))
 SCALE = float(os.environ.get("ZVFS_WMODEL_SCALE") or 1)
@@ -112,19 +113,48 @@ def _write_at(buf: bytearray, offset: int, data: bytes) -> None:
     buf[offset:offset + len(data)] = data
 
 
-class WriteModel(RuleBasedStateMachine):
-    """One example: random file operations in a fresh directory of the mount."""
+class MountModel(RuleBasedStateMachine):
+    """What the model tests share: each example works in a fresh directory ``exN`` of one
+    mount (:func:`run_machine` sets ``store`` and ``mnt``)."""
 
     store: Store
     mnt: Path
     counter = 0
-    steps = 0
 
     def __init__(self) -> None:
         super().__init__()
         type(self).counter += 1
         self.ex = f"ex{type(self).counter}"
         self.root = self.mnt / self.ex
+
+
+def run_machine(model: type[MountModel], store: Store, m: Mounted, env: str, seed_value: int,
+                examples: int, steps: int) -> type[MountModel]:
+    """Run ``model``'s examples on the mount ``m`` of ``store``, from ``seed_value`` (printed,
+    with its variable ``<env>_SEED``), or only the failure ``<env>_REPRODUCE="<hypothesis
+    version> <blob>"`` names; the daemon must have logged no traceback. The class run, whose
+    counters the caller checks, is returned."""
+    print(f"\n{env}_SEED={seed_value} (the seed of this run)", flush=True)
+    machine = type("Machine", (model,), {"store": store, "mnt": m.path})
+    seed(seed_value)(machine)
+    if os.environ.get(f"{env}_REPRODUCE"):
+        version, blob = os.environ[f"{env}_REPRODUCE"].split()
+        reproduce_failure(version, blob.encode())(machine)
+    run_state_machine_as_test(machine, settings=settings(
+        max_examples=examples, stateful_step_count=steps, deadline=None, database=None,
+        print_blob=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                                                HealthCheck.data_too_large]))
+    assert "Traceback" not in m.log_text(), m.log_text()[-3000:]
+    return machine
+
+
+class WriteModel(MountModel):
+    """One example: random file operations in a fresh directory of the mount."""
+
+    steps = 0
+
+    def __init__(self) -> None:
+        super().__init__()
         self.files: dict[str, Inode] = {}
         self.dirs: set[str] = set()
         self.handles: list[Handle] = []
@@ -519,21 +549,10 @@ class WriteModel(RuleBasedStateMachine):
 
 
 def run_model(store: Store, mount, kind: str, *args: str) -> None:
-    m = store.mount(mount, *args)
-    print(f"\nZVFS_WMODEL_SEED={SEED} (the seed of this run)", flush=True)
-
-    class Machine(WriteModel):
-        pass
-
-    Machine.store = store
-    Machine.mnt = m.path
-    seed(SEED)(Machine)
-    run_state_machine_as_test(Machine, settings=settings(
-        max_examples=EXAMPLES[kind], stateful_step_count=STEPS, deadline=None, database=None,
-        print_blob=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
-    print(f"{Machine.counter} examples, {Machine.steps} steps", flush=True)
-    assert Machine.steps >= EXAMPLES[kind] * 5, "the examples ran too few steps to test anything"
-    assert "Traceback" not in m.log_text(), m.log_text()[-3000:]
+    machine = run_machine(WriteModel, store, store.mount(mount, *args), "ZVFS_WMODEL", SEED,
+                          EXAMPLES[kind], STEPS)
+    print(f"{machine.counter} examples, {machine.steps} steps", flush=True)
+    assert machine.steps >= EXAMPLES[kind] * 5, "the examples ran too few steps to test anything"
 
 
 @pytest.mark.parametrize("kind", ["dir", "s3"])

@@ -33,16 +33,9 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr_model as zm
-from hypothesis import HealthCheck, seed, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    initialize,
-    invariant,
-    precondition,
-    rule,
-    run_state_machine_as_test,
-)
+from hypothesis.stateful import initialize, invariant, precondition, rule
+from test_write_model import MountModel, run_machine
 from test_writes import Store, new_store
 
 SEED = int(os.environ.get("ZVFS_ZMODEL_SEED") or random.SystemRandom().randrange(2**32))
@@ -71,19 +64,13 @@ def _zarr() -> Any:
     return zarr
 
 
-class ZarrWriteModel(RuleBasedStateMachine):
+class ZarrWriteModel(MountModel):
     """One example: arrays made and changed by zarr-python through a fresh directory of the mount."""
 
-    store: Store
-    mnt: Path
-    counter = 0
     checks = 0
 
     def __init__(self) -> None:
         super().__init__()
-        type(self).counter += 1
-        self.ex = f"ex{type(self).counter}"
-        self.root = self.mnt / self.ex
         self.specs: dict[str, dict[str, Any]] = {}  # slot -> the spec it was made from, shape kept current
         self.held: list[Held] = []
 
@@ -265,27 +252,9 @@ class ZarrWriteModel(RuleBasedStateMachine):
 
 
 def run_model(store: Store, mount) -> None:
-    m = store.mount(mount)
-    print(f"\nZVFS_ZMODEL_SEED={SEED} (the seed of this run)", flush=True)
-
-    class Machine(ZarrWriteModel):
-        pass
-
-    Machine.store = store
-    Machine.mnt = m.path
-    seed(SEED)(Machine)
-    if os.environ.get("ZVFS_ZMODEL_REPRODUCE"):  # "<hypothesis version> <blob>", as a failure printed it
-        from hypothesis import reproduce_failure
-
-        version, blob = os.environ["ZVFS_ZMODEL_REPRODUCE"].split()
-        reproduce_failure(version, blob.encode())(Machine)
-    run_state_machine_as_test(Machine, settings=settings(
-        max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, database=None,
-        print_blob=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
-                                                HealthCheck.data_too_large]))
-    print(f"{Machine.counter} examples, {Machine.checks} checks", flush=True)
-    assert Machine.checks >= EXAMPLES * 3, "the examples ran too few steps to test anything"
-    assert "Traceback" not in m.log_text(), m.log_text()[-3000:]
+    machine = run_machine(ZarrWriteModel, store, store.mount(mount), "ZVFS_ZMODEL", SEED, EXAMPLES, STEPS)
+    print(f"{machine.counter} examples, {machine.checks} checks", flush=True)
+    assert machine.checks >= EXAMPLES * 3, "the examples ran too few steps to test anything"
 
 
 @pytest.mark.parametrize("kind", ["dir", "s3"])
