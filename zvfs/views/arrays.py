@@ -15,6 +15,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Hashable, Iterable
+from typing import Literal
 
 import numpy as np
 import trio
@@ -191,51 +192,48 @@ class DecodedArray:
 
     async def _follow_rewrite(self) -> None:
         """The metadata document rewritten through the mount since this file was opened:
-        read it again (one store read), and when what the bytes are read by is unchanged
+        read it again (:meth:`_recheck`), and when what the bytes are read by is unchanged
         (:meth:`ArrayMeta.layout_digest`: an attribute set, dimension names, the same
         document written again) take the rewrite for this array's own, so the open goes on
         reading, as it does after such a change behind the mount. zarr-python rewrites a v3
         array's zarr.json for ``attrs[...] = ...``: every open data.raw read ESTALE after
         it, and an mmap of it died of SIGBUS. Another layout leaves it for :meth:`_current`
         to refuse. Each epoch is read at most once (a refused one is remembered)."""
-        ctx = self.ctx
         key = self.meta.metadata_key
-        if not key or ctx.unwritten:
+        if not key or self.ctx.unwritten:
             return
-        epoch = ctx.epoch(key)
-        if epoch == self._meta_epoch or epoch == self._refused_epoch:
+        epoch = self.ctx.epoch(key)
+        if epoch in (self._meta_epoch, self._refused_epoch):
             return
         async with self._rewrite_lock:
             if epoch in (self._meta_epoch, self._refused_epoch):
                 return
-            try:
-                meta = await ctx.workers.run_urgent(read_array_meta, ctx.store, self.meta.path)
-            except Exception as exc:  # noqa: BLE001 - the read is then refused as before
-                log.debug("metadata not read again for %s: %s", self.meta.path or "/", exc)
-                return
+            layout = await self._recheck(time.monotonic())
             # the epoch noted before the read: a write since moves it on, and is read again
-            if meta is not None and meta.error is None and meta.layout_digest() == self.layout:
+            if layout == self.layout:
                 self._meta_epoch = epoch
-            else:
+            elif layout is not False:  # not read: refused by _current, and asked again
                 self._refused_epoch = epoch
 
-    async def _recheck(self, began: float) -> None:
+    async def _recheck(self, began: float) -> str | None | Literal[False]:
         """Read this array's own metadata again (a get or a few, as discovery reads each
         node's) and note its layout for :meth:`_staleness`. Found changed (or gone), the
-        mount's discovery is let go too, so the next lookup finds the array as it is now."""
+        mount's discovery is let go too, so the next lookup finds the array as it is now.
+        Returns the layout read (None: no array there), False when it could not be read."""
         ctx = self.ctx
         path = self.meta.path
         try:
             meta = await ctx.workers.run_urgent(read_array_meta, ctx.store, path)
         except Exception as exc:  # noqa: BLE001 - the read reports its own failures
             log.debug("metadata not read again for %s: %s", path or "/", exc)
-            return
+            return False
         layout = None if meta is None else meta.layout_digest()
         held = ctx.array_rechecks.get(path)
         if held is None or held[0] < began:
             ctx.array_rechecks[path] = (began, layout)
         if ctx.array_layouts is not None and layout != ctx.array_layouts.get(path):
             ctx.listings.invalidate(("decoded",))
+        return layout
 
     async def chunk(self, idx: tuple[int, ...]) -> np.ndarray:
         """Decoded chunk ``idx`` (full chunk shape); raises NodeError(EIO) naming the key."""
