@@ -3704,3 +3704,39 @@ def test_s3_a_new_file_being_written_can_be_read_before_it_is_stored(s3store: St
     finally:
         os.close(w)
     assert_key(s3store, m, "growing.log", b"first line\nsecond line\n")
+
+
+def test_an_open_chunk_file_whose_name_a_new_array_lacks_reads_estale(store: Store, mount, tmp_path) -> None:
+    """An open chunk file of an array that is then made again (zarr-python's mode "w")
+    with a grid that has no such chunk: its name is gone from the views. The read went by
+    way of the kernel's attribute check, which found no name and answered ENOENT, where the
+    README says an open decoded file whose layout changed reads ESTALE ("open it again").
+    fstat of it answers, as of an open unlinked file. The reference for the new bytes is
+    zarr-python's read of the store."""
+    import zarr
+
+    seed = tmp_path / "seed"
+    a0 = zarr.create_array(zarr.storage.LocalStore(str(seed / "arr")), shape=(64, 32), chunks=(16, 16),
+                           dtype="<f8", fill_value=0)
+    a0[:] = np.arange(64 * 32, dtype="<f8").reshape(64, 32)
+    store.put_tree(seed)
+    m = store.mount(mount)
+    views = m.path / ".zvfs/arrays/arr"
+    fd = os.open(views / "chunks/3.1", os.O_RDONLY)
+    try:
+        before = os.pread(fd, 1 << 20, 0)
+        assert before == np.ascontiguousarray(a0[48:64, 16:32]).tobytes()
+        a = zarr.create_array(zarr.storage.LocalStore(str(m.path)), name="arr", shape=(5,), chunks=(5,),
+                              dtype="<i2", fill_value=0, overwrite=True)
+        a[:] = np.arange(5, dtype="<i2")
+        assert not (views / "chunks/3.1").exists()
+        st = os.fstat(fd)
+        assert st.st_size == len(before)
+        with pytest.raises(OSError) as err:
+            os.pread(fd, 1 << 20, 0)
+        assert err.value.errno == errno.ESTALE
+    finally:
+        os.close(fd)
+    ref = zarr.open_array(zarr.storage.LocalStore(str(store.download(tmp_path / "dl"))), path="arr", mode="r")
+    assert (views / "data.raw").read_bytes() == np.ascontiguousarray(ref[...]).tobytes()
+    assert sorted(p.name for p in (views / "chunks").iterdir()) == ["0"]

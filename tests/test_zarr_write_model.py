@@ -3,7 +3,8 @@ sequences of zarr-python 3 creating arrays (v2 and v3, sharded, the codecs of
 tests/zarr_model.py), writing regions, setting attributes, resizing and deleting them,
 all through the mount's raw tree, while the decoded views are read and held open. After
 every step each array's ``data.raw`` and ``data.npy`` (a fresh open, and every open held
-since, which an attribute set must leave reading), the v2 mirror's shape and the
+since, of those and of the first chunk's file, which an attribute set must leave
+reading), the v2 mirror's shape and the
 ``.zvfs/arrays`` listing must show what zarr-python reads from the store itself, outside
 the mount (the directory, or the bucket's keys fetched with boto3): never zvfs's own
 decoder. An open held across a resize or a new array made over its own may read
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import random
 import shutil
@@ -45,13 +47,20 @@ STEPS = 12
 SLOTS = ["a", "g/b"]  # two arrays, one below a group: creating one must not hide the other
 
 
+def first_chunk(spec: dict[str, Any]) -> str | None:
+    """The name of the array's first (inner) chunk file below its views, None without one."""
+    if not math.prod(zm.grid_shape(spec)):
+        return None
+    return "chunks/" + (".".join("0" * len(spec["shape"])) or "0")
+
+
 @dataclass(eq=False)
 class Held:
     """A view file opened earlier and kept open across the steps that follow."""
 
     fd: int
     slot: str
-    view: str  # "data.raw" or "data.npy"
+    view: str  # "data.raw", "data.npy" or "chunks/<first>"
     #: its array was made again over it, or resized, since: its reads may be ESTALE from
     #: then on (README: the old metadata cannot read the new chunks), or read what the kernel
     #: has of the new array's bytes, never anything else
@@ -170,10 +179,12 @@ class ZarrWriteModel(MountModel):
         self.forget_held(slot)
 
     @precondition(lambda self: bool(self.specs) and len(self.held) < 6)
-    @rule(i=st.integers(0, 10**6), view=st.sampled_from(["data.raw", "data.npy"]))
+    @rule(i=st.integers(0, 10**6), view=st.sampled_from(["data.raw", "data.npy", "chunk"]))
     def hold(self, i: int, view: str) -> None:
         """Open a view and keep it open: its later reads must follow the writes too."""
         slot = sorted(self.specs)[i % len(self.specs)]
+        if view == "chunk":  # the first chunk's file, when the array has chunks
+            view = first_chunk(self.specs[slot]) or "data.raw"
         fd = os.open(self.views(slot) / view, os.O_RDONLY)
         self.held.append(Held(fd, slot, view))
 
@@ -199,19 +210,28 @@ class ZarrWriteModel(MountModel):
         type(self).checks += 1
         if not self.root.exists():
             return
-        raws = {}
+        raws: dict[str, bytes] = {}
+        chunks: dict[str, bytes] = {}  # the first chunk's bytes, of the arrays that have it
         for slot, spec in self.specs.items():
             ref = self.reference(slot)
             assert list(ref.shape) == spec["shape"], (slot, ref.shape, spec["shape"])
             raws[slot] = zm.expected_raw(spec, ref)
+            if first_chunk(spec) is not None:
+                chunks[slot] = zm.expected_chunk(spec, ref, (0,) * len(spec["shape"]))
         for h in self.held:
-            if h.stale:
+            if h.view.startswith("chunks/"):
+                # the new array may have no such chunk (another grid): ESTALE is then the
+                # only answer
+                want = chunks.get(h.slot) if first_chunk(self.specs[h.slot]) == h.view else None
+            else:
                 want = raws[h.slot] if h.view == "data.raw" else self.npy_bytes(h.slot, raws[h.slot])
+            if h.stale:
                 try:
-                    got = os.pread(h.fd, len(want) + 1, 0)
+                    got = os.pread(h.fd, (0 if want is None else len(want)) + 1, 0)
                 except OSError as exc:
                     assert exc.errno == errno.ESTALE, f"{h.slot}/{h.view}, held, array made anew: {exc!r}"
                 else:
+                    assert want is not None, f"{h.slot}/{h.view}, held, array made anew without it: read {got!r}"
                     # pages a fresh open of the new array filled: what it reads now, or a
                     # part of it, cut where a read reached the daemon and was refused
                     assert want.startswith(got), (f"{h.slot}/{h.view}, held, array made anew: read "
@@ -220,9 +240,9 @@ class ZarrWriteModel(MountModel):
             size = os.fstat(h.fd).st_size
             body = os.pread(h.fd, size + 1, 0)
             assert len(body) == size, f"{h.slot}/{h.view}, held open: fstat says {size} bytes, read {len(body)}"
-            if h.view == "data.raw":
-                assert body == raws[h.slot], (f"{h.slot}/data.raw, held open since an earlier step: "
-                                              f"{size} bytes, zarr-python's {len(raws[h.slot])}")
+            if h.view != "data.npy":
+                assert body == want, (f"{h.slot}/{h.view}, held open since an earlier step: "
+                                      f"{size} bytes, zarr-python's {len(want or b'')}")
             else:
                 self.check_npy(h.slot, body, raws[h.slot], ", held open since an earlier step")
         listed = self.mnt / ".zvfs" / "arrays" / self.ex

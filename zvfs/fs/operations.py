@@ -533,7 +533,25 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
     async def getattr(self, inode: int, ctx=None) -> pyfuse3.EntryAttributes:  # type: ignore[override]
         self._counters.add("fuse_getattrs")
         self._counters.add("fuse_ops_getattr")
-        return self._attrs(inode, await self._live(inode))
+        try:
+            return self._attrs(inode, await self._live(inode))
+        except pyfuse3.FUSEError as exc:
+            held = self._held(inode) if exc.errno == errno.ENOENT else None
+            if held is None:
+                raise
+        # its name is gone from the views (a chunk file of an array made again with another
+        # grid), but it is open: fstat answers, as of an open unlinked file, and the kernel's
+        # check of the attributes before a read lets the read reach the open's node, which
+        # says ESTALE ("open it again") as the README has it, not ENOENT
+        a = self._attrs(inode, held)
+        a.st_nlink = 0
+        return a
+
+    def _held(self, ino: int) -> FileNode | None:
+        """The node an open of ``ino`` for reading reads, if there is one."""
+        if not self._open_count.get(ino):
+            return None
+        return next((f.node for f in self._files.values() if f.ino == ino and f.handle is None), None)
 
     async def _live(self, ino: int) -> Node:
         """``ino``'s node as it is now: a derived file made from metadata the mount has read
@@ -1015,7 +1033,12 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
         self._stale.update(set(inodes).difference(tops))
         for ino in inodes:
             self._page_epochs.pop(ino, None)
-        return inodes, [(self._parent(i), os.fsencode(self._inodes.name_at[i - ROOT])) for i in tops]
+        # and the entries of the open ones below the tops: dropping a top's entry does not
+        # drop an entry in use, and the kernel takes the old top back (a directory has one
+        # entry) with the open file's name under it, which then stat'ed as there after the
+        # write had removed it (a chunk of an array made again with another grid)
+        held = [i for i in inodes if i in self._open_count and i not in tops]
+        return inodes, [(self._parent(i), os.fsencode(self._inodes.name_at[i - ROOT])) for i in tops + held]
 
 
 #: names a listing goes through between two chances for the mount's other requests
