@@ -42,7 +42,7 @@ import time
 from array import array
 from bisect import bisect_left
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -414,8 +414,8 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
         """Size and mtime of what an open of ``ino`` for reading (or the file kept for a
         name renamed over it) reads now, where its reader can tell (a local file's
         descriptor); None else. Only for a file with no name, which is seldom open."""
-        for f in self._files.values():
-            if f.ino == ino and f.handle is None and (now := f.node.current_size_and_mtime_ns()):
+        for node in self._readers(ino):
+            if now := node.current_size_and_mtime_ns():
                 return now
         kept = self._kept.get(ino)
         return None if kept is None else kept.current_size_and_mtime_ns()
@@ -549,9 +549,12 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
 
     def _held(self, ino: int) -> FileNode | None:
         """The node an open of ``ino`` for reading reads, if there is one."""
-        if not self._open_count.get(ino):
-            return None
-        return next((f.node for f in self._files.values() if f.ino == ino and f.handle is None), None)
+        return next(self._readers(ino), None) if self._open_count.get(ino) else None
+
+    def _readers(self, ino: int) -> Iterator[FileNode]:
+        """The nodes the opens of ``ino`` for reading read (a scan of the opens: only for a
+        file whose name is gone, which is seldom open)."""
+        return (f.node for f in self._files.values() if f.ino == ino and f.handle is None)
 
     async def _live(self, ino: int) -> Node:
         """``ino``'s node as it is now: a derived file made from metadata the mount has read
@@ -1030,14 +1033,15 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
         derived, lookups = self._inodes.derived, self._inodes.lookups
         inodes = [i + ROOT for i in itertools.compress(range(len(derived)), derived) if lookups[i]]
         tops = [i for i in inodes if self._view_top(i)]
-        self._stale.update(set(inodes).difference(tops))
+        below = set(inodes).difference(tops)
+        self._stale.update(below)
         for ino in inodes:
             self._page_epochs.pop(ino, None)
         # and the entries of the open ones below the tops: dropping a top's entry does not
         # drop an entry in use, and the kernel takes the old top back (a directory has one
         # entry) with the open file's name under it, which then stat'ed as there after the
         # write had removed it (a chunk of an array made again with another grid)
-        held = [i for i in inodes if i in self._open_count and i not in tops]
+        held = [i for i in below if i in self._open_count]
         return inodes, [(self._parent(i), os.fsencode(self._inodes.name_at[i - ROOT])) for i in tops + held]
 
 
