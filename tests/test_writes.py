@@ -1731,8 +1731,10 @@ def test_s3_an_open_for_writing_that_changes_nothing_fetches_and_stores_nothing(
         s3store: Store, moto, mount) -> None:
     """open(f, "r+b") and close, `: >> f`, and an O_RDWR open that only reads: the open
     fetched the whole object (and past --rewrite-max-size failed EFBIG). Now nothing is
-    fetched and nothing stored; a read through such an open is one range GET of what it
-    reads (the object's version at the open), staging nothing."""
+    fetched and nothing stored. A read through such an open reads as an open for reading
+    does, through the mount's block cache (the object's version at the open), staging
+    nothing: it was a ranged GET of just what each read asked, and SQLite, which opens its
+    database read-write, dumped a 3 MiB one in 1,953 GETs of a page each."""
     data = rand(3 * MiB + 5, 42)
     s3store.put("obj.bin", data)
     with _counted_mount(s3store, moto, mount) as (m, proxy):
@@ -1743,14 +1745,23 @@ def test_s3_an_open_for_writing_that_changes_nothing_fetches_and_stores_nothing(
         os.close(os.open(m.path / "obj.bin", os.O_WRONLY | os.O_CREAT))
         asked = _asked(proxy, s3store, "obj.bin")
         assert asked["get"] == asked["put"] == asked["other"] == 0, asked
+        counted = mount_stats(m.path)
         fd = os.open(m.path / "obj.bin", os.O_RDWR)
         try:
             assert os.pread(fd, 100, 2 * MiB + 3) == data[2 * MiB + 3: 2 * MiB + 103]
+            pages = np.random.default_rng(3).permutation(len(data) // 4096 + 1)
+            for n in pages:  # every page, in a random order, as a database reads
+                assert os.pread(fd, 4096, int(n) * 4096) == data[n * 4096:(n + 1) * 4096], n
         finally:
             os.close(fd)
         asked = _asked(proxy, s3store, "obj.bin")
-        assert asked["get"] == 1 and asked["bytes"] == 100, asked
+        # the one block the object fits in (4 MiB), once for the 770 reads
+        assert asked["get"] == 1 and asked["bytes"] == len(data), asked
         assert asked["put"] == asked["other"] == 0, asked
+        now = mount_stats(m.path)
+        assert now["fuse_ops_read"] - counted["fuse_ops_read"] >= len(pages) + 1
+        got = {k: now[k] - counted[k] for k in ("store_requests_get", "store_requests_get_range")}
+        assert sum(got.values()) == 1, got  # what the proxy saw, counted by the mount too
         after = s3store.client.head_object(Bucket=s3store.bucket, Key=s3store.prefix + "obj.bin")
         assert after["ETag"] == before["ETag"] and after["LastModified"] == before["LastModified"]
         assert_key(s3store, m, "obj.bin", data)
@@ -1884,6 +1895,45 @@ def test_s3_a_fetch_that_fails_fails_that_operation_and_loses_nothing(s3store: S
         finally:
             os.close(fd)
         assert_key(s3store, m, "f.bin", data[:10] + b"x" + data[11:])
+
+
+def test_s3_reads_through_an_open_for_writing_see_its_writes_and_not_the_cached_object(
+        s3store: Store, moto, mount) -> None:
+    """An open for writing without O_TRUNC reads the object through the mount's block cache
+    until a write takes its bytes in; from then on every read of it, through it and through
+    the opens that share it, is of the staged bytes, never the cached blocks of the object
+    (which an open for reading still reads: the store's). The fetch is counted in
+    stats.json as the mount's other GETs are (it was in no counter)."""
+    data = rand(2 * MiB - 7, 49)  # within --rewrite-max-size (2M)
+    s3store.put("rw.bin", data)
+    want = bytearray(data)
+    with _counted_mount(s3store, moto, mount) as (m, proxy):
+        fd = os.open(m.path / "rw.bin", os.O_RDWR)
+        try:
+            assert os.pread(fd, 4096, MiB) == data[MiB:MiB + 4096]  # the block is cached now
+            counted = mount_stats(m.path)
+            proxy.reset_stats()
+            assert os.pwrite(fd, b"XYZ", MiB + 10) == 3
+            want[MiB + 10:MiB + 13] = b"XYZ"
+            asked = _asked(proxy, s3store, "rw.bin")
+            assert asked["get"] == 1 and asked["bytes"] == len(data), asked  # the fetch
+            now = mount_stats(m.path)
+            assert now["store_requests_get_range"] - counted["store_requests_get_range"] == 1
+            assert now["store_bytes_get_range"] - counted["store_bytes_get_range"] == len(data)
+            assert os.pread(fd, 4096, MiB) == want[MiB:MiB + 4096]
+            with open(m.path / "rw.bin", "rb") as reader:  # reads the stored object
+                reader.seek(MiB)
+                assert reader.read(4096) == data[MiB:MiB + 4096]
+            peer = os.open(m.path / "rw.bin", os.O_RDWR)  # shares the staged copy
+            try:
+                assert os.pread(peer, 4096, MiB) == want[MiB:MiB + 4096]
+            finally:
+                os.close(peer)  # stores the file whole, as every close after a change does
+            assert s3store.get("rw.bin") == bytes(want)
+            assert os.pread(fd, 4096, MiB) == want[MiB:MiB + 4096]
+        finally:
+            os.close(fd)
+        _stored(s3store, m, "rw.bin", bytes(want))
 
 
 def test_s3_an_object_replaced_before_its_bytes_are_needed_is_fetched_as_it_is_then(

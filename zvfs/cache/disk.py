@@ -834,6 +834,12 @@ class _ForgetOnCommit(KeyWriter):
     def read(self, offset: int, length: int) -> bytes:
         return self._inner.read(offset, length)
 
+    def read_at_once(self, offset: int, length: int) -> bytes | memoryview | None:
+        return self._inner.read_at_once(offset, length)
+
+    def unfetched(self, offset: int, length: int) -> KeyInfo | None:
+        return self._inner.unfetched(offset, length)
+
     def truncate(self, size: int) -> None:
         self._inner.truncate(size)
 

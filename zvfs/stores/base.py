@@ -121,6 +121,20 @@ class KeyWriter(ABC):
     def read(self, offset: int, length: int) -> bytes:
         """What the key will hold, bytes ``[offset, offset+length)``."""
 
+    def read_at_once(self, offset: int, length: int) -> bytes | memoryview | None:
+        """:meth:`read` where that cannot block (a local file whose bytes are all in the
+        page cache), so the caller's own thread may do it; else None, and the caller calls
+        ``read`` in a worker."""
+        return None
+
+    def unfetched(self, offset: int, length: int) -> KeyInfo | None:
+        """The stored version whose bytes ``[offset, offset+length)`` still are, none of them
+        taken in by this writer yet (an object opened without O_TRUNC, not fetched): a read
+        of them may come from any copy of that version, the mount's block cache included.
+        None when :meth:`read` must serve them. Asking counts as reading that version: a
+        fetch after it must find the same one (else ESTALE)."""
+        return None
+
     @abstractmethod
     def truncate(self, size: int) -> None: ...
 

@@ -1115,6 +1115,15 @@ class _FileWriter(KeyWriter):
     def read(self, offset: int, length: int) -> bytes:
         return pread_all(self._fd, offset, length, self.key)
 
+    def read_at_once(self, offset: int, length: int) -> memoryview | None:
+        """The bytes when the page cache holds them all: a program that reads back what it
+        wrote through an open for writing (SQLite's pages) pays no thread hop for them."""
+        if self._fd < 0:
+            return None
+        # the size its writes give it is not asked (an fstat could wait, on a network file
+        # system): a read that reaches the end goes to the worker
+        return pread_at_once(self._fd, offset, length, offset + length)
+
     def truncate(self, size: int) -> None:
         try:
             os.ftruncate(self._fd, size)

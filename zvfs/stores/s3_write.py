@@ -178,7 +178,7 @@ class S3Writer(KeyWriter):
     def _fetch_pieces(self, pos: int, end: int, etag: str | None) -> None:
         """Bytes [pos, end) of the version ``etag`` into the staged file, a part at a time."""
         while pos < end:
-            piece = self.store.get_version(self.key, pos, min(self.part_size, end - pos), etag)
+            piece = _get_counted(self.store, self.key, pos, min(self.part_size, end - pos), etag)
             if not piece:
                 raise StoreError(f"{self.key}: object shrank while it was fetched for writing")
             try:
@@ -371,6 +371,15 @@ class S3Writer(KeyWriter):
         start = max(offset, base.size)
         return head + (pread_all(self._fd, start, end - start, self.key) if end > start else b"")
 
+    def unfetched(self, offset: int, length: int) -> KeyInfo | None:
+        base = self._base
+        if base is None or base.version is None or self._discarded:
+            return None  # staged, unpinnable, or unlinked (its reads are this writer's: ESTALE)
+        if self._tail and offset + length > base.size:
+            return None  # reaches the appended bytes, which are staged
+        self._pinned = True  # as _read_base: a fetch from now on takes this version or fails
+        return base
+
     def _read_base(self, base: KeyInfo, offset: int, length: int) -> bytes:
         """A read before anything is fetched: a range of the opened version, staging
         nothing (a program that opens r+ and reads a header fetches the header)."""
@@ -379,7 +388,7 @@ class S3Writer(KeyWriter):
             return b""
         self._pinned = True  # before the GET: a fetch from now on takes this version or fails
         try:
-            data = self.store.get_version(self.key, offset, n, base.version)
+            data = _get_counted(self.store, self.key, offset, n, base.version)
         except Stale:
             raise WriteRefused(errno.ESTALE, f"{self.key}: replaced since it was opened; "
                                "open it again") from None
@@ -829,6 +838,21 @@ def _count_put(counters: Counters, nbytes: int, seconds: float) -> None:
     counters.add("store_requests_put")
     counters.add("store_bytes_put", nbytes)
     counters.observe("store_seconds_put", seconds)
+
+
+def _get_counted(store: S3Target, key: str, start: int, length: int, version: str | None) -> bytes:
+    """A ranged GET of ``version`` for a writer, counted as the mount's own reads are (the
+    writer calls the store below the counting one: its fetches were in no stats)."""
+    t0 = time.perf_counter()
+    store.counters.add("store_requests")
+    store.counters.add("store_requests_get_range")
+    try:
+        data = store.get_version(key, start, length, version)
+    finally:
+        store.counters.observe("store_seconds_get_range", time.perf_counter() - t0)
+    store.counters.add("store_bytes", len(data))
+    store.counters.add("store_bytes_get_range", len(data))
+    return data
 
 
 # -- the store's other write operations ---------------------------------------------------------

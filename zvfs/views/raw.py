@@ -288,7 +288,8 @@ class RawFile(FileNode):
             # a peer from now on, before the truncate's worker hop: the last other open's
             # release during it closed the writer, and this open wrote to a closed descriptor
             # (EBADF: a rewrite just after an append failed EIO, a helper's soak)
-            handle = WriteHandle(self.ctx, self.key, shared.writer, peers=shared.peers)
+            handle = WriteHandle(self.ctx, self.key, shared.writer, peers=shared.peers,
+                                 base_reader=self._base_reader)
             if truncate:
                 try:
                     await store_call(self.ctx, self.key, shared.writer.truncate, 0)
@@ -299,10 +300,16 @@ class RawFile(FileNode):
             return handle
         opened = self.ctx.writers_opening[self.key] = trio.Event()
         try:
-            return WriteHandle(self.ctx, self.key, await self._open_writer(truncate))
+            return WriteHandle(self.ctx, self.key, await self._open_writer(truncate),
+                               base_reader=self._base_reader)
         finally:
             del self.ctx.writers_opening[self.key]
             opened.set()
+
+    def _base_reader(self, key: str, info: KeyInfo) -> RawReader:
+        """A reader, pinned to ``info``'s version, for an open for writing that has fetched
+        none of that version (see WriteHandle.read)."""
+        return RawReader(self.ctx, key, info, pinned=True)
 
     async def _open_writer(self, truncate: bool) -> KeyWriter:
         store = self.ctx.store
@@ -443,7 +450,7 @@ class RawFile(FileNode):
     def _block_key(self, n: int) -> tuple[object, ...]:
         """Block ``n`` of this version of the file, in the mount's cache."""
         info = self._info
-        return ("raw", self.key, info.size, info.mtime_ns, self._epoch, n)
+        return ("raw", self.key, info.size, info.mtime_ns, info.version, self._epoch, n)
 
     def _walk(self) -> FileWalk | None:
         """How far a reader that starts files in tree order has got (see current_walk)."""

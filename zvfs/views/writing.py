@@ -16,11 +16,15 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from zvfs.stores.base import GONE, KeyNotFound, KeyWriter, StoreError, WriteRefused
+from zvfs.stores.base import GONE, KeyInfo, KeyNotFound, KeyWriter, StoreError, WriteRefused
 from zvfs.views.context import MountContext
 from zvfs.views.node import FileHandle, FileNode, NodeError
 
 T = TypeVar("T")
+
+#: makes the reader of a stored version of a key (its key, its info) that an open for
+#: writing reads through while it has fetched none of that version's bytes
+BaseReader = Callable[[str, KeyInfo], FileNode]
 
 
 async def store_call(ctx: MountContext, what: str, fn: Callable[..., T], *args: object, **kw: object) -> T:
@@ -76,10 +80,13 @@ class WriteHandle(FileHandle):
     """One open of ``key`` for writing, over the store's writer."""
 
     def __init__(self, ctx: MountContext, key: str, writer: KeyWriter,
-                 peers: list[WriteHandle] | None = None) -> None:
+                 peers: list[WriteHandle] | None = None, base_reader: BaseReader | None = None) -> None:
         self.ctx = ctx
         self.key = key
         self.writer = writer
+        self._base_reader = base_reader
+        #: the reader made by ``base_reader``, and the version and key it reads
+        self._reading: tuple[KeyInfo, str, FileNode] | None = None
         #: the opens sharing ``writer`` (an S3 file opened again while written), this one too:
         #: the last of them to be released closes it
         self.peers = peers if peers is not None else []
@@ -114,7 +121,22 @@ class WriteHandle(FileHandle):
     def mtime_ns(self) -> int | None:
         return self.writer.mtime_ns
 
-    async def read(self, offset: int, length: int) -> bytes:
+    async def read(self, offset: int, length: int) -> bytes | memoryview:
+        data = self.writer.read_at_once(offset, length)
+        if data is not None:
+            return data
+        make = self._base_reader
+        base = self.writer.unfetched(offset, length) if make is not None else None
+        if make is not None and base is not None:
+            # the stored version's own bytes, none fetched: through the mount's block cache,
+            # with read-ahead, as an open for reading reads them. Each read was a ranged GET
+            # of just its bytes: SQLite, which opens its database read-write, dumped a 3 MiB
+            # one in 1,953 GETs of a page each (9.4 s against moto, 0.06 s read-only)
+            if self._reading is None or self._reading[0] is not base or self._reading[1] != self.key:
+                self._reading = (base, self.key, make(self.key, base))
+            data = await self._reading[2].read(offset, length)
+            if self.writer.unfetched(offset, length) is base:
+                return data  # still that version's bytes: no write took them in meanwhile
         return await store_call(self.ctx, self.key, self.writer.read, offset, length)
 
     async def write(self, offset: int, data: bytes) -> int:
