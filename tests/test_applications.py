@@ -1,4 +1,5 @@
-"""Applications that keep their state in files on a writable mount: git and SQLite.
+"""Applications that keep their state in files on a writable mount: git, SQLite, and
+netCDF-C (through xarray) writing and appending to its files.
 
 They are what a user runs on a mounted store besides copy tools, and they lean on the
 parts of POSIX a copy never touches: `link()` + `unlink()` to place objects, renames over
@@ -7,7 +8,8 @@ mode) a shared memory map. The README says what works on each store; these tests
 
 The reference is the application itself run on a local directory with the same inputs:
 git with fixed identities and dates makes the same commit IDs from the same trees, and
-SQLite's `.dump` of a database is its content, whatever the file's layout.
+SQLite's `.dump` of a database is its content, whatever the file's layout, and so is
+`ncdump`'s text of a netCDF file.
 """
 
 from __future__ import annotations
@@ -189,3 +191,47 @@ def test_sqlite_wal_mode_works_on_a_directory_store_and_fails_at_once_on_s3(stor
     if db:  # what was stored before the failure is a database SQLite finds sound
         (tmp_path / "stored.db").write_bytes(db)
         _dump(tmp_path / "stored.db")
+
+
+# --------------------------------------------------------------------------- netCDF
+
+
+@pytest.mark.parametrize("fmt", ["NETCDF4", "NETCDF3_64BIT"])
+def test_netcdf_files_written_into_a_writable_mount_read_as_the_local_ones(
+        fmt: str, store: Store, mount, tmp_path) -> None:
+    """xarray (netCDF-C, HDF5 for NETCDF4) writes a file into the mount, reads it back and
+    appends a variable to it (mode "a": an open read-write that rewrites the header, and
+    for HDF5 its metadata in place). `ncdump` of it, in the mount and through a fresh
+    mount, is `ncdump` of the same steps on a local file; a classic file is the same bytes."""
+    import xarray as xr
+
+    rng = np.random.default_rng(11)
+    ds = xr.Dataset({"t": (("time", "y", "x"), rng.standard_normal((20, 60, 70)).astype("f4")),
+                     "q": (("time",), np.arange(20.0))},
+                    coords={"time": np.arange(20)}, attrs={"title": "written through zvfs"})
+    encoding = {"t": {"zlib": True, "chunksizes": (5, 30, 35)}} if fmt == "NETCDF4" else None
+
+    def steps(path: Path) -> None:
+        ds.to_netcdf(path, format=fmt, encoding=encoding)
+        with xr.open_dataset(path) as back:
+            xr.testing.assert_identical(back.load(), ds)
+        xr.Dataset({"extra": (("time",), np.ones(20))}).to_netcdf(path, mode="a", format=fmt)
+
+    def dump(path: Path) -> str:
+        res = run([tool("ncdump"), path], timeout=120)
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    (tmp_path / "local").mkdir()
+    local = tmp_path / "local" / "out.nc"
+    steps(local)
+    want = dump(local)
+    assert "extra" in want and "written through zvfs" in want
+    m = store.mount(mount)
+    steps(m.path / "out.nc")
+    assert dump(m.path / "out.nc") == want
+    force_unmount(m.path)
+    again = store.mount(mount)
+    assert dump(again.path / "out.nc") == want
+    if fmt != "NETCDF4":
+        assert (again.path / "out.nc").read_bytes() == local.read_bytes()
