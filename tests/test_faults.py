@@ -894,3 +894,48 @@ def test_the_arrays_of_a_group_on_s3_are_discovered_with_their_gets_in_parallel(
     assert (mnt.path / ".zvfs/arrays/a17/data.raw").read_bytes() == np.array([17, 18, 19], "<i4").tobytes()
     assert (mnt.path / ".zvfs/arrays/g/b3/data.raw").read_bytes() == bytes([3, 7])
     assert "ERROR" not in mnt.log_text()
+
+
+#: the proxy's classes of request (faultproxy._operation), by S3 operation
+_PROXY_CLASS = {"GetObject": "get", "HeadObject": "head", "HeadBucket": "head",
+                "ListObjectsV2": "list", "ListObjects": "list", "ListMultipartUploads": "list",
+                "PutObject": "put", "UploadPart": "put", "CopyObject": "put", "UploadPartCopy": "put"}
+
+
+def _by_class(counters: dict) -> dict[str, int]:
+    out = {op: 0 for op in ("get", "head", "list", "put", "other")}
+    for name, n in counters.items():
+        if name.startswith("s3_requests_"):
+            out[_PROXY_CLASS.get(name[len("s3_requests_"):], "other")] += int(n)
+    return out
+
+
+def test_every_request_sent_to_s3_is_counted_by_operation_as_the_server_sees_it(
+        corpus, moto, proxy, mount, s3_env) -> None:
+    """stats.json counted the store's operations (a rename is one, however many requests it
+    takes) and missed what a writer asks below the counting wrapper: the HEAD of an open
+    for writing, its fetch, the multipart calls. Each HTTP request sent to S3, each try
+    included, is now counted by S3 operation (``s3_requests_GetObject``...): as many of each
+    kind as the proxy in front of the server saw, with injected faults making tries."""
+    root, _ = corpus
+    proxy.reset_stats()
+    mnt = mount_tree(root, "counted", moto, proxy, mount, s3_env, "--writable", "--part-size", "5M")
+    proxy.set({"kinds": ["503", "reset"], "count": 8, "ops": ["get", "head", "put", "other"]})
+    files = sorted(store_files(root))
+    for key in files:
+        assert read_all(mnt.path / key) == (root / key).read_bytes(), key
+    big = os.urandom(12 << 20)
+    (mnt.path / "big.bin").write_bytes(big)  # a multipart upload: create, 3 parts, complete
+    with open(mnt.path / files[0], "r+b") as f:  # a HEAD at the open, a fetch at the write
+        f.seek(3)
+        f.write(b"zz")
+    os.rename(mnt.path / "big.bin", mnt.path / "moved.bin")  # CopyObject + DeleteObject
+    os.unlink(mnt.path / "moved.bin")
+    st = proxy.stats()
+    assert st["faults"] >= 8, st  # the faults really happened, and were tried again
+    seen = {op: st.get(f"requests_{op}", 0) for op in ("get", "head", "list", "put", "other")}
+    assert wait_until(lambda: _by_class(stats(mnt)) == seen, 10), (_by_class(stats(mnt)), seen, st)
+    counted = stats(mnt)
+    assert counted["s3_requests_CreateMultipartUpload"] >= 1 and counted["s3_requests_UploadPart"] >= 3
+    assert counted["s3_requests_CompleteMultipartUpload"] >= 1 and counted["s3_requests_CopyObject"] >= 1
+    assert counted["s3_requests_HeadObject"] >= 1 and counted["s3_requests_DeleteObject"] >= 2

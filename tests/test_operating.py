@@ -558,7 +558,7 @@ def test_metrics_endpoint_moves_with_a_workload(zarr_s3, zarr_dir, moto, s3_env,
     for name in ("zvfs_store_retries_total", "zvfs_cache_hits_total", "zvfs_cache_misses_total",
                  "zvfs_cache_evictions_total", "zvfs_chunk_cache_bytes", "zvfs_prefetch_hits_total",
                  "zvfs_decode_seconds_total", "zvfs_fuse_errors_total", "zvfs_store_request_seconds_bucket",
-                 "zvfs_inodes"):
+                 "zvfs_inodes", "zvfs_s3_requests_total"):
         assert name in names, (name, sorted(names))
     for cache in ("chunk", "listing"):
         assert ("zvfs_cache_evictions_total", (("cache", cache), ("mount", "sample"))) in before
@@ -575,6 +575,7 @@ def test_metrics_endpoint_moves_with_a_workload(zarr_s3, zarr_dir, moto, s3_env,
     (m.path / ".zvfs" / "arrays" / "temperature" / "data.raw").read_bytes()
     after = scrape(url)
     for name, labels in (("zvfs_store_requests_total", {}), ("zvfs_store_bytes_total", {}),
+                         ("zvfs_s3_requests_total", {"op": "GetObject"}),
                          ("zvfs_fuse_operations_total", {"op": "read"}),
                          ("zvfs_store_request_seconds_count", {})):
         a, b, c = total(before, name, **labels), total(during, name, **labels), total(after, name, **labels)

@@ -43,6 +43,7 @@ LABELED = (
     ("store_requests_", "zvfs_store_requests", "op", "requests to the store, by operation"),
     ("store_bytes_", "zvfs_store_bytes", "op", "bytes read from or written to the store, by operation"),
     ("store_errors_", "zvfs_store_errors", "kind", "failed store requests, by kind of failure"),
+    ("s3_requests_", "zvfs_s3_requests", "op", "HTTP requests sent to S3, by S3 operation, each try included"),
     ("fuse_ops_", "zvfs_fuse_operations", "op", "FUSE operations, by type"),
     ("fuse_errors_", "zvfs_fuse_errors", "op", "FUSE operations that failed (not ENOENT), by type"),
 )

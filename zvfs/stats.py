@@ -20,6 +20,11 @@ ERROR_KINDS = ("throttled", "server", "reset", "timeout", "truncated", "checksum
                "not_found", "other")
 #: store operations counted as ``store_requests_<op>`` (and timed)
 STORE_OPS = ("get", "get_range", "info", "list", "put", "open_writer", "delete", "rename", "link")
+#: the S3 operations a mount sends, counted as ``s3_requests_<op>`` (each HTTP try: what S3
+#: bills); one the list lacks is counted all the same, from its first request on
+S3_OPS = ("GetObject", "HeadObject", "ListObjectsV2", "ListObjects", "PutObject", "UploadPart",
+          "CopyObject", "UploadPartCopy", "CreateMultipartUpload", "CompleteMultipartUpload",
+          "AbortMultipartUpload", "ListMultipartUploads", "DeleteObject")
 #: FUSE operations counted as ``fuse_ops_<op>``; failures as ``fuse_errors_<op>``
 FUSE_OPS = ("lookup", "getattr", "opendir", "readdir", "open", "read", "statfs",
             "create", "write", "flush", "fsync", "setattr", "unlink", "mkdir", "rmdir", "rename", "link")
@@ -28,6 +33,7 @@ KNOWN_COUNTERS: tuple[str, ...] = (
     "store_requests", "store_bytes", "store_list_requests", "store_retries", "store_failures",
     *(f"store_requests_{op}" for op in STORE_OPS),
     *(f"store_bytes_{op}" for op in ("get", "get_range", "put")),
+    *(f"s3_requests_{op}" for op in S3_OPS),
     "fuse_write_bytes",
     *(f"store_errors_{kind}" for kind in ERROR_KINDS),
     "chunks_decoded", "bytes_decoded", "decode_seconds",

@@ -286,6 +286,7 @@ class S3Store(Store):
             # and saves nothing here (a refused upload is retried whole anyway)
             client.meta.events.unregister("before-call.s3", add_expect_header)
             client.meta.events.register("before-parameter-build.s3", self._mount_params)
+            client.meta.events.register("before-send.s3", self._sending)
             s3_client.reuse_endpoints(client)
             s3_client.steady_user_agent(client)
             if not watch_pools(client, self._watchdog):
@@ -747,6 +748,14 @@ class S3Store(Store):
         self.part_size = part_size
         self.rewrite_max = rewrite_max
         self.upload_args = {_UPLOAD_PARAMS[name]: value for name, value in (upload_args or {}).items()}
+
+    def _sending(self, event_name: str = "", **_: Any) -> None:
+        """botocore's before-send hook: every HTTP request the mount sends to S3, each try
+        included, counted by S3 operation (``s3_requests_GetObject``...), as S3 bills them.
+        The store's own counts are of its operations (a rename is one), and missed what a
+        writer asks below the counting wrapper (its HEADs, a link's GET, the multipart
+        calls); this one place sees every client and every retry loop."""
+        self.counters.add("s3_requests_" + event_name.rpartition(".")[2])
 
     def _mount_params(self, params: dict[str, Any], model: Any, **_: Any) -> None:
         """botocore's before-parameter-build hook: what the mount asks of every request of a
