@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol, TypeVar
 
 from zvfs.stats import Counters
-from zvfs.stores._util import pread_all, pwrite_all
+from zvfs.stores._util import pread_all, pread_at_once, pwrite_all
 from zvfs.stores.base import KeyInfo, KeyNotFound, KeyWriter, Stale, StoreError, WriteRefused
 from zvfs.stores.s3_wire import Upload, UploadGone, strong_etag
 from zvfs.stores.staging import Staging
@@ -370,6 +370,14 @@ class S3Writer(KeyWriter):
         head = self._read_base(base, offset, min(end, base.size) - offset) if offset < base.size else b""
         start = max(offset, base.size)
         return head + (pread_all(self._fd, start, end - start, self.key) if end > start else b"")
+
+    def read_at_once(self, offset: int, length: int) -> memoryview | None:
+        """The staged bytes, once the whole file is staged, when the page cache holds them:
+        a database's pages read back after its first write need no thread hop."""
+        fd, size = self._fd, self._size
+        if self._base is not None or fd < 0 or offset >= size:
+            return None
+        return pread_at_once(fd, offset, min(length, size - offset), size)
 
     def unfetched(self, offset: int, length: int) -> KeyInfo | None:
         base = self._base
