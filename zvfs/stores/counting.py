@@ -4,10 +4,34 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 from zvfs.stats import Counters
 from zvfs.stores.base import KeyInfo, KeyWriter, Listing, Store, WrappedStore
+
+
+def count_request(counters: Counters, op: str) -> None:
+    """One store request of ``op`` in ``counters``."""
+    counters.add("store_list_requests" if op == "list" else "store_requests")
+    counters.add(f"store_requests_{op}")
+
+
+@contextmanager
+def timed(counters: Counters, op: str) -> Iterator[None]:
+    """Count one ``op`` request and time it (failures too: a slow error is latency)."""
+    count_request(counters, op)
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        counters.observe(f"store_seconds_{op}", time.perf_counter() - t0)
+
+
+def count_read(counters: Counters, op: str, data: bytes | memoryview) -> bytes | memoryview:
+    """The bytes a read of ``op`` answered, counted; returned as they are."""
+    counters.add("store_bytes", len(data))
+    counters.add(f"store_bytes_{op}", len(data))
+    return data
 
 
 class CountingStore(WrappedStore):
@@ -18,23 +42,13 @@ class CountingStore(WrappedStore):
         self.counters = counters
 
     def _request(self, op: str) -> None:
-        self.counters.add("store_list_requests" if op == "list" else "store_requests")
-        self.counters.add(f"store_requests_{op}")
+        count_request(self.counters, op)
 
-    @contextmanager
-    def _timed(self, op: str) -> Iterator[None]:
-        """Count one ``op`` request and time it (failures too: a slow error is latency)."""
-        self._request(op)
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.counters.observe(f"store_seconds_{op}", time.perf_counter() - t0)
+    def _timed(self, op: str) -> AbstractContextManager[None]:
+        return timed(self.counters, op)
 
     def _got(self, op: str, data: bytes | memoryview) -> bytes | memoryview:
-        self.counters.add("store_bytes", len(data))
-        self.counters.add(f"store_bytes_{op}", len(data))
-        return data
+        return count_read(self.counters, op, data)
 
     def get(self, key: str) -> bytes:
         with self._timed("get"):

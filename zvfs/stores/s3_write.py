@@ -35,6 +35,7 @@ from typing import Any, Protocol, TypeVar
 from zvfs.stats import Counters
 from zvfs.stores._util import pread_all, pread_at_once, pwrite_all
 from zvfs.stores.base import KeyInfo, KeyNotFound, KeyWriter, Stale, StoreError, WriteRefused
+from zvfs.stores.counting import count_read, timed
 from zvfs.stores.s3_wire import Upload, UploadGone, strong_etag
 from zvfs.stores.staging import Staging
 
@@ -851,15 +852,9 @@ def _count_put(counters: Counters, nbytes: int, seconds: float) -> None:
 def _get_counted(store: S3Target, key: str, start: int, length: int, version: str | None) -> bytes:
     """A ranged GET of ``version`` for a writer, counted as the mount's own reads are (the
     writer calls the store below the counting one: its fetches were in no stats)."""
-    t0 = time.perf_counter()
-    store.counters.add("store_requests")
-    store.counters.add("store_requests_get_range")
-    try:
+    with timed(store.counters, "get_range"):
         data = store.get_version(key, start, length, version)
-    finally:
-        store.counters.observe("store_seconds_get_range", time.perf_counter() - t0)
-    store.counters.add("store_bytes", len(data))
-    store.counters.add("store_bytes_get_range", len(data))
+    count_read(store.counters, "get_range", data)
     return data
 
 
