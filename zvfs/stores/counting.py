@@ -34,6 +34,11 @@ def count_read(counters: Counters, op: str, data: bytes | memoryview) -> bytes |
     return data
 
 
+def count_written(counters: Counters, nbytes: int) -> None:
+    """The bytes a PUT (or an upload's part) stored, counted once it has succeeded."""
+    counters.add("store_bytes_put", nbytes)
+
+
 class CountingStore(WrappedStore):
     """Delegates to ``inner`` and counts every call, so stats.json shows store traffic."""
 

@@ -35,7 +35,7 @@ from typing import Any, Protocol, TypeVar
 from zvfs.stats import Counters
 from zvfs.stores._util import pread_all, pread_at_once, pwrite_all
 from zvfs.stores.base import KeyInfo, KeyNotFound, KeyWriter, Stale, StoreError, WriteRefused
-from zvfs.stores.counting import count_read, timed
+from zvfs.stores.counting import count_read, count_written, timed
 from zvfs.stores.s3_wire import Upload, UploadGone, strong_etag
 from zvfs.stores.staging import Staging
 
@@ -531,11 +531,11 @@ class S3Writer(KeyWriter):
             start = part * self.part_size
             length = min(self.part_size, self._size - start)
         data = self.read(start, length)
-        t0 = time.perf_counter()
-        r = self.store.request(self.key, "UploadPart", lambda c: c.upload_part(
-            Bucket=self.store.bucket, Key=self.store.prefix + self.key, UploadId=upload_id,
-            PartNumber=part + 1, Body=data))
-        _count_put(self.store.counters, len(data), time.perf_counter() - t0)
+        with timed(self.store.counters, "put"):
+            r = self.store.request(self.key, "UploadPart", lambda c: c.upload_part(
+                Bucket=self.store.bucket, Key=self.store.prefix + self.key, UploadId=upload_id,
+                PartNumber=part + 1, Body=data))
+        count_written(self.store.counters, len(data))
         with self._lock:
             if self._upload_id == upload_id:
                 self._done[part] = (str(r["ETag"]), gen, length)
@@ -602,11 +602,11 @@ class S3Writer(KeyWriter):
             for start in range(base.size, size, self.part_size):
                 data = pread_all(self._fd, start, min(self.part_size, size - start), self.key)
                 number = len(etags) + 1
-                t0 = time.perf_counter()
-                r = self.store.request(self.key, "UploadPart", lambda c, n=number, data=data: c.upload_part(
-                    Bucket=self.store.bucket, Key=self.store.prefix + self.key, UploadId=upload_id,
-                    PartNumber=n, Body=data))
-                _count_put(self.store.counters, len(data), time.perf_counter() - t0)
+                with timed(self.store.counters, "put"):
+                    r = self.store.request(self.key, "UploadPart", lambda c, n=number, data=data: c.upload_part(
+                        Bucket=self.store.bucket, Key=self.store.prefix + self.key, UploadId=upload_id,
+                        PartNumber=n, Body=data))
+                count_written(self.store.counters, len(data))
                 etags.append(str(r["ETag"]))
             made = complete_upload(self.store, self.key, upload_id, etags)
             with self._lock:
@@ -842,13 +842,6 @@ def _staging_failed(key: str, where: str, e: OSError) -> StoreError:
 _COPY_STEP = 8 << 20
 
 
-def _count_put(counters: Counters, nbytes: int, seconds: float) -> None:
-    counters.add("store_requests")
-    counters.add("store_requests_put")
-    counters.add("store_bytes_put", nbytes)
-    counters.observe("store_seconds_put", seconds)
-
-
 def _get_counted(store: S3Target, key: str, start: int, length: int, version: str | None) -> bytes:
     """A ranged GET of ``version`` for a writer, counted as the mount's own reads are (the
     writer calls the store below the counting one: its fetches were in no stats)."""
@@ -1024,22 +1017,22 @@ def put_key(store: S3Target, key: str, data: bytes, if_absent: bool = False,
         tries += 1
         return client.put_object(**kw, **({"IfNoneMatch": "*"} if if_absent else {}))
 
-    t0 = time.perf_counter()
-    try:
-        store.request(key, "PutObject", put)
-    except WriteRefused as exc:
-        if exc.errno == errno.EEXIST and tries > 1 and _holds(store, key, data):
-            # a try served whose answer was lost (a reset, a timeout): the next one met the
-            # object it had made. The very bytes sent: this PUT's, not another client's
-            log.info("%s: a conditional PUT tried again was answered that the key exists, but it "
-                     "holds the bytes sent: made by a try whose answer was lost", key)
-        elif exc.errno != errno.ENOTSUP:
-            raise
-        elif store.exists(key):
-            raise WriteRefused(errno.EEXIST, f"{key}: exists already") from None
-        else:
-            store.request(key, "PutObject", lambda c: c.put_object(**kw))
-    _count_put(store.counters, len(data), time.perf_counter() - t0)
+    with timed(store.counters, "put"):
+        try:
+            store.request(key, "PutObject", put)
+        except WriteRefused as exc:
+            if exc.errno == errno.EEXIST and tries > 1 and _holds(store, key, data):
+                # a try served whose answer was lost (a reset, a timeout): the next one met the
+                # object it had made. The very bytes sent: this PUT's, not another client's
+                log.info("%s: a conditional PUT tried again was answered that the key exists, but it "
+                         "holds the bytes sent: made by a try whose answer was lost", key)
+            elif exc.errno != errno.ENOTSUP:
+                raise
+            elif store.exists(key):
+                raise WriteRefused(errno.EEXIST, f"{key}: exists already") from None
+            else:
+                store.request(key, "PutObject", lambda c: c.put_object(**kw))
+    count_written(store.counters, len(data))
 
 
 def _holds(store: S3Target, key: str, data: bytes) -> bool:
