@@ -11,6 +11,7 @@ import math
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,7 @@ def test_bench_tiny_run(tmp_path: Path) -> None:
     knobs = Path("/sys/module/page_reporting/parameters")
     before = {k: (knobs / k).read_text() for k in ("min_free_ms", "max_waiting_mib")
               if (knobs / k).exists()}
+    started = time.time()
     proc = subprocess.run(
         # rclone's two middle cache modes only add rows of the same machinery (the suite's
         # slowest test: 132-151 s)
@@ -122,8 +124,20 @@ def test_bench_tiny_run(tmp_path: Path) -> None:
             _number(row[6], positive=rid not in NOISY)
     assert re.search(r"\| [^|]*1 reader \| MiB/s \| higher \| [0-9.]+ \|", summary)
 
+    # the load through the run, sampled every 5 s: in the report and in results.json, each
+    # sample taken within the run
+    machine = md.split("## Machine", 1)[1]
+    assert re.search(r"- load average \(1 min\) during the run, sampled every 5 s: "
+                     r"[0-9.]+-[0-9.]+, median [0-9.]+, above the core count \(\d+\) in \d+ of "
+                     r"[1-9]\d* samples", machine), machine
+    results = json.loads((out / "results.json").read_text())
+    samples = results["load_samples"]
+    assert len(samples) >= 2, samples  # the tiny run takes over a minute
+    assert all(started - 1 <= when <= time.time() and load >= 0 for when, load in samples), samples
+    assert [when for when, _ in samples] == sorted(when for when, _ in samples)
+
     # the machine-readable results agree, and every peer that is installed here ran
-    res = json.loads((out / "results.json").read_text())["rows"]
+    res = results["rows"]
     assert set(res) == set(EXPECTED)
     for rid in ("s3_read1", "s3_ls_large"):
         assert {"zvfs", "rclone (off)", "rclone (full)", "s3fs"} <= set(res[rid]["median"]), res[rid]

@@ -8,6 +8,8 @@ import platform
 import re
 import statistics
 import subprocess
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -224,7 +226,56 @@ def loadavg() -> str:
         return "?"
 
 
-def machine(versions: dict[str, str], load_before: str = "?") -> str:
+class LoadSampler:
+    """The 1-minute load average every ``every`` seconds while the run goes on, in a thread.
+
+    A shared machine's other jobs show as load above the core count, and cells measured
+    then are suspect; the load before and after the run alone missed them (the run at
+    ad165e0 had many cells whose first round ran a quarter to a half faster than the other
+    two, and no record of the load between). The bench's own work counts too: about one
+    core's worth in most cells, both cores in the million-key finds and the in-process
+    decoded reads."""
+
+    def __init__(self, every: float = 5.0) -> None:
+        self.every = every
+        self.samples: list[tuple[float, float]] = []  # (Unix time, load)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="load-sampler", daemon=True)
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.every + 1)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                load = float(Path("/proc/loadavg").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                load = None
+            if load is not None:
+                self.samples.append((round(time.time(), 1), load))
+            if self._stop.wait(self.every):
+                return
+
+    def line(self) -> str:
+        """What the samples say, for the report's Machine section."""
+        loads = sorted(load for _, load in self.samples)
+        if not loads:
+            return f"- load average (1 min) during the run, every {self.every:g} s: no samples"
+        cores = os.cpu_count() or 1
+        above = sum(1 for load in loads if load > cores)
+        return (f"- load average (1 min) during the run, sampled every {self.every:g} s: "
+                f"{loads[0]:.2f}-{loads[-1]:.2f}, median {statistics.median(loads):.2f}, "
+                f"above the core count ({cores}) in {above} of {len(loads)} samples "
+                "(results.json holds each with its Unix time, to set beside the cells' times "
+                "in the log)")
+
+
+def machine(versions: dict[str, str], load_before: str = "?", during: str = "") -> str:
     mem = "?"
     try:
         with open("/proc/meminfo") as f:
@@ -260,6 +311,7 @@ def machine(versions: dict[str, str], load_before: str = "?") -> str:
         f"- zvfs commit: {commit}",
         f"- load average (1, 5, 15 min) before the run: {load_before}; after: {loadavg()} "
         "(the machine is shared; a load above the core count means other jobs ran alongside)",
+        *([during] if during else []),
     ]
     lines += [f"- {k}: {v}" for k, v in sorted(versions.items())]
     return "\n".join(lines)
