@@ -42,7 +42,7 @@ from botocore.config import Config
 from botocore.handlers import add_expect_header
 
 from zvfs.stats import Counters
-from zvfs.stores import s3_walk
+from zvfs.stores import s3_pages, s3_walk
 from zvfs.stores._util import LogOnce, check_key, check_prefix
 from zvfs.stores.base import (
     KeyInfo,
@@ -289,6 +289,7 @@ class S3Store(Store):
             client.meta.events.register("before-send.s3", self._sending)
             s3_client.reuse_endpoints(client)
             s3_client.steady_user_agent(client)
+            s3_pages.take_over(client, s3_client.fast_timestamp)  # listing pages, less CPU
             if not watch_pools(client, self._watchdog):
                 log.warning("botocore's HTTP session is not laid out as zvfs expects: S3 requests "
                             "are bounded by --s3-timeout between bytes, not by --s3-deadline")
