@@ -89,6 +89,19 @@ def test_a_page_reads_as_botocore_reads_it(page: tuple[bytes, str]) -> None:
     assert s3_pages.parse_page(body, fast_timestamp) == botocore_page(body, op)
 
 
+@pytest.mark.parametrize("op", ["ListObjectsV2", "ListObjects"])
+@pytest.mark.parametrize("body", [
+    b"<ListBucketResult></ListBucketResult>",
+    b"<ListBucketResult><Contents></Contents><CommonPrefixes/></ListBucketResult>",
+    b"<ListBucketResult><Contents><Key>a</Key><Owner/></Contents></ListBucketResult>",
+    # botocore's readings: a boolean is true only as "true"; an int may have spaces around it
+    b"<ListBucketResult><IsTruncated>True</IsTruncated><Contents><Key/><Size> 5 </Size>"
+    b"</Contents></ListBucketResult>",
+])
+def test_an_edge_page_reads_as_botocore_reads_it(body: bytes, op: str) -> None:
+    assert s3_pages.parse_page(body, fast_timestamp) == botocore_page(body, op)
+
+
 @pytest.mark.parametrize("body", [
     # not a listing: an S3 error inside a 200, which botocore's check makes a 500 (retried)
     b'<?xml version="1.0"?><Error><Code>InternalError</Code></Error>',
