@@ -253,8 +253,8 @@ class LoadSampler:
     def _run(self) -> None:
         while True:
             try:
-                load = float(Path("/proc/loadavg").read_text().split()[0])
-            except (OSError, ValueError, IndexError):
+                load = float(loadavg().split()[0])  # "?" when it cannot be read
+            except ValueError:
                 load = None
             if load is not None:
                 self.samples.append((round(time.time(), 1), load))

@@ -27,6 +27,8 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from botocore import handlers
+
 #: the listings this takes over
 LISTINGS = frozenset({"ListObjectsV2", "ListObjects"})
 
@@ -35,6 +37,7 @@ _TEXT = {"Name", "Prefix", "Delimiter", "EncodingType", "ContinuationToken",
 _INTS = {"MaxKeys", "KeyCount"}
 _OBJECT_TEXT = {"Key", "ETag", "StorageClass", "ChecksumType"}
 _OWNER = {"ID", "DisplayName"}
+_PREFIX = {"Prefix"}
 
 
 class _NotOurs(Exception):
@@ -63,12 +66,7 @@ def parse_page(body: bytes, timestamp: Callable[[str], datetime]) -> dict[str, A
             if name == "Contents":
                 contents.append(_object(child, cut, timestamp))
             elif name == "CommonPrefixes":
-                entry = {}
-                for part in child:
-                    if part.tag[cut:] != "Prefix" or len(part) or entry:
-                        raise _NotOurs
-                    entry["Prefix"] = part.text or ""
-                prefixes.append(entry)
+                prefixes.append(_texts(child, cut, _PREFIX))
             elif len(child) or name in page:  # one of each: botocore's reading of two is its own
                 raise _NotOurs
             elif name in _TEXT:
@@ -95,12 +93,7 @@ def _object(element: ET.Element, cut: int, timestamp: Callable[[str], datetime])
         name = field.tag[cut:]
         text = field.text or ""
         if name == "Owner" and name not in obj:
-            owner = {}
-            for part in field:
-                if part.tag[cut:] not in _OWNER or len(part) or part.tag[cut:] in owner:
-                    raise _NotOurs
-                owner[part.tag[cut:]] = part.text or ""
-            obj[name] = owner
+            obj[name] = _texts(field, cut, _OWNER)
         elif len(field) or (name in obj and name != "ChecksumAlgorithm"):
             raise _NotOurs
         elif name in _OBJECT_TEXT:
@@ -116,6 +109,17 @@ def _object(element: ET.Element, cut: int, timestamp: Callable[[str], datetime])
     return obj
 
 
+def _texts(element: ET.Element, cut: int, names: set[str]) -> dict[str, str]:
+    """A structure of text fields (an Owner, a CommonPrefixes entry), each at most once."""
+    out: dict[str, str] = {}
+    for part in element:
+        name = part.tag[cut:]
+        if name not in names or len(part) or name in out:
+            raise _NotOurs
+        out[name] = part.text or ""
+    return out
+
+
 def take_over(client: Any, timestamp: Callable[[str], datetime]) -> bool:
     """Have ``client`` parse its listing pages here. Returns False, and changes nothing,
     where botocore is not laid out as expected.
@@ -125,10 +129,6 @@ def take_over(client: Any, timestamp: Callable[[str], datetime]) -> bool:
     operation's own runs; it is replaced by one hook that parses a listing page first and
     then calls that check, which finds the body emptied for a page taken here, and the
     body as it came for every other answer."""
-    try:
-        from botocore import handlers
-    except ImportError:  # pragma: no cover - botocore is a dependency
-        return False
     check = getattr(handlers, "_handle_200_error", None)
     events = getattr(getattr(client, "meta", None), "events", None)
     if check is None or events is None:
