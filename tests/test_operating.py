@@ -38,6 +38,7 @@ from conftest import (
     wait_until,
     zvfs_cmd,
 )
+from metrics_scrape import metrics_url, scrape, scrape_text, total
 from moto_server import free_port
 
 EX_CONFIG = 78
@@ -470,37 +471,6 @@ def test_status_lists_health_source_options_and_traffic(zarr_dir, zarr_s3, moto,
 
 
 # --------------------------------------------------------------------------- metrics
-
-
-def metrics_url(mnt: Path) -> str:
-    """Where the mount serves its metrics, as `zvfs status` reports it: a mount asked for
-    port 0 is found there (a port picked by the test and handed over could be taken first)."""
-    res = zvfs("status", "--json", mnt)
-    assert res.returncode == 0, res.stderr
-    (info,) = json.loads(res.stdout)
-    assert info["metrics"], info
-    return info["metrics"]
-
-
-def scrape_text(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return r.read().decode()
-
-
-def scrape(url: str) -> dict[tuple[str, tuple], float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = scrape_text(url)
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def total(samples: dict, name: str, **labels: str) -> float:
-    return sum(v for (n, lab), v in samples.items()
-               if n == name and all(dict(lab).get(k) == want for k, want in labels.items()))
 
 
 def test_status_tells_a_mount_whose_source_is_still_being_opened_starting(
