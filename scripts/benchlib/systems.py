@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 class System:
     name: str  # column header
     backend: str  # "s3", "zip" or "dir"
-    kind: str  # "zvfs", "rclone", "s3fs", "ratarmount", "fuse-zip"
+    kind: str  # "zvfs", "rclone", "s3fs", "ratarmount", "fuse-zip", "floor" (floorfs.py)
     mode: str = ""  # rclone vfs-cache-mode
     extra: list[str] = field(default_factory=list)
     writable: bool = False  # mounted read-write (the write rows); read-only otherwise
@@ -71,7 +71,7 @@ class Mounter:
 
     def _env(self, system: System) -> dict[str, str]:
         env = self.s3.env() if self.s3 else dict(os.environ)
-        if system.kind == "zvfs":
+        if system.kind in ("zvfs", "floor"):
             env["PYTHONPATH"] = os.pathsep.join(
                 [str(REPO), *filter(None, [env.get("PYTHONPATH")])])
         if system.kind == "rclone" and self.s3:
@@ -115,6 +115,9 @@ class Mounter:
                     str(mnt), *system.extra]
         if system.kind == "fuse-zip":
             return ["fuse-zip", "-r", "-f", str(c.zip(store)), str(mnt), *system.extra]
+        if system.kind == "floor":
+            return [sys.executable, str(Path(__file__).with_name("floorfs.py")), str(c.zip(store)),
+                    str(mnt), *system.extra]
         raise ValueError(system.kind)
 
     @contextlib.contextmanager
