@@ -1,0 +1,63 @@
+"""scripts/decoded-floor and scripts/files-floor keep working: one run each on a tiny
+corpus, every stage or system measured.
+
+No timing threshold is asserted (speed targets live in scripts/bench); each row only has
+to be there with finite, positive figures. decoded-floor's transport stage must really
+have been served from chunks the daemon held (the script checks that itself and fails if
+not); files-floor's reader fails its round if a member reads at another size than listed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_tiny(script: str, names: tuple[str, ...], work: Path) -> tuple[str, dict[str, list[str]]]:
+    """Run ``scripts/<script> --tiny --runs 1``: its output, and the cells of each table
+    row named in ``names``, which must all be there, in that order. No mount may be left."""
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / script), "--tiny", "--runs", "1", "--work", str(work)],
+        capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    assert not (work / "mnt").exists() or not any((work / "mnt").iterdir()), \
+        f"scripts/{script} left mount points behind"
+    rows = {}
+    for line in proc.stdout.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and cells[0] in names:
+            rows[cells[0]] = cells
+    assert list(rows) == list(names), proc.stdout
+    return proc.stdout, rows
+
+
+def positive(*texts: str) -> bool:
+    return all(math.isfinite(v := float(t.replace(",", ""))) and v > 0 for t in texts)
+
+
+@pytest.mark.exclusive  # scripts/decoded-floor drops the page cache
+def test_decoded_floor_tiny_run(tmp_path: Path) -> None:
+    out, rows = run_tiny("decoded-floor", ("decode", "fetch", "transport", "cold cat", "tensorstore"),
+                         tmp_path / "work")
+    for name, (_, seconds, rate, _runs, cpu) in rows.items():
+        assert positive(seconds, rate), (name, seconds, rate)
+        if name != "tensorstore":
+            figures = [float(x) for x in re.findall(r"\d+\.\d+", cpu)]
+            assert figures and all(f >= 0 for f in figures), (name, cpu)
+    assert re.search(r"one after the other: \d+\.\d+ s; the pipelined cold cat: \d+\.\d+ s", out)
+
+
+@pytest.mark.exclusive  # scripts/files-floor drops the page cache
+def test_files_floor_tiny_run(tmp_path: Path) -> None:
+    out, rows = run_tiny("files-floor", ("floor", "floor+poll", "zvfs", "fuse-zip"), tmp_path / "work")
+    for name, (_, rate, micros, rounds) in rows.items():
+        assert positive(rate, micros, rounds), (name, rate, micros, rounds)
+    # the tiny corpus: 400 chunk keys, with the group's and the array's metadata
+    assert "the bench's 404-member zip" in out, out
