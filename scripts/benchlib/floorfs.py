@@ -32,7 +32,7 @@ class FloorFS(pyfuse3.Operations):
     def __init__(self, path: str) -> None:
         super().__init__()
         self.children: dict[int, dict[bytes, int]] = {ROOT: {}}
-        self.attrs: dict[int, pyfuse3.EntryAttributes] = {ROOT: self._attr(ROOT, 0, True)}
+        self.attrs: dict[int, pyfuse3.EntryAttributes] = {ROOT: self._attr(ROOT, True)}
         self.data: dict[int, bytes] = {}
         with zipfile.ZipFile(path) as z:
             for info in z.infolist():
@@ -52,18 +52,18 @@ class FloorFS(pyfuse3.Operations):
         if ino is None:
             ino = len(self.attrs) + ROOT
             self.children[parent][name] = ino
-            self.attrs[ino] = self._attr(ino, 0, is_dir)
+            self.attrs[ino] = self._attr(ino, is_dir)
             if is_dir:
                 self.children[ino] = {}
         return ino
 
     @staticmethod
-    def _attr(ino: int, size: int, is_dir: bool) -> pyfuse3.EntryAttributes:
+    def _attr(ino: int, is_dir: bool) -> pyfuse3.EntryAttributes:
+        """A node's entry, size 0 (a member's is set once it is read)."""
         a = pyfuse3.EntryAttributes()
         a.st_ino = ino
         a.st_mode = (stat.S_IFDIR | 0o755) if is_dir else (stat.S_IFREG | 0o644)
         a.st_nlink = 2 if is_dir else 1
-        a.st_size = size
         a.st_blksize = 4096
         a.entry_timeout = a.attr_timeout = TTL
         return a
