@@ -33,6 +33,7 @@ class System:
     mode: str = ""  # rclone vfs-cache-mode
     extra: list[str] = field(default_factory=list)
     writable: bool = False  # mounted read-write (the write rows); read-only otherwise
+    repo: Path = REPO  # the checkout whose zvfs runs (files-floor --vs: another one's)
 
     @property
     def is_zvfs(self) -> bool:
@@ -73,7 +74,7 @@ class Mounter:
         env = self.s3.env() if self.s3 else dict(os.environ)
         if system.kind in ("zvfs", "floor"):
             env["PYTHONPATH"] = os.pathsep.join(
-                [str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+                [str(system.repo), *filter(None, [env.get("PYTHONPATH")])])
         if system.kind == "rclone" and self.s3:
             env.update({
                 "RCLONE_CONFIG_BENCH_TYPE": "s3",
