@@ -489,10 +489,18 @@ class RawFile(FileNode):
         if bs > 0 and self._info.size > bs:
             return None
         key = self._block_key(0)
+        size = self._info.size
         kept = self.ctx.chunks.peek(key)
-        if kept is None or len(kept) != self._info.size:
+        if kept is not None and len(kept) == size:
+            self.ctx.chunks.invalidate(key)
+        elif bs > 0 or not 0 < size <= BATCH_MEMBER:
             return None
-        self.ctx.chunks.invalidate(key)
+        else:
+            # a small member the page cache holds (the kernel's read-ahead of the archive
+            # while the one before was read): read here, no read request to wait for
+            kept = self.ctx.store.get_range_at_once(self.key, 0, size) if size else b""
+            if kept is None or len(kept) != size:
+                return None
         if bs > 0:
             self.ctx.prefetch_hit(key)
             self._siblings_ahead()
