@@ -64,6 +64,10 @@ def pread_all(fd: int, start: int, length: int, key: str, *, beyond: int = 0) ->
 _nowait = hasattr(os, "RWF_NOWAIT")
 
 
+#: pread_at_once reads a range of at most this many bytes with no probe of its last byte
+PROBE_PAST = 16 << 10
+
+
 def pread_at_once(fd: int, offset: int, length: int, size: int) -> memoryview | None:
     """preadv2 with RWF_NOWAIT: the ``length`` bytes at ``offset`` of a file of about
     ``size`` bytes (fewer at its end; a file that grew since is read on) when the page cache
@@ -75,9 +79,11 @@ def pread_at_once(fd: int, offset: int, length: int, size: int) -> memoryview | 
         return None
     try:
         # the last byte first: a range read cold misses there too, and then this costs
-        # one small read, not a buffer of the whole length filled with zeros for nothing
+        # one small read, not a buffer of the whole length filled with zeros for nothing.
+        # Not for a few pages, which cost less to fill than a system call (a zip's small
+        # member and its local header, read at its open: two calls each)
         last = min(offset + length, size) - 1
-        if last > offset and not os.preadv(fd, [bytearray(1)], last, os.RWF_NOWAIT):
+        if length > PROBE_PAST and last > offset and not os.preadv(fd, [bytearray(1)], last, os.RWF_NOWAIT):
             return None
         buf = bytearray(length)
         n = os.preadv(fd, [buf], offset, os.RWF_NOWAIT)
