@@ -20,12 +20,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_tiny(script: str, names: tuple[str, ...], work: Path) -> tuple[str, dict[str, list[str]]]:
-    """Run ``scripts/<script> --tiny --runs 1``: its output, and the cells of each table
-    row named in ``names``, which must all be there, in that order. No mount may be left."""
+def run_tiny(script: str, names: tuple[str, ...], work: Path,
+             *extra: str) -> tuple[str, dict[str, list[str]]]:
+    """Run ``scripts/<script> --tiny --runs 1`` (then ``extra``): its output, and the cells
+    of each table row named in ``names``, which must all be there, in that order. No mount
+    may be left."""
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / script), "--tiny", "--runs", "1", "--work", str(work)],
-        capture_output=True, text=True, timeout=300, cwd=REPO)
+        [sys.executable, str(REPO / "scripts" / script), "--tiny", "--runs", "1", "--work", str(work),
+         *extra], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
     assert not (work / "mnt").exists() or not any((work / "mnt").iterdir()), \
         f"scripts/{script} left mount points behind"
@@ -61,3 +63,18 @@ def test_files_floor_tiny_run(tmp_path: Path) -> None:
         assert positive(rate, micros, rounds), (name, rate, micros, rounds)
     # the tiny corpus: 400 chunk keys, with the group's and the array's metadata
     assert "the bench's 404-member zip" in out, out
+
+
+def test_files_floor_handlers_in_process(tmp_path: Path) -> None:
+    """--handlers --vs: zvfs's handlers called in process (no mount, no root needed), this
+    checkout and the one named (here the same) in turn: each column gives CPU a file for
+    every request kind, and every one of the 404 members was opened, pushed or read."""
+    out, rows = run_tiny("files-floor", ("lookup", "open", "read", "release", "all", "wall",
+                                         "process CPU (workers too)", "reads", "opens pushed"),
+                         tmp_path / "work", "--handlers", "--vs", str(REPO))
+    assert f"| handler | zvfs | zvfs at {REPO} |" in out, out
+    for name in ("lookup", "open", "release", "all", "wall", "process CPU (workers too)"):
+        assert positive(*rows[name][1:]), rows[name]
+    for reads, pushed in zip(rows["reads"][1:], rows["opens pushed"][1:], strict=True):
+        # a member not pushed at its open is read (the kernel would); the empty are neither
+        assert 0 < int(pushed.replace(",", "")) <= 404 and int(reads.replace(",", "")) >= 0, (reads, pushed)

@@ -1,8 +1,8 @@
 """zvfs's own handlers, called in process in the order a reader's requests come: the part
 of a FUSE workload that is zvfs's Python, with neither the kernel nor the wake-ups.
 
-Through the mount a run of the zip's small-member row varies by a third from one run to
-the next on a shared machine; the CPU the handlers use varies by a few percent. So a change
+Through the mount the zip's small-member row varied threefold from one round to the next
+on a shared host (sixty-fourth session); the handlers' CPU, by 5-20%. So a change
 to the request path is measured here first (scripts/files-floor --handlers), then through
 the mount. The daemon's context, root and operations are built as zvfs.daemon builds them,
 from the default options; the kernel's page push is a stand-in that accepts every push, as
