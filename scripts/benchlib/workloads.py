@@ -62,6 +62,9 @@ class Bench:
         self.m = mounter
         self.timeout = timeout
         self.lists: dict[str, Path] = {}
+        #: seconds a daemon's peak RSS must not grow before it is read (mount_find); the tiny
+        #: run's RSS rows are noise anyway, and its 8 key cells spent 24 s waiting at 3 s
+        self.settle = procs.SETTLE_SECONDS
 
     def _listfile(self, mnt: Path, store: str) -> Path:
         files = self.corpus.files(store)
@@ -126,7 +129,7 @@ class Bench:
             seen = int(r.stdout.split()[0]) - 1  # find prints the mount point itself too
             if seen < expect:
                 raise WorkloadError(f"find saw {seen} entries, the store has {expect} keys")
-            rss = procs.settled_peak_rss_kib(mt.pid)
+            rss = procs.settled_peak_rss_kib(mt.pid, quiet=self.settle)
         return dt, rss
 
     def write_copy(self, system: System, s3env, store: str,
