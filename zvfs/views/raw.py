@@ -482,8 +482,8 @@ class RawFile(FileNode):
     def resident(self) -> bytes | memoryview | None:
         """The whole file when it is in the cache already, let go from there: the kernel's
         pages hold it from this open on. A small zip member read with the one before it
-        (see _read_unblocked), or a small object whose one block was fetched ahead (see
-        _siblings_ahead). Counted as read from its start, so the reader's walk goes on as
+        (see _read_unblocked) or found in the page cache (read here, at once), or a small
+        object whose one block was fetched ahead (see _siblings_ahead). Counted as read from its start, so the reader's walk goes on as
         if its read had come: its hints, or the next files fetched ahead."""
         bs = self.ctx.store.block_size
         if bs > 0 and self._info.size > bs:
@@ -498,7 +498,7 @@ class RawFile(FileNode):
         else:
             # a small member the page cache holds (the kernel's read-ahead of the archive
             # while the one before was read): read here, no read request to wait for
-            kept = self.ctx.store.get_range_at_once(self.key, 0, size) if size else b""
+            kept = self.ctx.store.get_range_at_once(self.key, 0, size)
             if kept is None or len(kept) != size:
                 return None
         if bs > 0:
