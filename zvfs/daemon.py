@@ -546,6 +546,18 @@ SWITCH_INTERVAL = 0.0005
 GC_THRESHOLDS = (20000, 10, 10)
 
 
+def tune_process() -> None:
+    """The process as the daemon runs: its allocator, GIL hand-over and garbage collector
+    (also what scripts/benchlib/handlers.py sets before it times the handlers)."""
+    tame_malloc()
+    # The trio thread holds the GIL between its awaits; a worker coming back from a decode
+    # or a read waits up to one switch interval for it, at every return from C. The default
+    # 5 ms made a 1 ms chunk decode take 10-20 ms under load: hand the GIL over sooner.
+    sys.setswitchinterval(SWITCH_INTERVAL)
+    # Cyclic garbage collection: see GC_THRESHOLDS
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any], counters: Counters,
           ready_fd: int | None = None,
           prepare: Prepare | None = None) -> None:
@@ -556,13 +568,7 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
     it finishes what the mount needs of the source (opening it, the metadata scan) and
     returns a :class:`Prepared`. The mount is announced ready after it; if it raises, the
     mount is undone and serve raises that."""
-    tame_malloc()
-    # The trio thread holds the GIL between its awaits; a worker coming back from a decode
-    # or a read waits up to one switch interval for it, at every return from C. The default
-    # 5 ms made a 1 ms chunk decode take 10-20 ms under load: hand the GIL over sooner.
-    sys.setswitchinterval(SWITCH_INTERVAL)
-    # Cyclic garbage collection: see GC_THRESHOLDS
-    gc.set_threshold(*GC_THRESHOLDS)
+    tune_process()
     ctx = build_context(store, opts, counters, description)
     if ctx.decoders is not None:  # their zygote imports while this process mounts
         ctx.decoders.launch()

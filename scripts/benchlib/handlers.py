@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,9 +53,7 @@ class HandlerTimes:
 
 
 def _daemon_parts(source: str):  # noqa: ANN202 - (ctx, ops), imported late: zvfs is the code measured
-    import gc
-
-    from zvfs.daemon import GC_THRESHOLDS, SWITCH_INTERVAL, build_context, tame_malloc
+    from zvfs.daemon import build_context, tune_process
     from zvfs.fs.operations import ZvfsOperations
     from zvfs.options import add_arguments, resolve
     from zvfs.stats import Counters
@@ -63,10 +61,7 @@ def _daemon_parts(source: str):  # noqa: ANN202 - (ctx, ops), imported late: zvf
     from zvfs.stores.url import parse_source
     from zvfs.views.root import CONTROL_NAME, build_root
 
-    # the process as zvfs.daemon.serve sets it: how soon a worker gets the GIL back counts
-    tame_malloc()
-    sys.setswitchinterval(SWITCH_INTERVAL)
-    gc.set_threshold(*GC_THRESHOLDS)
+    tune_process()  # as the daemon: how soon a worker gets the GIL back counts
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     opts = resolve(parser.parse_args([]))
@@ -127,9 +122,11 @@ def time_handlers(source: str, files: Sequence[str]) -> HandlerTimes:
 
 def time_in_child(repo: Path, source: Path, files: Sequence[str]) -> HandlerTimes:
     """One pass of time_handlers in a fresh process, importing ``repo``'s zvfs."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, __file__, str(source)], input="\n".join(files), env=env,
-                          capture_output=True, text=True, check=False)
+    from benchlib.systems import with_repo  # the parent's import: the child runs this file alone
+
+    proc = subprocess.run([sys.executable, __file__, str(source)], input="\n".join(files),
+                          env=with_repo(dict(os.environ), repo), capture_output=True, text=True,
+                          check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"the handler pass of {repo} failed:\n{proc.stderr[-3000:]}")
     return HandlerTimes(**json.loads(proc.stdout.splitlines()[-1]))
@@ -141,18 +138,21 @@ def report(passes: dict[str, list[HandlerTimes]], source: Path) -> str:
         return sum(p.cpu.values())
 
     mids = {name: sorted(ps, key=total)[len(ps) // 2] for name, ps in passes.items()}
+
+    def row(label: str, cell: Callable[[HandlerTimes], str]) -> str:
+        return f"| {label} | " + " | ".join(cell(m) for m in mids.values()) + " |"
+
+    def us(seconds: Callable[[HandlerTimes], float]) -> Callable[[HandlerTimes], str]:
+        return lambda m: f"{m.per_file_us(seconds(m)):.1f}"
+
     first = next(iter(mids.values()))
     lines = [f"zvfs's handlers in process, {first.files:,} files of {source.name} in tree "
              f"order: CPU µs a file on the trio thread, the median pass by their sum", "",
              "| handler | " + " | ".join(mids) + " |", "|---" * (len(mids) + 1) + "|"]
-    lines += [f"| {k} | " + " | ".join(f"{m.per_file_us(m.cpu[k]):.1f}" for m in mids.values()) + " |"
-              for k in HANDLERS]
-    lines += ["| all | " + " | ".join(f"{m.per_file_us(total(m)):.1f}" for m in mids.values()) + " |",
-              "| wall | " + " | ".join(f"{m.per_file_us(m.wall):.1f}" for m in mids.values()) + " |",
-              "| process CPU (workers too) | "
-              + " | ".join(f"{m.per_file_us(m.process_cpu):.1f}" for m in mids.values()) + " |",
-              "| reads | " + " | ".join(f"{m.reads:,}" for m in mids.values()) + " |",
-              "| opens pushed | " + " | ".join(f"{m.pushed:,}" for m in mids.values()) + " |", ""]
+    lines += [row(k, us(lambda m, k=k: m.cpu[k])) for k in HANDLERS]
+    lines += [row("all", us(total)), row("wall", us(lambda m: m.wall)),
+              row("process CPU (workers too)", us(lambda m: m.process_cpu)),
+              row("reads", lambda m: f"{m.reads:,}"), row("opens pushed", lambda m: f"{m.pushed:,}"), ""]
     lines += [f"- {name}, every pass (handler CPU µs a file): "
               + ", ".join(f"{p.per_file_us(total(p)):.1f}" for p in ps) for name, ps in passes.items()]
     return "\n".join(lines)

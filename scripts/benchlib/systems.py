@@ -25,6 +25,13 @@ from .s3 import CREDS, S3Env, bucket
 REPO = Path(__file__).resolve().parents[2]
 
 
+def with_repo(env: dict[str, str], repo: Path) -> dict[str, str]:
+    """``env`` (changed in place) with ``repo``'s zvfs first on PYTHONPATH: the checkout whose
+    code a daemon or a timing pass runs, whatever is installed."""
+    env["PYTHONPATH"] = os.pathsep.join([str(repo), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
 @dataclass
 class System:
     name: str  # column header
@@ -73,8 +80,7 @@ class Mounter:
     def _env(self, system: System) -> dict[str, str]:
         env = self.s3.env() if self.s3 else dict(os.environ)
         if system.kind in ("zvfs", "floor"):
-            env["PYTHONPATH"] = os.pathsep.join(
-                [str(system.repo), *filter(None, [env.get("PYTHONPATH")])])
+            with_repo(env, system.repo)
         if system.kind == "rclone" and self.s3:
             env.update({
                 "RCLONE_CONFIG_BENCH_TYPE": "s3",

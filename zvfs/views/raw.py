@@ -486,10 +486,10 @@ class RawFile(FileNode):
         object whose one block was fetched ahead (see _siblings_ahead). Counted as read from its start, so the reader's walk goes on as
         if its read had come: its hints, or the next files fetched ahead."""
         bs = self.ctx.store.block_size
-        if bs > 0 and self._info.size > bs:
+        size = self._info.size
+        if bs > 0 and size > bs:
             return None
         key = self._block_key(0)
-        size = self._info.size
         kept = self.ctx.chunks.peek(key)
         if kept is not None and len(kept) == size:
             self.ctx.chunks.invalidate(key)
