@@ -203,63 +203,6 @@ def test_busy_polling_gives_up_after_its_time(monkeypatch, pipe) -> None:
     assert 10 <= clock.readings <= 12
 
 
-class _AlwaysWakes:
-    """pyfuse3's wait, stood in for: every call sleeps until a request comes (one arrives)."""
-
-    def __init__(self, w: int) -> None:
-        self.w = w
-        self.calls = 0
-
-    async def __call__(self) -> bool:
-        self.calls += 1
-        await trio.lowlevel.checkpoint()
-        os.write(self.w, b"r")
-        return True
-
-
-def test_busy_polling_backs_off_after_polls_that_catch_nothing(monkeypatch, pipe) -> None:
-    """A program doing work of its own between its requests: each poll runs its 100 us for
-    nothing. After MISSES of them in a row the daemon sleeps at once for 1, 2, 4 ... waits
-    (at most MAX_SKIP), polling once between (a probe); a probe that catches a request ends
-    the back-off, and every wait polls again."""
-    r, w = pipe
-    clock = _Clock(w, 10_000)
-    fake = _AlwaysWakes(w)
-    counters = Counters()
-    monkeypatch.setattr(loop.time, "perf_counter_ns", clock)
-    monkeypatch.setattr(loop, "usable_cpus", lambda: 2)
-    monkeypatch.setattr(pyfuse3, loop.WAIT_NAME, fake)
-    assert loop.install(counters, fd=r, busy_poll=100e-6, idle_for=lambda: 1.0) is not None
-    wait = getattr(pyfuse3, loop.WAIT_NAME)
-    polled: list[bool] = []  # for each wait: did it poll (read the clock)?
-
-    async def one(arrive_after: int | None = None) -> None:
-        before = clock.readings
-        if arrive_after is not None:
-            clock.arrive_at = before + arrive_after
-        assert await wait()
-        assert os.read(r, 8) == b"r"
-        polled.append(clock.readings > before)
-
-    async def main() -> None:
-        for _ in range(loop.MISSES + 1 + 1 + 2 + 1 + 4 + 1 + 8):
-            await one()
-        await one(arrive_after=3)  # the fourth probe, and its request comes during it
-        for _ in range(3):
-            await one()
-
-    trio.run(main)
-    m = loop.MISSES
-    backing = [False] * 1 + [True] + [False] * 2 + [True] + [False] * 4 + [True] + [False] * 8 + [True]
-    assert polled[:m] == [True] * m
-    assert polled[m:m + len(backing)] == backing
-    assert polled[m + len(backing):] == [True] * 3, polled  # polling at every wait again
-    stats = counters.snapshot()
-    assert stats["fuse_requests_polled"] == 1  # the probe's
-    assert stats["fuse_polls_missed"] == m + 3 + 3  # the first m, 3 probes, and the 3 after
-    assert clock.readings <= 12 * (m + 4 + 3)  # no more polling than those
-
-
 @pytest.mark.parametrize("idle_for,cpus", [(0.0, 2), (loop.QUIET / 2, 2), (1.0, 1)])
 def test_no_busy_polling_while_workers_work_or_on_one_cpu(monkeypatch, pipe, idle_for, cpus) -> None:
     """A worker's job running or just ended (its CPU is needed), or one CPU only (the

@@ -55,8 +55,6 @@ KNOWN_COUNTERS: tuple[str, ...] = (
     "fuse_requests_queued",
     # requests that came while the daemon busy-polled for them (--busy-poll)
     "fuse_requests_polled",
-    # busy polls no request came to (CPU spent for nothing; the daemon backs off after a few)
-    "fuse_polls_missed",
     *(f"fuse_ops_{op}" for op in FUSE_OPS),
     *(f"fuse_errors_{op}" for op in FUSE_OPS),
 )

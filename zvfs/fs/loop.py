@@ -29,12 +29,6 @@ while the daemon polled. And only once the mount's workers have
 been idle for a while (QUIET): while their jobs come and go, a polling daemon takes the
 CPU from them and from the reader (a cold read of a zip was 8% slower so).
 
-A poll nothing came to is CPU thrown away: a program that does work of its own between its
-requests (a build, a test, an interactive shell) sends none within the poll. After
-``MISSES`` such polls in a row the daemon backs off, as adaptive busy polling in network
-drivers does: it sleeps at once for the next 1, 2, 4 ... up to ``MAX_SKIP`` waits, with one
-poll between (a probe), and a poll that catches a request ends the back-off.
-
 pyfuse3 does not tell its device descriptor: it is the process's one descriptor of
 /dev/fuse. When that cannot be told, or pyfuse3 has no such wait, nothing is changed.
 """
@@ -62,10 +56,6 @@ STREAK = 16
 #: seconds the mount's workers must have been idle before the daemon busy-polls: while
 #: their jobs come and go (disk reads, decoding, S3) the CPU is theirs
 QUIET = 0.001
-#: polls in a row that no request came to before the daemon backs off (see the module's doc)
-MISSES = 8
-#: the most waits the daemon sleeps at once between two probes while backed off
-MAX_SKIP = 64
 #: pyfuse3's wait, looked up by its session loop at every request
 WAIT_NAME = "_wait_fuse_readable"
 
@@ -116,8 +106,7 @@ def install(counters: Counters | None = None, fd: int | None = None, busy_poll: 
     ``busy_poll``: seconds to poll for the next request before sleeping, when no other
     request is in hand, trio has no task ready and ``idle_for()``, the seconds the mount's
     workers have had no job, is at least QUIET. The requests found waiting are counted as ``fuse_requests_queued``, those
-    that came while the daemon polled as ``fuse_requests_polled``, the polls that came to
-    nothing as ``fuse_polls_missed``."""
+    that came while the daemon polled as ``fuse_requests_polled``."""
     original: Callable[[], Awaitable[bool]] | None = getattr(pyfuse3, WAIT_NAME, None)
     if fd is None:
         fd = fuse_device_fd()
@@ -128,8 +117,6 @@ def install(counters: Counters | None = None, fd: int | None = None, busy_poll: 
     spin_ns = int(busy_poll * 1e9) if usable_cpus() >= 2 else 0
     clock = time.perf_counter_ns
     streak = 0
-    misses = 0  # polls in a row that came to nothing
-    skip = 0  # waits left to sleep at once, backed off
     # pyfuse3's session tasks, and how many of them are in this wait: the others are
     # answering a request
     sessions: weakref.WeakSet[trio.lowlevel.Task] = weakref.WeakSet()
@@ -150,21 +137,6 @@ def install(counters: Counters | None = None, fd: int | None = None, busy_poll: 
         while clock() < until:
             if queued():
                 return True
-        return False
-
-    def spin() -> bool:
-        """Poll for the next request, unless backed off; whether one came."""
-        nonlocal misses, skip
-        if skip > 0:
-            skip -= 1
-            return False
-        if queued() or poll_for(spin_ns):
-            misses = 0
-            return True
-        misses += 1
-        count("fuse_polls_missed")
-        if misses >= MISSES:
-            skip = min(MAX_SKIP, 1 << min(misses - MISSES, MAX_SKIP.bit_length()))
         return False
 
     def count(name: str) -> None:
@@ -193,7 +165,7 @@ def install(counters: Counters | None = None, fd: int | None = None, busy_poll: 
                     # first: one pass through the scheduler, still no sleep
                     if others_ready():
                         await trio.lowlevel.cancel_shielded_checkpoint()
-                    if quiet() and not others_ready() and spin():
+                    if quiet() and not others_ready() and (queued() or poll_for(spin_ns)):
                         streak += 1
                         count("fuse_requests_polled")
                         return True
