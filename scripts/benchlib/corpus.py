@@ -54,6 +54,17 @@ class Params:
         return self.large_grid[0] * self.large_grid[1]
 
 
+#: the big decoded array's size: scripts/bench's and the floors' default, and --tiny's
+DEFAULT_SIZE, TINY_SIZE = "256M", "8M"
+
+
+def big_size(size: str | None, tiny: bool) -> int:
+    """Bytes of the big array for a --size (None: the default, which --tiny makes small)."""
+    from zvfs.options import parse_size
+
+    return parse_size(size or (TINY_SIZE if tiny else DEFAULT_SIZE))
+
+
 def params(size_bytes: int, tiny: bool) -> Params:
     if tiny:
         return Params(size_bytes, (10, 10), (10, 40))  # 100 and 400 keys
