@@ -58,11 +58,11 @@ class Params:
 DEFAULT_SIZE, TINY_SIZE = "256M", "8M"
 
 
-def big_size(size: str | None, tiny: bool) -> int:
-    """Bytes of the big array for a --size (None: the default, which --tiny makes small)."""
+def params_for(size: str | None, tiny: bool) -> Params:
+    """The corpus of a --size (None: the default, which --tiny makes small) and --tiny."""
     from zvfs.options import parse_size
 
-    return parse_size(size or (TINY_SIZE if tiny else DEFAULT_SIZE))
+    return params(parse_size(size or (TINY_SIZE if tiny else DEFAULT_SIZE)), tiny)
 
 
 def params(size_bytes: int, tiny: bool) -> Params:
