@@ -15,6 +15,8 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -439,6 +441,54 @@ def test_unmount_busy_then_lazy(zarr_dir, mount) -> None:
         assert f.read()  # the open file still reads after a lazy unmount
     finally:
         f.close()
+
+
+def test_unmount_waits_for_a_file_held_open_a_moment(zarr_dir, mount) -> None:
+    """Whatever walks the machine's mounts (`zvfs status`, df, updatedb) holds each for a
+    moment, and a plain unmount in that moment (systemd's ExecStop) was refused as busy.
+    It waits a little for the mount to be let go."""
+    m = mount(zarr_dir)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\n"
+         "f = open(sys.argv[1], 'rb'); print('open', flush=True); time.sleep(1.0)\n"
+         "f.close(); print(time.monotonic(), flush=True)", str(m.path / "zarr.json")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        started = time.monotonic()
+        res = run([tool("zvfs"), "unmount", m.path])
+        closed = float(holder.stdout.readline())
+    finally:
+        holder.kill()
+        holder.wait()
+    assert closed > started, "the file was closed before the unmount began: nothing was tested"
+    assert res.returncode == 0, res.stderr
+    assert mount_entry(m.path) is None
+
+
+def test_unmount_beside_status_walking_every_mount(zarr_dir, mount) -> None:
+    """`zvfs status` run over and over (a monitoring agent) beside mounts and unmounts: each
+    unmount succeeds. 18 of 40 were refused as busy, the probe's open of stats.json
+    holding the mount at that moment."""
+    stop = threading.Event()
+    probes = []
+
+    def probe() -> None:
+        while not stop.is_set():
+            probes.append(run([tool("zvfs"), "status", "--json"], timeout=60).returncode)
+
+    walker = threading.Thread(target=probe)
+    walker.start()
+    try:
+        for _ in range(5):
+            m = mount(zarr_dir)
+            res = run([tool("zvfs"), "unmount", m.path])
+            assert res.returncode == 0, res.stderr
+            assert mount_entry(m.path) is None
+    finally:
+        stop.set()
+        walker.join()
+    assert probes, "zvfs status never ran beside the unmounts"
 
 
 def test_unmount_of_a_mount_that_holds_another_names_it(zarr_dir, zarr_zip_cmd, mount) -> None:

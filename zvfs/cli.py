@@ -29,6 +29,7 @@ from typing import Any, NoReturn, TypeVar
 from zvfs import earlystop
 from zvfs import options as zopts
 from zvfs.mounts import (
+    BUSY_WAIT,
     MOUNT_TABLE_PREFIX,
     UnmountFailed,
     fusermount,
@@ -866,9 +867,9 @@ def _clear_dead(mountpoint: str) -> str:
     return " (the dead mount it left was unmounted)"
 
 
-def _fusermount(path: str, lazy: bool) -> None:
+def _fusermount(path: str, lazy: bool, busy_wait: float = 0.0) -> None:
     try:
-        fusermount(path, lazy)
+        fusermount(path, lazy, busy_wait)
     except UnmountFailed as exc:
         raise CliError(str(exc), EXIT_FAIL) from None
 
@@ -885,7 +886,7 @@ def _unmount(path: str, lazy: bool) -> int:
             raise CliError(f"{entry.mountpoint} was mounted by uid {entry.owner}: only that user "
                            "or root can unmount it")
         try:
-            _fusermount(entry.mountpoint, lazy)
+            _fusermount(entry.mountpoint, lazy, busy_wait=BUSY_WAIT)
         except CliError:
             if lazy or not is_dead(entry.mountpoint):
                 raise
