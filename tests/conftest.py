@@ -115,6 +115,12 @@ def run(cmd, *, check: bool = False, timeout: float = 120, **kw) -> subprocess.C
     return res
 
 
+#: marks a test that runs `zvfs status` with no mountpoint: it opens the stats.json of every
+#: mount of the machine (an OPEN and two READs in each), which broke another test's exact
+#: count of its own mount's reads (test_s3_small_objects_fetched_ahead_are_pushed_with_their_open),
+#: so such a test runs alone, with the exclusive ones
+probes_every_mount = pytest.mark.exclusive
+
 #: the test files that take longest, handed out first when the suite runs on parallel workers
 #: a file each, so the workers end together rather than one running a long file alone at the
 #: end. Ordered by each file's summed test durations in a run of scripts/test on 3 workers

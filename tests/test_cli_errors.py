@@ -30,6 +30,7 @@ from conftest import (
     daemon_pids,
     force_unmount,
     mount_entry,
+    probes_every_mount,
     run,
     tool,
     wait_until,
@@ -466,10 +467,7 @@ def test_unmount_waits_for_a_file_held_open_a_moment(zarr_dir, mount) -> None:
     assert mount_entry(m.path) is None
 
 
-# `zvfs status` with no mountpoint opens the stats.json of every mount of the machine: two
-# READs and an OPEN in each, which broke another test's exact count of its mount's reads
-# (test_s3_small_objects_fetched_ahead_are_pushed_with_their_open): it runs alone
-@pytest.mark.exclusive
+@probes_every_mount
 def test_unmount_beside_status_walking_every_mount(zarr_dir, mount) -> None:
     """`zvfs status` run over and over (a monitoring agent) beside mounts and unmounts: each
     unmount succeeds. 18 of 40 were refused as busy, the probe's open of stats.json
@@ -837,10 +835,7 @@ def test_a_cache_dir_whose_staging_cannot_be_used_is_a_configuration_error(zarr_
         force_unmount(mnt)
 
 
-# `zvfs status` with no mountpoint opens the stats.json of every mount of the machine: two
-# READs and an OPEN in each, which broke another test's exact count of its mount's reads
-# (test_s3_small_objects_fetched_ahead_are_pushed_with_their_open): it runs alone
-@pytest.mark.exclusive
+@probes_every_mount
 @pytest.mark.parametrize("args", [[], ["--json"]], ids=["text", "json"])
 def test_status_whose_output_cannot_be_written_says_so_without_a_traceback(zarr_dir, mount, args) -> None:
     """`zvfs status | head -0` (its reader gone) and `zvfs status > /dev/full` printed a

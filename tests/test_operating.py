@@ -32,6 +32,7 @@ from conftest import (
     in_threads,
     mount_entry,
     mount_stats,
+    probes_every_mount,
     run,
     store_files,
     tool,
@@ -430,10 +431,7 @@ def test_status_shows_decoders_auto_among_the_options(zarr_dir, mount) -> None:
     assert res.returncode == 0 and "decoders=auto" in res.stdout, res.stdout
 
 
-# `zvfs status` with no mountpoint opens the stats.json of every mount of the machine: two
-# READs and an OPEN in each, which broke another test's exact count of its mount's reads
-# (test_s3_small_objects_fetched_ahead_are_pushed_with_their_open): it runs alone
-@pytest.mark.exclusive
+@probes_every_mount
 def test_status_lists_health_source_options_and_traffic(zarr_dir, zarr_s3, moto, s3_env, mount) -> None:
     local = mount(zarr_dir, "--threads", "3", "--metadata-ttl", "indefinite")
     remote = mount(zarr_s3, "--endpoint-url", moto.endpoint, env=s3_env)
