@@ -198,10 +198,11 @@ def fusermount(path: str, lazy: bool, busy_wait: float = 0.0) -> None:
             return
         reason = res.stderr.strip() or f"{tool} exited {res.returncode}"
         busy = "busy" in reason
-        if busy and not lazy and time.monotonic() < deadline and not mounts_inside(path):
+        inside = mounts_inside(path) if busy else []  # read once: the retry and the hint
+        if busy and not lazy and not inside and time.monotonic() < deadline:
             time.sleep(BUSY_RETRY)
             continue
-        hint = _busy_hint(path, busy_wait) if busy else ""
+        hint = _busy_hint(inside, busy_wait) if busy else ""
         raise UnmountFailed(f"cannot unmount {path}: {reason}{hint}")
 
 
@@ -222,10 +223,10 @@ def mount_around(mountpoint: str) -> str | None:
     return max(around, key=len) if around else None
 
 
-def _busy_hint(path: str, waited: float = 0.0) -> str:
-    """Why an unmount was busy, and what to do. A mount inside it keeps it busy with no
-    file open: that one is named, to unmount first (-z would detach both)."""
-    inside = mounts_inside(path)
+def _busy_hint(inside: list[str], waited: float = 0.0) -> str:
+    """Why an unmount was busy, and what to do. A mount inside it (``inside``, from
+    mounts_inside) keeps it busy with no file open: that one is named, to unmount first
+    (-z would detach both)."""
     if inside:
         more = f" (and {len(inside) - 1} more)" if len(inside) > 1 else ""
         return f" (it is busy: {inside[0]}{more} is mounted inside it: unmount that first)"
