@@ -283,6 +283,29 @@ def test_chunk_keys_per_encoding() -> None:
     assert open_array(spec, "scalar").chunk_key(()) == "scalar/0"
 
 
+def test_chunk_keys_of_many_are_each_ones_chunk_key() -> None:
+    """``chunk_keys``, which checks the grid once for a batch of tiny chunks, gives what
+    ``chunk_key`` gives for each index, over the whole grid of every array of every
+    flavour (sharded ones included); an index off the grid is the same FormatError."""
+    checked = 0
+    for name in ("zarr3_v3.zarr", "v1.zarr", "v1spec.zarr"):
+        h, s = hierarchy_of(name), store_of(name)
+        for path, meta in h.arrays.items():
+            if meta.error is not None:
+                continue
+            arr = open_array(s, path, meta)
+            grid = list(meta.chunk_indices())
+            assert arr.chunk_keys(grid) == [arr.chunk_key(idx) for idx in grid], (name, path)
+            off = tuple(meta.grid_shape) or (0,)  # one past the grid; a 0-d array: one index too many
+            with pytest.raises(FormatError) as one:
+                arr.chunk_key(off)
+            with pytest.raises(FormatError) as many:
+                arr.chunk_keys([*grid[:1], off])
+            assert str(many.value) == str(one.value) and "outside grid" in str(one.value)
+            checked += 1
+    assert checked >= 20, checked
+
+
 # --------------------------------------------------------------------------- Zarr v1 spec
 
 

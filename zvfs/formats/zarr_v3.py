@@ -255,6 +255,8 @@ class Reader:
         self.outer: tuple[int, ...] = tuple(source["outer"])
         self.pipeline: Pipeline = source["pipeline"]
         self.levels, self.leaf = sharding_levels(self.pipeline)
+        #: a unit chunk is a stored chunk: its grid index is the stored one's
+        self._unsharded = self.outer == tuple(self.leaf.shape)
         self._lock = threading.Lock()
         # (key, level, start) -> (decoded index, byte length of that shard or None)
         self._indexes: OrderedDict[tuple[str, int, int], tuple[np.ndarray, int | None]] = (
@@ -274,7 +276,7 @@ class Reader:
 
     def chunk_key(self, idx: tuple[int, ...]) -> str:
         """Key of the stored object (chunk or shard) that holds unit chunk ``idx``."""
-        return chunk_key(self.meta, self._position(idx)[0])
+        return chunk_key(self.meta, idx if self._unsharded else self._position(idx)[0])
 
     def _index(
         self, key: str, level: int, codec: ShardingCodec, start: int, length: int | None

@@ -596,7 +596,7 @@ class DecodedArray:
         listing index ``tree`` does not hold: an array of a million one-byte chunks never
         written cost a failed get and its bookkeeping each, over a minute for one small read
         of data.npy (the kernel reads the file ahead)."""
-        keys = [reader.chunk_key(idx) for idx in indices]
+        keys = reader.chunk_keys(indices)
         absent = self.ctx.store.absent(keys)
         if tree is not None:
             absent = absent | unlisted(tree, keys)
