@@ -45,8 +45,9 @@ class CacheStats:
     load_errors: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class _Flight:
+    #: set when the load ends; the keys of one get_many load share one
     done: trio.Event = field(default_factory=trio.Event)
     value: Any = None
     error: BaseException | None = None
@@ -164,6 +165,8 @@ class Cache:
         out: dict[Hashable, Any] = {}
         mine: dict[Hashable, _Flight] = {}
         theirs = []
+        done = trio.Event()  # the keys loaded here end together: one event for all (a
+        # read of 65,536 tiny chunks made and set as many)
         for key in keys:
             value = self.peek(key)
             if value is not None:
@@ -172,7 +175,7 @@ class Cache:
                 theirs.append(key)
             elif key not in mine:
                 self.stats.misses += 1
-                mine[key] = self._flights[key] = _Flight()
+                mine[key] = self._flights[key] = _Flight(done)
         if mine:
             try:
                 loaded = await load_many(list(mine))
@@ -187,7 +190,7 @@ class Cache:
                 for key, flight in mine.items():
                     if self._flights.get(key) is flight:
                         del self._flights[key]
-                    flight.done.set()
+                done.set()
             for key, flight in mine.items():
                 if not flight.stale:
                     self.put(key, flight.value, ttl)
