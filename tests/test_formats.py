@@ -16,6 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import numcodecs
 import numpy as np
 import pytest
 from conftest import numcodecs_filter_cases, write_numcodecs_filter_array
@@ -24,6 +25,7 @@ from hypothesis import strategies as st
 
 from zvfs import formats
 from zvfs.codecs import CodecError, UnknownCodecError, build_pipeline
+from zvfs.codecs.v2 import V2Pipeline
 from zvfs.formats import ArrayMeta, FormatError, discover, open_array
 from zvfs.formats._common import fill_scalar
 from zvfs.formats.probe import scan_metadata
@@ -779,6 +781,15 @@ def test_codec_registry_errors() -> None:
         build_pipeline([{"name": "nope"}], (2,), np.dtype("u1"))
     with pytest.raises(UnknownCodecError):
         build_pipeline([{"name": "gzip"}, {"name": "bytes"}], (2,), np.dtype("u1"))
+    # an id numcodecs has not: named once, as it is spelled (numcodecs 0.16's own message
+    # quoted it twice), with the numcodecs release that lacks it
+    said = f"unsupported codec 'lz5': numcodecs {numcodecs.__version__} has no codec of that id"
+    with pytest.raises(UnknownCodecError) as ei:
+        build_pipeline([{"name": "bytes"}, {"name": "numcodecs.lz5", "configuration": {}}], (2,), np.dtype("u1"))
+    assert str(ei.value) == said
+    with pytest.raises(UnknownCodecError) as ei:
+        V2Pipeline({"id": "lz5"}, None)
+    assert str(ei.value) == said
     p = build_pipeline([{"name": "bytes"}, {"name": "blosc", "configuration": {}}], (4,), np.dtype("u1"))
     with pytest.raises(CodecError):
         p.decode(b"\x02\x01\x01\x01" + b"\xff" * 12)  # header claims more bytes than present

@@ -165,8 +165,9 @@ class Cache:
         out: dict[Hashable, Any] = {}
         mine: dict[Hashable, _Flight] = {}
         theirs = []
-        done = trio.Event()  # the keys loaded here end together: one event for all (a
-        # read of 65,536 tiny chunks made and set as many)
+        # the keys loaded here end together: one event for them all (a read of 65,536 tiny
+        # chunks made and set as many)
+        done = trio.Event()
         for key in keys:
             value = self.peek(key)
             if value is not None:

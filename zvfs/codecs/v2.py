@@ -44,6 +44,10 @@ def get_codec(config: dict[str, Any]) -> Any:
     try:
         return numcodecs.get_codec(dict(config))
     except Exception as exc:  # ValueError for unknown ids, TypeError for bad options
+        if isinstance(exc, ValueError) and "codec not available" in str(exc):
+            # said in numcodecs' own words, the id came quoted twice (0.16: "''lz5''")
+            raise UnknownCodecError(f"unsupported codec {config['id']!r}: numcodecs "
+                                    f"{numcodecs.__version__} has no codec of that id") from exc
         raise UnknownCodecError(f"unsupported codec {config.get('id')!r}: {exc}") from exc
 
 

@@ -156,7 +156,7 @@ class ZarrArray:
         grid, key = self.meta.grid_shape, self._reader.chunk_key
         out = []
         for idx in indices:
-            if len(idx) != len(grid) or not all(0 <= i < n for i, n in zip(idx, grid)):  # noqa: B905 - lengths checked
+            if len(idx) != len(grid) or not all(0 <= i < n for i, n in zip(idx, grid, strict=True)):
                 _, idx = self._check(idx)  # raises, with the message of a bad index
             out.append(key(idx))
         return out
