@@ -100,8 +100,8 @@ class ZarrWriteModel(MountModel):
     @contextlib.contextmanager
     def store_side(self) -> Iterator[Path]:
         """The example's directory as the store holds it, outside the mount: the directory
-        itself, or the bucket's keys below it fetched with boto3, once for every array a
-        check reads (fetched per array, they were most of an S3 example's time)."""
+        itself, or the bucket's keys below it fetched with boto3: once for every array a
+        check reads, not once an array."""
         if self.store.kind == "dir":
             yield self.store.root / self.ex
             return

@@ -124,8 +124,12 @@ def _spare_moto_needless_work() -> None:
       (``moto.backends.list_of_moto_modules``), holding a lock: a third of a HEAD's CPU
       and nearly half of a GET's. The list cannot change while the server runs.
     - Its serializer turns each timestamp it keeps as an ISO 8601 string back into a
-      datetime with dateutil's general parser: 0.4 ms a key of every listing. Python's
-      own parser reads the form moto writes; any other value still goes to moto's.
+      datetime with dateutil's general parser: about 0.2 ms a key of every listing.
+      Python's own parser reads the form moto writes; any other value still goes to
+      moto's.
+
+    With both out, the server's CPU a HEAD went from 4.7-5.7 ms to 2.4-3.3, a GET of
+    100 kB from 4.8-5.3 to 2.6-3.8, a LIST of 50 keys from 22-23 to 12.6-14.4.
 
     Each is left alone where moto is not laid out as expected."""
     from datetime import datetime
