@@ -136,10 +136,16 @@ class ZarrArray:
 
     def _check(self, idx: tuple[int, ...]) -> tuple[ChunkReader, tuple[int, ...]]:
         """The reader and the checked index; FormatError if the array or the index is bad."""
+        reader, checked = self._check_many([idx])
+        return reader, checked[0]
+
+    def _check_many(self, indices: list[tuple[int, ...]]) -> tuple[ChunkReader, list[tuple[int, ...]]]:
+        """:meth:`_check` of many indices, the array and its grid looked at once."""
         if self.meta.error is not None or self._reader is None:
             raise FormatError(self.meta.error or f"{self.meta.metadata_key}: no reader")
+        grid = self.meta.grid_shape
         try:
-            return self._reader, self.meta.check_index(idx)
+            return self._reader, [self.meta.check_index(idx, grid) for idx in indices]
         except IndexError as exc:
             raise FormatError(str(exc)) from exc
 
@@ -151,15 +157,8 @@ class ZarrArray:
     def chunk_keys(self, indices: list[tuple[int, ...]]) -> list[str]:
         """:meth:`chunk_key` of each of ``indices``, the array and its grid checked once: a
         read of many tiny chunks spent a third of its time checking each one's grid."""
-        if self.meta.error is not None or self._reader is None:
-            raise FormatError(self.meta.error or f"{self.meta.metadata_key}: no reader")
-        grid, key = self.meta.grid_shape, self._reader.chunk_key
-        out = []
-        for idx in indices:
-            if len(idx) != len(grid) or not all(0 <= i < n for i, n in zip(idx, grid, strict=True)):
-                _, idx = self._check(idx)  # raises, with the message of a bad index
-            out.append(key(idx))
-        return out
+        reader, checked = self._check_many(indices)
+        return [reader.chunk_key(idx) for idx in checked]
 
     def chunk_exists(self, idx: tuple[int, ...]) -> bool:
         """True if chunk ``idx`` was written (an inner chunk inside its shard, if sharded)."""

@@ -125,10 +125,11 @@ class ArrayMeta:
         """Every chunk index in C order."""
         return itertools.product(*(range(n) for n in self.grid_shape))
 
-    def check_index(self, idx: tuple[int, ...]) -> tuple[int, ...]:
-        """Validate a chunk index against the grid; raises IndexError."""
+    def check_index(self, idx: tuple[int, ...], grid: tuple[int, ...] | None = None) -> tuple[int, ...]:
+        """Validate a chunk index against the grid (``grid``: :attr:`grid_shape`, given by a
+        caller checking many indices at once); raises IndexError."""
         idx = tuple(int(i) for i in idx)
-        grid = self.grid_shape
+        grid = self.grid_shape if grid is None else grid
         if len(idx) != len(grid) or any(i < 0 or i >= n for i, n in zip(idx, grid, strict=True)):
             raise IndexError(f"chunk index {idx} outside grid {grid} of {self.path or '/'}")
         return idx
