@@ -34,6 +34,7 @@ from zvfs.views.decoded import decoded
 from zvfs.views.layout import chunks_in_box, range_boxes
 from zvfs.views.node import BytesFile, StaticDir
 from zvfs.views.readahead import ReadAhead
+from zvfs.workers import gather
 
 # -- the cache ---------------------------------------------------------------------------
 
@@ -207,6 +208,47 @@ def test_a_caller_waiting_on_a_load_whose_caller_gave_up_loads_it_itself():
                     await trio.sleep(0.01)  # and the waiter waits on it
                     gave_up.cancel()
         assert got == [b"value"] and loads == ["slow", "quick"]
+
+    trio.run(main)
+
+
+def test_a_waiter_on_a_load_cancelled_inside_its_own_gather_loads_it_itself():
+    """The same, for a loader that runs a nursery of its own (workers.gather: the netCDF
+    view's text width over a variable's chunks): cancelled, it ends with a group of
+    trio.Cancelled, not a trio.Cancelled. The waiter, which nothing cancelled, raised that
+    group; being no Exception, it passed every request handler and ended the mount. It
+    loads the value itself instead (here ``got`` held no value and ``errors`` the group)."""
+    c = Cache(max_bytes=1000)
+    loads: list[str] = []
+
+    async def gathering() -> bytes:
+        loads.append("gathering")
+        await gather([0, 1], lambda _i: trio.sleep_forever())
+        raise AssertionError("not reached")
+
+    async def quick() -> bytes:
+        loads.append("quick")
+        return b"value"
+
+    async def main() -> None:
+        got: list[bytes] = []
+        errors: list[BaseException] = []
+
+        async def waiter() -> None:
+            try:
+                got.append(await c.get("k", quick))
+            except BaseException as exc:  # noqa: BLE001 - what the handler would have met
+                errors.append(exc)
+
+        async with trio.open_nursery() as outer:
+            with trio.CancelScope() as gave_up:
+                async with trio.open_nursery() as n:
+                    n.start_soon(c.get, "k", gathering)
+                    await trio.sleep(0.01)
+                    outer.start_soon(waiter)
+                    await trio.sleep(0.01)
+                    gave_up.cancel()
+        assert errors == [] and got == [b"value"] and loads == ["gathering", "quick"]
 
     trio.run(main)
 

@@ -126,10 +126,13 @@ class Cache:
                 break
             self.stats.waits += 1
             await flight.done.wait()
-            if flight.retry or isinstance(flight.error, trio.Cancelled):
+            if flight.retry or (flight.error is not None and not isinstance(flight.error, Exception)):
                 # its loader's caller gave up (a read that failed by another chunk), or its
                 # batch failed (get_many): not this caller's failure; raised here, it ended
-                # this task without a value
+                # this task without a value. A loader that ran a nursery of its own (a
+                # gather) is cancelled with a group of Cancelled, not a Cancelled: raised in a
+                # waiter no scope cancelled, that group passed every request handler's
+                # ``except Exception`` and ended the mount (a helper's audit)
                 continue
             if flight.error is not None:
                 raise flight.error
