@@ -1055,6 +1055,105 @@ def test_zip_bzip2_or_lzma_member_with_a_bad_crc_is_corrupt_for_every_later_read
         st.close()
 
 
+def _zip_of_zeros(path: Path, method: int, size: int) -> zipfile.ZipInfo:
+    """``path``: one member "z" of ``size`` zero bytes, of ``method``; its ZipInfo."""
+    with zipfile.ZipFile(path, "w", method) as zf:
+        zf.writestr("z", bytes(size))
+        zf.writestr("ok", b"fine")
+        return zf.getinfo("z")
+
+
+@pytest.mark.parametrize("declared", ["honest", "10 bytes"])
+@pytest.mark.parametrize("method", [zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA])
+def test_a_bzip2_or_lzma_bomb_streams_in_bounded_memory(tmp_path: Path, method: int, declared: str) -> None:
+    """128 MiB of zeros is 216 bytes of bzip2 (9.6 KB of lzma). zipfile, which read those
+    members, hands a decompressor 4 KiB of input at once with no bound on its output: a
+    4 KiB read took 269 MiB (lzma 64), and as much with the size declared as 10 bytes, so
+    neither the metadata's nor a chunk's read bound helped. Each step is bounded now: the
+    first and the last 4 KiB read in a few MiB, and the member declared short is corrupt
+    (its CRC-32 over the 10 bytes, as zipfile finds)."""
+    import tracemalloc
+
+    size = 128 << 20
+    path = tmp_path / "bomb.zip"
+    zi = _zip_of_zeros(path, method, size)
+    if declared != "honest":
+        raw = bytearray(path.read_bytes())
+        struct.pack_into("<I", raw, zi.header_offset + 22, 10)  # the local header's size
+        struct.pack_into("<I", raw, raw.index(b"PK\x01\x02") + 24, 10)  # and the central one's
+        path.write_bytes(bytes(raw))
+        with zipfile.ZipFile(path) as zf, pytest.raises(zipfile.BadZipFile, match="CRC"):
+            zf.read("z")  # the reference agrees
+    st = ZipStore(path)
+    tracemalloc.start()
+    try:
+        if declared == "honest":
+            assert st.get_range("z", 0, 4096) == bytes(4096)
+            assert st.get_range("z", size - 4096, 4096) == bytes(4096)
+        else:
+            with pytest.raises(StoreError, match="z: corrupt zip member: .*CRC-32"):
+                st.get_at_most("z", 1 << 20)
+        # lzma's decoder holds its dictionary (8 MiB, the encoder's default) and its state:
+        # 18 MiB at the peak; bzip2's took 4
+        peak = tracemalloc.get_traced_memory()[1]
+        assert peak < 32 << 20, f"{peak >> 20} MiB"
+        assert st.get("ok") == b"fine"
+    finally:
+        tracemalloc.stop()
+        st.close()
+
+
+def test_an_lzma_member_declaring_a_4_gib_dictionary_reads_in_bounded_memory(tmp_path: Path) -> None:
+    """An LZMA stream's header names its dictionary size, which liblzma allocates before
+    the first byte: 4 GiB, declared by a zip of 10 KB, was 4 GiB asked of the daemon. A
+    member's back references never reach further than its declared size, so no more is
+    given; the member still reads as zipfile reads it."""
+    import tracemalloc
+
+    size = 1 << 20
+    path = tmp_path / "dict.zip"
+    zi = _zip_of_zeros(path, zipfile.ZIP_LZMA, size)
+    raw = bytearray(path.read_bytes())
+    name_len, extra_len = struct.unpack_from("<HH", raw, zi.header_offset + 26)
+    data = zi.header_offset + 30 + name_len + extra_len
+    assert struct.unpack_from("<H", raw, data + 2)[0] == 5  # LZMA properties: 5 bytes
+    struct.pack_into("<I", raw, data + 5, 0xFFFFFFFF)  # their dictionary size
+    path.write_bytes(bytes(raw))
+    with zipfile.ZipFile(path) as zf:
+        assert zf.read("z") == bytes(size)  # still a valid member to zipfile
+    st = ZipStore(path)
+    tracemalloc.start()
+    try:
+        assert st.get("z") == bytes(size)
+        peak = tracemalloc.get_traced_memory()[1]
+        assert peak < 16 << 20, f"{peak >> 20} MiB"
+    finally:
+        tracemalloc.stop()
+        st.close()
+
+
+def test_a_zip64_entry_declaring_2_to_the_64_compressed_bytes_is_no_hint_that_fails(tmp_path: Path) -> None:
+    """The raw view hints the members a reader will want next (``will_need``: fadvise of
+    each one's span). A ZIP64 entry whose compressed size is 2**64 - 1 made fadvise raise
+    OverflowError, which no hint expects: the read of a good member the hint was given
+    for failed with EIO. The span stops at the archive's end now; the bad member's own
+    read still fails, naming it."""
+    path = tmp_path / "z64.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("a/0", b"x" * 100)
+        zf.writestr("a/1", b"y" * 100)
+        zf.filelist[0].compress_size = 2**64 - 1  # written in its central ZIP64 extra field
+    st = ZipStore(path)
+    try:
+        assert st.info("a/0").size == 100
+        st.will_need(["a/0", "a/1"])
+        assert st.get("a/1") == b"y" * 100
+        with pytest.raises(StoreError, match="a/0: "):
+            st.get("a/0")
+    finally:
+        st.close()
+
+
 def test_zip_unsupported_method_is_named_and_counted(tmp_path: Path) -> None:
     """A member of a method zipfile does not know (93, zstd) fails naming the method."""
     path = tmp_path / "m.zip"

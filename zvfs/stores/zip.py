@@ -31,7 +31,6 @@ mode bits are never trusted: a directory entry is a name ending in '/'.
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import stat
@@ -46,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zvfs.stats import Counters
+from zvfs.stores import zip_unpack
 from zvfs.stores._util import check_key, check_prefix, pread_at_once
 from zvfs.stores.base import (
     KeyInfo,
@@ -166,14 +166,6 @@ class _Member:
         self._d.bad[self.i] = why
 
 
-def _zip_info(m: _Member) -> zipfile.ZipInfo:
-    """A ZipInfo for zipfile's own reader (bzip2, lzma), made for the read."""
-    zi = zipfile.ZipInfo(m.orig_filename)
-    zi.compress_type, zi.flag_bits, zi.CRC = m.compress_type, m.flag_bits, m.CRC
-    zi.compress_size, zi.file_size, zi.header_offset = m.compress_size, m.file_size, m.header_offset
-    return zi
-
-
 def open_fd(path: str) -> int:
     """The zip file at ``path`` (absolute), opened for reading; SourceError if it cannot be."""
     try:
@@ -238,7 +230,7 @@ class ZipStore(Store):
         #: bumped each time the archive is found changed since the mount (size or mtime)
         self._generation = 0
         self._seen = (self._size, self._stamp[3])
-        self._streams = _StreamPool()
+        self._streams = zip_unpack.StreamPool()
         self.counters = counters if counters is not None else Counters()
         self._inflate = _Inflater(self._fd, self.counters)
         self._stored_crc = _SequentialCrc()
@@ -381,10 +373,13 @@ class ZipStore(Store):
             if m is None or not 0 <= m.header_offset < self._size:
                 continue
             # the local header's name and extra field can differ from the central ones:
-            # a page of slack covers them
+            # a page of slack covers them. Never past the archive's end: a ZIP64 entry may
+            # declare 2**64 - 1 compressed bytes, which fadvise refused with OverflowError,
+            # and that failed the read of another, good member the hint was given for
             length = _LOCAL_HEADER.size + len(m.orig_filename.encode()) + m.extra_len + m.compress_size
+            length = min(length + 4096, self._size - m.header_offset)
             try:
-                os.posix_fadvise(self._fd, m.header_offset, length + 4096, os.POSIX_FADV_WILLNEED)
+                os.posix_fadvise(self._fd, m.header_offset, length, os.POSIX_FADV_WILLNEED)
             except OSError:
                 return  # only a hint
 
@@ -631,31 +626,27 @@ class ZipStore(Store):
         return data
 
     def _read_other(self, key: str, m: _Member, off: int, start: int, length: int) -> bytes:
-        """bzip2, lzma, ...: through zipfile, with parked readers for sequential reads."""
+        """bzip2, lzma: decompressed in bounded steps (zvfs.stores.zip_unpack), with parked
+        readers for sequential reads; any other method is named as unsupported."""
+        if m.compress_type not in zip_unpack.METHODS:
+            raise StoreError(f"{key}: unsupported zip compression method {m.compress_type} "
+                             "(zipfile, and so zarr-python, reads stored, deflate, bzip2 and lzma)")
         pooled = m.file_size >= _POOL_MIN_SIZE and start + length < m.file_size
         reader = self._streams.take(key, start) if pooled else None
         try:
             if reader is None:
-                reader = zipfile.ZipExtFile(_RegionFile(self._fd, off, m.compress_size), "rb", _zip_info(m))
+                reader = zip_unpack.Unpacker(self._fd, off, m.compress_size, m.compress_type,
+                                             m.file_size, m.CRC)
             skip = start - reader.tell()
-            while skip > 0:  # read forward in bounded steps (seek would buffer up to 16 MiB)
-                n = len(reader.read(min(skip, 1 << 20)))
-                if n == 0:
-                    break
-                skip -= n
+            while skip > 0:  # read forward in bounded steps, nothing kept
+                skip -= len(reader.read(min(skip, 1 << 20)))
             data = reader.read(length)
-        except NotImplementedError as e:
-            raise StoreError(f"{key}: unsupported zip compression method {m.compress_type} "
-                             f"({e})") from e
+        except zip_unpack.Corrupt as e:
+            # remembered, and counted as a checksum error, as a deflated member's CRC mismatch is
+            m.bad = f"corrupt zip member: {e}"
+            raise StoreError(f"{key}: corrupt zip member: {e}") from None
         except OSError as e:  # the archive's own read failed: nothing known of the member
             raise StoreError(f"{key}: zip member could not be read: {e}") from e
-        except Exception as e:  # zlib.error, BadZipFile (CRC), EOFError, lzma/bz2 errors
-            # corrupt, as a deflated member's CRC mismatch is: remembered, and counted as a
-            # checksum error (it was "other")
-            m.bad = f"corrupt zip member: {e}"
-            raise StoreError(f"{key}: corrupt zip member: {e}") from e
-        if len(data) != length:
-            raise StoreError(f"{key}: zip member decompressed to fewer bytes than declared")
         if pooled:
             self._streams.give(key, reader)
         return data
@@ -1022,73 +1013,3 @@ class _Inflater:
             )
 
 
-class _StreamPool:
-    """A few idle decompressing readers, parked where their last read ended.
-
-    Sequential reads of a big compressed member (cp, the raw view's read-ahead)
-    continue from the nearest parked reader at or before the wanted offset
-    instead of decompressing from the start each time. Each reader holds only
-    a decompressor state and a small buffer.
-    """
-
-    def __init__(self, limit: int = 8) -> None:
-        self._limit = limit
-        self._idle: list[tuple[str, zipfile.ZipExtFile]] = []  # oldest first
-        self._lock = threading.Lock()
-
-    def take(self, key: str, start: int) -> zipfile.ZipExtFile | None:
-        with self._lock:
-            best = -1
-            for i, (k, r) in enumerate(self._idle):
-                if k == key and r.tell() <= start and (best < 0 or r.tell() > self._idle[best][1].tell()):
-                    best = i
-            return self._idle.pop(best)[1] if best >= 0 else None
-
-    def give(self, key: str, reader: zipfile.ZipExtFile) -> None:
-        with self._lock:
-            self._idle.append((key, reader))
-            if len(self._idle) > self._limit:
-                self._idle.pop(0)[1].close()
-
-    def clear(self) -> None:
-        with self._lock:
-            for _, r in self._idle:
-                r.close()
-            self._idle.clear()
-
-
-class _RegionFile(io.RawIOBase):
-    """A private, seekable view of ``length`` bytes at ``offset`` of a shared fd, via pread."""
-
-    def __init__(self, fd: int, offset: int, length: int) -> None:
-        super().__init__()
-        self._fd, self._off, self._len, self._pos = fd, offset, length, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._len}[whence]
-        self._pos = max(0, base + pos)
-        return self._pos
-
-    def read(self, n: int = -1) -> bytes:
-        left = self._len - self._pos
-        if n is None or n < 0 or n > left:
-            n = left
-        if n <= 0:
-            return b""
-        data = os.pread(self._fd, n, self._off + self._pos)
-        self._pos += len(data)
-        return data
-
-    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
-        data = self.read(len(b))
-        b[: len(data)] = data
-        return len(data)
