@@ -84,6 +84,11 @@ class HostileS3:
     ignore_prefix: bool = False
     #: GETs served, by key (a test replaces an object between two of them)
     gets: dict[str, int] = field(default_factory=dict)
+    #: a suffix range (``bytes=-N``) is answered with the whole object, as a 206 whose
+    #: Content-Range says so (a server that does not know suffix ranges)
+    suffix_whole: bool = False
+    #: the Range of every GET, with its key, in order
+    ranges: list[tuple[str, str | None]] = field(default_factory=list)
     #: serve HTTPS with this (certificate file, key file)
     tls: tuple[str, str] | None = None
     #: what a PUT whose body is in aws-chunked encoding (botocore's checksum trailers) gets,
@@ -198,9 +203,12 @@ class HostileS3:
             self._send(h, 412, b"<Error><Code>PreconditionFailed</Code></Error>", {})
             return
         rng = h.headers.get("Range")
+        self.ranges.append((key, rng))
         if rng and rng.startswith("bytes="):
             first, _, last = rng[6:].partition("-")
-            if first == "":  # a suffix
+            if first == "" and self.suffix_whole:
+                start, end = 0, len(data) - 1
+            elif first == "":  # a suffix
                 start = max(0, len(data) - int(last))
                 end = len(data) - 1
             else:

@@ -420,3 +420,34 @@ def test_a_write_answered_404_without_a_body_says_so(mount, tmp_path) -> None:
         kept = lines[0].split("kept at ")[-1].strip()
         assert Path(kept).read_bytes() == b"payload" and Path(kept).is_relative_to(tmp_path)
         assert (m.path / "old.txt").read_bytes() == b"old\n"
+
+
+def test_a_suffix_answered_with_the_whole_object_is_asked_again_as_a_range(mount, tmp_path) -> None:
+    """A shard's index is read with ``Range: bytes=-N``. A server that does not know
+    suffix ranges answered with the whole shard (206, Content-Range from byte 0), and zvfs
+    took the start it was told: it read the whole shard in as the index, then failed the
+    read (EIO, "shard index truncated"), the daemon holding the shard's bytes meanwhile.
+    Now an answer from elsewhere than the suffix is let go unread and the suffix asked
+    again as an absolute range, which this server answers: the values are zarr-python's."""
+    import numpy as np
+    import zarr
+
+    src = tmp_path / "src"
+    a = zarr.create_array(zarr.storage.LocalStore(str(src)), name="sharded", shape=(64, 64),
+                          chunks=(8, 8), shards=(32, 32), dtype="int32")
+    a[:] = np.arange(64 * 64, dtype="int32").reshape(64, 64)
+    want = zarr.open_array(zarr.storage.LocalStore(str(src)), path="sharded", mode="r")[:].tobytes()
+    objects = {f"s/{p.relative_to(src).as_posix()}": p.read_bytes() for p in src.rglob("*") if p.is_file()}
+    with HostileS3(BUCKET, objects, suffix_whole=True) as server:
+        m = mount_it(mount, server)
+        assert (m.path / ".zvfs/arrays/sharded/data.raw").read_bytes() == want
+        shards = [k for k in objects if "/c/" in k]
+        assert len(shards) == 4
+        for key in shards:
+            asked = [rng for k, rng in server.ranges if k == key]
+            size = len(objects[key])
+            # the suffix, then the same bytes as a range; the chunks' own ranges after
+            assert asked[0].startswith("bytes=-"), asked
+            tail = int(asked[0][len("bytes=-"):])
+            assert asked[1] == f"bytes={size - tail}-{size - 1}", asked
+        assert daemon_pids(m.path)

@@ -1072,10 +1072,15 @@ class S3Store(Store):
                         size = answered[2] if answered else expected
                         if size is None:
                             raise ShortBody("a suffix answered without the object's size")
-                        first = answered[0] if answered else max(0, size - tail)
+                        first = max(0, size - tail)
                         start, length, tail = first, size - first, None
                         pos = start + got
                         skip = 0 if answered else first
+                        if answered is not None and answered[0] != first:
+                            # another range than the suffix (a whole 256 MiB object for a
+                            # 16-byte shard index was read in whole): asked again, absolutely
+                            raise ShortBody(f"asked for the last {size - first} bytes, answered "
+                                            f"from byte {answered[0]} of {size}")
                     elif "Range" in kw:
                         if answered is None:
                             skip = pos
