@@ -755,6 +755,34 @@ def test_a_fragment_range_past_its_chunk_is_refused_before_its_rows_are_made(tmp
     assert peak < 8 << 20, (peak, failed)
 
 
+def test_fragment_ranges_whose_ends_wrap_past_int64_are_refused() -> None:
+    """Ranges are (start, count) int64 pairs, each checked non-negative and their sum
+    checked against MAX_CHUNK_ROWS; two of (2**62, 2**62) sum to -2**63 in int64 and
+    passed, so four ranges of 2**24 rows before them were made when the chunk's directory
+    was listed (a 124-byte blob; 64 such ranges would have been 4 GB; a helper's audit)."""
+    ranges = [(0, 1 << 24)] * 4 + [(2**62, 2**62)] * 2
+    n = len(ranges)
+    blob = (struct.pack("<IHHII", zv.FRAGMENT_MAGIC, 1, 0, n, n) + bytes([(1 << n) - 1]) + b"\x00" * 7
+            + b"".join(struct.pack("<qq", s, c) for s, c in ranges) + struct.pack("<I", 0))
+    with pytest.raises(zv.ZVError, match="rows past"):
+        zv.parse_fragment_index(blob, "k")
+
+
+@committed_corpus
+def test_a_vertex_blob_of_a_negative_shape_is_an_error_not_a_short_file(tmp_path: Path) -> None:
+    """A ZV 0.7 level counts each chunk's vertices from its blob's shape: one of -12 bytes
+    counted -1, and vertices.npy said 12 vertices where the level holds 14, served short
+    with no error (a helper's audit). It fails naming the blob now."""
+    d = _copy(tmp_path, "v07/points")
+    meta = d / "0" / "vertices" / "0.0.0" / "zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["shape"] = [-12]
+    meta.write_text(json.dumps(doc))
+    with pytest.raises(NodeError) as err:
+        read_file(d, "0/vertices.npy")
+    assert "0/vertices/0.0.0" in str(err.value) and "-12" in str(err.value)
+
+
 @committed_corpus
 def test_manifest_past_end_of_chunk(tmp_path: Path) -> None:
     from numcodecs import Zstd

@@ -160,7 +160,10 @@ def parse_fragment_index(raw: bytes | memoryview, key: str) -> FragmentIndex:
     explicit = np.frombuffer(buf, "<i8", total, pos).astype(np.int64)
     if len(ranges) and (ranges.min() < 0):
         raise ZVError(key, "fragment index has a negative range")
-    if len(ranges) and int((ranges[:, 0] + ranges[:, 1]).max()) > MAX_CHUNK_ROWS:
+    # each part first: their int64 sum wraps (2**62 + 2**62 is -2**63), and ranges that
+    # wrapped passed this bound, so listing the chunk expanded every range before them
+    if len(ranges) and (int(ranges.max()) > MAX_CHUNK_ROWS
+                        or int((ranges[:, 0] + ranges[:, 1]).max()) > MAX_CHUNK_ROWS):
         raise ZVError(key, f"fragment index names rows past {MAX_CHUNK_ROWS:,}; no chunk has so many")
     if len(explicit) and (int(explicit.min()) < 0 or int(explicit.max()) >= MAX_CHUNK_ROWS):
         raise ZVError(key, f"fragment index names row {int(explicit.min()) if explicit.min() < 0 else int(explicit.max())}"

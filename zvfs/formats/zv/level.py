@@ -341,6 +341,8 @@ class Level:
             if doc is not None and len(doc.get("shape") or []) == 1:
                 nbytes = int(doc["shape"][0])
                 row = self.dtype.itemsize * self.ndim
+                if nbytes < 0:  # counted as -1 vertices: the level's files were cut short
+                    raise ZVError(self.key(f"vertices/{chunk_name(chunk)}"), f"a shape of {nbytes} bytes")
                 if nbytes % row:
                     raise ZVError(self.key(f"vertices/{chunk_name(chunk)}"),
                                   f"{nbytes} bytes is not a whole number of {row}-byte vertices")
