@@ -368,6 +368,87 @@ def test_a_close_by_another_process_during_a_write_never_stores_the_older_bytes_
         assert path.read_bytes() == data
 
 
+@pytest.mark.parametrize("stored_before", [True, False], ids=["rewritten", "new"])
+def test_a_rename_during_the_upload_of_a_close_moves_the_new_bytes(s3store: Store, moto, mount,
+                                                                    stored_before: bool) -> None:
+    """`mv a b` while a close() of ``a`` uploads it (the proxy holds that PUT 2 s): the
+    rename copied the object as it was (the old bytes, or nothing for a file not stored
+    yet), and the upload landed under ``a`` after it. Both calls succeeded; ``b`` held the
+    old bytes, and the new ones were deleted with ``a`` or left under a name the rename had
+    removed (a helper's audit). The rename waits for that upload now, and moves its bytes."""
+    from faultproxy import FaultProxy
+
+    s3store.put("zarr.json", b"{}")
+    if stored_before:
+        s3store.put("a.bin", b"OLD")
+    new = rand(3000, 5)
+    with FaultProxy(moto.port) as proxy:
+        m = s3store.mount(mount, endpoint=proxy.endpoint)
+        fd = os.open(m.path / "a.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        assert os.write(fd, new) == len(new)
+        proxy.set({"kind": "late", "ops": ["put"], "key": "a.bin", "count": 1, "stall": 2.0})
+        closed: list[BaseException | None] = []
+
+        def close() -> None:
+            try:
+                os.close(fd)
+                closed.append(None)
+            except OSError as exc:
+                closed.append(exc)
+
+        closer = threading.Thread(target=close)
+        closer.start()
+        try:
+            assert wait_until(lambda: proxy.stats().get("fault_late", 0) == 1, 10)  # held
+            os.rename(m.path / "a.bin", m.path / "b.bin")
+        finally:
+            closer.join(30)
+        assert closed == [None]
+        assert s3store.get("b.bin") == new
+        assert s3store.get("a.bin") is None
+        assert (m.path / "b.bin").read_bytes() == new
+        assert not (m.path / "a.bin").exists()
+
+
+def test_a_close_during_an_unlink_that_fails_stores_the_file(s3store: Store, moto, mount) -> None:
+    """A close() while `rm` of the file waits on its DeleteObject: the writer, told of the
+    unlink, skipped its upload and close() returned 0; the delete then failed, and the new
+    bytes were stored nowhere (the bucket kept the old ones; the staged copy was kept with
+    a line in the log). The close waits for the unlink's outcome now: refused, the file is
+    the store's again, and the close stores it."""
+    from faultproxy import FaultProxy
+
+    s3store.put("zarr.json", b"{}")
+    s3store.put("a.bin", b"OLD")
+    new = rand(3000, 6)
+    with FaultProxy(moto.port) as proxy:
+        m = s3store.mount(mount, "--s3-attempts", "1", endpoint=proxy.endpoint)
+        fd = os.open(m.path / "a.bin", os.O_WRONLY | os.O_TRUNC)
+        assert os.write(fd, new) == len(new)
+        # the DeleteObject: nothing for 2 s, then the connection closes (one try: a failure)
+        proxy.set({"kind": "stall", "ops": ["other"], "key": "a.bin", "stall": 2.0})
+        unlinked: list[BaseException | None] = []
+
+        def unlink() -> None:
+            try:
+                os.unlink(m.path / "a.bin")
+                unlinked.append(None)
+            except OSError as exc:
+                unlinked.append(exc)
+
+        remover = threading.Thread(target=unlink)
+        remover.start()
+        try:
+            assert wait_until(lambda: proxy.stats().get("fault_stall", 0) == 1, 10)  # deleting
+            os.close(fd)
+        finally:
+            remover.join(30)
+        assert len(unlinked) == 1 and isinstance(unlinked[0], OSError), unlinked
+        proxy.clear()
+        assert s3store.get("a.bin") == new
+        assert (m.path / "a.bin").read_bytes() == new
+
+
 def test_sigterm_after_a_failed_and_then_a_good_upload_still_names_what_was_never_stored(
         s3store: Store, moto, mount, tmp_path) -> None:
     """An fsync that failed (its line says where the bytes are), one that then worked, more

@@ -39,6 +39,7 @@ from zvfs.views.writing import (
     UnstoredReader,
     WriteHandle,
     move_writers,
+    names_changing,
     relink_writers,
     store_call,
     store_pending,
@@ -893,13 +894,14 @@ class RawDir(DirNode):
         if name not in listing.keys:
             raise NodeError(errno.ENOENT)
         # a file unlinked while written is not stored after all: told before the delete,
-        # so that no close() meanwhile stores it again (S3)
-        writers = unlink_writers(self.ctx, key)
-        try:
-            await store_call(self.ctx, key, self.ctx.store.delete, key)
-        except BaseException:
-            relink_writers(self.ctx, key, writers)
-            raise
+        # so that no close() meanwhile stores it again (S3); one that stores it now ends first
+        async with names_changing(self.ctx, key):
+            writers = unlink_writers(self.ctx, key)
+            try:
+                await store_call(self.ctx, key, self.ctx.store.delete, key)
+            except BaseException:
+                relink_writers(self.ctx, key, writers)
+                raise
         self.ctx.listing_drop(key)
         self.ctx.note_write(key)
 
@@ -936,53 +938,55 @@ class RawDir(DirNode):
         dst_file = new_name in dst_listing.keys and not dst_dir
         if (dst_dir or dst_file) and not replace:
             raise NodeError(errno.EEXIST)
-        store = self.ctx.store
-        if src_dir:
-            if dst_file:
-                raise NodeError(errno.ENOTDIR)
-            if (dst + "/").startswith(src + "/"):
-                raise NodeError(errno.EINVAL)
-            if dst_dir:
-                inside = await RawDir(self.ctx, dst + "/")._listing()
-                if inside.keys or inside.prefixes:
-                    raise NodeError(errno.ENOTEMPTY)
-                if store.implicit_dirs:
-                    target.ctx.made_dirs.get(target.prefix, set()).discard(new_name)
-            try:
-                await store_call(self.ctx, src, store.rename_dir, src + "/", dst + "/", replace)
-            except NodeError:
-                self._forget_both(target, src, dst)
-                raise
-            await move_writers(self.ctx, src, dst, directory=True)
-            if store.implicit_dirs and name in self.ctx.made_dirs.get(self.prefix, ()):
-                self.ctx.made_dirs[self.prefix].discard(name)
-                self.ctx.made_dirs.setdefault(target.prefix, set()).add(new_name)
-            for made in [p for p in self.ctx.made_dirs if p.startswith(src + "/")]:
-                # empty directories made below it (S3) move with it
-                self.ctx.made_dirs[dst + made[len(src):]] = self.ctx.made_dirs.pop(made)
-            self.ctx.listing_drop(src, directory=True, below=True)
-            self.ctx.listing_put(dst, None)
-            self.ctx.listings.invalidate(("tree",))  # the moved keys are listed again
-            self.ctx.listings_forget(dst + "/")
-        else:
-            if dst_dir:
-                raise NodeError(errno.EISDIR)
-            try:
-                await store_call(self.ctx, src, store.rename, src, dst, replace)
-            except NodeError as exc:
-                # a file made through the mount and open, not stored yet (S3): nothing to
-                # copy, its bytes are all staged; the file the rename replaces goes now
-                if exc.errno != errno.ENOENT or not store.stages_writes or src not in self.ctx.writers:
-                    await self._learn_both(target, src, dst)  # S3: copied, maybe, and not removed
-                    raise
+        # after any upload of the files renamed or replaced that is under way, none meanwhile
+        async with names_changing(self.ctx, src, dst, below=src_dir):
+            store = self.ctx.store
+            if src_dir:
                 if dst_file:
-                    await store_call(self.ctx, dst, store.delete, dst)
-            unlink_writers(self.ctx, dst)  # a file replaced while open for writing
-            await move_writers(self.ctx, src, dst)
-            info = listing.keys[name]
-            self.ctx.listing_drop(src)
-            self.ctx.listing_put(dst, info)
-            self.ctx.note_write(dst, info)
+                    raise NodeError(errno.ENOTDIR)
+                if (dst + "/").startswith(src + "/"):
+                    raise NodeError(errno.EINVAL)
+                if dst_dir:
+                    inside = await RawDir(self.ctx, dst + "/")._listing()
+                    if inside.keys or inside.prefixes:
+                        raise NodeError(errno.ENOTEMPTY)
+                    if store.implicit_dirs:
+                        target.ctx.made_dirs.get(target.prefix, set()).discard(new_name)
+                try:
+                    await store_call(self.ctx, src, store.rename_dir, src + "/", dst + "/", replace)
+                except NodeError:
+                    self._forget_both(target, src, dst)
+                    raise
+                await move_writers(self.ctx, src, dst, directory=True)
+                if store.implicit_dirs and name in self.ctx.made_dirs.get(self.prefix, ()):
+                    self.ctx.made_dirs[self.prefix].discard(name)
+                    self.ctx.made_dirs.setdefault(target.prefix, set()).add(new_name)
+                for made in [p for p in self.ctx.made_dirs if p.startswith(src + "/")]:
+                    # empty directories made below it (S3) move with it
+                    self.ctx.made_dirs[dst + made[len(src):]] = self.ctx.made_dirs.pop(made)
+                self.ctx.listing_drop(src, directory=True, below=True)
+                self.ctx.listing_put(dst, None)
+                self.ctx.listings.invalidate(("tree",))  # the moved keys are listed again
+                self.ctx.listings_forget(dst + "/")
+            else:
+                if dst_dir:
+                    raise NodeError(errno.EISDIR)
+                try:
+                    await store_call(self.ctx, src, store.rename, src, dst, replace)
+                except NodeError as exc:
+                    # a file made through the mount and open, not stored yet (S3): nothing to
+                    # copy, its bytes are all staged; the file the rename replaces goes now
+                    if exc.errno != errno.ENOENT or not store.stages_writes or src not in self.ctx.writers:
+                        await self._learn_both(target, src, dst)  # S3: copied, maybe, and not removed
+                        raise
+                    if dst_file:
+                        await store_call(self.ctx, dst, store.delete, dst)
+                unlink_writers(self.ctx, dst)  # a file replaced while open for writing
+                await move_writers(self.ctx, src, dst)
+                info = listing.keys[name]
+                self.ctx.listing_drop(src)
+                self.ctx.listing_put(dst, info)
+                self.ctx.note_write(dst, info)
         self.ctx.note_write(src)
 
     def _forget_both(self, target: RawDir, src: str, dst: str) -> None:

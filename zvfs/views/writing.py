@@ -11,10 +11,13 @@ hierarchy, the kernel's pages of the decoded files) lets go of the old bytes.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
+
+import trio
 
 from zvfs.stores.base import GONE, KeyInfo, KeyNotFound, KeyWriter, StoreError, WriteRefused
 from zvfs.views.context import MountContext
@@ -62,6 +65,26 @@ def relink_writers(ctx: MountContext, key: str, handles: list[WriteHandle]) -> N
         handle.relinked()
 
 
+@contextlib.asynccontextmanager
+async def names_changing(ctx: MountContext, *keys: str, below: bool = False) -> AsyncIterator[None]:
+    """Hold every write of a file named by one of ``keys`` (and, with ``below``, of a file
+    below one of them) from being stored while a rename or unlink of it goes on, after any
+    store of one under way. A close() during an unlink that then failed returned 0 having
+    stored nothing (its writer, told of the unlink, skipped the upload; put back after it,
+    it was closed clean); an upload still under way when a rename copied the object landed
+    under the old name after the copy, and the new bytes were deleted with it or left under
+    a name the rename had removed (S3, a helper's audit)."""
+    gates: dict[int, trio.Lock] = {}
+    for key, handles in list(ctx.writers.items()):
+        if key in keys or (below and any(key.startswith(k + "/") for k in keys)):
+            for handle in handles:
+                gates[id(handle.gate)] = handle.gate
+    async with contextlib.AsyncExitStack() as stack:
+        for _, gate in sorted(gates.items()):  # one order: two renames never wait on each other
+            await stack.enter_async_context(gate)
+        yield
+
+
 async def move_writers(ctx: MountContext, src: str, dst: str, directory: bool = False) -> None:
     """``src`` (a file, or with ``directory`` every key below ``src/``) was renamed to
     ``dst`` while open for writing: its writers store and list it under the new name."""
@@ -90,6 +113,8 @@ class WriteHandle(FileHandle):
         #: the opens sharing ``writer`` (an S3 file opened again while written), this one too:
         #: the last of them to be released closes it
         self.peers = peers if peers is not None else []
+        #: held while the writer stores its bytes, and while its name changes (names_changing)
+        self.gate: trio.Lock = self.peers[0].gate if self.peers else trio.Lock()
         self.peers.append(self)
         self._unlinked = False
         #: an O_EXCL create whose upload found the key made behind the mount (S3 asks
@@ -161,6 +186,10 @@ class WriteHandle(FileHandle):
             await self.flush()
 
     async def flush(self, durable: bool = False) -> None:
+        async with self.gate:
+            await self._flush(durable)
+
+    async def _flush(self, durable: bool) -> None:
         if self._unlinked:
             return
         try:
