@@ -679,6 +679,33 @@ def test_a_dimension_past_32_bits_makes_the_file_cdf5(mount, tmp_path: Path) -> 
             assert np.array_equal(ds["long"][sel], ref[sel]), sel
 
 
+def test_a_cdf2_group_whose_last_variable_begins_past_4_gib_is_served(mount, tmp_path: Path) -> None:
+    """Three uint8 arrays of 2**31 elements (6 GiB, each under the CDF-2 variable bound):
+    CDF-2. Every such group is first tried as CDF-1, whose header was packed before its
+    size was checked: the third begin, past 4 GiB, failed the packing with struct.error,
+    and with it the listing of every group's file (here the other group's too; a helper's
+    audit). netCDF-C reads the file, and a slab of the last variable equals zarr-python's."""
+    root = tmp_path / "wide.zarr"
+    top = zarr.open_group(str(root), mode="w", zarr_format=3)
+    wide = top.create_group("wide")
+    for name in ("a", "b", "c"):
+        wide.create_array(name, shape=(2**31,), chunks=(1 << 20,), dtype="u1", dimension_names=[f"n_{name}"])
+    wide["c"][2**31 - 10:] = np.arange(10, dtype="u1") + 100
+    top.create_array("small", shape=(4,), chunks=(4,), dtype="i2", dimension_names=["s"])[:] = [1, 2, 3, 4]
+    m = mount(root)
+    netcdf = m.path / ".zvfs/netcdf"
+    assert {"root.nc", "wide.nc"} <= {p.name for p in netcdf.iterdir()}
+    with open(netcdf / "wide.nc", "rb") as fh:
+        assert fh.read(4) == b"CDF\x02"
+    with netCDF4.Dataset(netcdf / "wide.nc") as ds:
+        ds.set_auto_maskandscale(False)
+        ref = zarr.open_array(str(root), path="wide/c", mode="r")
+        sel = slice(2**31 - 20, 2**31)
+        assert np.array_equal(ds["c"][sel], ref[sel])
+    with netCDF4.Dataset(netcdf / "root.nc") as ds:
+        assert list(ds["small"][:]) == [1, 2, 3, 4]
+
+
 def test_attribute_names_netcdf_cannot_hold_twice_or_at_all_leave_a_valid_file(mount, tmp_path: Path) -> None:
     """Two attribute names that become one netCDF name ('a/b' and 'a_b'), a name past
     NC_MAX_NAME, a name not in NFC, and a _FillValue its variable's type cannot hold: the

@@ -521,9 +521,11 @@ def build_layout(
         variables.append(big[0])  # the one large variable must be the last (CDF-2)
     if version == 2:
         trial = _assemble(1, dim_order, gattrs, variables)
-        if trial.size <= CDF1_FILE_LIMIT:
+        if trial is not None:
             return trial
-    return _assemble(version, dim_order, gattrs, variables)
+    layout = _assemble(version, dim_order, gattrs, variables)
+    assert layout is not None  # only CDF-1 has a size bound
+    return layout
 
 
 def _unusable(array: DecodedArray) -> str | None:
@@ -537,8 +539,11 @@ def _unusable(array: DecodedArray) -> str | None:
     return None
 
 
-def _assemble(version: int, dims: dict[str, int], gattrs: list[NcAttr], variables: list[NcVar]) -> NcLayout:
-    """Header bytes and variable begins for ``version`` (the header's size depends on them)."""
+def _assemble(version: int, dims: dict[str, int], gattrs: list[NcAttr], variables: list[NcVar]) -> NcLayout | None:
+    """Header bytes and variable begins for ``version`` (the header's size depends on them);
+    None for CDF-1 when the file would pass its 2 GiB. (Its header was packed first, and a
+    begin past 4 GiB failed that with struct.error: a group of three 2 GiB arrays, a CDF-2
+    file, failed the listing of every group's file.)"""
     w = HeaderWriter(version)
     dim_ids = {name: i for i, name in enumerate(dims)}
 
@@ -568,6 +573,8 @@ def _assemble(version: int, dims: dict[str, int], gattrs: list[NcAttr], variable
         pos += -pos % VAR_ALIGN
         begins.append(pos)
         pos += v.vsize
+    if version == 1 and pos > CDF1_FILE_LIMIT:
+        return None
     placed = [NcVar(v.name, v.array, v.vtype, v.dims, v.attrs, v.nbytes, b) for v, b in zip(variables, begins, strict=True)]
     data = header(begins)
     assert len(data) == hlen
