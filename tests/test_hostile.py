@@ -1427,6 +1427,28 @@ def test_a_node_zarr_vectors_cannot_parse_leaves_the_other_zv_groups_listed(tmp_
     assert_alive(m, pid)
 
 
+def test_a_subarray_dtype_or_a_field_of_objects_is_a_metadata_error(tmp_path: Path, mount) -> None:
+    """A v2 dtype numpy reads as a subarray ("(3,)<i2": int16 with a trailing dimension of 3)
+    made each chunk file say 18 bytes and serve 6 (cp kept 6), and a structured dtype with a
+    field of Python objects ([["a", "|O"]]) served the daemon's own pointers as a never
+    written chunk's bytes (a helper's audit). Each is its array's metadata error now."""
+    root = new_store(tmp_path / "store")
+    bad: dict[str, str] = {}
+    for name, dtype in (("sub", "(3,)<i2"), ("objfield", [["a", "|O"]])):
+        (root / name).mkdir()
+        (root / name / ".zarray").write_text(json.dumps({
+            "zarr_format": 2, "shape": [6], "chunks": [3], "dtype": dtype, "compressor": None,
+            "fill_value": None, "order": "C", "filters": None}))
+        bad[name] = f"{name}/.zarray"
+    m = mount(root)
+    pid = daemon_pid(m)
+    assert_metadata_errors(m, bad)
+    for key in bad.values():
+        assert_one_line(m, key)
+    assert_good(m, root)
+    assert_alive(m, pid)
+
+
 def test_elements_of_no_bytes_and_more_dimensions_than_numpy_has_are_metadata_errors(tmp_path: Path, mount) -> None:
     """``|S0``, ``|V0``, ``<U0`` (v2), a structured type of no field and a 3-byte UTF-32
     string (v3) declare elements of 0 bytes: data.npy failed every read with

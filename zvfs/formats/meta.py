@@ -44,6 +44,15 @@ def checked_dtype(dtype: np.dtype, key: str) -> np.dtype:
                           f"{MAX_ITEMSIZE} an element")
     if dtype.itemsize == 0:
         raise FormatError(f"{key}: elements of 0 bytes (dtype {dtype.str})")
+    # numpy reads "(3,)<i2" as int16 with a trailing dimension of 3: a chunk file then said
+    # 18 bytes and served 6. And a field of Python objects in a structured type (a bare "|O"
+    # is a variable-length type, handled apart) served the daemon's pointers as a never
+    # written chunk's bytes (a helper's audit)
+    if dtype.subdtype is not None:
+        raise FormatError(f"{key}: dtype {dtype.subdtype[0].str} with a shape of its own "
+                          f"{dtype.subdtype[1]}: unsupported")
+    if dtype.names is not None and dtype.hasobject:
+        raise FormatError(f"{key}: a structured dtype with a field of Python objects: unsupported")
     return dtype
 
 
