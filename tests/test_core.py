@@ -176,54 +176,25 @@ def test_cache_loads_once_for_concurrent_callers_and_never_keeps_a_failure():
     trio.run(main)
 
 
-def test_a_caller_waiting_on_a_load_whose_caller_gave_up_loads_it_itself():
+@pytest.mark.parametrize("loader", ["alone", "in a gather"])
+def test_a_caller_waiting_on_a_load_whose_caller_gave_up_loads_it_itself(loader: str):
     """A read that fails by one chunk cancels its other chunks' loads (workers.gather);
     another caller waiting on one of those loads (a second reader, a read-ahead) was given
-    the loader's trio.Cancelled, raised in its own task, which then ended without a value
-    (here ``got`` stayed empty). It loads the value itself instead."""
+    the loader's trio.Cancelled, raised in its own task, which then ended without a value.
+    A loader that runs a nursery of its own (a gather: the netCDF view's text width over a
+    variable's chunks) ends with a group of trio.Cancelled instead: the waiter, which
+    nothing cancelled, raised that group, which being no Exception passed every request
+    handler and ended the mount (a helper's audit). It loads the value itself instead (here
+    ``got`` stayed empty, and ``errors`` held the group)."""
     c = Cache(max_bytes=1000)
     loads: list[str] = []
 
     async def slow() -> bytes:
         loads.append("slow")
-        await trio.sleep_forever()
-        raise AssertionError("not reached")
-
-    async def quick() -> bytes:
-        loads.append("quick")
-        return b"value"
-
-    async def main() -> None:
-        got: list[bytes] = []
-
-        async def waiter() -> None:
-            got.append(await c.get("k", quick))
-
-        async with trio.open_nursery() as outer:
-            with trio.CancelScope() as gave_up:
-                async with trio.open_nursery() as n:
-                    n.start_soon(c.get, "k", slow)
-                    await trio.sleep(0.01)  # the slow load is under way
-                    outer.start_soon(waiter)
-                    await trio.sleep(0.01)  # and the waiter waits on it
-                    gave_up.cancel()
-        assert got == [b"value"] and loads == ["slow", "quick"]
-
-    trio.run(main)
-
-
-def test_a_waiter_on_a_load_cancelled_inside_its_own_gather_loads_it_itself():
-    """The same, for a loader that runs a nursery of its own (workers.gather: the netCDF
-    view's text width over a variable's chunks): cancelled, it ends with a group of
-    trio.Cancelled, not a trio.Cancelled. The waiter, which nothing cancelled, raised that
-    group; being no Exception, it passed every request handler and ended the mount. It
-    loads the value itself instead (here ``got`` held no value and ``errors`` the group)."""
-    c = Cache(max_bytes=1000)
-    loads: list[str] = []
-
-    async def gathering() -> bytes:
-        loads.append("gathering")
-        await gather([0, 1], lambda _i: trio.sleep_forever())
+        if loader == "alone":
+            await trio.sleep_forever()
+        else:
+            await gather([0, 1], lambda _i: trio.sleep_forever())
         raise AssertionError("not reached")
 
     async def quick() -> bytes:
@@ -237,18 +208,18 @@ def test_a_waiter_on_a_load_cancelled_inside_its_own_gather_loads_it_itself():
         async def waiter() -> None:
             try:
                 got.append(await c.get("k", quick))
-            except BaseException as exc:  # noqa: BLE001 - what the handler would have met
+            except BaseException as exc:  # noqa: BLE001 - what the request handler would meet
                 errors.append(exc)
 
         async with trio.open_nursery() as outer:
             with trio.CancelScope() as gave_up:
                 async with trio.open_nursery() as n:
-                    n.start_soon(c.get, "k", gathering)
-                    await trio.sleep(0.01)
+                    n.start_soon(c.get, "k", slow)
+                    await trio.sleep(0.01)  # the slow load is under way
                     outer.start_soon(waiter)
-                    await trio.sleep(0.01)
+                    await trio.sleep(0.01)  # and the waiter waits on it
                     gave_up.cancel()
-        assert errors == [] and got == [b"value"] and loads == ["gathering", "quick"]
+        assert errors == [] and got == [b"value"] and loads == ["slow", "quick"]
 
     trio.run(main)
 

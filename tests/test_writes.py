@@ -368,6 +368,22 @@ def test_a_close_by_another_process_during_a_write_never_stores_the_older_bytes_
         assert path.read_bytes() == data
 
 
+def _in_background(fn: Callable[[], object]) -> tuple[threading.Thread, list[OSError | None]]:
+    """``fn`` started in a thread; the list gets None once it returns, or the OSError it raised."""
+    outcome: list[OSError | None] = []
+
+    def run() -> None:
+        try:
+            fn()
+            outcome.append(None)
+        except OSError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
+
+
 @pytest.mark.parametrize("stored_before", [True, False], ids=["rewritten", "new"])
 def test_a_rename_during_the_upload_of_a_close_moves_the_new_bytes(s3store: Store, moto, mount,
                                                                     stored_before: bool) -> None:
@@ -387,17 +403,7 @@ def test_a_rename_during_the_upload_of_a_close_moves_the_new_bytes(s3store: Stor
         fd = os.open(m.path / "a.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         assert os.write(fd, new) == len(new)
         proxy.set({"kind": "late", "ops": ["put"], "key": "a.bin", "count": 1, "stall": 2.0})
-        closed: list[BaseException | None] = []
-
-        def close() -> None:
-            try:
-                os.close(fd)
-                closed.append(None)
-            except OSError as exc:
-                closed.append(exc)
-
-        closer = threading.Thread(target=close)
-        closer.start()
+        closer, closed = _in_background(lambda: os.close(fd))
         try:
             assert wait_until(lambda: proxy.stats().get("fault_late", 0) == 1, 10)  # held
             os.rename(m.path / "a.bin", m.path / "b.bin")
@@ -427,17 +433,7 @@ def test_a_close_during_an_unlink_that_fails_stores_the_file(s3store: Store, mot
         assert os.write(fd, new) == len(new)
         # the DeleteObject: nothing for 2 s, then the connection closes (one try: a failure)
         proxy.set({"kind": "stall", "ops": ["other"], "key": "a.bin", "stall": 2.0})
-        unlinked: list[BaseException | None] = []
-
-        def unlink() -> None:
-            try:
-                os.unlink(m.path / "a.bin")
-                unlinked.append(None)
-            except OSError as exc:
-                unlinked.append(exc)
-
-        remover = threading.Thread(target=unlink)
-        remover.start()
+        remover, unlinked = _in_background(lambda: os.unlink(m.path / "a.bin"))
         try:
             assert wait_until(lambda: proxy.stats().get("fault_stall", 0) == 1, 10)  # deleting
             os.close(fd)
