@@ -63,6 +63,8 @@ class HostileS3:
     repeat_prefixes: bool = False
     #: headers left out of every HEAD's answer (a small server's HEAD may lack some)
     head_without: tuple[str, ...] = ()
+    #: the size a HEAD of these keys gives (their GETs send the whole object)
+    head_sizes: dict[str, int] = field(default_factory=dict)
     #: headers added to every GET's answer (e.g. a Content-Encoding the body does not have)
     get_headers: dict[str, str] = field(default_factory=dict)
     #: a GET of an object is answered with this status (and an S3 error body of ``error_code``)
@@ -170,7 +172,8 @@ class HostileS3:
             self._send(h, 200, b"", {})
         elif key in self.objects:
             headers = {k: v for k, v in self._object_headers(key).items() if k not in self.head_without}
-            self._send(h, 200, self.objects[key], headers)
+            size = self.head_sizes.get(key)
+            self._send(h, 200, self.objects[key] if size is None else bytes(size), headers)
         else:
             self._send(h, 404, b"", {})
 

@@ -451,3 +451,24 @@ def test_a_suffix_answered_with_the_whole_object_is_asked_again_as_a_range(mount
             tail = int(asked[0][len("bytes=-"):])
             assert asked[1] == f"bytes={size - tail}-{size - 1}", asked
         assert daemon_pids(m.path)
+
+
+def test_a_link_of_an_object_whose_head_says_less_than_its_get_sends_is_refused(mount) -> None:
+    """A hard link on S3 copies the object: one under 64 MiB by its HEAD's size is read
+    and PUT as the new key. The read was unbounded and pinned to nothing: an object whose
+    GET sends more than its HEAD said (a broken server, or one replaced in between) was
+    read in whole, 65 MiB here, and stored as the link (a helper's audit). Now the read
+    stops past 64 MiB and the link fails with EIO, storing nothing."""
+    from zvfs.stores.s3_write import LINK_PUT_LIMIT
+
+    body = bytes(LINK_PUT_LIMIT + (1 << 20))
+    with HostileS3(BUCKET, {"s/zarr.json": b"{}", "s/big.bin": body},
+                   head_sizes={"s/big.bin": 10}) as server:
+        m = mount_it(mount, server, "--writable")
+        with pytest.raises(OSError) as err:
+            os.link(m.path / "big.bin", m.path / "copy.bin")
+        assert err.value.errno == errno.EIO
+        assert "s/copy.bin" not in server.objects
+        assert not [p for p in server.puts if "copy.bin" in str(p)]
+        assert "big.bin" in m.log_text()
+        assert daemon_pids(m.path)

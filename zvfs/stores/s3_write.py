@@ -1001,7 +1001,13 @@ def link_key(store: S3Target, src: str, dst: str) -> None:
     if info.size > LINK_PUT_LIMIT:
         copy_key(store, src, dst, info.size)
         return
-    put_key(store, dst, store.get(src), if_absent=True)
+    # the version the HEAD saw, and no more than it may hold: a GET read unbounded took in
+    # whatever the server sent (a helper's audit)
+    data = store.get_version(src, 0, None, info.version, LINK_PUT_LIMIT + 1)
+    if len(data) != info.size:
+        sent = f"more than {LINK_PUT_LIMIT}" if len(data) > LINK_PUT_LIMIT else str(len(data))
+        raise StoreError(f"{src}: its GET sent {sent} bytes, its HEAD said {info.size}: not linked")
+    put_key(store, dst, data, if_absent=True)
 
 
 def put_key(store: S3Target, key: str, data: bytes, if_absent: bool = False,
