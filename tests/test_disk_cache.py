@@ -27,6 +27,8 @@ from conftest import (
 )
 from conftest import mount_stats as _stats
 
+from zvfs.stores.base import KeyInfo, KeyNotFound, Store
+
 
 def _read_all(mnt: Path, ref: Path) -> None:
     for key, path in sorted(store_files(ref).items()):
@@ -609,6 +611,32 @@ def test_a_spoilt_shared_cache_directory_fails_no_mount(mount, moto, s3_env, buc
     assert m.log_text().count(f"cannot keep this mount's cache in {shared}") == 1, m.log_text()
 
 
+def test_a_symlink_in_place_of_a_kept_cache_is_not_followed(mount, moto, s3_env, bucket, tmp_path):
+    """The directory kept for a source's later mounts has a name anyone can compute. A
+    symlink planted in its place was followed (mkdir's exist_ok), taken as that cache, and
+    every file of its target removed as "no entry" (a helper's audit). The mount now caches
+    in a directory of its own and says why once; the target keeps its files."""
+    cache = tmp_path / "cache"
+    name, values, opts, _ = _immutable_mount(mount, moto, s3_env, bucket, cache, 2)
+    mount.cleanup()
+    [shared] = [p for p in cache.iterdir() if p.is_dir()]
+    shutil.rmtree(shared)
+    victim = tmp_path / "thesis"
+    victim.mkdir()
+    (victim / "thesis.tex").write_text("mine")
+    (victim / "src").mkdir()
+    (victim / "src" / "main.c").write_text("mine too")
+    shared.symlink_to(victim)
+    mine = sorted(victim.rglob("*"))
+    m = mount(f"s3://{name}", *opts, env=s3_env)
+    for key, value in values.items():
+        assert (m / key).read_bytes() == value
+    assert m.log_text().count(f"cannot keep this mount's cache in {shared}") == 1, m.log_text()
+    mount.cleanup()
+    assert sorted(victim.rglob("*")) == mine
+    assert (victim / "thesis.tex").read_text() == "mine"
+
+
 def test_the_users_own_files_in_the_cache_dir_are_never_removed(mount, moto, s3_env, bucket, tmp_path):
     """--cache-dir may name a directory that holds the user's own files. A mount removed
     every "mount-*" directory in it that had a ".lock" file, or that was an hour old,
@@ -722,3 +750,131 @@ def test_an_entry_replaced_by_a_fifo_holds_no_read(mount, moto, s3_env, bucket, 
     assert not hung
     assert got == [values["v/k0"]]
     assert "disk cache: dropped the cached copy of v/k0 " in m.log_text()
+
+
+# -- the cache beside changes the mount makes (in process, over a store held mid-change) ---
+
+
+class _HeldStore(Store):
+    """A store of a dict whose rename and delete wait for ``go`` once they have begun
+    (``begun``): a read can then come while S3 would be copying or deleting."""
+
+    description = "held"
+    can_write = True
+
+    def __init__(self, values: dict[str, bytes]) -> None:
+        self.d = dict(values)
+        self.begun, self.go = threading.Event(), threading.Event()
+
+    def get(self, key: str) -> bytes:
+        if key not in self.d:
+            raise KeyNotFound(key)
+        return self.d[key]
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        return self.get(key)[start:start + length]
+
+    def info(self, key: str) -> KeyInfo:
+        return KeyInfo(len(self.get(key)), 0, str(hash(self.get(key))))
+
+    def list_dir(self, prefix: str):  # type: ignore[no-untyped-def]
+        raise NotImplementedError
+
+    def _held(self) -> None:
+        self.begun.set()
+        assert self.go.wait(10)
+
+    def rename(self, src: str, dst: str, replace: bool = True) -> None:
+        self._held()
+        self.d[dst] = self.d.pop(src)
+
+    def delete(self, key: str) -> None:
+        self._held()
+        del self.d[key]
+
+
+@pytest.mark.parametrize("change", ["rename over it", "delete"])
+def test_a_read_while_the_store_changes_a_key_keeps_no_old_bytes(tmp_path, change: str) -> None:
+    """zarr-python writes a chunk as chunk.<id>.partial and renames it over the chunk. A read
+    of the chunk while S3 copied it (a decoded reader beside the writer) cached the old bytes
+    under no version, after the cache had let go of the key, and they were served after the
+    rename: the old chunk until the TTL passed, for ever with metadata_ttl=indefinite; a
+    deleted chunk's bytes in place of its fill value (a helper's audit). The key is let go
+    again once the change is made."""
+    from zvfs.cache.disk import DiskCachedStore
+    from zvfs.stats import Counters
+
+    inner = _HeldStore({"c/0": b"OLD" * 10, "c/0.partial": b"NEW" * 10})
+    ds = DiskCachedStore(inner, tmp_path / "cache", 1 << 30, 0, persistent=False, counters=Counters(),
+                         ttl=None)
+    try:
+        assert ds.get("c/0") == b"OLD" * 10
+        call = (lambda: ds.rename("c/0.partial", "c/0")) if change != "delete" else (lambda: ds.delete("c/0"))
+        changer = threading.Thread(target=call)
+        changer.start()
+        assert inner.begun.wait(10)
+        assert ds.get("c/0") == b"OLD" * 10  # the store holds them still
+        inner.go.set()
+        changer.join(10)
+        if change == "delete":
+            with pytest.raises(KeyNotFound):
+                ds.get("c/0")
+        else:
+            assert ds.get("c/0") == b"NEW" * 10
+    finally:
+        inner.go.set()
+        ds.close()
+
+
+def test_an_idle_kept_cache_mounted_again_keeps_its_entries(tmp_path, monkeypatch) -> None:
+    """A mount at --cache-min-free evicts the entries of kept caches no mount uses, from a
+    list it made once and used until it was empty. A source mounted again meanwhile lost
+    the rest of its entries under its live mount, which then read them from the store
+    again and counted bytes no longer on disk (a helper's audit). An entry is unlinked
+    only while its directory is idle now."""
+    from collections import namedtuple
+
+    from zvfs.cache import disk
+    from zvfs.stats import Counters
+
+    top = tmp_path / "cache"
+    cap = 40 << 20
+    usage = namedtuple("usage", "total used free")
+
+    def on_disk(path):  # type: ignore[no-untyped-def]
+        os.stat(path)
+        used = sum(p.stat().st_size for p in top.rglob("*") if p.is_file())
+        return usage(cap, used, cap - used)
+
+    monkeypatch.setattr(disk.shutil, "disk_usage", on_disk)
+
+    def fill(ds, inner, prefix: str, n: int) -> None:  # type: ignore[no-untyped-def]
+        for i in range(n):
+            key = f"{prefix}{i}"
+            inner.d[key] = bytes([i]) * (1 << 20)
+            ds.info(key)
+            assert ds.get(key) == inner.d[key]
+
+    y_store, x_store = _HeldStore({}), _HeldStore({})
+    y = disk.DiskCachedStore(y_store, top, 1 << 40, 0, True, Counters(), identity="Y", ttl=None)
+    fill(y, y_store, "y", 20)
+    kept = y.dir
+    y.close()
+    a = disk.DiskCachedStore(x_store, top, 1 << 40, 10 << 20, False, Counters(), identity="X", ttl=60.0)
+    try:
+        fill(a, x_store, "x", 12)  # past the floor: Y's idle entries go first
+
+        def entries() -> int:
+            return sum(1 for p in kept.iterdir() if disk._is_entry(p.name))
+
+        left = entries()
+        assert 0 < left < 20 and a._idle  # some went, more are listed to go
+        y = disk.DiskCachedStore(y_store, top, 1 << 40, 0, True, Counters(), identity="Y", ttl=None)
+        try:
+            assert y.dir == kept
+            fill(a, x_store, "z", 5)  # room wanted again
+            assert entries() == left
+        finally:
+            y.close()
+    finally:
+        a.close()

@@ -28,6 +28,7 @@ unlocked).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -83,7 +84,7 @@ _PEEK_WAIT = 0.05
 def _locked(directory: Path, strict: bool = False) -> int | None:
     """``directory``'s lock file, locked (its descriptor), or None if another holds it.
     On a file system that has no locks the file is only held open (``strict``: None)."""
-    fd = os.open(directory / _LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = os.open(directory / _LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -194,6 +195,26 @@ def _caches_of_others(top: Path, own: Path, idle_only: bool = False) -> list[Pat
     return out
 
 
+def _unlink_if_idle(path: str) -> bool:
+    """Unlink ``path``, an entry of another cache directory, if no mount holds that directory:
+    under a shared lock of it, which a mount taking the directory waits out (_PEEK_WAIT).
+    The idle entries listed once were unlinked until the list was used up: a source mounted
+    again meanwhile lost its entries under its mount, which read them from the store again
+    and counted bytes no longer there (a helper's audit)."""
+    directory = Path(path).parent
+    fd = _open_lock(directory, owned=not _hex(directory.name, 16))
+    if fd is None:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # a live mount holds it: OSError
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def _entries_of(directories: list[Path]) -> list[tuple[float, str]]:
     """(atime, path) of the entry files in ``directories``, most recently used first."""
     found = []
@@ -263,6 +284,10 @@ class DiskCachedStore(WrappedStore):
             shared = top / hashlib.sha256(text.encode()).hexdigest()[:16]
             try:
                 shared.mkdir(mode=0o700, exist_ok=True)  # the bucket's bytes: no other user's to read
+                if shared.is_symlink():
+                    # mkdir's exist_ok follows it, and the index's load then removed every
+                    # file of the link's target as "no entry" (a helper's audit)
+                    raise OSError(errno.ELOOP, "a symbolic link, not a directory zvfs made", str(shared))
                 self._lock_fd = _locked(shared)
                 if self._lock_fd is None:  # or held a moment by a mount that looked whether
                     time.sleep(_PEEK_WAIT)  # it is in use (_caches_of_others): once more
@@ -580,10 +605,13 @@ class DiskCachedStore(WrappedStore):
         if not self._idle and now - self._idle_scanned >= _IDLE_RESCAN:
             self._idle_scanned = now
             self._idle = _entries_of(_caches_of_others(self.dir.parent, self.dir, idle_only=True))
-        try:
-            return self._evict_listed(self._idle, fits)
-        except OSError:
-            return False
+        while not fits():
+            if not self._idle:
+                return False
+            _, path = self._idle.pop()
+            if _unlink_if_idle(path):
+                self.counters.add("disk_cache_evictions")
+        return True
 
     def _write(self, key: str, name: str, data: bytes, writes: int) -> None:
         """Keep ``data`` as ``name``, unless ``key`` was written through the mount since
@@ -787,23 +815,39 @@ class DiskCachedStore(WrappedStore):
         return _ForgetOnCommit(self, self.inner.open_writer(
             key, truncate=truncate, create=create, exclusive=exclusive))
 
+    @contextlib.contextmanager
+    def _changing(self, *keys: str, prefixes: tuple[str, ...] = ()) -> Iterator[None]:
+        """Around a change the store makes of ``keys`` (and of every key under ``prefixes``):
+        what is cached of them goes before it, and again after it. A read during the change
+        (a decoded reader beside zarr-python's rename of a chunk's .partial over it) cached
+        the old bytes, under no version, and they were served after it (a helper's audit)."""
+        def forget() -> None:
+            for key in keys:
+                self._forget(key)
+            for prefix in prefixes:
+                self._forget_prefix(prefix)
+
+        forget()
+        try:
+            yield
+        finally:
+            forget()
+
     def delete(self, key: str) -> None:
-        self._forget(key)
-        self.inner.delete(key)
+        with self._changing(key):
+            self.inner.delete(key)
 
     def rename(self, src: str, dst: str, replace: bool = True) -> None:
-        self._forget(src)
-        self._forget(dst)
-        self.inner.rename(src, dst, replace)
+        with self._changing(src, dst):
+            self.inner.rename(src, dst, replace)
 
     def link(self, src: str, dst: str) -> None:
-        self._forget(dst)
-        self.inner.link(src, dst)
+        with self._changing(dst):
+            self.inner.link(src, dst)
 
     def rename_dir(self, src: str, dst: str, replace: bool = True) -> None:
-        self._forget_prefix(src)
-        self._forget_prefix(dst)
-        self.inner.rename_dir(src, dst, replace)
+        with self._changing(prefixes=(src, dst)):
+            self.inner.rename_dir(src, dst, replace)
 
     @property
     def used_bytes(self) -> int:
