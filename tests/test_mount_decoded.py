@@ -552,6 +552,30 @@ def test_variable_length_text_reads_from_data_npy_as_zarr_python_reads_it(mount,
     assert np.load(top_mount.path / ".zvfs/arrays/data.npy").tolist() == want_top
 
 
+def test_sharded_text_under_a_compressor_reads_its_fill_as_zarr_python_does(mount, tmp_path: Path) -> None:
+    """A sharded string array with a codec outside the shard (gzip here) is decoded a whole
+    shard at a time, and that path laid never-written inner chunks as 0, not the fill:
+    data.npy held "" where zarr-python reads "FILL", and was two characters wide instead of
+    four (a helper's audit)."""
+    import warnings
+
+    import zarr
+    from zarr.codecs import GzipCodec, ShardingCodec, VLenUTF8Codec
+
+    store = tmp_path / "sharded_text.zarr"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = zarr.create_array(str(store), name="t", shape=(6,), chunks=(6,), dtype=str, fill_value="FILL",
+                              serializer=ShardingCodec(chunk_shape=(2,), codecs=[VLenUTF8Codec()]),
+                              compressors=[GzipCodec()])
+        a[0:2] = np.array(["a", "bb"], dtype=object)
+        want = zarr.open_array(str(store), path="t", mode="r")[:].tolist()
+    assert want == ["a", "bb", "FILL", "FILL", "FILL", "FILL"]
+    m = mount(store)
+    got = np.load(m.path / ".zvfs/arrays/t/data.npy")
+    assert got.dtype == np.dtype("<U4") and got.tolist() == want
+
+
 def _walk_files(top: Path) -> list[tuple[Path, int]]:
     out = []
     for dirpath, _dirs, files in os.walk(top):

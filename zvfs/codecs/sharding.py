@@ -143,8 +143,13 @@ class ShardingCodec(Codec):
         buf = memoryview(bytes(data))
         start, length = self.index_range(len(buf))
         index = self.decode_index(buf[start : start + length])
-        if self.fill_value is None or self.inner.dtype.kind == "O":
+        if self.fill_value is None:
             out = np.zeros(self.shard_shape, dtype=self.inner.dtype)
+        elif self.inner.dtype.kind == "O":
+            # each element the fill itself (np.full would spread a list or take it apart);
+            # these were zeros, served as "" where zarr-python reads the fill (a helper's audit)
+            out = np.empty(self.shard_shape, dtype=object)
+            out.fill(self.fill_value)
         else:
             out = np.full(self.shard_shape, self.fill_value, dtype=self.inner.dtype)
         for local in itertools.product(*(range(n) for n in self.chunks_per_shard)):
