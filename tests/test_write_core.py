@@ -461,6 +461,41 @@ def test_staging_full_is_enospc_and_frees_what_it_held(s3):
     assert staging.used == 0
 
 
+def test_a_staged_file_that_cannot_grow_gives_its_count_back(tmp_path):
+    """A truncate that grows a staged file counts the new bytes against the staging bound,
+    then ftruncates. Where the file system refuses the size (EFBIG: here RLIMIT_FSIZE, as
+    vfat's 4 GiB would), the count stayed for the mount's life: after a refused 4 MiB
+    truncate of a 10 MiB bound, an 8 MiB write of another file was ENOSPC (a helper's
+    audit). It is given back, and the truncate fails as a staging failure, naming the key."""
+    import subprocess
+    import sys
+
+    script = f"""
+import resource, signal
+from zvfs.stores.base import StoreError
+from zvfs.stores.s3_write import S3Writer
+from zvfs.stores.staging import Staging
+MiB = 1 << 20
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+staging = Staging({str(tmp_path)!r}, max_bytes=10 * MiB, min_free=0)
+resource.setrlimit(resource.RLIMIT_FSIZE, (MiB, resource.RLIM_INFINITY))
+w = S3Writer(object(), "k", staging, 5 * MiB, fresh=True, exclusive=False)
+try:
+    w.truncate(4 * MiB)
+    print("truncated")
+except StoreError as e:
+    print("refused:", e)
+print("used", staging.used)
+staging.grow("other", 8 * MiB)
+print("grown")
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("refused: k: cannot write its staged copy") and "too large" in lines[0]
+    assert lines[1:] == ["used 0", "grown"]
+
+
 def test_staging_full_waits_a_moment_for_space_being_given_back(tmp_path, monkeypatch):
     """A file's staged space comes back at its release, just after its close() returned: a
     write that finds staging full waits for it up to RELEASE_WAIT, then refuses (a cp of one

@@ -170,11 +170,27 @@ class S3Writer(KeyWriter):
         piece is asked of that version (If-Match), so an object replaced meanwhile is Stale,
         never a mix of two versions' pieces; without an ETag the pieces are taken as they
         come. Called again after a Stale, it starts over at the new version's size."""
-        self.staging.grow(self.key, size - self._size)
-        os.ftruncate(self._fd, size)  # no tail left of a longer version fetched before
+        self._resize_staged(size, size - self._size)  # no tail left of a longer version fetched before
         self._size = size
         self._fetch_pieces(0, size, etag)
         self._seq_end = size
+
+    def _resize_staged(self, size: int, counted: int) -> None:
+        """The staged file cut or grown to ``size``, ``counted`` bytes taken of the staging
+        bound for it (given back, when negative). Taken before it grows, so that no two
+        writers pass the bound together, and taken back if it could not (EFBIG past a file
+        system's size limit, a disk remounted read-only): the count stayed off by it for
+        the mount's life, and the bound refused writes it had room for (a helper's audit)."""
+        if counted > 0:
+            self.staging.grow(self.key, counted)
+        try:
+            os.ftruncate(self._fd, size)
+        except OSError as e:
+            if counted > 0:
+                self.staging.grow(self.key, -counted)  # a give-back: never refused
+            raise _staging_failed(self.key, self.staging.dir, e) from None
+        if counted < 0:
+            self.staging.grow(self.key, counted)
 
     def _fetch_pieces(self, pos: int, end: int, etag: str | None) -> None:
         """Bytes [pos, end) of the version ``etag`` into the staged file, a part at a time."""
@@ -270,17 +286,15 @@ class S3Writer(KeyWriter):
         """With ``_fetching`` held: a truncate into the object's bytes cut every appended
         byte; the open is as it was opened, nothing of it fetched."""
         with self._lock:
-            self.staging.grow(self.key, self._unstaged - self._size)
-            os.ftruncate(self._fd, 0)
+            self._resize_staged(0, self._unstaged - self._size)
             self._size = self._unstaged = self._seq_end = 0
             self._tail = False
 
     def _unfetch(self) -> None:
         """What a fetch that failed staged goes: the file is as it was opened."""
         with self._lock:
-            self.staging.grow(self.key, -self._size)
+            self._resize_staged(0, -self._size)
             self._size = self._seq_end = 0
-            os.ftruncate(self._fd, 0)
 
     def _before_write(self, offset: int, end: int) -> None:
         """Before a write of [offset, end): fetch what of the opened object it keeps, if
@@ -430,8 +444,7 @@ class S3Writer(KeyWriter):
                         return  # nothing changes: nothing to fetch, nor to store
                     self._take_base(size)
         with self._lock:
-            self.staging.grow(self.key, size - self._size)
-            os.ftruncate(self._fd, size)
+            self._resize_staged(size, size - self._size)
             for part in self._parts(min(size, self._size), max(size, self._size)):
                 self._gen[part] = self._gen.get(part, 0) + 1
                 self._done.pop(part, None)
