@@ -224,6 +224,37 @@ def test_a_caller_waiting_on_a_load_whose_caller_gave_up_loads_it_itself(loader:
     trio.run(main)
 
 
+def test_an_entry_the_readdir_reply_had_no_room_for_is_not_taken_as_told(tmp_path, monkeypatch):
+    """readdirplus records the size each entry tells the kernel, and an open compares the
+    file's size with it: changed, the kernel's cached attributes are dropped. The size was
+    recorded before the reply took the entry; one the full reply did not take stood as told,
+    and an open after a listing that stopped there kept the kernel's old size: a file grown
+    behind the mount from 5 to 100 bytes read 5 until the TTL passed (a helper's audit)."""
+    (tmp_path / "a").write_bytes(b"a")
+    (tmp_path / "f").write_bytes(b"12345")
+    ctx = MountContext(store=DirectoryStore(tmp_path))
+    from zvfs.views.root import build_root
+
+    ops = ZvfsOperations(build_root(ctx), ctx, derived=["/.zvfs/"])
+    dropped: list[int] = []
+    monkeypatch.setattr(pyfuse3, "invalidate_inode", lambda ino, *a, **k: dropped.append(ino))
+    monkeypatch.setattr(pyfuse3, "readdir_reply", lambda token, name, attr, off: name != b"f")
+
+    async def main() -> None:
+        root = pyfuse3.ROOT_INODE
+        f = await ops.lookup(root, b"f")  # the kernel holds size 5
+        (tmp_path / "f").write_bytes(b"x" * 100)
+        ctx.listings.invalidate("")  # the root's listing is past its TTL
+        fh = await ops.opendir(root, None)
+        await ops.readdir(fh, 0, None)  # the reply is full before f
+        await ops.releasedir(fh)
+        info = await ops.open(f.st_ino, os.O_RDONLY, None)
+        await ops.release(info.fh)
+        assert f.st_ino in dropped, "the kernel kept its old size of f"
+
+    trio.run(main)
+
+
 def test_many_keys_load_in_one_call_each_single_flight_with_a_get():
     """get_many loads the keys neither cached nor loading in one call (a batch of tiny
     chunks in one worker hop); a get of one of them meanwhile joins that load (a reader

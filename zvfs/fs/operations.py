@@ -694,6 +694,7 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
                 raw = os.fsencode(name)
                 if len(raw) > NAME_MAX:  # none could open it; past 4 KiB the kernel fails the reply
                     raise ValueError(f"a name of {len(raw)} bytes (a name has at most {NAME_MAX})")
+                was = self._inodes.told[ino - ROOT]
                 told = reply(token, raw, fill(a, ino, node), i + 3)
             except (NodeError, ValueError, OverflowError) as exc:  # UnicodeEncodeError is a ValueError
                 # one entry the kernel cannot be told of (a name no file system can hold, a
@@ -701,6 +702,11 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
                 self._unlisted(name, exc)
                 continue
             if not told:
+                # not sent (the reply is full): the size the kernel holds is still the one
+                # told before. Recorded as sent, an open after a listing that stopped here
+                # kept the kernel's stale size, and a file grown behind the mount read short
+                # until the TTL passed (a helper's audit)
+                self._inodes.told[ino - ROOT] = was
                 return
             # the kernel holds it now (readdirplus: a lookup reference, and a FORGET when it
             # lets go), so the node is kept: only the entries it was told of keep one. A node
