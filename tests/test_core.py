@@ -255,6 +255,37 @@ def test_an_entry_the_readdir_reply_had_no_room_for_is_not_taken_as_told(tmp_pat
     trio.run(main)
 
 
+def test_an_nfs_handle_of_an_inode_the_kernel_forgot_still_resolves(tmp_path):
+    """Exported over NFS, a file handle names an inode number (and its generation); once
+    the server's kernel has dropped the inode (FORGET of every count: memory pressure,
+    drop_caches), it asks LOOKUP(number, ".") and, for a directory's parent,
+    LOOKUP(number, ".."). The numbers stayed bound to their names, but the nodes were gone:
+    ENOENT, which every NFS client saw as ESTALE (a helper's audit). They are looked up
+    again by name, to the same numbers a path walk gives."""
+    from zvfs.views.root import build_root
+
+    (tmp_path / "d" / "e").mkdir(parents=True)
+    (tmp_path / "d" / "e" / "f").write_bytes(b"hello")
+    ctx = MountContext(store=DirectoryStore(tmp_path))
+    ops = ZvfsOperations(build_root(ctx), ctx, derived=["/.zvfs/"])
+    root = pyfuse3.ROOT_INODE
+
+    async def main() -> None:
+        d = (await ops.lookup(root, b"d")).st_ino
+        e = (await ops.lookup(d, b"e")).st_ino
+        f = (await ops.lookup(e, b"f")).st_ino
+        await ops.forget([(f, 1), (e, 1), (d, 1)])
+        assert (await ops.lookup(f, b".")).st_ino == f
+        assert (await ops.lookup(f, b".")).st_size == 5
+        assert (await ops.lookup(e, b"..")).st_ino == d
+        assert (await ops.lookup(e, b".")).st_ino == e
+        assert (await ops.lookup(root, b"d")).st_ino == d
+        await ops.forget([(f, 2), (d, 2), (e, 1)])
+        assert all(n == 0 for n in ops._inodes.lookups[1:])  # every reference given was forgotten
+
+    trio.run(main)
+
+
 def test_many_keys_load_in_one_call_each_single_flight_with_a_get():
     """get_many loads the keys neither cached nor loading in one call (a batch of tiny
     chunks in one worker hop); a get of one of them meanwhile joins that load (a reader

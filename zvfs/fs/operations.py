@@ -508,6 +508,7 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
             # the kernel asks these only to find a directory's parent for an NFS export
             # (fuse_get_parent), and counts the reply as a lookup reference it will forget
             ino = parent_inode if sname == "." else self._parent(parent_inode)
+            await self._named_again(ino, keep=True)
             entry = await self.getattr(ino)
             self._inodes.lookups[ino - ROOT] += 1
             return entry
@@ -570,6 +571,30 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
                 parent = self._parent(parent)
             node = await self._fresh(ino)
         return node
+
+    async def _named_again(self, ino: int, keep: bool) -> Node:
+        """``ino``'s node; one the kernel forgot, its number still bound to its name, looked
+        up again by that name (its parents too, as far as they were forgotten). An NFS
+        export's file handle names a number and its generation: once the server's kernel
+        had dropped the inode, it asked LOOKUP(number, ".") and was told ENOENT, ESTALE to
+        every client holding the handle (a helper's audit). ``keep``: the node stays in the
+        table (the caller gives the kernel a reference, which it forgets in time)."""
+        node = self._inodes.known(ino)
+        if node is not None or ino == ROOT or not self._inodes.bound(ino):
+            return self._node(ino)
+        i = ino - ROOT
+        parent = await self._named_again(self._inodes.parent_of[i], keep=False)
+        found: Node | None = None
+        if isinstance(parent, DirNode):
+            try:
+                found = await parent.lookup(self._inodes.name_at[i])
+            except NodeError:
+                found = None
+        if found is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        if keep:
+            self._inodes.node_at[i] = found
+        return found
 
     def _view_top(self, ino: int) -> bool:
         """Whether ``ino`` is a top of the derived views (a directory right below a derived
