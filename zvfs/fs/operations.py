@@ -102,6 +102,16 @@ class _Open:
     handle: FileHandle | None = None
 
 
+async def _named_in(parent: Node, name: str) -> Node | None:
+    """What ``name`` names in ``parent`` now; None if nothing (or ``parent`` is no directory)."""
+    if not isinstance(parent, DirNode):
+        return None
+    try:
+        return await parent.lookup(name)
+    except NodeError:
+        return None
+
+
 class ZvfsOperations(WritingOperations, pyfuse3.Operations):
     """The file system over ``root``, for the mount whose context is ``ctx``: its counters and
     log-once, and its metadata TTL (None: indefinite, the data is immutable)."""
@@ -583,13 +593,8 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
         if node is not None or ino == ROOT or not self._inodes.bound(ino):
             return self._node(ino)
         i = ino - ROOT
-        parent = await self._named_again(self._inodes.parent_of[i], keep=False)
-        found: Node | None = None
-        if isinstance(parent, DirNode):
-            try:
-                found = await parent.lookup(self._inodes.name_at[i])
-            except NodeError:
-                found = None
+        found = await _named_in(await self._named_again(self._inodes.parent_of[i], keep=False),
+                                self._inodes.name_at[i])
         if found is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         if keep:
@@ -1018,13 +1023,7 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
         if ino not in self._stale:
             return self._node(ino)
         i = ino - ROOT
-        parent = await self._fresh(self._inodes.parent_of[i])
-        node: Node | None = None
-        if isinstance(parent, DirNode):
-            try:
-                node = await parent.lookup(self._inodes.name_at[i])
-            except NodeError:
-                node = None
+        node = await _named_in(await self._fresh(self._inodes.parent_of[i]), self._inodes.name_at[i])
         self._stale.discard(ino)
         if self._inodes.lookups[i] > 0:
             self._inodes.node_at[i] = node  # None: gone from the views, ENOENT from now on
