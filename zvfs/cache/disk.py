@@ -605,12 +605,15 @@ class DiskCachedStore(WrappedStore):
         if not self._idle and now - self._idle_scanned >= _IDLE_RESCAN:
             self._idle_scanned = now
             self._idle = _entries_of(_caches_of_others(self.dir.parent, self.dir, idle_only=True))
-        while not fits():
-            if not self._idle:
-                return False
-            _, path = self._idle.pop()
-            if _unlink_if_idle(path):
-                self.counters.add("disk_cache_evictions")
+        try:
+            while not fits():
+                if not self._idle:
+                    return False
+                _, path = self._idle.pop()
+                if _unlink_if_idle(path):
+                    self.counters.add("disk_cache_evictions")
+        except OSError:  # the free space unknown (fits): as before, nothing more evicted
+            return False
         return True
 
     def _write(self, key: str, name: str, data: bytes, writes: int) -> None:
