@@ -1066,10 +1066,10 @@ def _zip_of_zeros(path: Path, method: int, size: int) -> zipfile.ZipInfo:
 @pytest.mark.parametrize("declared", ["honest", "10 bytes"])
 @pytest.mark.parametrize("method", [zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA])
 def test_a_bzip2_or_lzma_bomb_streams_in_bounded_memory(tmp_path: Path, method: int, declared: str) -> None:
-    """128 MiB of zeros is 216 bytes of bzip2 (9.6 KB of lzma). zipfile, which read those
-    members, hands a decompressor 4 KiB of input at once with no bound on its output: a
-    4 KiB read took 269 MiB (lzma 64), and as much with the size declared as 10 bytes, so
-    neither the metadata's nor a chunk's read bound helped. Each step is bounded now: the
+    """128 MiB of zeros is 212 bytes of bzip2 (19 KB of lzma). zipfile, which read those
+    members, hands a decompressor 4 KiB of input at once with no bound on its output: the
+    first and the last 4 KiB took 397 MiB (lzma 313), and a MiB with the size declared as
+    10 bytes 269 MiB (lzma 65), so neither the metadata's nor a chunk's read bound helped. Each step is bounded now: the
     first and the last 4 KiB read in a few MiB, and the member declared short is corrupt
     (its CRC-32 over the 10 bytes, as zipfile finds)."""
     import tracemalloc
@@ -1094,7 +1094,7 @@ def test_a_bzip2_or_lzma_bomb_streams_in_bounded_memory(tmp_path: Path, method: 
             with pytest.raises(StoreError, match="z: corrupt zip member: .*CRC-32"):
                 st.get_at_most("z", 1 << 20)
         # lzma's decoder holds its dictionary (8 MiB, the encoder's default) and its state:
-        # 18 MiB at the peak; bzip2's took 4
+        # 18 MiB at the peak; bzip2's took 2
         peak = tracemalloc.get_traced_memory()[1]
         assert peak < 32 << 20, f"{peak >> 20} MiB"
         assert st.get("ok") == b"fine"
