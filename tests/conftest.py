@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from zvfs.stores.base import KeyInfo, KeyNotFound, Listing, Store
+
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 for _p in (TESTS, REPO / "scripts"):  # the tests' helpers, and benchlib's (drop_caches)
@@ -806,3 +808,32 @@ def page_cache_holds(view: mmap.mmap, offset: int, length: int) -> bool:
     """Whether every page of ``view[offset:offset + length]`` is in the page cache, asked
     with mincore(2), which (unlike a read, even an RWF_NOWAIT one) starts no read-ahead."""
     return bool(_resident_pages(view, offset, length).all())
+
+
+class DictStore(Store):
+    """A tiny in-memory store (hand-made damage, a store held mid-change)."""
+
+    def __init__(self, data: dict[str, bytes]) -> None:
+        self.data = data
+
+    def get(self, key: str) -> bytes:
+        if key not in self.data:
+            raise KeyNotFound(key)
+        return self.data[key]
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        return self.get(key)[start : start + length]
+
+    def info(self, key: str) -> KeyInfo:
+        return KeyInfo(len(self.get(key)), 0)
+
+    def list_dir(self, prefix: str) -> Listing:
+        out = Listing()
+        for k in self.data:
+            if k.startswith(prefix):
+                head, sep, _ = k[len(prefix) :].partition("/")
+                if sep:
+                    out.prefixes.add(head)
+                else:
+                    out.keys[head] = KeyInfo(len(self.data[k]), 0)
+        return out

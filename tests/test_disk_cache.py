@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import (
+    DictStore,
     daemon_pids,
     in_threads,
     put_many,
@@ -27,7 +28,7 @@ from conftest import (
 )
 from conftest import mount_stats as _stats
 
-from zvfs.stores.base import KeyInfo, KeyNotFound, Store
+from zvfs.stores.base import KeyInfo, KeyNotFound
 
 
 def _read_all(mnt: Path, ref: Path) -> None:
@@ -755,7 +756,7 @@ def test_an_entry_replaced_by_a_fifo_holds_no_read(mount, moto, s3_env, bucket, 
 # -- the cache beside changes the mount makes (in process, over a store held mid-change) ---
 
 
-class _HeldStore(Store):
+class _HeldStore(DictStore):
     """A store of a dict whose rename and delete wait for ``go`` once they have begun
     (``begun``): a read can then come while S3 would be copying or deleting."""
 
@@ -763,22 +764,11 @@ class _HeldStore(Store):
     can_write = True
 
     def __init__(self, values: dict[str, bytes]) -> None:
-        self.d = dict(values)
+        super().__init__(dict(values))
         self.begun, self.go = threading.Event(), threading.Event()
-
-    def get(self, key: str) -> bytes:
-        if key not in self.d:
-            raise KeyNotFound(key)
-        return self.d[key]
-
-    def get_range(self, key: str, start: int, length: int) -> bytes:
-        return self.get(key)[start:start + length]
 
     def info(self, key: str) -> KeyInfo:
         return KeyInfo(len(self.get(key)), 0, str(hash(self.get(key))))
-
-    def list_dir(self, prefix: str):  # type: ignore[no-untyped-def]
-        raise NotImplementedError
 
     def _held(self) -> None:
         self.begun.set()
@@ -786,11 +776,11 @@ class _HeldStore(Store):
 
     def rename(self, src: str, dst: str, replace: bool = True) -> None:
         self._held()
-        self.d[dst] = self.d.pop(src)
+        self.data[dst] = self.data.pop(src)
 
     def delete(self, key: str) -> None:
         self._held()
-        del self.d[key]
+        del self.data[key]
 
 
 @pytest.mark.parametrize("change", ["rename over it", "delete"])
@@ -851,9 +841,9 @@ def test_an_idle_kept_cache_mounted_again_keeps_its_entries(tmp_path, monkeypatc
     def fill(ds, inner, prefix: str, n: int) -> None:  # type: ignore[no-untyped-def]
         for i in range(n):
             key = f"{prefix}{i}"
-            inner.d[key] = bytes([i]) * (1 << 20)
+            inner.data[key] = bytes([i]) * (1 << 20)
             ds.info(key)
-            assert ds.get(key) == inner.d[key]
+            assert ds.get(key) == inner.data[key]
 
     y_store, x_store = _HeldStore({}), _HeldStore({})
     y = disk.DiskCachedStore(y_store, top, 1 << 40, 0, True, Counters(), identity="Y", ttl=None)

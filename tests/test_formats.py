@@ -19,7 +19,7 @@ from typing import Any
 import numcodecs
 import numpy as np
 import pytest
-from conftest import numcodecs_filter_cases, write_numcodecs_filter_array
+from conftest import DictStore, numcodecs_filter_cases, write_numcodecs_filter_array
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -429,37 +429,6 @@ def test_bad_input_is_an_error_not_a_crash(sname: str, path: str, info: dict[str
     # the healthy neighbour keeps working
     good = open_array(store_of(sname), "good", h.arrays["good"]).read_all()
     assert (good == np.load(CORPUS / MANIFEST["stores"][sname]["arrays"]["good"]["ref"])).all()
-
-
-class DictStore(Store):
-    """A tiny in-memory store for hand-made damage."""
-
-    def __init__(self, data: dict[str, bytes]) -> None:
-        self.data = data
-
-    def get(self, key: str) -> bytes:
-        from zvfs.stores.base import KeyNotFound
-
-        if key not in self.data:
-            raise KeyNotFound(key)
-        return self.data[key]
-
-    def get_range(self, key: str, start: int, length: int) -> bytes:
-        return self.get(key)[start : start + length]
-
-    def info(self, key: str) -> KeyInfo:
-        return KeyInfo(len(self.get(key)), 0)
-
-    def list_dir(self, prefix: str) -> Listing:
-        out = Listing()
-        for k in self.data:
-            if k.startswith(prefix):
-                head, sep, _ = k[len(prefix) :].partition("/")
-                if sep:
-                    out.prefixes.add(head)
-                else:
-                    out.keys[head] = KeyInfo(len(self.data[k]), 0)
-        return out
 
 
 def _v3(**over: Any) -> bytes:
