@@ -1120,6 +1120,29 @@ def test_npy_header_sizes() -> None:
         assert parse_npy_header(h) == (len(h), tuple(map(int, shape)), False, np.dtype(">f8"))
 
 
+def test_npy_long_header_loads_by_default(mount, tmp_path) -> None:
+    """A structured dtype of 400 fields, as zarr-python writes it: its NPY header text is
+    about 9 KB, which data.npy's page alignment padded to 12 KiB, past numpy's default
+    ``max_header_size`` (10,000), so a plain ``np.load`` refused the file that numpy's own
+    ``np.save`` of the same array leaves loadable. The header is now padded to 64 there,
+    and np.load, mmap'ed too, reads zarr-python's values from it."""
+    import zarr
+
+    dt = np.dtype([(f"field_{i:04d}", "<f4") for i in range(400)])
+    root = tmp_path / "wide.zarr"
+    a = zarr.create_array(str(root), name="wide", shape=(3,), chunks=(2,), dtype=dt, zarr_format=2)
+    values = np.zeros(3, dt)
+    values["field_0001"], values["field_0399"] = [1, 2, 3], [-1, -2, -3]
+    a[...] = values
+    ref = zarr.open_array(str(root), path="wide", mode="r")[...]
+    m = mount(root)
+    npy = m.path / ".zvfs/arrays/wide/data.npy"
+    for got in (np.load(npy), np.load(npy, mmap_mode="r")):
+        assert got.dtype == ref.dtype and got.tobytes() == ref.tobytes()
+    hlen = os.stat(npy).st_size - ref.nbytes
+    assert hlen % 64 == 0 and hlen - 10 <= 10000, hlen
+
+
 def test_structured_field_names_beyond_latin1(mount, tmp_path) -> None:
     """A structured array whose field names latin-1 cannot hold (``温度``, ``Δt``), as
     zarr-python writes them: data.npy is NPY format 3.0 (UTF-8), as numpy writes such a

@@ -15,13 +15,18 @@ NPY_ALIGN = 64
 #: read (corrupt, or its store failing); the kernel then reads the page alone again, so the
 #: header, np.load(mmap_mode="r") and the other chunks' values stay readable
 PAGE_ALIGN = 4096
+#: numpy's default ``max_header_size``: np.load refuses a longer header unless asked
+#: (allow_pickle or max_header_size), so no padding may take one past it
+NPY_MAX_HEADER = 10000
 
 
 def npy_header(dtype: np.dtype, shape: tuple[int, ...], align: int = NPY_ALIGN) -> bytes:
     """The one NPY header writer (data.npy, the vectors view): format 1.0 (2.0 when too long)
     for a C-order array, padded so data start ``align``-byte aligned (a multiple of numpy's
     64). A header that latin-1 cannot hold (a structured dtype's field named ``温度``) is
-    format 3.0, UTF-8, as numpy writes it."""
+    format 3.0, UTF-8, as numpy writes it. A header that ``align`` would pad past numpy's
+    ``NPY_MAX_HEADER`` (a structured dtype of a few hundred fields) is padded to 64 only,
+    so plain ``np.load`` reads it whenever it reads numpy's own file of the array."""
     descr = np.lib.format.dtype_to_descr(np.dtype(dtype))
     # plain ints: numpy 2 would write np.int64(3) into the header text
     text = repr({"descr": descr, "fortran_order": False, "shape": tuple(int(n) for n in shape)})
@@ -32,6 +37,8 @@ def npy_header(dtype: np.dtype, shape: tuple[int, ...], align: int = NPY_ALIGN) 
     for version, fmt in versions:
         prefix = 6 + 2 + struct.calcsize(fmt)
         pad = -(prefix + len(encoded) + 1) % align
+        if len(encoded) + pad + 1 > NPY_MAX_HEADER:
+            pad = -(prefix + len(encoded) + 1) % NPY_ALIGN
         body = encoded + b" " * pad + b"\n"
         if len(body) < 1 << (8 * struct.calcsize(fmt)):
             return b"\x93NUMPY" + bytes(version) + struct.pack(fmt, len(body)) + body
