@@ -768,6 +768,104 @@ def test_fragment_ranges_whose_ends_wrap_past_int64_are_refused() -> None:
         zv.parse_fragment_index(blob, "k")
 
 
+def _claiming_index(rows: int) -> bytes:
+    """A fragment index of one fragment, a range of ``rows`` rows: 41 bytes claiming them."""
+    return (struct.pack("<IHHII", zv.FRAGMENT_MAGIC, 1, 0, 1, 1) + b"\x01" + b"\x00" * 7
+            + struct.pack("<qq", 0, rows) + struct.pack("<I", 0))
+
+
+def _traced_peak(fn: Callable[[], Any]) -> tuple[Any, int]:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        return fn(), tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@committed_corpus
+def test_a_manifest_counting_millions_of_fragments_is_refused_before_they_are_made(tmp_path: Path) -> None:
+    """A mode-1 manifest block is (start, count): 40 blocks of 2**24 fragments in 1,644 bytes
+    had the daemon build 5 GiB of fragment numbers as the level was listed, before any was
+    checked against its chunk (a helper's audit). A run is kept as a range now, checked
+    against the chunk's fragment index before a number is made, and a level's manifests
+    name at most MAX_TABLE_BYTES / 8 fragments together: the object fails naming the
+    manifests, in a few MiB, and the level's other files still answer."""
+    d = _copy(tmp_path, "v09/streamlines")
+    cell = d / "0" / "object_index" / "manifests" / "c" / "0"
+    items = manifest_items(cell)
+    chunk = zv.parse_manifest(items[0], 3, "m")[0].chunk
+    block = np.asarray(chunk, "<i8").tobytes() + b"\x01" + struct.pack("<qq", 0, 1 << 24)
+    write_manifest_items(cell, [struct.pack("<I", 1) + block, *items[1:]])
+    level = zv.open_group(DirectoryStore(d), "").level("0")
+    blocks, peak = _traced_peak(level.manifests)
+    assert peak < 8 << 20 and len(blocks[0][0].fragments) == 1 << 24, peak
+    with pytest.raises(NodeError) as err:
+        _, peak = _traced_peak(lambda: read_file(d, "0/objects/0.npy"))
+    assert "object_index/manifests" in str(err.value) and "out of range" in str(err.value)
+    write_manifest_items(cell, [struct.pack("<I", 40) + block * 40, *items[1:]])
+    with pytest.raises(zv.ZVError, match=r"manifests\[0\]: the level's manifests name more than 33,554,432 fragments"):
+        _traced_peak(zv.open_group(DirectoryStore(d), "").level("0").manifests)
+    names, peak = _traced_peak(lambda: listing(d, "0"))
+    assert peak < 8 << 20 and "vertices.npy" in names, (peak, names)
+    np.testing.assert_array_equal(load_npy(d, "0/vertices.npy"), load_npy(store_dir("v09/streamlines"), "0/vertices.npy"))
+
+
+@committed_corpus
+def test_polyline_edges_past_the_table_bound_are_refused_from_their_counts(tmp_path: Path) -> None:
+    """Objects may name rows again, so a polyline level's edges are not bounded by its
+    vertices: two fragment indexes claiming 2**24 rows each (under the vertex bound) and
+    every manifest naming both had 6.4 GiB of edges built as the level was listed (a
+    helper's audit). The edges are counted first now: level.ply fails alone naming the
+    manifests, in a few MiB, and the level's other files are listed."""
+    d = _copy(tmp_path, "v09/streamlines")
+    rows = (1 << 24) - 4096  # the two under the vertices' bound with the level's others
+    for cell in sorted(p for p in (d / "0" / "vertex_fragments" / "c").rglob("*") if p.is_file())[:2]:
+        cell.write_bytes(_vlen_cell(_claiming_index(rows)))
+    level = zv.open_group(DirectoryStore(d), "").level("0")
+    big = [c for c in level.chunks() if level.vertex_count(c) == rows]
+    assert len(big) == 2, big
+    man = struct.pack("<I", 2) + b"".join(np.asarray(c, "<i8").tobytes() + b"\x00" + struct.pack("<q", 0) for c in big)
+    cell = d / "0" / "object_index" / "manifests" / "c" / "0"
+    write_manifest_items(cell, [man] * len(manifest_items(cell)))
+    level = zv.open_group(DirectoryStore(d), "").level("0")
+    with pytest.raises(zv.ZVError, match="the polylines have over .* edges") as err:
+        _, peak = _traced_peak(lambda: zv.graph_edges(level))
+    assert "object_index/manifests" in str(err.value)
+    names, peak = _traced_peak(lambda: listing(d, "0"))
+    assert peak < 8 << 20 and "level.ply" not in names and "vertices.npy" in names, (peak, names)
+
+
+@committed_corpus
+def test_an_absent_attribute_cell_is_zeros_only_for_the_vertices_stored(tmp_path: Path, monkeypatch) -> None:
+    """A chunk's absent attribute cell is served as zeros, one row a vertex. The count was
+    the fragment index's word alone, and the columns the metadata's: an index of 41 bytes
+    claiming 2**24 rows had a 4 KiB read build 2 GiB of zeros (a helper's audit). The
+    vertices cell must hold them now, and the zeros are bounded as a level-wide table is."""
+    d = _copy(tmp_path, "v09/points")
+    (d / "0" / "vertex_attributes" / "intensity" / "c" / "1" / "1" / "1").unlink()  # chunk 0.0.0's
+    want = load_npy(store_dir("v09/points"), "0/vertex_attributes/intensity.npy")
+    got = load_npy(d, "0/vertex_attributes/intensity.npy")
+    last = zv.open_group(DirectoryStore(d), "").level("0").chunks()[-1]
+    assert last == (0, 0, 0)  # the file's last row
+    np.testing.assert_array_equal(got[:-1], want[:-1])
+    assert got[-1] == 0 and want[-1] != 0
+    (d / "0" / "vertex_fragments" / "c" / "1" / "1" / "1").write_bytes(_vlen_cell(_claiming_index(1 << 24)))
+    level = zv.open_group(DirectoryStore(d), "").level("0")
+    with pytest.raises(zv.ZVError, match="the fragment index says 16777216") as err:
+        _, peak = _traced_peak(lambda: level.vertex_attribute("intensity", (0, 0, 0)))
+    assert "0/vertices/0.0.0" in str(err.value)
+    _, peak = _traced_peak(lambda: pytest.raises(zv.ZVError, level.vertex_attribute, "intensity", (0, 0, 0)))
+    assert peak < 8 << 20, peak
+    monkeypatch.setattr(cells, "MAX_TABLE_BYTES", 2)  # the zeros' bound: one f4 row is 4
+    d2 = _copy(tmp_path / "b", "v09/points")
+    (d2 / "0" / "vertex_attributes" / "intensity" / "c" / "1" / "1" / "1").unlink()
+    with pytest.raises(zv.ZVError, match="absent: 1 rows of 1 float32 zeros") as err:
+        zv.open_group(DirectoryStore(d2), "").level("0").vertex_attribute("intensity", (0, 0, 0))
+    assert "0/vertex_attributes/intensity/0.0.0" in str(err.value)
+
+
 @committed_corpus
 def test_a_vertex_blob_of_a_negative_shape_is_an_error_not_a_short_file(tmp_path: Path) -> None:
     """A ZV 0.7 level counts each chunk's vertices from its blob's shape: one of -12 bytes

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .blobs import chunk_name
-from .cells import MAX_TABLE_BYTES
+from .blobs import MAX_TABLE_BYTES, chunk_name
 from .errors import ZVError
 from .level import Chunk, Level
 
@@ -200,7 +199,9 @@ def graph_edges(level: Level) -> np.ndarray:
         level_table_rows(level, "the polylines' edge table")
         edges = []
         offsets = level.offsets()
-        for oid, blocks in level.manifests().items():
+        manifests = level.manifests()
+        _check_edge_rows(level, manifests, offsets)
+        for oid, blocks in manifests.items():
             rows = level.object_rows(blocks, offsets, oid)
             if len(rows) > 1:
                 edges.append(np.stack([rows[:-1], rows[1:]], axis=1))
@@ -211,6 +212,19 @@ def graph_edges(level: Level) -> np.ndarray:
     if rows.shape[1] != 2:
         return np.empty((0, 2), np.int64)
     return rows[(rows >= 0).all(axis=1)]
+
+
+def _check_edge_rows(level: Level, manifests: dict, offsets: dict[Chunk, int]) -> None:
+    """Refuse, from the counts alone, polylines whose edges pass MAX_TABLE_BYTES: objects
+    may name rows again, so the edges are not bounded by the vertices, and three 70-byte
+    manifests naming two indexes of 2**24 rows had 6.4 GiB built as the level was listed."""
+    total = 0
+    for oid, blocks in manifests.items():
+        total += max(level.object_size(blocks, offsets, oid) - 1, 0)
+        if total * 16 > MAX_TABLE_BYTES:
+            raise ZVError(level.key("object_index/manifests"),
+                          f"the polylines have over {total:,} edges; zvfs builds level-wide tables "
+                          f"of at most {MAX_TABLE_BYTES >> 20} MiB")
 
 
 def mesh_faces(level: Level) -> np.ndarray:

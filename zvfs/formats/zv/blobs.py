@@ -21,6 +21,12 @@ FRAGMENT_MAGIC = 0x5A564647
 #: few bytes of index or manifest claiming 2**27 rows made the daemon build arrays of them
 #: (GBs, then the kernel's OOM killer, in a helper's audit); stored bytes back no more
 MAX_CHUNK_ROWS = 1 << 24
+#: the most a level-wide table (whole tables read from the store, the manifests' fragment
+#: numbers, the vertex rows and edges built from them) may take: its size is the metadata's
+#: or the indexes' word, and a few bytes of either declared 2**28 rows
+MAX_TABLE_BYTES = 256 << 20
+#: fragment numbers a level's manifests may name together: the rows its objects are built from
+MAX_NAMED_FRAGMENTS = MAX_TABLE_BYTES // 8
 _FRAG_HEADER = struct.Struct("<IHHII")
 
 
@@ -95,13 +101,14 @@ class FragmentIndex:
             out[exp] = self.offsets[s + 1].astype(np.int64) - self.offsets[s].astype(np.int64)
         return out
 
-    def count_rows(self, frags: np.ndarray) -> int:
+    def count_rows(self, frags: np.ndarray | range) -> int:
         """Rows the fragments ``frags`` name together, without expanding them (ZVError for
         a fragment the chunk does not have)."""
+        if len(frags):  # a range's ends first: its numbers are made only once they are the chunk's
+            lo, hi = (frags[0], frags[-1]) if isinstance(frags, range) else (int(np.min(frags)), int(np.max(frags)))
+            if lo < 0 or hi >= self.count:
+                raise ZVError(self.key, f"fragment {lo if lo < 0 else hi} out of range (chunk has {self.count})")
         frags = np.asarray(frags, np.int64)
-        if len(frags) and (int(frags.min()) < 0 or int(frags.max()) >= self.count):
-            f = int(frags.min()) if int(frags.min()) < 0 else int(frags.max())
-            raise ZVError(self.key, f"fragment {f} out of range (chunk has {self.count})")
         s = self.slot[frags]
         rng = self.is_range[frags]
         total = int(self.ranges[s[rng], 1].sum()) if rng.any() else 0
@@ -180,11 +187,18 @@ class ManifestBlock:
     """A run of one object's fragments in one chunk."""
 
     chunk: tuple[int, ...]
-    fragments: np.ndarray  # int64 fragment numbers within that chunk, in order
+    #: fragment numbers within that chunk, in order: a mode-1 block's run stays a range, made
+    #: into numbers only once its chunk's fragment index has them (FragmentIndex.count_rows)
+    fragments: np.ndarray | range
 
 
-def parse_manifest(raw: bytes | memoryview, ndim: int, key: str) -> list[ManifestBlock]:
-    """Decode one object manifest: u32 B, then B blocks (coords, mode, payload)."""
+def parse_manifest(raw: bytes | memoryview, ndim: int, key: str, named: int = 0) -> list[ManifestBlock]:
+    """Decode one object manifest: u32 B, then B blocks (coords, mode, payload).
+
+    A mode-1 block is a count, kept as a range: 40 blocks of 2**24 in 1,644 bytes had the
+    daemon build 5 GiB of fragment numbers as the level was listed, before any was checked
+    against its chunk (a helper's audit). ``named``: the fragments the level's manifests
+    before this one name; all together name at most MAX_NAMED_FRAGMENTS."""
     buf = memoryview(raw)
     if len(buf) < 4:
         raise ZVError(key, f"manifest of {len(buf)} bytes is shorter than its header")
@@ -210,7 +224,7 @@ def parse_manifest(raw: bytes | memoryview, ndim: int, key: str) -> list[Manifes
             pos += 16
             if count < 0 or count > MAX_CHUNK_ROWS:
                 raise ZVError(key, f"manifest block {b} counts {count} fragments")
-            frags = np.arange(start, start + count, dtype=np.int64)
+            frags = range(start, start + count)
         elif mode == 2:
             if pos + 4 > len(buf):
                 raise ZVError(key, f"manifest truncated in block {b}")
@@ -222,6 +236,10 @@ def parse_manifest(raw: bytes | memoryview, ndim: int, key: str) -> list[Manifes
             pos += 8 * n
         else:
             raise ZVError(key, f"manifest block {b} has unknown mode {mode}")
+        named += len(frags)  # a range's length, its numbers not made
+        if named > MAX_NAMED_FRAGMENTS:
+            raise ZVError(key, f"the level's manifests name more than {MAX_NAMED_FRAGMENTS:,} fragments; "
+                               f"zvfs builds level-wide tables of at most {MAX_TABLE_BYTES >> 20} MiB")
         out.append(ManifestBlock(coords, frags))
     if pos != len(buf):
         raise ZVError(key, f"manifest has {len(buf) - pos} trailing bytes")

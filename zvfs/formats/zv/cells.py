@@ -23,6 +23,7 @@ from zvfs.formats._common import get_metadata, join, parse_json
 from zvfs.formats.meta import FormatError
 from zvfs.stores.base import KeyNotFound, Store, StoreError
 
+from .blobs import MAX_TABLE_BYTES
 from .errors import ZVError
 
 
@@ -87,9 +88,6 @@ def read_chunk(arr: Array, idx: tuple[int, ...]) -> np.ndarray | None:
         raise ZVError(join(arr.path, "/".join(map(str, idx))), str(exc)) from exc
 
 
-#: the most a whole table (object ids, manifests, group ranges, object attributes) may
-#: decode to: its shape is the metadata's word, and a few bytes of it declared 2**28 rows
-MAX_TABLE_BYTES = 256 << 20
 
 
 def read_all(store: Store, arr: Array) -> np.ndarray:

@@ -486,6 +486,18 @@ class Level:
         n = self.vertex_count(chunk)
         key = self.key(f"{rel}/{chunk_name(chunk)}")
         if raw is None:
+            # a cell never written is zeros, as many rows as the chunk's vertices: n is the
+            # fragment index's word (2**24 from 44 bytes) and the columns the metadata's, so
+            # a 4 KiB read built 2 GiB of zeros; the vertices cell has to hold n rows, and
+            # the zeros, backed by no stored byte, are bounded as a level-wide table is
+            have = len(self.vertices(chunk))
+            if have != n:
+                raise ZVError(self.key(f"vertices/{chunk_name(chunk)}"),
+                              f"decoded {have} vertices, the fragment index says {n}")
+            if n * info.ncols * info.dtype.itemsize > cells.MAX_TABLE_BYTES:
+                raise ZVError(key, f"absent: {n:,} rows of {info.ncols:,} {info.dtype} zeros would take "
+                                   f"{n * info.ncols * info.dtype.itemsize:,} bytes; zvfs fills at most "
+                                   f"{cells.MAX_TABLE_BYTES >> 20} MiB")
             rows = np.zeros((n, info.ncols), info.dtype)
         else:
             rows = rows_of(raw, info.ncols, info.dtype, key)
@@ -660,7 +672,13 @@ class Level:
         key = self.key("object_index/manifests")
         if len(blobs) < len(ids):
             raise ZVError(key, f"{len(blobs)} manifests for {len(ids)} objects")
-        return {oid: parse_manifest(blobs[row], sid, f"{key}[{row}]") for row, oid in enumerate(ids) if blobs[row]}
+        out: dict[int, list[ManifestBlock]] = {}
+        named = 0  # fragments named so far, all objects together: one bound for the level
+        for row, oid in enumerate(ids):
+            if blobs[row]:
+                out[oid] = parse_manifest(blobs[row], sid, f"{key}[{row}]", named)
+                named += sum(len(b.fragments) for b in out[oid])
+        return out
 
     def object_size(self, blocks: list[ManifestBlock], offsets: dict[Chunk, int], oid: int) -> int:
         """The rows :meth:`object_rows` gives for one object, counted from the fragment indexes
