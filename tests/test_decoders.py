@@ -638,6 +638,37 @@ def test_a_process_that_ends_while_a_request_waits_to_be_sent_is_not_sent_it(sto
     assert pool.disabled is None and pool.restarts == 1
 
 
+def test_a_request_longer_than_pipe_buf_is_not_sent_to_a_process(store) -> None:
+    """A request carries its array's path. One write to a pipe is whole only up to
+    PIPE_BUF: a request of a 4 KB path was cut short in a nearly full pipe, the process
+    waited for the rest until it was killed as stuck, and the requests behind it broke
+    its stream (a helper's audit). Such a request is not sent now: its caller decodes it
+    in a thread, at once, with the process stopped and nothing queued to it; the process
+    serves the others."""
+    import select
+
+    import trio
+
+    long_path = "/".join(["d" * 250] * 17)
+    assert len(long_path) > select.PIPE_BUF
+
+    async def main(pool: DecoderPool) -> None:
+        p = pool._procs[0]
+        os.kill(p.pid, signal.SIGSTOP)
+        try:
+            with trio.fail_after(5):  # far under answer_timeout: it was never sent
+                with pytest.raises(NotServed):
+                    await pool.decode(long_path, "metadata-a", 0, (0,), MIN_CHUNK_BYTES)
+            assert queued_bytes(p.pid) == 0 and not p.pending
+        finally:
+            os.kill(p.pid, signal.SIGCONT)
+        with trio.fail_after(START_TIMEOUT):
+            assert await answered_by_processes(pool, "metadata-b")
+
+    pool = run_pool(store[0], main)
+    assert pool.disabled is None and pool.restarts == 0
+
+
 def test_a_process_that_stops_answering_is_killed_and_its_request_goes_to_the_threads(
         store, caplog) -> None:
     """A process that takes a request and never answers (here: stopped) would hold its

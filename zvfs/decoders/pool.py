@@ -6,6 +6,7 @@ import itertools
 import logging
 import math
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -417,6 +418,11 @@ class DecoderPool:
         p = min(ready, key=lambda q: len(q.pending))
         rid = next(self._rids)
         message = pack((rid, path, digest, epoch, idx, offset, nbytes))
+        if len(message) > select.PIPE_BUF:
+            # one write is whole only up to PIPE_BUF: a path of 4 KB, a zip's longer member
+            # names, were cut short in a nearly full pipe, and the process waited for the rest
+            # until it was killed as stuck (a helper's audit). The threads decode those.
+            raise NotServed
         async with p.write_lock:
             while True:
                 # Checked after every wait, right before the write: a process that ended
@@ -426,7 +432,7 @@ class DecoderPool:
                 if p.ended:
                     raise NotServed
                 try:
-                    os.write(p.to_fd, message)  # under PIPE_BUF: all of it, or none
+                    os.write(p.to_fd, message)  # at most PIPE_BUF: all of it, or none
                     break
                 except BlockingIOError:
                     await trio.lowlevel.wait_writable(p.to_fd)

@@ -2,7 +2,8 @@
 
 Both ends are zvfs, started together over pipes nothing else can write to. A request is a
 few hundred bytes, under PIPE_BUF, so one write puts it in the pipe whole even when
-several tasks write to the same process."""
+several tasks write to the same process; one that is not (an array path of 4 KB) is not
+sent (DecoderPool.decode)."""
 
 from __future__ import annotations
 
