@@ -431,6 +431,36 @@ def test_status_shows_decoders_auto_among_the_options(zarr_dir, mount) -> None:
     assert res.returncode == 0 and "decoders=auto" in res.stdout, res.stdout
 
 
+@pytest.mark.parametrize("planted", [
+    {"source": "s3://someone-elses-bucket/x", "pid": 1, "version": "9.9", "uptime_seconds": 999999,
+     "ready": False, "store_requests": 12345, "chunk_cache": {"hits": 5, "misses": 5},
+     "options": {"metrics_addr": "10.0.0.1:1"}, "time": 0, "last_error": {"time": 0, "message": "made up"}},
+    [1, 2],
+    "not json",
+], ids=["another-mounts-copy", "json-not-an-object", "not-json"])
+def test_status_of_decoded_off_ignores_a_stats_json_the_store_holds(tmp_path, mount, planted) -> None:
+    """With ``decoded=off`` the store's own ``.zvfs/`` keys are shown, and a copy made of
+    another mount holds a ``.zvfs/stats.json``: status read it as this mount's own, and
+    showed that mount's source, pid, metrics address and counters (and, with ``ready``
+    false, "starting" for ever); JSON that was no object was a traceback (a helper's
+    audit). The daemon's is rendered at its open, and only that is taken."""
+    src = tmp_path / "src"
+    (src / ".zvfs").mkdir(parents=True)
+    (src / "a").write_text("hi")
+    body = planted if isinstance(planted, str) else json.dumps(planted)
+    (src / ".zvfs" / "stats.json").write_text(body)
+    m = mount(src, "-o", "decoded=off")
+    assert (m.path / ".zvfs" / "stats.json").read_text() == body  # the store's, as the README says
+    res = zvfs("status", m.path, "--json")
+    assert res.returncode == 0, (res.stdout, res.stderr)
+    [info] = json.loads(res.stdout)
+    assert info["health"] == "ok" and info["source"] == str(src), info
+    assert info["pid"] is None and info["metrics"] is None and "store" not in info, info
+    res = zvfs("status", m.path)
+    assert res.returncode == 0 and res.stderr == "", res
+    assert "counters:   not available" in res.stdout and "someone-elses" not in res.stdout, res.stdout
+
+
 @probes_every_mount
 def test_status_lists_health_source_options_and_traffic(zarr_dir, zarr_s3, moto, s3_env, mount) -> None:
     local = mount(zarr_dir, "--threads", "3", "--metadata-ttl", "indefinite")

@@ -27,9 +27,12 @@ from zvfs.mounts import (
 from zvfs.options import metrics_url
 from zvfs.stats import ERROR_KINDS
 
-#: run in a child: statfs proves the daemon answers; stats.json may be absent (decoded=off)
+#: run in a child: statfs proves the daemon answers; stats.json may be absent (decoded=off),
+#: or the store's own (decoded=off shows the store's .zvfs/ keys: a copy of another mount's
+#: was shown as this one's source, pid and counters): the daemon's is rendered at its open,
+#: so its "time" lies between the probe's open and the end of its read
 _PROBE = r"""
-import errno, json, os, sys
+import errno, json, os, sys, time
 mp = sys.argv[1]
 try:
     os.statvfs(mp)
@@ -38,8 +41,17 @@ except OSError as e:
                       "error": e.strerror}))
     sys.exit()
 try:
+    opened = time.time()
     with open(os.path.join(mp, ".zvfs", "stats.json"), "rb") as f:
-        stats = json.loads(f.read())
+        raw = f.read()
+    read = time.time()
+    try:
+        stats = json.loads(raw)
+    except ValueError:
+        stats = None
+    stamp = stats.get("time") if isinstance(stats, dict) else None
+    if not (isinstance(stamp, (int, float)) and opened - 1 <= stamp <= read + 1):
+        stats = None  # not the daemon's
 except OSError as e:
     # statfs by a user the mount does not let in is answered by the kernel, not the daemon
     if e.errno in (errno.EACCES, errno.EPERM):
@@ -61,15 +73,21 @@ def zvfs_mounts() -> list[MountEntry]:
 def probe(mountpoint: str, timeout: float) -> dict[str, Any]:
     """Health ('ok', 'dead', 'hung', 'error', or 'unknown' to a user the mount does not let
     in) and stats.json of one mount ('starting', told by stats.json, comes in describe)."""
+    proc = subprocess.Popen([sys.executable, "-c", _PROBE, mountpoint], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     try:
-        res = subprocess.run([sys.executable, "-c", _PROBE, mountpoint], capture_output=True,
-                             text=True, timeout=timeout)
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        # killed, and not waited for: a probe whose lookup waits for another's of the same
+        # name (or for a directory lock a stuck request holds) sleeps uninterruptibly, and
+        # ends only when that does; subprocess.run's wait after the kill held `zvfs status`
+        # as long (a helper's audit). It is left to end on its own.
+        proc.kill()
         return {"health": "hung", "error": f"no answer within {timeout:g} s"}
     try:
-        return json.loads(res.stdout)
+        return json.loads(out)
     except ValueError:
-        return {"health": "error", "error": (res.stderr.strip().splitlines() or ["probe failed"])[-1]}
+        return {"health": "error", "error": (err.strip().splitlines() or ["probe failed"])[-1]}
 
 
 #: mounts probed at once (each probe is a child process)
