@@ -122,6 +122,15 @@ def test_status_timeout_must_be_seconds_above_0(value) -> None:
     assert f"--timeout: {value} is no number of seconds above 0" in res.stderr, res.stderr
 
 
+@pytest.mark.parametrize("value", ["86401", "3000000", "1e300"])
+def test_status_timeout_of_more_than_a_day_is_one_line(value) -> None:
+    """A timeout of 35 days or more was a traceback (the selector's OverflowError; a
+    helper's audit)."""
+    res = run([tool("zvfs"), "status", "--timeout", value])
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res
+    assert f"--timeout: {value} is more than a day (86400 s)" in res.stderr, res.stderr
+
+
 def test_bad_command_line_is_one_line() -> None:
     res = zvfs("mount", "only-a-source")
     one_line(res, "mountpoint", "--help", code=2)

@@ -82,6 +82,18 @@ def _positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text} is no number of seconds above 0") from None
 
 
+#: the longest `zvfs status` waits for a mount: a timeout of 35 days was a traceback (the
+#: selector's OverflowError; a helper's audit), and no operator waits a day for an answer
+MAX_STATUS_TIMEOUT = 86400
+
+
+def _probe_seconds(text: str) -> float:
+    seconds = _positive_seconds(text)
+    if seconds > MAX_STATUS_TIMEOUT:
+        raise argparse.ArgumentTypeError(f"{text} is more than a day ({MAX_STATUS_TIMEOUT} s)")
+    return seconds
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="zvfs",
@@ -109,7 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(_commands={"mount": m, "unmount": u, "umount": u, "status": st})
     st.add_argument("mountpoint", nargs="?", help="only this mount (default: all)")
     st.add_argument("--json", action="store_true", help="print JSON for scripts (default: text)")
-    st.add_argument("--timeout", type=_positive_seconds, default=5.0, metavar="SECONDS",
+    st.add_argument("--timeout", type=_probe_seconds, default=5.0, metavar="SECONDS",
                     help="a mount that does not answer within this is reported hung (default: 5)")
     return p
 
