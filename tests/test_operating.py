@@ -599,11 +599,12 @@ def test_metrics_endpoint_moves_with_a_workload(zarr_s3, zarr_dir, moto, s3_env,
     assert total(after, "zvfs_mount_info", source=zarr_s3) == 1
 
 
-def test_metrics_on_port_0_are_served_where_the_log_and_status_say(zarr_dir, mount) -> None:
+def test_metrics_on_port_0_are_served_where_the_log_and_status_say(zarr_dir, mount, tmp_path) -> None:
     """`--metrics-addr 0`: the OS picks a free port as the daemon binds, so no other process
     can take it in between, and the daemon says which it got: in its log, in `zvfs status`
     (text and JSON) and in the options stats.json shows. A fixed port already in use still
-    fails the mount with one clear line."""
+    fails the mount with one clear line, and leaves nothing behind (its disk cache's
+    directory stayed: the store was opened, and never closed; a helper's audit)."""
     m = mount(zarr_dir, "--metrics-addr", "0")
     res = zvfs("status", m.path)
     assert res.returncode == 0, res.stderr
@@ -625,10 +626,11 @@ def test_metrics_on_port_0_are_served_where_the_log_and_status_say(zarr_dir, mou
     assert json.loads(res.stdout)[0]["metrics"] is None
     assert "metrics" not in zvfs("status", plain.path).stdout
     # the port bound, asked for as a fixed port by another mount, is in use
-    busy = mount(zarr_dir, "--metrics-addr", str(port), check=False)
+    busy = mount(zarr_dir, "--metrics-addr", str(port), "--cache-dir", tmp_path / "cache", check=False)
     one_line(busy.result, rf"cannot serve metrics at 127\.0\.0\.1:{port}\b", "already in use",
              "choose another --metrics-addr", code=1)
     assert mount_entry(busy.path) is None
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == []
     assert total(scrape(url), "zvfs_mount_info", source=str(zarr_dir)) == 1  # the first serves on
 
 

@@ -581,17 +581,19 @@ def serve(store: Store, mountpoint: str, description: str, opts: dict[str, Any],
     ops = ZvfsOperations(root, ctx, usage=usage, derived=[f"/{CONTROL_NAME}/"], owner=owner)
     ctx.on_change.append(ops.changed)
     metrics = None
-    if opts.get("metrics_addr"):
-        from zvfs.metrics import serve_metrics
-
-        metrics = serve_metrics(opts["metrics_addr"], ctx, opts.get("metrics_label") or description)
-        # the option in effect is the address bound: port 0 asked shows, in stats.json and
-        # zvfs status, the port an operator scrapes
-        ctx.options["metrics_addr"] = metrics.addr
     stop = SignalStop()
     unmounted = False
     failed: list[BaseException] = []
     try:
+        # in the try: a metrics address in use failed the mount before it, and the store was
+        # never closed (a --cache-dir's mount-* directory stayed; a helper's audit)
+        if opts.get("metrics_addr"):
+            from zvfs.metrics import serve_metrics
+
+            metrics = serve_metrics(opts["metrics_addr"], ctx, opts.get("metrics_label") or description)
+            # the option in effect is the address bound: port 0 asked shows, in stats.json and
+            # zvfs status, the port an operator scrapes
+            ctx.options["metrics_addr"] = metrics.addr
         init_fuse(ops, mountpoint, fuse_options(description, opts["allow_other"], ctx.writable,
                                                 opts["noexec"]))
         ours = mount_device(mountpoint)
