@@ -441,6 +441,37 @@ def test_a_write_past_what_the_parts_can_hold_is_efbig_at_once(s3, monkeypatch):
     assert _object(client, bucket, "capped") == b"\1" * (limit - 1) + b"z"
 
 
+def test_a_file_past_s3s_largest_put_goes_up_in_parts_though_under_two_parts(s3, monkeypatch):
+    """A file under two parts went up in one PUT, but S3 takes at most 5 GiB in one: with
+    parts of 4 GiB a file of 6 GiB was refused at close (a helper's audit). Past the
+    single PUT's bound it goes up in parts (the bound made 6 MiB here, with parts of 5)."""
+    from zvfs.stores import s3_write
+
+    store, client, bucket, _ = s3
+    monkeypatch.setattr(s3_write, "MAX_PUT", 6 * MiB)
+    data = os.urandom(7 * MiB)
+    w = store.open_writer("big", truncate=True, create=True)
+    w.write(0, data)
+    w.commit()
+    w.close()
+    assert _object(client, bucket, "big") == data
+    etag = client.head_object(Bucket=bucket, Key="pre/big")["ETag"]
+    assert etag.strip('"').endswith("-2"), etag  # a multipart upload's, of two parts
+
+
+@pytest.mark.parametrize(("text", "words"), [("4M", "smaller than S3's 5M minimum"),
+                                             ("6G", "larger than S3's 5G maximum"),
+                                             ("100T", "larger than S3's 5G maximum")])
+def test_a_part_size_s3_refuses_is_refused_at_the_mount(text, words):
+    """S3 takes parts of 5 MiB to 5 GiB: --part-size 6G was taken, and every upload
+    refused (a helper's audit)."""
+    from zvfs.options import parse_part_size
+
+    assert parse_part_size("5M") == 5 * MiB and parse_part_size("5G") == 5 << 30
+    with pytest.raises(ValueError, match=words):
+        parse_part_size(text)
+
+
 def test_the_part_limit_is_s3s_largest_object_for_big_parts():
     """With parts of 1 GiB, 10,000 of them would pass S3's largest object (5 TiB)."""
     from zvfs.stores.s3_write import MAX_OBJECT, MAX_PARTS, largest_upload

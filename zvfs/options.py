@@ -82,10 +82,12 @@ def parse_processes(text: str) -> int | None:
 
 
 def parse_part_size(text: str) -> int:
-    """An S3 multipart part size: S3 refuses parts under 5 MiB (but the last)."""
+    """An S3 multipart part size: S3 refuses parts under 5 MiB (but the last) and over 5 GiB."""
     size = parse_size(text)
     if size < 5 << 20:
         raise ValueError(f"{text!r} is smaller than S3's 5M minimum part size")
+    if size > 5 << 30:
+        raise ValueError(f"{text!r} is larger than S3's 5G maximum part size")
     return size
 
 
@@ -283,7 +285,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("staging_max_size", parse_size, 10 << 30, "S3 writes: bound for the files staged on local "
            "disk until uploaded (under --cache-dir, else a private temporary directory)"),
     Option("staging_min_free", parse_size, 1 << 30, "S3 writes: free space staging always leaves on its disk"),
-    Option("part_size", parse_part_size, 8 << 20, "S3 writes: multipart part size (at least 5M); "
+    Option("part_size", parse_part_size, 8 << 20, "S3 writes: multipart part size (5M to 5G); "
            "files of two parts or more are uploaded in parts, while they are written"),
     Option("rewrite_max_size", parse_size, 1 << 30, "S3 writes: the most bytes of an object opened "
            "without O_TRUNC fetched to change it in place (a write into it, an append, a truncate that "

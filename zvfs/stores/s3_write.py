@@ -70,10 +70,11 @@ log = logging.getLogger(__name__)
 
 #: tries to fetch an object opened without O_TRUNC that is replaced while it is fetched
 FETCH_TRIES = 3
-#: S3's limits: parts of at least 5 MiB (but the last), at most 10,000 of them, and a
-#: single CopyObject of at most 5 GiB
+#: S3's limits: parts of 5 MiB (but the last) to 5 GiB, at most 10,000 of them, and a
+#: single PutObject or CopyObject of at most 5 GiB
 MIN_PART = 5 << 20
 MAX_PARTS = 10_000
+MAX_PUT = 5 << 30
 #: S3's largest object
 MAX_OBJECT = 5 << 40
 MAX_COPY = 5 << 30
@@ -572,7 +573,9 @@ class S3Writer(KeyWriter):
         try:
             # appends to an object the server copies (tail mode), else the staged file whole
             if not (self._tail and self._commit_tail(size)):
-                if self._upload_id is None and size < 2 * self.part_size:
+                # one PUT holds at most 5 GiB: a file of 6 GiB with parts of 4 GiB went up
+                # whole, and S3 refused it at close (a helper's audit)
+                if self._upload_id is None and size < 2 * self.part_size and size <= MAX_PUT:
                     self._put_whole(size)
                 else:
                     self._finish_upload(size)
