@@ -114,6 +114,17 @@ def test_missing_bucket(moto, s3_env, mnt) -> None:
     assert_nothing_mounted(mnt)
 
 
+@pytest.mark.parametrize("url", ["127.0.0.1:9", "ftp://127.0.0.1:9", "s3://127.0.0.1:9"])
+def test_an_endpoint_that_is_no_http_url_is_a_configuration_error(s3_env, mnt, url) -> None:
+    """An endpoint of another scheme was refused by botocore, late, as if the server could
+    not be reached: exit 1, which a systemd unit retries for ever (a helper's audit). Like
+    one without a scheme, it is exit 78, saying what to write instead."""
+    res = zvfs_mount("s3://bucket/prefix", mnt, "--endpoint-url", url, env=s3_env)
+    assert_fails(res, re.escape(repr(url)), re.escape("use --endpoint-url http://127.0.0.1:9 (or https://)"))
+    assert res.returncode == 78, res
+    assert_nothing_mounted(mnt)
+
+
 def test_unreachable_endpoint(s3_env, mnt) -> None:
     """Nothing listens on the port: a clear failure, not a hang."""
     import socket

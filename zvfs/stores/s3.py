@@ -265,6 +265,13 @@ class S3Store(Store):
                 f"the S3 endpoint URL {endpoint_url!r} has no scheme: "
                 f"use --endpoint-url http://{endpoint_url} (or https://)"
             )
+        if endpoint_url and endpoint_url.partition("://")[0].lower() not in ("http", "https"):
+            # botocore's refusal came as the connection's, exit 1, which systemd retries
+            rest = endpoint_url.partition("://")[2]
+            raise SourceError(
+                f"the S3 endpoint URL {endpoint_url!r} is not http:// or https://: "
+                f"use --endpoint-url http://{rest} (or https://)"
+            )
         extra: dict[str, Any] = {}
         if no_sign_request:
             extra["signature_version"] = UNSIGNED
