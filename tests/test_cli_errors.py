@@ -680,19 +680,29 @@ def test_mount_fuse_type_and_remount(zarr_dir, tmp_path) -> None:
     assert res.returncode == 2 and "invalid choice: 'mout'" in res.stderr, res.stderr
 
 
-def test_an_fstab_line_copied_from_the_mount_table_mounts(zarr_dir, tmp_path) -> None:
+@pytest.mark.parametrize("name", ["store", "café 温度", "caf\\xe9,100%41"])
+def test_an_fstab_line_copied_from_the_mount_table_mounts(zarr_dir, tmp_path, name) -> None:
     """`grep MNT /proc/mounts >> /etc/fstab` is how many keep a mount they made by hand. The
     line's source is `zvfs:/path`, taken for a relative path ("source directory
     /root/zvfs:/path does not exist"), and its options hold the kernel's own (user_id=0,
-    group_id=0): "unknown option -o user_id". The line, verbatim, now mounts the same."""
+    group_id=0): "unknown option -o user_id". The line, verbatim, now mounts the same.
+    A source of other than ASCII was written to the table as Python's backslash escape, one
+    text for ``café`` and a literal ``caf\\xe9``: neither the line nor `zvfs status` of a
+    decoded=off mount named the source (a helper's audit). It is %-escaped UTF-8 now."""
+    src = tmp_path / name
+    shutil.copytree(zarr_dir, src)
+    zarr_dir = src
     mnt = tmp_path / "m"
     mnt.mkdir()
     log = tmp_path / "log"
-    res = run([tool("zvfs"), "mount", "--log-file", str(log), str(zarr_dir), str(mnt)])
+    res = run([tool("zvfs"), "mount", "--log-file", str(log), str(zarr_dir), str(mnt), "-o", "decoded=off"])
     assert res.returncode == 0, res.stderr
     try:
         (line,) = [ln for ln in Path("/proc/mounts").read_text().splitlines()
                    if ln.split()[1] == str(mnt)]
+        res = run([tool("zvfs"), "status", "--json", str(mnt)])
+        assert res.returncode == 0 and json.loads(res.stdout)[0]["source"] == str(src), res
+        first = mount_entry(mnt)["source"]
     finally:
         force_unmount(mnt)
     assert line.startswith("zvfs:/") and "user_id=" in line, line
@@ -702,7 +712,7 @@ def test_an_fstab_line_copied_from_the_mount_table_mounts(zarr_dir, tmp_path) ->
     try:
         assert res.returncode == 0, res.stderr
         assert sorted(os.listdir(mnt)) == sorted(p.name for p in zarr_dir.iterdir())
-        assert mount_entry(mnt)["source"] == line.split()[0]
+        assert mount_entry(mnt)["source"] == first
     finally:
         force_unmount(mnt)
     # a source that only begins with the prefix is still a path of its own

@@ -36,6 +36,7 @@ from zvfs.mounts import (
     is_dead,
     mount_entry,
     mounts_inside,
+    source_of_table,
 )
 from zvfs.stats import Counters
 
@@ -380,7 +381,7 @@ def source_from_mount_table(source: str) -> str:
     rest = source.removeprefix(MOUNT_TABLE_PREFIX)
     scheme, sep, _ = rest.partition("://")
     if rest != source and (rest.startswith("/") or (sep and scheme.replace("+", "").isalnum())):
-        return rest
+        return source_of_table(source)
     return source
 
 

@@ -30,7 +30,7 @@ from zvfs.fs import Ownership, ZvfsOperations
 from zvfs.fs import loop as fs_loop
 from zvfs.fs.fuse import pyfuse3
 from zvfs.fs.push import PagePush
-from zvfs.mounts import MOUNT_TABLE_PREFIX, UnmountFailed, fusermount, mount_device
+from zvfs.mounts import MOUNT_TABLE_PREFIX, UnmountFailed, fusermount, mount_device, table_source
 from zvfs.options import OPTIONS, S3_WRITE_OPTIONS, format_value, parse_processes, parse_ttl
 from zvfs.stats import Counters
 from zvfs.stores.base import KeyInfo, Store
@@ -72,9 +72,8 @@ def fuse_options(description: str, allow_other: bool, writable: bool = False,
     """Mount options. max_read is not among them: pyfuse3's init cannot match it, and the
     kernel's own limit (max_pages, negotiated from libfuse's 1 MiB buffer) already gives
     1 MiB reads once tune_kernel has raised the read-ahead."""
-    # pyfuse3 passes options as ASCII: escape the rest, as /proc/mounts would show it
-    ascii_desc = description.encode("ascii", "backslashreplace").decode("ascii")
-    fsname = MOUNT_TABLE_PREFIX + ascii_desc.replace("\\", "\\\\").replace(",", "\\,")
+    # libfuse's option syntax: a backslash and a comma escaped
+    fsname = MOUNT_TABLE_PREFIX + table_source(description).replace("\\", "\\\\").replace(",", "\\,")
     opts = set(pyfuse3.default_options)
     opts |= {f"fsname={fsname}", "subtype=zvfs", "noatime", "rw" if writable else "ro"}
     if allow_other:

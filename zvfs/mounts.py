@@ -11,6 +11,25 @@ from dataclasses import dataclass
 _OCTAL = re.compile(rb"\\([0-7]{3})")
 #: what a zvfs mount's source is in the mount table (its fsname): ``zvfs:`` + the source
 MOUNT_TABLE_PREFIX = "zvfs:"
+#: what a source keeps as it is in the mount table: printable ASCII but ``%``
+_TABLE_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
+
+
+def table_source(source: str) -> str:
+    """``source`` as the mount table holds it (after the prefix): pyfuse3 passes its options
+    as ASCII, so the rest is %-escaped UTF-8, ``%`` too, which :func:`source_of_table` undoes.
+    Python's backslashreplace was used: ``café`` and a literal ``caf\xe9`` were one text,
+    which status showed and an fstab line copied from the table mounted (a helper's audit)."""
+    from urllib.parse import quote
+
+    return quote(source, safe=_TABLE_SAFE, errors="surrogateescape")
+
+
+def source_of_table(text: str) -> str:
+    """The source a mount table's ``zvfs:`` entry names (see :func:`table_source`)."""
+    from urllib.parse import unquote
+
+    return unquote(text.removeprefix(MOUNT_TABLE_PREFIX), errors="surrogateescape")
 
 
 def _unescape(field: bytes) -> bytes:

@@ -17,12 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from zvfs.mounts import (
-    MOUNT_TABLE_PREFIX,
     MountEntry,
     is_dead,
     mount_around,
     mount_entry,
     mount_table,
+    source_of_table,
 )
 from zvfs.options import metrics_url
 from zvfs.stats import ERROR_KINDS
@@ -123,7 +123,7 @@ def describe(entry: MountEntry, timeout: float) -> dict[str, Any]:
                  "error": "its source is still being opened: requests that need it wait"}
     out: dict[str, Any] = {
         "mountpoint": entry.mountpoint,
-        "source": stats.get("source") or entry.source.removeprefix(MOUNT_TABLE_PREFIX),
+        "source": stats.get("source") or source_of_table(entry.source),
         "health": found["health"],
         "error": found.get("error"),
         "pid": stats.get("pid"),
