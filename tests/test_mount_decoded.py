@@ -485,6 +485,40 @@ def _zarr_open_mirror(v2: Path, path: str):
     return zarr.open_array(zarr.storage.LocalStore(str(v2), read_only=True), path=path, mode="r")
 
 
+def test_mirror_keeps_a_fixed_width_string_fill_xarray_masks_with(mount, tmp_path) -> None:
+    """A v2 array of fixed-width bytes or text, with a fill_value, as zarr-python writes it:
+    xarray masks that value on the source, and the mirror's fill_value was null, so its
+    values were not masked (a helper's audit). The mirror keeps the source's fill now, and
+    xarray reads the same from both; a number's fill was kept already."""
+    import xarray as xr
+    import zarr
+
+    root = tmp_path / "strings.zarr"
+    g = zarr.open_group(str(root), mode="w", zarr_format=2)
+    cases = {"s": ("S2", b"zz", [b"ab", b"zz", b"c"]), "u": ("<U2", "zz", ["ab", "zz", "c"]),
+             "f": ("<f4", 9.0, [1.0, 9.0, 2.0])}
+    for name, (dt, fill, values) in cases.items():
+        a = g.create_array(name, shape=(3,), chunks=(3,), dtype=dt, fill_value=fill,
+                           attributes={"_ARRAY_DIMENSIONS": ["x"]})
+        a[:] = np.array(values, dtype=dt)
+    m = mount(root)
+    v2 = m.path / ".zvfs" / "v2"
+    source = xr.open_zarr(str(root), consolidated=False)
+    mirror = xr.open_zarr(str(v2), consolidated=True)
+    for name in cases:
+        assert _zarr_open_mirror(v2, name).fill_value == zarr.open_array(str(root), path=name, mode="r").fill_value
+        want, got = source[name].values, mirror[name].values
+        assert pd_isnull(want).tolist() == pd_isnull(got).tolist() == [False, True, False], (name, want, got)
+        assert want[0] == got[0] and want[2] == got[2], (name, want, got)
+
+
+def pd_isnull(values: np.ndarray) -> np.ndarray:
+    """NaN where xarray masked, in an object array of strings too."""
+    import pandas as pd
+
+    return np.asarray(pd.isnull(values))
+
+
 def test_root_level_stores(corpus: Corpus, session_mount) -> None:
     """Stores mounted at their own root: a root array, v2 .zmetadata and v3 consolidated metadata."""
     for case in CASES:

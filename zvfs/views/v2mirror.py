@@ -93,8 +93,17 @@ def mirror_dtype(dt: np.dtype) -> np.dtype:
 def zarray_doc(meta: ArrayMeta, translated: VarAttributes | None = None) -> dict[str, Any]:
     """The v2 ``.zarray``; ``fill_value`` is the CF fill (see views.cfattrs), which is what v2
     readers (xarray, netCDF-C, GDAL) mask with. Every chunk file exists, so no value depends on it.
-    ``translated``: the array's ``array_attributes``, when already at hand."""
-    cf = (translated or array_attributes(meta)).fill
+    ``translated``: the array's ``array_attributes``, when already at hand.
+
+    A v1 or v2 array of fixed-width bytes or text keeps its own ``fill_value`` (the CF fill
+    has none of that type: the netCDF files have no form for a fill of several characters),
+    which xarray masks with on the source: dropped, the mirror's values were not masked
+    where the source's were (a helper's audit)."""
+    translated = translated or array_attributes(meta)
+    cf = translated.fill
+    if (cf is None and meta.dtype.kind in "SU" and meta.format in ("zarr_v1", "zarr_v2")
+            and meta.fill_value is not None and "_FillValue" not in translated.attrs):
+        cf = np.array(meta.fill_value, dtype=meta.dtype)
     return {
         "zarr_format": 2,
         "shape": list(meta.shape) or [1],  # 0-d: see the module doc
