@@ -517,6 +517,18 @@ def test_zvfs_views_stay_read_only_in_a_writable_mount_one_errno_for_all(store: 
     assert res.returncode != 0 and "Read-only file system" in res.stderr, res.stderr
     fails(errno.EPERM, os.rename, views, m.path / "views")
     fails(errno.EPERM, os.rmdir, views)
+    # onto .zvfs from a directory below the root: the store's sub/d was moved under the name
+    # the mount keeps, and the rename never returned (a helper's audit)
+    os.makedirs(m.path / "sub" / "d")
+    (m.path / "sub" / "d" / "f").write_bytes(b"in d\n")
+    (m.path / "sub" / "g").write_bytes(b"g\n")
+    fails(errno.EPERM, os.rename, m.path / "sub/d", views)
+    fails(errno.EISDIR, os.rename, m.path / "sub/g", views)  # the kernel's: a file onto a directory
+    assert stats.is_file() and (m.path / "sub" / "d" / "f").read_bytes() == b"in d\n"
+    (m.path / "sub" / "d" / "f").unlink()
+    (m.path / "sub" / "g").unlink()
+    os.rmdir(m.path / "sub" / "d")
+    os.rmdir(m.path / "sub")
     # each the answer to what was asked, not a failure of the mount: no ERROR line
     assert not [ln for ln in m.log_text().splitlines() if " ERROR " in ln], m.log_text()[-3000:]
     assert store.objects() == {"zarr.json": b'{"zarr_format": 3, "node_type": "group"}', "f.txt": b"plain\n"}

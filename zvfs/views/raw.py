@@ -920,6 +920,10 @@ class RawDir(DirNode):
 
     async def rename(self, name: str, target: DirNode, new_name: str, replace: bool) -> None:
         if isinstance(target, RawDirHolder):
+            # the root's own names, from whichever directory: `mv sub/d .zvfs` moved the
+            # store's sub/d under the name the mount keeps, and the kernel, holding .zvfs
+            # for the rename, never answered the invalidation of its entries (a helper's audit)
+            target._plain(new_name)
             target = target.raw
         if not isinstance(target, RawDir):
             # into .zvfs/: read-only, as a rename or link out of it or within it is (EXDEV
@@ -1049,3 +1053,6 @@ class RawDirHolder(DirNode):
     """A directory that shows a raw directory (the mount root): writes go to ``raw``."""
 
     raw: RawDir
+
+    def _plain(self, name: str) -> None:
+        """Refuse a name the holder keeps for itself (NodeError); every other is the store's."""

@@ -105,9 +105,7 @@ class MountRoot(RawDirHolder):
         await self.raw.rmdir(name)
 
     async def rename(self, name: str, target: DirNode, new_name: str, replace: bool) -> None:
-        self._plain(name)
-        if target is self:
-            self._plain(new_name)
+        self._plain(name)  # new_name: the raw directory's rename asks its target
         await self.raw.rename(name, target, new_name, replace)
 
     async def link(self, node: FileNode, name: str) -> FileNode:
