@@ -709,3 +709,61 @@ def test_a_listing_answered_before_a_write_is_not_kept_after_it(tmp_path):
         assert "x" in (await ctx.listing("")).keys
 
     trio.run(main)
+
+
+def test_a_writer_closed_while_its_unlink_fails_is_not_put_back(tmp_path):
+    """close() while an unlink of the file is in flight: the unlink has taken the writer
+    from the key's, so the close closed it; the unlink then failed (the file removed behind
+    the mount), and put the closed writer back. Every stat of the key then asked its size
+    of a closed descriptor: EIO for lookup and getattr, a new file made at the key too,
+    until another unlink (a helper's audit, seen under a stress of opens and unlinks)."""
+    import threading
+
+    import trio
+
+    from zvfs.stores.directory import DirectoryStore
+    from zvfs.views.context import MountContext
+    from zvfs.views.node import NodeError
+    from zvfs.views.raw import RawDir
+
+    root = tmp_path / "store"
+    root.mkdir()
+    store = DirectoryStore(str(root))
+    ctx = MountContext(store=store, writable=True)
+    entered, go_on = threading.Event(), threading.Event()
+    real_delete = store.delete
+
+    def held_delete(key: str) -> None:  # the close comes while the delete is under way
+        entered.set()
+        assert go_on.wait(10)
+        real_delete(key)
+
+    store.delete = held_delete  # type: ignore[method-assign]
+    got: list[object] = []
+
+    async def main() -> None:
+        top = RawDir(ctx, "")
+        node, handle = await top.create("k", exclusive=False)
+        await handle.write(0, b"hello")
+        await handle.flush()
+        (root / "k").unlink()  # removed behind the mount: the store's delete fails ENOENT
+
+        async def unlink() -> None:
+            try:
+                await top.unlink("k")
+            except NodeError as exc:
+                got.append(exc.errno)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(unlink)
+            assert await trio.to_thread.run_sync(entered.wait, 10)
+            await handle.release()  # the application's close()
+            go_on.set()
+        assert got == [errno.ENOENT]
+        assert "k" not in ctx.writers, ctx.writers
+        (root / "k").write_bytes(b"new bytes")  # made behind the mount
+        ctx.listing_unknown("k")  # as at the end of the metadata TTL
+        child = await RawDir(ctx, "").lookup("k")
+        assert child is not None and child.size == len(b"new bytes")
+
+    trio.run(main)

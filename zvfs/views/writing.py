@@ -58,7 +58,10 @@ def unlink_writers(ctx: MountContext, key: str) -> list[WriteHandle]:
 def relink_writers(ctx: MountContext, key: str, handles: list[WriteHandle]) -> None:
     """The unlink of ``key`` that its writers were told of failed: they are its writers
     again, and store what they write (else an fsync after a refused unlink stored
-    nothing, and said so to no one)."""
+    nothing, and said so to no one). Not one closed meanwhile: its writer is closed, and
+    put back, every stat of ``key`` asked its size of a closed descriptor (EIO, until
+    another unlink; a helper's audit)."""
+    handles = [h for h in handles if h in h.peers]
     if handles:
         ctx.writers[key] = handles + ctx.writers.get(key, [])
     for handle in handles:
