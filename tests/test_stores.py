@@ -2899,3 +2899,44 @@ def test_an_s3_request_slower_than_the_timeout_is_waited_for_longer_when_tried_a
             assert list(st.list_dir("a/").keys) == ["k"]  # and the next request is quick again
         finally:
             st.close()
+
+
+@pytest.mark.parametrize("one_step", [True, False], ids=["renameat2", "without"])
+def test_a_directory_rename_that_may_not_replace_refuses_in_the_same_step(tmp_path, monkeypatch, one_step) -> None:
+    """RENAME_NOREPLACE (``mv -n``, zarr-python's exclusive moves) was a check for the name,
+    then rename(2): a file another writer made between the two was replaced, its bytes lost
+    (a helper's audit: 1 of 8,000 renames in a race). Here every check says the name is
+    free, as one made just before the other's create would: renameat2's RENAME_NOREPLACE
+    refuses in the rename itself. Where libc or the file system has none, the check and
+    the rename are what there is (refused here only when the check sees the name)."""
+    import errno
+
+    from zvfs.stores import _util
+    from zvfs.stores.base import WriteRefused
+
+    root = tmp_path / "store"
+    root.mkdir()
+    (root / "src").write_bytes(b"src")
+    (root / "dst").write_bytes(b"another writer's")
+    store = DirectoryStore(str(root))
+    if not one_step:
+        monkeypatch.setattr(_util, "_renameat2_call", None)
+        with pytest.raises(WriteRefused) as err:
+            store.rename("src", "dst", replace=False)
+        assert err.value.errno == errno.EEXIST
+        store.rename("src", "new", replace=False)
+        assert (root / "new").read_bytes() == b"src" and not (root / "src").exists()
+        return
+    real_lstat = os.lstat
+
+    def lstat_missing_dst(path, *args, **kw):  # a check made before the other's create
+        if os.fsdecode(path) == "dst":
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+        return real_lstat(path, *args, **kw)
+
+    monkeypatch.setattr(os, "lstat", lstat_missing_dst)
+    with pytest.raises(WriteRefused) as err:
+        store.rename("src", "dst", replace=False)
+    monkeypatch.setattr(os, "lstat", real_lstat)
+    assert err.value.errno == errno.EEXIST
+    assert (root / "dst").read_bytes() == b"another writer's" and (root / "src").read_bytes() == b"src"

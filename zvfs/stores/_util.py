@@ -7,6 +7,7 @@ import errno
 import os
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from zvfs.logonce import LogOnce as LogOnce  # the one log-once; re-exported for the stores
 from zvfs.stores.base import KeyNotFound, StoreError, WriteRefused
@@ -107,19 +108,43 @@ def pread_at_once(fd: int, offset: int, length: int, size: int) -> memoryview | 
 _FALLOC_FL_KEEP_SIZE = 1
 
 
-def _fallocate() -> Callable[..., int] | None:
-    """libc's fallocate(2): the system call itself (glibc's posix_fallocate writes zeros where
-    a file system has none, which is no reservation), or None where there is none."""
+def _libc(name: str, argtypes: list[Any]) -> Callable[..., int] | None:
+    """libc's system call wrapper ``name`` (errno kept), or None where this libc has none."""
     try:
-        fn = ctypes.CDLL(None, use_errno=True).fallocate
+        fn = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
         return None
     fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    fn.argtypes = argtypes
     return fn
 
 
-_fallocate_call = _fallocate()
+#: fallocate(2) itself: glibc's posix_fallocate writes zeros where a file system has none,
+#: which is no reservation
+_fallocate_call = _libc("fallocate", [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64])
+#: renameat2(2), glibc 2.28 and later
+_renameat2_call = _libc("renameat2", [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint])
+_RENAME_NOREPLACE = 1
+
+
+def rename_noreplace(src: str, src_dir: int, dst: str, dst_dir: int) -> None:
+    """rename(2) of ``src`` to ``dst`` (names in the directories open as ``src_dir`` and
+    ``dst_dir``), FileExistsError when ``dst`` exists, in one step (renameat2's
+    RENAME_NOREPLACE): a check and then a rename replaced a file another writer made in
+    between (a helper's audit). A file system or libc without it gets the check then the
+    rename."""
+    if _renameat2_call is not None:
+        if _renameat2_call(src_dir, os.fsencode(src), dst_dir, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS):
+            raise OSError(err, os.strerror(err), dst)
+    try:
+        os.lstat(dst, dir_fd=dst_dir)
+    except FileNotFoundError:
+        os.rename(src, dst, src_dir_fd=src_dir, dst_dir_fd=dst_dir)
+        return
+    raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dst)
 
 
 def reserve(fd: int, offset: int, length: int) -> None:

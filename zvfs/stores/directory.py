@@ -49,6 +49,7 @@ from zvfs.stores._util import (
     pread_all,
     pread_at_once,
     pwrite_all,
+    rename_noreplace,
     reserve,
 )
 from zvfs.stores.base import (
@@ -609,9 +610,12 @@ class DirectoryStore(Store):
             self._files.drop(src)
             self._files.drop(dst)
             try:
-                if not replace and _exists(b, b_dir):  # made since the mount's listing said not
-                    raise WriteRefused(errno.EEXIST, f"{dst}: exists")
-                os.rename(a, b, src_dir_fd=a_dir, dst_dir_fd=b_dir)
+                if replace:
+                    os.rename(a, b, src_dir_fd=a_dir, dst_dir_fd=b_dir)
+                else:  # made since the mount's listing said not: refused, in the same step
+                    rename_noreplace(a, a_dir, b, b_dir)
+            except FileExistsError:
+                raise WriteRefused(errno.EEXIST, f"{dst}: exists") from None
             except OSError as e:
                 raise _refused(src, e) from None
 
@@ -885,14 +889,6 @@ _REOPENS = 3
 def _cannot_open(key: str, e: OSError, what: str = "open") -> StoreError:
     """The error of an open that failed; out of descriptors, it says which limit to raise."""
     return StoreError(f"{key}: cannot {what}: {e.strerror}{no_descriptors_hint(e)}")
-
-
-def _exists(name: str, parent: int) -> bool:
-    try:
-        os.lstat(name, dir_fd=parent)
-    except FileNotFoundError:
-        return False
-    return True
 
 
 def _fd_path(fd: int) -> str | None:
