@@ -2940,3 +2940,33 @@ def test_a_directory_rename_that_may_not_replace_refuses_in_the_same_step(tmp_pa
     monkeypatch.setattr(os, "lstat", real_lstat)
     assert err.value.errno == errno.EEXIST
     assert (root / "dst").read_bytes() == b"another writer's" and (root / "src").read_bytes() == b"src"
+
+
+def test_a_directory_store_fsyncs_the_directory_asked_and_no_other(tmp_path, monkeypatch) -> None:
+    """sync_dir: fsync(2) of the store's own directory (its names made durable), found as a
+    write finds its parent: a symlink on the way is refused, never followed out."""
+    import errno
+
+    from zvfs.stores.base import WriteRefused
+
+    root = tmp_path / "store"
+    (root / "a" / "b").mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    (root / "ln").symlink_to(tmp_path / "outside")
+    store = DirectoryStore(str(root))
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(os.fstat(fd).st_ino)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    store.sync_dir("a/b/")
+    store.sync_dir("")
+    assert synced == [(root / "a" / "b").stat().st_ino, root.stat().st_ino]
+    for prefix in ("ln/", "a/ln/", "missing/"):
+        with pytest.raises(WriteRefused) as err:
+            store.sync_dir(prefix)
+        assert err.value.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR), (prefix, err.value)
+    assert len(synced) == 2

@@ -697,6 +697,30 @@ def test_create_random_writes_and_fsync(store: Store, mount) -> None:
     fails(errno.EEXIST, os.open, p, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
 
 
+def test_fsync_of_a_directory_is_the_daemons(store: Store, mount) -> None:
+    """write, fsync, rename, fsync of the directory: the last was pyfuse3's ENOSYS, after
+    which the kernel answers every directory fsync 0 itself, and the store's directory was
+    never fsynced (a helper's audit). The daemon answers it now (the directory store's
+    fsync is checked in test_stores)."""
+    m = store.mount(mount)
+    os.mkdir(m.path / "d")
+    with open(m.path / "d" / "tmp", "wb") as f:
+        f.write(b"durable")
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(m.path / "d" / "tmp", m.path / "d" / "final")
+    before = mount_stats(m.path).get("fuse_ops_fsyncdir", 0)
+    for path in (m.path / "d", m.path):
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+    assert mount_stats(m.path)["fuse_ops_fsyncdir"] == before + 4
+    assert_key(store, m, "d/final", b"durable")
+
+
 def test_overwrite(store: Store, mount) -> None:
     """Opening with O_TRUNC replaces the bytes; a shorter file is shorter."""
     old = rand(MiB + 3, 1)

@@ -27,7 +27,8 @@ S3_OPS = ("GetObject", "HeadObject", "ListObjectsV2", "ListObjects", "PutObject"
           "AbortMultipartUpload", "ListMultipartUploads", "DeleteObject")
 #: FUSE operations counted as ``fuse_ops_<op>``; failures as ``fuse_errors_<op>``
 FUSE_OPS = ("lookup", "getattr", "opendir", "readdir", "open", "read", "statfs",
-            "create", "write", "flush", "fsync", "setattr", "unlink", "mkdir", "rmdir", "rename", "link")
+            "create", "write", "flush", "fsync", "fsyncdir", "setattr", "unlink", "mkdir", "rmdir", "rename",
+            "link")
 
 KNOWN_COUNTERS: tuple[str, ...] = (
     "store_requests", "store_bytes", "store_list_requests", "store_retries", "store_failures",

@@ -427,6 +427,11 @@ class Store(ABC):
     def set_mtime_ns(self, key: str, mtime_ns: int) -> None:  # noqa: B027 - optional
         """Set the modification time where the store keeps one it lets us set (a no-op on S3)."""
 
+    def sync_dir(self, prefix: str) -> None:  # noqa: B027 - optional
+        """fsync() of directory ``prefix`` ('' or ending in '/'): its names made, renamed and
+        removed are on disk when it returns. Nothing where a name is stored once its write
+        returns (S3)."""
+
     def dir_mtime_ns(self, prefix: str) -> int | None:
         """The time the store records for directory ``prefix`` ('a/b/') and that never moves
         while mounted: a zip's directory entry. None where there is none, and the mount shows
@@ -544,4 +549,7 @@ class WrappedStore(Store):
 
     def set_mtime_ns(self, key: str, mtime_ns: int) -> None:
         self.inner.set_mtime_ns(key, mtime_ns)
+
+    def sync_dir(self, prefix: str) -> None:
+        self.inner.sync_dir(prefix)
 

@@ -677,6 +677,22 @@ class DirectoryStore(Store):
         self._remove(prefix.rstrip("/"), prefix, os.rmdir, stat.S_ISLNK,
                      WriteRefused(errno.ENOTDIR, f"{prefix}: a symlink, not a directory"))
 
+    def sync_dir(self, prefix: str) -> None:
+        """The directory itself, found as a write finds its parent (no symlink on the way)."""
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            if not prefix:
+                fd = os.open(self.root, flags)
+            else:
+                with self._in_parent(prefix.rstrip("/")) as (parent, name):
+                    fd = os.open(name, flags, dir_fd=parent)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise _refused(prefix or "/", e) from None
+
     def set_mtime_ns(self, key: str, mtime_ns: int) -> None:
         times = (time.time_ns(), mtime_ns)
         try:

@@ -101,6 +101,11 @@ class Node(ABC):  # noqa: B024 - abstract through FileNode and DirNode
     async def set_mtime_ns(self, mtime_ns: int) -> None:
         raise read_only()
 
+    async def sync(self) -> None:  # noqa: B027 - optional hook
+        """fsync(): of a file open for reading (``sync FILE`` opens it so), a local file's
+        descriptor reports a write-back error of its file; of a directory, its names are made
+        durable where the store keeps them on a disk."""
+
     def detach(self) -> None:  # noqa: B027 - optional hook
         """The name this node was found under now names something else (it was replaced or
         removed): the node keeps describing what it was, and stops following the name."""
@@ -157,10 +162,6 @@ class FileNode(Node):
     def opened(self) -> None:  # noqa: B027 - optional hook
         """Called at each open: a live file snapshots its content here, so the size a
         ``stat`` reports is the size of the bytes the reader gets."""
-
-    async def sync(self) -> None:  # noqa: B027 - optional hook
-        """fsync() through an open for reading (``sync FILE`` opens it so): a local file's
-        descriptor reports a write-back error of its file, as on the directory itself."""
 
     async def reader(self) -> FileNode:
         """What one open for reading reads: this node, or a copy pinned to the content it

@@ -1041,6 +1041,9 @@ class RawDir(DirNode):
         self.ctx.note_write(dst, info)
         return RawFile(self.ctx, dst, info)
 
+    async def sync(self) -> None:
+        await store_call(self.ctx, self.prefix or "/", self.ctx.store.sync_dir, self.prefix)
+
     async def set_mtime_ns(self, mtime_ns: int) -> None:
         if not self.writable:
             raise NodeError(errno.EROFS)

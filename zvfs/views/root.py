@@ -115,6 +115,9 @@ class MountRoot(RawDirHolder):
     async def set_mtime_ns(self, mtime_ns: int) -> None:
         await self.raw.set_mtime_ns(mtime_ns)
 
+    async def sync(self) -> None:
+        await self.raw.sync()
+
 
 def build_root(ctx: MountContext) -> MountRoot:
     """The root node, with ``.zvfs`` (stats.json and the decoded families) unless decoded=off."""
