@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import struct
 import subprocess
 import threading
 import time
@@ -942,7 +943,9 @@ def test_chunk_bombs_are_refused_in_bounded_memory(tmp_path: Path, mount) -> Non
 
     Each decoder used to produce all of it before the size check: 256 MiB per read
     and per worker. Now the read fails with EIO, nothing big is allocated. (bz2, lzma,
-    lz4, the filter and the shard were unbounded until a helper's audit found them.)
+    lz4, the filter and the shard were unbounded until a helper's audit found them; so
+    was a zstd bomb behind a first frame of the chunk's size, or behind a skippable frame,
+    the first frame's header alone being checked: another's.)
     """
     import numcodecs
     from zarr.codecs import GzipCodec
@@ -961,6 +964,10 @@ def test_chunk_bombs_are_refused_in_bounded_memory(tmp_path: Path, mount) -> Non
                            zlib.compress(bomb, 1)),
         "v3_gzip": ("v3", {"compressors": GzipCodec(level=1)}, gzipped),
         "v3_zstd": ("v3", {}, numcodecs.Zstd(level=1).encode(bomb)),
+        "v3_zstd_second_frame": ("v3", {}, numcodecs.Zstd(level=1).encode(bytes(128))
+                                 + numcodecs.Zstd(level=1).encode(bomb)),
+        "v2_zstd_after_skippable": ("v2", {"compressors": numcodecs.Zstd(level=1)},
+                                    struct.pack("<II", 0x184D2A50, 4) + b"skip" + numcodecs.Zstd(level=1).encode(bomb)),
         "v3_lzma": ("v3", {"compressors": LZMA(preset=0)}, numcodecs.LZMA(preset=0).encode(bomb)),
         # gzip over a whole shard (after sharding_indexed in the chain): the shard is the bomb
         "v3_shard_gzip": ("v3", {"shards": (4, 8), "compressors": None}, gzipped),
@@ -997,6 +1004,45 @@ def test_chunk_bombs_are_refused_in_bounded_memory(tmp_path: Path, mount) -> Non
     assert_good(m, root)
     for key in keys.values():
         assert "more than" in assert_one_line(m, key)
+    assert_alive(m, pid)
+
+
+def test_variable_length_chunk_bombs_stop_at_their_ceiling(tmp_path: Path, mount) -> None:
+    """A chunk of strings declares no size: one of 8 items then 512 MiB of zeros (3 KiB of
+    bz2) was inflated whole, and read (a helper's audit). A variable-length chunk now
+    decodes to at most VLEN_CEILING (128 MiB): the array is left out, told once, and the
+    daemon's peak grows by at most twice that (a stream decoder's buffer and its result),
+    where it grew by the whole bomb, and more, before."""
+    import numcodecs
+    from zarr.codecs import GzipCodec
+
+    from zvfs.codecs.bounded import VLEN_CEILING
+
+    payload = struct.pack("<I", 8) + bytes(512 * MiB)
+    import zarr
+
+    root = new_store(tmp_path / "vlen.zarr")
+    for name, fmt, compressors in (("v2_bz2", 2, numcodecs.BZ2(level=1)), ("v3_gzip", 3, GzipCodec(level=1))):
+        a = zarr.create_array(zarr.storage.LocalStore(str(root)), name=name, shape=(16,), chunks=(8,),
+                              dtype=str, zarr_format=fmt, compressors=compressors)
+        a[:] = np.array([f"w{i}" for i in range(16)], dtype=object)
+    keys = {"v2_bz2": "v2_bz2/0", "v3_gzip": "v3_gzip/c/0"}
+    (root / keys["v2_bz2"]).write_bytes(numcodecs.BZ2(level=1).encode(payload))
+    (root / keys["v3_gzip"]).write_bytes(numcodecs.GZip(level=1).encode(payload))
+    del payload
+    cache = 64
+    m = mount(root, "--cache-size", f"{cache}M")
+    pid = daemon_pid(m)
+    arrays = m.path / ".zvfs/arrays"
+    os.listdir(arrays)
+    base = status_kib(pid, "VmHWM")
+    for name, key in keys.items():  # read whole for their width (README): left out, told once
+        assert not (arrays / name / "data.raw").exists(), name
+        assert f"more than {VLEN_CEILING} bytes" in assert_one_line(m, key)
+        hwm = status_kib(pid, "VmHWM")
+        assert hwm - base <= 2 * (VLEN_CEILING >> 10) + (cache + 64) * 1024, \
+            f"{name}: daemon peak RSS {base / 1024:.0f} -> {hwm / 1024:.0f} MiB"
+    assert_good(m, root)
     assert_alive(m, pid)
 
 

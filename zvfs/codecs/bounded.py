@@ -29,6 +29,14 @@ def ceiling(nbytes: int) -> int:
     return nbytes * 8 + (1 << 20)
 
 
+#: most bytes a chunk of variable-length items (strings, bytes) may be stored as or decode
+#: to: no size is declared for it, and one of 8 items then 512 MiB of zeros, 3 KiB of bz2,
+#: was inflated whole, and read (a helper's audit). A stream decoder holds up to twice
+#: what it yields as it stops (its growing buffer and the result), so this costs up to
+#: 256 MiB a worker, where a legitimate chunk is rarely a tenth of it
+VLEN_CEILING = 128 << 20
+
+
 def inflate(data: bytes | memoryview, wbits: int, limit: int | None, name: str) -> bytes:
     """zlib (``ZLIB``) or gzip (``GZIP``, concatenated members too) data, at most ``limit`` bytes.
 
@@ -36,33 +44,46 @@ def inflate(data: bytes | memoryview, wbits: int, limit: int | None, name: str) 
     and an unfinished stream is an error.
     """
     # zlib ignores trailing bytes; gzip allows zero padding after the last member
-    return _streams(data, lambda: zlib.decompressobj(wbits), limit, name, unlimited=0,
-                    errors=(zlib.error,), more=lambda rest: wbits == GZIP and bool(rest.strip(b"\0")))
+    return _streams(data, lambda: zlib.decompressobj(wbits), limit, name, errors=(zlib.error,), more=lambda rest: wbits == GZIP and bool(rest.strip(b"\0")))
+
+
+#: bytes a stream decoder yields a call: a bomb stops within one step past its limit, where
+#: one call to the limit held twice the limit as it stopped (its growing buffer, then the
+#: result)
+STEP = 16 << 20
 
 
 def _streams(data: bytes | memoryview, make: Callable[[], Any], limit: int | None, name: str, *,
-             unlimited: int = -1, errors: tuple[type[Exception], ...] = (OSError, EOFError, ValueError),
+             errors: tuple[type[Exception], ...] = (OSError, EOFError, ValueError),
              more: Callable[[bytes], bool] = bool) -> bytes:
     """Streams of one format, one after another while ``more(rest)``, at most ``limit``
-    bytes in all: each is decompressed with a ``max_length`` (``unlimited`` for none), so a
-    bomb stops at the limit instead of filling memory. bz2 raises OSError, lzma LZMAError."""
+    bytes in all, decompressed STEP bytes a call (zlib keeps the input it has not read in
+    ``unconsumed_tail``; bz2 and lzma keep it themselves), so a bomb stops at the limit
+    instead of filling memory. bz2 raises OSError, lzma LZMAError."""
     rest = bytes(data)
     parts: list[bytes] = []
     total = 0
     while True:
         d = make()
-        try:
-            out = d.decompress(rest, unlimited if limit is None else limit - total + 1)
-        except errors as exc:
-            raise CodecError(f"{name}: {exc}") from exc
-        total += len(out)
-        if limit is not None and total > limit:
-            raise CodecError(f"{name}: decompresses to more than {limit} bytes; not a chunk of this array")
-        if not d.eof:
-            raise CodecError(f"{name}: compressed stream is truncated")
-        parts.append(out)
+        pending = rest
+        while True:
+            want = STEP if limit is None else min(STEP, limit - total + 1)
+            try:
+                out = d.decompress(pending, want)
+            except errors as exc:
+                raise CodecError(f"{name}: {exc}") from exc
+            total += len(out)
+            if limit is not None and total > limit:
+                raise CodecError(f"{name}: decompresses to more than {limit} bytes; not a chunk of this array")
+            parts.append(out)
+            if d.eof:
+                break
+            pending = getattr(d, "unconsumed_tail", b"")
+            if not out and not pending:  # every byte read, and no end: more was to come
+                raise CodecError(f"{name}: compressed stream is truncated")
         rest = d.unused_data
         if not more(rest):
+            parts = [p for p in parts if p]
             return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
@@ -92,24 +113,44 @@ def check_lz4(data: bytes | memoryview, limit: int | None) -> None:
 
 
 def zstd_content_size(data: bytes | memoryview) -> int | None:
-    """The decompressed size a zstd frame header declares, or None if it declares none."""
-    head = bytes(data[:18])
-    if len(head) < 5 or head[:4] != _ZSTD_MAGIC:
-        return None
-    fhd = head[4]
-    single = (fhd >> 5) & 1
-    size = (single, 2, 4, 8)[fhd >> 6]
-    if size == 0:
-        return None
-    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3]
-    if len(head) < pos + size:
-        return None
-    value = int.from_bytes(head[pos:pos + size], "little")
-    return value + 256 if size == 2 else value
+    """The decompressed size the zstd frames of ``data`` declare together (RFC 8878): None
+    if one declares none. Every frame counts, skippable ones skipped: numcodecs decodes them
+    all, and a first frame of 64 bytes before one of 512 MiB passed a check of the first
+    alone (a helper's audit). The walk stops at bytes that are no frame (the decoder fails
+    there, after the frames before)."""
+    buf = memoryview(data).cast("B")
+    end, pos, total = len(buf), 0, 0
+    while end - pos >= 8:
+        magic = bytes(buf[pos:pos + 4])
+        if magic[1:] == b"\x2a\x4d\x18" and magic[0] & 0xF0 == 0x50:  # skippable: its length, then that many
+            pos += 8 + int.from_bytes(buf[pos + 4:pos + 8], "little")
+            continue
+        if magic != _ZSTD_MAGIC:
+            break
+        fhd = buf[pos + 4]
+        single = (fhd >> 5) & 1
+        size = (single, 2, 4, 8)[fhd >> 6]
+        if size == 0:
+            return None
+        at = pos + 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3]
+        if end < at + size:
+            break
+        value = int.from_bytes(buf[at:at + size], "little")
+        total += value + 256 if size == 2 else value
+        pos = at + size
+        while end - pos >= 3:  # the blocks: 3-byte headers, raw and compressed ones followed by their size
+            head = int.from_bytes(buf[pos:pos + 3], "little")
+            pos += 3 + (1 if (head >> 1) & 3 == 1 else head >> 3)
+            if head & 1:
+                break
+        else:
+            break
+        pos += 4 if (fhd >> 2) & 1 else 0  # the content checksum
+    return total
 
 
 def check_zstd(data: bytes | memoryview, limit: int | None, name: str) -> None:
-    """Refuse a zstd frame that declares more than ``limit`` bytes."""
-    declared = zstd_content_size(data)
+    """Refuse zstd frames that declare more than ``limit`` bytes together."""
+    declared = zstd_content_size(data) if limit is not None else None
     if limit is not None and declared is not None and declared > limit:
-        raise CodecError(f"{name}: frame declares {declared} bytes, more than {limit}; not a chunk of this array")
+        raise CodecError(f"{name}: frames declare {declared} bytes, more than {limit}; not a chunk of this array")

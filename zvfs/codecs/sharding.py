@@ -81,7 +81,15 @@ class ShardingCodec(Codec):
         self.index_pipeline = Pipeline(
             self.index_codecs_config, self.chunks_per_shard + (2,), np.dtype("u8")
         )
-        if self.index_pipeline.aa or any(c.overhead is None for c in self.index_pipeline.bb):
+        # fixed size: array→array codecs that keep the index's bytes (a transpose, which
+        # zarr-python writes and reads there), and bytes→bytes ones of a fixed overhead
+        shape, dt = self.chunks_per_shard + (2,), np.dtype("u8")
+        for codec in self.index_pipeline.aa:
+            out_shape, out_dt = codec.encoded_spec(shape, dt)
+            if math.prod(out_shape) * out_dt.itemsize != math.prod(shape) * dt.itemsize:
+                raise UnknownCodecError("sharding_indexed: index codecs must have a fixed size")
+            shape, dt = out_shape, out_dt
+        if any(c.overhead is None for c in self.index_pipeline.bb):
             raise UnknownCodecError("sharding_indexed: index codecs must have a fixed size")
         n = math.prod(self.chunks_per_shard)
         self.index_nbytes = 16 * n + sum(c.overhead or 0 for c in self.index_pipeline.bb)

@@ -253,6 +253,13 @@ class NumcodecsCompressor(Codec):
         self.name = "numcodecs." + codec_id
         self.codec = _numcodecs_codec({"id": codec_id, **config})
 
+    def bind_itemsize(self, itemsize: int) -> None:
+        """zarr-python fills an unset shuffle's elementsize in with the item size of the
+        array its bytes hold (Shuffle.evolve_from_array_spec): numcodecs' own default of 4
+        read 8-byte items wrong, and null failed every chunk (a helper's audit)."""
+        if self.name == "numcodecs.shuffle" and self.config.get("elementsize") is None:
+            self.codec = _numcodecs_codec({"id": "shuffle", **self.config, "elementsize": itemsize})
+
     def decode(self, data: bytes | memoryview, limit: int | None = None) -> bytes:
         try:
             out = decode_bounded(self.codec, self.name.split(".", 1)[1], data, limit)
@@ -396,6 +403,9 @@ class Pipeline:
         if hasattr(self.ab, "bind"):
             self.ab.bind(spec_shape, spec_dtype, fill_value)
         self._ab_dtype = self.ab.decoded_dtype(spec_dtype)
+        for codec in self.bb:
+            if isinstance(codec, NumcodecsCompressor):
+                codec.bind_itemsize(self._ab_dtype.itemsize)
         # the byte order declared by the bytes codec is the one chunks are served in
         self.byte_order = self.ab.byte_order
         self.dtype = self._ab_dtype if spec_dtype == dtype else dtype.newbyteorder(self.byte_order)
@@ -404,20 +414,21 @@ class Pipeline:
             (s, self.dtype if d == dtype else d.newbyteorder(self.byte_order))
             for s, d in self._aa_specs
         ]
-        #: most bytes a bytes→bytes codec may yield (fixed-size elements only): a chunk's
-        #: bytes, or a shard's (its chunks, however encoded, and its index)
+        #: most bytes a bytes→bytes codec may yield: a chunk's bytes, or a shard's (its
+        #: chunks, however encoded, and its index); a chunk of variable-length items,
+        #: VLEN_CEILING; a shard of them, unbounded (each of its chunks is, by its own)
         nbytes = math.prod(self._ab_shape) * self._ab_dtype.itemsize
         if isinstance(self.ab, BytesCodec):
             self._limit: int | None = bounded.ceiling(nbytes)
-        elif self.ab.name == "sharding_indexed" and self._ab_dtype.kind != "O":
-            self._limit = bounded.ceiling(nbytes) + self.ab.index_nbytes
+        elif self.ab.name == "sharding_indexed":
+            self._limit = None if self._ab_dtype.kind == "O" else bounded.ceiling(nbytes) + self.ab.index_nbytes
         else:
-            self._limit = None
+            self._limit = bounded.VLEN_CEILING
 
     @property
     def chunk_limit(self) -> int | None:
         """Most bytes a stored chunk (or whole shard) of this pipeline can legitimately hold
-        (None: unbounded, for variable-length elements)."""
+        (None: unbounded, for a shard of variable-length elements)."""
         return self._limit
 
     @property
