@@ -13,6 +13,7 @@ import errno
 import json
 import mmap
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -1124,6 +1125,44 @@ def test_a_key_deleted_and_made_again_behind_the_mount_stays_listed_when_the_ker
         names = sorted(e.name for e in it)
     assert names == [f"f{i}" for i in range(5)]
     assert (d / "f2").read_bytes() == b"y" * 100
+
+
+@pytest.mark.parametrize("how", ["lookup", "listing"])
+def test_a_file_that_becomes_a_directory_behind_the_mount_gets_a_number_of_its_own(
+        tmp_path, mount, how) -> None:
+    """A name whose file became a directory behind the mount (an array rewritten with more
+    dimensions makes its chunk key c/0 a directory), and back: it kept its inode number, so
+    the kernel was told of a file and a directory under one number, marked the inode bad,
+    and `ls -l` said EIO, as did every call on an open of the old file, close() too (a
+    helper's audit, of lookups and of listings both). The name gets a new number, and the
+    open reads the file it opened."""
+    src = tmp_path / "store"
+    src.mkdir()
+    (src / "x").write_bytes(b"old file bytes\n" * 100)
+    m = mount(src, "--metadata-ttl", "1")
+    fd = os.open(m.path / "x", os.O_RDONLY)
+    try:
+        old = os.fstat(fd)
+        (src / "x").unlink()
+        (src / "x").mkdir()
+        (src / "x" / "y").write_bytes(b"y")
+        time.sleep(1.5)  # past the TTL
+        if how == "listing":
+            entries = {e.name: e.stat(follow_symlinks=False) for e in os.scandir(m.path)}
+            new = entries["x"]
+        else:
+            new = os.stat(m.path / "x")
+        assert stat.S_ISDIR(new.st_mode) and new.st_ino != old.st_ino, (new, old)
+        assert os.listdir(m.path / "x") == ["y"]
+        assert stat.S_ISREG(os.fstat(fd).st_mode) and os.fstat(fd).st_ino == old.st_ino
+        assert os.pread(fd, 15, 0) == b"old file bytes\n"
+    finally:
+        os.close(fd)
+    shutil.rmtree(src / "x")
+    (src / "x").write_bytes(b"a file again")
+    time.sleep(1.5)
+    assert (m.path / "x").read_bytes() == b"a file again"
+    assert "ERROR" not in m.log_text()
 
 
 def test_metadata_ttl_indefinite(zarr_dir, mount) -> None:

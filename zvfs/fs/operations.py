@@ -198,8 +198,11 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
         return self._inodes.parent_of[i] if 0 < i < len(self._inodes.parent_of) else ROOT
 
     def _remember(self, parent: int, name: str, node: Node, count: bool = True) -> int:
-        """Inode for ``name`` under ``parent``: the same number every time."""
+        """Inode for ``name`` under ``parent``: the same number every time, but for a name
+        whose file became a directory, or the other way round (see _retyped)."""
         ino = self._inodes.find(parent, name)
+        if ino is not None and self._retyped(parent, name, ino, node):
+            ino = None
         if ino is None:
             ino = self._inodes.new(parent, name, node)
             self._inodes.bind(parent, name, ino)
@@ -212,6 +215,19 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
         if count:
             self._inodes.lookups[ino - ROOT] += 1
         return ino
+
+    def _retyped(self, parent: int, name: str, ino: int, node: Node) -> bool:
+        """Whether ``name``, bound to ``ino``, holds a directory where the kernel was told of
+        a file, or a file where it was told of a directory (changed behind the mount: an
+        array rewritten with more dimensions makes its chunk key c/0 a directory). Then the
+        name is unbound, as a replace through the mount unbinds it, and gets a new number:
+        one number told of both kinds, the kernel marked its inode bad, and every call on an
+        open of the old file, close() too, failed with EIO (a helper's audit)."""
+        old = self._inodes.node_at[ino - ROOT]
+        if old is None or isinstance(old, DirNode) == isinstance(node, DirNode):
+            return False
+        self._unbind(parent, name)
+        return True
 
     async def _remember_all(self, parent: int, entries: Sequence[tuple[str, Node]]) -> array | None:
         """Inodes for a directory's ``entries`` (sorted by name, as ``children()`` gives
@@ -720,6 +736,8 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
                 node = self._inodes.node_at[ino - ROOT] if ino else None  # its node is at hand
                 if node is None:
                     continue
+            elif self._retyped(dir_ino, name, ino, node):
+                ino = self._remember(dir_ino, name, node, count=False)
             try:
                 raw = os.fsencode(name)
                 if len(raw) > NAME_MAX:  # none could open it; past 4 KiB the kernel fails the reply
