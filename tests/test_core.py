@@ -1013,6 +1013,27 @@ def test_a_read_answered_before_an_earlier_one_lets_go_of_no_chunk_the_earlier_s
     trio.run(main)
 
 
+def test_a_walk_of_a_tree_thousands_of_directories_deep_lists_its_files_in_order():
+    """The files of a tree in find's order went down a directory by a call: one member a
+    thousand directories deep (a zip, or S3's tree index) was Python's RecursionError, and
+    every raw open and read of the mount failed (a helper's audit)."""
+    from zvfs.stores.base import KeyInfo
+    from zvfs.stores.listing import Listing
+    from zvfs.views.file_walk import FileWalk
+
+    depth = 3000
+    tree = {"": Listing({"a.txt": KeyInfo(1, 0), "z.txt": KeyInfo(2, 0)}, {"d"})}
+    for level in range(depth):
+        prefix = "d/" * (level + 1)
+        tree[prefix] = Listing({"f": KeyInfo(3, 0)} if level == depth - 1 else {"e": KeyInfo(4, 0)},
+                               set() if level == depth - 1 else {"d"})
+    files = [key for key, _ in FileWalk(tree, "").files]
+    # in each directory "d" sorts before "e": the deepest file first, then each level's on the way up
+    want = ["a.txt", "d/" * depth + "f", *("d/" * (level + 1) + "e" for level in reversed(range(depth - 1))),
+            "z.txt"]
+    assert files == want
+
+
 def test_a_walk_hints_the_files_it_reaches_in_batches_once_at_full_window():
     """Store hints (a worker hop each) go out as the walk reaches files: at once while its
     window grows, then HINT_BATCH at a time, each still files ahead of the reader, and

@@ -2302,6 +2302,19 @@ def test_s3_walk_yields_the_flat_listing_after_a_key(keys: set[str], after: str,
     assert all(size == len(k) for k, size in got)
 
 
+def test_s3_walk_of_a_key_thousands_of_directories_deep_gives_every_key_in_order() -> None:
+    """The walk went down a directory by a generator's call: one key a thousand levels deep
+    (a server that takes keys past AWS's 1,024 bytes) was Python's RecursionError, and every
+    listing of the mount failed, each retry listing the thousand directories again (a
+    helper's audit). The files in order, from a stack of the directories on the way."""
+    from zvfs.stores import s3_walk
+
+    deep = "c/" + "d/" * 3000 + "leaf"
+    flat = sorted(["a/1", "a/2", "b", deep, "c/z", "e/good"])
+    assert [k for k, _ in s3_walk.walk(_flat_dirs(flat), "", "")] == flat
+    assert [k for k, _ in s3_walk.walk(_flat_dirs(flat), "", "b", threads=2)] == [k for k in flat if k > "b"]
+
+
 def test_s3_walk_skips_the_directories_the_first_page_had_whole() -> None:
     from zvfs.stores import s3_walk
 

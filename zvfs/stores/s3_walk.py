@@ -92,17 +92,24 @@ def walk(list_dir: Callable[[str], DirListing[T]], root: str, after: str,
                 fut.set_exception(exc)
 
     def emit(prefix: str) -> Iterator[tuple[str, T]]:
-        keys, subdirs = pending.pop(prefix).result()
-        i = 0
-        for sub in subdirs:  # a subdirectory's keys sort together, where its name + '/' does
-            while i < len(keys) and keys[i][0] < sub:
-                if keys[i][0] > after:
-                    yield keys[i]
-                i += 1
-            yield from emit(sub)
-        for item in keys[i:]:
-            if item[0] > after:
-                yield item
+        """The keys below ``prefix`` in order: a stack of the directories on the way, not a
+        generator each (a key a thousand directories deep was Python's RecursionError, and
+        every listing of the mount failed; a helper's audit)."""
+        stack = [(*pending.pop(prefix).result(), 0, 0)]  # keys, subdirs, next key, next subdir
+        while stack:
+            keys, subdirs, i, s = stack.pop()
+            if s < len(subdirs):  # a subdirectory's keys sort together, where its name + '/' does
+                sub = subdirs[s]
+                while i < len(keys) and keys[i][0] < sub:
+                    if keys[i][0] > after:
+                        yield keys[i]
+                    i += 1
+                stack.append((keys, subdirs, i, s + 1))
+                stack.append((*pending.pop(sub).result(), 0, 0))
+                continue
+            for item in keys[i:]:
+                if item[0] > after:
+                    yield item
 
     workers = [threading.Thread(target=work, name="zvfs-list", daemon=True) for _ in range(threads)]
     submit(root)

@@ -18,16 +18,24 @@ from zvfs.views.readahead import FILES_SPREAD, FILES_WINDOW, files_window
 
 
 def _files_in_order(tree: Mapping[str, Listing], prefix: str = "") -> list[tuple[str, KeyInfo]]:
-    """Every file key in the order a sorted depth-first walk (find, cp -r) meets it."""
+    """Every file key in the order a sorted depth-first walk (find, cp -r) meets it. A stack
+    of the directories on the way, not a call each: one member a thousand directories deep
+    was Python's RecursionError, and every raw read of the mount failed (a helper's audit)."""
     out: list[tuple[str, KeyInfo]] = []
     listing = tree.get(prefix)
     if listing is None:
         return out
-    for name in listing.names():
-        if name in listing.prefixes:
-            out.extend(_files_in_order(tree, prefix + name + "/"))
+    stack = [(prefix, listing, iter(listing.names()))]
+    while stack:
+        base, listing, names = stack[-1]
+        for name in names:
+            if name not in listing.prefixes:
+                out.append((base + name, listing.keys[name]))
+            elif (below := tree.get(base + name + "/")) is not None:
+                stack.append((base + name + "/", below, iter(below.names())))
+                break  # its files first; this directory's names go on after them
         else:
-            out.append((prefix + name, listing.keys[name]))
+            stack.pop()
     return out
 
 
