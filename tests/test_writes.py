@@ -3265,7 +3265,9 @@ def test_a_rename_checks_its_target_as_the_store_has_it_not_as_the_mount_listed_
     mount listed it: a directory filled since took the moved keys over its own (rename(2)
     is ENOTEMPTY there; the other client's rh/w was overwritten, two directories merged),
     and ``mv -n`` (RENAME_NOREPLACE) onto a name made since copied over it (a helper's
-    audit of S3 clients side by side). Both are refused now, the target's keys kept."""
+    audit of S3 clients side by side). Both are refused now, the target's keys kept; a
+    RENAME_NOREPLACE of a directory onto one made since is EEXIST, as onto one listed
+    (ENOTEMPTY on S3 before: another helper's audit)."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -3281,6 +3283,11 @@ def test_a_rename_checks_its_target_as_the_store_has_it_not_as_the_mount_listed_
     fails(errno.ENOTEMPTY, os.rename, m.path / "src", m.path / "dst")
     assert libc.renameat2(-100, os.fsencode(m.path / "moved"), -100, os.fsencode(m.path / "made"), 1) != 0
     assert ctypes.get_errno() == errno.EEXIST
+    assert not (m.path / "taken").exists()  # not there, and the mount remembers it
+    store.put("taken/k", b"PEER-DIR")  # a directory, made by another client within the TTL
+    assert libc.renameat2(-100, os.fsencode(m.path / "src"), -100, os.fsencode(m.path / "taken"), 1) != 0
+    assert ctypes.get_errno() == errno.EEXIST
+    assert store.get("taken/k") == b"PEER-DIR"
     assert store.get("dst/w") == b"PEER-DATA" and store.get("made") == b"PEER-CREATED"
     assert store.get("src/w") == b"mine" and store.get("moved") == b"mine too"
 
