@@ -3209,6 +3209,19 @@ def test_a_link_of_a_file_being_written_holds_its_bytes_written_so_far(store: St
     assert store.get("old") == b"v2-longer+more" and store.get("old-link") == b"v2-longer"
 
 
+def test_a_link_is_listed_as_the_copy_it_made(store: Store, mount) -> None:
+    """A link copies the source as the store has it now: another client had rewritten it
+    within the TTL, and the new name was listed at the size the mount knew of the source
+    (stat 5, read 18, until the TTL passed; a helper's audit). It is listed as the copy."""
+    store.put("src", b"short")
+    m = store.mount(mount)
+    assert (m.path / "src").stat().st_size == 5  # listed
+    store.put("src", b"a much longer body")  # behind the mount, within the TTL
+    os.link(m.path / "src", m.path / "dst")
+    assert (m.path / "dst").stat().st_size == 18
+    assert (m.path / "dst").read_bytes() == b"a much longer body" == store.get("dst")
+
+
 def test_dir_files_made_through_the_mount_have_the_stores_mode_whatever_the_tool_asked(
         dirstore: Store, mount, tmp_path) -> None:
     """The store keeps no modes (chmod is accepted and not kept), but a file was made with the

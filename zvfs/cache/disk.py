@@ -844,9 +844,9 @@ class DiskCachedStore(WrappedStore):
         with self._changing(src, dst):
             self.inner.rename(src, dst, replace)
 
-    def link(self, src: str, dst: str) -> None:
+    def link(self, src: str, dst: str) -> KeyInfo | None:
         with self._changing(dst):
-            self.inner.link(src, dst)
+            return self.inner.link(src, dst)
 
     def rename_dir(self, src: str, dst: str, replace: bool = True) -> None:
         with self._changing(prefixes=(src, dst)):

@@ -406,8 +406,10 @@ class Store(ABC):
         ``src``."""
         raise _read_only(src)
 
-    def link(self, src: str, dst: str) -> None:
-        """Make ``dst`` hold what ``src`` holds; EEXIST if ``dst`` exists (never replaced)."""
+    def link(self, src: str, dst: str) -> KeyInfo | None:
+        """Make ``dst`` hold what ``src`` holds; EEXIST if ``dst`` exists (never replaced).
+        Returns what ``dst`` holds, where the copy tells it: ``src`` as the store has it now,
+        which may not be what the mount listed (changed behind it within the TTL)."""
         raise _read_only(dst)
 
     def make_dir(self, prefix: str) -> None:
@@ -535,8 +537,8 @@ class WrappedStore(Store):
     def rename(self, src: str, dst: str, replace: bool = True) -> None:
         self.inner.rename(src, dst, replace)
 
-    def link(self, src: str, dst: str) -> None:
-        self.inner.link(src, dst)
+    def link(self, src: str, dst: str) -> KeyInfo | None:
+        return self.inner.link(src, dst)
 
     def make_dir(self, prefix: str) -> None:
         self.inner.make_dir(prefix)

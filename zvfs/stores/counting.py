@@ -117,6 +117,6 @@ class CountingStore(WrappedStore):
         with self._timed("rename"):
             self.inner.rename(src, dst, replace)
 
-    def link(self, src: str, dst: str) -> None:
+    def link(self, src: str, dst: str) -> KeyInfo | None:
         with self._timed("link"):
-            self.inner.link(src, dst)
+            return self.inner.link(src, dst)

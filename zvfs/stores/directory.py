@@ -624,7 +624,7 @@ class DirectoryStore(Store):
         self._files.drop_prefix(dst)
         self.rename(src.rstrip("/"), dst.rstrip("/"), replace)  # rename(2): ENOTEMPTY of its own
 
-    def link(self, src: str, dst: str) -> None:
+    def link(self, src: str, dst: str) -> KeyInfo:
         """``dst`` gets ``src``'s bytes as a file of its own, as on S3. A hard link showed in
         the mount as two files of one link each, and a write through one name left the
         other's size stale for the TTL: tar and rsync copied it cut short, and a rename of
@@ -638,7 +638,7 @@ class DirectoryStore(Store):
             try:
                 if not stat.S_ISREG(os.fstat(source).st_mode):
                     raise WriteRefused(errno.EPERM, f"{src}: not a regular file")
-                _copy_into_place(source, b_dir, b)
+                return _copy_into_place(source, b_dir, b)
             except OSError as e:
                 raise _refused(dst, e) from None
             finally:
@@ -1026,10 +1026,10 @@ class _UnheldReader(KeyReader):
         pass
 
 
-def _copy_into_place(source: int, parent: int, name: str) -> None:
+def _copy_into_place(source: int, parent: int, name: str) -> KeyInfo:
     """A copy of ``source`` made unnamed (O_TMPFILE; a hidden temporary name on a file system
     without it), then linked as ``name`` in ``parent``: it appears whole, and only if the
-    name is free (EEXIST)."""
+    name is free (EEXIST). Returns the copy's size and mtime."""
     temp = None
     try:
         copy = os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, NEW_FILE_MODE, dir_fd=parent)
@@ -1041,6 +1041,7 @@ def _copy_into_place(source: int, parent: int, name: str) -> None:
                        NEW_FILE_MODE, dir_fd=parent)
     try:
         _copy_bytes(source, copy)
+        made = os.fstat(copy)
         if temp is None:
             os.link(f"/proc/self/fd/{copy}", name, dst_dir_fd=parent, follow_symlinks=True)
         else:
@@ -1049,6 +1050,7 @@ def _copy_into_place(source: int, parent: int, name: str) -> None:
         os.close(copy)
         if temp is not None:
             os.unlink(temp, dir_fd=parent)
+    return KeyInfo(made.st_size, made.st_mtime_ns)
 
 
 def _copy_bytes(source: int, target: int) -> None:

@@ -821,11 +821,11 @@ class S3Store(Store):
             raise part_way(exc, f"{src} -> {dst}: copied, but {src} could not be removed; "
                                 "both names hold it") from exc
 
-    def link(self, src: str, dst: str) -> None:
+    def link(self, src: str, dst: str) -> KeyInfo | None:
         check_key(src)
         check_key(dst)
         self.check_key_length(dst)
-        link_key(self, src, dst)
+        return link_key(self, src, dst)
 
     def make_dir(self, prefix: str) -> None:
         check_prefix(prefix)  # implicit: the mount shows it until it is removed or filled

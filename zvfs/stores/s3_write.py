@@ -1005,8 +1005,9 @@ def completed_already(store: S3Target, key: str, part_etags: list[str]) -> bool:
         return False
 
 
-def link_key(store: S3Target, src: str, dst: str) -> None:
+def link_key(store: S3Target, src: str, dst: str) -> KeyInfo:
     """``dst`` gets ``src``'s bytes unless it exists (EEXIST): zarr-python's create-if-absent.
+    Returns its size, the source's as its HEAD said.
 
     Small objects go through a conditional PUT (If-None-Match: *), so two writers cannot
     both create ``dst``; servers that refuse the condition get a plain PUT after the check.
@@ -1016,7 +1017,7 @@ def link_key(store: S3Target, src: str, dst: str) -> None:
     info = store.info(src)
     if info.size > LINK_PUT_LIMIT:
         copy_key(store, src, dst, info.size)
-        return
+        return KeyInfo(info.size, time.time_ns())
     # the version the HEAD saw, and no more than it may hold: a GET read unbounded took in
     # whatever the server sent (a helper's audit)
     data = store.get_version(src, 0, None, info.version, LINK_PUT_LIMIT + 1)
@@ -1024,6 +1025,7 @@ def link_key(store: S3Target, src: str, dst: str) -> None:
         sent = f"more than {LINK_PUT_LIMIT}" if len(data) > LINK_PUT_LIMIT else str(len(data))
         raise StoreError(f"{src}: its GET sent {sent} bytes, its HEAD said {info.size}: not linked")
     put_key(store, dst, data, if_absent=True)
+    return KeyInfo(info.size, time.time_ns())
 
 
 def put_key(store: S3Target, key: str, data: bytes, if_absent: bool = False,

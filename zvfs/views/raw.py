@@ -1035,8 +1035,11 @@ class RawDir(DirNode):
         # are stored first, as fsync() would (the copy held the old bytes under the new
         # size, and a file not yet stored once was ENOENT)
         await store_pending(self.ctx, node.key)
-        await store_call(self.ctx, dst, self.ctx.store.link, node.key, dst)
-        info = KeyInfo(node.size, node.mtime_ns)
+        # what the copy holds: the source as the store has it now, which another client may
+        # have changed within the TTL (the new name was listed at the source's old size: a
+        # helper's audit)
+        info = await store_call(self.ctx, dst, self.ctx.store.link, node.key, dst) \
+            or KeyInfo(node.size, node.mtime_ns)
         self.ctx.listing_put(dst, info)
         self.ctx.note_write(dst, info)
         return RawFile(self.ctx, dst, info)
