@@ -736,7 +736,8 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
                 node = self._inodes.node_at[ino - ROOT] if ino else None  # its node is at hand
                 if node is None:
                     continue
-            elif self._retyped(dir_ino, name, ino, node):
+            elif node_at[ino - ROOT] is not None and self._retyped(dir_ino, name, ino, node):
+                # (the guard inline: a first listing of a million names tells no number twice)
                 ino = self._remember(dir_ino, name, node, count=False)
             try:
                 raw = os.fsencode(name)
