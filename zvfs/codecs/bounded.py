@@ -31,9 +31,8 @@ def ceiling(nbytes: int) -> int:
 
 #: most bytes a chunk of variable-length items (strings, bytes) may be stored as or decode
 #: to: no size is declared for it, and one of 8 items then 512 MiB of zeros, 3 KiB of bz2,
-#: was inflated whole, and read (a helper's audit). A stream decoder holds up to twice
-#: what it yields as it stops (its growing buffer and the result), so this costs up to
-#: 256 MiB a worker, where a legitimate chunk is rarely a tenth of it
+#: was inflated whole, and read (a helper's audit). Such a bomb now costs a worker about
+#: this much as it is refused (see STEP), where a legitimate chunk is rarely a tenth of it
 VLEN_CEILING = 128 << 20
 
 
@@ -44,7 +43,8 @@ def inflate(data: bytes | memoryview, wbits: int, limit: int | None, name: str) 
     and an unfinished stream is an error.
     """
     # zlib ignores trailing bytes; gzip allows zero padding after the last member
-    return _streams(data, lambda: zlib.decompressobj(wbits), limit, name, errors=(zlib.error,), more=lambda rest: wbits == GZIP and bool(rest.strip(b"\0")))
+    return _streams(data, lambda: zlib.decompressobj(wbits), limit, name, errors=(zlib.error,),
+                    more=lambda rest: wbits == GZIP and bool(rest.strip(b"\0")))
 
 
 #: bytes a stream decoder yields a call: a bomb stops within one step past its limit, where
