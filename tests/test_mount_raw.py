@@ -1165,6 +1165,37 @@ def test_a_file_that_becomes_a_directory_behind_the_mount_gets_a_number_of_its_o
     assert "ERROR" not in m.log_text()
 
 
+@pytest.mark.parametrize("how", ["lookup", "listing"])
+def test_an_open_of_a_file_renamed_over_behind_the_mount_reads_it_to_its_end(tmp_path, mount, how) -> None:
+    """A file replaced behind the mount (a new one renamed over it) while it is open: once
+    the TTL passed, a lookup or a listing of the name told the new file's size under the
+    open's number, the kernel cut its inode to it, and the open's reads ended there, a cp
+    of the old file cut short with no error (a helper's audit). The name gets a new number
+    once an open of the old one reads a file with no name left; the open reads its file to
+    its end, as on the directory itself."""
+    src = tmp_path / "store"
+    src.mkdir()
+    mib = 1 << 20
+    old = bytes(range(256)) * (4 * mib // 256)
+    (src / "x").write_bytes(old)
+    m = mount(src, "--metadata-ttl", "1")
+    with open(m.path / "x", "rb") as f:
+        got = f.read(mib)
+        (src / "x.new").write_bytes(b"twelve bytes")
+        os.rename(src / "x.new", src / "x")
+        time.sleep(1.5)  # past the TTL
+        if how == "listing":
+            new = {e.name: e.stat(follow_symlinks=False) for e in os.scandir(m.path)}["x"]
+        else:
+            new = os.stat(m.path / "x")
+        assert new.st_size == 12 and new.st_ino != os.fstat(f.fileno()).st_ino
+        got += f.read()
+        assert os.fstat(f.fileno()).st_size == len(old)
+    assert got == old
+    assert (m.path / "x").read_bytes() == b"twelve bytes"
+    assert "ERROR" not in m.log_text()
+
+
 def test_metadata_ttl_indefinite(zarr_dir, mount) -> None:
     m = mount(zarr_dir, "--metadata-ttl", "indefinite")
     assert run(["diff", "-r", zarr_dir, m.path]).returncode == 0

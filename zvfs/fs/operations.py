@@ -199,9 +199,9 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
 
     def _remember(self, parent: int, name: str, node: Node, count: bool = True) -> int:
         """Inode for ``name`` under ``parent``: the same number every time, but for a name
-        whose file became a directory, or the other way round (see _retyped)."""
+        whose file became another (see _replaced)."""
         ino = self._inodes.find(parent, name)
-        if ino is not None and self._retyped(parent, name, ino, node):
+        if ino is not None and self._replaced(parent, name, ino, node):
             ino = None
         if ino is None:
             ino = self._inodes.new(parent, name, node)
@@ -216,15 +216,24 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
             self._inodes.lookups[ino - ROOT] += 1
         return ino
 
-    def _retyped(self, parent: int, name: str, ino: int, node: Node) -> bool:
-        """Whether ``name``, bound to ``ino``, holds a directory where the kernel was told of
-        a file, or a file where it was told of a directory (changed behind the mount: an
-        array rewritten with more dimensions makes its chunk key c/0 a directory). Then the
-        name is unbound, as a replace through the mount unbinds it, and gets a new number:
-        one number told of both kinds, the kernel marked its inode bad, and every call on an
-        open of the old file, close() too, failed with EIO (a helper's audit)."""
+    def _replaced(self, parent: int, name: str, ino: int, node: Node) -> bool:
+        """Whether ``name``, bound to ``ino``, holds another file than the one the kernel's
+        inode of ``ino`` stands for, changed behind the mount. Then the name is unbound, as
+        a replace through the mount unbinds it, and gets a new number (a helper's audits):
+
+        - a directory where the kernel was told of a file, or the other way round (an array
+          rewritten with more dimensions makes its chunk key c/0 a directory): told of both
+          kinds under one number, the kernel marked its inode bad, and every call on an
+          open of the old file, close() too, failed with EIO;
+        - a file where an open of ``ino`` reads one with no name left (renamed over): the
+          new file's size, told under the number, cut the kernel's inode, and a cp of the
+          old one ended at the new one's size with no error."""
         old = self._inodes.node_at[ino - ROOT]
-        if old is None or isinstance(old, DirNode) == isinstance(node, DirNode):
+        if old is None:
+            return False
+        if isinstance(old, DirNode) == isinstance(node, DirNode) and (
+                isinstance(node, DirNode) or not self._open_count.get(ino) or ino in self._writing
+                or not any(reader.unnamed() for reader in self._readers(ino))):
             return False
         self._unbind(parent, name)
         return True
@@ -736,7 +745,7 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
                 node = self._inodes.node_at[ino - ROOT] if ino else None  # its node is at hand
                 if node is None:
                     continue
-            elif node_at[ino - ROOT] is not None and self._retyped(dir_ino, name, ino, node):
+            elif node_at[ino - ROOT] is not None and self._replaced(dir_ino, name, ino, node):
                 # (the guard inline: a first listing of a million names tells no number twice)
                 ino = self._remember(dir_ino, name, node, count=False)
             try:

@@ -214,6 +214,12 @@ class KeyReader(ABC):
         other descriptors of the file, also once no name has it); None elsewhere."""
         return None
 
+    def unnamed(self) -> bool:
+        """True when the file this reader reads has no name left (a local file's descriptor
+        whose file was renamed over or removed behind the mount: no link); False where it
+        has one, or that is not known at once."""
+        return False
+
     @abstractmethod
     def close(self) -> None: ...
 

@@ -959,6 +959,12 @@ class _FileReader(KeyReader):
             return None
         return st.st_size, st.st_mtime_ns
 
+    def unnamed(self) -> bool:
+        try:
+            return self._fd >= 0 and os.fstat(self._fd).st_nlink == 0
+        except OSError:
+            return False
+
     def again(self) -> _FileReader | None:
         if self._fd < 0 or not self._held.take():
             return None

@@ -195,6 +195,11 @@ class FileNode(Node):
         What the fs layer tells of a file whose name was removed while it is open."""
         return None
 
+    def unnamed(self) -> bool:
+        """For a reader: True when what it reads has no name left in the store (see
+        KeyReader.unnamed), so its name holds another file now."""
+        return False
+
     async def open_write(self, truncate: bool) -> FileHandle:
         """Open for writing (the fs layer calls it for opens with write flags)."""
         raise read_only()

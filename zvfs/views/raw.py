@@ -633,6 +633,9 @@ class LocalReader(FileNode):
     def current_size_and_mtime_ns(self) -> tuple[int, int] | None:
         return self._reader.current_size_and_mtime_ns()
 
+    def unnamed(self) -> bool:
+        return self._reader.unnamed()
+
     def again(self) -> LocalReader | None:
         reader = self._reader.again()
         if reader is None:
