@@ -114,13 +114,20 @@ def test_missing_bucket(moto, s3_env, mnt) -> None:
     assert_nothing_mounted(mnt)
 
 
-@pytest.mark.parametrize("url", ["127.0.0.1:9", "ftp://127.0.0.1:9", "s3://127.0.0.1:9"])
+@pytest.mark.parametrize("url", ["127.0.0.1:9", "ftp://127.0.0.1:9", "s3://127.0.0.1:9",
+                                 "http://127.0.0.1:99999", "http://alice:S3cretPW@127.0.0.1:9"])
 def test_an_endpoint_that_is_no_http_url_is_a_configuration_error(s3_env, mnt, url) -> None:
     """An endpoint of another scheme was refused by botocore, late, as if the server could
     not be reached: exit 1, which a systemd unit retries for ever (a helper's audit). Like
     one without a scheme, it is exit 78, saying what to write instead."""
     res = zvfs_mount("s3://bucket/prefix", mnt, "--endpoint-url", url, env=s3_env)
-    assert_fails(res, re.escape(repr(url)), re.escape("use --endpoint-url http://127.0.0.1:9 (or https://)"))
+    if "@" in url:  # never shown (a helper's audit)
+        assert_fails(res, "holds a user name or password", "AWS chain")
+        assert "S3cretPW" not in res.stderr and "alice" not in res.stderr
+    elif "99999" in url:
+        assert_fails(res, re.escape(repr(url)), "no number from 0 to 65535")
+    else:
+        assert_fails(res, re.escape(repr(url)), re.escape("use --endpoint-url http://127.0.0.1:9 (or https://)"))
     assert res.returncode == 78, res
     assert_nothing_mounted(mnt)
 

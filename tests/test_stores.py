@@ -1908,12 +1908,16 @@ def test_parse_local_forms(tree: Path, zips: dict[str, Path], tmp_path: Path) ->
         # '#' in a key: a fragment only when it is NCZarr's (it mounted s3://bkt/run/ before)
         ("s3://bkt/run#3/x.zarr", "bkt", "run#3/x.zarr/", None),
         ("s3://bkt/data#1", "bkt", "data#1/", None),
+        # an empty tail is no fragment either: it mounted run/ (a helper's audit)
+        ("s3://bkt/run#", "bkt", "run#/", None),
         ("s3://bkt/a#b/c#mode=zarr,s3&aws.region=r9", "bkt", "a#b/c/", "r9"),
         ("https://s3.us-west-2.amazonaws.com/bkt/x/y.zarr", "bkt", "x/y.zarr/", "us-west-2"),
         ("https://s3.amazonaws.com/bkt/x", "bkt", "x/", None),
         ("https://bkt.s3.eu-central-1.amazonaws.com/x/y", "bkt", "x/y/", "eu-central-1"),
         ("https://my.dotted.bkt.s3.amazonaws.com/x", "my.dotted.bkt", "x/", None),
         ("https://s3-ap-south-1.amazonaws.com/bkt", "bkt", "", "ap-south-1"),
+        # the legacy us-east-1 endpoint: its region was taken to be "external-1" (a helper's audit)
+        ("https://s3-external-1.amazonaws.com/bkt/k", "bkt", "k/", "us-east-1"),
         ("https://s3.us-east-1.amazonaws.com/bkt/k#mode=nczarr,s3", "bkt", "k/", "us-east-1"),
         ("https://s3.us-east-1.amazonaws.com/bkt/k#mode=zarr,s3&aws.region=us-east-2",
          "bkt", "k/", "us-east-2"),
@@ -1946,6 +1950,31 @@ def test_parse_s3_compatible_endpoint() -> None:
         "s3", "bkt", "a/b/", "http://127.0.0.1:9000")
     with pytest.raises(SourceError, match="mode=zarr,s3"):
         parse_source("https://example.com/bkt/a")
+
+
+def test_a_file_url_names_the_bytes_of_its_path(tmp_path: Path) -> None:
+    """%FF in a file URL is a byte of the name, as in a path argument: it was read as UTF-8
+    with replacement, and named a directory that does not exist (a helper's audit)."""
+    d = os.fsencode(tmp_path) + b"/\xff.zarr"
+    os.mkdir(d)
+    assert parse_source(f"file://{tmp_path}/%FF.zarr#mode=zarr,file") == SourceSpec("directory", path=os.fsdecode(d))
+
+
+@pytest.mark.parametrize(("bad", "words"), [
+    ("http://alice:S3cretPW@127.0.0.1:9000/bkt/k#mode=zarr,s3", "holds a user name or password"),
+    ("http://127.0.0.1:99999/bkt/k#mode=zarr,s3", "no number from 0 to 65535"),
+    ("http://127.0.0.1:abc/bkt/k#mode=zarr,s3", "no number from 0 to 65535"),
+    ("https://bkt.s3-accelerate.amazonaws.com/k", "accelerate endpoint, which zvfs does not read"),
+    ("https://bkt.s3-website-us-east-1.amazonaws.com/k", "website endpoint, which zvfs does not read"),
+])
+def test_a_source_that_can_never_be_reached_is_a_configuration_error(bad: str, words: str) -> None:
+    """A user and password in an S3-compatible URL were kept in the endpoint that stats.json,
+    `zvfs status` and error lines show, and never used; a port out of range, and Amazon's
+    accelerate and website hosts (taken for regions of those names), were refused late, as
+    if the server could not be reached: exit 1, which systemd retries (a helper's audit)."""
+    with pytest.raises(SourceError, match=words) as err:
+        parse_source(bad)
+    assert "S3cretPW" not in str(err.value) and "alice" not in str(err.value)
 
 
 @pytest.mark.parametrize("bad", ["ftp://host/x", "gs://bkt/x", "s3://", "https://s3.amazonaws.com/",

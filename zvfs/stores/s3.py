@@ -82,7 +82,7 @@ from zvfs.stores.s3_errors import (
 )
 from zvfs.stores.s3_wire import Upload, strong_etag
 from zvfs.stores.s3_write import KEPT_HEADERS, S3Writer, copy_key, link_key, part_way, rename_prefix
-from zvfs.stores.url import S3_BLOCK_SIZE, is_aws_endpoint
+from zvfs.stores.url import S3_BLOCK_SIZE, check_endpoint, is_aws_endpoint
 from zvfs.stores.watchdog import Watchdog, watch_pools
 
 log = logging.getLogger(__name__)
@@ -260,18 +260,8 @@ class S3Store(Store):
         self._profile = profile
         self._client_lock = threading.Lock()
         self._first_page: tuple[float, dict[str, Any]] | None = None
-        if endpoint_url and "://" not in endpoint_url:
-            raise SourceError(
-                f"the S3 endpoint URL {endpoint_url!r} has no scheme: "
-                f"use --endpoint-url http://{endpoint_url} (or https://)"
-            )
-        if endpoint_url and endpoint_url.partition("://")[0].lower() not in ("http", "https"):
-            # botocore's refusal came as the connection's, exit 1, which systemd retries
-            rest = endpoint_url.partition("://")[2]
-            raise SourceError(
-                f"the S3 endpoint URL {endpoint_url!r} is not http:// or https://: "
-                f"use --endpoint-url http://{rest} (or https://)"
-            )
+        if endpoint_url:
+            check_endpoint(endpoint_url)
         extra: dict[str, Any] = {}
         if no_sign_request:
             extra["signature_version"] = UNSIGNED

@@ -21,7 +21,7 @@ import os
 import re
 from dataclasses import dataclass
 from typing import Literal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, unquote_to_bytes, urlsplit
 
 from zvfs.stores.base import SourceError
 
@@ -45,6 +45,35 @@ _AWS_HOST = re.compile(
     r"^(?:(?P<bucket>.+)\.)?s3(?:[.-](?:dualstack\.)?(?P<region>[a-z0-9-]+))?"
     r"\.amazonaws\.com(?:\.cn)?$"
 )
+
+
+#: what such a host's "region" may be and is not: Transfer Acceleration and the static
+#: website endpoints (no S3 API to list, or no region), taken for regions of those names
+_NOT_REGIONS = ("accelerate", "website")
+
+
+def check_endpoint(url: str) -> None:
+    """Refuse an S3 endpoint URL that can never work, as a configuration error (exit 78,
+    which systemd does not retry): botocore refused a bad scheme or port late, as if the
+    server could not be reached (exit 1), and a user and password in it were shown in
+    stats.json, `zvfs status` and error lines, unused (a helper's audit)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise SourceError(f"the S3 endpoint URL {url!r} has no scheme: use --endpoint-url http://{url} (or https://)")
+    if scheme.lower() not in ("http", "https"):
+        raise SourceError(f"the S3 endpoint URL {url!r} is not http:// or https://: "
+                          f"use --endpoint-url http://{rest} (or https://)")
+    u = urlsplit(url)
+    if "@" in u.netloc:
+        raise SourceError(f"the S3 endpoint URL {scheme}://…@{u.netloc.rpartition('@')[2]} holds a user "
+                          "name or password, which zvfs does not use (and would show): give the keys "
+                          "through the AWS chain (AWS_ACCESS_KEY_ID, ~/.aws/credentials, --profile)")
+    if not u.hostname:
+        raise SourceError(f"the S3 endpoint URL {url!r} names no host")
+    try:
+        u.port  # noqa: B018 - urlsplit checks the port when it is read
+    except ValueError:
+        raise SourceError(f"the S3 endpoint URL {url!r} has a port that is no number from 0 to 65535") from None
 
 
 def is_aws_endpoint(url: str) -> bool:
@@ -96,11 +125,12 @@ def parse_source(
         return _local(source, modes=set())
     scheme = m.group(1).lower()
     body, _, fragment = source.partition("#")
-    if scheme == "s3" and fragment:
+    if scheme == "s3" and "#" in source:
         # an S3 key may hold '#' (s3://bkt/run#3/x.zarr, as the AWS CLI takes it): what
         # follows the last '#' is a fragment only if it is NCZarr's (mode=, aws.profile=...);
         # else it is part of the prefix. Cut at the first '#', such a source mounted the
-        # prefix before it (run/, a parent holding other data), without a word
+        # prefix before it (run/, a parent holding other data), without a word; and an
+        # empty tail is none (s3://bkt/run# mounted run/)
         head, _, tail = source.rpartition("#")
         body, fragment = (head, tail) if _is_fragment(tail) else (source, "")
     frag = _fragment(fragment)
@@ -116,7 +146,8 @@ def parse_source(
         u = urlsplit(body)
         if u.netloc not in ("", "localhost"):
             raise SourceError(f"file URL {source!r} names host {u.netloc!r}; only local files work")
-        return _local(unquote(u.path), modes=modes)
+        # the path's bytes: %FF is a byte of a name, as a path argument's (U+FFFD before)
+        return _local(os.fsdecode(unquote_to_bytes(u.path)), modes=modes)
     if scheme == "s3":
         rest = body[len("s3://"):]
         bucket, _, prefix = rest.partition("/")
@@ -135,6 +166,7 @@ def parse_source(
         elif "s3" in modes:
             bucket, _, prefix = path.partition("/")
             if not s3["endpoint_url"]:
+                check_endpoint(f"{u.scheme}://{u.netloc}")
                 s3["endpoint_url"] = f"{u.scheme}://{u.netloc}"
         else:
             raise SourceError(
@@ -143,8 +175,14 @@ def parse_source(
             )
         if not bucket:
             raise SourceError(f"S3 URL {source!r} has no bucket name")
-        if hm and hm.group("region") and not s3["region"]:
-            s3["region"] = hm.group("region")
+        region = hm.group("region") if hm else None
+        if region and region.startswith(_NOT_REGIONS):
+            raise SourceError(f"{host} is an Amazon S3 {region.split('-')[0]} endpoint, which zvfs does "
+                              f"not read: use s3://{bucket}/{prefix} with --region")
+        if region == "external-1":  # the legacy us-east-1 endpoint
+            region = "us-east-1"
+        if region and not s3["region"]:
+            s3["region"] = region
         return _s3(bucket, prefix, **s3)
     raise SourceError(f"unsupported source {source!r} (scheme {scheme}://); expected {ACCEPTED_FORMS}")
 
