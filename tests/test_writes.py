@@ -2290,6 +2290,38 @@ def test_s3_a_multipart_start_that_cannot_be_made_is_tried_once_more_by_close_no
         assert s3store.get("big.bin") == data
 
 
+def test_s3_a_part_the_server_refuses_is_tried_by_one_background_round_and_close_not_by_every_write(
+        s3store: Store, moto, mount, tmp_path) -> None:
+    """A part the server answers 503 to for good: its background upload failed after its
+    --s3-attempts, and the next write() handed it out again, each write a full round (51
+    UploadParts of that part for a 40 MiB file written a MiB at a time, with 3 attempts; a
+    helper's audit). Now one background round, then close()'s own: EIO, the bytes kept, and
+    a file written after the fault clears is stored (nothing remembered)."""
+    from faultproxy import FaultProxy
+
+    s3store.put("zarr.json", b"{}")
+    attempts = 3
+    with FaultProxy(moto.port) as proxy:
+        m = s3store.mount(mount, "--part-size", "5M", "--s3-attempts", str(attempts), "--s3-timeout", "1",
+                          "--s3-deadline", "20", "--cache-dir", str(tmp_path / "cache"), endpoint=proxy.endpoint)
+        os.listdir(m.path)
+        proxy.set({"kind": "503", "ops": ["put"], "key": "partNumber=1"})
+        data = rand(40 * MiB, 6)
+        fd = os.open(m.path / "big.bin", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, data[: 12 * MiB])  # two parts done: the first goes up in the background
+            assert wait_until(lambda: proxy.stats().get("fault_503", 0) >= attempts, 30), proxy.stats()
+            for off in range(12 * MiB, len(data), MiB):  # a write at a time, each a chance to hand it out
+                os.write(fd, data[off : off + MiB])
+            assert proxy.stats().get("fault_503", 0) == attempts, proxy.stats()
+        finally:
+            fails(errno.EIO, os.close, fd)
+        assert proxy.stats().get("fault_503", 0) == 2 * attempts, proxy.stats()  # and close()'s own
+        proxy.clear()
+        (m.path / "big.bin").write_bytes(data)
+        assert s3store.get("big.bin") == data
+
+
 def test_s3_a_multipart_upload_made_by_a_create_whose_answer_was_lost_is_aborted(
         s3store: Store, moto, mount) -> None:
     """The server makes the upload, but the answer to CreateMultipartUpload breaks off: the

@@ -133,6 +133,12 @@ class S3Writer(KeyWriter):
         #: starts of the multipart upload that failed: a background part that waited on
         #: ``_starting`` while one failed gives up rather than try again
         self._start_failures = 0
+        #: a background part upload failed (after its own tries): no part goes up in the
+        #: background again until a commit stores the file. Handed out again at the next
+        #: write(), a part the server refused was tried with every write, each a full round
+        #: of --s3-attempts (51 UploadParts of one part for 40 writes of a 40 MiB file; a
+        #: helper's audit); commit() uploads what is missing, and says what failed
+        self._background_failed = False
         self._gen: dict[int, int] = {}  # part -> writes that touched it
         self._done: dict[int, tuple[str, int, int]] = {}  # part -> (ETag, generation, length) uploaded
         #: parts handed out by background_work(): queued for a worker thread, or uploading
@@ -459,7 +465,8 @@ class S3Writer(KeyWriter):
     def background_work(self) -> list[Callable[[], None]]:
         """Parts a sequential writer has finished, to upload while it writes on."""
         with self._lock:
-            if not self._dirty or self._closed or self._tail or self._seq_end < 2 * self.part_size:
+            if (not self._dirty or self._closed or self._tail or self._background_failed
+                    or self._seq_end < 2 * self.part_size):
                 # a file under two parts is one PUT or a short upload at close; appends to an
                 # object the server copies (tail mode) go up at commit, after its copy
                 return []
@@ -491,6 +498,8 @@ class S3Writer(KeyWriter):
             self._upload_part(part, background=True)
         except Exception as exc:  # noqa: BLE001 - commit uploads it again and reports
             log.debug("%s: background upload of part %d failed: %s", self.key, part + 1, exc)
+            with self._lock:
+                self._background_failed = True
         finally:
             with self._lock:
                 self._in_flight.discard(part)
@@ -591,6 +600,7 @@ class S3Writer(KeyWriter):
         with self._lock:
             self._dirty = self._changes != seen  # written meanwhile: the next commit stores it
             self._committed = True
+            self._background_failed = False  # stored: what is written next may go up meanwhile
             self.stored = True
             self._told = False  # what is written next and never stored is told of again
         return KeyInfo(size, time.time_ns())
