@@ -2943,6 +2943,24 @@ def test_an_s3_request_slower_than_the_timeout_is_waited_for_longer_when_tried_a
             st.close()
 
 
+def test_a_try_after_timeouts_waits_longer_for_an_answer_never_for_a_connection(moto: MotoServer) -> None:
+    """Each try after a timeout waits twice as long for the server's bytes: its connection
+    waited as long too, and the watchdog cannot cut a socket still connecting, so a try
+    begun just before the deadline to an endpoint that drops SYNs waited up to a deadline
+    more (26.5 s against worst_case()'s 18.75 s; a helper's audit). The connection is
+    waited for --s3-timeout, whatever the try."""
+    _one_key_bucket(moto, "zvfs-patient")
+    policy = RetryPolicy(attempts=10, timeout=1.0, deadline=16.0)
+    st = S3Store("zvfs-patient", "", endpoint_url=moto.endpoint, retry=policy)
+    try:
+        base = object()
+        for timeouts, read in ((1, 2.0), (3, 8.0), (9, 16.0)):
+            cfg = st._waiting(base, timeouts).meta.config
+            assert (cfg.connect_timeout, cfg.read_timeout) == (1.0, read), timeouts
+    finally:
+        st.close()
+
+
 @pytest.mark.parametrize("one_step", [True, False], ids=["renameat2", "without"])
 def test_a_directory_rename_that_may_not_replace_refuses_in_the_same_step(tmp_path, monkeypatch, one_step) -> None:
     """RENAME_NOREPLACE (``mv -n``, zarr-python's exclusive moves) was a check for the name,

@@ -272,7 +272,11 @@ class S3Store(Store):
             cfg = Config(
                 retries={"total_max_attempts": attempts, "mode": "standard"},
                 max_pool_connections=max_pool,
-                connect_timeout=timeout,
+                # the patient clients wait longer for an answer, never for a connection: the
+                # watchdog cannot cut a socket still connecting, and a try begun just before
+                # the deadline, to an endpoint that drops SYNs, waited up to a deadline more
+                # (26.5 s against a bound of 18.75; a helper's audit)
+                connect_timeout=min(timeout, self.retry.timeout),
                 read_timeout=timeout,
                 **extra,
             )
@@ -341,7 +345,7 @@ class S3Store(Store):
     def _waiting(self, base: Any, timeouts: int) -> Any:
         """The client for a try after ``timeouts`` tries of one request timed out: ``base``
         (the store's client) at first, then one like it that waits 2, 4, 8... times
-        --s3-timeout for the server's next bytes, up to --s3-deadline (past which the
+        --s3-timeout for the server's next bytes (a connection, --s3-timeout still), up to --s3-deadline (past which the
         watchdog cuts the request anyway). A server slow to begin an answer (a LIST over a
         large bucket on a loaded server makes the whole page first) is then waited for; each
         try waiting the same time failed such a listing at the deadline however many tries
