@@ -1196,6 +1196,39 @@ def test_an_open_of_a_file_renamed_over_behind_the_mount_reads_it_to_its_end(tmp
     assert "ERROR" not in m.log_text()
 
 
+def test_an_open_file_changed_behind_the_mount_shows_its_change_past_the_ttl(tmp_path, mount) -> None:
+    """A file held open, then appended to, rewritten in place or cut behind the mount: its
+    fstat (the kernel's getattr by number) answered from the first listing for as long as it
+    was open and no path was looked up, so `tail -f` read nothing new and the kernel kept its
+    old pages, mmap too (a helper's audit). Past the TTL the open shows its file as its
+    descriptor has it, as on the directory itself."""
+    src = tmp_path / "store"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "log").write_bytes(b"line1\n")
+    (src / "d" / "same").write_bytes(b"AAAA")
+    (src / "d" / "cut").write_bytes(b"x" * (1 << 20))
+    m = mount(src, "--metadata-ttl", "1")
+    fds = {name: os.open(m.path / "d" / name, os.O_RDONLY) for name in ("log", "same", "cut")}
+    try:
+        mm = mmap.mmap(fds["same"], 4, prot=mmap.PROT_READ)
+        assert os.pread(fds["log"], 100, 0) == b"line1\n" and mm[:] == b"AAAA"
+        assert len(os.pread(fds["cut"], 4096, 0)) == 4096
+        with open(src / "d" / "log", "ab") as f:
+            f.write(b"line2\n")
+        with open(src / "d" / "same", "r+b") as f:
+            f.write(b"ZZZZ")
+        os.truncate(src / "d" / "cut", 0)
+        time.sleep(1.5)  # past the TTL, and no path looked up
+        assert os.fstat(fds["log"]).st_size == 12 and os.pread(fds["log"], 100, 0) == b"line1\nline2\n"
+        assert os.pread(fds["same"], 100, 0) == b"ZZZZ" and mm[:] == b"ZZZZ"
+        assert os.fstat(fds["cut"]).st_size == 0 and os.pread(fds["cut"], 4096, 0) == b""
+        mm.close()
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    assert "ERROR" not in m.log_text()
+
+
 def test_metadata_ttl_indefinite(zarr_dir, mount) -> None:
     m = mount(zarr_dir, "--metadata-ttl", "indefinite")
     assert run(["diff", "-r", zarr_dir, m.path]).returncode == 0

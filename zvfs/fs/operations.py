@@ -448,7 +448,7 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
     def _read_now(self, ino: int) -> tuple[int, int] | None:
         """Size and mtime of what an open of ``ino`` for reading (or the file kept for a
         name renamed over it) reads now, where its reader can tell (a local file's
-        descriptor); None else. Only for a file with no name, which is seldom open."""
+        descriptor); None else. Only for a file that is open (a scan of the opens)."""
         for node in self._readers(ino):
             if now := node.current_size_and_mtime_ns():
                 return now
@@ -488,11 +488,16 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
                 handle = self._writing[ino][-1]
                 size, mtime_ns = handle.size, handle.mtime_ns or mtime_ns
                 a.attr_timeout = 0
-            elif unlinked and (now := self._read_now(ino)) is not None:
-                # no name, but open: the file its opens read as it is now, not the key's last
-                # listing (a write through an open closed since, as `a` unlinked, written, then
-                # read through an open made before: the kernel took the size the listing had
-                # for the file's, 0, and the reader found nothing)
+            elif (unlinked or (self._open_count and self._open_count.get(ino))) \
+                    and (now := self._read_now(ino)) is not None:
+                # open: the file its opens read as it is now (a local file's descriptor), not
+                # the key's last listing. With no name: a write through an open closed since,
+                # as `a` unlinked, written, then read through an open made before: the kernel
+                # took the size the listing had for the file's, 0, and the reader found
+                # nothing. With its name: a file appended to, rewritten or cut behind the
+                # mount kept its first listing's size and mtime for as long as it was open
+                # and no path was looked up (tail -f read nothing new, and the kernel kept
+                # its old pages; a helper's audit)
                 size, mtime_ns = now
             a.st_nlink = 0 if unlinked else 1
             self._inodes.told[ino - ROOT] = size
@@ -589,7 +594,7 @@ class ZvfsOperations(WritingOperations, pyfuse3.Operations):
 
     def _readers(self, ino: int) -> Iterator[FileNode]:
         """The nodes the opens of ``ino`` for reading read (a scan of the opens: only for a
-        file whose name is gone, which is seldom open)."""
+        file that is open)."""
         return (f.node for f in self._files.values() if f.ino == ino and f.handle is None)
 
     async def _live(self, ino: int) -> Node:
