@@ -36,6 +36,12 @@ def ceiling(nbytes: int) -> int:
 VLEN_CEILING = 128 << 20
 
 
+def chunk_ceiling(dtype: Any, items: int) -> int:
+    """The ceiling of a chunk of ``items`` elements of ``dtype``, stored or decoded: of its
+    bytes (:func:`ceiling`), or VLEN_CEILING for variable-length elements (object dtype)."""
+    return VLEN_CEILING if dtype.kind == "O" else ceiling(items * dtype.itemsize)
+
+
 def inflate(data: bytes | memoryview, wbits: int, limit: int | None, name: str) -> bytes:
     """zlib (``ZLIB``) or gzip (``GZIP``, concatenated members too) data, at most ``limit`` bytes.
 

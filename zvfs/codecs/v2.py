@@ -122,7 +122,7 @@ class V2Pipeline:
         """Encoded chunk bytes → C-ordered array of ``shape`` and ``dtype``."""
         expected = math.prod(shape)
         try:
-            limit = bounded.VLEN_CEILING if dtype.kind == "O" else bounded.ceiling(expected * dtype.itemsize)
+            limit = bounded.chunk_ceiling(dtype, expected)
             if self.compressor is None:
                 chunk: Any = data
             elif self._blosc:

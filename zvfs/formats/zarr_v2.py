@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..codecs import VLEN_FILTER_IDS, UnknownCodecError, V2Pipeline
-from ..codecs.bounded import VLEN_CEILING, ceiling
+from ..codecs.bounded import chunk_ceiling
 from ..stores.base import Store
 from ._common import (
     fetch_and_decode,
@@ -206,8 +206,7 @@ class Reader:
             self.store,
             self.chunk_key(self.stored_index(idx)),
             lambda data: self.pipeline.decode(data, self.stored_chunks, self.meta.dtype, self.meta.order),
-            VLEN_CEILING if self.meta.dtype.kind == "O"
-            else ceiling(math.prod(self.stored_chunks) * self.meta.dtype.itemsize),
+            chunk_ceiling(self.meta.dtype, math.prod(self.stored_chunks)),
         )
 
     @property
