@@ -862,11 +862,14 @@ class S3Store(Store):
         check_prefix(dst)
         # the target as the store has it now: another client may have filled it since the
         # mount listed it empty, and its keys were copied over (two directories merged)
-        if not replace and (self._first_keys(dst) or self.exists(dst.rstrip("/"))):
+        if not replace:
             # RENAME_NOREPLACE onto a directory made behind the mount: EEXIST, as onto one
-            # it listed (ENOTEMPTY from the check below before; a helper's audit)
-            raise WriteRefused(errno.EEXIST, f"{dst.rstrip('/')}: exists")
-        self._check_empty(dst, "replaced")
+            # it listed (ENOTEMPTY from the emptiness check before; a helper's audit). Not
+            # listed again for that check: an empty target has nothing it could refuse
+            if self._first_keys(dst) or self.exists(dst.rstrip("/")):
+                raise WriteRefused(errno.EEXIST, f"{dst.rstrip('/')}: exists")
+        else:
+            self._check_empty(dst, "replaced")
         rename_prefix(self, src, dst)
 
     def unfinished_uploads(self, key: str | None = None) -> list[Upload]:
